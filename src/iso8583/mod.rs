@@ -1,0 +1,1 @@
+//! Spec-driven ISO 8583 messages (to be completed).

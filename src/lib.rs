@@ -1,0 +1,14 @@
+//! isoswitch: a protocol-aware switch for ISO 8583 links.
+//!
+//! Layers, dependencies pointing downward only (see `DESIGN.md` in the mission's
+//! shared folder):
+//!
+//! - [`wire`]: pure nom parsers for length prefixes, frames and envelopes (TPDU,
+//!   CUPS / POS / VISA headers), plus a tokio-util codec on top.
+//! - [`iso8583`]: pure spec-driven message layer: specs from `specs/*.toml`, a
+//!   zero-copy [`iso8583::Message`] view, full decode/encode and masking.
+//! - [`route`]: pure routing logic: balancers, node health, correlation.
+
+pub mod iso8583;
+pub mod route;
+pub mod wire;

@@ -1,0 +1,1 @@
+//! Pure routing logic (to be completed).

@@ -1,0 +1,2 @@
+//! FrameCodec (to be completed by the wire-framing work).
+pub struct FrameCodec;

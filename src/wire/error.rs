@@ -1,0 +1,75 @@
+use thiserror::Error;
+
+/// Why bytes on the wire could not be trusted. Every variant names the offset (from
+/// the start of the buffer the parser was given) so a log line can point at it.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum WireError {
+    /// Not enough bytes for `what`; only returned by whole-buffer parsers (the
+    /// incremental codec waits for more input instead).
+    #[error("{what} truncated at offset {offset}: need {need} bytes, have {have}")]
+    Truncated {
+        what: &'static str,
+        offset: usize,
+        need: usize,
+        have: usize,
+    },
+    /// A length prefix holds a byte that is not a digit of its encoding.
+    #[error("length prefix at offset {offset}: byte {byte:#04x} is not a {encoding} digit")]
+    BadPrefixDigit {
+        offset: usize,
+        byte: u8,
+        encoding: &'static str,
+    },
+    /// A length prefix announces more than the configured maximum frame length.
+    #[error("length prefix at offset {offset}: frame length {len} exceeds maximum {max}")]
+    FrameTooLong {
+        offset: usize,
+        len: usize,
+        max: usize,
+    },
+    /// A length prefix that counts itself announces less than its own size.
+    #[error("length prefix at offset {offset}: inclusive length {len} is shorter than the prefix")]
+    PrefixTooShort { offset: usize, len: usize },
+    /// A field of an envelope (TPDU, CUPS / POS / VISA header) is malformed.
+    #[error("{what} at offset {offset}: {reason}")]
+    BadEnvelope {
+        what: &'static str,
+        offset: usize,
+        reason: String,
+    },
+}
+
+impl WireError {
+    /// The offset the error concerns, relative to the buffer handed to the parser.
+    pub fn offset(&self) -> usize {
+        match self {
+            WireError::Truncated { offset, .. }
+            | WireError::BadPrefixDigit { offset, .. }
+            | WireError::FrameTooLong { offset, .. }
+            | WireError::PrefixTooShort { offset, .. }
+            | WireError::BadEnvelope { offset, .. } => *offset,
+        }
+    }
+
+    /// The same error with its offset moved by `base`, for a parser that was handed
+    /// a slice starting `base` bytes into a larger buffer.
+    pub fn shifted(mut self, base: usize) -> Self {
+        match &mut self {
+            WireError::Truncated { offset, .. }
+            | WireError::BadPrefixDigit { offset, .. }
+            | WireError::FrameTooLong { offset, .. }
+            | WireError::PrefixTooShort { offset, .. }
+            | WireError::BadEnvelope { offset, .. } => *offset += base,
+        }
+        self
+    }
+
+    pub(crate) fn truncated(what: &'static str, offset: usize, need: usize, have: usize) -> Self {
+        WireError::Truncated {
+            what,
+            offset,
+            need,
+            have,
+        }
+    }
+}

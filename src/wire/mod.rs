@@ -1,0 +1,38 @@
+//! Bytes on the wire: length prefixes, frames and envelopes. Pure: no I/O, no clocks.
+//!
+//! - [`prefix`]: nom parsers for every length prefix the switch speaks.
+//! - [`codec`]: [`FrameCodec`], a tokio-util `Decoder`/`Encoder` on top of [`prefix`].
+//! - [`tpdu`], [`cups`], [`pos`], [`visa`]: the envelope parts that precede the MTI.
+//! - [`envelope`]: parses the whole envelope of a frame as a spec describes it.
+
+pub mod codec;
+pub mod cups;
+pub mod envelope;
+mod error;
+pub mod pos;
+pub mod prefix;
+pub mod tpdu;
+pub mod visa;
+
+pub use codec::FrameCodec;
+pub use cups::CupsHeader;
+pub use envelope::{Envelope, EnvelopeSpec, Header, HeaderKind};
+pub use error::WireError;
+pub use pos::PosHeader;
+pub use prefix::LengthPrefix;
+pub use tpdu::Tpdu;
+pub use visa::VisaHeader;
+
+use bytes::Bytes;
+
+/// One unit cut from a stream by a [`LengthPrefix`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// A zero-length frame: the link keep-alive (CUPS `0000`, VISA poll). Never routed.
+    KeepAlive,
+    /// A VISA session-control frame (upper nibble of prefix byte 3 is 2): payload
+    /// without the prefix. Handled per link, never routed.
+    SessionControl(Bytes),
+    /// A message frame: everything after the length prefix (envelope + body).
+    Message(Bytes),
+}
