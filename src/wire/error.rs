@@ -27,6 +27,10 @@ pub enum WireError {
         len: usize,
         max: usize,
     },
+    /// A length prefix whose reserved bytes are not zero (VISA: the two bytes after
+    /// the length must be `00 00` unless they mark a session-control frame).
+    #[error("length prefix at offset {offset}: reserved byte is {byte:#04x}, expected 0x00")]
+    BadPrefixReserved { offset: usize, byte: u8 },
     /// A length prefix that counts itself announces less than its own size.
     #[error("length prefix at offset {offset}: inclusive length {len} is shorter than the prefix")]
     PrefixTooShort { offset: usize, len: usize },
@@ -46,20 +50,23 @@ impl WireError {
             WireError::Truncated { offset, .. }
             | WireError::BadPrefixDigit { offset, .. }
             | WireError::FrameTooLong { offset, .. }
+            | WireError::BadPrefixReserved { offset, .. }
             | WireError::PrefixTooShort { offset, .. }
             | WireError::BadEnvelope { offset, .. } => *offset,
         }
     }
 
     /// The same error with its offset moved by `base`, for a parser that was handed
-    /// a slice starting `base` bytes into a larger buffer.
+    /// a slice starting `base` bytes into a larger buffer (or stream). Saturates
+    /// rather than overflowing.
     pub fn shifted(mut self, base: usize) -> Self {
         match &mut self {
             WireError::Truncated { offset, .. }
             | WireError::BadPrefixDigit { offset, .. }
             | WireError::FrameTooLong { offset, .. }
+            | WireError::BadPrefixReserved { offset, .. }
             | WireError::PrefixTooShort { offset, .. }
-            | WireError::BadEnvelope { offset, .. } => *offset += base,
+            | WireError::BadEnvelope { offset, .. } => *offset = offset.saturating_add(base),
         }
         self
     }
