@@ -15,6 +15,7 @@ pub mod tpdu;
 pub mod visa;
 
 pub use codec::FrameCodec;
+pub use codec::FrameError;
 pub use cups::CupsHeader;
 pub use envelope::{Envelope, EnvelopeSpec, Header, HeaderKind};
 pub use error::WireError;
