@@ -1,1 +1,6 @@
-//! Pure routing logic (to be completed).
+//! Pure routing logic (being built).
+
+mod duration;
+pub mod health;
+pub mod node;
+pub mod rng;
