@@ -1,6 +1,8 @@
 //! Pure routing logic (being built).
 
+pub mod balancer;
 mod duration;
 pub mod health;
 pub mod node;
 pub mod rng;
+pub mod rules;
