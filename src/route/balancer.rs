@@ -1,0 +1,579 @@
+//! Choosing a node for each request.
+//!
+//! A [`Balancer`] picks among the nodes of one pool, given a snapshot
+//! ([`NodeView`]) of each. Only *pickable* nodes are considered (eligible and
+//! effective weight above 0). Then, in order:
+//!
+//! 1. **Subset**: [`Balancer::pick_in`] restricts the choice to the nodes a
+//!    [`RuleSet`](super::RuleSet) selected.
+//! 2. **Priority groups**: nodes are grouped by priority; the highest group
+//!    with at least `min_active` pickable nodes is used, else the next one
+//!    down, else every pickable node. With one priority this is a no-op.
+//! 3. **Algorithm** ([`Algorithm`]) among what is left.
+//!
+//! A pick allocates nothing once the scratch buffers have grown to the pool
+//! size (done up front by [`Balancer::with_capacity`]). A pool has a handful
+//! of nodes, so picks are linear scans.
+
+use serde::{Deserialize, Serialize};
+
+use super::node::NodeView;
+use super::rng::{Rng, stable_hash};
+
+/// The balancing algorithm of a pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algorithm {
+    /// Each pickable node in turn; weights are ignored.
+    #[default]
+    RoundRobin,
+    /// Smooth weighted round robin (nginx): weights 5:1:1 give `a a b a c a a`.
+    Weighted,
+    /// Fewest requests in flight relative to weight: `(outstanding+1)/weight`;
+    /// ties go round robin.
+    LeastOutstanding,
+    /// Power of two choices: two random candidates, the one with the lower
+    /// `peak-EWMA latency × (outstanding+1) / weight` wins.
+    PeakEwma,
+    /// Rendezvous (highest random weight) hashing of the request's key (e.g.
+    /// F41): a key stays on its node while that node is pickable, and losing a
+    /// node moves only its own keys. Weights are ignored so slow start does not
+    /// move keys. Without a key it falls back to round robin.
+    Sticky,
+}
+
+/// Balancing settings of a pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BalancerConfig {
+    pub algorithm: Algorithm,
+    /// A priority group is used only if at least this many of its nodes are
+    /// pickable. 0 behaves as 1.
+    pub min_active: usize,
+}
+
+impl Default for BalancerConfig {
+    fn default() -> Self {
+        Self {
+            algorithm: Algorithm::RoundRobin,
+            min_active: 1,
+        }
+    }
+}
+
+/// Picks nodes; holds the per-algorithm state (round-robin position, smooth
+/// weighted counters, RNG) and scratch space.
+#[derive(Clone, Debug)]
+pub struct Balancer {
+    cfg: BalancerConfig,
+    /// Candidate indices of the current pick, ascending.
+    scratch: Vec<usize>,
+    /// Last node picked by rotation (round robin, ties, sticky fallback).
+    last: Option<usize>,
+    /// Smooth weighted round robin `current_weight` per node index.
+    current: Vec<i64>,
+    rng: Rng,
+}
+
+impl Balancer {
+    /// A balancer whose random choices are fixed by `seed`.
+    pub fn new(cfg: BalancerConfig, seed: u64) -> Self {
+        Self::with_capacity(cfg, seed, 0)
+    }
+
+    /// Same, with scratch space for `nodes` nodes so no pick allocates.
+    pub fn with_capacity(cfg: BalancerConfig, seed: u64, nodes: usize) -> Self {
+        Self {
+            cfg,
+            scratch: Vec::with_capacity(nodes),
+            last: None,
+            current: vec![0; nodes],
+            rng: Rng::new(seed),
+        }
+    }
+
+    pub fn config(&self) -> BalancerConfig {
+        self.cfg
+    }
+
+    /// Forgets rotation and weighted state (after the node list changed).
+    pub fn reset(&mut self) {
+        self.last = None;
+        self.current.iter_mut().for_each(|c| *c = 0);
+    }
+
+    /// Picks among all nodes. Returns an index into `nodes`, or `None` when no
+    /// node is pickable. `key` is used by [`Algorithm::Sticky`] only.
+    pub fn pick(&mut self, nodes: &[NodeView], key: Option<&[u8]>) -> Option<usize> {
+        self.scratch.clear();
+        self.scratch
+            .extend((0..nodes.len()).filter(|&i| nodes[i].pickable()));
+        self.choose(nodes, key)
+    }
+
+    /// Picks among the nodes whose indices are in `allowed` (e.g. from
+    /// [`RuleSet::select`](super::RuleSet::select)). Indices out of range and
+    /// repeats are ignored.
+    pub fn pick_in(
+        &mut self,
+        nodes: &[NodeView],
+        allowed: &[usize],
+        key: Option<&[u8]>,
+    ) -> Option<usize> {
+        self.scratch.clear();
+        self.scratch.extend(
+            allowed
+                .iter()
+                .copied()
+                .filter(|&i| nodes.get(i).is_some_and(NodeView::pickable)),
+        );
+        self.scratch.sort_unstable();
+        self.scratch.dedup();
+        self.choose(nodes, key)
+    }
+
+    fn choose(&mut self, nodes: &[NodeView], key: Option<&[u8]>) -> Option<usize> {
+        self.keep_priority_group(nodes);
+        let picked = match self.scratch.len() {
+            0 => return None,
+            1 => self.scratch[0],
+            _ => match (self.cfg.algorithm, key) {
+                (Algorithm::RoundRobin, _) | (Algorithm::Sticky, None) => self.round_robin(),
+                (Algorithm::Weighted, _) => self.smooth_weighted(nodes),
+                (Algorithm::LeastOutstanding, _) => self.least_outstanding(nodes),
+                (Algorithm::PeakEwma, _) => self.peak_ewma(nodes),
+                (Algorithm::Sticky, Some(key)) => self.rendezvous(nodes, key),
+            },
+        };
+        self.last = Some(picked);
+        Some(picked)
+    }
+
+    /// Narrows `scratch` to the highest priority group with at least
+    /// `min_active` members; leaves it whole if none has.
+    fn keep_priority_group(&mut self, nodes: &[NodeView]) {
+        let min_active = self.cfg.min_active.max(1);
+        // Exclusive upper bound on the priority being tried (u64: above any u32).
+        let mut ceiling = u64::from(u32::MAX) + 1;
+        loop {
+            let Some(p) = self
+                .scratch
+                .iter()
+                .map(|&i| nodes[i].priority)
+                .filter(|&p| u64::from(p) < ceiling)
+                .max()
+            else {
+                return; // no group qualifies: any pickable node
+            };
+            if ceiling > u64::from(u32::MAX) && self.scratch.iter().all(|&i| nodes[i].priority == p)
+            {
+                return; // a single group
+            }
+            let members = self
+                .scratch
+                .iter()
+                .filter(|&&i| nodes[i].priority == p)
+                .count();
+            if members >= min_active {
+                self.scratch.retain(|&i| nodes[i].priority == p);
+                return;
+            }
+            ceiling = u64::from(p);
+        }
+    }
+
+    /// The first candidate after the last pick, wrapping.
+    fn round_robin(&self) -> usize {
+        let after = |&i: &usize| self.last.is_none_or(|last| i > last);
+        self.scratch
+            .iter()
+            .copied()
+            .find(after)
+            .unwrap_or(self.scratch[0])
+    }
+
+    fn smooth_weighted(&mut self, nodes: &[NodeView]) -> usize {
+        if self.current.len() != nodes.len() {
+            self.current.clear();
+            self.current.resize(nodes.len(), 0);
+        }
+        let mut total: i64 = 0;
+        let mut best = self.scratch[0];
+        let mut best_current = i64::MIN;
+        for &i in &self.scratch {
+            let w = i64::from(nodes[i].effective_weight);
+            total += w;
+            self.current[i] = self.current[i].saturating_add(w);
+            if self.current[i] > best_current {
+                best = i;
+                best_current = self.current[i];
+            }
+        }
+        self.current[best] = self.current[best].saturating_sub(total);
+        best
+    }
+
+    fn least_outstanding(&self, nodes: &[NodeView]) -> usize {
+        // Scan in rotation order from after the last pick, so ties rotate.
+        let start = self
+            .scratch
+            .iter()
+            .position(|&i| self.last.is_none_or(|last| i > last))
+            .unwrap_or(0);
+        let n = self.scratch.len();
+        let mut best = self.scratch[start];
+        for k in 1..n {
+            let i = self.scratch[(start + k) % n];
+            // (o_i+1)/w_i < (o_b+1)/w_b, cross-multiplied (all fit in u64).
+            let lhs =
+                (u64::from(nodes[i].outstanding) + 1) * u64::from(nodes[best].effective_weight);
+            let rhs =
+                (u64::from(nodes[best].outstanding) + 1) * u64::from(nodes[i].effective_weight);
+            if lhs < rhs {
+                best = i;
+            }
+        }
+        best
+    }
+
+    fn peak_ewma(&mut self, nodes: &[NodeView]) -> usize {
+        let n = self.scratch.len();
+        let a = self.rng.below(n);
+        let mut b = self.rng.below(n - 1);
+        if b >= a {
+            b += 1;
+        }
+        let (a, b) = (self.scratch[a], self.scratch[b]);
+        if Self::ewma_cost(&nodes[a]) <= Self::ewma_cost(&nodes[b]) {
+            a
+        } else {
+            b
+        }
+    }
+
+    fn ewma_cost(node: &NodeView) -> f64 {
+        let latency = node.latency.as_nanos() as f64;
+        // An idle node decays towards zero latency; keep a floor of 1 ns so
+        // outstanding requests still count.
+        latency.max(1.0) * (f64::from(node.outstanding) + 1.0)
+            / f64::from(node.effective_weight.max(1))
+    }
+
+    fn rendezvous(&self, nodes: &[NodeView], key: &[u8]) -> usize {
+        // Node ids are distinct, so equal scores (a 2^-64 event) are the only
+        // tie; max_by_key then keeps the last, which is still deterministic.
+        self.scratch
+            .iter()
+            .copied()
+            .max_by_key(|&i| stable_hash(&[nodes[i].id.as_bytes(), key]))
+            .unwrap_or(self.scratch[0])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::route::node::NodeId;
+
+    fn id(n: usize) -> NodeId {
+        NodeId::new(format!("{n:02}").as_bytes()).unwrap()
+    }
+
+    fn pool(weights: &[u32]) -> Vec<NodeView> {
+        weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| NodeView::healthy(id(i + 1), w, 0))
+            .collect()
+    }
+
+    fn balancer(algorithm: Algorithm) -> Balancer {
+        Balancer::with_capacity(
+            BalancerConfig {
+                algorithm,
+                min_active: 1,
+            },
+            0x5eed,
+            8,
+        )
+    }
+
+    fn counts(b: &mut Balancer, nodes: &[NodeView], picks: usize) -> Vec<usize> {
+        let mut c = vec![0; nodes.len()];
+        for _ in 0..picks {
+            c[b.pick(nodes, None).unwrap()] += 1;
+        }
+        c
+    }
+
+    #[test]
+    fn config_parses() {
+        let c: BalancerConfig =
+            toml::from_str("algorithm = \"peak-ewma\"\nmin_active = 2").unwrap();
+        assert_eq!(c.algorithm, Algorithm::PeakEwma);
+        assert_eq!(c.min_active, 2);
+        for (text, a) in [
+            ("round-robin", Algorithm::RoundRobin),
+            ("weighted", Algorithm::Weighted),
+            ("least-outstanding", Algorithm::LeastOutstanding),
+            ("sticky", Algorithm::Sticky),
+        ] {
+            let c: BalancerConfig = toml::from_str(&format!("algorithm = \"{text}\"")).unwrap();
+            assert_eq!(c.algorithm, a);
+        }
+        assert_eq!(
+            toml::from_str::<BalancerConfig>("").unwrap(),
+            BalancerConfig::default()
+        );
+        assert!(toml::from_str::<BalancerConfig>("algorithm = \"random\"").is_err());
+    }
+
+    #[test]
+    fn nothing_pickable_gives_none() {
+        let mut b = balancer(Algorithm::RoundRobin);
+        assert_eq!(b.pick(&[], None), None);
+        let mut nodes = pool(&[1, 1]);
+        nodes[0].eligible = false;
+        nodes[1].effective_weight = 0;
+        for a in [
+            Algorithm::RoundRobin,
+            Algorithm::Weighted,
+            Algorithm::LeastOutstanding,
+            Algorithm::PeakEwma,
+            Algorithm::Sticky,
+        ] {
+            let mut b = balancer(a);
+            assert_eq!(b.pick(&nodes, Some(b"k")), None);
+            assert_eq!(b.pick_in(&nodes, &[0, 1, 99], Some(b"k")), None);
+        }
+    }
+
+    #[test]
+    fn round_robin_spreads_exactly_evenly() {
+        let nodes = pool(&[1, 5, 1, 1]);
+        let mut b = balancer(Algorithm::RoundRobin);
+        let seq: Vec<_> = (0..8).map(|_| b.pick(&nodes, None).unwrap()).collect();
+        assert_eq!(seq, [0, 1, 2, 3, 0, 1, 2, 3]);
+        assert_eq!(counts(&mut b, &nodes, 4000), [1000; 4]);
+    }
+
+    #[test]
+    fn round_robin_skips_ineligible_and_keeps_its_place() {
+        let mut nodes = pool(&[1, 1, 1]);
+        let mut b = balancer(Algorithm::RoundRobin);
+        assert_eq!(b.pick(&nodes, None), Some(0));
+        nodes[1].eligible = false;
+        assert_eq!(b.pick(&nodes, None), Some(2));
+        assert_eq!(b.pick(&nodes, None), Some(0));
+        nodes[1].eligible = true;
+        assert_eq!(b.pick(&nodes, None), Some(1));
+    }
+
+    #[test]
+    fn smooth_weighted_gives_the_nginx_sequence() {
+        let nodes = pool(&[5, 1, 1]);
+        let mut b = balancer(Algorithm::Weighted);
+        let seq: Vec<_> = (0..14).map(|_| b.pick(&nodes, None).unwrap()).collect();
+        // a a b a c a a, twice.
+        assert_eq!(seq, [0, 0, 1, 0, 2, 0, 0, 0, 0, 1, 0, 2, 0, 0]);
+        assert_eq!(counts(&mut b, &nodes, 700), [500, 100, 100]);
+    }
+
+    #[test]
+    fn smooth_weighted_uses_effective_weight() {
+        let mut nodes = pool(&[4, 4]);
+        nodes[1].effective_weight = 1; // in slow start
+        let mut b = balancer(Algorithm::Weighted);
+        assert_eq!(counts(&mut b, &nodes, 500), [400, 100]);
+    }
+
+    #[test]
+    fn least_outstanding_prefers_the_idle_node() {
+        let mut nodes = pool(&[1, 1, 1]);
+        nodes[0].outstanding = 5;
+        nodes[1].outstanding = 2;
+        nodes[2].outstanding = 3;
+        let mut b = balancer(Algorithm::LeastOutstanding);
+        assert_eq!(b.pick(&nodes, None), Some(1));
+        // Weight counts: 6 outstanding on weight 4 beats 2 on weight 1.
+        nodes[0].effective_weight = 4;
+        nodes[0].outstanding = 6; // 7/4 < 3/1
+        assert_eq!(b.pick(&nodes, None), Some(0));
+        // Ties rotate.
+        let idle = pool(&[1, 1, 1]);
+        assert_eq!(counts(&mut b, &idle, 300), [100, 100, 100]);
+    }
+
+    #[test]
+    fn least_outstanding_balances_a_simulated_load() {
+        let mut nodes = pool(&[1, 1, 1]);
+        let mut b = balancer(Algorithm::LeastOutstanding);
+        for _ in 0..30 {
+            let i = b.pick(&nodes, None).unwrap();
+            nodes[i].outstanding += 1;
+        }
+        assert!(nodes.iter().all(|n| n.outstanding == 10));
+    }
+
+    #[test]
+    fn peak_ewma_prefers_the_fast_node() {
+        let mut nodes = pool(&[1, 1, 1]);
+        nodes[0].latency = Duration::from_millis(200);
+        nodes[1].latency = Duration::from_millis(20);
+        nodes[2].latency = Duration::from_millis(200);
+        let mut b = balancer(Algorithm::PeakEwma);
+        let c = counts(&mut b, &nodes, 3000);
+        // Node 1 wins every draw it is in: 2 of the 3 pairs.
+        assert!(c[1] > 1800 && c[1] < 2200, "{c:?}");
+        assert!(c[0] > 300 && c[2] > 300, "slow nodes still probed: {c:?}");
+        // Same seed, same choices.
+        let mut again = balancer(Algorithm::PeakEwma);
+        assert_eq!(counts(&mut again, &nodes, 3000), c);
+    }
+
+    #[test]
+    fn peak_ewma_counts_outstanding() {
+        let mut nodes = pool(&[1, 1]);
+        nodes[0].latency = Duration::from_millis(10);
+        nodes[0].outstanding = 99; // cost 1000 ms
+        nodes[1].latency = Duration::from_millis(50); // cost 50 ms
+        let mut b = balancer(Algorithm::PeakEwma);
+        assert_eq!(counts(&mut b, &nodes, 100), [0, 100]);
+    }
+
+    #[test]
+    fn priority_groups_fall_back_below_min_active() {
+        let mut nodes = pool(&[1, 1, 1, 1, 1]);
+        for (n, p) in nodes.iter_mut().zip([10, 10, 5, 5, 0]) {
+            n.priority = p;
+        }
+        let mut b = Balancer::new(
+            BalancerConfig {
+                algorithm: Algorithm::RoundRobin,
+                min_active: 2,
+            },
+            1,
+        );
+        let seen = |b: &mut Balancer, nodes: &[NodeView]| {
+            let mut s: Vec<_> = (0..10).map(|_| b.pick(nodes, None).unwrap()).collect();
+            s.sort_unstable();
+            s.dedup();
+            s
+        };
+        assert_eq!(seen(&mut b, &nodes), [0, 1]);
+        nodes[0].eligible = false; // group 10 has 1 < 2: next group
+        assert_eq!(seen(&mut b, &nodes), [2, 3]);
+        nodes[3].eligible = false; // group 5 too: none qualifies, any pickable node
+        assert_eq!(seen(&mut b, &nodes), [1, 2, 4]);
+        nodes[0].eligible = true; // back
+        assert_eq!(seen(&mut b, &nodes), [0, 1]);
+        // min_active 1: the single best node is enough.
+        let mut one = balancer(Algorithm::RoundRobin);
+        nodes[0].eligible = false;
+        assert_eq!(seen(&mut one, &nodes), [1]);
+    }
+
+    #[test]
+    fn priority_extremes_do_not_overflow() {
+        let mut nodes = pool(&[1, 1]);
+        nodes[0].priority = u32::MAX;
+        nodes[1].priority = 0;
+        let mut b = Balancer::new(
+            BalancerConfig {
+                algorithm: Algorithm::RoundRobin,
+                min_active: 3,
+            },
+            1,
+        );
+        let mut c = [0; 2];
+        for _ in 0..4 {
+            c[b.pick(&nodes, None).unwrap()] += 1;
+        }
+        assert_eq!(c, [2, 2]);
+    }
+
+    #[test]
+    fn sticky_keeps_keys_and_moves_only_the_lost_nodes_keys() {
+        let mut nodes = pool(&[1, 1, 1, 1]);
+        let mut b = balancer(Algorithm::Sticky);
+        let keys: Vec<String> = (0..400).map(|i| format!("TERM{i:04}")).collect();
+        let before: Vec<usize> = keys
+            .iter()
+            .map(|k| b.pick(&nodes, Some(k.as_bytes())).unwrap())
+            .collect();
+        // Stable: asking again gives the same node.
+        for (k, &n) in keys.iter().zip(&before) {
+            assert_eq!(b.pick(&nodes, Some(k.as_bytes())), Some(n));
+        }
+        // Spread over all nodes.
+        for n in 0..4 {
+            let c = before.iter().filter(|&&x| x == n).count();
+            assert!(c > 60, "node {n} has {c} keys");
+        }
+        // Node 2 lost: only its keys move.
+        nodes[2].eligible = false;
+        for (k, &n) in keys.iter().zip(&before) {
+            let now = b.pick(&nodes, Some(k.as_bytes())).unwrap();
+            if n == 2 {
+                assert_ne!(now, 2);
+            } else {
+                assert_eq!(now, n, "key {k} moved off a live node");
+            }
+        }
+        // Node 2 back: its keys return, nothing else moves.
+        nodes[2].eligible = true;
+        for (k, &n) in keys.iter().zip(&before) {
+            assert_eq!(b.pick(&nodes, Some(k.as_bytes())), Some(n));
+        }
+        // A key goes to the same node whatever order the pool is listed in
+        // (it follows the node id, not the index).
+        let k = keys[7].as_bytes();
+        let home = nodes[b.pick(&nodes, Some(k)).unwrap()].id;
+        let reversed: Vec<NodeView> = nodes.iter().rev().copied().collect();
+        assert_eq!(reversed[b.pick(&reversed, Some(k)).unwrap()].id, home);
+        // No key: round robin.
+        let seq: Vec<_> = (0..4).map(|_| b.pick(&nodes, None).unwrap()).collect();
+        let mut sorted = seq.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn pick_in_restricts_to_the_subset() {
+        let nodes = pool(&[1, 1, 1, 1]);
+        for a in [
+            Algorithm::RoundRobin,
+            Algorithm::Weighted,
+            Algorithm::LeastOutstanding,
+            Algorithm::PeakEwma,
+            Algorithm::Sticky,
+        ] {
+            let mut b = balancer(a);
+            for i in 0..50u32 {
+                let key = i.to_be_bytes();
+                let got = b.pick_in(&nodes, &[3, 1, 1, 42], Some(&key)).unwrap();
+                assert!(got == 1 || got == 3, "{a:?} picked {got}");
+            }
+        }
+        let mut b = balancer(Algorithm::RoundRobin);
+        let seq: Vec<_> = (0..4)
+            .map(|_| b.pick_in(&nodes, &[3, 1], None).unwrap())
+            .collect();
+        assert_eq!(seq, [1, 3, 1, 3]);
+    }
+
+    #[test]
+    fn picks_do_not_allocate_after_warm_up() {
+        // Indirect check: the scratch buffers never grow past the pool size.
+        let nodes = pool(&[3, 2, 1, 1, 1, 1, 1, 1]);
+        let mut b = balancer(Algorithm::Weighted);
+        let cap = (b.scratch.capacity(), b.current.capacity());
+        for _ in 0..1000 {
+            b.pick(&nodes, None);
+            b.pick_in(&nodes, &[0, 2, 4], None);
+        }
+        assert_eq!((b.scratch.capacity(), b.current.capacity()), cap);
+    }
+}

@@ -1,0 +1,866 @@
+//! The correlation table: which request is waiting for which response.
+//!
+//! Every request the switch forwards is remembered under a [`CorrelationKey`]
+//! built from the fields its response echoes (TPDU address pair + F41 + F11
+//! for POS, F7 + F11 + F32 + F33 for host links), with a value of the
+//! caller's choosing (its origin), the connection that carried it to the node
+//! (`via`), and a deadline. Each entry leaves the table exactly once:
+//!
+//! - [`Correlator::take`]: the response came; deliver it.
+//! - [`Correlator::expire`]: the deadline passed; decline (timeout).
+//! - [`Correlator::take_via`]: the connection that carried it died; decline.
+//! - [`Correlator::cancel`] / [`Correlator::drain`]: the switch declines it.
+//!
+//! **Duplicate policy**: an in-flight key is never overwritten. Inserting it
+//! again fails with [`CorrelateError::Duplicate`] and the caller declines the
+//! new request ("94", duplicate transmission); the first one keeps waiting.
+//! A key that is *not* in flight may be inserted again at any time (STANs wrap).
+//!
+//! **Capacity**: at `capacity` entries, insert fails with
+//! [`CorrelateError::Full`] and the caller declines. The table never grows.
+//!
+//! **Late vs unknown**: keys that left by a switch decline (expired, node
+//! lost, cancelled) are remembered for `recent_ttl`, at most
+//! `recent_capacity` of them (oldest forgotten first), so a response for one
+//! is classed [`Miss::Late`] (the origin already got its decline: drop it)
+//! rather than [`Miss::Unknown`].
+//!
+//! The deadline is enforced by [`expire`](Correlator::expire) only: a response
+//! that arrives after the deadline but before the sweep is still delivered
+//! (the origin got no decline yet, so it is still exactly one answer).
+//!
+//! Costs: insert, take and cancel are O(log n) (a hash map plus a B-tree
+//! ordered by deadline); expire is O(expired · log n); take_via is O(n), as a
+//! connection dying is rare next to messages.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Longest encoded key, in bytes (each part costs its length plus one).
+pub const KEY_MAX: usize = 64;
+
+/// A correlation key: length-prefixed parts, stored inline (no allocation).
+#[derive(Clone, Copy)]
+pub struct CorrelationKey {
+    len: u8,
+    bytes: [u8; KEY_MAX],
+}
+
+impl CorrelationKey {
+    /// Starts a key; add parts with [`KeyBuilder::push`].
+    pub fn builder() -> KeyBuilder {
+        KeyBuilder {
+            key: CorrelationKey {
+                len: 0,
+                bytes: [0; KEY_MAX],
+            },
+            overflow: false,
+        }
+    }
+
+    /// The encoded key: each part as one length byte then its bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+impl PartialEq for CorrelationKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for CorrelationKey {}
+
+impl Hash for CorrelationKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state);
+    }
+}
+
+impl fmt::Debug for CorrelationKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Parts joined by `|`. Keys hold routing fields (ids, STAN, dates),
+        // never card data, so they may be shown.
+        f.write_str("CorrelationKey(")?;
+        let mut rest = self.as_bytes();
+        let mut first = true;
+        while let Some((&n, tail)) = rest.split_first() {
+            let n = usize::from(n).min(tail.len());
+            if !first {
+                f.write_str("|")?;
+            }
+            write!(f, "{}", tail[..n].escape_ascii())?;
+            rest = &tail[n..];
+            first = false;
+        }
+        f.write_str(")")
+    }
+}
+
+/// Builds a [`CorrelationKey`] part by part. Each part is length-prefixed, so
+/// `("12", "3")` and `("1", "23")` are different keys.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyBuilder {
+    key: CorrelationKey,
+    overflow: bool,
+}
+
+/// The parts do not fit in [`KEY_MAX`] bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+#[error("correlation key parts exceed {KEY_MAX} bytes")]
+pub struct KeyTooLong;
+
+impl KeyBuilder {
+    /// Appends one part (may be empty, e.g. an absent optional field).
+    pub fn push(mut self, part: &[u8]) -> Self {
+        let at = usize::from(self.key.len);
+        let end = at + 1 + part.len();
+        if self.overflow || end > KEY_MAX {
+            self.overflow = true;
+            return self;
+        }
+        // end <= 64, so part.len() < 64 fits a byte.
+        self.key.bytes[at] = part.len() as u8;
+        self.key.bytes[at + 1..end].copy_from_slice(part);
+        self.key.len = end as u8;
+        self
+    }
+
+    pub fn build(self) -> Result<CorrelationKey, KeyTooLong> {
+        if self.overflow {
+            Err(KeyTooLong)
+        } else {
+            Ok(self.key)
+        }
+    }
+}
+
+/// Settings of a correlation table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CorrelatorConfig {
+    /// Most requests in flight at once.
+    pub capacity: usize,
+    /// Most recently declined keys remembered (0: classify every miss Unknown).
+    pub recent_capacity: usize,
+    /// How long a declined key is remembered.
+    #[serde(with = "super::duration")]
+    pub recent_ttl: Duration,
+}
+
+impl Default for CorrelatorConfig {
+    fn default() -> Self {
+        Self {
+            capacity: 65_536,
+            recent_capacity: 65_536,
+            recent_ttl: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Why an insert was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+pub enum CorrelateError {
+    /// The key is already in flight; the new request must be declined ("94").
+    #[error("duplicate key in flight")]
+    Duplicate,
+    /// The table is at capacity; the new request must be declined.
+    #[error("correlation table full")]
+    Full,
+}
+
+/// A refused insert gives the value back so the caller can decline with it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Rejected<V> {
+    pub error: CorrelateError,
+    pub value: V,
+}
+
+/// A response whose key is not in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Miss {
+    /// The request was declined by the switch recently: drop the response.
+    Late,
+    /// Never seen, or declined too long ago to remember.
+    Unknown,
+}
+
+/// Counters since the table was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CorrelatorStats {
+    pub inserted: u64,
+    pub answered: u64,
+    pub expired: u64,
+    /// Left by [`Correlator::take_via`].
+    pub node_lost: u64,
+    /// Left by [`Correlator::cancel`] or [`Correlator::drain`].
+    pub cancelled: u64,
+    pub duplicates: u64,
+    pub full: u64,
+    pub late: u64,
+    pub unknown: u64,
+}
+
+#[derive(Debug)]
+struct Entry<V> {
+    value: V,
+    via: u64,
+    deadline: Instant,
+    seq: u64,
+}
+
+#[derive(Debug)]
+struct Recent {
+    until: Instant,
+    seq: u64,
+    key: CorrelationKey,
+}
+
+/// A bounded table of requests in flight. See the module doc.
+#[derive(Debug)]
+pub struct Correlator<V> {
+    cfg: CorrelatorConfig,
+    entries: HashMap<CorrelationKey, Entry<V>>,
+    by_deadline: BTreeMap<(Instant, u64), CorrelationKey>,
+    /// Recently declined keys → (remembered until, seq of their record).
+    recent: HashMap<CorrelationKey, (Instant, u64)>,
+    /// The same records in the order they were made (= order of `until`).
+    recent_order: VecDeque<Recent>,
+    seq: u64,
+    stats: CorrelatorStats,
+    scratch: Vec<CorrelationKey>,
+}
+
+/// Capacity reserved up front; beyond it the maps grow on demand.
+const PREALLOCATE_MAX: usize = 1 << 16;
+
+impl<V> Correlator<V> {
+    pub fn new(cfg: CorrelatorConfig) -> Self {
+        Self {
+            cfg,
+            entries: HashMap::with_capacity(cfg.capacity.min(PREALLOCATE_MAX)),
+            by_deadline: BTreeMap::new(),
+            recent: HashMap::with_capacity(cfg.recent_capacity.min(PREALLOCATE_MAX)),
+            recent_order: VecDeque::with_capacity(cfg.recent_capacity.min(PREALLOCATE_MAX)),
+            seq: 0,
+            stats: CorrelatorStats::default(),
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &CorrelatorConfig {
+        &self.cfg
+    }
+
+    /// New limits (config reload). Entries already in flight are kept even
+    /// if they exceed a lower capacity; new ones wait until there is room.
+    pub fn set_config(&mut self, cfg: CorrelatorConfig) {
+        self.cfg = cfg;
+        while self.recent_order.len() > cfg.recent_capacity {
+            self.forget_oldest_recent();
+        }
+    }
+
+    /// Requests in flight.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn stats(&self) -> CorrelatorStats {
+        self.stats
+    }
+
+    pub fn contains(&self, key: &CorrelationKey) -> bool {
+        self.entries.contains_key(key)
+    }
+
+    /// The connection an in-flight request went out on.
+    pub fn via(&self, key: &CorrelationKey) -> Option<u64> {
+        self.entries.get(key).map(|e| e.via)
+    }
+
+    /// The earliest deadline in the table: when to call [`expire`](Self::expire) next.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.by_deadline.first_key_value().map(|((d, _), _)| *d)
+    }
+
+    /// Remembers a request sent on connection `via`, to be answered by
+    /// `deadline`. Refuses an in-flight key ([`CorrelateError::Duplicate`],
+    /// checked first) and a full table ([`CorrelateError::Full`]), giving the
+    /// value back.
+    pub fn insert(
+        &mut self,
+        key: CorrelationKey,
+        value: V,
+        via: u64,
+        deadline: Instant,
+    ) -> Result<(), Rejected<V>> {
+        if self.entries.contains_key(&key) {
+            self.stats.duplicates += 1;
+            return Err(Rejected {
+                error: CorrelateError::Duplicate,
+                value,
+            });
+        }
+        if self.entries.len() >= self.cfg.capacity {
+            self.stats.full += 1;
+            return Err(Rejected {
+                error: CorrelateError::Full,
+                value,
+            });
+        }
+        let seq = self.next_seq();
+        self.by_deadline.insert((deadline, seq), key);
+        self.entries.insert(
+            key,
+            Entry {
+                value,
+                via,
+                deadline,
+                seq,
+            },
+        );
+        self.stats.inserted += 1;
+        Ok(())
+    }
+
+    /// A response arrived for `key`: removes and returns its request's value,
+    /// or says whether the key is [`Miss::Late`] or [`Miss::Unknown`].
+    pub fn take(&mut self, key: &CorrelationKey, now: Instant) -> Result<V, Miss> {
+        if let Some(value) = self.remove(key) {
+            self.stats.answered += 1;
+            return Ok(value);
+        }
+        match self.recent.get(key) {
+            Some(&(until, _)) if now < until => {
+                self.stats.late += 1;
+                Err(Miss::Late)
+            }
+            _ => {
+                self.stats.unknown += 1;
+                Err(Miss::Unknown)
+            }
+        }
+    }
+
+    /// The switch declines `key` itself (e.g. its origin went away, or a
+    /// node was disabled): removes it and remembers it as recently declined.
+    pub fn cancel(&mut self, key: &CorrelationKey, now: Instant) -> Option<V> {
+        let value = self.remove(key)?;
+        self.stats.cancelled += 1;
+        self.remember(*key, now);
+        Some(value)
+    }
+
+    /// Moves every entry whose deadline is at or before `now` to `out`,
+    /// earliest deadline first (ties in insertion order). Returns how many.
+    pub fn expire(&mut self, now: Instant, out: &mut Vec<(CorrelationKey, V)>) -> usize {
+        self.purge_recent(now);
+        let mut n = 0;
+        while let Some(entry) = self.by_deadline.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let key = entry.remove();
+            if let Some(e) = self.entries.remove(&key) {
+                out.push((key, e.value));
+                self.stats.expired += 1;
+                self.remember(key, now);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Moves every entry carried by connection `via` (which died) to `out`,
+    /// earliest deadline first. Returns how many.
+    pub fn take_via(
+        &mut self,
+        via: u64,
+        now: Instant,
+        out: &mut Vec<(CorrelationKey, V)>,
+    ) -> usize {
+        let mut keys = std::mem::take(&mut self.scratch);
+        keys.clear();
+        keys.extend(
+            self.entries
+                .iter()
+                .filter(|(_, e)| e.via == via)
+                .map(|(k, _)| *k),
+        );
+        // Deterministic order for the caller: by deadline, then age.
+        keys.sort_unstable_by_key(|k| self.entries.get(k).map(|e| (e.deadline, e.seq)));
+        for key in &keys {
+            if let Some(value) = self.remove(key) {
+                out.push((*key, value));
+                self.stats.node_lost += 1;
+                self.remember(*key, now);
+            }
+        }
+        let n = keys.len();
+        self.scratch = keys;
+        n
+    }
+
+    /// Moves every entry to `out` (shutdown), earliest deadline first.
+    pub fn drain(&mut self, now: Instant, out: &mut Vec<(CorrelationKey, V)>) -> usize {
+        let mut n = 0;
+        while let Some((_, key)) = self.by_deadline.pop_first() {
+            if let Some(e) = self.entries.remove(&key) {
+                out.push((key, e.value));
+                self.stats.cancelled += 1;
+                self.remember(key, now);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+
+    fn remove(&mut self, key: &CorrelationKey) -> Option<V> {
+        let e = self.entries.remove(key)?;
+        self.by_deadline.remove(&(e.deadline, e.seq));
+        Some(e.value)
+    }
+
+    fn remember(&mut self, key: CorrelationKey, now: Instant) {
+        if self.cfg.recent_capacity == 0 {
+            return;
+        }
+        self.purge_recent(now);
+        while self.recent_order.len() >= self.cfg.recent_capacity {
+            self.forget_oldest_recent();
+        }
+        let until = now.checked_add(self.cfg.recent_ttl).unwrap_or(now);
+        let seq = self.next_seq();
+        self.recent.insert(key, (until, seq));
+        self.recent_order.push_back(Recent { until, seq, key });
+    }
+
+    fn purge_recent(&mut self, now: Instant) {
+        while self.recent_order.front().is_some_and(|r| r.until <= now) {
+            self.forget_oldest_recent();
+        }
+    }
+
+    fn forget_oldest_recent(&mut self) {
+        if let Some(r) = self.recent_order.pop_front() {
+            // Only if no newer record of the same key replaced this one.
+            if self
+                .recent
+                .get(&r.key)
+                .is_some_and(|&(_, seq)| seq == r.seq)
+            {
+                self.recent.remove(&r.key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(parts: &[&[u8]]) -> CorrelationKey {
+        parts
+            .iter()
+            .fold(CorrelationKey::builder(), |b, p| b.push(p))
+            .build()
+            .unwrap()
+    }
+
+    fn k(n: u32) -> CorrelationKey {
+        key(&[b"T0000001", format!("{n:06}").as_bytes()])
+    }
+
+    fn table(capacity: usize) -> Correlator<u32> {
+        Correlator::new(CorrelatorConfig {
+            capacity,
+            recent_capacity: 4,
+            recent_ttl: Duration::from_secs(60),
+        })
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn key_parts_are_unambiguous() {
+        assert_ne!(key(&[b"12", b"3"]), key(&[b"1", b"23"]));
+        assert_ne!(key(&[b"", b"1"]), key(&[b"1"]));
+        assert_eq!(key(&[b"AB", b"CD"]), key(&[b"AB", b"CD"]));
+        assert_eq!(key(&[b"AB", b"CD"]).as_bytes(), b"\x02AB\x02CD");
+        assert_eq!(
+            format!("{:?}", key(&[b"T1", b"000123"])),
+            "CorrelationKey(T1|000123)"
+        );
+        // F7 + F11 + F32 + F33 fits with room to spare.
+        let host = key(&[b"0101123045", b"000123", b"12345678901", b"10987654321"]);
+        assert_eq!(host.as_bytes().len(), 42);
+        // Exactly 64 fits, 65 does not.
+        assert!(CorrelationKey::builder().push(&[b'x'; 63]).build().is_ok());
+        assert_eq!(
+            CorrelationKey::builder().push(&[b'x'; 64]).build(),
+            Err(KeyTooLong)
+        );
+        assert_eq!(
+            CorrelationKey::builder()
+                .push(&[b'x'; 300])
+                .push(b"")
+                .build(),
+            Err(KeyTooLong)
+        );
+        assert_eq!(
+            CorrelationKey::builder()
+                .push(&[b'x'; 40])
+                .push(&[b'y'; 40])
+                .push(b"z")
+                .build(),
+            Err(KeyTooLong)
+        );
+    }
+
+    #[test]
+    fn insert_then_take() {
+        let t0 = Instant::now();
+        let mut c = table(8);
+        assert!(c.is_empty());
+        c.insert(k(1), 10, 7, t0 + ms(100)).unwrap();
+        assert!(c.contains(&k(1)));
+        assert_eq!(c.via(&k(1)), Some(7));
+        assert_eq!(c.len(), 1);
+        assert_eq!(c.take(&k(1), t0), Ok(10));
+        assert_eq!(
+            c.take(&k(1), t0),
+            Err(Miss::Unknown),
+            "answered twice: not delivered twice"
+        );
+        assert!(c.is_empty() && c.next_deadline().is_none());
+        let s = c.stats();
+        assert_eq!((s.inserted, s.answered, s.unknown), (1, 1, 1));
+    }
+
+    #[test]
+    fn duplicate_in_flight_is_refused_and_the_first_kept() {
+        let t0 = Instant::now();
+        let mut c = table(8);
+        c.insert(k(1), 10, 7, t0 + ms(100)).unwrap();
+        assert_eq!(
+            c.insert(k(1), 11, 8, t0 + ms(500)),
+            Err(Rejected {
+                error: CorrelateError::Duplicate,
+                value: 11
+            })
+        );
+        assert_eq!(c.via(&k(1)), Some(7));
+        assert_eq!(c.next_deadline(), Some(t0 + ms(100)));
+        assert_eq!(c.take(&k(1), t0), Ok(10));
+        // Not in flight any more: the key may be used again.
+        c.insert(k(1), 12, 7, t0 + ms(100)).unwrap();
+        assert_eq!(c.stats().duplicates, 1);
+    }
+
+    #[test]
+    fn full_is_refused_until_room() {
+        let t0 = Instant::now();
+        let mut c = table(2);
+        c.insert(k(1), 1, 0, t0).unwrap();
+        c.insert(k(2), 2, 0, t0).unwrap();
+        assert_eq!(
+            c.insert(k(3), 3, 0, t0).unwrap_err().error,
+            CorrelateError::Full
+        );
+        assert_eq!(
+            c.insert(k(1), 4, 0, t0).unwrap_err().error,
+            CorrelateError::Duplicate,
+            "duplicate wins over full"
+        );
+        assert_eq!(c.take(&k(1), t0), Ok(1));
+        c.insert(k(3), 3, 0, t0).unwrap();
+        assert_eq!((c.stats().full, c.len()), (1, 2));
+        let mut zero = table(0);
+        assert_eq!(
+            zero.insert(k(1), 1, 0, t0).unwrap_err().error,
+            CorrelateError::Full
+        );
+    }
+
+    #[test]
+    fn expire_in_deadline_order() {
+        let t0 = Instant::now();
+        let mut c = table(16);
+        for (n, d) in [(1, 300), (2, 100), (3, 200), (4, 100), (5, 900)] {
+            c.insert(k(n), n, 0, t0 + ms(d)).unwrap();
+        }
+        assert_eq!(c.next_deadline(), Some(t0 + ms(100)));
+        let mut out = Vec::new();
+        assert_eq!(c.expire(t0 + ms(99), &mut out), 0);
+        assert_eq!(c.expire(t0 + ms(300), &mut out), 4);
+        let order: Vec<u32> = out.iter().map(|(_, v)| *v).collect();
+        assert_eq!(order, [2, 4, 3, 1], "by deadline, ties by insertion");
+        assert_eq!(out[0].0, k(2));
+        assert_eq!(c.next_deadline(), Some(t0 + ms(900)));
+        // A taken entry is not expired later.
+        assert_eq!(
+            c.take(&k(5), t0 + ms(950)),
+            Ok(5),
+            "response beats the sweep: delivered"
+        );
+        out.clear();
+        assert_eq!(c.expire(t0 + ms(10_000), &mut out), 0);
+        assert_eq!(c.stats().expired, 4);
+    }
+
+    #[test]
+    fn late_versus_unknown() {
+        let t0 = Instant::now();
+        let mut c = table(16);
+        c.insert(k(1), 1, 0, t0 + ms(100)).unwrap();
+        let mut out = Vec::new();
+        c.expire(t0 + ms(100), &mut out);
+        assert_eq!(c.take(&k(1), t0 + ms(150)), Err(Miss::Late));
+        assert_eq!(
+            c.take(&k(1), t0 + ms(200)),
+            Err(Miss::Late),
+            "still late, still not delivered"
+        );
+        assert_eq!(c.take(&k(9), t0 + ms(200)), Err(Miss::Unknown));
+        // Past the TTL it is forgotten.
+        assert_eq!(
+            c.take(&k(1), t0 + ms(100) + Duration::from_secs(60)),
+            Err(Miss::Unknown)
+        );
+        let s = c.stats();
+        assert_eq!((s.late, s.unknown), (2, 2));
+    }
+
+    #[test]
+    fn recent_set_is_bounded() {
+        let t0 = Instant::now();
+        let mut c = table(16); // recent_capacity 4
+        for n in 0..6 {
+            c.insert(k(n), n, 0, t0).unwrap();
+            assert_eq!(c.cancel(&k(n), t0), Some(n));
+        }
+        assert_eq!(c.cancel(&k(0), t0), None);
+        assert_eq!(c.recent.len(), 4);
+        assert_eq!(c.recent_order.len(), 4);
+        assert_eq!(c.take(&k(0), t0), Err(Miss::Unknown), "oldest forgotten");
+        assert_eq!(c.take(&k(1), t0), Err(Miss::Unknown));
+        assert_eq!(c.take(&k(5), t0), Err(Miss::Late));
+        // The same key declined twice: the older record must not erase the newer.
+        c.insert(k(5), 5, 0, t0).unwrap();
+        c.cancel(&k(5), t0 + ms(10)).unwrap();
+        for n in 6..9 {
+            c.insert(k(n), n, 0, t0).unwrap();
+            c.cancel(&k(n), t0 + ms(10)).unwrap();
+        }
+        assert_eq!(c.take(&k(5), t0 + ms(10)), Err(Miss::Late));
+        // Off entirely.
+        let mut off = Correlator::new(CorrelatorConfig {
+            recent_capacity: 0,
+            ..CorrelatorConfig::default()
+        });
+        off.insert(k(1), 1, 0, t0).unwrap();
+        off.cancel(&k(1), t0).unwrap();
+        assert_eq!(off.take(&k(1), t0), Err(Miss::Unknown));
+        // Shrinking the limit trims.
+        c.set_config(CorrelatorConfig {
+            recent_capacity: 1,
+            ..*c.config()
+        });
+        assert_eq!(c.recent_order.len(), 1);
+    }
+
+    #[test]
+    fn take_via_returns_only_that_connection() {
+        let t0 = Instant::now();
+        let mut c = table(16);
+        c.insert(k(1), 1, 100, t0 + ms(300)).unwrap();
+        c.insert(k(2), 2, 200, t0 + ms(100)).unwrap();
+        c.insert(k(3), 3, 100, t0 + ms(100)).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(c.take_via(100, t0, &mut out), 2);
+        let vals: Vec<u32> = out.iter().map(|(_, v)| *v).collect();
+        assert_eq!(vals, [3, 1]);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c.take(&k(1), t0), Err(Miss::Late));
+        assert_eq!(c.take_via(100, t0, &mut out), 0);
+        out.clear();
+        assert_eq!(c.expire(t0 + ms(1000), &mut out), 1);
+        assert_eq!(out[0].1, 2);
+        assert_eq!(c.stats().node_lost, 2);
+    }
+
+    #[test]
+    fn drain_empties_everything() {
+        let t0 = Instant::now();
+        let mut c = table(16);
+        for n in 0..5 {
+            c.insert(k(n), n, u64::from(n), t0 + ms(u64::from(10 - n)))
+                .unwrap();
+        }
+        let mut out = Vec::new();
+        assert_eq!(c.drain(t0, &mut out), 5);
+        assert!(c.is_empty() && c.next_deadline().is_none());
+        let vals: Vec<u32> = out.iter().map(|(_, v)| *v).collect();
+        assert_eq!(vals, [4, 3, 2, 1, 0]);
+        assert_eq!(c.stats().cancelled, 5);
+    }
+
+    #[test]
+    fn config_parses() {
+        let c: CorrelatorConfig = toml::from_str("capacity = 10\nrecent_ttl = \"30s\"").unwrap();
+        assert_eq!(c.capacity, 10);
+        assert_eq!(c.recent_ttl, Duration::from_secs(30));
+        assert_eq!(
+            c.recent_capacity,
+            CorrelatorConfig::default().recent_capacity
+        );
+    }
+
+    mod prop {
+        use std::collections::HashMap;
+
+        use proptest::prelude::*;
+
+        use super::*;
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            Insert { key: u8, via: u8, ttl_ms: u16 },
+            Take { key: u8 },
+            Cancel { key: u8 },
+            Advance { ms: u16 },
+            TakeVia { via: u8 },
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                4 => (0u8..24, 0u8..3, 0u16..500).prop_map(|(key, via, ttl_ms)| Op::Insert { key, via, ttl_ms }),
+                2 => (0u8..24).prop_map(|key| Op::Take { key }),
+                1 => (0u8..24).prop_map(|key| Op::Cancel { key }),
+                2 => (0u16..300).prop_map(|ms| Op::Advance { ms }),
+                1 => (0u8..3).prop_map(|via| Op::TakeVia { via }),
+            ]
+        }
+
+        proptest! {
+            /// Every accepted value comes out exactly once (take, expire,
+            /// take_via, cancel or the final drain); refused values never
+            /// do; Duplicate is returned exactly when the key is in flight.
+            #[test]
+            fn each_value_leaves_exactly_once(ops in proptest::collection::vec(op(), 0..300), cap in 1usize..16) {
+                let t0 = Instant::now();
+                let mut now = t0;
+                let mut c: Correlator<u32> = Correlator::new(CorrelatorConfig {
+                    capacity: cap,
+                    recent_capacity: 8,
+                    recent_ttl: Duration::from_millis(400),
+                });
+                // Model: key -> (value, via, deadline).
+                let mut model: HashMap<u8, (u32, u8, Instant)> = HashMap::new();
+                let mut accepted: Vec<u32> = Vec::new();
+                let mut out_count: HashMap<u32, u32> = HashMap::new();
+                let mut next = 0u32;
+                let mut out = Vec::new();
+                for op in ops {
+                    match op {
+                        Op::Insert { key, via, ttl_ms } => {
+                            next += 1;
+                            let deadline = now + Duration::from_millis(u64::from(ttl_ms));
+                            match c.insert(k(key.into()), next, via.into(), deadline) {
+                                Ok(()) => {
+                                    prop_assert!(!model.contains_key(&key));
+                                    prop_assert!(model.len() < cap);
+                                    model.insert(key, (next, via, deadline));
+                                    accepted.push(next);
+                                }
+                                Err(Rejected { error: CorrelateError::Duplicate, value }) => {
+                                    prop_assert_eq!(value, next);
+                                    prop_assert!(model.contains_key(&key));
+                                }
+                                Err(Rejected { error: CorrelateError::Full, value }) => {
+                                    prop_assert_eq!(value, next);
+                                    prop_assert!(!model.contains_key(&key));
+                                    prop_assert_eq!(model.len(), cap);
+                                }
+                            }
+                        }
+                        Op::Take { key } => match c.take(&k(key.into()), now) {
+                            Ok(v) => {
+                                prop_assert_eq!(model.remove(&key).map(|m| m.0), Some(v));
+                                *out_count.entry(v).or_default() += 1;
+                            }
+                            Err(_) => prop_assert!(!model.contains_key(&key)),
+                        },
+                        Op::Cancel { key } => match c.cancel(&k(key.into()), now) {
+                            Some(v) => {
+                                prop_assert_eq!(model.remove(&key).map(|m| m.0), Some(v));
+                                *out_count.entry(v).or_default() += 1;
+                                prop_assert_eq!(c.take(&k(key.into()), now), Err(Miss::Late));
+                            }
+                            None => prop_assert!(!model.contains_key(&key)),
+                        },
+                        Op::Advance { ms } => {
+                            now += Duration::from_millis(u64::from(ms));
+                            out.clear();
+                            c.expire(now, &mut out);
+                            let mut last = None;
+                            for (_, v) in &out {
+                                let (key, m) = model.iter().find(|(_, m)| m.0 == *v).map(|(k, m)| (*k, *m)).unwrap();
+                                prop_assert!(m.2 <= now);
+                                prop_assert!(last.is_none_or(|l| l <= m.2), "deadline order");
+                                last = Some(m.2);
+                                model.remove(&key);
+                                *out_count.entry(*v).or_default() += 1;
+                            }
+                            prop_assert!(model.values().all(|m| m.2 > now));
+                        }
+                        Op::TakeVia { via } => {
+                            out.clear();
+                            c.take_via(via.into(), now, &mut out);
+                            for (_, v) in &out {
+                                let key = model.iter().find(|(_, m)| m.0 == *v).map(|(k, _)| *k).unwrap();
+                                prop_assert_eq!(model[&key].1, via);
+                                model.remove(&key);
+                                *out_count.entry(*v).or_default() += 1;
+                            }
+                            prop_assert!(model.values().all(|m| m.1 != via));
+                        }
+                    }
+                    prop_assert_eq!(c.len(), model.len());
+                    prop_assert!(c.recent.len() <= 8 && c.recent_order.len() <= 8);
+                }
+                out.clear();
+                c.drain(now, &mut out);
+                for (_, v) in &out {
+                    *out_count.entry(*v).or_default() += 1;
+                }
+                prop_assert!(c.is_empty());
+                prop_assert_eq!(out_count.len(), accepted.len());
+                for v in &accepted {
+                    prop_assert_eq!(out_count.get(v), Some(&1), "value {} out once", v);
+                }
+                let s = c.stats();
+                prop_assert_eq!(s.inserted, accepted.len() as u64);
+                prop_assert_eq!(s.answered + s.expired + s.node_lost + s.cancelled, s.inserted);
+            }
+        }
+    }
+}
