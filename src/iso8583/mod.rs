@@ -1,1 +1,36 @@
-//! Spec-driven ISO 8583 messages (to be completed).
+//! Spec-driven ISO 8583 messages. Pure: no I/O, no clocks, no global state.
+//!
+//! - [`Spec`]: one set of types for every dialect, loaded from `specs/*.toml`
+//!   (five are built in), validated at load, with per-field lookup tables.
+//! - [`Message`]: a zero-copy view over a payload (`Bytes`): envelope, MTI and
+//!   bitmaps found eagerly, fields lazily; [`RoutingView`] in one pass; in-place
+//!   patching ([`patch_fixed`], [`stamp`], [`Spec::swap_envelope`]). No heap
+//!   allocation on this path.
+//! - [`Decoded`]: full decode into ordered fields and [`Spec::encode`] back,
+//!   byte-identical for canonical input.
+//! - Masking: every `Display` / `Debug` of field data masks sensitive fields per
+//!   spec unless explicitly revealed ([`Shown::reveal`]).
+
+mod codec;
+mod decoded;
+mod error;
+mod mask;
+mod message;
+mod mti;
+#[doc(hidden)]
+pub mod samples;
+mod spec;
+
+pub use codec::ebcdic;
+pub use decoded::{Decoded, ShownMessage, Value};
+pub use error::{IsoError, SpecError};
+pub use mask::Shown;
+pub use message::{Bitmap, FieldRef, Layout, Message, RoutingView, patch_fixed, stamp};
+pub use mti::Mti;
+pub use spec::{
+    Align, BitmapEncoding, BitmapSpec, Data, FieldDef, Format, Framing, LengthEncoding, MAX_FIELD,
+    Mask, MtiEncoding, MtiSpec, Network, Spec, Unit,
+};
+
+#[cfg(test)]
+mod tests;
