@@ -226,7 +226,7 @@ pub(crate) fn span(def: &FieldDef, buf: &[u8], at: usize) -> Result<Span, IsoErr
 /// digits, binary bytes), or an error naming why it cannot be a value of `def`.
 pub(crate) fn units_of(def: &FieldDef, len: usize) -> Result<usize, IsoError> {
     match (def.data, def.unit) {
-        (Data::Bcd, Unit::Bytes) if len % 2 != 0 => Err(IsoError::BadValue {
+        (Data::Bcd, Unit::Bytes) if !len.is_multiple_of(2) => Err(IsoError::BadValue {
             id: def.id,
             reason: format!("{len} hex digits is not a whole number of bytes"),
         }),
@@ -334,7 +334,7 @@ impl Iterator for Logical<'_> {
         match self.kind {
             Data::Bcd => {
                 let b = *self.data.get(i / 2)?;
-                Some(hex_digit(if i % 2 == 0 { b >> 4 } else { b }))
+                Some(hex_digit(if i.is_multiple_of(2) { b >> 4 } else { b }))
             }
             Data::Ebcdic => self.data.get(i).map(|&b| ebcdic::to_ascii(b)),
             Data::Ascii | Data::Binary => self.data.get(i).copied(),

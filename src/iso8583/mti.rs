@@ -54,7 +54,7 @@ impl Mti {
     /// A request, advice or notification: something that expects (or may get) a
     /// response. Function digit even.
     pub const fn is_request(&self) -> bool {
-        self.function() % 2 == 0
+        self.function().is_multiple_of(2)
     }
 
     /// A response: function digit odd.

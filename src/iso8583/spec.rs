@@ -296,7 +296,7 @@ impl FieldDef {
     pub(crate) fn wire_len(&self, units: usize) -> Option<usize> {
         match (self.data, self.unit) {
             (Data::Bcd, Unit::Digits) => Some(units.div_ceil(2)),
-            (_, Unit::Bits) => (units % 8 == 0).then_some(units / 8),
+            (_, Unit::Bits) => units.is_multiple_of(8).then_some(units / 8),
             _ => Some(units),
         }
     }
@@ -628,7 +628,7 @@ fn validate_field(
     if f.length > 0xFFFF {
         return Err(bad_len(format!("{} exceeds 65535", f.length)));
     }
-    if unit == Unit::Bits && f.format == Format::Fixed && f.length % 8 != 0 {
+    if unit == Unit::Bits && f.format == Format::Fixed && !f.length.is_multiple_of(8) {
         return Err(bad_len(format!(
             "{} bits is not a whole number of bytes",
             f.length
