@@ -8,7 +8,15 @@
 //! - [`iso8583`]: pure spec-driven message layer: specs from `specs/*.toml`, a
 //!   zero-copy [`iso8583::Message`] view, full decode/encode and masking.
 //! - [`route`]: pure routing logic: balancers, node health, correlation.
+//! - [`link`]: tokio I/O: fronts, node connections, writer tasks, health checks.
+//! - [`ops`]: configuration and running services.
+//! - [`sim`]: simulators (channel node, POS network controller, load generator).
+//! - [`cli`]: the `isoswitch` command line.
 
+pub mod cli;
 pub mod iso8583;
+pub mod link;
+pub mod ops;
 pub mod route;
+pub mod sim;
 pub mod wire;

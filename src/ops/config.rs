@@ -1,0 +1,533 @@
+//! The service configuration: TOML through the `config` crate, with environment
+//! overrides (`ISOSWITCH__SERVICE__0__BACK__NODE__1__WEIGHT=3` style), validated
+//! at load with errors that name the key.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::iso8583::Spec;
+use crate::route::{Algorithm, DeclineCodes, F37Stamp, HealthConfig, NodeId, RuleConfig, RuleSet};
+
+/// Everything `isoswitch run` needs.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Services, each joining one front to one back.
+    #[serde(rename = "service", default)]
+    pub services: Vec<ServiceConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceConfig {
+    pub name: String,
+    /// A built-in spec name (`cups`, `cup-pos`, ...) or a path to a spec TOML file.
+    pub spec: String,
+    pub front: FrontConfig,
+    pub back: BackConfig,
+    #[serde(default)]
+    pub correlation: CorrelationConfig,
+    #[serde(default)]
+    pub timeouts: TimeoutConfig,
+    /// F39 codes of switch-made responses, per reason.
+    #[serde(default)]
+    pub declines: DeclineCodes,
+    /// Stamp the node ID into F37 of requests sent to nodes (and route on it).
+    #[serde(default)]
+    pub f37_stamp: Option<F37Stamp>,
+}
+
+/// Where the service's clients come from.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum FrontConfig {
+    /// Clients connect to the switch; duplex, many requests in flight per connection.
+    Listen(ListenFront),
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenFront {
+    pub listen: SocketAddr,
+    /// Client connections open at once; the next one is closed at accept.
+    #[serde(default = "defaults::max_connections")]
+    pub max_connections: usize,
+    /// Client connections open at once from one source IP.
+    #[serde(default = "defaults::max_per_source")]
+    pub max_per_source: usize,
+    /// Source networks allowed to connect; empty allows any.
+    #[serde(default)]
+    pub allow: Vec<IpNet>,
+    /// A client link silent this long is closed; keep-alives reset it. 0 = never.
+    #[serde(default = "defaults::idle_timeout", with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// A frame started but not finished within this time closes the link.
+    #[serde(default = "defaults::partial_frame_timeout", with = "humantime_serde")]
+    pub partial_frame_timeout: Duration,
+    /// What to do with a client whose frame cannot be parsed as a message.
+    #[serde(default)]
+    pub on_bad_message: BadMessagePolicy,
+    /// Messages queued for writing to one client before new requests from it are
+    /// declined.
+    #[serde(default = "defaults::write_queue")]
+    pub write_queue: usize,
+}
+
+/// A frame whose length prefix is fine but whose message is not.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BadMessagePolicy {
+    /// Log (masked), count and close that client's connection.
+    #[default]
+    Close,
+    /// Log (masked), count and drop the frame; the connection stays.
+    Drop,
+}
+
+/// The node pool behind a service.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackConfig {
+    /// Duplex connections kept to each node, shared by all clients.
+    #[serde(default = "defaults::connections_per_node")]
+    pub connections_per_node: usize,
+    /// `round-robin`, `weighted`, `least-outstanding`, `peak-ewma` or `sticky`.
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    /// The field whose value the `sticky` algorithm hashes (F41, terminal ID).
+    #[serde(default = "defaults::sticky_field")]
+    pub sticky_field: u16,
+    /// Priority groups: use the highest group with at least this many eligible nodes.
+    #[serde(default = "defaults::min_active")]
+    pub min_active: usize,
+    /// Messages queued for writing on one node connection before requests are
+    /// declined with the queue-full code.
+    #[serde(default = "defaults::write_queue")]
+    pub write_queue: usize,
+    #[serde(default = "defaults::connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Reconnect backoff: starts here, doubles with jitter, up to `reconnect_max`.
+    #[serde(default = "defaults::reconnect_min", with = "humantime_serde")]
+    pub reconnect_min: Duration,
+    #[serde(default = "defaults::reconnect_max", with = "humantime_serde")]
+    pub reconnect_max: Duration,
+    #[serde(default)]
+    pub health: HealthCheckConfig,
+    /// Directed routing: the first rule a request matches restricts its nodes.
+    #[serde(default, rename = "rule")]
+    pub rules: Vec<RuleConfig>,
+    #[serde(rename = "node")]
+    pub nodes: Vec<NodeConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Short ID, also the F37 stamp.
+    pub id: String,
+    pub address: SocketAddr,
+    #[serde(default = "defaults::weight")]
+    pub weight: u32,
+    /// Higher is preferred.
+    #[serde(default)]
+    pub priority: u32,
+    /// `enabled`, `drain` or `disabled`.
+    #[serde(default)]
+    pub admin: crate::route::AdminState,
+}
+
+/// Active health checks and passive ejection. (Unknown keys are refused by the
+/// flattened [`HealthConfig`].)
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct HealthCheckConfig {
+    #[serde(default)]
+    pub check: CheckKind,
+    #[serde(default = "defaults::check_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    #[serde(default = "defaults::check_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Thresholds, ejection and slow start.
+    #[serde(flatten)]
+    pub state: HealthConfig,
+}
+
+impl Default for HealthCheckConfig {
+    fn default() -> Self {
+        HealthCheckConfig {
+            check: CheckKind::default(),
+            interval: defaults::check_interval(),
+            timeout: defaults::check_timeout(),
+            state: HealthConfig::default(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheckKind {
+    /// A TCP connect to the node's address.
+    Tcp,
+    /// The spec's echo test over a node connection, answered within the timeout.
+    #[default]
+    Echo,
+    /// No active checks: connection state and passive ejection only.
+    None,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CorrelationConfig {
+    /// Parts of the key that ties a response to its request: `tpdu` (the TPDU
+    /// address pair, in either order) or a field number. Empty = the spec's default.
+    #[serde(default)]
+    pub key: Vec<KeyPart>,
+    /// TPDU of responses sent to clients.
+    #[serde(default)]
+    pub tpdu_on_response: TpduPolicy,
+    /// Requests in flight per service; past it new requests are declined.
+    #[serde(default = "defaults::max_in_flight")]
+    pub max_in_flight: usize,
+}
+
+impl Default for CorrelationConfig {
+    fn default() -> Self {
+        CorrelationConfig {
+            key: Vec::new(),
+            tpdu_on_response: TpduPolicy::default(),
+            max_in_flight: defaults::max_in_flight(),
+        }
+    }
+}
+
+/// One part of a correlation key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum KeyPart {
+    /// The TPDU destination and source addresses, order-insensitive, so a host
+    /// that swaps them and one that echoes them both match.
+    Tpdu,
+    Field(u16),
+}
+
+impl TryFrom<String> for KeyPart {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let t = s.trim();
+        if t.eq_ignore_ascii_case("tpdu") {
+            return Ok(KeyPart::Tpdu);
+        }
+        let digits = t.strip_prefix(['F', 'f']).unwrap_or(t);
+        match digits.parse::<u16>() {
+            Ok(n) if (2..=192).contains(&n) => Ok(KeyPart::Field(n)),
+            _ => Err(format!(
+                "`{s}` is not a key part: use `tpdu` or a field number 2..=192 such as `F11`"
+            )),
+        }
+    }
+}
+
+impl From<KeyPart> for String {
+    fn from(p: KeyPart) -> String {
+        match p {
+            KeyPart::Tpdu => "tpdu".into(),
+            KeyPart::Field(n) => format!("F{n}"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TpduPolicy {
+    /// The request's TPDU with destination and source swapped.
+    #[default]
+    Swap,
+    /// The request's TPDU unchanged.
+    Echo,
+    /// Whatever the node sent.
+    Node,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutConfig {
+    /// A request unanswered this long is declined with the timeout code.
+    #[serde(default = "defaults::request_timeout", with = "humantime_serde")]
+    pub request: Duration,
+}
+
+impl Default for TimeoutConfig {
+    fn default() -> Self {
+        TimeoutConfig {
+            request: defaults::request_timeout(),
+        }
+    }
+}
+
+mod defaults {
+    use std::time::Duration;
+
+    pub fn max_connections() -> usize {
+        1024
+    }
+    pub fn max_per_source() -> usize {
+        64
+    }
+    pub fn idle_timeout() -> Duration {
+        Duration::from_secs(300)
+    }
+    pub fn partial_frame_timeout() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub fn write_queue() -> usize {
+        4096
+    }
+    pub fn connections_per_node() -> usize {
+        2
+    }
+    pub fn min_active() -> usize {
+        1
+    }
+    pub fn sticky_field() -> u16 {
+        41
+    }
+    pub fn connect_timeout() -> Duration {
+        Duration::from_secs(2)
+    }
+    pub fn reconnect_min() -> Duration {
+        Duration::from_millis(100)
+    }
+    pub fn reconnect_max() -> Duration {
+        Duration::from_secs(10)
+    }
+    pub fn weight() -> u32 {
+        1
+    }
+    pub fn check_interval() -> Duration {
+        Duration::from_secs(2)
+    }
+    pub fn check_timeout() -> Duration {
+        Duration::from_secs(1)
+    }
+    pub fn max_in_flight() -> usize {
+        100_000
+    }
+    pub fn request_timeout() -> Duration {
+        Duration::from_secs(3)
+    }
+}
+
+/// A configuration that cannot be used, naming the key.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read configuration: {0}")]
+    Load(#[from] config::ConfigError),
+    #[error("{key}: {reason}")]
+    Invalid { key: String, reason: String },
+}
+
+fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Environment variables with this prefix override file keys: `__` separates
+/// levels, e.g. `ISOSWITCH__SERVICE__0__TIMEOUTS__REQUEST=5s`.
+pub const ENV_PREFIX: &str = "ISOSWITCH";
+
+impl Config {
+    /// Loads a TOML file, applies environment overrides, and validates.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let source = config::File::from(path).format(config::FileFormat::Toml);
+        Self::build(source)
+    }
+
+    /// Parses TOML text (e.g. the embedded demo config), with environment
+    /// overrides, and validates.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        Self::build(config::File::from_str(text, config::FileFormat::Toml))
+    }
+
+    fn build<S>(source: S) -> Result<Config, ConfigError>
+    where
+        S: config::Source + Send + Sync + 'static,
+    {
+        let env = config::Environment::with_prefix(ENV_PREFIX)
+            .separator("__")
+            .try_parsing(true);
+        let cfg: Config = config::Config::builder()
+            .add_source(source)
+            .add_source(env)
+            .build()?
+            .try_deserialize()?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks what serde cannot: references between keys, ranges, uniqueness.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.services.is_empty() {
+            return Err(invalid("service", "no service is configured"));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, svc) in self.services.iter().enumerate() {
+            let key = format!("service[{i}]");
+            if !names.insert(svc.name.as_str()) {
+                return Err(invalid(
+                    format!("{key}.name"),
+                    format!("duplicate service name `{}`", svc.name),
+                ));
+            }
+            svc.validate(&key)?;
+        }
+        Ok(())
+    }
+}
+
+impl ServiceConfig {
+    /// Resolves the service's spec (built-in name or file path).
+    pub fn load_spec(&self) -> Result<Spec, ConfigError> {
+        Spec::resolve(&self.spec).map_err(|e| invalid("spec", e.to_string()))
+    }
+
+    fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        if self.name.is_empty() {
+            return Err(invalid(format!("{key}.name"), "must not be empty"));
+        }
+        let spec = self
+            .load_spec()
+            .map_err(|e| invalid(format!("{key}.spec"), e.to_string()))?;
+        self.back.validate(&format!("{key}.back"))?;
+        for (j, part) in self.correlation.key.iter().enumerate() {
+            if let KeyPart::Field(id) = part
+                && spec.field(*id).is_none()
+            {
+                return Err(invalid(
+                    format!("{key}.correlation.key[{j}]"),
+                    format!("spec `{}` has no field {id}", self.spec),
+                ));
+            }
+            if *part == KeyPart::Tpdu && !spec.envelope().tpdu {
+                return Err(invalid(
+                    format!("{key}.correlation.key[{j}]"),
+                    format!("spec `{}` has no TPDU", self.spec),
+                ));
+            }
+        }
+        if self.timeouts.request.is_zero() {
+            return Err(invalid(format!("{key}.timeouts.request"), "must be > 0"));
+        }
+        if let Some(stamp) = &self.f37_stamp {
+            stamp
+                .validate(&self.back.node_ids()?)
+                .map_err(|e| invalid(format!("{key}.f37_stamp"), e.to_string()))?;
+        }
+        match &self.front {
+            FrontConfig::Listen(l) => l.validate(&format!("{key}.front")),
+        }
+    }
+}
+
+impl ListenFront {
+    fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        if self.max_connections == 0 {
+            return Err(invalid(format!("{key}.max_connections"), "must be > 0"));
+        }
+        if self.max_per_source == 0 {
+            return Err(invalid(format!("{key}.max_per_source"), "must be > 0"));
+        }
+        if self.write_queue == 0 {
+            return Err(invalid(format!("{key}.write_queue"), "must be > 0"));
+        }
+        if self.partial_frame_timeout.is_zero() {
+            return Err(invalid(
+                format!("{key}.partial_frame_timeout"),
+                "must be > 0",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl BackConfig {
+    /// The node IDs, parsed; an invalid one is named by its index.
+    pub fn node_ids(&self) -> Result<Vec<NodeId>, ConfigError> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                n.id.parse::<NodeId>()
+                    .map_err(|e| invalid(format!("back.node[{i}].id"), e.to_string()))
+            })
+            .collect()
+    }
+
+    fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        if self.nodes.is_empty() {
+            return Err(invalid(
+                format!("{key}.node"),
+                "a back needs at least one node",
+            ));
+        }
+        if !(1..=64).contains(&self.connections_per_node) {
+            return Err(invalid(
+                format!("{key}.connections_per_node"),
+                "must be within 1..=64",
+            ));
+        }
+        if self.write_queue == 0 {
+            return Err(invalid(format!("{key}.write_queue"), "must be > 0"));
+        }
+        if self.reconnect_min.is_zero() || self.reconnect_max < self.reconnect_min {
+            return Err(invalid(
+                format!("{key}.reconnect_max"),
+                "need 0 < reconnect_min <= reconnect_max",
+            ));
+        }
+        let mut ids = std::collections::HashSet::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let nkey = format!("{key}.node[{i}]");
+            if node.id.is_empty()
+                || node.id.len() > 8
+                || !node.id.bytes().all(|b| b.is_ascii_graphic())
+            {
+                return Err(invalid(
+                    format!("{nkey}.id"),
+                    "must be 1 to 8 printable ASCII characters",
+                ));
+            }
+            if !ids.insert(node.id.as_str()) {
+                return Err(invalid(
+                    format!("{nkey}.id"),
+                    format!("duplicate node id `{}`", node.id),
+                ));
+            }
+            if node.weight == 0 {
+                return Err(invalid(
+                    format!("{nkey}.weight"),
+                    "must be > 0 (use admin = \"disabled\")",
+                ));
+            }
+        }
+        let ids = self.node_ids()?;
+        RuleSet::compile(&self.rules, &ids)
+            .map_err(|e| invalid(format!("{key}.rule"), e.to_string()))?;
+        self.health
+            .state
+            .validate()
+            .map_err(|e| invalid(format!("{key}.health"), e.to_string()))?;
+        if self.health.timeout.is_zero() || self.health.interval.is_zero() {
+            return Err(invalid(
+                format!("{key}.health"),
+                "interval and timeout must be > 0",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,4 @@
+//! Operations: configuration, running services, stats.
+
+pub mod config;
+pub mod run;

@@ -1,0 +1,138 @@
+//! `isoswitch run`: start every configured service and keep them up until
+//! Ctrl-C, printing one stats line per service at an interval.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::config::Config;
+use crate::link::{self, Running, Service};
+
+/// Services started from one config.
+pub struct Switch {
+    pub services: Vec<Running>,
+    tasks: JoinSet<()>,
+    shutdown: watch::Sender<bool>,
+}
+
+/// Errors starting a switch, naming the service.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("service `{service}`: {reason}")]
+    Service { service: String, reason: String },
+    #[error("service `{service}`: cannot listen: {source}")]
+    Bind {
+        service: String,
+        source: std::io::Error,
+    },
+}
+
+impl Switch {
+    /// Starts every service of `config`.
+    pub async fn start(config: &Config) -> Result<Switch, StartError> {
+        let (shutdown, rx) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        let mut services = Vec::new();
+        for svc in &config.services {
+            let spec = svc.load_spec().map_err(|e| StartError::Service {
+                service: svc.name.clone(),
+                reason: e.to_string(),
+            })?;
+            let service = Service::new(svc.clone(), spec, Instant::now()).map_err(|reason| {
+                StartError::Service {
+                    service: svc.name.clone(),
+                    reason,
+                }
+            })?;
+            let running = link::start(Arc::new(service), &mut tasks, &rx)
+                .await
+                .map_err(|source| StartError::Bind {
+                    service: svc.name.clone(),
+                    source,
+                })?;
+            tracing::info!(service = %svc.name, front = %running.front_addr, "service started");
+            services.push(running);
+        }
+        Ok(Switch {
+            services,
+            tasks,
+            shutdown,
+        })
+    }
+
+    pub fn service(&self, name: &str) -> Option<&Arc<Service>> {
+        self.services
+            .iter()
+            .map(|r| &r.service)
+            .find(|s| s.name() == name)
+    }
+
+    /// Stops every task: listeners close, node connections close.
+    pub async fn stop(mut self) {
+        let _ = self.shutdown.send(true);
+        let deadline = tokio::time::sleep(Duration::from_secs(2));
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                next = self.tasks.join_next() => if next.is_none() { break },
+                _ = &mut deadline => { self.tasks.abort_all(); break }
+            }
+        }
+    }
+}
+
+/// One line of counters for a service.
+pub fn stats_line(service: &Service) -> String {
+    let c = &service.counters;
+    let nodes: Vec<String> = service
+        .pool
+        .nodes()
+        .iter()
+        .map(|n| {
+            format!(
+                "{}:{}/{}c",
+                n.config.id,
+                n.counters.sent.load(Ordering::Relaxed),
+                n.live_conns()
+            )
+        })
+        .collect();
+    format!(
+        "{} requests {} answered {} declined {} in_flight {} late {} unknown {} bad {} nodes [{}]",
+        service.name(),
+        c.requests.load(Ordering::Relaxed),
+        c.answered.load(Ordering::Relaxed),
+        c.declined_total(),
+        service.in_flight(),
+        c.late_responses.load(Ordering::Relaxed),
+        c.unknown_responses.load(Ordering::Relaxed),
+        c.bad_messages.load(Ordering::Relaxed) + c.bad_frames.load(Ordering::Relaxed),
+        nodes.join(" ")
+    )
+}
+
+/// Runs until Ctrl-C.
+pub async fn run_until_interrupted(
+    config: &Config,
+    stats_every: Duration,
+) -> Result<(), StartError> {
+    let switch = Switch::start(config).await?;
+    let mut tick = tokio::time::interval(stats_every);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                for r in &switch.services {
+                    tracing::info!("{}", stats_line(&r.service));
+                }
+            }
+            _ = tokio::signal::ctrl_c() => break,
+        }
+    }
+    tracing::info!("shutting down");
+    switch.stop().await;
+    Ok(())
+}
