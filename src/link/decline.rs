@@ -1,0 +1,99 @@
+//! Switch-made messages: declines built from a request, responses of the
+//! simulated node, and echo tests. Built through a full decode and encode: these
+//! are rare (a decline) or not on the switch's path (simulators), so clarity wins
+//! over zero-copy here.
+
+use bytes::Bytes;
+
+use crate::iso8583::{Decoded, IsoError, Message, Mti, Spec, samples};
+
+/// Fields a simulated node never copies into a response: track data, PIN
+/// block, EMV data and MACs do not travel back to the acquirer.
+const NOT_ECHOED: [u16; 8] = [35, 36, 45, 52, 55, 64, 96, 128];
+
+/// A switch-made response to `request`: response MTI, envelope turned around,
+/// the spec's echo fields copied, F39 = `code`.
+pub fn build(spec: &Spec, request: &Bytes, code: [u8; 2]) -> Result<Bytes, IsoError> {
+    let req = Message::parse(spec, request.clone())?.decode()?;
+    let code = std::str::from_utf8(&code).unwrap_or("96");
+    let resp = spec.respond(&req, code)?;
+    Ok(Bytes::from(spec.encode(&resp)?))
+}
+
+/// A node's response to `request`: everything [`build`] does, plus every other
+/// request field but the secret ones, as a channel node answers.
+pub fn respond(spec: &Spec, request: &Message<'_>, code: &str) -> Result<Bytes, IsoError> {
+    let req = request.decode()?;
+    let mut resp = spec.respond(&req, code)?;
+    for (id, value) in &req.fields {
+        if !NOT_ECHOED.contains(id) && !resp.has(*id) {
+            resp.set(*id, value.clone());
+        }
+    }
+    Ok(Bytes::from(spec.encode(&resp)?))
+}
+
+/// The spec's echo test with STAN `stan` (a sign-in 0800 on POS links).
+pub fn echo_request(spec: &Spec, stan: u32) -> Result<Bytes, IsoError> {
+    let mut d: Decoded = samples::echo(spec);
+    d.set_text(11, format!("{:06}", stan % 1_000_000));
+    if spec.field(41).is_some() {
+        // The switch's own terminal ID keeps echoes apart from POS traffic.
+        d.set_text(41, "ISOSWTCH");
+    }
+    if spec.field(60).is_some() && spec.network().echo_f70.is_none() {
+        d.set_text(60, "00000000003");
+    }
+    Ok(Bytes::from(spec.encode(&d)?))
+}
+
+/// The response MTI of `mti` as four ASCII digits (for tools and logs).
+pub fn response_mti(mti: Mti) -> Option<[u8; 4]> {
+    mti.response().map(|m| m.digits())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decline_turns_the_request_around() {
+        let (spec, payload) = samples::pos_0200();
+        let resp = build(&spec, &Bytes::from(payload.clone()), *b"91").unwrap();
+        let msg = Message::parse(&spec, resp).unwrap();
+        assert_eq!(msg.mti().as_str(), "0210");
+        assert_eq!(msg.field(39).unwrap().unwrap().data(), b"91");
+        let req = Message::parse(&spec, Bytes::from(payload)).unwrap();
+        assert_eq!(msg.tpdu(), req.tpdu().map(|t| t.swapped()));
+        assert_eq!(
+            msg.field(11).unwrap().unwrap().data(),
+            req.field(11).unwrap().unwrap().data()
+        );
+        assert!(msg.field(35).unwrap().is_none(), "track 2 is not echoed");
+    }
+
+    #[test]
+    fn node_response_echoes_all_but_secrets() {
+        let (spec, payload) = samples::cups_0200();
+        let req = Message::parse(&spec, Bytes::from(payload)).unwrap();
+        let resp = Message::parse(&spec, respond(&spec, &req, "00").unwrap()).unwrap();
+        assert_eq!(resp.mti().as_str(), "0210");
+        for id in [2, 3, 4, 7, 11, 32, 33, 37, 41] {
+            assert!(resp.has_field(id), "F{id} echoed");
+        }
+        for id in [35, 52, 128] {
+            assert!(!resp.has_field(id), "F{id} not echoed");
+        }
+    }
+
+    #[test]
+    fn echo_request_per_spec() {
+        for name in Spec::builtin_names() {
+            let spec = Spec::builtin(name).unwrap();
+            let echo = echo_request(&spec, 42).unwrap();
+            let msg = Message::parse(&spec, echo).unwrap();
+            assert!(msg.mti().is_network_management(), "{name}");
+            assert!(msg.field(11).unwrap().is_some(), "{name}");
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! Node connections: K per node, each kept up by its own task with exponential
+//! backoff and jitter, each with one writer task and one reader loop.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use tokio_util::codec::FramedRead;
+
+use super::pool::ConnHandle;
+use super::service::Service;
+use super::writer::run_writer;
+use crate::wire::{Frame, FrameCodec};
+
+/// Keeps connection `slot` of `node` up until `shutdown` turns true.
+pub async fn keep_connected(
+    service: Arc<Service>,
+    node: usize,
+    slot: usize,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let Some(addr) = service.pool.node(node).map(|n| n.config.address) else {
+        return;
+    };
+    let back = service.config.back.clone();
+    let mut backoff = Backoff::new(back.reconnect_min, back.reconnect_max, seed(node, slot));
+    while !*shutdown.borrow() {
+        let attempt = tokio::time::timeout(back.connect_timeout, TcpStream::connect(addr)).await;
+        match attempt {
+            Ok(Ok(stream)) => {
+                backoff.reset();
+                let _ = stream.set_nodelay(true);
+                run_connection(&service, node, slot, stream, &mut shutdown).await;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(service = service.name(), node, slot, error = %e, "node connect failed")
+            }
+            Err(_) => tracing::debug!(
+                service = service.name(),
+                node,
+                slot,
+                "node connect timed out"
+            ),
+        }
+        let wait = backoff.next_delay();
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+async fn run_connection(
+    service: &Arc<Service>,
+    node: usize,
+    slot: usize,
+    stream: TcpStream,
+    shutdown: &mut watch::Receiver<bool>,
+) {
+    let id = service.next_conn_id();
+    let (read, write) = stream.into_split();
+    let (tx, rx) = mpsc::channel(service.config.back.write_queue);
+    let prefix = service.spec.framing().prefix;
+    let mut writer = tokio::spawn(run_writer(write, prefix, rx));
+    let handle = ConnHandle { id, tx };
+    service
+        .pool
+        .set_conn(node, slot, Some(handle), Instant::now());
+    if let Some(n) = service.pool.node(node) {
+        n.counters
+            .connects
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    tracing::info!(service = service.name(), node = %node_name(service, node), slot, conn = id, "node connection up");
+    let codec = FrameCodec::new(prefix, service.spec.framing().max_frame);
+    let mut frames = FramedRead::new(read, codec);
+    let why = loop {
+        tokio::select! {
+            item = frames.next() => match item {
+                Some(Ok(Frame::Message(payload))) => service.on_node_frame(node, id, payload, Instant::now()),
+                Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => {}
+                Some(Err(e)) => break format!("bad frame: {e}"),
+                None => break "closed by node".to_string(),
+            },
+            res = &mut writer => break format!("writer ended: {res:?}"),
+            _ = shutdown.changed() => break "shutdown".to_string(),
+        }
+    };
+    writer.abort();
+    service.pool.set_conn(node, slot, None, Instant::now());
+    if let Some(n) = service.pool.node(node) {
+        n.counters
+            .disconnects
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    let declined = service.connection_lost(id, Instant::now());
+    tracing::warn!(service = service.name(), node = %node_name(service, node), slot, conn = id, reason = %why, declined, "node connection down");
+}
+
+fn node_name(service: &Service, node: usize) -> String {
+    service
+        .pool
+        .node(node)
+        .map_or_else(|| node.to_string(), |n| n.config.id.clone())
+}
+
+fn seed(node: usize, slot: usize) -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ ((node as u64) << 32) ^ (slot as u64) ^ 0x9E37_79B9_7F4A_7C15
+}
+
+/// Exponential backoff with full jitter in [d/2, d].
+#[derive(Debug)]
+pub struct Backoff {
+    min: Duration,
+    max: Duration,
+    current: Duration,
+    rng: u64,
+}
+
+impl Backoff {
+    pub fn new(min: Duration, max: Duration, seed: u64) -> Backoff {
+        Backoff {
+            min,
+            max,
+            current: min,
+            rng: seed | 1,
+        }
+    }
+
+    pub fn reset(&mut self) {
+        self.current = self.min;
+    }
+
+    pub fn next_delay(&mut self) -> Duration {
+        // xorshift64: jitter only, no need for a crypto RNG.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let d = self.current;
+        let half = d / 2;
+        let jitter_ns = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
+        let extra = if jitter_ns == 0 {
+            0
+        } else {
+            self.rng % jitter_ns
+        };
+        self.current = (self.current * 2).min(self.max);
+        half + Duration::from_nanos(extra)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_up_to_max_and_resets() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1), 42);
+        let mut ceilings = Vec::new();
+        for _ in 0..8 {
+            let d = b.next_delay();
+            ceilings.push(d);
+        }
+        assert!(
+            ceilings[0] >= Duration::from_millis(50) && ceilings[0] <= Duration::from_millis(100)
+        );
+        assert!(
+            ceilings[1] >= Duration::from_millis(100) && ceilings[1] <= Duration::from_millis(200)
+        );
+        assert!(ceilings.iter().all(|d| *d <= Duration::from_secs(1)));
+        assert!(ceilings[7] >= Duration::from_millis(500));
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,286 @@
+//! The node pool of a service: K shared duplex connections per channel node,
+//! health state and the balancer that picks a node for each request.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::writer::Outbound;
+use crate::ops::config::{BackConfig, NodeConfig};
+use crate::route::{
+    AdminState, Balancer, BalancerConfig, EwmaConfig, NodeId, NodeState, NodeView, RuleSet,
+    Transition,
+};
+
+/// A live connection to a node: where to queue frames for it.
+#[derive(Clone, Debug)]
+pub struct ConnHandle {
+    /// Unique across the process: the correlator tags requests with it so that
+    /// a dying connection declines exactly its own in-flight requests.
+    pub id: u64,
+    pub tx: mpsc::Sender<Outbound>,
+}
+
+/// Per-node traffic counters.
+#[derive(Debug, Default)]
+pub struct NodeCounters {
+    pub sent: AtomicU64,
+    pub answered: AtomicU64,
+    pub declined: AtomicU64,
+    pub connects: AtomicU64,
+    pub disconnects: AtomicU64,
+}
+
+/// One channel node: its config, its connections and its counters.
+#[derive(Debug)]
+pub struct Node {
+    pub config: NodeConfig,
+    pub id: NodeId,
+    conns: Vec<Mutex<Option<ConnHandle>>>,
+    next_conn: AtomicUsize,
+    /// Mirrors the balancer's count, readable without the pool lock.
+    outstanding: AtomicUsize,
+    pub counters: NodeCounters,
+}
+
+/// What the balancer needs under one lock: health per node and the algorithm.
+struct PoolState {
+    nodes: Vec<NodeState>,
+    balancer: Balancer,
+    views: Vec<NodeView>,
+}
+
+pub struct NodePool {
+    nodes: Vec<Node>,
+    state: Mutex<PoolState>,
+    rules: RuleSet,
+}
+
+/// Why no node could take a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PickError {
+    /// No eligible node (all down, ejected, drained or disabled).
+    NoHealthyNode,
+}
+
+impl NodePool {
+    pub fn new(back: &BackConfig, now: Instant) -> Result<NodePool, String> {
+        let ids = back.node_ids().map_err(|e| e.to_string())?;
+        let mut nodes = Vec::with_capacity(back.nodes.len());
+        let mut states = Vec::with_capacity(back.nodes.len());
+        for (cfg, id) in back.nodes.iter().zip(ids.iter().copied()) {
+            let mut state = NodeState::new(
+                id,
+                cfg.weight,
+                cfg.priority,
+                back.health.state,
+                EwmaConfig::default(),
+            );
+            let _ = state.health_mut().set_admin(cfg.admin, now);
+            states.push(state);
+            nodes.push(Node {
+                config: cfg.clone(),
+                id,
+                conns: (0..back.connections_per_node)
+                    .map(|_| Mutex::new(None))
+                    .collect(),
+                next_conn: AtomicUsize::new(0),
+                outstanding: AtomicUsize::new(0),
+                counters: NodeCounters::default(),
+            });
+        }
+        let rules = RuleSet::compile(&back.rules, &ids).map_err(|e| e.to_string())?;
+        let balancer = Balancer::with_capacity(
+            BalancerConfig {
+                algorithm: back.algorithm,
+                min_active: back.min_active,
+            },
+            seed(),
+            nodes.len(),
+        );
+        let views = Vec::with_capacity(nodes.len());
+        Ok(NodePool {
+            nodes,
+            state: Mutex::new(PoolState {
+                nodes: states,
+                balancer,
+                views,
+            }),
+            rules,
+        })
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    pub fn node(&self, index: usize) -> Option<&Node> {
+        self.nodes.get(index)
+    }
+
+    pub fn index_of(&self, id: &[u8]) -> Option<usize> {
+        self.nodes.iter().position(|n| n.id.as_bytes() == id)
+    }
+
+    /// Picks a node for a request and one of its live connections, and counts
+    /// the request as outstanding on it. `field` looks up request fields (text
+    /// form) for directed rules.
+    pub fn pick<'f>(
+        &self,
+        mti: &[u8; 4],
+        field: impl Fn(u16) -> Option<&'f [u8]>,
+        sticky_key: Option<&[u8]>,
+        now: Instant,
+    ) -> Result<(usize, ConnHandle), PickError> {
+        let subset = self.rules.select(mti, field);
+        let mut state = self.lock_state();
+        let PoolState {
+            nodes,
+            balancer,
+            views,
+        } = &mut *state;
+        views.clear();
+        views.extend(nodes.iter_mut().map(|n| {
+            let _ = n.health_mut().poll(now);
+            n.view(now)
+        }));
+        let picked = match subset {
+            Some(allowed) => balancer.pick_in(views, allowed, sticky_key),
+            None => balancer.pick(views, sticky_key),
+        };
+        let index = picked.ok_or(PickError::NoHealthyNode)?;
+        let node = self.nodes.get(index).ok_or(PickError::NoHealthyNode)?;
+        let conn = node.live_conn().ok_or(PickError::NoHealthyNode)?;
+        nodes[index].dispatched();
+        drop(state);
+        node.outstanding.fetch_add(1, Ordering::Relaxed);
+        node.counters.sent.fetch_add(1, Ordering::Relaxed);
+        Ok((index, conn))
+    }
+
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        // A panic while holding the lock cannot leave the state half-written in a
+        // way that matters more than stopping routing would, so keep going.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A request to `node` ended: answered (`ok`), or declined for lack of an
+    /// answer (timeout, lost connection), which counts against its health.
+    pub fn finished(&self, node: usize, ok: bool, latency: Duration, now: Instant) {
+        let Some(n) = self.nodes.get(node) else {
+            return;
+        };
+        let _ = n
+            .outstanding
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+        let counter = if ok {
+            &n.counters.answered
+        } else {
+            &n.counters.declined
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let t = self.lock_state().nodes[node].record_response(ok, latency, now);
+        log_transition(n, t);
+    }
+
+    /// A request picked for `node` never left (its queue was full or closed): no
+    /// verdict on the node's health.
+    pub fn released(&self, node: usize) {
+        let Some(n) = self.nodes.get(node) else {
+            return;
+        };
+        let _ = n
+            .outstanding
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+        self.lock_state().nodes[node].released();
+    }
+
+    /// An active check of `node` finished.
+    pub fn record_check(&self, node: usize, ok: bool, now: Instant) {
+        let Some(n) = self.nodes.get(node) else {
+            return;
+        };
+        let t = self.lock_state().nodes[node]
+            .health_mut()
+            .record_check(ok, now);
+        log_transition(n, t);
+    }
+
+    /// Sets a node's administrative state (config now, admin API later).
+    pub fn set_admin(&self, node: usize, admin: AdminState, now: Instant) -> bool {
+        let Some(n) = self.nodes.get(node) else {
+            return false;
+        };
+        let t = self.lock_state().nodes[node]
+            .health_mut()
+            .set_admin(admin, now);
+        log_transition(n, t);
+        true
+    }
+
+    pub fn eligible(&self, node: usize, now: Instant) -> bool {
+        self.lock_state()
+            .nodes
+            .get(node)
+            .is_some_and(|n| n.health().eligible(now))
+    }
+
+    pub fn outstanding(&self, node: usize) -> usize {
+        self.nodes
+            .get(node)
+            .map_or(0, |n| n.outstanding.load(Ordering::Relaxed))
+    }
+
+    /// Installs or clears the handle of connection `slot` of `node`.
+    pub fn set_conn(&self, node: usize, slot: usize, conn: Option<ConnHandle>, now: Instant) {
+        let Some(n) = self.nodes.get(node) else {
+            return;
+        };
+        if let Some(s) = n.conns.get(slot) {
+            *s.lock().unwrap_or_else(|p| p.into_inner()) = conn;
+        }
+        let connected = n.live_conns() > 0;
+        let t = self.lock_state().nodes[node]
+            .health_mut()
+            .set_connected(connected, now);
+        log_transition(n, t);
+    }
+}
+
+impl Node {
+    /// Round robin over this node's live connections.
+    pub fn live_conn(&self) -> Option<ConnHandle> {
+        let k = self.conns.len();
+        let start = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        (0..k).find_map(|i| {
+            let slot = &self.conns[(start + i) % k];
+            slot.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        })
+    }
+
+    /// Connections currently up.
+    pub fn live_conns(&self) -> usize {
+        self.conns
+            .iter()
+            .filter(|s| s.lock().unwrap_or_else(|p| p.into_inner()).is_some())
+            .count()
+    }
+
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+}
+
+fn log_transition(node: &Node, t: Transition) {
+    if t != Transition::Unchanged {
+        tracing::info!(node = %node.config.id, transition = ?t, "node health changed");
+    }
+}
+
+fn seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0x5EED, |d| d.as_nanos() as u64)
+}

@@ -1,0 +1,207 @@
+//! One writer task per connection: a bounded queue of outbound frames, written in
+//! batches. Fixed-width edits (TPDU swap, F37 stamp) travel beside the payload and
+//! are applied while the frame is copied into the write buffer, so a forwarded
+//! message is never copied or allocated just to patch a few bytes.
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use crate::wire::LengthPrefix;
+
+/// Largest patch: an F37 window or a TPDU.
+const PATCH_MAX: usize = 12;
+/// Patches one frame can carry (TPDU + F37 + one header edit).
+const PATCHES: usize = 3;
+/// Writes are batched up to this many bytes.
+const BATCH_BYTES: usize = 64 * 1024;
+
+/// A frame for the writer.
+#[derive(Clone, Debug)]
+pub enum Outbound {
+    /// A message payload (envelope + body, no length prefix) and its edits.
+    Message(Bytes, Patch),
+    /// A zero-length keep-alive frame.
+    KeepAlive,
+}
+
+impl Outbound {
+    pub fn message(payload: Bytes) -> Outbound {
+        Outbound::Message(payload, Patch::default())
+    }
+}
+
+/// Up to three fixed-width overwrites of a payload, applied at write time.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Patch {
+    len: u8,
+    edits: [Edit; PATCHES],
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Edit {
+    offset: u16,
+    len: u8,
+    bytes: [u8; PATCH_MAX],
+}
+
+/// A patch that does not fit (too many edits, too long, or past u16 offsets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("patch of {len} bytes at offset {offset} does not fit the writer's patch slots")]
+pub struct PatchOverflow {
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl Patch {
+    /// Adds an overwrite of `bytes` at `offset` in the payload.
+    pub fn overwrite(&mut self, offset: usize, bytes: &[u8]) -> Result<(), PatchOverflow> {
+        let overflow = PatchOverflow {
+            offset,
+            len: bytes.len(),
+        };
+        let slot = self.edits.get_mut(usize::from(self.len)).ok_or(overflow)?;
+        let offset16 = u16::try_from(offset).map_err(|_| overflow)?;
+        if bytes.len() > PATCH_MAX {
+            return Err(overflow);
+        }
+        slot.offset = offset16;
+        slot.len = bytes.len() as u8;
+        slot.bytes[..bytes.len()].copy_from_slice(bytes);
+        self.len += 1;
+        Ok(())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Applies the edits to a copy of the payload; edits past its end are ignored
+    /// (they were computed from this payload, so this only guards against bugs).
+    fn apply(&self, frame: &mut [u8]) {
+        for e in &self.edits[..usize::from(self.len)] {
+            let start = usize::from(e.offset);
+            let len = usize::from(e.len);
+            if let Some(dst) = frame.get_mut(start..start + len) {
+                dst.copy_from_slice(&e.bytes[..len]);
+            }
+        }
+    }
+
+    /// The payload with the edits applied, as a new buffer (tools and tests).
+    pub fn applied_to(&self, payload: &[u8]) -> Vec<u8> {
+        let mut v = payload.to_vec();
+        self.apply(&mut v);
+        v
+    }
+}
+
+/// Appends one framed message to `buf`. A payload too long for the prefix is
+/// dropped with an error (it cannot be sent on this link at all).
+pub fn encode_into(
+    prefix: LengthPrefix,
+    item: &Outbound,
+    buf: &mut BytesMut,
+) -> Result<(), crate::wire::WireError> {
+    match item {
+        Outbound::KeepAlive => prefix.encode(0, buf),
+        Outbound::Message(payload, patch) => {
+            prefix.encode(payload.len(), buf)?;
+            let start = buf.len();
+            buf.extend_from_slice(payload);
+            patch.apply(&mut buf[start..]);
+            Ok(())
+        }
+    }
+}
+
+/// Drains `rx` onto `w` until the queue closes or a write fails. Everything
+/// already queued when a write starts goes out in the same `write_all`.
+pub async fn run_writer<W>(
+    mut w: W,
+    prefix: LengthPrefix,
+    mut rx: mpsc::Receiver<Outbound>,
+) -> std::io::Result<()>
+where
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = BytesMut::with_capacity(BATCH_BYTES);
+    while let Some(first) = rx.recv().await {
+        push(prefix, &first, &mut buf);
+        while buf.len() < BATCH_BYTES {
+            match rx.try_recv() {
+                Ok(next) => push(prefix, &next, &mut buf),
+                Err(_) => break,
+            }
+        }
+        w.write_all(&buf).await?;
+        buf.clear();
+    }
+    w.shutdown().await
+}
+
+fn push(prefix: LengthPrefix, item: &Outbound, buf: &mut BytesMut) {
+    if let Err(e) = encode_into(prefix, item, buf) {
+        tracing::warn!(error = %e, "outbound frame dropped: it does not fit the length prefix");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patch_applies_at_write_time() {
+        let mut p = Patch::default();
+        p.overwrite(1, &[0xAA, 0xBB]).unwrap();
+        p.overwrite(4, b"Z").unwrap();
+        let mut buf = BytesMut::new();
+        let payload = Bytes::from_static(b"012345");
+        encode_into(
+            LengthPrefix::Binary2,
+            &Outbound::Message(payload.clone(), p),
+            &mut buf,
+        )
+        .unwrap();
+        assert_eq!(&buf[..], b"\x00\x060\xAA\xBB3Z5");
+        assert_eq!(&payload[..], b"012345", "the shared payload is untouched");
+    }
+
+    #[test]
+    fn patch_slots_are_bounded() {
+        let mut p = Patch::default();
+        for i in 0..PATCHES {
+            p.overwrite(i, b"x").unwrap();
+        }
+        assert!(p.overwrite(9, b"x").is_err());
+        let mut q = Patch::default();
+        assert!(q.overwrite(0, &[0u8; PATCH_MAX + 1]).is_err());
+        assert!(q.overwrite(70_000, b"x").is_err());
+    }
+
+    #[test]
+    fn keep_alive_is_a_zero_length_frame() {
+        let mut buf = BytesMut::new();
+        encode_into(LengthPrefix::Ascii4, &Outbound::KeepAlive, &mut buf).unwrap();
+        assert_eq!(&buf[..], b"0000");
+    }
+
+    #[tokio::test]
+    async fn writer_batches_and_flushes_everything() {
+        let (tx, rx) = mpsc::channel(16);
+        let (client, mut server) = tokio::io::duplex(1 << 16);
+        let task = tokio::spawn(run_writer(client, LengthPrefix::Ascii4, rx));
+        for _ in 0..3 {
+            tx.send(Outbound::message(Bytes::from_static(b"0800")))
+                .await
+                .unwrap();
+        }
+        drop(tx);
+        task.await.unwrap().unwrap();
+        let mut out = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut server, &mut out)
+            .await
+            .unwrap();
+        assert_eq!(out, b"000408000004080000040800");
+    }
+}
