@@ -1,0 +1,531 @@
+//! The load generator behind `isoswitch load` and the switch benchmarks: many
+//! client connections, each keeping a window of requests in flight, with the
+//! seeds' message-size mix, checking that every response matches a request it
+//! sent on that connection, exactly once.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use hdrhistogram::Histogram;
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::FramedRead;
+
+use crate::iso8583::{Message, Spec};
+use crate::link::writer::{Outbound, Patch, run_writer};
+use crate::sim::node::next_u64;
+use crate::wire::{Frame, FrameCodec};
+
+/// Request sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mix {
+    /// The seeds' acceptance profile: 80% of requests 200-300 bytes, 20%
+    /// 1,200-1,400 bytes.
+    Paper,
+    /// Every request about this many bytes.
+    Fixed(usize),
+}
+
+impl std::str::FromStr for Mix {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Mix, String> {
+        if s == "paper" {
+            return Ok(Mix::Paper);
+        }
+        s.parse::<usize>()
+            .map(Mix::Fixed)
+            .map_err(|_| format!("`{s}`: use `paper` or a size in bytes"))
+    }
+}
+
+impl Mix {
+    /// The template sizes to prepare, each with its share of requests in 1/100.
+    fn sizes(self) -> Vec<(usize, u32)> {
+        match self {
+            Mix::Paper => {
+                let small = (200..=300).step_by(20).map(|s| (s, 80 / 6));
+                let large = (1200..=1400).step_by(50).map(|s| (s, 20 / 5));
+                small.chain(large).collect()
+            }
+            Mix::Fixed(n) => vec![(n, 1)],
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct LoadConfig {
+    pub target: SocketAddr,
+    pub clients: usize,
+    pub in_flight: usize,
+    pub mix: Mix,
+    pub duration: Duration,
+    pub timeout: Duration,
+    /// Total requests per second; `None` = as fast as the windows allow.
+    pub rate: Option<f64>,
+    /// Local address to connect from (per-source limits in tests).
+    pub bind_ip: Option<IpAddr>,
+    /// The MTI of the requests.
+    pub mti: String,
+}
+
+impl LoadConfig {
+    pub fn new(target: SocketAddr) -> LoadConfig {
+        LoadConfig {
+            target,
+            clients: 50,
+            in_flight: 4,
+            mix: Mix::Paper,
+            duration: Duration::from_secs(10),
+            timeout: Duration::from_secs(3),
+            rate: None,
+            bind_ip: None,
+            mti: "0200".into(),
+        }
+    }
+}
+
+/// What the load generator saw.
+#[derive(Clone, Debug)]
+pub struct LoadReport {
+    pub requests: u64,
+    /// Responses with F39 `00`.
+    pub answered: u64,
+    /// Responses with another F39.
+    pub declined: u64,
+    pub timeouts: u64,
+    /// Responses that matched no request waiting on their connection (a crossed,
+    /// doubled or garbled answer).
+    pub mismatches: u64,
+    /// Client connections that closed before the end.
+    pub connections_lost: u64,
+    pub elapsed: Duration,
+    /// Latency of answered and declined requests, in microseconds.
+    pub latency_us: Histogram<u64>,
+}
+
+impl LoadReport {
+    pub fn throughput(&self) -> f64 {
+        (self.answered + self.declined) as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    pub fn percentile_us(&self, q: f64) -> u64 {
+        self.latency_us.value_at_quantile(q)
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "requests": self.requests,
+            "answered": self.answered,
+            "declined": self.declined,
+            "timeouts": self.timeouts,
+            "mismatches": self.mismatches,
+            "connections_lost": self.connections_lost,
+            "elapsed_s": self.elapsed.as_secs_f64(),
+            "throughput_per_s": self.throughput(),
+            "latency_us": {
+                "p50": self.percentile_us(0.50),
+                "p90": self.percentile_us(0.90),
+                "p99": self.percentile_us(0.99),
+                "p99_9": self.percentile_us(0.999),
+                "max": self.latency_us.max(),
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for LoadReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "requests {}  answered {}  declined {}  timeouts {}  mismatches {}  connections lost {}",
+            self.requests,
+            self.answered,
+            self.declined,
+            self.timeouts,
+            self.mismatches,
+            self.connections_lost
+        )?;
+        write!(
+            f,
+            "throughput {:.0} msg/s over {:.1} s  latency p50 {} µs  p90 {} µs  p99 {} µs  p99.9 {} µs  max {} µs",
+            self.throughput(),
+            self.elapsed.as_secs_f64(),
+            self.percentile_us(0.50),
+            self.percentile_us(0.90),
+            self.percentile_us(0.99),
+            self.percentile_us(0.999),
+            self.latency_us.max()
+        )
+    }
+}
+
+/// Live counters, readable while the load runs (progress lines).
+#[derive(Debug, Default)]
+pub struct LoadCounters {
+    pub requests: AtomicU64,
+    pub answered: AtomicU64,
+    pub declined: AtomicU64,
+    pub timeouts: AtomicU64,
+    pub mismatches: AtomicU64,
+    pub connections_lost: AtomicU64,
+}
+
+struct Template {
+    payload: Bytes,
+    /// Offset and width of F11: 6 for ASCII digits, 3 for BCD.
+    f11: usize,
+    f11_width: usize,
+    share: u32,
+}
+
+enum Outcome {
+    Answered,
+    Declined,
+}
+
+type Waiting = Mutex<HashMap<u32, (Instant, oneshot::Sender<Outcome>)>>;
+
+/// Runs the load to completion.
+pub async fn run(
+    spec: Arc<Spec>,
+    cfg: LoadConfig,
+    counters: Arc<LoadCounters>,
+) -> Result<LoadReport, String> {
+    let templates = Arc::new(templates(&spec, &cfg)?);
+    let histogram = Arc::new(Mutex::new(new_histogram()?));
+    let started = Instant::now();
+    let stop_at = started + cfg.duration;
+    let per_slot = cfg
+        .rate
+        .map(|r| Duration::from_secs_f64((cfg.clients * cfg.in_flight) as f64 / r.max(0.001)));
+    let mut clients = tokio::task::JoinSet::new();
+    for c in 0..cfg.clients {
+        let stream = connect(&cfg)
+            .await
+            .map_err(|e| format!("cannot connect to {}: {e}", cfg.target))?;
+        clients.spawn(run_client(
+            c,
+            stream,
+            Arc::clone(&spec),
+            Arc::clone(&templates),
+            cfg.clone(),
+            Arc::clone(&counters),
+            Arc::clone(&histogram),
+            stop_at,
+            per_slot,
+        ));
+    }
+    while clients.join_next().await.is_some() {}
+    let elapsed = started.elapsed();
+    let latency_us = histogram.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let c = &counters;
+    Ok(LoadReport {
+        requests: c.requests.load(Ordering::Relaxed),
+        answered: c.answered.load(Ordering::Relaxed),
+        declined: c.declined.load(Ordering::Relaxed),
+        timeouts: c.timeouts.load(Ordering::Relaxed),
+        mismatches: c.mismatches.load(Ordering::Relaxed),
+        connections_lost: c.connections_lost.load(Ordering::Relaxed),
+        elapsed,
+        latency_us,
+    })
+}
+
+fn new_histogram() -> Result<Histogram<u64>, String> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())
+}
+
+async fn connect(cfg: &LoadConfig) -> std::io::Result<TcpStream> {
+    let stream = match cfg.bind_ip {
+        None => TcpStream::connect(cfg.target).await?,
+        Some(ip) => {
+            let socket = if ip.is_ipv4() {
+                TcpSocket::new_v4()?
+            } else {
+                TcpSocket::new_v6()?
+            };
+            socket.bind(SocketAddr::new(ip, 0))?;
+            socket.connect(cfg.target).await?
+        }
+    };
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+fn templates(spec: &Spec, cfg: &LoadConfig) -> Result<Vec<Template>, String> {
+    cfg.mix
+        .sizes()
+        .into_iter()
+        .map(|(size, share)| {
+            let payload = crate::sim::sized_request(spec, &cfg.mti, size)?;
+            let msg = Message::parse(spec, payload.clone()).map_err(|e| e.to_string())?;
+            let f11 = msg
+                .field(11)
+                .map_err(|e| e.to_string())?
+                .ok_or("the request template has no F11")?;
+            if !matches!(f11.range().len(), 3 | 6) {
+                return Err("F11 must be n6 as 6 ASCII digits or 3 BCD bytes".into());
+            }
+            Ok(Template {
+                f11: f11.range().start,
+                f11_width: f11.range().len(),
+                payload,
+                share,
+            })
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_client(
+    client: usize,
+    stream: TcpStream,
+    spec: Arc<Spec>,
+    templates: Arc<Vec<Template>>,
+    cfg: LoadConfig,
+    counters: Arc<LoadCounters>,
+    histogram: Arc<Mutex<Histogram<u64>>>,
+    stop_at: Instant,
+    pace: Option<Duration>,
+) {
+    let (read, write) = stream.into_split();
+    let (tx, rx) = mpsc::channel(1024);
+    let writer = tokio::spawn(run_writer(write, spec.framing().prefix, rx));
+    let waiting: Arc<Waiting> = Arc::new(Mutex::new(HashMap::new()));
+    let reader = tokio::spawn(read_responses(
+        Arc::clone(&spec),
+        read,
+        Arc::clone(&waiting),
+        Arc::clone(&counters),
+        stop_at + cfg.timeout,
+    ));
+    let mut slots = tokio::task::JoinSet::new();
+    for slot in 0..cfg.in_flight.max(1) {
+        let env = SlotEnv {
+            stan_base: slot as u32,
+            stan_step: cfg.in_flight.max(1) as u32,
+            templates: Arc::clone(&templates),
+            tx: tx.clone(),
+            waiting: Arc::clone(&waiting),
+            counters: Arc::clone(&counters),
+            histogram: Arc::clone(&histogram),
+            timeout: cfg.timeout,
+            seed: (client as u64) << 20 | slot as u64 | 1,
+        };
+        slots.spawn(run_slot(env, stop_at, pace));
+    }
+    while slots.join_next().await.is_some() {}
+    drop(tx);
+    reader.abort();
+    let _ = writer.await;
+}
+
+struct SlotEnv {
+    stan_base: u32,
+    stan_step: u32,
+    templates: Arc<Vec<Template>>,
+    tx: mpsc::Sender<Outbound>,
+    waiting: Arc<Waiting>,
+    counters: Arc<LoadCounters>,
+    histogram: Arc<Mutex<Histogram<u64>>>,
+    timeout: Duration,
+    seed: u64,
+}
+
+/// One request at a time; a client runs `in_flight` of these on one connection.
+async fn run_slot(env: SlotEnv, stop_at: Instant, pace: Option<Duration>) {
+    let mut rng = env.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut stan = env.stan_base;
+    let mut next_send = Instant::now();
+    let total_share: u32 = env.templates.iter().map(|t| t.share).sum();
+    while Instant::now() < stop_at {
+        if let Some(p) = pace {
+            tokio::time::sleep_until(next_send.into()).await;
+            next_send += p;
+        }
+        stan = (stan + env.stan_step) % 1_000_000;
+        let t = pick_template(&env.templates, total_share, &mut rng);
+        let digits = stan_bytes(stan);
+        let encoded = if t.f11_width == 3 {
+            &digits.1[..]
+        } else {
+            &digits.0[..]
+        };
+        let mut patch = Patch::default();
+        if patch.overwrite(t.f11, encoded).is_err() {
+            return;
+        }
+        let (done, outcome) = oneshot::channel();
+        let sent_at = Instant::now();
+        env.waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(stan, (sent_at, done));
+        if env
+            .tx
+            .send(Outbound::Message(t.payload.clone(), patch))
+            .await
+            .is_err()
+        {
+            env.counters
+                .connections_lost
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        env.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let counter = match tokio::time::timeout(env.timeout, outcome).await {
+            Ok(Ok(o)) => {
+                let us = u64::try_from(sent_at.elapsed().as_micros())
+                    .unwrap_or(u64::MAX)
+                    .max(1);
+                let _ = env
+                    .histogram
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .record(us);
+                match o {
+                    Outcome::Answered => &env.counters.answered,
+                    Outcome::Declined => &env.counters.declined,
+                }
+            }
+            Ok(Err(_)) => {
+                // The reader ended: the connection is gone.
+                env.counters
+                    .connections_lost
+                    .fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Err(_) => {
+                env.waiting
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&stan);
+                &env.counters.timeouts
+            }
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn pick_template<'t>(templates: &'t [Template], total: u32, rng: &mut u64) -> &'t Template {
+    let mut x = (next_u64(rng) % u64::from(total.max(1))) as u32;
+    for t in templates {
+        if x < t.share {
+            return t;
+        }
+        x -= t.share;
+    }
+    &templates[0]
+}
+
+/// F11 both ways a spec may encode it: six ASCII digits and three BCD bytes.
+fn stan_bytes(stan: u32) -> ([u8; 6], [u8; 3]) {
+    let mut ascii = [b'0'; 6];
+    let mut v = stan;
+    for slot in ascii.iter_mut().rev() {
+        *slot = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
+    let mut bcd = [0u8; 3];
+    for (i, b) in bcd.iter_mut().enumerate() {
+        *b = ((ascii[2 * i] - b'0') << 4) | (ascii[2 * i + 1] - b'0');
+    }
+    (ascii, bcd)
+}
+
+/// The STAN value of a raw F11 in either encoding.
+fn stan_value(raw: &[u8]) -> Option<u32> {
+    let digit = |d: u8| (d <= 9).then_some(u32::from(d));
+    match raw.len() {
+        6 => raw.iter().try_fold(0u32, |n, &b| {
+            b.is_ascii_digit().then(|| n * 10 + u32::from(b - b'0'))
+        }),
+        3 => raw.iter().try_fold(0u32, |n, &b| {
+            Some(n * 100 + digit(b >> 4)? * 10 + digit(b & 0x0F)?)
+        }),
+        _ => None,
+    }
+}
+
+async fn read_responses(
+    spec: Arc<Spec>,
+    read: tokio::net::tcp::OwnedReadHalf,
+    waiting: Arc<Waiting>,
+    counters: Arc<LoadCounters>,
+    _until: Instant,
+) {
+    let codec = FrameCodec::new(spec.framing().prefix, spec.framing().max_frame);
+    let mut frames = FramedRead::new(read, codec);
+    while let Some(frame) = frames.next().await {
+        let payload = match frame {
+            Ok(Frame::Message(p)) => p,
+            Ok(_) => continue,
+            Err(_) => break,
+        };
+        let matched = Message::parse(&spec, payload).ok().and_then(|msg| {
+            let stan = stan_value(msg.field(11).ok()??.data())?;
+            let (_, done) = waiting
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&stan)?;
+            let ok = msg
+                .field(39)
+                .ok()
+                .flatten()
+                .is_some_and(|f| f.data() == b"00");
+            let _ = done.send(if ok {
+                Outcome::Answered
+            } else {
+                Outcome::Declined
+            });
+            Some(())
+        });
+        if matched.is_none() {
+            counters.mismatches.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    // Dropping the waiters tells their slots the connection is gone.
+    waiting.lock().unwrap_or_else(|p| p.into_inner()).clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stan_encodings_round_trip() {
+        for stan in [0, 7, 123_456, 999_999] {
+            let (ascii, bcd) = stan_bytes(stan);
+            assert_eq!(stan_value(&ascii), Some(stan));
+            assert_eq!(stan_value(&bcd), Some(stan));
+        }
+        assert_eq!(stan_bytes(123_456).1, [0x12, 0x34, 0x56]);
+        assert_eq!(stan_value(b"12a456"), None);
+        assert_eq!(stan_value(&[0x1A, 0, 0]), None);
+    }
+
+    #[test]
+    fn paper_mix_is_80_20() {
+        let sizes = Mix::Paper.sizes();
+        let small: u32 = sizes
+            .iter()
+            .filter(|(s, _)| *s <= 300)
+            .map(|(_, w)| w)
+            .sum();
+        let large: u32 = sizes
+            .iter()
+            .filter(|(s, _)| *s >= 1200)
+            .map(|(_, w)| w)
+            .sum();
+        let total = small + large;
+        assert!(
+            (small * 100 / total).abs_diff(80) <= 2,
+            "small share {small}/{total}"
+        );
+    }
+}
