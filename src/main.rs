@@ -1,3 +1,5 @@
-fn main() {
-    println!("isoswitch");
+//! The `isoswitch` command line: run, check, decode, sim.
+
+fn main() -> std::process::ExitCode {
+    isoswitch::cli::main()
 }

@@ -1,0 +1,227 @@
+//! Command-line interface. `main.rs` only calls [`main`].
+
+pub mod decode;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use crate::iso8583::Spec;
+use crate::ops::config::Config;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "isoswitch",
+    version,
+    about = "A protocol-aware switch for ISO 8583 links"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the switch on a config file.
+    Run {
+        #[arg(long)]
+        config: PathBuf,
+        /// Seconds between stats lines.
+        #[arg(long, default_value_t = 5)]
+        stats_every: u64,
+    },
+    /// Validate a config file and print it resolved (defaults filled in).
+    Check {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Decode framed messages like a protocol dissector.
+    Decode(decode::DecodeArgs),
+    /// Simulators: channel node, POS network controller.
+    #[command(subcommand)]
+    Sim(SimCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SimCommand {
+    /// A channel node answering requests per spec.
+    Node {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long)]
+        spec: String,
+        #[arg(long, default_value = "01")]
+        id: String,
+        /// `5ms` or a uniform range `0..2s`.
+        #[arg(long, default_value = "0ms")]
+        delay: String,
+        /// Share of requests left unanswered, 0..=1.
+        #[arg(long, default_value_t = 0.0)]
+        fail_rate: f64,
+    },
+    /// A POS network controller: terminals over uplinks, checking every answer.
+    Nac {
+        #[arg(long)]
+        connect: SocketAddr,
+        #[arg(long, default_value = "cup-pos")]
+        spec: String,
+        #[arg(long, default_value_t = 2)]
+        uplinks: usize,
+        #[arg(long, default_value_t = 50)]
+        terminals: usize,
+        /// Total requests per second (default: as fast as answered).
+        #[arg(long)]
+        rate: Option<f64>,
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+        /// First two digits of every terminal ID: tells NACs apart.
+        #[arg(long, default_value_t = 1)]
+        nac_id: u8,
+    },
+}
+
+/// Parses the arguments and runs the command.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    match cli.command {
+        Command::Decode(args) => decode::run(&args),
+        Command::Check { config } => match Config::load(&config) {
+            Ok(cfg) => match toml::to_string_pretty(&cfg) {
+                Ok(text) => {
+                    println!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(format!("cannot print the config: {e}")),
+            },
+            Err(e) => fail(format!("{}: {e}", config.display())),
+        },
+        Command::Run {
+            config,
+            stats_every,
+        } => {
+            let cfg = match Config::load(&config) {
+                Ok(c) => c,
+                Err(e) => return fail(format!("{}: {e}", config.display())),
+            };
+            runtime(async move {
+                crate::ops::run::run_until_interrupted(
+                    &cfg,
+                    Duration::from_secs(stats_every.max(1)),
+                )
+                .await
+                .map_err(|e| e.to_string())
+            })
+        }
+        Command::Sim(sim) => run_sim(sim),
+    }
+}
+
+fn run_sim(sim: SimCommand) -> ExitCode {
+    match sim {
+        SimCommand::Node {
+            listen,
+            spec,
+            id,
+            delay,
+            fail_rate,
+        } => {
+            let spec = match Spec::resolve(&spec) {
+                Ok(s) => Arc::new(s),
+                Err(e) => return fail(e.to_string()),
+            };
+            let delay = match crate::sim::node::Delay::parse(&delay) {
+                Ok(d) => d,
+                Err(e) => return fail(format!("--delay: {e}")),
+            };
+            if !(0.0..=1.0).contains(&fail_rate) {
+                return fail("--fail-rate must be within 0..=1".into());
+            }
+            let cfg = crate::sim::node::NodeSimConfig {
+                id,
+                delay,
+                fail_rate,
+            };
+            runtime(async move {
+                let node = crate::sim::node::NodeSim::start(listen, spec, cfg)
+                    .await
+                    .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+                eprintln!("sim node listening on {}", node.addr);
+                let _ = tokio::signal::ctrl_c().await;
+                node.stop().await;
+                Ok(())
+            })
+        }
+        SimCommand::Nac {
+            connect,
+            spec,
+            uplinks,
+            terminals,
+            rate,
+            duration,
+            timeout,
+            nac_id,
+        } => {
+            let spec = match Spec::resolve(&spec) {
+                Ok(s) => Arc::new(s),
+                Err(e) => return fail(e.to_string()),
+            };
+            let cfg = crate::sim::nac::NacSimConfig {
+                target: connect,
+                nac_id,
+                uplinks,
+                terminals,
+                rate,
+                duration,
+                timeout,
+            };
+            runtime(async move {
+                let report = crate::sim::nac::run(spec, cfg)
+                    .await
+                    .map_err(|e| format!("cannot connect to {connect}: {e}"))?;
+                println!("{report}");
+                if report.mismatched > 0 || report.unanswered > 0 {
+                    return Err("some requests were unanswered or mismatched".into());
+                }
+                Ok(())
+            })
+        }
+    }
+}
+
+fn runtime<F>(fut: F) -> ExitCode
+where
+    F: std::future::Future<Output = Result<(), String>>,
+{
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(format!("cannot start the runtime: {e}")),
+    };
+    match rt.block_on(fut) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
+fn fail(msg: String) -> ExitCode {
+    eprintln!("isoswitch: {msg}");
+    ExitCode::FAILURE
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ISOSWITCH_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
