@@ -306,9 +306,12 @@ async fn run_client(
     ));
     let mut slots = tokio::task::JoinSet::new();
     for slot in 0..cfg.in_flight.max(1) {
+        // Every slot of every client owns a disjoint STAN sequence, so keys stay
+        // unique across clients whatever the service's correlation key.
+        let slots_total = (cfg.clients * cfg.in_flight.max(1)) as u32;
         let env = SlotEnv {
-            stan_base: slot as u32,
-            stan_step: cfg.in_flight.max(1) as u32,
+            stan_base: (client * cfg.in_flight.max(1) + slot) as u32,
+            stan_step: slots_total.max(1),
             templates: Arc::clone(&templates),
             tx: tx.clone(),
             waiting: Arc::clone(&waiting),

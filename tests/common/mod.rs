@@ -1,0 +1,172 @@
+//! Shared harness for end-to-end tests: real simulated nodes and a real switch
+//! on 127.0.0.1, each test on its own ports (port 0).
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use isoswitch::iso8583::Spec;
+use isoswitch::link::Service;
+use isoswitch::ops::config::Config;
+use isoswitch::ops::run::Switch;
+use isoswitch::sim::node::{Delay, NodeSim, NodeSimConfig};
+
+pub fn spec(name: &str) -> Arc<Spec> {
+    Arc::new(Spec::builtin(name).expect("builtin spec"))
+}
+
+pub async fn start_nodes(spec: &Arc<Spec>, n: usize, delay: Delay) -> Vec<NodeSim> {
+    let mut nodes = Vec::new();
+    for i in 0..n {
+        let cfg = NodeSimConfig {
+            id: format!("{:02}", i + 1),
+            delay,
+            fail_rate: 0.0,
+        };
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        nodes.push(
+            NodeSim::start(addr, Arc::clone(spec), cfg)
+                .await
+                .expect("node starts"),
+        );
+    }
+    nodes
+}
+
+/// A listen service `name` on `spec` in front of `nodes`, with extra TOML lines
+/// for the front, back and service tables.
+pub fn config(
+    spec: &str,
+    nodes: &[SocketAddr],
+    front_extra: &str,
+    back_extra: &str,
+    service_extra: &str,
+) -> Config {
+    let mut toml = format!(
+        "[[service]]\nname = \"svc\"\nspec = \"{spec}\"\n{service_extra}\n\
+         [service.front]\nkind = \"listen\"\nlisten = \"127.0.0.1:0\"\n{front_extra}\n\
+         [service.back]\n{back_extra}\n"
+    );
+    for (i, addr) in nodes.iter().enumerate() {
+        toml.push_str(&format!(
+            "[[service.back.node]]\nid = \"{:02}\"\naddress = \"{addr}\"\n",
+            i + 1
+        ));
+    }
+    Config::from_toml(&toml).unwrap_or_else(|e| panic!("config: {e}\n{toml}"))
+}
+
+pub async fn start_switch(config: &Config) -> Switch {
+    Switch::start(config).await.expect("switch starts")
+}
+
+pub fn front(switch: &Switch) -> SocketAddr {
+    switch.services[0].front_addr
+}
+
+pub fn service(switch: &Switch) -> &Arc<Service> {
+    &switch.services[0].service
+}
+
+/// Waits until every node has all its connections up (or panics after 5 s).
+pub async fn wait_connected(service: &Service, per_node: usize) {
+    wait_until("node connections up", || {
+        service
+            .pool
+            .nodes()
+            .iter()
+            .all(|n| n.live_conns() == per_node)
+    })
+    .await;
+}
+
+pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub fn sent(service: &Service, node: usize) -> u64 {
+    service.pool.nodes()[node]
+        .counters
+        .sent
+        .load(Ordering::Relaxed)
+}
+
+/// A bare client link: frames out, frames in, by hand.
+pub struct RawClient {
+    pub stream: tokio::net::TcpStream,
+    pub codec: isoswitch::wire::FrameCodec,
+    pub buf: bytes::BytesMut,
+}
+
+impl RawClient {
+    pub async fn connect(addr: SocketAddr, spec: &Spec) -> RawClient {
+        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stream.set_nodelay(true).unwrap();
+        RawClient {
+            stream,
+            codec: isoswitch::wire::FrameCodec::new(
+                spec.framing().prefix,
+                spec.framing().max_frame,
+            ),
+            buf: bytes::BytesMut::new(),
+        }
+    }
+
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        self.stream.write_all(bytes).await.expect("write");
+    }
+
+    pub fn frame(spec: &Spec, payload: &[u8]) -> Vec<u8> {
+        let mut out = bytes::BytesMut::new();
+        spec.framing()
+            .prefix
+            .encode(payload.len(), &mut out)
+            .unwrap();
+        out.extend_from_slice(payload);
+        out.to_vec()
+    }
+
+    /// The next message payload, or None on EOF / error / 5 s without one.
+    pub async fn recv(&mut self) -> Option<bytes::Bytes> {
+        use tokio::io::AsyncReadExt;
+        use tokio_util::codec::Decoder;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match self.codec.decode(&mut self.buf) {
+                Ok(Some(isoswitch::wire::Frame::Message(p))) => return Some(p),
+                Ok(Some(_)) => continue,
+                Ok(None) => {}
+                Err(_) => return None,
+            }
+            let read = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await;
+            match read {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return None,
+            }
+        }
+    }
+
+    /// True if the switch closed this link within 5 s.
+    pub async fn closed_by_peer(&mut self) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut scratch = [0u8; 4096];
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match tokio::time::timeout_at(deadline, self.stream.read(&mut scratch)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! End-to-end: POS network controllers and load clients through the switch to
+//! simulated channel nodes, over real sockets on 127.0.0.1.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use isoswitch::sim::nac::{self, NacSimConfig};
+use isoswitch::sim::node::Delay;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nacs_get_every_answer_on_their_own_uplink() {
+    let spec = spec("cup-pos");
+    let nodes = start_nodes(&spec, 3, Delay::NONE).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let cfg = config("cup-pos", &addrs, "", "connections_per_node = 2", "");
+    let switch = start_switch(&cfg).await;
+    let svc = service(&switch);
+    wait_connected(svc, 2).await;
+
+    let run_nac = |nac_id| {
+        nac::run(
+            spec.clone(),
+            NacSimConfig {
+                target: front(&switch),
+                nac_id,
+                uplinks: 4,
+                terminals: 50,
+                rate: None,
+                duration: Duration::from_secs(2),
+                timeout: Duration::from_secs(3),
+            },
+        )
+    };
+    let (a, b) = tokio::join!(run_nac(1), run_nac(2));
+    for report in [a.unwrap(), b.unwrap()] {
+        assert!(report.sent > 100, "{report}");
+        assert_eq!(report.answered, report.sent, "{report}");
+        assert_eq!(report.mismatched, 0, "{report}");
+        assert_eq!(report.unanswered, 0, "{report}");
+        assert_eq!(report.uplinks_lost, 0, "{report}");
+    }
+    // Round robin: each node within ±10% of a third.
+    let per_node: Vec<u64> = (0..3).map(|i| sent(svc, i)).collect();
+    let total: u64 = per_node.iter().sum();
+    for &n in &per_node {
+        let share = n as f64 / total as f64;
+        assert!(
+            (share - 1.0 / 3.0).abs() < 0.1 / 3.0 + 0.001,
+            "spread {per_node:?}"
+        );
+    }
+    // Backend connections stay K per node, however many clients.
+    for node in &nodes {
+        assert_eq!(node.stats.connections.load(Ordering::Relaxed), 2);
+    }
+    switch.stop().await;
+}
+
+use isoswitch::iso8583::Message;
+use isoswitch::sim::load::{self, LoadConfig, LoadCounters, Mix};
+use std::sync::Arc;
+
+/// The seeds' acceptance test, scaled down: 50 clients, 80% of requests
+/// 200-300 bytes and 20% 1,200-1,400 bytes, nodes answering after 0-200 ms,
+/// 4 requests in flight per client, 3 s timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acceptance_profile_has_no_timeouts_and_no_mismatches() {
+    let spec = spec("cups");
+    let delay = Delay::parse("0..200ms").unwrap();
+    let nodes = start_nodes(&spec, 3, delay).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let cfg = config("cups", &addrs, "", "", "");
+    let switch = start_switch(&cfg).await;
+    wait_connected(service(&switch), 2).await;
+    let mut lc = LoadConfig::new(front(&switch));
+    lc.clients = 50;
+    lc.in_flight = 4;
+    lc.mix = Mix::Paper;
+    lc.duration = Duration::from_secs(3);
+    lc.timeout = Duration::from_secs(3);
+    let report = load::run(spec.clone(), lc, Arc::new(LoadCounters::default()))
+        .await
+        .unwrap();
+    println!("{report}");
+    assert!(report.requests > 1000, "{report}");
+    assert_eq!(report.timeouts, 0, "{report}");
+    assert_eq!(report.mismatches, 0, "{report}");
+    assert_eq!(report.declined, 0, "{report}");
+    assert_eq!(report.connections_lost, 0, "{report}");
+    assert_eq!(report.answered, report.requests, "{report}");
+    let svc = service(&switch);
+    assert_eq!(svc.counters.declined_total(), 0);
+    switch.stop().await;
+}
+
+/// A request over one MTU (1,460 bytes), written one byte at a time, and its
+/// equally large response arrive intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_messages_and_byte_by_byte_streams_arrive_intact() {
+    let spec = spec("cups");
+    let nodes = start_nodes(&spec, 2, Delay::NONE).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let switch = start_switch(&config("cups", &addrs, "", "", "")).await;
+    wait_connected(service(&switch), 2).await;
+    let request = isoswitch::sim::sized_request(&spec, "0200", 1800).unwrap();
+    assert!(request.len() > 1460);
+    let mut client = RawClient::connect(front(&switch), &spec).await;
+    for byte in RawClient::frame(&spec, &request) {
+        client.send_raw(&[byte]).await;
+    }
+    let response = client.recv().await.expect("a response");
+    let resp = Message::parse(&spec, response.clone()).unwrap();
+    let req = Message::parse(&spec, request.clone()).unwrap();
+    assert_eq!(resp.mti().as_str(), "0210");
+    assert_eq!(resp.field(39).unwrap().unwrap().data(), b"00");
+    assert_eq!(
+        resp.field(48).unwrap().unwrap().data(),
+        req.field(48).unwrap().unwrap().data()
+    );
+    assert!(
+        response.len() > 1460,
+        "response of {} bytes",
+        response.len()
+    );
+    switch.stop().await;
+}
+
+fn load_config(target: std::net::SocketAddr, clients: usize, seconds: u64) -> LoadConfig {
+    let mut lc = LoadConfig::new(target);
+    lc.clients = clients;
+    lc.in_flight = 4;
+    lc.mix = Mix::Fixed(250);
+    lc.duration = Duration::from_secs(seconds);
+    lc.timeout = Duration::from_secs(3);
+    lc
+}
+
+/// Killing a node under load: no client connection closes; its in-flight
+/// requests are declined at once; everything is answered exactly once; when the
+/// node comes back it rejoins after `rise` good checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_node_declines_its_in_flight_and_clients_stay_up() {
+    let spec = spec("cups");
+    let mut nodes = start_nodes(&spec, 3, Delay::parse("0..50ms").unwrap()).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let back = "[service.back.health]\ncheck = \"echo\"\ninterval = \"100ms\"\ntimeout = \"500ms\"\nrise = 2\nfall = 2";
+    let switch = start_switch(&config("cups", &addrs, "", back, "")).await;
+    let svc = service(&switch).clone();
+    wait_connected(&svc, 2).await;
+
+    let counters = Arc::new(LoadCounters::default());
+    let load = tokio::spawn(load::run(
+        spec.clone(),
+        load_config(front(&switch), 10, 3),
+        counters.clone(),
+    ));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let victim = nodes.remove(1);
+    let victim_addr = victim.addr;
+    victim.stop().await;
+    wait_until("node 02 ineligible", || {
+        !svc.pool.eligible(1, std::time::Instant::now())
+    })
+    .await;
+    let report = load.await.unwrap().unwrap();
+    println!("{report}");
+    assert_eq!(report.connections_lost, 0, "{report}");
+    assert_eq!(report.mismatches, 0, "{report}");
+    assert_eq!(report.timeouts, 0, "{report}");
+    assert_eq!(
+        report.answered + report.declined,
+        report.requests,
+        "{report}"
+    );
+    assert!(
+        report.declined > 0,
+        "the node had requests in flight: {report}"
+    );
+    let c = &svc.counters;
+    assert_eq!(
+        c.declined(isoswitch::route::DeclineReason::NodeLost),
+        report.declined
+    );
+    assert_eq!(
+        c.late_responses.load(Ordering::Relaxed) + c.unknown_responses.load(Ordering::Relaxed),
+        0
+    );
+
+    // The node comes back on the same address and rejoins after `rise` checks.
+    let revived = isoswitch::sim::node::NodeSim::start(
+        victim_addr,
+        spec.clone(),
+        isoswitch::sim::node::NodeSimConfig {
+            id: "02".into(),
+            delay: Delay::NONE,
+            fail_rate: 0.0,
+        },
+    )
+    .await
+    .expect("rebind the node's port");
+    wait_until("node 02 eligible again", || {
+        svc.pool.eligible(1, std::time::Instant::now())
+    })
+    .await;
+    let before = sent(&svc, 1);
+    let report = load::run(
+        spec.clone(),
+        load_config(front(&switch), 4, 1),
+        Arc::new(LoadCounters::default()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.answered, report.requests, "{report}");
+    assert!(
+        sent(&svc, 1) > before,
+        "the revived node takes traffic again"
+    );
+    revived.stop().await;
+    switch.stop().await;
+}
+
+/// Draining a node: it gets no new requests, and what it has in flight completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_a_node_stops_new_requests_and_lets_in_flight_finish() {
+    let spec = spec("cups");
+    let nodes = start_nodes(&spec, 2, Delay::parse("100ms").unwrap()).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let switch = start_switch(&config("cups", &addrs, "", "", "")).await;
+    let svc = service(&switch).clone();
+    wait_connected(&svc, 2).await;
+
+    let load = tokio::spawn(load::run(
+        spec.clone(),
+        load_config(front(&switch), 4, 2),
+        Arc::new(LoadCounters::default()),
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_until("node 01 has requests in flight", || {
+        svc.pool.outstanding(0) > 0
+    })
+    .await;
+    assert!(svc.pool.set_admin(
+        0,
+        isoswitch::route::AdminState::Drain,
+        std::time::Instant::now()
+    ));
+    let at_drain = sent(&svc, 0);
+    let report = load.await.unwrap().unwrap();
+    assert_eq!(
+        sent(&svc, 0),
+        at_drain,
+        "a draining node gets no new requests"
+    );
+    assert_eq!(
+        svc.pool.outstanding(0),
+        0,
+        "its in-flight requests completed"
+    );
+    assert_eq!(report.answered, report.requests, "{report}");
+    assert_eq!(svc.counters.declined_total(), 0);
+    switch.stop().await;
+}
+
+/// Garbage from one client closes that client only; an oversized length prefix
+/// is refused before anything is buffered; the per-source limit holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_clients_are_closed_and_others_are_unaffected() {
+    let spec = spec("cup-pos");
+    let nodes = start_nodes(&spec, 2, Delay::NONE).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let front_extra = "max_per_source = 3";
+    let switch = start_switch(&config("cup-pos", &addrs, front_extra, "", "")).await;
+    let svc = service(&switch).clone();
+    wait_connected(&svc, 2).await;
+
+    // Healthy NAC traffic from 127.0.0.2 while 127.0.0.1 misbehaves.
+    let healthy = {
+        let spec = spec.clone();
+        let target = front(&switch);
+        tokio::spawn(async move {
+            let mut lc = load_config(target, 2, 2);
+            lc.bind_ip = Some("127.0.0.2".parse().unwrap());
+            load::run(spec, lc, Arc::new(LoadCounters::default())).await
+        })
+    };
+
+    // An oversized length prefix (binary2 0xFFFF > max_frame 4096).
+    let mut oversized = RawClient::connect(front(&switch), &spec).await;
+    oversized.send_raw(&[0xFF, 0xFF, 0x60, 0x00]).await;
+    assert!(
+        oversized.closed_by_peer().await,
+        "oversized frame closes the link"
+    );
+
+    // A well-framed message that is garbage inside (policy: close).
+    let mut garbage = RawClient::connect(front(&switch), &spec).await;
+    garbage
+        .send_raw(&RawClient::frame(&spec, b"\x61\x00\x03\x00\x00garbage"))
+        .await;
+    assert!(
+        garbage.closed_by_peer().await,
+        "unparsable message closes the link"
+    );
+    wait_until("bad frame and bad message counted", || {
+        svc.counters.bad_frames.load(Ordering::Relaxed) >= 1
+            && svc.counters.bad_messages.load(Ordering::Relaxed) >= 1
+    })
+    .await;
+
+    // Per-source limit: three links from 127.0.0.1 are fine, the fourth is closed.
+    let mut kept = Vec::new();
+    for _ in 0..3 {
+        kept.push(RawClient::connect(front(&switch), &spec).await);
+    }
+    wait_until("three links admitted", || {
+        svc.counters.clients_accepted.load(Ordering::Relaxed) >= 5 + 2
+    })
+    .await;
+    let mut fourth = RawClient::connect(front(&switch), &spec).await;
+    assert!(
+        fourth.closed_by_peer().await,
+        "the fourth link from one source is refused"
+    );
+    assert!(svc.counters.clients_refused.load(Ordering::Relaxed) >= 1);
+
+    let report = healthy.await.unwrap().unwrap();
+    assert!(report.requests > 0);
+    assert_eq!(report.answered, report.requests, "{report}");
+    assert_eq!(report.connections_lost, 0, "{report}");
+    drop(kept);
+    switch.stop().await;
+}
+
+/// A node slower than the service timeout: each request gets exactly one answer,
+/// the switch's timeout decline, and the node's late response is dropped and
+/// counted, never delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_are_declined_once_and_late_responses_are_dropped() {
+    let spec = spec("cups");
+    let nodes = start_nodes(&spec, 2, Delay::parse("400ms").unwrap()).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let service_extra = "[service.timeouts]\nrequest = \"150ms\"";
+    // Passive ejection off: this test is about timeouts alone.
+    let back = "[service.back.health]\ncheck = \"tcp\"\nejection_threshold = 1000000";
+    let switch = start_switch(&config("cups", &addrs, "", back, service_extra)).await;
+    let svc = service(&switch).clone();
+    wait_connected(&svc, 2).await;
+    let mut lc = load_config(front(&switch), 2, 1);
+    lc.in_flight = 2;
+    let report = load::run(spec.clone(), lc, Arc::new(LoadCounters::default()))
+        .await
+        .unwrap();
+    assert!(report.requests > 0);
+    assert_eq!(report.declined, report.requests, "{report}");
+    assert_eq!(
+        report.mismatches, 0,
+        "no late response reaches a client: {report}"
+    );
+    assert_eq!(
+        svc.counters
+            .declined(isoswitch::route::DeclineReason::Timeout),
+        report.requests
+    );
+    wait_until("late responses counted", || {
+        svc.counters.late_responses.load(Ordering::Relaxed) == report.requests
+    })
+    .await;
+    switch.stop().await;
+}
+
+/// A second request with the key of one still in flight is declined with the
+/// duplicate code, and never overwrites the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_in_flight_key_is_declined_94() {
+    let spec = spec("cups");
+    let nodes = start_nodes(&spec, 1, Delay::parse("300ms").unwrap()).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let switch = start_switch(&config("cups", &addrs, "", "", "")).await;
+    wait_connected(service(&switch), 2).await;
+    let request = isoswitch::sim::sample_request(&spec, "0200").unwrap();
+    let mut client = RawClient::connect(front(&switch), &spec).await;
+    let frame = RawClient::frame(&spec, &request);
+    client.send_raw(&frame).await;
+    client.send_raw(&frame).await;
+    let f39 = |p: bytes::Bytes| {
+        let m = Message::parse(&spec, p).unwrap();
+        m.field(39).unwrap().unwrap().data().to_vec()
+    };
+    assert_eq!(
+        f39(client.recv().await.unwrap()),
+        b"94",
+        "the duplicate is declined at once"
+    );
+    assert_eq!(
+        f39(client.recv().await.unwrap()),
+        b"00",
+        "the original is answered"
+    );
+    switch.stop().await;
+}
+
+/// No node up: requests are declined with the no-healthy-node code, and the
+/// client stays connected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_healthy_node_declines_and_keeps_the_client() {
+    let spec = spec("cup-pos");
+    // An address nothing listens on.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let switch = start_switch(&config("cup-pos", &[dead], "", "", "")).await;
+    let request = isoswitch::sim::sample_request(&spec, "0200").unwrap();
+    let mut client = RawClient::connect(front(&switch), &spec).await;
+    for _ in 0..2 {
+        client.send_raw(&RawClient::frame(&spec, &request)).await;
+        let resp = Message::parse(&spec, client.recv().await.expect("a decline")).unwrap();
+        assert_eq!(resp.mti().as_str(), "0210");
+        assert_eq!(resp.field(39).unwrap().unwrap().data(), b"91");
+        let req = Message::parse(&spec, request.clone()).unwrap();
+        assert_eq!(resp.tpdu(), req.tpdu().map(|t| t.swapped()));
+    }
+    switch.stop().await;
+}
