@@ -425,3 +425,36 @@ async fn no_healthy_node_declines_and_keeps_the_client() {
     }
     switch.stop().await;
 }
+
+/// Directed routing on a BCD field: POS balance inquiries (F3 starting `31`)
+/// go only to the nodes their rule names; purchases spread over all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn directed_rule_on_bcd_processing_code_picks_its_nodes() {
+    let spec = spec("cup-pos");
+    let nodes = start_nodes(&spec, 3, Delay::NONE).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let back = "[[service.back.rule]]\nmti = \"02xx\"\nfields = [{ field = 3, prefix = \"31\" }]\nnodes = [\"02\"]";
+    let switch = start_switch(&config("cup-pos", &addrs, "", back, "")).await;
+    let svc = service(&switch).clone();
+    wait_connected(&svc, 2).await;
+
+    let mut inquiry = isoswitch::iso8583::samples::purchase(&spec);
+    inquiry.set_text(3, "310000");
+    let inquiry = spec.encode(&inquiry).unwrap();
+    let purchase = isoswitch::sim::sample_request(&spec, "0200").unwrap();
+    let mut client = RawClient::connect(front(&switch), &spec).await;
+    for _ in 0..6 {
+        client.send_raw(&RawClient::frame(&spec, &inquiry)).await;
+        assert!(client.recv().await.is_some());
+    }
+    assert_eq!((sent(&svc, 0), sent(&svc, 1), sent(&svc, 2)), (0, 6, 0));
+    for _ in 0..6 {
+        client.send_raw(&RawClient::frame(&spec, &purchase)).await;
+        assert!(client.recv().await.is_some());
+    }
+    assert!(
+        sent(&svc, 0) > 0 && sent(&svc, 2) > 0,
+        "purchases use every node"
+    );
+    switch.stop().await;
+}

@@ -78,6 +78,8 @@ pub struct Service {
     pub pool: NodePool,
     correlator: Mutex<Correlator<Pending>>,
     key_parts: Vec<KeyPart>,
+    /// Fields the directed rules look at (their text forms are needed per request).
+    rule_fields: Vec<u16>,
     pub counters: ServiceCounters,
     next_conn_id: AtomicU64,
     started: Instant,
@@ -100,7 +102,23 @@ impl Service {
             capacity: config.correlation.max_in_flight,
             ..CorrelatorConfig::default()
         });
+        let mut rule_fields: Vec<u16> = config
+            .back
+            .rules
+            .iter()
+            .flat_map(|r| r.fields.iter().map(|f| f.field))
+            .collect();
+        rule_fields.sort_unstable();
+        rule_fields.dedup();
+        if rule_fields.len() > FieldTexts::MAX {
+            return Err(format!(
+                "directed rules look at {} distinct fields; at most {} are supported",
+                rule_fields.len(),
+                FieldTexts::MAX
+            ));
+        }
         Ok(Service {
+            rule_fields,
             config,
             spec: Arc::new(spec),
             pool,
@@ -191,9 +209,9 @@ impl Service {
     ) -> Result<(), (Origin, Refusal)> {
         let refuse = |origin, reason| Err((origin, Refusal { reason }));
         let mti = msg.mti().digits();
-        let field = |id: u16| msg.field(id).ok().flatten().map(|f| f.data());
+        let texts = FieldTexts::of(msg, &self.rule_fields);
         let sticky = self.sticky_key(msg);
-        let (node, conn) = match self.pool.pick(&mti, field, sticky, now) {
+        let (node, conn) = match self.pool.pick(&mti, |id| texts.get(id), sticky, now) {
             Ok(p) => p,
             Err(_) => return refuse(origin, DeclineReason::NoHealthyNode),
         };
@@ -497,4 +515,45 @@ fn summary(msg: &Message<'_>) -> String {
         text(37),
         text(41)
     )
+}
+
+/// The text forms (ASCII digits for BCD, Latin-1 text) of the few fields that
+/// directed rules compare with prefixes, decoded onto the stack: no allocation
+/// per request.
+struct FieldTexts {
+    ids: [u16; FieldTexts::MAX],
+    texts: [[u8; FieldTexts::TEXT]; FieldTexts::MAX],
+    lens: [usize; FieldTexts::MAX],
+    n: usize,
+}
+
+impl FieldTexts {
+    const MAX: usize = 8;
+    /// Rule prefixes are short; longer values are compared on their first bytes.
+    const TEXT: usize = 32;
+
+    fn of(msg: &Message<'_>, ids: &[u16]) -> FieldTexts {
+        let mut t = FieldTexts {
+            ids: [0; Self::MAX],
+            texts: [[0; Self::TEXT]; Self::MAX],
+            lens: [0; Self::MAX],
+            n: 0,
+        };
+        for &id in ids.iter().take(Self::MAX) {
+            let Ok(Some(f)) = msg.field(id) else { continue };
+            let slot = t.n;
+            t.ids[slot] = id;
+            for (dst, b) in t.texts[slot].iter_mut().zip(f.logical()) {
+                *dst = b;
+                t.lens[slot] += 1;
+            }
+            t.n += 1;
+        }
+        t
+    }
+
+    fn get(&self, id: u16) -> Option<&[u8]> {
+        let i = self.ids[..self.n].iter().position(|&x| x == id)?;
+        Some(&self.texts[i][..self.lens[i]])
+    }
 }
