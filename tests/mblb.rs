@@ -458,3 +458,46 @@ async fn directed_rule_on_bcd_processing_code_picks_its_nodes() {
     );
     switch.stop().await;
 }
+
+/// Disabling a node declines its in-flight requests at once and sends it
+/// nothing new; re-enabling brings it back without reconnecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disabling_a_node_declines_its_in_flight_at_once() {
+    let spec = spec("cups");
+    let nodes = start_nodes(&spec, 2, Delay::parse("1s").unwrap()).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let switch = start_switch(&config("cups", &addrs, "", "", "")).await;
+    let svc = service(&switch).clone();
+    wait_connected(&svc, 2).await;
+    let load = tokio::spawn(load::run(
+        spec.clone(),
+        load_config(front(&switch), 2, 1),
+        Arc::new(LoadCounters::default()),
+    ));
+    wait_until("both nodes busy", || {
+        svc.pool.outstanding(0) > 0 && svc.pool.outstanding(1) > 0
+    })
+    .await;
+    let now = std::time::Instant::now;
+    assert!(svc.set_node_admin(0, isoswitch::route::AdminState::Disabled, now()));
+    assert_eq!(svc.pool.outstanding(0), 0, "in-flight declined at once");
+    let at_disable = sent(&svc, 0);
+    let report = load.await.unwrap().unwrap();
+    assert_eq!(sent(&svc, 0), at_disable);
+    assert_eq!(
+        report.answered + report.declined,
+        report.requests,
+        "{report}"
+    );
+    assert!(
+        svc.counters
+            .declined(isoswitch::route::DeclineReason::Shutdown)
+            > 0
+    );
+    assert!(svc.set_node_admin(0, isoswitch::route::AdminState::Enabled, now()));
+    assert!(
+        svc.pool.eligible(0, now()),
+        "back at once: its connections stayed up"
+    );
+    switch.stop().await;
+}

@@ -260,6 +260,19 @@ impl Node {
         })
     }
 
+    /// IDs of the connections currently up.
+    pub fn live_conn_ids(&self) -> Vec<u64> {
+        self.conns
+            .iter()
+            .filter_map(|s| {
+                s.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_ref()
+                    .map(|c| c.id)
+            })
+            .collect()
+    }
+
     /// Connections currently up.
     pub fn live_conns(&self) -> usize {
         self.conns

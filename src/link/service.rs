@@ -450,6 +450,33 @@ impl Service {
         n
     }
 
+    /// Sets a node's administrative state: `drain` lets its in-flight requests
+    /// finish; `disabled` also declines them at once (reason `shutdown`). The
+    /// connections stay up so that re-enabling is immediate. The admin API
+    /// calls this.
+    pub fn set_node_admin(
+        &self,
+        node: usize,
+        admin: crate::route::AdminState,
+        now: Instant,
+    ) -> bool {
+        if !self.pool.set_admin(node, admin, now) {
+            return false;
+        }
+        if admin == crate::route::AdminState::Disabled
+            && let Some(n) = self.pool.node(node)
+        {
+            let mut gone = Vec::new();
+            for conn in n.live_conn_ids() {
+                self.lock().take_via(conn, now, &mut gone);
+            }
+            for (_, p) in gone {
+                self.fail(p, DeclineReason::Shutdown, now);
+            }
+        }
+        true
+    }
+
     /// Sends an echo test to `node` over one of its connections and registers it
     /// like a request. The receiver fires when the echo response arrives; it is
     /// dropped on timeout or connection loss.
