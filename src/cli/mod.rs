@@ -1,5 +1,6 @@
 //! Command-line interface. `main.rs` only calls [`main`].
 
+pub mod bench;
 pub mod decode;
 
 use std::net::SocketAddr;
@@ -41,6 +42,9 @@ pub enum Command {
     },
     /// Decode framed messages like a protocol dissector.
     Decode(decode::DecodeArgs),
+    /// Measure the load generator direct to a node, through HAProxy (if
+    /// installed) and through isoswitch, in one run.
+    Bench(bench::BenchArgs),
     /// Simulators: channel node, POS network controller.
     #[command(subcommand)]
     Sim(SimCommand),
@@ -92,6 +96,7 @@ pub fn main() -> ExitCode {
     init_logging();
     match cli.command {
         Command::Decode(args) => decode::run(&args),
+        Command::Bench(args) => bench::run(&args),
         Command::Check { config } => match Config::load(&config) {
             Ok(cfg) => match toml::to_string_pretty(&cfg) {
                 Ok(text) => {

@@ -1,0 +1,305 @@
+//! `isoswitch bench`: one run, same machine, same workload, nodes answering at
+//! once, measuring in turn (a) the load generator straight to one node, (b)
+//! HAProxy in TCP mode round robin over the nodes (when `haproxy` is on the PATH)
+//! and (c) isoswitch balancing per message over the same nodes, in its own
+//! process. Then the same at a fixed request rate, for the latency the switch
+//! adds.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::iso8583::Spec;
+use crate::sim::load::{self, LoadConfig, LoadCounters, LoadReport, Mix};
+use crate::sim::node::{Delay, NodeSim, NodeSimConfig};
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    #[arg(long, default_value = "cups")]
+    pub spec: String,
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    #[arg(long, default_value_t = 50)]
+    pub clients: usize,
+    #[arg(long, default_value_t = 4)]
+    pub in_flight: usize,
+    /// `paper` (80% 200-300 bytes, 20% 1,200-1,400) or a size in bytes.
+    #[arg(long, default_value = "paper")]
+    pub mix: Mix,
+    /// Length of each measurement.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Request rate of the fixed-rate run (the added-latency measurement).
+    #[arg(long, default_value_t = 10_000.0)]
+    pub rate: f64,
+    /// Skip HAProxy even if it is installed.
+    #[arg(long)]
+    pub no_haproxy: bool,
+}
+
+/// One measured row.
+struct Row {
+    what: String,
+    report: LoadReport,
+}
+
+pub fn run(args: &BenchArgs) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("isoswitch bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(bench(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("isoswitch bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn bench(args: &BenchArgs) -> Result<(), String> {
+    let spec = Arc::new(Spec::resolve(&args.spec).map_err(|e| e.to_string())?);
+    let mut nodes = Vec::new();
+    for i in 0..args.nodes.max(1) {
+        let cfg = NodeSimConfig {
+            id: format!("{:02}", i + 1),
+            delay: Delay::NONE,
+            fail_rate: 0.0,
+        };
+        let any: SocketAddr = "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?;
+        nodes.push(
+            NodeSim::start(any, spec.clone(), cfg)
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let haproxy = if args.no_haproxy {
+        None
+    } else {
+        Haproxy::start(&addrs).ok()
+    };
+    if haproxy.is_none() && !args.no_haproxy {
+        eprintln!("haproxy not found on PATH: row (b) skipped (scripts/bench.sh installs it)");
+    }
+    let switch = SwitchProcess::start(&args.spec, &addrs)?;
+    wait_listening(switch.front).await?;
+    if let Some(h) = &haproxy {
+        wait_listening(h.front).await?;
+    }
+    println!(
+        "# isoswitch bench: spec {}, {} nodes answering at once, {} clients x {} in flight, mix {:?}, {} s per row",
+        args.spec,
+        addrs.len(),
+        args.clients,
+        args.in_flight,
+        args.mix,
+        args.duration.as_secs_f64()
+    );
+    let mut rows = Vec::new();
+    rows.push(measure("(a) direct to one node", addrs[0], &spec, args, None).await?);
+    if let Some(h) = &haproxy {
+        rows.push(measure("(b) haproxy tcp roundrobin", h.front, &spec, args, None).await?);
+    }
+    rows.push(measure("(c) isoswitch per message", switch.front, &spec, args, None).await?);
+    print_table("Maximum throughput", &rows);
+    print_ratios(&rows);
+
+    let mut fixed = Vec::new();
+    let label = format!("(a) direct at {} req/s", args.rate);
+    fixed.push(measure(&label, addrs[0], &spec, args, Some(args.rate)).await?);
+    let label = format!("(c) isoswitch at {} req/s", args.rate);
+    fixed.push(measure(&label, switch.front, &spec, args, Some(args.rate)).await?);
+    print_table("Fixed rate", &fixed);
+    let added =
+        fixed[1].report.percentile_us(0.99) as i64 - fixed[0].report.percentile_us(0.99) as i64;
+    println!("added p99 at {} req/s: {} µs", args.rate, added);
+    drop(switch);
+    drop(haproxy);
+    for n in nodes {
+        n.stop().await;
+    }
+    Ok(())
+}
+
+async fn measure(
+    what: &str,
+    target: SocketAddr,
+    spec: &Arc<Spec>,
+    args: &BenchArgs,
+    rate: Option<f64>,
+) -> Result<Row, String> {
+    let mut cfg = LoadConfig::new(target);
+    cfg.clients = args.clients;
+    cfg.in_flight = args.in_flight;
+    cfg.mix = args.mix;
+    cfg.duration = args.duration;
+    cfg.rate = rate;
+    eprintln!("measuring {what} ...");
+    let report = load::run(spec.clone(), cfg, Arc::new(LoadCounters::default())).await?;
+    Ok(Row {
+        what: what.to_string(),
+        report,
+    })
+}
+
+fn print_table(title: &str, rows: &[Row]) {
+    println!("\n## {title}\n");
+    println!("| target | msg/s | p50 µs | p99 µs | p99.9 µs | timeouts | mismatches |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        println!(
+            "| {} | {:.0} | {} | {} | {} | {} | {} |",
+            r.what,
+            r.report.throughput(),
+            r.report.percentile_us(0.5),
+            r.report.percentile_us(0.99),
+            r.report.percentile_us(0.999),
+            r.report.timeouts,
+            r.report.mismatches
+        );
+    }
+}
+
+fn print_ratios(rows: &[Row]) {
+    let get = |prefix: &str| {
+        rows.iter()
+            .find(|r| r.what.starts_with(prefix))
+            .map(|r| r.report.throughput())
+    };
+    let (a, b, c) = (get("(a)"), get("(b)"), get("(c)"));
+    println!();
+    if let (Some(b), Some(c)) = (b, c) {
+        println!("c/b (isoswitch / haproxy) = {:.2}", c / b.max(1e-9));
+    }
+    if let (Some(a), Some(c)) = (a, c) {
+        println!("c/a (isoswitch / direct)  = {:.2}", c / a.max(1e-9));
+    }
+}
+
+async fn wait_listening(addr: SocketAddr) -> Result<(), String> {
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            // Give the switch time to open its node connections.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    Err(format!("nothing listens on {addr}"))
+}
+
+fn free_port() -> Result<SocketAddr, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    l.local_addr().map_err(|e| e.to_string())
+}
+
+/// isoswitch in its own process, as HAProxy is.
+struct SwitchProcess {
+    child: Child,
+    front: SocketAddr,
+    _config: TempFile,
+}
+
+impl SwitchProcess {
+    fn start(spec: &str, nodes: &[SocketAddr]) -> Result<SwitchProcess, String> {
+        let front = free_port()?;
+        let mut toml = format!(
+            "[[service]]\nname = \"bench\"\nspec = \"{spec}\"\n[service.front]\nkind = \"listen\"\nlisten = \"{front}\"\n\
+             [service.back]\nconnections_per_node = 2\n"
+        );
+        for (i, a) in nodes.iter().enumerate() {
+            toml.push_str(&format!(
+                "[[service.back.node]]\nid = \"{:02}\"\naddress = \"{a}\"\n",
+                i + 1
+            ));
+        }
+        let config = TempFile::write("isoswitch-bench", "toml", &toml)?;
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let child = Command::new(exe)
+            .args(["run", "--config"])
+            .arg(&config.path)
+            .env("ISOSWITCH_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start the switch: {e}"))?;
+        Ok(SwitchProcess {
+            child,
+            front,
+            _config: config,
+        })
+    }
+}
+
+impl Drop for SwitchProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// HAProxy in TCP mode, round robin over the nodes: it balances connections,
+/// not messages.
+struct Haproxy {
+    child: Child,
+    front: SocketAddr,
+    _config: TempFile,
+}
+
+impl Haproxy {
+    fn start(nodes: &[SocketAddr]) -> Result<Haproxy, String> {
+        let front = free_port()?;
+        let mut cfg = format!(
+            "global\n  maxconn 10000\ndefaults\n  mode tcp\n  timeout connect 2s\n  timeout client 60s\n  timeout server 60s\n\
+             frontend f\n  bind {front}\n  default_backend b\nbackend b\n  balance roundrobin\n"
+        );
+        for (i, a) in nodes.iter().enumerate() {
+            cfg.push_str(&format!("  server n{i} {a}\n"));
+        }
+        let config = TempFile::write("isoswitch-bench-haproxy", "cfg", &cfg)?;
+        let child = Command::new("haproxy")
+            .arg("-f")
+            .arg(&config.path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        Ok(Haproxy {
+            child,
+            front,
+            _config: config,
+        })
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct TempFile {
+    path: std::path::PathBuf,
+}
+
+impl TempFile {
+    fn write(stem: &str, ext: &str, text: &str) -> Result<TempFile, String> {
+        let path = std::env::temp_dir().join(format!("{stem}-{}.{ext}", std::process::id()));
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(TempFile { path })
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
