@@ -72,6 +72,7 @@ async fn bench(args: &BenchArgs) -> Result<(), String> {
             id: format!("{:02}", i + 1),
             delay: Delay::NONE,
             fail_rate: 0.0,
+            originate: None,
         };
         let any: SocketAddr = "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?;
         nodes.push(

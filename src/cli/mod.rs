@@ -66,6 +66,10 @@ pub enum SimCommand {
         /// Share of requests left unanswered, 0..=1.
         #[arg(long, default_value_t = 0.0)]
         fail_rate: f64,
+        /// Also send this many node-originated 0200s per second (acquirer
+        /// traffic to UnionPay through a simplex service).
+        #[arg(long)]
+        originate: Option<f64>,
     },
     /// A POS network controller: terminals over uplinks, checking every answer.
     Nac {
@@ -136,6 +140,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             id,
             delay,
             fail_rate,
+            originate,
         } => {
             let spec = match Spec::resolve(&spec) {
                 Ok(s) => Arc::new(s),
@@ -148,10 +153,19 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             if !(0.0..=1.0).contains(&fail_rate) {
                 return fail("--fail-rate must be within 0..=1".into());
             }
+            // Node IDs made of digits give disjoint STAN ranges: 01 → 100001..
+            let stan_base = id.parse::<u32>().map_or(0, |n| (n % 10) * 100_000);
+            let originate = originate.map(|rate| crate::sim::node::Originate {
+                mti: "0200".into(),
+                rate,
+                stan_base,
+                timeout: Duration::from_secs(10),
+            });
             let cfg = crate::sim::node::NodeSimConfig {
                 id,
                 delay,
                 fail_rate,
+                originate,
             };
             runtime(async move {
                 let node = crate::sim::node::NodeSim::start(listen, spec, cfg)

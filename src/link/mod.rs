@@ -7,6 +7,7 @@ pub mod front;
 pub mod node;
 pub mod pool;
 pub mod service;
+pub mod simplex;
 pub mod writer;
 
 use std::sync::Arc;
@@ -22,7 +23,8 @@ pub use service::Service;
 /// decline can be.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(10);
 
-/// A started service: its shared state and the address its front listens on.
+/// A started service: its shared state and the address its front listens on
+/// (for a simplex front, where the peer's in links connect).
 pub struct Running {
     pub service: Arc<Service>,
     pub front_addr: std::net::SocketAddr,
@@ -35,15 +37,22 @@ pub async fn start(
     tasks: &mut JoinSet<()>,
     shutdown: &watch::Receiver<bool>,
 ) -> std::io::Result<Running> {
-    let FrontConfig::Listen(front) = service.config.front.clone();
-    let listener = front::bind(&front).await?;
-    let front_addr = listener.local_addr()?;
-    tasks.spawn(front::serve(
-        Arc::clone(&service),
-        front,
-        listener,
-        shutdown.clone(),
-    ));
+    let front_addr = match service.config.front.clone() {
+        FrontConfig::Listen(front) => {
+            let listener = front::bind(&front).await?;
+            let addr = listener.local_addr()?;
+            tasks.spawn(front::serve(
+                Arc::clone(&service),
+                front,
+                listener,
+                shutdown.clone(),
+            ));
+            addr
+        }
+        FrontConfig::Simplex(front) => {
+            simplex::start(Arc::clone(&service), front, tasks, shutdown).await?
+        }
+    };
     for node in 0..service.pool.nodes().len() {
         for slot in 0..service.config.back.connections_per_node {
             tasks.spawn(node::keep_connected(

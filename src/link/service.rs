@@ -12,11 +12,15 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use super::pool::NodePool;
+use super::simplex::{NmKind, OutLinks};
 use super::writer::{Outbound, Patch};
 use crate::iso8583::{Message, Spec};
-use crate::ops::config::{KeyPart, ServiceConfig, TpduPolicy};
+use crate::ops::config::{
+    BadMessagePolicy, FrontConfig, KeyPart, ServiceConfig, StampBy, TpduPolicy,
+};
 use crate::route::{
     Algorithm, CorrelateError, CorrelationKey, Correlator, CorrelatorConfig, DeclineReason, Miss,
+    StampTable,
 };
 use crate::wire::Tpdu;
 
@@ -28,6 +32,8 @@ pub enum Origin {
         conn: u64,
         tx: mpsc::Sender<Outbound>,
     },
+    /// The peer of a simplex front: the answer leaves on any live out link.
+    Peer,
     /// A switch-made health check waiting for its echo response.
     Check(oneshot::Sender<()>),
 }
@@ -57,6 +63,19 @@ pub struct ServiceCounters {
     pub clients_accepted: AtomicU64,
     pub clients_refused: AtomicU64,
     pub keep_alives: AtomicU64,
+    /// Simplex: node-originated requests sent to the peer.
+    pub node_requests: AtomicU64,
+    /// Simplex: node-originated requests with no usable out link (declined to
+    /// the node).
+    pub node_requests_unsent: AtomicU64,
+    /// Simplex: node-stamped F37 that did not name the sending node.
+    pub stamp_mismatches: AtomicU64,
+    /// Simplex: peer responses routed to a node by their F37 stamp.
+    pub peer_responses: AtomicU64,
+    /// Simplex: peer responses whose stamp names no node, or a node that is down.
+    pub unroutable_responses: AtomicU64,
+    /// Simplex: the peer's network management answered by the switch.
+    pub network_answered: AtomicU64,
 }
 
 impl ServiceCounters {
@@ -82,7 +101,12 @@ pub struct Service {
     rule_fields: Vec<u16>,
     pub counters: ServiceCounters,
     next_conn_id: AtomicU64,
+    next_stan: AtomicU64,
     started: Instant,
+    /// Simplex fronts: the out links every outbound frame can use.
+    pub out_links: Option<Arc<OutLinks>>,
+    /// The F37 node stamps, when configured.
+    stamps: Option<StampTable>,
 }
 
 /// A request that could not be routed: the reason and the request itself.
@@ -117,6 +141,17 @@ impl Service {
                 FieldTexts::MAX
             ));
         }
+        let stamps = match &config.f37_stamp {
+            Some(stamp) => {
+                let ids = config.back.node_ids().map_err(|e| e.to_string())?;
+                Some(StampTable::new(*stamp, &ids).map_err(|e| e.to_string())?)
+            }
+            None => None,
+        };
+        let out_links = match &config.front {
+            FrontConfig::Simplex(f) => Some(Arc::new(OutLinks::new(f.links, f.sign_on, now))),
+            FrontConfig::Listen(_) => None,
+        };
         Ok(Service {
             rule_fields,
             config,
@@ -126,7 +161,10 @@ impl Service {
             key_parts,
             counters: ServiceCounters::default(),
             next_conn_id: AtomicU64::new(1),
+            next_stan: AtomicU64::new(1),
             started: now,
+            out_links,
+            stamps,
         })
     }
 
@@ -141,6 +179,11 @@ impl Service {
     /// A process-unique connection ID.
     pub fn next_conn_id(&self) -> u64 {
         self.next_conn_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A STAN for a switch-made message.
+    pub fn next_stan(&self) -> u32 {
+        (self.next_stan.fetch_add(1, Ordering::Relaxed) % 999_999 + 1) as u32
     }
 
     pub fn in_flight(&self) -> usize {
@@ -169,19 +212,30 @@ impl Service {
             tracing::warn!(service = self.name(), conn, mti = %msg.mti(), "a client sent a non-request; dropped");
             return true;
         }
-        self.counters.requests.fetch_add(1, Ordering::Relaxed);
-        let key = match self.key_of(&msg) {
-            Ok(k) => k,
-            Err(e) => return self.bad_message(conn, &e),
-        };
         let origin = Origin::Client {
             conn,
             tx: tx.clone(),
         };
-        if let Err((origin, refusal)) = self.dispatch(&msg, key, origin, now) {
-            self.decline(origin, &payload, refusal.reason);
+        match self.accept_request(&msg, origin, now) {
+            Ok(()) => true,
+            Err(e) => self.bad_message(conn, &e),
         }
-        true
+    }
+
+    /// A request from a front: balanced to a node, or declined. Fails only when
+    /// its key fields cannot be read (a bad message: nothing to answer with).
+    fn accept_request(
+        &self,
+        msg: &Message<'_>,
+        origin: Origin,
+        now: Instant,
+    ) -> Result<(), String> {
+        let key = self.key_of(msg)?;
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        if let Err((origin, refusal)) = self.dispatch(msg, key, origin, now) {
+            self.decline(origin, msg.payload(), refusal.reason);
+        }
+        Ok(())
     }
 
     fn bad_message(&self, conn: u64, err: &dyn std::fmt::Display) -> bool {
@@ -192,9 +246,10 @@ impl Service {
 
     fn config_bad_message_keeps_client(&self) -> bool {
         match &self.config.front {
-            crate::ops::config::FrontConfig::Listen(l) => {
-                l.on_bad_message == crate::ops::config::BadMessagePolicy::Drop
-            }
+            FrontConfig::Listen(l) => l.on_bad_message == BadMessagePolicy::Drop,
+            // A simplex link is shared by everything the peer sends: never close
+            // it for one bad message.
+            FrontConfig::Simplex(_) => true,
         }
     }
 
@@ -269,7 +324,17 @@ impl Service {
         msg.field(id).ok().flatten().map(|f| f.data())
     }
 
+    /// The F37 stamp of a request going to `node`. On a simplex front only
+    /// node-originated requests are stamped: the peer's own requests keep their
+    /// F37, which the peer matches its responses on.
     fn stamp_patch(&self, msg: &Message<'_>, node: usize) -> Result<Patch, String> {
+        if matches!(self.config.front, FrontConfig::Simplex(_)) {
+            return Ok(Patch::default());
+        }
+        self.f37_patch(msg, node)
+    }
+
+    fn f37_patch(&self, msg: &Message<'_>, node: usize) -> Result<Patch, String> {
         let mut patch = Patch::default();
         let Some(stamp) = &self.config.f37_stamp else {
             return Ok(patch);
@@ -326,8 +391,12 @@ impl Service {
             }
         };
         if msg.mti().is_request() {
-            self.counters.unexpected.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(service = self.name(), node, mti = %msg.mti(), "node-originated request on a listen service; dropped");
+            if self.out_links.is_some() {
+                self.forward_node_request(node, &msg);
+            } else {
+                self.counters.unexpected.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(service = self.name(), node, mti = %msg.mti(), "node-originated request on a listen service; dropped");
+            }
             return;
         }
         let key = match self.key_of(&msg) {
@@ -361,6 +430,13 @@ impl Service {
                 return;
             }
             Origin::Client { conn, tx } => (conn, tx),
+            Origin::Peer => {
+                let latency = now.saturating_duration_since(p.sent_at);
+                self.pool.finished(p.node, true, latency, now);
+                self.counters.answered.fetch_add(1, Ordering::Relaxed);
+                self.to_peer(Outbound::message(response.payload().clone()));
+                return;
+            }
         };
         let latency = now.saturating_duration_since(p.sent_at);
         self.pool.finished(p.node, true, latency, now);
@@ -410,8 +486,21 @@ impl Service {
     /// Answers `origin` with a switch-made response to `request`.
     fn decline(&self, origin: Origin, request: &Bytes, reason: DeclineReason) {
         self.counters.declined[reason as usize].fetch_add(1, Ordering::Relaxed);
-        let Origin::Client { conn, tx } = origin else {
-            return; // A health check's waiter sees its sender dropped: a failed check.
+        let (conn, tx) = match origin {
+            Origin::Client { conn, tx } => (conn, tx),
+            Origin::Peer => {
+                let code = self.config.declines.code(reason);
+                match crate::link::decline::build(&self.spec, request, code) {
+                    Ok(resp) => self.to_peer(Outbound::message(resp)),
+                    Err(e) => {
+                        self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(service = self.name(), error = %e, ?reason, "cannot build a decline");
+                    }
+                }
+                return;
+            }
+            // A health check's waiter sees its sender dropped: a failed check.
+            Origin::Check(_) => return,
         };
         let code = self.config.declines.code(reason);
         match crate::link::decline::build(&self.spec, request, code) {
@@ -504,6 +593,255 @@ impl Service {
         conn.tx.try_send(Outbound::message(payload)).ok()?;
         Some(rx)
     }
+}
+
+impl Service {
+    /// Queues a frame for the peer of a simplex front on any usable out link.
+    fn to_peer(&self, out: Outbound) {
+        let sent = self.out_links.as_ref().is_some_and(|l| l.send(out).is_ok());
+        if !sent {
+            self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                service = self.name(),
+                "no usable out link: answer to the peer dropped"
+            );
+        }
+    }
+
+    /// A request a node originated (e.g. an acquirer 0200 to UnionPay): stamp its
+    /// F37 with the node's ID (or check the node's own stamp) and send it on an
+    /// out link. With no usable out link the node gets a decline at once.
+    fn forward_node_request(&self, node: usize, msg: &Message<'_>) {
+        let stamp_by = match &self.config.front {
+            FrontConfig::Simplex(f) => f.stamp_by,
+            FrontConfig::Listen(_) => return,
+        };
+        let patch = match stamp_by {
+            StampBy::Switch => match self.f37_patch(msg, node) {
+                Ok(p) => p,
+                Err(e) => {
+                    self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(service = self.name(), node, error = %e, message = %summary(msg), "node request cannot be stamped; declined");
+                    self.decline_to_node(node, msg, DeclineReason::NoHealthyNode);
+                    return;
+                }
+            },
+            StampBy::Node => {
+                let stamped = self.stamped_node(msg);
+                if stamped != Some(node) {
+                    self.counters
+                        .stamp_mismatches
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(service = self.name(), node, ?stamped, message = %summary(msg), "F37 stamp does not name the sending node");
+                }
+                Patch::default()
+            }
+        };
+        let sent = self.out_links.as_ref().is_some_and(|l| {
+            l.send(Outbound::Message(msg.payload().clone(), patch))
+                .is_ok()
+        });
+        if sent {
+            self.counters.node_requests.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.counters
+                .node_requests_unsent
+                .fetch_add(1, Ordering::Relaxed);
+            self.decline_to_node(node, msg, DeclineReason::QueueFull);
+        }
+    }
+
+    /// Answers a node's own request with a switch-made decline on one of its
+    /// connections, so the node is not left waiting for its timeout.
+    fn decline_to_node(&self, node: usize, msg: &Message<'_>, reason: DeclineReason) {
+        self.counters.declined[reason as usize].fetch_add(1, Ordering::Relaxed);
+        let code = self.config.declines.code(reason);
+        let conn = self.pool.node(node).and_then(|n| n.live_conn());
+        match (
+            crate::link::decline::build(&self.spec, msg.payload(), code),
+            conn,
+        ) {
+            (Ok(resp), Some(conn)) => {
+                let _ = conn.tx.try_send(Outbound::message(resp));
+            }
+            _ => {
+                self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The node named by a message's F37 stamp.
+    fn stamped_node(&self, msg: &Message<'_>) -> Option<usize> {
+        let f37 = msg.field(37).ok().flatten()?;
+        self.stamps.as_ref()?.node_of(f37.data())
+    }
+
+    /// A frame from an in link of a simplex front.
+    pub fn on_peer_frame(&self, payload: Bytes, now: Instant) {
+        let msg = match Message::parse(&self.spec, payload) {
+            Ok(m) => m,
+            Err(e) => {
+                self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(service = self.name(), error = %e, "unparsable message on an in link; dropped");
+                return;
+            }
+        };
+        let mti = msg.mti();
+        if mti.is_response() {
+            if mti.is_network_management() && self.network_answer(&msg) {
+                return;
+            }
+            self.route_by_stamp(&msg);
+            return;
+        }
+        if mti.is_network_management() && self.answers_network_management() {
+            self.answer_network_request(&msg);
+            return;
+        }
+        if let Err(e) = self.accept_request(&msg, Origin::Peer, now) {
+            self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(service = self.name(), error = %e, message = %summary(&msg), "peer request without its key fields; dropped");
+        }
+    }
+
+    fn answers_network_management(&self) -> bool {
+        matches!(&self.config.front, FrontConfig::Simplex(f) if f.answer_network_management)
+    }
+
+    /// The peer's response to a node's request: to the node its F37 stamp names,
+    /// on any of that node's connections. Stateless: any switch instance
+    /// connected to the node can route it.
+    fn route_by_stamp(&self, msg: &Message<'_>) {
+        let conn = self
+            .stamped_node(msg)
+            .and_then(|node| self.pool.node(node))
+            .and_then(|n| n.live_conn());
+        let sent = conn.is_some_and(|c| {
+            c.tx.try_send(Outbound::message(msg.payload().clone()))
+                .is_ok()
+        });
+        if sent {
+            self.counters.peer_responses.fetch_add(1, Ordering::Relaxed);
+        } else {
+            // Policy: drop (the node times its request out itself).
+            self.counters
+                .unroutable_responses
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(service = self.name(), message = %summary(msg), "peer response names no live node; dropped");
+        }
+    }
+
+    /// The peer's 0820 (sign-on, echo, cut-over, key reset): answered 0830 F39 00
+    /// by the switch on an out link, header IDs swapped.
+    fn answer_network_request(&self, msg: &Message<'_>) {
+        let resp = msg
+            .decode()
+            .and_then(|d| self.spec.respond(&d, "00"))
+            .and_then(|r| self.spec.encode(&r));
+        match resp {
+            Ok(bytes) => {
+                self.counters
+                    .network_answered
+                    .fetch_add(1, Ordering::Relaxed);
+                self.to_peer(Outbound::message(Bytes::from(bytes)));
+            }
+            Err(e) => {
+                self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(service = self.name(), error = %e, message = %summary(msg), "cannot answer network management");
+            }
+        }
+    }
+
+    /// An 0830 to a switch-made 0820 (sign-on, echo); false if it is not ours.
+    fn network_answer(&self, msg: &Message<'_>) -> bool {
+        let Some(links) = &self.out_links else {
+            return false;
+        };
+        let text = |id| -> Vec<u8> {
+            msg.field(id)
+                .ok()
+                .flatten()
+                .map(|f| f.logical().collect())
+                .unwrap_or_default()
+        };
+        let stan = text(11).iter().try_fold(0u32, |n, &d| {
+            d.is_ascii_digit().then(|| n * 10 + u32::from(d - b'0'))
+        });
+        let Some(stan) = stan else { return false };
+        let net = self.spec.network();
+        let sign_on = net.sign_on_f70.as_deref().unwrap_or("001").as_bytes();
+        let echo = net.echo_f70.as_deref().unwrap_or("301").as_bytes();
+        links.nm_answered(stan, &text(70), text(39) == b"00", sign_on, echo)
+    }
+
+    /// A switch-made 0820 for the peer: sign-on, sign-off or echo test.
+    pub fn network_request(
+        &self,
+        kind: NmKind,
+        stan: u32,
+    ) -> Result<Bytes, crate::iso8583::IsoError> {
+        let FrontConfig::Simplex(front) = &self.config.front else {
+            return crate::link::decline::echo_request(&self.spec, stan);
+        };
+        let net = self.spec.network();
+        let f70 = match kind {
+            NmKind::SignOn => net.sign_on_f70.clone().unwrap_or_else(|| "001".into()),
+            NmKind::SignOff => net.sign_off_f70.clone().unwrap_or_else(|| "002".into()),
+            NmKind::Echo => net.echo_f70.clone().unwrap_or_else(|| "301".into()),
+        };
+        let mut d = crate::iso8583::samples::echo(&self.spec);
+        d.envelope = match self.spec.envelope().header {
+            crate::wire::HeaderKind::Cups => {
+                crate::wire::CupsHeader::new(&front.peer_id, &front.member_id, 0)
+                    .0
+                    .to_vec()
+            }
+            _ => d.envelope,
+        };
+        let text = |d: &mut crate::iso8583::Decoded, id: u16, v: String| {
+            if self.spec.field(id).is_some() {
+                d.set_text(id, v);
+            }
+        };
+        text(&mut d, 7, transmission_time(std::time::SystemTime::now()));
+        text(&mut d, 11, format!("{stan:06}"));
+        text(&mut d, 33, front.member_id.clone());
+        text(&mut d, 53, "0".repeat(16));
+        text(&mut d, 70, f70);
+        text(&mut d, 100, front.peer_id.clone());
+        Ok(Bytes::from(self.spec.encode(&d)?))
+    }
+
+    /// Logs (masked) and drops a frame the peer sent on a write-only out link.
+    pub fn log_unexpected_on_out_link(&self, link: usize, payload: Bytes) {
+        self.counters.unexpected.fetch_add(1, Ordering::Relaxed);
+        let what =
+            Message::parse(&self.spec, payload).map_or_else(|e| e.to_string(), |m| summary(&m));
+        tracing::warn!(service = self.name(), link, message = %what, "frame on a write-only out link; not routed");
+    }
+}
+
+/// F7, transmission date and time, as MMDDhhmmss in UTC.
+pub fn transmission_time(t: std::time::SystemTime) -> String {
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    format!(
+        "{month:02}{day:02}{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 /// The key that ties a response to its request when the config names none.

@@ -48,6 +48,89 @@ pub struct ServiceConfig {
 pub enum FrontConfig {
     /// Clients connect to the switch; duplex, many requests in flight per connection.
     Listen(ListenFront),
+    /// UnionPay's split simplex links: the switch connects N out links and only
+    /// writes on them; the peer connects N in links and only writes on them.
+    Simplex(SimplexFront),
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimplexFront {
+    /// The peer's address the out links connect to.
+    pub connect: SocketAddr,
+    /// Where the peer's in links connect.
+    pub listen: SocketAddr,
+    /// Out links kept up (8 for a large member, 2 for a small one).
+    pub links: usize,
+    /// In links accepted at once; default `links`.
+    #[serde(default)]
+    pub max_in_links: Option<usize>,
+    /// Peer networks allowed to open in links; empty allows any.
+    #[serde(default)]
+    pub allow: Vec<IpNet>,
+    /// Send a keep-alive (`0000`) on an out link idle this long.
+    #[serde(default = "defaults::keepalive_idle", with = "humantime_serde")]
+    pub keepalive_idle: Duration,
+    /// Close an in link silent (not even a keep-alive) this long.
+    #[serde(default = "defaults::in_link_silence", with = "humantime_serde")]
+    pub in_link_silence: Duration,
+    #[serde(default = "defaults::partial_frame_timeout", with = "humantime_serde")]
+    pub partial_frame_timeout: Duration,
+    #[serde(default = "defaults::connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    #[serde(default = "defaults::reconnect_min", with = "humantime_serde")]
+    pub reconnect_min: Duration,
+    #[serde(default = "defaults::reconnect_max", with = "humantime_serde")]
+    pub reconnect_max: Duration,
+    /// When one out link breaks, close and rebuild every out link (some
+    /// operators treat the links as a group).
+    #[serde(default)]
+    pub rebuild_group: bool,
+    /// Sign on (0820 F70 001) when out links come up: per link, once per
+    /// group, or not at all. A link carries traffic only once signed on.
+    #[serde(default)]
+    pub sign_on: SignOn,
+    /// Resend an unanswered sign-on after this long.
+    #[serde(default = "defaults::sign_on_retry", with = "humantime_serde")]
+    pub sign_on_retry: Duration,
+    /// Send an echo test (0820 F70 301) on each out link this often; 0 = never.
+    #[serde(default = "defaults::echo_interval", with = "humantime_serde")]
+    pub echo_interval: Duration,
+    /// Answer the peer's network management (0820/0800) on an out link without
+    /// the nodes; false forwards it to the nodes like any request.
+    #[serde(default = "defaults::yes")]
+    pub answer_network_management: bool,
+    /// Who stamps F37 of node-originated requests: the `switch` (default) or the
+    /// `node` itself (the switch checks the stamp names the sending node).
+    #[serde(default)]
+    pub stamp_by: StampBy,
+    /// Our institution ID: source of switch-made network management messages.
+    pub member_id: String,
+    /// The peer's institution ID: their destination.
+    pub peer_id: String,
+    /// Frames queued per out link before new requests are declined.
+    #[serde(default = "defaults::write_queue")]
+    pub write_queue: usize,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SignOn {
+    /// Each out link signs on by itself when it comes up.
+    #[default]
+    PerLink,
+    /// One sign-on when the first out link of the group comes up.
+    PerGroup,
+    /// No sign-on: links carry traffic as soon as they are up.
+    None,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StampBy {
+    #[default]
+    Switch,
+    Node,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -319,6 +402,21 @@ mod defaults {
     pub fn request_timeout() -> Duration {
         Duration::from_secs(3)
     }
+    pub fn keepalive_idle() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn in_link_silence() -> Duration {
+        Duration::from_secs(90)
+    }
+    pub fn sign_on_retry() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub fn echo_interval() -> Duration {
+        Duration::from_secs(60)
+    }
+    pub fn yes() -> bool {
+        true
+    }
 }
 
 /// A configuration that cannot be used, naming the key.
@@ -430,7 +528,63 @@ impl ServiceConfig {
         }
         match &self.front {
             FrontConfig::Listen(l) => l.validate(&format!("{key}.front")),
+            FrontConfig::Simplex(f) => {
+                if self.f37_stamp.is_none() {
+                    return Err(invalid(
+                        format!("{key}.f37_stamp"),
+                        "a simplex front routes responses by the F37 node stamp: set { offset, width }",
+                    ));
+                }
+                if spec.field(37).is_none() {
+                    return Err(invalid(
+                        format!("{key}.spec"),
+                        "a simplex front needs F37 in the spec",
+                    ));
+                }
+                f.validate(&format!("{key}.front"))
+            }
         }
+    }
+}
+
+impl SimplexFront {
+    pub fn max_in_links(&self) -> usize {
+        self.max_in_links.unwrap_or(self.links)
+    }
+
+    fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        if !(1..=64).contains(&self.links) {
+            return Err(invalid(format!("{key}.links"), "must be within 1..=64"));
+        }
+        if self.max_in_links() == 0 {
+            return Err(invalid(format!("{key}.max_in_links"), "must be > 0"));
+        }
+        for (k, v) in [
+            ("keepalive_idle", self.keepalive_idle),
+            ("in_link_silence", self.in_link_silence),
+            ("partial_frame_timeout", self.partial_frame_timeout),
+            ("reconnect_min", self.reconnect_min),
+            ("sign_on_retry", self.sign_on_retry),
+        ] {
+            if v.is_zero() {
+                return Err(invalid(format!("{key}.{k}"), "must be > 0"));
+            }
+        }
+        if self.reconnect_max < self.reconnect_min {
+            return Err(invalid(
+                format!("{key}.reconnect_max"),
+                "must be >= reconnect_min",
+            ));
+        }
+        for (k, id) in [("member_id", &self.member_id), ("peer_id", &self.peer_id)] {
+            if id.is_empty() || id.len() > 11 || !id.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(invalid(format!("{key}.{k}"), "1 to 11 digits"));
+            }
+        }
+        if self.write_queue == 0 {
+            return Err(invalid(format!("{key}.write_queue"), "must be > 0"));
+        }
+        Ok(())
     }
 }
 

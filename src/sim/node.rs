@@ -6,10 +6,11 @@
 //! answers after a uniformly random delay; with a fail rate it leaves that share
 //! of requests unanswered (so the switch's timeouts are exercised).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -18,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 
 use crate::iso8583::{Message, Spec};
-use crate::link::writer::{Outbound, run_writer};
+use crate::link::writer::{Outbound, Patch, run_writer};
 use crate::wire::{Frame, FrameCodec};
 
 /// How long the node waits before answering.
@@ -76,6 +77,32 @@ pub struct NodeSimConfig {
     pub delay: Delay,
     /// Share of requests (0.0..=1.0) left unanswered.
     pub fail_rate: f64,
+    /// Requests the node sends itself (an acquirer's 0200s to UnionPay).
+    pub originate: Option<Originate>,
+}
+
+impl NodeSimConfig {
+    pub fn new(id: &str) -> NodeSimConfig {
+        NodeSimConfig {
+            id: id.to_string(),
+            delay: Delay::NONE,
+            fail_rate: 0.0,
+            originate: None,
+        }
+    }
+}
+
+/// Node-originated requests: sent round robin over the node's connections; each
+/// response must come back to this node (its STANs are its own).
+#[derive(Clone, Debug)]
+pub struct Originate {
+    pub mti: String,
+    /// Requests per second.
+    pub rate: f64,
+    /// This node's STANs are `stan_base + 1 ..= stan_base + 99_999`.
+    pub stan_base: u32,
+    /// A request unanswered this long counts as unanswered.
+    pub timeout: Duration,
 }
 
 /// Counters a test can read while the node runs.
@@ -86,6 +113,16 @@ pub struct NodeSimStats {
     pub answered: AtomicU64,
     pub unanswered: AtomicU64,
     pub bad: AtomicU64,
+    /// Node-originated requests sent.
+    pub originated: AtomicU64,
+    /// Responses to them with F39 00, and with another F39.
+    pub originated_answered: AtomicU64,
+    pub originated_declined: AtomicU64,
+    /// Responses that match no request this node has outstanding (another
+    /// node's, or a second answer).
+    pub foreign_responses: AtomicU64,
+    /// Node-originated requests unanswered within their timeout.
+    pub originated_unanswered: AtomicU64,
 }
 
 /// A running simulated node.
@@ -107,13 +144,14 @@ impl NodeSim {
         let addr = listener.local_addr()?;
         let stats = Arc::new(NodeSimStats::default());
         let (shutdown, rx) = watch::channel(false);
-        let task = tokio::spawn(accept_loop(
-            listener,
+        let shared = Arc::new(Shared {
             spec,
-            Arc::new(cfg),
-            Arc::clone(&stats),
-            rx,
-        ));
+            cfg,
+            stats: Arc::clone(&stats),
+            conns: Mutex::new(Vec::new()),
+            outstanding: Mutex::new(HashMap::new()),
+        });
+        let task = tokio::spawn(accept_loop(listener, shared, rx));
         Ok(NodeSim {
             addr,
             stats,
@@ -129,20 +167,34 @@ impl NodeSim {
     }
 }
 
+/// What every connection task of a node shares.
+struct Shared {
+    spec: Arc<Spec>,
+    cfg: NodeSimConfig,
+    stats: Arc<NodeSimStats>,
+    /// Live connections, for node-originated requests.
+    conns: Mutex<Vec<(u64, mpsc::Sender<Outbound>)>>,
+    /// Node-originated requests in flight: STAN → sent at.
+    outstanding: Mutex<HashMap<u32, Instant>>,
+}
+
 async fn accept_loop(
     listener: TcpListener,
-    spec: Arc<Spec>,
-    cfg: Arc<NodeSimConfig>,
-    stats: Arc<NodeSimStats>,
+    shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut conns = tokio::task::JoinSet::new();
+    if let Some(o) = shared.cfg.originate.clone() {
+        conns.spawn(originate(Arc::clone(&shared), o, shutdown.clone()));
+    }
+    let mut next_id = 0u64;
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
-                stats.connections.fetch_add(1, Ordering::Relaxed);
-                conns.spawn(serve_conn(stream, Arc::clone(&spec), Arc::clone(&cfg), Arc::clone(&stats), shutdown.clone()));
+                shared.stats.connections.fetch_add(1, Ordering::Relaxed);
+                next_id += 1;
+                conns.spawn(serve_conn(next_id, stream, Arc::clone(&shared), shutdown.clone()));
             }
             _ = shutdown.changed() => break,
         }
@@ -152,17 +204,18 @@ async fn accept_loop(
 }
 
 async fn serve_conn(
+    id: u64,
     stream: TcpStream,
-    spec: Arc<Spec>,
-    cfg: Arc<NodeSimConfig>,
-    stats: Arc<NodeSimStats>,
+    shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
     let (read, write) = stream.into_split();
+    let spec = &shared.spec;
     let prefix = spec.framing().prefix;
     let (tx, rx) = mpsc::channel(8192);
     let writer = tokio::spawn(run_writer(write, prefix, rx));
+    lock(&shared.conns).push((id, tx.clone()));
     let mut frames = FramedRead::new(read, FrameCodec::new(prefix, spec.framing().max_frame));
     let mut rng = seed();
     loop {
@@ -171,39 +224,33 @@ async fn serve_conn(
             _ = shutdown.changed() => break,
         };
         match frame {
-            Some(Ok(Frame::Message(payload))) => {
-                stats.requests.fetch_add(1, Ordering::Relaxed);
-                handle(&spec, &cfg, &stats, &tx, payload, &mut rng);
-            }
+            Some(Ok(Frame::Message(payload))) => handle(&shared, &tx, payload, &mut rng),
             Some(Ok(_)) => {}
             Some(Err(_)) | None => break,
         }
     }
+    lock(&shared.conns).retain(|(c, _)| *c != id);
     writer.abort();
 }
 
-fn handle(
-    spec: &Spec,
-    cfg: &NodeSimConfig,
-    stats: &NodeSimStats,
-    tx: &mpsc::Sender<Outbound>,
-    payload: Bytes,
-    rng: &mut u64,
-) {
-    let response = match Message::parse(spec, payload)
-        .map_err(|e| e.to_string())
-        .and_then(|m| {
-            if m.mti().is_request() {
-                crate::link::decline::respond(spec, &m, "00").map_err(|e| e.to_string())
-            } else {
-                Err("not a request".into())
-            }
-        }) {
-        Ok(r) => r,
-        Err(_) => {
-            stats.bad.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn handle(shared: &Shared, tx: &mpsc::Sender<Outbound>, payload: Bytes, rng: &mut u64) {
+    let (spec, cfg, stats) = (&*shared.spec, &shared.cfg, &*shared.stats);
+    let Ok(msg) = Message::parse(spec, payload) else {
+        stats.bad.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    if msg.mti().is_response() {
+        originated_response(shared, &msg);
+        return;
+    }
+    stats.requests.fetch_add(1, Ordering::Relaxed);
+    let Ok(response) = crate::link::decline::respond(spec, &msg, "00") else {
+        stats.bad.fetch_add(1, Ordering::Relaxed);
+        return;
     };
     if cfg.fail_rate > 0.0 && (next_u64(rng) as f64 / u64::MAX as f64) < cfg.fail_rate {
         stats.unanswered.fetch_add(1, Ordering::Relaxed);
@@ -219,6 +266,113 @@ fn handle(
             tokio::time::sleep(delay).await;
             let _ = tx.send(Outbound::message(response)).await;
         });
+    }
+}
+
+/// A response to a node-originated request: it must be one of ours.
+fn originated_response(shared: &Shared, msg: &Message<'_>) {
+    let stats = &shared.stats;
+    let stan = msg.field(11).ok().flatten().and_then(|f| {
+        f.logical().try_fold(0u32, |n, d| {
+            d.is_ascii_digit().then(|| n * 10 + u32::from(d - b'0'))
+        })
+    });
+    let mine = stan.and_then(|s| lock(&shared.outstanding).remove(&s));
+    if mine.is_none() {
+        stats.foreign_responses.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let approved = msg
+        .field(39)
+        .ok()
+        .flatten()
+        .is_some_and(|f| f.data() == b"00");
+    let counter = if approved {
+        &stats.originated_answered
+    } else {
+        &stats.originated_declined
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Sends node-originated requests at a rate, round robin over the node's
+/// connections, and expires the unanswered.
+async fn originate(shared: Arc<Shared>, o: Originate, mut shutdown: watch::Receiver<bool>) {
+    let Ok(template) = crate::sim::sample_request(&shared.spec, &o.mti) else {
+        return;
+    };
+    let Ok(msg) = Message::parse(&shared.spec, template.clone()) else {
+        return;
+    };
+    let Some(f11) = msg.field(11).ok().flatten().map(|f| f.range()) else {
+        return;
+    };
+    let ascii = f11.len() == 6;
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / o.rate.max(0.01)));
+    let mut counter = 0u32;
+    let mut next_conn = 0usize;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        expire_originated(&shared, o.timeout);
+        let conn = {
+            let conns = lock(&shared.conns);
+            if conns.is_empty() {
+                continue;
+            }
+            next_conn = next_conn.wrapping_add(1);
+            conns[next_conn % conns.len()].1.clone()
+        };
+        counter = counter % 99_999 + 1;
+        let stan = o.stan_base + counter;
+        let digits = format!("{stan:06}");
+        let mut patch = Patch::default();
+        let encoded: Vec<u8> = if ascii {
+            digits.into_bytes()
+        } else {
+            digits
+                .as_bytes()
+                .chunks(2)
+                .map(|p| ((p[0] - b'0') << 4) | (p[1] - b'0'))
+                .collect()
+        };
+        if patch.overwrite(f11.start, &encoded).is_err() {
+            return;
+        }
+        lock(&shared.outstanding).insert(stan, Instant::now());
+        if conn
+            .try_send(Outbound::Message(template.clone(), patch))
+            .is_ok()
+        {
+            shared.stats.originated.fetch_add(1, Ordering::Relaxed);
+        } else {
+            lock(&shared.outstanding).remove(&stan);
+        }
+    }
+}
+
+fn expire_originated(shared: &Shared, timeout: Duration) {
+    let now = Instant::now();
+    let mut out = lock(&shared.outstanding);
+    let before = out.len();
+    out.retain(|_, sent| now.duration_since(*sent) < timeout);
+    let expired = (before - out.len()) as u64;
+    shared
+        .stats
+        .originated_unanswered
+        .fetch_add(expired, Ordering::Relaxed);
+}
+
+impl NodeSim {
+    /// Node-originated requests still waiting for their response.
+    pub fn outstanding(&self) -> usize {
+        let s = &self.stats;
+        let done = s.originated_answered.load(Ordering::Relaxed)
+            + s.originated_declined.load(Ordering::Relaxed)
+            + s.originated_unanswered.load(Ordering::Relaxed);
+        s.originated.load(Ordering::Relaxed).saturating_sub(done) as usize
     }
 }
 
