@@ -197,6 +197,7 @@ async fn killing_a_node_declines_its_in_flight_and_clients_stay_up() {
             id: "02".into(),
             delay: Delay::NONE,
             fail_rate: 0.0,
+            originate: None,
         },
     )
     .await

@@ -45,7 +45,7 @@ pub enum Command {
     /// Measure the load generator direct to a node, through HAProxy (if
     /// installed) and through isoswitch, in one run.
     Bench(bench::BenchArgs),
-    /// Simulators: channel node, POS network controller.
+    /// Simulators: channel node, POS network controller, UnionPay.
     #[command(subcommand)]
     Sim(SimCommand),
 }
@@ -91,6 +91,37 @@ pub enum SimCommand {
         /// First two digits of every terminal ID: tells NACs apart.
         #[arg(long, default_value_t = 1)]
         nac_id: u8,
+    },
+    /// UnionPay on a simplex link set: accepts the switch's out links, opens
+    /// in links to it, answers member requests and originates its own.
+    Cups {
+        /// Where the switch's out links connect.
+        #[arg(long)]
+        accept: SocketAddr,
+        /// The switch's in-link listener.
+        #[arg(long)]
+        connect: SocketAddr,
+        /// In links to open (out links accepted: up to 4x this).
+        #[arg(long, default_value_t = 2)]
+        links: usize,
+        #[arg(long, default_value = "cups")]
+        spec: String,
+        /// Issuer requests per second UnionPay originates (default: none).
+        #[arg(long)]
+        rate: Option<f64>,
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+        /// Keep-alive on an in link idle this long (0s = never).
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        keepalive_idle: Duration,
+        /// Delay before answering a member request: `5ms` or `0..2s`.
+        #[arg(long, default_value = "0ms")]
+        delay: String,
+        /// Leave member requests unanswered (exercises the switch's timeouts).
+        #[arg(long)]
+        no_answer: bool,
     },
 }
 
@@ -204,6 +235,53 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                 let report = crate::sim::nac::run(spec, cfg)
                     .await
                     .map_err(|e| format!("cannot connect to {connect}: {e}"))?;
+                println!("{report}");
+                if report.mismatched > 0 || report.unanswered > 0 {
+                    return Err("some requests were unanswered or mismatched".into());
+                }
+                Ok(())
+            })
+        }
+        SimCommand::Cups {
+            accept,
+            connect,
+            links,
+            spec,
+            rate,
+            duration,
+            timeout,
+            keepalive_idle,
+            delay,
+            no_answer,
+        } => {
+            let spec = match Spec::resolve(&spec) {
+                Ok(s) => Arc::new(s),
+                Err(e) => return fail(e.to_string()),
+            };
+            let delay = match crate::sim::node::Delay::parse(&delay) {
+                Ok(d) => d,
+                Err(e) => return fail(format!("--delay: {e}")),
+            };
+            if rate.is_some_and(|r| !(r.is_finite() && r >= 0.0)) {
+                return fail("--rate must be a non-negative number".into());
+            }
+            let cfg = crate::sim::cups::CupsSimConfig {
+                rate,
+                duration,
+                timeout,
+                keepalive_idle,
+                answer_member_requests: !no_answer,
+                delay,
+                ..crate::sim::cups::CupsSimConfig::new(accept, connect, links)
+            };
+            runtime(async move {
+                let report = crate::sim::cups::run(spec, cfg).await.map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::InvalidInput {
+                        e.to_string()
+                    } else {
+                        format!("cannot listen on {accept}: {e}")
+                    }
+                })?;
                 println!("{report}");
                 if report.mismatched > 0 || report.unanswered > 0 {
                     return Err("some requests were unanswered or mismatched".into());

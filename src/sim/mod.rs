@@ -1,6 +1,8 @@
-//! Simulators: a channel node, a POS network controller and a load generator.
+//! Simulators: a channel node, a POS network controller, UnionPay's side of a
+//! simplex link set and a load generator.
 //! They speak through real sockets and check what they get back.
 
+pub mod cups;
 pub mod load;
 pub mod nac;
 pub mod node;

@@ -24,6 +24,7 @@ pub async fn start_nodes(spec: &Arc<Spec>, n: usize, delay: Delay) -> Vec<NodeSi
             id: format!("{:02}", i + 1),
             delay,
             fail_rate: 0.0,
+            originate: None,
         };
         let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
         nodes.push(

@@ -1,0 +1,496 @@
+//! The UnionPay simulator against a member side played by hand: the test listens
+//! for the simulator's in links and connects out links to it, over real sockets.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use isoswitch::iso8583::{Decoded, Message, Spec, samples};
+use isoswitch::sim::cups::{CUPS_ID, CupsSim, CupsSimConfig, run};
+use isoswitch::sim::node::Delay;
+use isoswitch::wire::{CupsHeader, Frame, FrameCodec, Header};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_util::codec::FramedRead;
+
+const WAIT: Duration = Duration::from_secs(2);
+const MEMBER_ID: &str = "03105840";
+
+fn spec() -> Arc<Spec> {
+    Arc::new(Spec::builtin("cups").expect("builtin cups spec"))
+}
+
+/// What happens on the member's in-link listener, by in-link index.
+#[derive(Debug)]
+enum Event {
+    Opened(usize),
+    Frame(usize, Frame),
+    Closed(usize),
+}
+
+/// The member side: accepts the simulator's in links and reports what arrives.
+struct Member {
+    spec: Arc<Spec>,
+    addr: SocketAddr,
+    events: mpsc::UnboundedReceiver<Event>,
+    acceptor: tokio::task::JoinHandle<()>,
+}
+
+impl Member {
+    async fn start() -> Member {
+        let spec = spec();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, events) = mpsc::unbounded_channel();
+        let framing = spec.framing();
+        let acceptor = tokio::spawn(async move {
+            let mut index = 0;
+            while let Ok((stream, _)) = listener.accept().await {
+                let tx = tx.clone();
+                let i = index;
+                index += 1;
+                let _ = tx.send(Event::Opened(i));
+                tokio::spawn(async move {
+                    let mut frames =
+                        FramedRead::new(stream, FrameCodec::new(framing.prefix, framing.max_frame));
+                    while let Some(Ok(f)) = frames.next().await {
+                        if tx.send(Event::Frame(i, f)).is_err() {
+                            return;
+                        }
+                    }
+                    let _ = tx.send(Event::Closed(i));
+                });
+            }
+        });
+        Member {
+            spec,
+            addr,
+            events,
+            acceptor,
+        }
+    }
+
+    fn config(&self, links: usize) -> CupsSimConfig {
+        CupsSimConfig::new("127.0.0.1:0".parse().unwrap(), self.addr, links)
+    }
+
+    async fn event(&mut self) -> Event {
+        tokio::time::timeout(WAIT, self.events.recv())
+            .await
+            .expect("an in-link event in time")
+            .expect("the acceptor runs")
+    }
+
+    /// Waits for `n` in links to be opened (other events are dropped).
+    async fn opened(&mut self, n: usize) {
+        let mut seen = 0;
+        while seen < n {
+            if let Event::Opened(_) = self.event().await {
+                seen += 1;
+            }
+        }
+    }
+
+    /// The next message on any in link, skipping keep-alives and link events.
+    async fn message(&mut self) -> (usize, Bytes) {
+        loop {
+            if let Event::Frame(i, Frame::Message(p)) = self.event().await {
+                return (i, p);
+            }
+        }
+    }
+
+    /// Messages arriving until none has for `quiet`.
+    async fn messages_until_quiet(&mut self, quiet: Duration) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        while let Ok(Some(ev)) = tokio::time::timeout(quiet, self.events.recv()).await {
+            if let Event::Frame(_, Frame::Message(p)) = ev {
+                out.push(p);
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.acceptor.abort();
+    }
+}
+
+async fn out_link(sim: &CupsSim) -> TcpStream {
+    let before = sim
+        .stats()
+        .out_links_up
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let s = TcpStream::connect(sim.accept_addr()).await.unwrap();
+    eventually("out link accepted", || {
+        sim.stats()
+            .out_links_up
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > before
+    })
+    .await;
+    s
+}
+
+async fn send(link: &mut TcpStream, payload: &[u8]) {
+    let mut frame = format!("{:04}", payload.len()).into_bytes();
+    frame.extend_from_slice(payload);
+    link.write_all(&frame).await.unwrap();
+}
+
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn load(a: &std::sync::atomic::AtomicU64) -> u64 {
+    a.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn cups_header(msg: &Message<'_>) -> CupsHeader {
+    match msg.envelope().header {
+        Some(Header::Cups(h)) => h,
+        other => panic!("expected a CUPS header, got {other:?}"),
+    }
+}
+
+fn text(msg: &Message<'_>, id: u16) -> String {
+    let f = msg
+        .field(id)
+        .unwrap()
+        .unwrap_or_else(|| panic!("F{id} present"));
+    String::from_utf8(f.data().to_vec()).unwrap()
+}
+
+/// A member 0200 (from the member to UnionPay) with its own STAN and RRN.
+fn member_request(spec: &Spec, stan: &str, rrn: &str) -> Vec<u8> {
+    let mut d = samples::purchase(spec);
+    d.set_text(11, stan);
+    d.set_text(37, rrn);
+    spec.encode(&d).unwrap()
+}
+
+/// A member 0820 with `f70`.
+fn member_0820(spec: &Spec, stan: &str, f70: &str) -> Vec<u8> {
+    let mut d: Decoded = samples::echo(spec);
+    d.set_text(11, stan);
+    d.set_text(70, f70);
+    spec.encode(&d).unwrap()
+}
+
+fn answer(msg: &Message<'_>, code: &str) -> Bytes {
+    isoswitch::link::decline::respond(msg.spec(), msg, code).unwrap()
+}
+
+#[tokio::test]
+async fn member_requests_answered_round_robin_on_in_links() {
+    let mut member = Member::start().await;
+    let spec = member.spec.clone();
+    let sim = CupsSim::start(spec.clone(), member.config(2))
+        .await
+        .unwrap();
+    member.opened(2).await;
+    let mut out1 = out_link(&sim).await;
+    let _out2 = out_link(&sim).await;
+
+    let rrns = ["NODE01000001", "NODE01000002"];
+    send(&mut out1, &member_request(&spec, "000101", rrns[0])).await;
+    let (link_a, a) = member.message().await;
+    let a = Message::parse(&spec, a).unwrap();
+    send(&mut out1, &member_request(&spec, "000102", rrns[1])).await;
+    let (link_b, b) = member.message().await;
+    let b = Message::parse(&spec, b).unwrap();
+
+    for (resp, rrn, stan) in [(&a, rrns[0], "000101"), (&b, rrns[1], "000102")] {
+        assert_eq!(resp.mti().as_str(), "0210");
+        assert_eq!(text(resp, 37), rrn, "F37 comes back unchanged");
+        assert_eq!(text(resp, 11), stan);
+        assert_eq!(text(resp, 39), "00");
+        let h = cups_header(resp);
+        assert_eq!(h.destination_id(), MEMBER_ID, "header IDs swapped");
+        assert_eq!(h.source_id(), CUPS_ID);
+        assert_eq!(h.total_length(), Some(resp.payload().len()));
+        for secret in [35, 52, 128] {
+            assert!(!resp.has_field(secret), "F{secret} not echoed");
+        }
+    }
+    assert_ne!(link_a, link_b, "answers go round-robin over the in links");
+    let report = sim.stop().await;
+    assert_eq!(report.member_requests, 2);
+    assert_eq!(report.member_requests_answered, 2);
+    assert_eq!(report.out_links_accepted, 2);
+    assert_eq!(report.in_links_up, 2);
+}
+
+#[tokio::test]
+async fn member_answers_wait_out_the_delay() {
+    let mut member = Member::start().await;
+    let spec = member.spec.clone();
+    let mut cfg = member.config(1);
+    cfg.delay = Delay::parse("150ms").unwrap();
+    let sim = CupsSim::start(spec.clone(), cfg).await.unwrap();
+    member.opened(1).await;
+    let mut out = out_link(&sim).await;
+    let sent = Instant::now();
+    send(&mut out, &member_request(&spec, "000201", "NODE02000001")).await;
+    let (_, resp) = member.message().await;
+    let resp = Message::parse(&spec, resp).unwrap();
+    assert!(sent.elapsed() >= Duration::from_millis(140));
+    assert_eq!(text(&resp, 37), "NODE02000001");
+    sim.stop().await;
+}
+
+#[tokio::test]
+async fn member_0820s_get_0830s_on_an_in_link() {
+    let mut member = Member::start().await;
+    let spec = member.spec.clone();
+    let sim = CupsSim::start(spec.clone(), member.config(2))
+        .await
+        .unwrap();
+    member.opened(2).await;
+    let mut out = out_link(&sim).await;
+    for (stan, f70) in [("000301", "001"), ("000302", "301"), ("000303", "002")] {
+        send(&mut out, &member_0820(&spec, stan, f70)).await;
+        let (_, resp) = member.message().await;
+        let resp = Message::parse(&spec, resp).unwrap();
+        assert_eq!(resp.mti().as_str(), "0830");
+        assert_eq!(text(&resp, 11), stan);
+        assert_eq!(text(&resp, 70), f70);
+        assert_eq!(text(&resp, 39), "00");
+        assert_eq!(cups_header(&resp).source_id(), CUPS_ID);
+    }
+    assert_eq!(load(&sim.stats().network_answered), 3);
+    sim.stop().await;
+}
+
+#[tokio::test]
+async fn the_switchs_0830_to_an_echo_is_counted() {
+    let mut member = Member::start().await;
+    let spec = member.spec.clone();
+    let sim = CupsSim::start(spec.clone(), member.config(1))
+        .await
+        .unwrap();
+    member.opened(1).await;
+    let mut out = out_link(&sim).await;
+    assert!(sim.send_echo());
+    let (_, echo) = member.message().await;
+    let echo = Message::parse(&spec, echo).unwrap();
+    assert_eq!(echo.mti().as_str(), "0820");
+    assert_eq!(text(&echo, 70), "301");
+    assert_eq!(cups_header(&echo).destination_id(), MEMBER_ID);
+    // The switch answers UnionPay's echo itself, on an out link.
+    let spec = &spec;
+    let resp = spec.respond(&echo.decode().unwrap(), "00").unwrap();
+    send(&mut out, &spec.encode(&resp).unwrap()).await;
+    eventually("echo answered", || load(&sim.stats().echo_answered) == 1).await;
+    let report = sim.stop().await;
+    assert_eq!((report.echo_sent, report.echo_answered), (1, 1));
+    assert_eq!(report.mismatched, 0);
+}
+
+#[tokio::test]
+async fn issuer_requests_matched_declined_and_doubled() {
+    let mut member = Member::start().await;
+    let mut cfg = member.config(2);
+    cfg.rate = Some(25.0);
+    cfg.duration = Duration::from_millis(400);
+    let sim = CupsSim::start(member.spec.clone(), cfg).await.unwrap();
+    member.opened(2).await;
+    let mut outs = [out_link(&sim).await, out_link(&sim).await];
+
+    let requests = member
+        .messages_until_quiet(Duration::from_millis(300))
+        .await;
+    let n = requests.len();
+    assert!(n >= 3, "got {n} issuer requests");
+    let spec: &Spec = &member.spec;
+    let mut stans = std::collections::HashSet::new();
+    for (i, payload) in requests.iter().enumerate() {
+        let req = Message::parse(spec, payload.clone()).unwrap();
+        assert_eq!(req.mti().as_str(), "0100");
+        assert!(stans.insert(text(&req, 11)), "unique F11");
+        assert_eq!(text(&req, 37).len(), 12);
+        assert_eq!(cups_header(&req).source_id(), CUPS_ID);
+        // The first is declined, the rest approved; answers alternate out links.
+        let code = if i == 0 { "05" } else { "00" };
+        send(&mut outs[i % 2], &answer(&req, code)).await;
+    }
+    // Answered twice: the second answer matches nothing outstanding.
+    let last = Message::parse(spec, requests[n - 1].clone()).unwrap();
+    send(&mut outs[0], &answer(&last, "00")).await;
+    let stats = sim.stats();
+    eventually("every answer counted", || {
+        load(&stats.answered) + load(&stats.declined) + load(&stats.mismatched) == n as u64 + 1
+    })
+    .await;
+    let report = sim.stop().await;
+    assert_eq!(report.sent, n as u64);
+    assert_eq!(report.answered, n as u64 - 1);
+    assert_eq!(report.declined, 1);
+    assert_eq!(report.mismatched, 1);
+    assert_eq!(report.unanswered, 0);
+    assert_eq!(report.unsent, 0);
+}
+
+#[tokio::test]
+async fn unanswered_requests_time_out_and_late_answers_mismatch() {
+    let mut member = Member::start().await;
+    let mut cfg = member.config(1);
+    cfg.rate = Some(20.0);
+    cfg.duration = Duration::from_millis(150);
+    cfg.timeout = Duration::from_millis(200);
+    let sim = CupsSim::start(member.spec.clone(), cfg).await.unwrap();
+    member.opened(1).await;
+    let mut out = out_link(&sim).await;
+    let requests = member
+        .messages_until_quiet(Duration::from_millis(300))
+        .await;
+    assert!(!requests.is_empty());
+    let stats = sim.stats();
+    eventually("all timed out", || {
+        load(&stats.unanswered) == requests.len() as u64
+    })
+    .await;
+    let late = Message::parse(&member.spec, requests[0].clone()).unwrap();
+    send(&mut out, &answer(&late, "00")).await;
+    eventually("late answer counted", || load(&stats.mismatched) == 1).await;
+    let report = sim.stop().await;
+    assert_eq!(report.sent, requests.len() as u64);
+    assert_eq!(report.answered, 0);
+    assert!(
+        report
+            .to_string()
+            .contains(&format!("unanswered {}", requests.len()))
+    );
+}
+
+#[tokio::test]
+async fn keep_alives_on_idle_in_links_and_counted_on_out_links() {
+    let mut member = Member::start().await;
+    let mut cfg = member.config(2);
+    cfg.keepalive_idle = Duration::from_millis(100);
+    let sim = CupsSim::start(member.spec.clone(), cfg).await.unwrap();
+    let mut kept_alive = [false; 2];
+    while !kept_alive.iter().all(|&k| k) {
+        if let Event::Frame(i, Frame::KeepAlive) = member.event().await {
+            kept_alive[i] = true;
+        }
+    }
+    let mut out = out_link(&sim).await;
+    out.write_all(b"00000000").await.unwrap();
+    eventually("keep-alives read", || {
+        load(&sim.stats().keepalives_received) == 2
+    })
+    .await;
+    assert!(load(&sim.stats().keepalives_sent) >= 2);
+    sim.stop().await;
+}
+
+#[tokio::test]
+async fn closed_in_links_are_reopened_and_out_links_closed_on_demand() {
+    let mut member = Member::start().await;
+    let sim = CupsSim::start(member.spec.clone(), member.config(2))
+        .await
+        .unwrap();
+    member.opened(2).await;
+    assert_eq!(sim.close_in_links(1), 1);
+    let (mut closed, mut reopened) = (false, false);
+    while !(closed && reopened) {
+        match member.event().await {
+            Event::Closed(i) => {
+                assert!(i < 2);
+                closed = true;
+            }
+            Event::Opened(i) => {
+                assert_eq!(i, 2);
+                reopened = true;
+            }
+            Event::Frame(..) => {}
+        }
+    }
+    let stats = sim.stats();
+    eventually("two in links up", || load(&stats.in_links_up) == 2).await;
+    assert_eq!(load(&stats.in_links_opened), 3);
+
+    let mut out = out_link(&sim).await;
+    assert_eq!(sim.close_out_links(5), 1);
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(WAIT, out.read(&mut buf))
+        .await
+        .unwrap();
+    assert!(matches!(n, Ok(0) | Err(_)), "the out link is closed");
+    eventually("no out link up", || load(&stats.out_links_up) == 0).await;
+    sim.stop().await;
+}
+
+#[tokio::test]
+async fn bad_frames_are_counted_without_harm() {
+    let mut member = Member::start().await;
+    let spec = member.spec.clone();
+    let sim = CupsSim::start(spec.clone(), member.config(1))
+        .await
+        .unwrap();
+    member.opened(1).await;
+    let mut out = out_link(&sim).await;
+    // A frame that is no message: counted, the link stays up.
+    send(&mut out, b"hello").await;
+    // A response to nothing: mismatched.
+    let req = member_request(&spec, "000401", "NODE04000001");
+    let req = Message::parse(&spec, Bytes::from(req)).unwrap();
+    send(&mut out, &answer(&req, "00")).await;
+    send(&mut out, &member_request(&spec, "000402", "NODE04000002")).await;
+    let (_, resp) = member.message().await;
+    let resp = Message::parse(&spec, resp).unwrap();
+    assert_eq!(text(&resp, 37), "NODE04000002");
+    let stats = sim.stats();
+    assert_eq!(load(&stats.bad_frames), 1);
+    assert_eq!(load(&stats.mismatched), 1);
+    // A prefix that cannot be trusted closes that link only.
+    out.write_all(b"00x1").await.unwrap();
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(WAIT, out.read(&mut buf))
+        .await
+        .unwrap();
+    assert!(matches!(n, Ok(0) | Err(_)));
+    eventually("bad prefix counted", || load(&stats.bad_frames) == 2).await;
+    let mut again = out_link(&sim).await;
+    send(&mut again, &member_request(&spec, "000403", "NODE04000003")).await;
+    let (_, resp) = member.message().await;
+    let resp = Message::parse(&spec, resp).unwrap();
+    assert_eq!(text(&resp, 37), "NODE04000003");
+    sim.stop().await;
+}
+
+#[tokio::test]
+async fn run_reports_after_its_duration() {
+    let mut member = Member::start().await;
+    let mut cfg = member.config(1);
+    cfg.duration = Duration::from_millis(300);
+    let started = Instant::now();
+    let running = tokio::spawn(run(member.spec.clone(), cfg));
+    member.opened(1).await;
+    let report = running.await.unwrap().unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(report.in_links_up, 1);
+    assert_eq!(report.sent, 0);
+}
+
+#[tokio::test]
+async fn start_refuses_a_spec_that_cannot_carry_issuer_requests() {
+    let mut cfg = CupsSimConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        "127.0.0.1:9".parse().unwrap(),
+        1,
+    );
+    cfg.rate = Some(1.0);
+    let pos = Arc::new(Spec::builtin("cup-pos").unwrap());
+    assert!(CupsSim::start(pos, cfg).await.is_err());
+}
