@@ -596,9 +596,12 @@ impl Service {
 }
 
 impl Service {
-    /// Queues a frame for the peer of a simplex front on any usable out link.
+    /// Queues an answer for the peer of a simplex front on any out link that is up.
     fn to_peer(&self, out: Outbound) {
-        let sent = self.out_links.as_ref().is_some_and(|l| l.send(out).is_ok());
+        let sent = self
+            .out_links
+            .as_ref()
+            .is_some_and(|l| l.answer(out).is_ok());
         if !sent {
             self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(

@@ -16,7 +16,7 @@ use tokio_util::codec::FramedRead;
 
 use super::node::Backoff;
 use super::service::Service;
-use super::writer::{Outbound, run_writer};
+use super::writer::{Outbound, run_writer_until};
 use crate::ops::config::{SignOn, SimplexFront};
 use crate::wire::{Frame, FrameCodec};
 
@@ -153,14 +153,25 @@ impl OutLinks {
         self.signed_on(link) && self.sender(link).is_some()
     }
 
-    /// Queues a frame on the next usable out link (round robin); a full queue
-    /// moves on to the next link.
+    /// Queues a request of ours on the next usable (up and signed on) out link,
+    /// round robin; a full queue moves on to the next link.
     pub fn send(&self, out: Outbound) -> Result<usize, NoOutLink> {
+        self.send_where(out, true)
+    }
+
+    /// Queues an answer to the peer (a response, a decline, an 0830) on the next
+    /// out link that is up: the peer already uses the link set, so answers need
+    /// no sign-on of ours.
+    pub fn answer(&self, out: Outbound) -> Result<usize, NoOutLink> {
+        self.send_where(out, false)
+    }
+
+    fn send_where(&self, out: Outbound, signed_on: bool) -> Result<usize, NoOutLink> {
         let n = self.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         for i in 0..n {
             let link = (start + i) % n;
-            if !self.signed_on(link) {
+            if signed_on && !self.signed_on(link) {
                 continue;
             }
             let Some(tx) = self.sender(link) else {
@@ -374,7 +385,8 @@ async fn run_out_link(
     let (read, write) = stream.into_split();
     let (tx, rx) = mpsc::channel(front.write_queue);
     let prefix = service.spec.framing().prefix;
-    let mut writer = tokio::spawn(run_writer(write, prefix, rx));
+    let (stop_writer, stop_rx) = watch::channel(false);
+    let mut writer = tokio::spawn(run_writer_until(write, prefix, rx, stop_rx));
     links.set_link(link, Some(tx.clone()));
     tracing::info!(service = service.name(), link, "out link up");
     let mut frames = FramedRead::new(
@@ -386,6 +398,7 @@ async fn run_out_link(
     let mut tick = tokio::time::interval(tick_every);
     let mut last_sign_on: Option<Instant> = None;
     let mut last_echo = Instant::now();
+    let mut writer_done = None;
     let end = loop {
         tokio::select! {
             item = frames.next() => match item {
@@ -413,7 +426,10 @@ async fn run_out_link(
                     links.stats[link].keepalives_out.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            _ = &mut writer => break OutLinkEnd::Broken,
+            res = &mut writer => {
+                writer_done = Some(res);
+                break OutLinkEnd::Broken;
+            }
             _ = rebuild.changed() => break OutLinkEnd::Rebuild,
             _ = shutdown.changed() => break OutLinkEnd::Shutdown,
         }
@@ -424,11 +440,44 @@ async fn run_out_link(
     }
     links.set_link(link, None);
     drop(tx);
-    if !writer.is_finished() {
-        let _ = tokio::time::timeout(Duration::from_millis(200), &mut writer).await;
-        writer.abort();
+    if end != OutLinkEnd::Shutdown {
+        // The link is gone: frames not yet written go out on the other links.
+        let _ = stop_writer.send(true);
+    }
+    let finished = match writer_done {
+        Some(res) => Ok(res),
+        None => tokio::time::timeout(Duration::from_millis(500), &mut writer).await,
+    };
+    match finished {
+        Ok(Ok((_, mut rest))) => requeue(service, links, &mut rest),
+        _ => writer.abort(),
     }
     end
+}
+
+/// Passes the unwritten frames of a dead out link to the live ones.
+fn requeue(service: &Service, links: &OutLinks, rest: &mut mpsc::Receiver<Outbound>) {
+    let mut moved = 0u64;
+    while let Ok(out) = rest.try_recv() {
+        if matches!(out, Outbound::KeepAlive) {
+            continue;
+        }
+        if links.answer(out).is_ok() {
+            moved += 1;
+        } else {
+            service
+                .counters
+                .undeliverable
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    if moved > 0 {
+        tracing::info!(
+            service = service.name(),
+            moved,
+            "frames of a dead out link moved to live links"
+        );
+    }
 }
 
 fn needs_sign_on(policy: SignOn, links: &OutLinks, link: usize) -> bool {

@@ -5,7 +5,7 @@
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::wire::LengthPrefix;
 
@@ -118,15 +118,52 @@ pub fn encode_into(
 /// Drains `rx` onto `w` until the queue closes or a write fails. Everything
 /// already queued when a write starts goes out in the same `write_all`.
 pub async fn run_writer<W>(
-    mut w: W,
+    w: W,
     prefix: LengthPrefix,
-    mut rx: mpsc::Receiver<Outbound>,
+    rx: mpsc::Receiver<Outbound>,
 ) -> std::io::Result<()>
 where
     W: AsyncWrite + Unpin,
 {
+    let (result, _) = write_loop(w, prefix, rx, None).await;
+    result
+}
+
+/// As [`run_writer`], but stops as soon as `stop` turns true and hands back the
+/// queue with what was not yet written, so a link that died can pass its
+/// frames to another link instead of losing them.
+pub async fn run_writer_until<W>(
+    w: W,
+    prefix: LengthPrefix,
+    rx: mpsc::Receiver<Outbound>,
+    stop: watch::Receiver<bool>,
+) -> (std::io::Result<()>, mpsc::Receiver<Outbound>)
+where
+    W: AsyncWrite + Unpin,
+{
+    write_loop(w, prefix, rx, Some(stop)).await
+}
+
+async fn write_loop<W>(
+    mut w: W,
+    prefix: LengthPrefix,
+    mut rx: mpsc::Receiver<Outbound>,
+    mut stop: Option<watch::Receiver<bool>>,
+) -> (std::io::Result<()>, mpsc::Receiver<Outbound>)
+where
+    W: AsyncWrite + Unpin,
+{
     let mut buf = BytesMut::with_capacity(BATCH_BYTES);
-    while let Some(first) = rx.recv().await {
+    loop {
+        let first = match &mut stop {
+            Some(stop) => tokio::select! {
+                biased;
+                _ = stop.wait_for(|s| *s) => return (Ok(()), rx),
+                item = rx.recv() => item,
+            },
+            None => rx.recv().await,
+        };
+        let Some(first) = first else { break };
         push(prefix, &first, &mut buf);
         while buf.len() < BATCH_BYTES {
             match rx.try_recv() {
@@ -134,10 +171,12 @@ where
                 Err(_) => break,
             }
         }
-        w.write_all(&buf).await?;
+        if let Err(e) = w.write_all(&buf).await {
+            return (Err(e), rx);
+        }
         buf.clear();
     }
-    w.shutdown().await
+    (w.shutdown().await, rx)
 }
 
 fn push(prefix: LengthPrefix, item: &Outbound, buf: &mut BytesMut) {

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
@@ -781,6 +782,7 @@ async fn serve_out_link(
     let mut rng = seed();
     // A frame begun must end within this (a stalled peer cannot hold a buffer).
     let partial_limit = shared.cfg.timeout.max(Duration::from_secs(1));
+    let mut closing = false;
     loop {
         let partial = frames.decoder().in_frame() || !frames.read_buffer().is_empty();
         let next = async {
@@ -794,7 +796,15 @@ async fn serve_out_link(
         };
         let frame = tokio::select! {
             f = next => f,
-            _ = close.notified() => break,
+            _ = close.notified(), if !closing => {
+                // A graceful close: half-close our side and keep reading until the
+                // switch closes too, so nothing it already wrote is lost.
+                closing = true;
+                let _ = frames.get_mut().shutdown().await;
+                lock(&shared.out_links).retain(|l| l.id != id);
+                shared.stats.out_links_up.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
             _ = shutdown.changed() => break,
         };
         match frame {
@@ -822,9 +832,11 @@ async fn serve_out_link(
             }
         }
     }
-    let mut links = lock(&shared.out_links);
-    links.retain(|l| l.id != id);
-    shared.stats.out_links_up.fetch_sub(1, Ordering::Relaxed);
+    if !closing {
+        let mut links = lock(&shared.out_links);
+        links.retain(|l| l.id != id);
+        shared.stats.out_links_up.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Keeps one in link open: connects, serves it until it closes, waits a short
@@ -886,6 +898,7 @@ async fn serve_in_link(
     }
     let mut frames = FramedRead::new(read, FrameCodec::new(framing.prefix, framing.max_frame));
     let idle = shared.cfg.keepalive_idle;
+    let mut closing = false;
     loop {
         let keepalive_due = (!idle.is_zero())
             .then(|| shared.base + Duration::from_micros(last_sent.load(Ordering::Relaxed)) + idle);
@@ -922,7 +935,10 @@ async fn serve_in_link(
                 None => break,
             },
             _ = &mut writer => break,
-            _ = close.notified() => break,
+            _ = close.notified() => {
+                closing = true;
+                break;
+            }
             _ = shutdown.changed() => break,
         }
     }
@@ -931,7 +947,12 @@ async fn serve_in_link(
         links.retain(|l| l.id != id);
         shared.stats.in_links_up.fetch_sub(1, Ordering::Relaxed);
     }
-    // Closed now, not after the queue drains: a broken line loses what it held.
+    if closing && !writer.is_finished() {
+        // A graceful close on demand: no new frames, flush what is queued,
+        // then FIN (the writer shuts the write half down when its queue closes).
+        drop(tx);
+        let _ = tokio::time::timeout(Duration::from_secs(1), &mut writer).await;
+    }
     writer.abort();
 }
 

@@ -42,9 +42,14 @@ impl Delay {
             Some((lo, hi)) => {
                 // `0..2s`: a bare number takes the unit of the other end.
                 let hi_d = one(hi)?;
+                // `100..300ms`: a bare number takes the unit of the other end.
+                let unit = hi
+                    .trim()
+                    .trim_start_matches(|c: char| c.is_ascii_digit() || c == '.');
                 let lo_d = match lo.trim().parse::<u64>() {
                     Ok(0) => Duration::ZERO,
-                    _ => one(lo)?,
+                    Ok(_) => one(&format!("{}{unit}", lo.trim()))?,
+                    Err(_) => one(lo)?,
                 };
                 if lo_d > hi_d {
                     return Err(format!("delay range `{s}` is reversed"));
@@ -129,6 +134,7 @@ pub struct NodeSimStats {
 pub struct NodeSim {
     pub addr: SocketAddr,
     pub stats: Arc<NodeSimStats>,
+    shared: Arc<Shared>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -150,11 +156,13 @@ impl NodeSim {
             stats: Arc::clone(&stats),
             conns: Mutex::new(Vec::new()),
             outstanding: Mutex::new(HashMap::new()),
+            originating: std::sync::atomic::AtomicBool::new(true),
         });
-        let task = tokio::spawn(accept_loop(listener, shared, rx));
+        let task = tokio::spawn(accept_loop(listener, Arc::clone(&shared), rx));
         Ok(NodeSim {
             addr,
             stats,
+            shared: Arc::clone(&shared),
             shutdown,
             task,
         })
@@ -176,6 +184,8 @@ struct Shared {
     conns: Mutex<Vec<(u64, mpsc::Sender<Outbound>)>>,
     /// Node-originated requests in flight: STAN → sent at.
     outstanding: Mutex<HashMap<u32, Instant>>,
+    /// Node-originated requests keep coming while this holds.
+    originating: std::sync::atomic::AtomicBool,
 }
 
 async fn accept_loop(
@@ -309,6 +319,8 @@ async fn originate(shared: Arc<Shared>, o: Originate, mut shutdown: watch::Recei
     };
     let ascii = f11.len() == 6;
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / o.rate.max(0.01)));
+    // A busy runtime delays ticks; it must not then fire a burst.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut counter = 0u32;
     let mut next_conn = 0usize;
     loop {
@@ -317,6 +329,9 @@ async fn originate(shared: Arc<Shared>, o: Originate, mut shutdown: watch::Recei
             _ = shutdown.changed() => return,
         }
         expire_originated(&shared, o.timeout);
+        if !shared.originating.load(Ordering::Relaxed) {
+            continue;
+        }
         let conn = {
             let conns = lock(&shared.conns);
             if conns.is_empty() {
@@ -366,6 +381,11 @@ fn expire_originated(shared: &Shared, timeout: Duration) {
 }
 
 impl NodeSim {
+    /// Stops sending node-originated requests (answers keep coming).
+    pub fn stop_originating(&self) {
+        self.shared.originating.store(false, Ordering::Relaxed);
+    }
+
     /// Node-originated requests still waiting for their response.
     pub fn outstanding(&self) -> usize {
         let s = &self.stats;
@@ -411,6 +431,11 @@ mod tests {
         assert_eq!(
             (r.min, r.max),
             (Duration::from_millis(10), Duration::from_millis(200))
+        );
+        let r = Delay::parse("100..300ms").unwrap();
+        assert_eq!(
+            (r.min, r.max),
+            (Duration::from_millis(100), Duration::from_millis(300))
         );
         assert!(Delay::parse("2s..1s").is_err());
         assert!(Delay::parse("soon").is_err());

@@ -1,0 +1,329 @@
+//! End-to-end: UnionPay split simplex links (8 in / 8 out) through the switch to
+//! three channel nodes, with the UnionPay simulator on the other side.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use isoswitch::iso8583::Spec;
+use isoswitch::link::Service;
+use isoswitch::ops::config::Config;
+use isoswitch::ops::run::Switch;
+use isoswitch::sim::cups::{CupsSim, CupsSimConfig};
+use isoswitch::sim::node::{Delay, NodeSim, NodeSimConfig, Originate};
+
+const LINKS: usize = 8;
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Three nodes; with `originate`, each sends its own 0200s at that rate.
+async fn nodes(spec: &Arc<Spec>, delay: Delay, originate: Option<f64>) -> Vec<NodeSim> {
+    let mut out = Vec::new();
+    for i in 0..3u32 {
+        let mut cfg = NodeSimConfig::new(&format!("{:02}", i + 1));
+        cfg.delay = delay;
+        cfg.originate = originate.map(|rate| Originate {
+            mti: "0200".into(),
+            rate,
+            stan_base: (i + 1) * 100_000,
+            timeout: Duration::from_secs(5),
+        });
+        out.push(
+            NodeSim::start("127.0.0.1:0".parse().unwrap(), spec.clone(), cfg)
+                .await
+                .unwrap(),
+        );
+    }
+    out
+}
+
+/// A simplex service: out links to `peer`, in links on `listen`.
+fn simplex_config(
+    peer: SocketAddr,
+    listen: SocketAddr,
+    nodes: &[SocketAddr],
+    front_extra: &str,
+) -> Config {
+    let mut toml = format!(
+        "[[service]]\nname = \"unionpay\"\nspec = \"cups\"\nf37_stamp = {{ offset = 10, width = 2 }}\n\
+         [service.front]\nkind = \"simplex\"\nconnect = \"{peer}\"\nlisten = \"{listen}\"\nlinks = {LINKS}\n\
+         member_id = \"03105840\"\npeer_id = \"00010000\"\nkeepalive_idle = \"200ms\"\nsign_on_retry = \"300ms\"\n\
+         reconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n{front_extra}\n\
+         [service.back]\nconnections_per_node = 2\n[service.back.health]\ncheck = \"echo\"\ninterval = \"100ms\"\n"
+    );
+    for (i, a) in nodes.iter().enumerate() {
+        toml.push_str(&format!(
+            "[[service.back.node]]\nid = \"{:02}\"\naddress = \"{a}\"\n",
+            i + 1
+        ));
+    }
+    Config::from_toml(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"))
+}
+
+fn cups_sim_config(
+    accept: SocketAddr,
+    connect: SocketAddr,
+    rate: Option<f64>,
+    seconds: u64,
+) -> CupsSimConfig {
+    let mut c = CupsSimConfig::new(accept, connect, LINKS);
+    c.rate = rate;
+    c.duration = Duration::from_secs(seconds);
+    c.timeout = Duration::from_secs(3);
+    c.keepalive_idle = Duration::from_millis(200);
+    c
+}
+
+async fn wait_links_up(svc: &Service) {
+    let links = svc.out_links.as_ref().expect("a simplex front").clone();
+    wait_until("8 out links signed on and 8 in links up", || {
+        links.up() == (LINKS, LINKS) && links.in_stats.open.load(Ordering::Relaxed) == LINKS
+    })
+    .await;
+}
+
+struct Rig {
+    /// Node requests declined before the out links were signed on.
+    unsent_at_start: u64,
+    nodes: Vec<NodeSim>,
+    cups: CupsSim,
+    switch: Switch,
+}
+
+impl Rig {
+    async fn start(
+        node_delay: Delay,
+        originate: Option<f64>,
+        issuer_rate: Option<f64>,
+        seconds: u64,
+    ) -> Rig {
+        let spec = spec("cups");
+        let nodes = nodes(&spec, node_delay, originate).await;
+        let listen = free_addr();
+        let cups = CupsSim::start(
+            spec.clone(),
+            cups_sim_config("127.0.0.1:0".parse().unwrap(), listen, issuer_rate, seconds),
+        )
+        .await
+        .unwrap();
+        let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+        let switch = Switch::start(&simplex_config(cups.accept_addr(), listen, &addrs, ""))
+            .await
+            .unwrap();
+        wait_links_up(service(&switch)).await;
+        let unsent_at_start = service(&switch)
+            .counters
+            .node_requests_unsent
+            .load(Ordering::Relaxed);
+        Rig {
+            unsent_at_start,
+            nodes,
+            cups,
+            switch,
+        }
+    }
+
+    fn svc(&self) -> &Arc<Service> {
+        service(&self.switch)
+    }
+
+    /// Stops node-originated traffic, then waits until every node's own
+    /// requests are answered or timed out.
+    async fn settle(&self) {
+        for n in &self.nodes {
+            n.stop_originating();
+        }
+        // A request already past the flag check is sent within one tick.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        wait_until("node-originated requests settled", || {
+            self.nodes.iter().all(|n| n.outstanding() == 0)
+        })
+        .await;
+        wait_until("issuer requests settled", || self.cups.outstanding() == 0).await;
+    }
+}
+
+/// Every node-originated request came back to its own node: answered, or
+/// declined by the switch only while no out link was signed on yet.
+fn assert_nodes_got_their_own(nodes: &[NodeSim], svc: &Service, unsent_at_start: u64) {
+    let mut declined = 0;
+    for (i, n) in nodes.iter().enumerate() {
+        let s = &n.stats;
+        let sent = s.originated.load(Ordering::Relaxed);
+        let answered = s.originated_answered.load(Ordering::Relaxed);
+        declined += s.originated_declined.load(Ordering::Relaxed);
+        assert!(answered > 0, "node {i} got no answer");
+        assert_eq!(
+            s.foreign_responses.load(Ordering::Relaxed),
+            0,
+            "node {i}: a response meant for another node"
+        );
+        assert_eq!(
+            s.originated_unanswered.load(Ordering::Relaxed),
+            0,
+            "node {i}"
+        );
+        assert_eq!(
+            answered + s.originated_declined.load(Ordering::Relaxed),
+            sent,
+            "node {i}"
+        );
+    }
+    let unsent = svc.counters.node_requests_unsent.load(Ordering::Relaxed);
+    assert_eq!(
+        declined, unsent,
+        "the only declines: no out link signed on yet"
+    );
+    assert_eq!(
+        unsent, unsent_at_start,
+        "none once the links were signed on"
+    );
+}
+
+/// Node-originated 0200s come back to the node that sent them, by the F37
+/// stamp, though they return on other TCP connections; UnionPay-originated
+/// 0100s are balanced across the nodes and each answered exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_reach_their_node_and_issuer_requests_balance() {
+    let rig = Rig::start(
+        Delay::parse("0..20ms").unwrap(),
+        Some(100.0),
+        Some(300.0),
+        2,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    rig.settle().await;
+    assert_nodes_got_their_own(&rig.nodes, rig.svc(), rig.unsent_at_start);
+    let report = rig.cups.report();
+    assert!(report.sent > 300, "{report}");
+    assert_eq!(report.answered, report.sent, "{report}");
+    assert_eq!(report.mismatched, 0, "{report}");
+    assert_eq!(report.unanswered, 0, "{report}");
+    assert_eq!(
+        report.member_requests_answered, report.member_requests,
+        "{report}"
+    );
+    let per_node: Vec<u64> = (0..3).map(|i| sent(rig.svc(), i)).collect();
+    let total: u64 = per_node.iter().sum();
+    assert_eq!(total, report.sent, "every issuer request went to a node");
+    for n in &per_node {
+        assert!(
+            (*n as f64 / total as f64 - 1.0 / 3.0).abs() < 0.05,
+            "spread {per_node:?}"
+        );
+    }
+    let c = &rig.svc().counters;
+    assert_eq!(c.unroutable_responses.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        c.declined_total(),
+        c.node_requests_unsent.load(Ordering::Relaxed),
+        "declines only to node requests sent before sign-on"
+    );
+    rig.switch.stop().await;
+    rig.cups.stop().await;
+}
+
+/// Closing 3 out links and 3 in links mid-run loses nothing, and the links
+/// come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_links_mid_run_loses_nothing() {
+    let rig = Rig::start(Delay::NONE, Some(50.0), Some(200.0), 3).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(rig.cups.close_out_links(3), 3);
+    assert_eq!(rig.cups.close_in_links(3), 3);
+    tokio::time::sleep(Duration::from_millis(2400)).await;
+    rig.settle().await;
+    wait_links_up(rig.svc()).await;
+    assert_nodes_got_their_own(&rig.nodes, rig.svc(), rig.unsent_at_start);
+    let report = rig.cups.report();
+    assert_eq!(report.answered, report.sent, "{report}");
+    assert_eq!(report.unanswered + report.mismatched, 0, "{report}");
+    let links = rig.svc().out_links.as_ref().unwrap();
+    let reconnects: u64 = links
+        .stats
+        .iter()
+        .map(|s| s.connects.load(Ordering::Relaxed))
+        .sum();
+    assert!(
+        reconnects >= LINKS as u64 + 3,
+        "closed out links reconnected: {reconnects}"
+    );
+    rig.switch.stop().await;
+    rig.cups.stop().await;
+}
+
+/// A node dies with UnionPay's requests in flight: UnionPay gets the switch's
+/// declines for them, nothing goes unanswered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_node_declines_its_in_flight_issuer_requests() {
+    let mut rig = Rig::start(Delay::parse("100..300ms").unwrap(), None, Some(300.0), 2).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    rig.nodes.remove(2).stop().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    rig.settle().await;
+    let report = rig.cups.report();
+    assert!(report.declined > 0, "{report}");
+    assert_eq!(report.answered + report.declined, report.sent, "{report}");
+    assert_eq!(report.unanswered + report.mismatched, 0, "{report}");
+    let c = &rig.svc().counters;
+    assert_eq!(
+        c.declined(isoswitch::route::DeclineReason::NodeLost),
+        report.declined
+    );
+    rig.switch.stop().await;
+    rig.cups.stop().await;
+}
+
+/// Keep-alives flow both ways on idle links and never reach the nodes; the
+/// switch answers UnionPay's echo test itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalives_and_echo_are_handled_by_the_switch() {
+    let rig = Rig::start(Delay::NONE, None, None, 1).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let links = rig.svc().out_links.as_ref().unwrap().clone();
+    let ka_out: u64 = links
+        .stats
+        .iter()
+        .map(|s| s.keepalives_out.load(Ordering::Relaxed))
+        .sum();
+    assert!(
+        ka_out >= LINKS as u64,
+        "keep-alives sent on idle out links: {ka_out}"
+    );
+    assert!(rig.cups.report().keepalives_received >= LINKS as u64);
+    wait_until("keep-alives accepted on in links", || {
+        links.in_stats.keepalives_in.load(Ordering::Relaxed) > 0
+    })
+    .await;
+    assert!(rig.cups.send_echo());
+    wait_until("UnionPay's echo answered", || {
+        rig.cups.report().echo_answered == 1
+    })
+    .await;
+    assert_eq!(
+        rig.svc().counters.network_answered.load(Ordering::Relaxed),
+        1
+    );
+    // Nodes see only the switch's own health echoes: nothing from UnionPay.
+    assert_eq!(
+        rig.svc().counters.requests.load(Ordering::Relaxed),
+        0,
+        "nothing routed to the nodes"
+    );
+    assert_eq!(
+        links.sign_ons_acknowledged.load(Ordering::Relaxed),
+        LINKS as u64
+    );
+    rig.switch.stop().await;
+    rig.cups.stop().await;
+}
