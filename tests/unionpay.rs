@@ -51,12 +51,13 @@ fn simplex_config(
     peer: SocketAddr,
     listen: SocketAddr,
     nodes: &[SocketAddr],
+    links: usize,
     front_extra: &str,
 ) -> Config {
     let mut toml = format!(
         "[[service]]\nname = \"unionpay\"\nspec = \"cups\"\nf37_stamp = {{ offset = 10, width = 2 }}\n\
-         [service.front]\nkind = \"simplex\"\nconnect = \"{peer}\"\nlisten = \"{listen}\"\nlinks = {LINKS}\n\
-         member_id = \"03105840\"\npeer_id = \"00010000\"\nkeepalive_idle = \"200ms\"\nsign_on_retry = \"300ms\"\n\
+         [service.front]\nkind = \"simplex\"\nconnect = \"{peer}\"\nlisten = \"{listen}\"\nlinks = {links}\n\
+         member_id = \"03105840\"\npeer_id = \"00010000\"\nkeepalive_idle = \"200ms\"\n\
          reconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n{front_extra}\n\
          [service.back]\nconnections_per_node = 2\n[service.back.health]\ncheck = \"echo\"\ninterval = \"100ms\"\n"
     );
@@ -116,9 +117,15 @@ impl Rig {
         .await
         .unwrap();
         let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-        let switch = Switch::start(&simplex_config(cups.accept_addr(), listen, &addrs, ""))
-            .await
-            .unwrap();
+        let switch = Switch::start(&simplex_config(
+            cups.accept_addr(),
+            listen,
+            &addrs,
+            LINKS,
+            "sign_on_retry = \"300ms\"",
+        ))
+        .await
+        .unwrap();
         wait_links_up(service(&switch)).await;
         let unsent_at_start = service(&switch)
             .counters
@@ -326,4 +333,246 @@ async fn keepalives_and_echo_are_handled_by_the_switch() {
     );
     rig.switch.stop().await;
     rig.cups.stop().await;
+}
+
+/// UnionPay played by hand: accepts out links, opens in links, and lets the
+/// test decide what to answer and on which link.
+struct HandPeer {
+    addr: SocketAddr,
+    frames: tokio::sync::mpsc::UnboundedReceiver<(usize, bytes::Bytes)>,
+    in_links: Vec<tokio::net::TcpStream>,
+}
+
+impl HandPeer {
+    async fn start() -> HandPeer {
+        use futures_util::StreamExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut id = 0;
+            while let Ok((stream, _)) = listener.accept().await {
+                id += 1;
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let codec = isoswitch::wire::FrameCodec::new(
+                        isoswitch::wire::LengthPrefix::Ascii4,
+                        8192,
+                    );
+                    let mut frames = tokio_util::codec::FramedRead::new(stream, codec);
+                    while let Some(Ok(frame)) = frames.next().await {
+                        if let isoswitch::wire::Frame::Message(p) = frame {
+                            let _ = tx.send((id, p));
+                        }
+                    }
+                });
+            }
+        });
+        HandPeer {
+            addr,
+            frames,
+            in_links: Vec::new(),
+        }
+    }
+
+    async fn open_in_links(&mut self, switch_in: SocketAddr, n: usize) {
+        for _ in 0..n {
+            self.in_links
+                .push(tokio::net::TcpStream::connect(switch_in).await.unwrap());
+        }
+    }
+
+    async fn send_on(&mut self, in_link: usize, spec: &Spec, payload: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        let frame = RawClient::frame(spec, payload);
+        self.in_links[in_link].write_all(&frame).await.unwrap();
+    }
+
+    /// The next message from any out link, skipping what `skip` says.
+    async fn next_where(
+        &mut self,
+        spec: &Spec,
+        want: impl Fn(&isoswitch::iso8583::Message) -> bool,
+    ) -> (usize, bytes::Bytes) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let (link, p) = tokio::time::timeout_at(deadline, self.frames.recv())
+                .await
+                .expect("a frame from the switch in time")
+                .expect("peer open");
+            let m = isoswitch::iso8583::Message::parse(spec, p.clone()).unwrap();
+            if want(&m) {
+                return (link, p);
+            }
+        }
+    }
+}
+
+fn f70(m: &isoswitch::iso8583::Message) -> Vec<u8> {
+    m.field(70)
+        .unwrap()
+        .map(|f| f.data().to_vec())
+        .unwrap_or_default()
+}
+
+/// With per-link sign-on, each out link's first message is an 0820 sign-on;
+/// node requests are declined until UnionPay acknowledges it, then flow. On
+/// shutdown the switch signs off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_on_precedes_traffic_and_sign_off_ends_it() {
+    let spec = spec("cups");
+    let nodes = nodes(&spec, Delay::NONE, Some(50.0)).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let mut peer = HandPeer::start().await;
+    let listen = free_addr();
+    let cfg = simplex_config(peer.addr, listen, &addrs, 2, "sign_on_retry = \"10s\"");
+    let switch = Switch::start(&cfg).await.unwrap();
+    let svc = service(&switch).clone();
+    peer.open_in_links(listen, 2).await;
+
+    // The first message on each out link is its sign-on.
+    let mut sign_ons = Vec::new();
+    let mut links_seen = std::collections::HashSet::new();
+    while links_seen.len() < 2 {
+        let (link, p) = peer.next_where(&spec, |_| true).await;
+        let m = isoswitch::iso8583::Message::parse(&spec, p.clone()).unwrap();
+        assert!(
+            links_seen.insert(link),
+            "one sign-on per link, before anything else"
+        );
+        assert_eq!(m.mti().as_str(), "0820");
+        assert_eq!(f70(&m), b"001");
+        sign_ons.push(m.decode().unwrap());
+    }
+    wait_until("node requests declined while not signed on", || {
+        svc.counters.node_requests_unsent.load(Ordering::Relaxed) > 0
+    })
+    .await;
+    assert_eq!(svc.counters.node_requests.load(Ordering::Relaxed), 0);
+
+    // UnionPay acknowledges on an in link; traffic starts.
+    for req in &sign_ons {
+        let ack = spec.encode(&spec.respond(req, "00").unwrap()).unwrap();
+        peer.send_on(0, &spec, &ack).await;
+    }
+    let (_, p) = peer.next_where(&spec, |m| m.mti().as_str() == "0200").await;
+    let m = isoswitch::iso8583::Message::parse(&spec, p).unwrap();
+    let f37 = m.field(37).unwrap().unwrap();
+    assert!(
+        f37.data().ends_with(b"01") || f37.data().ends_with(b"02") || f37.data().ends_with(b"03")
+    );
+    assert_eq!(svc.out_links.as_ref().unwrap().up(), (2, 2));
+
+    for n in &nodes {
+        n.stop_originating();
+    }
+    switch.stop().await;
+    let (_, p) = peer
+        .next_where(&spec, |m| m.mti().as_str() == "0820" && f70(m) == b"002")
+        .await;
+    assert!(!p.is_empty(), "sign-off on shutdown");
+}
+
+/// Two switch instances on the same nodes, each with its own links: a
+/// response arriving at either instance reaches the node that stamped the
+/// request, with no state shared between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn either_instance_routes_a_response_to_the_stamping_node() {
+    let spec = spec("cups");
+    let nodes = nodes(&spec, Delay::NONE, Some(40.0)).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let mut peer_a = HandPeer::start().await;
+    let mut peer_b = HandPeer::start().await;
+    let (listen_a, listen_b) = (free_addr(), free_addr());
+    let no_sign_on = "sign_on = \"none\"\nsign_on_retry = \"300ms\"";
+    let a = Switch::start(&simplex_config(
+        peer_a.addr,
+        listen_a,
+        &addrs,
+        2,
+        no_sign_on,
+    ))
+    .await
+    .unwrap();
+    let b = Switch::start(&simplex_config(
+        peer_b.addr,
+        listen_b,
+        &addrs,
+        2,
+        no_sign_on,
+    ))
+    .await
+    .unwrap();
+    // UnionPay answers what instance A sends on B's in links, and vice versa.
+    peer_a.open_in_links(listen_a, 2).await;
+    peer_b.open_in_links(listen_b, 2).await;
+    let (mut via_a, mut via_b) = (0, 0);
+    while via_a < 20 || via_b < 20 {
+        tokio::select! {
+            Some((_, p)) = peer_a.frames.recv() => {
+                let m = isoswitch::iso8583::Message::parse(&spec, p).unwrap();
+                if m.mti().as_str() != "0200" { continue; }
+                let resp = isoswitch::link::decline::respond(&spec, &m, "00").unwrap();
+                peer_b.send_on(via_a % 2, &spec, &resp).await;
+                via_a += 1;
+            }
+            Some((_, p)) = peer_b.frames.recv() => {
+                let m = isoswitch::iso8583::Message::parse(&spec, p).unwrap();
+                if m.mti().as_str() != "0200" { continue; }
+                let resp = isoswitch::link::decline::respond(&spec, &m, "00").unwrap();
+                peer_a.send_on(via_b % 2, &spec, &resp).await;
+                via_b += 1;
+            }
+        }
+    }
+    for n in &nodes {
+        n.stop_originating();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Keep answering stragglers until every node has its answers.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while nodes.iter().any(|n| n.outstanding() > 0) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nodes still waiting"
+        );
+        while let Ok((_, p)) = peer_a.frames.try_recv() {
+            let m = isoswitch::iso8583::Message::parse(&spec, p).unwrap();
+            if m.mti().as_str() == "0200" {
+                let resp = isoswitch::link::decline::respond(&spec, &m, "00").unwrap();
+                peer_b.send_on(0, &spec, &resp).await;
+            }
+        }
+        while let Ok((_, p)) = peer_b.frames.try_recv() {
+            let m = isoswitch::iso8583::Message::parse(&spec, p).unwrap();
+            if m.mti().as_str() == "0200" {
+                let resp = isoswitch::link::decline::respond(&spec, &m, "00").unwrap();
+                peer_a.send_on(0, &spec, &resp).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (i, n) in nodes.iter().enumerate() {
+        let s = &n.stats;
+        assert_eq!(s.foreign_responses.load(Ordering::Relaxed), 0, "node {i}");
+        assert_eq!(
+            s.originated_unanswered.load(Ordering::Relaxed),
+            0,
+            "node {i}"
+        );
+        assert!(
+            s.originated_answered.load(Ordering::Relaxed) > 0,
+            "node {i}"
+        );
+    }
+    for sw in [&a, &b] {
+        let c = &service(sw).counters;
+        assert!(
+            c.peer_responses.load(Ordering::Relaxed) > 0,
+            "each instance routed responses"
+        );
+        assert_eq!(c.unroutable_responses.load(Ordering::Relaxed), 0);
+    }
+    a.stop().await;
+    b.stop().await;
 }
