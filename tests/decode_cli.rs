@@ -888,6 +888,30 @@ fn hex_argument_and_stdin() {
     assert!(stdout(&out).contains("keep-alive"));
 }
 
+#[test]
+fn visa_session_control_is_shown_not_decoded() {
+    let out = isoswitch(
+        &["decode", "--spec", "visa-base1", "--hex", "00022000 0102"],
+        None,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("session control"), "{text}");
+    assert!(text.contains(&kv("payload", "0102")), "{text}");
+    let out = isoswitch(
+        &[
+            "decode",
+            "--spec",
+            "visa-base1",
+            "--json",
+            "--hex",
+            "00022000 0102",
+        ],
+        None,
+    );
+    assert!(out.status.success() && out.stdout.is_empty());
+}
+
 // ---------------------------------------------------------------------------
 // Bad input
 

@@ -287,7 +287,7 @@ pub fn decode_stream(
         if split.header.session_control {
             if !opts.json {
                 frame.write_head(out, "session control")?;
-                writeln!(out, "  {:<20}{}", "payload", Hex(frame.payload))?;
+                kv(out, 2, "payload", Hex(frame.payload))?;
             }
             continue;
         }
