@@ -191,8 +191,29 @@ pub(crate) struct Span {
 }
 
 /// Finds the extent of field `def` starting at `at`, reading only its length prefix.
-#[inline]
+///
+/// A fixed field that fits is answered inline (most fields on the routing path
+/// are fixed); variable fields and every error go through [`span_var`], so the
+/// large `Result` it builds stays out of the hot loop.
+#[inline(always)]
 pub(crate) fn span(def: &FieldDef, buf: &[u8], at: usize) -> Result<Span, IsoError> {
+    if def.length_encoding.is_none() {
+        let end = at.saturating_add(def.fixed_len);
+        if end <= buf.len() {
+            return Ok(Span {
+                start: at,
+                data: at,
+                end,
+                units: def.length,
+            });
+        }
+    }
+    span_var(def, buf, at)
+}
+
+/// [`span`] for variable fields, and for every error.
+#[inline(never)]
+fn span_var(def: &FieldDef, buf: &[u8], at: usize) -> Result<Span, IsoError> {
     let (units, data, wire) = if def.length_encoding.is_none() {
         (def.length, at, def.fixed_len)
     } else {
