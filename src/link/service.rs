@@ -737,10 +737,15 @@ impl Service {
     /// The peer's 0820 (sign-on, echo, cut-over, key reset): answered 0830 F39 00
     /// by the switch on an out link, header IDs swapped.
     fn answer_network_request(&self, msg: &Message<'_>) {
-        let resp = msg
-            .decode()
-            .and_then(|d| self.spec.respond(&d, "00"))
-            .and_then(|r| self.spec.encode(&r));
+        let resp = msg.decode().and_then(|req| {
+            let mut r = self.spec.respond(&req, "00")?;
+            // Network management answers also carry the request's security
+            // control information (F53), as an 0830 does.
+            if let Some(f53) = req.get(53) {
+                r.set(53, f53.clone());
+            }
+            self.spec.encode(&r)
+        });
         match resp {
             Ok(bytes) => {
                 self.counters
