@@ -345,8 +345,12 @@ struct HandPeer {
 
 impl HandPeer {
     async fn start() -> HandPeer {
+        HandPeer::start_at("127.0.0.1:0".parse().unwrap()).await
+    }
+
+    async fn start_at(addr: SocketAddr) -> HandPeer {
         use futures_util::StreamExt;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -575,4 +579,56 @@ async fn either_instance_routes_a_response_to_the_stamping_node() {
     }
     a.stop().await;
     b.stop().await;
+}
+
+/// UnionPay's request arrives while none of our out links is up yet: the
+/// node's answer is parked and sent as soon as an out link comes up, not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_wait_for_an_out_link_instead_of_being_lost() {
+    let spec = spec("cups");
+    let nodes = nodes(&spec, Delay::NONE, None).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let (peer_addr, listen) = (free_addr(), free_addr());
+    let switch = Switch::start(&simplex_config(peer_addr, listen, &addrs, 2, ""))
+        .await
+        .unwrap();
+    let svc = service(&switch).clone();
+    wait_until("node connections up", || {
+        svc.pool.nodes().iter().all(|n| n.live_conns() == 2)
+    })
+    .await;
+
+    // In links first; nothing listens for our out links yet.
+    let mut early = HandPeer {
+        addr: peer_addr,
+        frames: tokio::sync::mpsc::unbounded_channel().1,
+        in_links: Vec::new(),
+    };
+    early.open_in_links(listen, 1).await;
+    let mut request = isoswitch::iso8583::samples::purchase(&spec);
+    request.mti = "0100".parse().unwrap();
+    early
+        .send_on(0, &spec, &spec.encode(&request).unwrap())
+        .await;
+    wait_until("the node answered", || {
+        svc.counters.answered.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    assert_eq!(svc.out_links.as_ref().unwrap().up().0, 0);
+
+    // UnionPay starts accepting: the parked answer goes out on the first link.
+    let mut peer = HandPeer::start_at(peer_addr).await;
+    let (_, p) = peer.next_where(&spec, |m| m.mti().as_str() == "0110").await;
+    let m = isoswitch::iso8583::Message::parse(&spec, p).unwrap();
+    assert_eq!(m.field(39).unwrap().unwrap().data(), b"00");
+    assert_eq!(
+        svc.out_links
+            .as_ref()
+            .unwrap()
+            .parked_sent
+            .load(Ordering::Relaxed),
+        1
+    );
+    assert_eq!(svc.counters.undeliverable.load(Ordering::Relaxed), 0);
+    switch.stop().await;
 }

@@ -204,7 +204,9 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                     .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
                 eprintln!("sim node listening on {}", node.addr);
                 let _ = tokio::signal::ctrl_c().await;
+                let stats = std::sync::Arc::clone(&node.stats);
                 node.stop().await;
+                println!("{}", crate::sim::node::summary(&stats));
                 Ok(())
             })
         }
@@ -317,8 +319,10 @@ fn fail(msg: String) -> ExitCode {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ISOSWITCH_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .try_init();
 }

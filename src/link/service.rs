@@ -149,7 +149,12 @@ impl Service {
             None => None,
         };
         let out_links = match &config.front {
-            FrontConfig::Simplex(f) => Some(Arc::new(OutLinks::new(f.links, f.sign_on, now))),
+            FrontConfig::Simplex(f) => Some(Arc::new(OutLinks::new(
+                f.links,
+                f.sign_on,
+                config.timeouts.request,
+                now,
+            ))),
             FrontConfig::Listen(_) => None,
         };
         Ok(Service {
@@ -601,7 +606,7 @@ impl Service {
         let sent = self
             .out_links
             .as_ref()
-            .is_some_and(|l| l.answer(out).is_ok());
+            .is_some_and(|l| l.answer(out, Instant::now()).is_ok());
         if !sent {
             self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(

@@ -90,14 +90,24 @@ pub struct OutLinks {
     pub in_stats: InLinkStats,
     pub sign_ons_acknowledged: AtomicU64,
     pub echoes_acknowledged: AtomicU64,
+    /// Answers to the peer waiting for an out link to come up, oldest first,
+    /// each with the time it was parked.
+    parked: Mutex<std::collections::VecDeque<(Instant, Outbound)>>,
+    /// How long a parked answer is worth sending (the peer's own timeout).
+    park_for: Duration,
+    pub parked_sent: AtomicU64,
+    pub parked_dropped: AtomicU64,
 }
+
+/// Answers parked while no out link is up, at most.
+const PARK_CAPACITY: usize = 10_000;
 
 /// No out link could take a frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NoOutLink;
 
 impl OutLinks {
-    pub fn new(links: usize, sign_on: SignOn, epoch: Instant) -> OutLinks {
+    pub fn new(links: usize, sign_on: SignOn, park_for: Duration, epoch: Instant) -> OutLinks {
         OutLinks {
             slots: (0..links).map(|_| Mutex::new(None)).collect(),
             stats: (0..links).map(|_| OutLinkStats::default()).collect(),
@@ -110,6 +120,10 @@ impl OutLinks {
             in_stats: InLinkStats::default(),
             sign_ons_acknowledged: AtomicU64::new(0),
             echoes_acknowledged: AtomicU64::new(0),
+            parked: Mutex::new(std::collections::VecDeque::new()),
+            park_for,
+            parked_sent: AtomicU64::new(0),
+            parked_dropped: AtomicU64::new(0),
         }
     }
 
@@ -161,9 +175,38 @@ impl OutLinks {
 
     /// Queues an answer to the peer (a response, a decline, an 0830) on the next
     /// out link that is up: the peer already uses the link set, so answers need
-    /// no sign-on of ours.
-    pub fn answer(&self, out: Outbound) -> Result<usize, NoOutLink> {
-        self.send_where(out, false)
+    /// no sign-on of ours. With no out link up, the answer is parked until one
+    /// comes up (bounded in count and age) rather than lost.
+    pub fn answer(&self, out: Outbound, now: Instant) -> Result<usize, NoOutLink> {
+        match self.send_where(out.clone(), false) {
+            Ok(link) => Ok(link),
+            Err(NoOutLink) => {
+                let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+                if parked.len() >= PARK_CAPACITY {
+                    return Err(NoOutLink);
+                }
+                parked.push_back((now, out));
+                Ok(usize::MAX)
+            }
+        }
+    }
+
+    /// Sends the parked answers that are still worth sending on `link`, which
+    /// just came up; drops (and counts) the stale ones.
+    fn flush_parked(&self, link: usize, now: Instant) {
+        let parked: Vec<_> = self
+            .parked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect();
+        for (at, out) in parked {
+            if now.saturating_duration_since(at) > self.park_for || !self.send_on(link, out) {
+                self.parked_dropped.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.parked_sent.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     fn send_where(&self, out: Outbound, signed_on: bool) -> Result<usize, NoOutLink> {
@@ -388,6 +431,7 @@ async fn run_out_link(
     let (stop_writer, stop_rx) = watch::channel(false);
     let mut writer = tokio::spawn(run_writer_until(write, prefix, rx, stop_rx));
     links.set_link(link, Some(tx.clone()));
+    links.flush_parked(link, Instant::now());
     tracing::info!(service = service.name(), link, "out link up");
     let mut frames = FramedRead::new(
         read,
@@ -462,7 +506,7 @@ fn requeue(service: &Service, links: &OutLinks, rest: &mut mpsc::Receiver<Outbou
         if matches!(out, Outbound::KeepAlive) {
             continue;
         }
-        if links.answer(out).is_ok() {
+        if links.answer(out, Instant::now()).is_ok() {
             moved += 1;
         } else {
             service

@@ -130,6 +130,24 @@ pub struct NodeSimStats {
     pub originated_unanswered: AtomicU64,
 }
 
+/// One line of a node's counters, as `sim node` prints them on exit.
+pub fn summary(s: &NodeSimStats) -> String {
+    let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    format!(
+        "connections {} requests {} answered {} unanswered {} bad {} | originated {} answered {} declined {} unanswered {} foreign {}",
+        get(&s.connections),
+        get(&s.requests),
+        get(&s.answered),
+        get(&s.unanswered),
+        get(&s.bad),
+        get(&s.originated),
+        get(&s.originated_answered),
+        get(&s.originated_declined),
+        get(&s.originated_unanswered),
+        get(&s.foreign_responses),
+    )
+}
+
 /// A running simulated node.
 pub struct NodeSim {
     pub addr: SocketAddr,
