@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod decode;
+pub mod demo;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,10 +28,14 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the switch on a config file.
+    /// The whole switch in one process on the embedded default config: a POS
+    /// network controller and UnionPay through three channel nodes, with a
+    /// drain, a node failure and a recovery.
+    Demo(demo::DemoArgs),
+    /// Run the switch on a config file (the embedded default without one).
     Run {
         #[arg(long)]
-        config: PathBuf,
+        config: Option<PathBuf>,
         /// Seconds between stats lines.
         #[arg(long, default_value_t = 5)]
         stats_every: u64,
@@ -131,6 +136,7 @@ pub fn main() -> ExitCode {
     init_logging();
     match cli.command {
         Command::Decode(args) => decode::run(&args),
+        Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Check { config } => match Config::load(&config) {
             Ok(cfg) => match toml::to_string_pretty(&cfg) {
@@ -146,9 +152,13 @@ pub fn main() -> ExitCode {
             config,
             stats_every,
         } => {
-            let cfg = match Config::load(&config) {
+            let loaded = match &config {
+                Some(path) => Config::load(path).map_err(|e| format!("{}: {e}", path.display())),
+                None => Config::embedded_default().map_err(|e| format!("embedded default: {e}")),
+            };
+            let cfg = match loaded {
                 Ok(c) => c,
-                Err(e) => return fail(format!("{}: {e}", config.display())),
+                Err(e) => return fail(e),
             };
             runtime(async move {
                 crate::ops::run::run_until_interrupted(

@@ -419,6 +419,65 @@ mod defaults {
     }
 }
 
+/// Applies `ISOSWITCH__A__0__B=value` overrides to a parsed config tree.
+/// Levels are separated by `__` and lower-cased; a number indexes a list
+/// (`SERVICE__0` is the first service), which the `config` crate's own
+/// environment source cannot do. Values are read as booleans or numbers when
+/// they parse as such, else as strings (durations like `5s`).
+pub fn apply_env_overrides(
+    tree: &mut serde_json::Value,
+    vars: impl Iterator<Item = (String, String)>,
+) -> Result<(), ConfigError> {
+    let prefix = format!("{ENV_PREFIX}__");
+    for (name, raw) in vars {
+        let Some(path) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        let segments: Vec<String> = path.split("__").map(str::to_ascii_lowercase).collect();
+        let key = segments.join(".");
+        let mut at = &mut *tree;
+        for seg in &segments {
+            at = match (at, seg.parse::<usize>()) {
+                (serde_json::Value::Array(items), Ok(i)) => {
+                    let len = items.len();
+                    items.get_mut(i).ok_or_else(|| {
+                        invalid(
+                            name.clone(),
+                            format!("`{key}`: index {i} is past the {len} configured"),
+                        )
+                    })?
+                }
+                (v, _) => {
+                    if !v.is_object() {
+                        *v = serde_json::Value::Object(serde_json::Map::new());
+                    }
+                    let serde_json::Value::Object(map) = v else {
+                        return Err(invalid(name.clone(), format!("`{key}` is not a table")));
+                    };
+                    map.entry(seg.clone()).or_insert(serde_json::Value::Null)
+                }
+            };
+        }
+        *at = env_value(&raw);
+    }
+    Ok(())
+}
+
+fn env_value(raw: &str) -> serde_json::Value {
+    if let Ok(b) = raw.parse::<bool>() {
+        return serde_json::Value::Bool(b);
+    }
+    if let Ok(n) = raw.parse::<i64>() {
+        return serde_json::Value::from(n);
+    }
+    if let Ok(f) = raw.parse::<f64>()
+        && raw.contains('.')
+    {
+        return serde_json::Value::from(f);
+    }
+    serde_json::Value::String(raw.to_string())
+}
+
 /// A configuration that cannot be used, naming the key.
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -439,7 +498,16 @@ fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 /// levels, e.g. `ISOSWITCH__SERVICE__0__TIMEOUTS__REQUEST=5s`.
 pub const ENV_PREFIX: &str = "ISOSWITCH";
 
+/// The embedded default configuration (`src/ops/default.toml`).
+pub const DEFAULT_TOML: &str = include_str!("default.toml");
+
 impl Config {
+    /// The embedded default: a POS service and a UnionPay service in front of
+    /// three channel nodes on 127.0.0.1 (what the demo runs).
+    pub fn embedded_default() -> Result<Config, ConfigError> {
+        Self::from_toml(DEFAULT_TOML)
+    }
+
     /// Loads a TOML file, applies environment overrides, and validates.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let source = config::File::from(path).format(config::FileFormat::Toml);
@@ -456,14 +524,13 @@ impl Config {
     where
         S: config::Source + Send + Sync + 'static,
     {
-        let env = config::Environment::with_prefix(ENV_PREFIX)
-            .separator("__")
-            .try_parsing(true);
-        let cfg: Config = config::Config::builder()
+        let mut tree: serde_json::Value = config::Config::builder()
             .add_source(source)
-            .add_source(env)
             .build()?
             .try_deserialize()?;
+        apply_env_overrides(&mut tree, std::env::vars())?;
+        let cfg: Config =
+            serde_json::from_value(tree).map_err(|e| invalid("config", e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -683,5 +750,143 @@ impl BackConfig {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[[service]]
+name = "pos"
+spec = "cup-pos"
+[service.front]
+kind = "listen"
+listen = "127.0.0.1:6000"
+[service.back]
+[[service.back.node]]
+id = "01"
+address = "127.0.0.1:7001"
+"#;
+
+    fn error_of(toml: &str) -> String {
+        match Config::from_toml(toml) {
+            Ok(_) => panic!("accepted:\n{toml}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn embedded_default_is_valid() {
+        let cfg = Config::embedded_default().unwrap();
+        assert_eq!(cfg.services.len(), 2);
+        assert!(matches!(cfg.services[1].front, FrontConfig::Simplex(_)));
+    }
+
+    #[test]
+    fn defaults_fill_in() {
+        let cfg = Config::from_toml(MINIMAL).unwrap();
+        let svc = &cfg.services[0];
+        assert_eq!(svc.back.connections_per_node, 2);
+        assert_eq!(svc.timeouts.request, Duration::from_secs(3));
+        assert_eq!(svc.correlation.tpdu_on_response, TpduPolicy::Swap);
+        let FrontConfig::Listen(l) = &svc.front else {
+            panic!("listen front")
+        };
+        assert_eq!(l.max_per_source, 64);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let dup =
+            format!("{MINIMAL}[[service.back.node]]\nid = \"01\"\naddress = \"127.0.0.1:7002\"\n");
+        assert_eq!(
+            error_of(&dup),
+            "service[0].back.node[1].id: duplicate node id `01`"
+        );
+        let bad_key = MINIMAL.replace("[service.back]", "[service.back]\nconnections_per_node = 0");
+        assert!(error_of(&bad_key).starts_with("service[0].back.connections_per_node"));
+        let no_field = format!("{MINIMAL}[service.correlation]\nkey = [\"F41\", \"F150\"]\n");
+        assert!(error_of(&no_field).contains("service[0].correlation.key[1]"));
+        let bad_part = format!("{MINIMAL}[service.correlation]\nkey = [\"nonsense\"]\n");
+        assert!(error_of(&bad_part).contains("not a key part"));
+        let unknown_spec = MINIMAL.replace("cup-pos", "no-such-spec");
+        assert!(error_of(&unknown_spec).starts_with("service[0].spec"));
+        let unknown_key =
+            MINIMAL.replace("[service.back]", "[service.back]\nconections_per_node = 2");
+        assert!(error_of(&unknown_key).contains("conections_per_node"));
+    }
+
+    #[test]
+    fn simplex_needs_an_f37_stamp_that_fits_the_node_ids() {
+        let simplex = r#"
+[[service]]
+name = "up"
+spec = "cups"
+[service.front]
+kind = "simplex"
+connect = "127.0.0.1:9001"
+listen = "127.0.0.1:9101"
+links = 2
+member_id = "03105840"
+peer_id = "00010000"
+[service.back]
+[[service.back.node]]
+id = "001"
+address = "127.0.0.1:7001"
+"#;
+        assert!(error_of(simplex).starts_with("service[0].f37_stamp"));
+        let narrow = simplex.replace(
+            "name = \"up\"",
+            "name = \"up\"\nf37_stamp = { offset = 10, width = 2 }",
+        );
+        assert!(
+            error_of(&narrow).starts_with("service[0].f37_stamp"),
+            "{}",
+            error_of(&narrow)
+        );
+        let fits = narrow.replace("id = \"001\"", "id = \"01\"");
+        assert!(Config::from_toml(&fits).is_ok());
+    }
+
+    #[test]
+    fn environment_overrides_reach_into_lists() {
+        let mut tree: serde_json::Value = toml::from_str::<serde_json::Value>(MINIMAL).unwrap();
+        let vars = [
+            ("ISOSWITCH__SERVICE__0__TIMEOUTS__REQUEST", "5s"),
+            ("ISOSWITCH__SERVICE__0__BACK__NODE__0__WEIGHT", "3"),
+            ("ISOSWITCH__SERVICE__0__BACK__CONNECTIONS_PER_NODE", "4"),
+            ("OTHER__THING", "ignored"),
+        ];
+        apply_env_overrides(
+            &mut tree,
+            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+        .unwrap();
+        let cfg: Config = serde_json::from_value(tree).unwrap();
+        let svc = &cfg.services[0];
+        assert_eq!(svc.timeouts.request, Duration::from_secs(5));
+        assert_eq!(svc.back.nodes[0].weight, 3);
+        assert_eq!(svc.back.connections_per_node, 4);
+
+        let mut tree: serde_json::Value = toml::from_str::<serde_json::Value>(MINIMAL).unwrap();
+        let past = [("ISOSWITCH__SERVICE__3__NAME".to_string(), "x".to_string())];
+        let err = apply_env_overrides(&mut tree, past.into_iter())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("ISOSWITCH__SERVICE__3__NAME") && err.contains("index 3"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn key_parts_parse_both_forms() {
+        assert_eq!(KeyPart::try_from("tpdu".to_string()), Ok(KeyPart::Tpdu));
+        assert_eq!(KeyPart::try_from("F41".to_string()), Ok(KeyPart::Field(41)));
+        assert_eq!(KeyPart::try_from("11".to_string()), Ok(KeyPart::Field(11)));
+        assert!(KeyPart::try_from("F1".to_string()).is_err());
+        assert_eq!(String::from(KeyPart::Field(7)), "F7");
     }
 }

@@ -47,32 +47,94 @@ pub struct NacReport {
     pub unanswered: u64,
     /// Uplinks that closed while the NAC was running.
     pub uplinks_lost: u64,
+    /// Latency of answered and declined requests, in microseconds.
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub max_us: u64,
 }
 
 impl std::fmt::Display for NacReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "sent {} answered {} declined {} mismatched {} unanswered {} uplinks_lost {}",
+            "sent {} answered {} declined {} mismatched {} unanswered {} uplinks_lost {} p50 {} µs p99 {} µs max {} µs",
             self.sent,
             self.answered,
             self.declined,
             self.mismatched,
             self.unanswered,
-            self.uplinks_lost
+            self.uplinks_lost,
+            self.p50_us,
+            self.p99_us,
+            self.max_us
         )
     }
 }
 
-#[derive(Debug, Default)]
-struct Counters {
-    sent: AtomicU64,
-    answered: AtomicU64,
-    declined: AtomicU64,
-    mismatched: AtomicU64,
-    unanswered: AtomicU64,
-    uplinks_lost: AtomicU64,
+/// Live counters of a running NAC (progress lines read them).
+#[derive(Debug)]
+pub struct NacCounters {
+    pub sent: AtomicU64,
+    pub answered: AtomicU64,
+    pub declined: AtomicU64,
+    pub mismatched: AtomicU64,
+    pub unanswered: AtomicU64,
+    pub uplinks_lost: AtomicU64,
+    latency_us: Mutex<hdrhistogram::Histogram<u64>>,
 }
+
+impl Default for NacCounters {
+    fn default() -> Self {
+        NacCounters {
+            sent: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
+            declined: AtomicU64::new(0),
+            mismatched: AtomicU64::new(0),
+            unanswered: AtomicU64::new(0),
+            uplinks_lost: AtomicU64::new(0),
+            // 1 µs .. 1 min at 3 significant digits: the bounds are valid.
+            latency_us: Mutex::new(
+                hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3)
+                    .unwrap_or_else(|_| unreachable!("valid histogram bounds")),
+            ),
+        }
+    }
+}
+
+impl NacCounters {
+    /// Answered and declined requests so far.
+    pub fn done(&self) -> u64 {
+        self.answered.load(Ordering::Relaxed) + self.declined.load(Ordering::Relaxed)
+    }
+
+    fn record(&self, latency: Duration) {
+        let us = u64::try_from(latency.as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let _ = self
+            .latency_us
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(us);
+    }
+
+    fn report(&self) -> NacReport {
+        let h = self.latency_us.lock().unwrap_or_else(|p| p.into_inner());
+        NacReport {
+            sent: self.sent.load(Ordering::Relaxed),
+            answered: self.answered.load(Ordering::Relaxed),
+            declined: self.declined.load(Ordering::Relaxed),
+            mismatched: self.mismatched.load(Ordering::Relaxed),
+            unanswered: self.unanswered.load(Ordering::Relaxed),
+            uplinks_lost: self.uplinks_lost.load(Ordering::Relaxed),
+            p50_us: h.value_at_quantile(0.5),
+            p99_us: h.value_at_quantile(0.99),
+            max_us: h.max(),
+        }
+    }
+}
+
+type Counters = NacCounters;
 
 /// The outcome a terminal waits for.
 enum Outcome {
@@ -99,8 +161,16 @@ struct Template {
 
 /// Runs the NAC to completion and reports.
 pub async fn run(spec: Arc<Spec>, cfg: NacSimConfig) -> std::io::Result<NacReport> {
+    run_with(spec, cfg, Arc::new(NacCounters::default())).await
+}
+
+/// [`run`], with counters the caller can watch while it runs.
+pub async fn run_with(
+    spec: Arc<Spec>,
+    cfg: NacSimConfig,
+    counters: Arc<NacCounters>,
+) -> std::io::Result<NacReport> {
     let template = template(&spec).map_err(std::io::Error::other)?;
-    let counters = Arc::new(Counters::default());
     let mut uplinks = Vec::with_capacity(cfg.uplinks);
     let mut readers = tokio::task::JoinSet::new();
     for _ in 0..cfg.uplinks.max(1) {
@@ -141,15 +211,7 @@ pub async fn run(spec: Arc<Spec>, cfg: NacSimConfig) -> std::io::Result<NacRepor
     }
     while terminals.join_next().await.is_some() {}
     readers.abort_all();
-    let c = &counters;
-    Ok(NacReport {
-        sent: c.sent.load(Ordering::Relaxed),
-        answered: c.answered.load(Ordering::Relaxed),
-        declined: c.declined.load(Ordering::Relaxed),
-        mismatched: c.mismatched.load(Ordering::Relaxed),
-        unanswered: c.unanswered.load(Ordering::Relaxed),
-        uplinks_lost: c.uplinks_lost.load(Ordering::Relaxed),
-    })
+    Ok(counters.report())
 }
 
 struct Terminal {
@@ -222,7 +284,12 @@ async fn run_terminal(
             return;
         }
         counters.sent.fetch_add(1, Ordering::Relaxed);
-        let counter = match tokio::time::timeout(timeout, outcome).await {
+        let sent_at = Instant::now();
+        let outcome = tokio::time::timeout(timeout, outcome).await;
+        if let Ok(Ok(Outcome::Answered | Outcome::Declined)) = &outcome {
+            counters.record(sent_at.elapsed());
+        }
+        let counter = match outcome {
             Ok(Ok(Outcome::Answered)) => &counters.answered,
             Ok(Ok(Outcome::Declined)) => &counters.declined,
             Ok(Ok(Outcome::Mismatched)) => &counters.mismatched,

@@ -1,0 +1,410 @@
+//! `isoswitch demo`: the whole switch on 127.0.0.1 in one process, on the
+//! embedded default config. A simulated POS network controller (2 uplinks,
+//! 200 terminals) and a simulated UnionPay (8 in / 8 out links) send traffic
+//! through the switch to three channel nodes; at one third a node is drained,
+//! at two thirds another is killed and brought back. One progress line a
+//! second, a summary at the end, and a non-zero exit status if any request
+//! went unanswered or was answered twice.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::iso8583::Spec;
+use crate::link::Service;
+use crate::ops::config::{Config, FrontConfig};
+use crate::ops::run::Switch;
+use crate::route::{AdminState, DeclineReason};
+use crate::sim::cups::{CupsReport, CupsSim, CupsSimConfig};
+use crate::sim::nac::{self, NacCounters, NacReport, NacSimConfig};
+use crate::sim::node::{NodeSim, NodeSimConfig, Originate};
+
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Seconds of traffic.
+    #[arg(long, default_value_t = 15)]
+    pub seconds: u64,
+}
+
+const NODES: usize = 3;
+const POS_RATE: f64 = 600.0;
+const ISSUER_RATE: f64 = 150.0;
+const NODE_ORIGINATE_RATE: f64 = 20.0;
+
+pub fn run(args: &DemoArgs) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("isoswitch demo: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(demo(args.seconds.max(3))) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("isoswitch demo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One channel node serving both channels: a POS port and a UnionPay port.
+struct ChannelNode {
+    id: String,
+    pos: Option<NodeSim>,
+    cups: Option<NodeSim>,
+    pos_addr: SocketAddr,
+    cups_addr: SocketAddr,
+    /// Counters of its UnionPay side, kept across a restart.
+    cups_stats: Vec<Arc<crate::sim::node::NodeSimStats>>,
+}
+
+impl ChannelNode {
+    async fn start(
+        i: usize,
+        pos_spec: &Arc<Spec>,
+        cups_spec: &Arc<Spec>,
+        at: Option<(SocketAddr, SocketAddr)>,
+    ) -> Result<ChannelNode, String> {
+        let id = format!("{:02}", i + 1);
+        let any: SocketAddr = "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?;
+        let (pos_at, cups_at) = at.unwrap_or((any, any));
+        let pos = NodeSim::start(pos_at, pos_spec.clone(), Self::pos_config(&id))
+            .await
+            .map_err(|e| e.to_string())?;
+        let cups = NodeSim::start(cups_at, cups_spec.clone(), Self::cups_config(&id, i))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(ChannelNode {
+            pos_addr: pos.addr,
+            cups_addr: cups.addr,
+            cups_stats: vec![Arc::clone(&cups.stats)],
+            pos: Some(pos),
+            cups: Some(cups),
+            id,
+        })
+    }
+
+    fn pos_config(id: &str) -> NodeSimConfig {
+        let mut c = NodeSimConfig::new(id);
+        c.delay =
+            crate::sim::node::Delay::parse("0..20ms").unwrap_or(crate::sim::node::Delay::NONE);
+        c
+    }
+
+    fn cups_config(id: &str, i: usize) -> NodeSimConfig {
+        let mut c = Self::pos_config(id);
+        c.originate = Some(Originate {
+            mti: "0200".into(),
+            rate: NODE_ORIGINATE_RATE,
+            stan_base: (i as u32 + 1) * 100_000,
+            timeout: Duration::from_secs(5),
+        });
+        c
+    }
+
+    async fn kill(&mut self) {
+        if let Some(n) = self.pos.take() {
+            n.stop().await;
+        }
+        if let Some(n) = self.cups.take() {
+            n.stop().await;
+        }
+    }
+
+    async fn revive(
+        &mut self,
+        i: usize,
+        pos_spec: &Arc<Spec>,
+        cups_spec: &Arc<Spec>,
+    ) -> Result<(), String> {
+        let again = ChannelNode::start(
+            i,
+            pos_spec,
+            cups_spec,
+            Some((self.pos_addr, self.cups_addr)),
+        )
+        .await?;
+        self.cups_stats.extend(again.cups_stats);
+        self.pos = again.pos;
+        self.cups = again.cups;
+        Ok(())
+    }
+
+    fn stop_originating(&self) {
+        if let Some(n) = &self.cups {
+            n.stop_originating();
+        }
+    }
+
+    fn outstanding(&self) -> usize {
+        self.cups.as_ref().map_or(0, |n| n.outstanding())
+    }
+
+    /// (originated, answered, declined, unanswered, foreign) over its lives.
+    fn own_requests(&self) -> [u64; 5] {
+        let mut t = [0u64; 5];
+        for s in &self.cups_stats {
+            let v = [
+                &s.originated,
+                &s.originated_answered,
+                &s.originated_declined,
+                &s.originated_unanswered,
+                &s.foreign_responses,
+            ];
+            for (slot, c) in t.iter_mut().zip(v) {
+                *slot += c.load(Ordering::Relaxed);
+            }
+        }
+        t
+    }
+}
+
+async fn demo(seconds: u64) -> Result<bool, String> {
+    let pos_spec = Arc::new(Spec::resolve("cup-pos").map_err(|e| e.to_string())?);
+    let cups_spec = Arc::new(Spec::resolve("cups").map_err(|e| e.to_string())?);
+    let mut nodes = Vec::new();
+    for i in 0..NODES {
+        nodes.push(ChannelNode::start(i, &pos_spec, &cups_spec, None).await?);
+    }
+    // The embedded default, on free ports so the demo runs beside anything.
+    let mut cfg = Config::embedded_default().map_err(|e| e.to_string())?;
+    let peer_accept = free_port()?;
+    place(&mut cfg, &nodes, peer_accept)?;
+    let switch = Switch::start(&cfg).await.map_err(|e| e.to_string())?;
+    let (pos, unionpay) = match (switch.service("pos"), switch.service("unionpay")) {
+        (Some(p), Some(u)) => (Arc::clone(p), Arc::clone(u)),
+        _ => return Err("the embedded config lacks its services".into()),
+    };
+    let pos_front = switch.services[0].front_addr;
+    let in_links = switch.services[1].front_addr;
+    let mut cups_cfg = CupsSimConfig::new(peer_accept, in_links, 8);
+    cups_cfg.rate = Some(ISSUER_RATE);
+    cups_cfg.duration = Duration::from_secs(seconds);
+    cups_cfg.timeout = Duration::from_secs(3);
+    let cups = CupsSim::start(cups_spec.clone(), cups_cfg)
+        .await
+        .map_err(|e| e.to_string())?;
+    wait_ready(&pos, &unionpay).await?;
+
+    println!(
+        "isoswitch demo: POS NAC (2 uplinks, 200 terminals, {POS_RATE} req/s) and UnionPay (8 in / 8 out, {ISSUER_RATE} req/s) through the switch to {NODES} channel nodes, {seconds} s"
+    );
+    let nac_counters = Arc::new(NacCounters::default());
+    let nac = tokio::spawn(nac::run_with(
+        pos_spec.clone(),
+        NacSimConfig {
+            target: pos_front,
+            nac_id: 1,
+            uplinks: 2,
+            terminals: 200,
+            rate: Some(POS_RATE),
+            duration: Duration::from_secs(seconds),
+            timeout: Duration::from_secs(3),
+        },
+        Arc::clone(&nac_counters),
+    ));
+
+    let services = [&pos, &unionpay];
+    let (drain_at, kill_at) = (seconds / 3, 2 * seconds / 3);
+    let revive_at = kill_at + (seconds - kill_at) / 2;
+    let mut last = Snapshot::take(&services);
+    let started = Instant::now();
+    for t in 1..=seconds {
+        tokio::time::sleep_until((started + Duration::from_secs(t)).into()).await;
+        let now = Snapshot::take(&services);
+        println!("{}", progress_line(t, &last, &now, &services));
+        last = now;
+        if t == drain_at {
+            println!("== t={t}s: draining node 02 (no new requests; in-flight ones finish)");
+            for s in &services {
+                s.set_node_admin(1, AdminState::Drain, Instant::now());
+            }
+        } else if t == kill_at {
+            println!(
+                "== t={t}s: killing node 03 (its in-flight requests get declines; clients stay connected)"
+            );
+            nodes[2].kill().await;
+        } else if t == revive_at {
+            println!("== t={t}s: node 03 is back (rejoins after its health checks pass)");
+            nodes[2].revive(2, &pos_spec, &cups_spec).await?;
+        }
+    }
+
+    let nac_report = nac
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    for n in &nodes {
+        n.stop_originating();
+    }
+    let settle_until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < settle_until
+        && (cups.outstanding() > 0 || nodes.iter().any(|n| n.outstanding() > 0))
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cups_report = cups.stop().await;
+    let ok = summary(&nodes, &services, &nac_report, &cups_report);
+    switch.stop().await;
+    for n in &mut nodes {
+        n.kill().await;
+    }
+    Ok(ok)
+}
+
+/// Points the embedded config at the demo's nodes and free ports.
+fn place(cfg: &mut Config, nodes: &[ChannelNode], peer_accept: SocketAddr) -> Result<(), String> {
+    let any: SocketAddr = "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?;
+    for svc in &mut cfg.services {
+        let pos = matches!(svc.front, FrontConfig::Listen(_));
+        for (node, n) in svc.back.nodes.iter_mut().zip(nodes) {
+            node.address = if pos { n.pos_addr } else { n.cups_addr };
+        }
+        match &mut svc.front {
+            FrontConfig::Listen(l) => l.listen = any,
+            FrontConfig::Simplex(s) => {
+                s.listen = any;
+                s.connect = peer_accept;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn free_port() -> Result<SocketAddr, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    l.local_addr().map_err(|e| e.to_string())
+}
+
+async fn wait_ready(pos: &Service, unionpay: &Service) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let nodes_up = [pos, unionpay]
+            .iter()
+            .all(|s| s.pool.nodes().iter().all(|n| n.live_conns() > 0));
+        let links = unionpay.out_links.as_ref().map_or((0, 0), |l| l.up());
+        if nodes_up && links.1 == 8 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "not ready after 10 s: nodes up {nodes_up}, UnionPay links {links:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Cumulative counters at one instant.
+struct Snapshot {
+    /// Requests routed to each node, both services.
+    per_node: [u64; NODES],
+    messages: u64,
+}
+
+impl Snapshot {
+    fn take(services: &[&Arc<Service>]) -> Snapshot {
+        let mut per_node = [0u64; NODES];
+        let mut messages = 0;
+        for s in services {
+            for (slot, n) in per_node.iter_mut().zip(s.pool.nodes()) {
+                *slot += n.counters.sent.load(Ordering::Relaxed);
+            }
+            let c = &s.counters;
+            messages +=
+                c.requests.load(Ordering::Relaxed) + c.node_requests.load(Ordering::Relaxed);
+        }
+        Snapshot { per_node, messages }
+    }
+}
+
+fn progress_line(t: u64, last: &Snapshot, now: &Snapshot, services: &[&Arc<Service>]) -> String {
+    let delta: Vec<u64> = now
+        .per_node
+        .iter()
+        .zip(last.per_node)
+        .map(|(a, b)| a - b)
+        .collect();
+    let total: u64 = delta.iter().sum::<u64>().max(1);
+    let share: Vec<String> = delta
+        .iter()
+        .enumerate()
+        .map(|(i, d)| format!("{:02} {:>3}%", i + 1, d * 100 / total))
+        .collect();
+    let in_flight: usize = services.iter().map(|s| s.in_flight()).sum();
+    let declines: u64 = services.iter().map(|s| s.counters.declined_total()).sum();
+    format!(
+        "t={t:>3}s  {:>6} msg/s  in flight {:>4}  share [{}]  declines {declines}",
+        now.messages - last.messages,
+        in_flight,
+        share.join("  ")
+    )
+}
+
+/// Prints the summary; true when nothing was lost and nothing doubled.
+fn summary(
+    nodes: &[ChannelNode],
+    services: &[&Arc<Service>; 2],
+    nac: &NacReport,
+    cups: &CupsReport,
+) -> bool {
+    let [pos, unionpay] = services;
+    println!("\n== summary");
+    println!("node   POS requests   UnionPay requests   own requests (answered/declined)");
+    for (i, n) in nodes.iter().enumerate() {
+        let sent = |s: &Service| s.pool.nodes()[i].counters.sent.load(Ordering::Relaxed);
+        let own = n.own_requests();
+        println!(
+            "{:<6} {:>12}   {:>17}   {:>6} ({}/{})",
+            n.id,
+            sent(pos),
+            sent(unionpay),
+            own[0],
+            own[1],
+            own[2]
+        );
+    }
+    println!("\nPOS NAC      {nac}");
+    println!(
+        "UnionPay     issuer sent {} answered {} declined {} mismatched {} unanswered {} | member requests {} answered {}",
+        cups.sent,
+        cups.answered,
+        cups.declined,
+        cups.mismatched,
+        cups.unanswered,
+        cups.member_requests,
+        cups.member_requests_answered
+    );
+    let own: [u64; 5] = nodes
+        .iter()
+        .map(ChannelNode::own_requests)
+        .fold([0; 5], |mut acc, o| {
+            for (a, b) in acc.iter_mut().zip(o) {
+                *a += b;
+            }
+            acc
+        });
+    println!(
+        "nodes' own   sent {} answered {} declined {} unanswered {} foreign {}",
+        own[0], own[1], own[2], own[3], own[4]
+    );
+    let reasons: Vec<String> = DeclineReason::ALL
+        .iter()
+        .map(|&r| {
+            let n: u64 = services.iter().map(|s| s.counters.declined(r)).sum();
+            format!("{} {n}", r.as_str())
+        })
+        .collect();
+    println!("declines     {}", reasons.join(", "));
+    let lost = nac.unanswered + cups.unanswered + own[3];
+    let doubled = nac.mismatched + cups.mismatched + own[4];
+    println!("lost = {lost}, answered twice or crossed = {doubled}");
+    lost == 0 && doubled == 0
+}
