@@ -33,24 +33,20 @@ fn demo_runs_to_a_clean_summary() {
 
 #[test]
 fn example_configs_check_and_print_defaults() {
-    let out = Command::new(env!("CARGO_BIN_EXE_isoswitch"))
-        .args(["check", "--config", "examples/unionpay.toml"])
-        .output()
-        .expect("run check");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = Command::new(env!("CARGO_BIN_EXE_isoswitch"))
-        .args(["check", "--config", "examples/pos-nac.toml"])
-        .output()
-        .expect("run check");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let check = |file: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_isoswitch"))
+            .args(["check", "--config", file])
+            .output()
+            .expect("run check");
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    check("examples/unionpay.toml");
+    let out = check("examples/pos-nac.toml");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("tpdu_on_response = \"swap\""),

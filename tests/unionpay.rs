@@ -412,6 +412,12 @@ impl HandPeer {
     }
 }
 
+/// UnionPay's approval of a member 0200; None for anything else.
+fn answer_0200(spec: &Spec, payload: bytes::Bytes) -> Option<bytes::Bytes> {
+    let m = isoswitch::iso8583::Message::parse(spec, payload).ok()?;
+    (m.mti().as_str() == "0200").then(|| isoswitch::link::decline::respond(spec, &m, "00").unwrap())
+}
+
 fn f70(m: &isoswitch::iso8583::Message) -> Vec<u8> {
     m.field(70)
         .unwrap()
@@ -514,16 +520,12 @@ async fn either_instance_routes_a_response_to_the_stamping_node() {
     while via_a < 20 || via_b < 20 {
         tokio::select! {
             Some((_, p)) = peer_a.frames.recv() => {
-                let m = isoswitch::iso8583::Message::parse(&spec, p).unwrap();
-                if m.mti().as_str() != "0200" { continue; }
-                let resp = isoswitch::link::decline::respond(&spec, &m, "00").unwrap();
+                let Some(resp) = answer_0200(&spec, p) else { continue };
                 peer_b.send_on(via_a % 2, &spec, &resp).await;
                 via_a += 1;
             }
             Some((_, p)) = peer_b.frames.recv() => {
-                let m = isoswitch::iso8583::Message::parse(&spec, p).unwrap();
-                if m.mti().as_str() != "0200" { continue; }
-                let resp = isoswitch::link::decline::respond(&spec, &m, "00").unwrap();
+                let Some(resp) = answer_0200(&spec, p) else { continue };
                 peer_a.send_on(via_b % 2, &spec, &resp).await;
                 via_b += 1;
             }
@@ -541,16 +543,12 @@ async fn either_instance_routes_a_response_to_the_stamping_node() {
             "nodes still waiting"
         );
         while let Ok((_, p)) = peer_a.frames.try_recv() {
-            let m = isoswitch::iso8583::Message::parse(&spec, p).unwrap();
-            if m.mti().as_str() == "0200" {
-                let resp = isoswitch::link::decline::respond(&spec, &m, "00").unwrap();
+            if let Some(resp) = answer_0200(&spec, p) {
                 peer_b.send_on(0, &spec, &resp).await;
             }
         }
         while let Ok((_, p)) = peer_b.frames.try_recv() {
-            let m = isoswitch::iso8583::Message::parse(&spec, p).unwrap();
-            if m.mti().as_str() == "0200" {
-                let resp = isoswitch::link::decline::respond(&spec, &m, "00").unwrap();
+            if let Some(resp) = answer_0200(&spec, p) {
                 peer_a.send_on(0, &spec, &resp).await;
             }
         }

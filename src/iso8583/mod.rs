@@ -12,6 +12,7 @@
 //!   spec unless explicitly revealed ([`Shown::reveal`]).
 
 mod codec;
+mod datetime;
 mod decoded;
 mod error;
 mod mask;
@@ -22,6 +23,7 @@ pub mod samples;
 mod spec;
 
 pub use codec::ebcdic;
+pub use datetime::{civil_from_days, transmission_date_time};
 pub use decoded::{Decoded, ShownMessage, Value};
 pub use error::{IsoError, SpecError};
 pub use mask::Shown;

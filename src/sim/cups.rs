@@ -32,7 +32,7 @@ use tokio_util::codec::FramedRead;
 
 use crate::iso8583::{Decoded, Message, Mti, Spec, samples};
 use crate::link::writer::{Outbound, Patch, run_writer};
-use crate::sim::node::{Delay, next_u64};
+use crate::sim::node::{Delay, seed};
 use crate::wire::{Frame, FrameCodec};
 
 /// UnionPay's institution ID (header source of what it sends, F33).
@@ -631,7 +631,7 @@ impl Shared {
         let delay = if network {
             Duration::ZERO
         } else {
-            sample(self.cfg.delay, rng)
+            self.cfg.delay.sample(rng)
         };
         if delay.is_zero() {
             self.deliver(response, answered);
@@ -1079,33 +1079,9 @@ fn transmission_time() -> [u8; 10] {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let (_, month, day) = civil_from_days(secs / 86_400);
-    let rem = secs % 86_400;
-    let mut out = [b'0'; 10];
-    write_digits(&mut out[0..2], month);
-    write_digits(&mut out[2..4], day);
-    write_digits(&mut out[4..6], rem / 3600);
-    write_digits(&mut out[6..8], rem / 60 % 60);
-    write_digits(&mut out[8..10], rem % 60);
-    out
+    crate::iso8583::transmission_date_time(secs)
 }
 
-/// Year, month (1..=12), day (1..=31) of a count of days since 1970-01-01
-/// (H. Hinnant's `civil_from_days`).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    (year, month, day)
-}
-
-/// Writes `v` as zero-padded decimal digits filling `out` (high digits dropped).
 fn write_digits(out: &mut [u8], mut v: u64) {
     for b in out.iter_mut().rev() {
         *b = b'0' + (v % 10) as u8;
@@ -1113,34 +1089,12 @@ fn write_digits(out: &mut [u8], mut v: u64) {
     }
 }
 
-/// A uniformly random delay within `delay`.
-fn sample(delay: Delay, rng: &mut u64) -> Duration {
-    if delay.max <= delay.min {
-        return delay.min;
-    }
-    let span = u64::try_from((delay.max - delay.min).as_micros()).unwrap_or(u64::MAX);
-    delay.min + Duration::from_micros(next_u64(rng) % span.saturating_add(1))
-}
-
-fn seed() -> u64 {
-    static COUNTER: AtomicU64 = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let mut s = (t ^ COUNTER.fetch_add(0x6A09_E667_F3BC_C909, Ordering::Relaxed)) | 1;
-    next_u64(&mut s)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn civil_dates() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        // 2024-02-29 is day 19782.
-        assert_eq!(civil_from_days(19_782), (2024, 2, 29));
-        assert_eq!(civil_from_days(19_783), (2024, 3, 1));
+    fn transmission_time_is_ten_digits() {
         let f7 = transmission_time();
         assert!(f7.iter().all(u8::is_ascii_digit));
     }

@@ -66,12 +66,13 @@ impl Delay {
         }
     }
 
-    fn sample(&self, rng: &mut u64) -> Duration {
+    /// A uniformly random delay within the range.
+    pub fn sample(&self, rng: &mut u64) -> Duration {
         if self.max <= self.min {
             return self.min;
         }
         let span = u64::try_from((self.max - self.min).as_micros()).unwrap_or(u64::MAX);
-        self.min + Duration::from_micros(next_u64(rng) % (span + 1))
+        self.min + Duration::from_micros(next_u64(rng) % span.saturating_add(1))
     }
 }
 
@@ -414,7 +415,8 @@ impl NodeSim {
     }
 }
 
-fn seed() -> u64 {
+/// A seed for simulation randomness, different per call.
+pub(crate) fn seed() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
