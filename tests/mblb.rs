@@ -502,3 +502,47 @@ async fn disabling_a_node_declines_its_in_flight_at_once() {
     );
     switch.stop().await;
 }
+
+/// A client that starts a frame and stalls is closed after the partial-frame
+/// timeout; a silent client after the idle timeout; keep-alives keep an idle
+/// client open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partial_frame_and_idle_timeouts_close_only_their_client() {
+    let spec = spec("cup-pos");
+    let nodes = start_nodes(&spec, 1, Delay::NONE).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let front_extra = "idle_timeout = \"600ms\"\npartial_frame_timeout = \"200ms\"";
+    let switch = start_switch(&config("cup-pos", &addrs, front_extra, "", "")).await;
+    let target = front(&switch);
+
+    let mut stalled = RawClient::connect(target, &spec).await;
+    stalled.send_raw(&[0x00, 0x40, 0x60, 0x00]).await; // 64 bytes announced, 2 sent
+    let mut silent = RawClient::connect(target, &spec).await;
+    let mut chatty = RawClient::connect(target, &spec).await;
+    let started = std::time::Instant::now();
+    let keep_alives = async {
+        for _ in 0..8 {
+            chatty.send_raw(&[0x00, 0x00]).await;
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        chatty
+    };
+    let (stalled_closed, silent_closed, mut chatty) = tokio::join!(
+        stalled.closed_by_peer(),
+        silent.closed_by_peer(),
+        keep_alives
+    );
+    assert!(stalled_closed && silent_closed);
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "the silent client had its full idle time"
+    );
+    // The chatty client is still served.
+    let request = isoswitch::sim::sample_request(&spec, "0200").unwrap();
+    chatty.send_raw(&RawClient::frame(&spec, &request)).await;
+    assert!(
+        chatty.recv().await.is_some(),
+        "keep-alives kept the link open"
+    );
+    switch.stop().await;
+}

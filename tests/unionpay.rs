@@ -630,3 +630,53 @@ async fn answers_wait_for_an_out_link_instead_of_being_lost() {
     assert_eq!(svc.counters.undeliverable.load(Ordering::Relaxed), 0);
     switch.stop().await;
 }
+
+/// With `rebuild_group`, one broken out link rebuilds them all; an in link
+/// silent past `in_link_silence` is closed by the switch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_rebuild_and_in_link_silence() {
+    use tokio::io::AsyncReadExt;
+    let spec = spec("cups");
+    let nodes = nodes(&spec, Delay::NONE, None).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let listen = free_addr();
+    let mut cups_cfg = cups_sim_config("127.0.0.1:0".parse().unwrap(), listen, None, 5);
+    cups_cfg.links = 4;
+    let cups = CupsSim::start(spec.clone(), cups_cfg).await.unwrap();
+    let extra = "rebuild_group = true\nsign_on = \"none\"\nin_link_silence = \"400ms\"";
+    let switch = Switch::start(&simplex_config(
+        cups.accept_addr(),
+        listen,
+        &addrs,
+        4,
+        extra,
+    ))
+    .await
+    .unwrap();
+    let svc = service(&switch).clone();
+    let links = svc.out_links.as_ref().unwrap().clone();
+    let connects = || {
+        links
+            .stats
+            .iter()
+            .map(|s| s.connects.load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    wait_until("4 out links up", || links.up().0 == 4).await;
+    assert_eq!(connects(), 4);
+    assert_eq!(cups.close_out_links(1), 1);
+    wait_until("the whole group rebuilt", || {
+        connects() >= 8 && links.up().0 == 4
+    })
+    .await;
+
+    // An in link of our own that never speaks: closed for silence. (The
+    // simulator's in links send keep-alives and stay.)
+    let mut mute = tokio::net::TcpStream::connect(listen).await.unwrap();
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(3), mute.read(&mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "closed: {read:?}");
+    assert!(links.in_stats.closed_silent.load(Ordering::Relaxed) >= 1);
+    switch.stop().await;
+    cups.stop().await;
+}
