@@ -546,3 +546,70 @@ async fn partial_frame_and_idle_timeouts_close_only_their_client() {
     );
     switch.stop().await;
 }
+
+/// A graceful stop: requests in flight still get their node's answers, a
+/// request arriving during the stop gets the shutdown decline, new clients are
+/// refused, and only then do the links close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_stop_answers_in_flight_and_declines_new_requests() {
+    let spec = spec("cup-pos");
+    let nodes = start_nodes(&spec, 2, Delay::parse("400ms").unwrap()).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    // TCP checks: no echo requests among what the nodes count.
+    let back = "[service.back.health]\ncheck = \"tcp\"";
+    let switch = start_switch(&config("cup-pos", &addrs, "", back, "")).await;
+    let svc = service(&switch).clone();
+    let target = front(&switch);
+    wait_connected(&svc, 2).await;
+
+    let mut d = isoswitch::iso8583::samples::purchase(&spec);
+    let mut client = RawClient::connect(target, &spec).await;
+    for stan in ["000001", "000002", "000003"] {
+        d.set_text(11, stan);
+        client
+            .send_raw(&RawClient::frame(&spec, &spec.encode(&d).unwrap()))
+            .await;
+    }
+    wait_until("three requests at the nodes", || {
+        nodes
+            .iter()
+            .map(|n| n.stats.requests.load(Ordering::Relaxed))
+            .sum::<u64>()
+            >= 3
+    })
+    .await;
+    let stopping = tokio::spawn(switch.stop());
+    wait_until("draining", || svc.is_draining()).await;
+    let mut newcomer = RawClient::connect(target, &spec).await;
+    assert!(
+        newcomer.closed_by_peer().await,
+        "no new clients while stopping"
+    );
+    d.set_text(11, "000004");
+    client
+        .send_raw(&RawClient::frame(&spec, &spec.encode(&d).unwrap()))
+        .await;
+    let mut answers = std::collections::BTreeMap::new();
+    for _ in 0..4 {
+        let m =
+            Message::parse(&spec, client.recv().await.expect("an answer before close")).unwrap();
+        let f11 = m.field(11).unwrap().unwrap().show().to_string();
+        let f39 = m.field(39).unwrap().unwrap().data().to_vec();
+        answers.insert(f11, f39);
+    }
+    let expect: std::collections::BTreeMap<String, Vec<u8>> = [
+        ("000001", b"00"),
+        ("000002", b"00"),
+        ("000003", b"00"),
+        ("000004", b"91"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_vec()))
+    .collect();
+    assert_eq!(
+        answers, expect,
+        "in-flight answered by the node, the late one declined"
+    );
+    assert!(client.closed_by_peer().await, "links close at the end");
+    stopping.await.unwrap();
+}

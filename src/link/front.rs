@@ -104,6 +104,15 @@ pub async fn serve(
                 continue;
             }
         };
+        if service.is_draining() {
+            // Shutting down: no new clients.
+            service
+                .counters
+                .clients_refused
+                .fetch_add(1, Ordering::Relaxed);
+            drop(stream);
+            continue;
+        }
         match admit(&front, &table, peer.ip()) {
             Ok(slot) => {
                 service

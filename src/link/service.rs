@@ -103,6 +103,8 @@ pub struct Service {
     next_conn_id: AtomicU64,
     next_stan: AtomicU64,
     started: Instant,
+    /// Shutting down: new requests are declined, answers still flow.
+    draining: std::sync::atomic::AtomicBool,
     /// Simplex fronts: the out links every outbound frame can use.
     pub out_links: Option<Arc<OutLinks>>,
     /// The F37 node stamps, when configured.
@@ -168,6 +170,7 @@ impl Service {
             next_conn_id: AtomicU64::new(1),
             next_stan: AtomicU64::new(1),
             started: now,
+            draining: std::sync::atomic::AtomicBool::new(false),
             out_links,
             stamps,
         })
@@ -184,6 +187,28 @@ impl Service {
     /// A process-unique connection ID.
     pub fn next_conn_id(&self) -> u64 {
         self.next_conn_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Starts a graceful shutdown: from now on new requests get the `shutdown`
+    /// decline at once, while those in flight still get their node's answer.
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Declines every request still in flight with the `shutdown` code (the
+    /// end of a graceful shutdown). Returns how many.
+    pub fn decline_all(&self, now: Instant) -> usize {
+        let mut left = Vec::new();
+        self.lock().drain(now, &mut left);
+        let n = left.len();
+        for (_, p) in left {
+            self.fail(p, DeclineReason::Shutdown, now);
+        }
+        n
     }
 
     /// A STAN for a switch-made message.
@@ -237,6 +262,10 @@ impl Service {
     ) -> Result<(), String> {
         let key = self.key_of(msg)?;
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        if self.is_draining() {
+            self.decline(origin, msg.payload(), DeclineReason::Shutdown);
+            return Ok(());
+        }
         if let Err((origin, refusal)) = self.dispatch(msg, key, origin, now) {
             self.decline(origin, msg.payload(), refusal.reason);
         }

@@ -70,8 +70,45 @@ impl Switch {
             .find(|s| s.name() == name)
     }
 
-    /// Stops every task: listeners close, node connections close.
-    pub async fn stop(mut self) {
+    /// Stops gracefully: new requests are declined with the `shutdown` code at
+    /// once while those in flight get their answers, for at most the longest
+    /// request timeout of any service; what is still in flight then is declined
+    /// too; then links sign off and close. Every request accepted gets exactly
+    /// one answer, shutdown included.
+    pub async fn stop(self) {
+        let grace = self
+            .services
+            .iter()
+            .map(|r| r.service.config.timeouts.request)
+            .max()
+            .unwrap_or_default();
+        self.stop_within(grace).await;
+    }
+
+    /// [`Switch::stop`] with an explicit grace period.
+    pub async fn stop_within(mut self, grace: Duration) {
+        for r in &self.services {
+            r.service.begin_drain();
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.services.iter().any(|r| r.service.in_flight() > 0)
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let now = std::time::Instant::now();
+        for r in &self.services {
+            let declined = r.service.decline_all(now);
+            if declined > 0 {
+                tracing::warn!(
+                    service = r.service.name(),
+                    declined,
+                    "in flight at the end of the grace period: declined"
+                );
+            }
+        }
+        // Let the writers flush the last answers before the links close.
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let _ = self.shutdown.send(true);
         let deadline = tokio::time::sleep(Duration::from_secs(2));
         tokio::pin!(deadline);
@@ -130,9 +167,23 @@ pub async fn run_until_interrupted(
                 }
             }
             _ = tokio::signal::ctrl_c() => break,
+            _ = terminated() => break,
         }
     }
-    tracing::info!("shutting down");
+    tracing::info!("shutting down: declining new requests, answering those in flight");
     switch.stop().await;
     Ok(())
+}
+
+/// SIGTERM (what service managers send), on Unix; never elsewhere.
+async fn terminated() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            term.recv().await;
+            return;
+        }
+    }
+    std::future::pending::<()>().await
 }
