@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod decode;
+pub mod load;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -45,6 +46,9 @@ pub enum Command {
     /// Measure the load generator direct to a node, through HAProxy (if
     /// installed) and through isoswitch, in one run.
     Bench(bench::BenchArgs),
+    /// Drive load at an address (a node, the switch, a proxy) and report
+    /// throughput and latency.
+    Load(load::LoadArgs),
     /// Simulators: channel node, POS network controller, UnionPay.
     #[command(subcommand)]
     Sim(SimCommand),
@@ -132,6 +136,7 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Decode(args) => decode::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Load(args) => load::run(&args),
         Command::Check { config } => match Config::load(&config) {
             Ok(cfg) => match toml::to_string_pretty(&cfg) {
                 Ok(text) => {
