@@ -35,6 +35,9 @@ pub enum Command {
         /// Seconds between stats lines.
         #[arg(long, default_value_t = 5)]
         stats_every: u64,
+        /// Runtime worker threads (default: one per core).
+        #[arg(long)]
+        worker_threads: Option<usize>,
     },
     /// Validate a config file and print it resolved (defaults filled in).
     Check {
@@ -150,12 +153,13 @@ pub fn main() -> ExitCode {
         Command::Run {
             config,
             stats_every,
+            worker_threads,
         } => {
             let cfg = match Config::load(&config) {
                 Ok(c) => c,
                 Err(e) => return fail(format!("{}: {e}", config.display())),
             };
-            runtime(async move {
+            runtime_with(worker_threads, async move {
                 crate::ops::run::run_until_interrupted(
                     &cfg,
                     Duration::from_secs(stats_every.max(1)),
@@ -301,10 +305,18 @@ fn runtime<F>(fut: F) -> ExitCode
 where
     F: std::future::Future<Output = Result<(), String>>,
 {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    runtime_with(None, fut)
+}
+
+fn runtime_with<F>(worker_threads: Option<usize>, fut: F) -> ExitCode
+where
+    F: std::future::Future<Output = Result<(), String>>,
+{
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = worker_threads {
+        builder.worker_threads(n.max(1));
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
     };
