@@ -323,9 +323,14 @@ async fn run_client(
         // Paced slots start spread over one period, so that the rate is
         // smooth: started together, they would all fire in the same instant,
         // a burst of clients x in_flight requests every period, and the
-        // queueing of that burst would dominate the latency measured.
+        // queueing of that burst would dominate the latency measured. The
+        // slots of one client are a period / in_flight apart, not side by
+        // side, so that a connection's requests are independent in time as
+        // a NAC's terminals are, instead of leaving in the same timer tick
+        // and sharing one TCP segment.
+        let rank = slot * cfg.clients.max(1) + client;
         let phase = pace.map_or(Duration::ZERO, |p| {
-            p.mul_f64(f64::from(env.stan_base) / f64::from(slots_total.max(1)))
+            p.mul_f64(rank as f64 / f64::from(slots_total.max(1)))
         });
         slots.spawn(run_slot(env, stop_at, pace, phase));
     }
