@@ -165,11 +165,14 @@ where
         };
         let Some(first) = first else { break };
         push(prefix, &first, &mut buf);
-        while buf.len() < BATCH_BYTES {
-            match rx.try_recv() {
-                Ok(next) => push(prefix, &next, &mut buf),
-                Err(_) => break,
-            }
+        drain(prefix, &mut rx, &mut buf);
+        if buf.len() < BATCH_BYTES {
+            // Let the readers that are ready run first: under load they queue
+            // more frames for this link, which then leave in the same write.
+            // With nothing else runnable this costs one pass of the scheduler,
+            // not a wait.
+            tokio::task::yield_now().await;
+            drain(prefix, &mut rx, &mut buf);
         }
         if let Err(e) = w.write_all(&buf).await {
             return (Err(e), rx);
@@ -177,6 +180,16 @@ where
         buf.clear();
     }
     (w.shutdown().await, rx)
+}
+
+/// Appends what is already queued, up to the batch size.
+fn drain(prefix: LengthPrefix, rx: &mut mpsc::Receiver<Outbound>, buf: &mut BytesMut) {
+    while buf.len() < BATCH_BYTES {
+        match rx.try_recv() {
+            Ok(next) => push(prefix, &next, buf),
+            Err(_) => break,
+        }
+    }
 }
 
 fn push(prefix: LengthPrefix, item: &Outbound, buf: &mut BytesMut) {
