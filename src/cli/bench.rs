@@ -36,6 +36,18 @@ pub struct BenchArgs {
     /// Skip HAProxy even if it is installed.
     #[arg(long)]
     pub no_haproxy: bool,
+    /// Measure every row this many times, interleaved (a, b, c, a, b, c...),
+    /// and report the range: on a shared machine one run is not a number.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
+    /// Worker threads of the switch process (`isoswitch run --worker-threads`;
+    /// default: its own default, one per core).
+    #[arg(long)]
+    pub switch_threads: Option<usize>,
+    /// Worker threads of this process, which runs the nodes and the load
+    /// generator (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 /// One measured row.
@@ -45,10 +57,11 @@ struct Row {
 }
 
 pub fn run(args: &BenchArgs) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.threads {
+        builder.worker_threads(n.max(1));
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("isoswitch bench: {e}");
@@ -90,38 +103,100 @@ async fn bench(args: &BenchArgs) -> Result<(), String> {
     if haproxy.is_none() && !args.no_haproxy {
         eprintln!("haproxy not found on PATH: row (b) skipped (scripts/bench.sh installs it)");
     }
-    let switch = SwitchProcess::start(&args.spec, &addrs)?;
+    let switch = SwitchProcess::start(&args.spec, &addrs, args.switch_threads)?;
     wait_listening(switch.front).await?;
-    if let Some(h) = &haproxy {
-        wait_listening(h.front).await?;
-    }
+    let haproxy = match haproxy {
+        Some(h) => match wait_listening(h.front).await {
+            Ok(()) => Some(h),
+            Err(e) => {
+                eprintln!("haproxy did not start ({e}): row (b) skipped");
+                None
+            }
+        },
+        None => None,
+    };
     println!(
-        "# isoswitch bench: spec {}, {} nodes answering at once, {} clients x {} in flight, mix {:?}, {} s per row",
+        "# isoswitch bench: spec {}, {} nodes answering at once, {} clients x {} in flight, mix {:?}, {} s per row, {} repetition(s); switch threads {}, bench threads {}",
         args.spec,
         addrs.len(),
         args.clients,
         args.in_flight,
         args.mix,
-        args.duration.as_secs_f64()
+        args.duration.as_secs_f64(),
+        args.repeat.max(1),
+        args.switch_threads
+            .map_or_else(|| "default".to_string(), |n| n.to_string()),
+        args.threads
+            .map_or_else(|| "default".to_string(), |n| n.to_string()),
     );
+    let repeat = args.repeat.max(1);
+    let tag = |what: &str, i: usize| {
+        if repeat > 1 {
+            format!("{what} #{}", i + 1)
+        } else {
+            what.to_string()
+        }
+    };
     let mut rows = Vec::new();
-    rows.push(measure("(a) direct to one node", addrs[0], &spec, args, None).await?);
-    if let Some(h) = &haproxy {
-        rows.push(measure("(b) haproxy tcp roundrobin", h.front, &spec, args, None).await?);
-    }
-    rows.push(measure("(c) isoswitch per message", switch.front, &spec, args, None).await?);
-    print_table("Maximum throughput", &rows);
-    print_ratios(&rows);
-
     let mut fixed = Vec::new();
-    let label = format!("(a) direct at {} req/s", args.rate);
-    fixed.push(measure(&label, addrs[0], &spec, args, Some(args.rate)).await?);
-    let label = format!("(c) isoswitch at {} req/s", args.rate);
-    fixed.push(measure(&label, switch.front, &spec, args, Some(args.rate)).await?);
+    let mut ratios = Vec::new();
+    for i in 0..repeat {
+        let a = measure(
+            &tag("(a) direct to one node", i),
+            addrs[0],
+            &spec,
+            args,
+            None,
+        )
+        .await?;
+        let b = match &haproxy {
+            Some(h) => Some(
+                measure(
+                    &tag("(b) haproxy tcp roundrobin", i),
+                    h.front,
+                    &spec,
+                    args,
+                    None,
+                )
+                .await?,
+            ),
+            None => None,
+        };
+        let c = measure(
+            &tag("(c) isoswitch per message", i),
+            switch.front,
+            &spec,
+            args,
+            None,
+        )
+        .await?;
+        let label = tag(&format!("(a) direct at {} req/s", args.rate), i);
+        let fa = measure(&label, addrs[0], &spec, args, Some(args.rate)).await?;
+        let fb = match &haproxy {
+            Some(h) => {
+                let label = tag(&format!("(b) haproxy at {} req/s", args.rate), i);
+                Some(measure(&label, h.front, &spec, args, Some(args.rate)).await?)
+            }
+            None => None,
+        };
+        let label = tag(&format!("(c) isoswitch at {} req/s", args.rate), i);
+        let fc = measure(&label, switch.front, &spec, args, Some(args.rate)).await?;
+        ratios.push(Ratios {
+            c_b: b.as_ref().map(|b| ratio(&c.report, &b.report)),
+            c_a: ratio(&c.report, &a.report),
+            added_p99_us: p99(&fc.report) - p99(&fa.report),
+            added_p99_haproxy_us: fb.as_ref().map(|fb| p99(&fb.report) - p99(&fa.report)),
+        });
+        rows.push(a);
+        rows.extend(b);
+        rows.push(c);
+        fixed.push(fa);
+        fixed.extend(fb);
+        fixed.push(fc);
+    }
+    print_table("Maximum throughput", &rows);
     print_table("Fixed rate", &fixed);
-    let added =
-        fixed[1].report.percentile_us(0.99) as i64 - fixed[0].report.percentile_us(0.99) as i64;
-    println!("added p99 at {} req/s: {} µs", args.rate, added);
+    print_summary(&ratios, args.rate);
     drop(switch);
     drop(haproxy);
     for n in nodes {
@@ -169,19 +244,61 @@ fn print_table(title: &str, rows: &[Row]) {
     }
 }
 
-fn print_ratios(rows: &[Row]) {
-    let get = |prefix: &str| {
-        rows.iter()
-            .find(|r| r.what.starts_with(prefix))
-            .map(|r| r.report.throughput())
-    };
-    let (a, b, c) = (get("(a)"), get("(b)"), get("(c)"));
-    println!();
-    if let (Some(b), Some(c)) = (b, c) {
-        println!("c/b (isoswitch / haproxy) = {:.2}", c / b.max(1e-9));
+/// What one repetition gives.
+struct Ratios {
+    c_b: Option<f64>,
+    c_a: f64,
+    added_p99_us: i64,
+    added_p99_haproxy_us: Option<i64>,
+}
+
+fn ratio(num: &LoadReport, den: &LoadReport) -> f64 {
+    num.throughput() / den.throughput().max(1e-9)
+}
+
+fn p99(r: &LoadReport) -> i64 {
+    i64::try_from(r.percentile_us(0.99)).unwrap_or(i64::MAX)
+}
+
+/// `median (min..max)` of the values, or the value alone.
+fn spread<T: Copy + PartialOrd + std::fmt::Display>(
+    mut v: Vec<T>,
+    show: fn(T) -> String,
+) -> String {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    match (v.first(), v.get(v.len() / 2), v.last()) {
+        (Some(&lo), Some(&mid), Some(&hi)) if v.len() > 1 => {
+            format!("{} (range {} .. {})", show(mid), show(lo), show(hi))
+        }
+        (Some(&x), _, _) => show(x),
+        _ => "-".into(),
     }
-    if let (Some(a), Some(c)) = (a, c) {
-        println!("c/a (isoswitch / direct)  = {:.2}", c / a.max(1e-9));
+}
+
+fn print_summary(ratios: &[Ratios], rate: f64) {
+    let two = |x: f64| format!("{x:.2}");
+    let us = |x: i64| format!("{x} µs");
+    println!();
+    let c_b: Vec<f64> = ratios.iter().filter_map(|r| r.c_b).collect();
+    if !c_b.is_empty() {
+        println!("c/b (isoswitch / haproxy) = {}", spread(c_b, two));
+    }
+    let c_a: Vec<f64> = ratios.iter().map(|r| r.c_a).collect();
+    println!("c/a (isoswitch / direct)  = {}", spread(c_a, two));
+    let added: Vec<i64> = ratios.iter().map(|r| r.added_p99_us).collect();
+    println!(
+        "added p99 at {rate} req/s, isoswitch: {}",
+        spread(added, us)
+    );
+    let added_b: Vec<i64> = ratios
+        .iter()
+        .filter_map(|r| r.added_p99_haproxy_us)
+        .collect();
+    if !added_b.is_empty() {
+        println!(
+            "added p99 at {rate} req/s, haproxy:   {}",
+            spread(added_b, us)
+        );
     }
 }
 
@@ -210,7 +327,11 @@ struct SwitchProcess {
 }
 
 impl SwitchProcess {
-    fn start(spec: &str, nodes: &[SocketAddr]) -> Result<SwitchProcess, String> {
+    fn start(
+        spec: &str,
+        nodes: &[SocketAddr],
+        threads: Option<usize>,
+    ) -> Result<SwitchProcess, String> {
         let front = free_port()?;
         let mut toml = format!(
             "[[service]]\nname = \"bench\"\nspec = \"{spec}\"\n[service.front]\nkind = \"listen\"\nlisten = \"{front}\"\n\
@@ -224,9 +345,12 @@ impl SwitchProcess {
         }
         let config = TempFile::write("isoswitch-bench", "toml", &toml)?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let child = Command::new(exe)
-            .args(["run", "--config"])
-            .arg(&config.path)
+        let mut cmd = Command::new(exe);
+        cmd.args(["run", "--config"]).arg(&config.path);
+        if let Some(n) = threads {
+            cmd.arg("--worker-threads").arg(n.to_string());
+        }
+        let child = cmd
             .env("ISOSWITCH_LOG", "warn")
             .stdout(Stdio::null())
             .spawn()
@@ -258,7 +382,10 @@ impl Haproxy {
     fn start(nodes: &[SocketAddr]) -> Result<Haproxy, String> {
         let front = free_port()?;
         let mut cfg = format!(
-            "global\n  maxconn 10000\ndefaults\n  mode tcp\n  timeout connect 2s\n  timeout client 60s\n  timeout server 60s\n\
+            // maxconn sizes HAProxy's file descriptor limit (about twice
+            // maxconn); 10000 asks for more than a default hard limit of 20000
+            // and HAProxy 2.6 then refuses to start.
+            "global\n  maxconn 4000\ndefaults\n  mode tcp\n  timeout connect 2s\n  timeout client 60s\n  timeout server 60s\n\
              frontend f\n  bind {front}\n  default_backend b\nbackend b\n  balance roundrobin\n"
         );
         for (i, a) in nodes.iter().enumerate() {
@@ -268,8 +395,8 @@ impl Haproxy {
         let child = Command::new("haproxy")
             .arg("-f")
             .arg(&config.path)
+            .arg("-q")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
             .spawn()
             .map_err(|e| e.to_string())?;
         Ok(Haproxy {

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod decode;
 pub mod demo;
+pub mod load;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -39,6 +40,9 @@ pub enum Command {
         /// Seconds between stats lines.
         #[arg(long, default_value_t = 5)]
         stats_every: u64,
+        /// Runtime worker threads (default: one per core).
+        #[arg(long)]
+        worker_threads: Option<usize>,
     },
     /// Validate a config file and print it resolved (defaults filled in).
     Check {
@@ -50,6 +54,9 @@ pub enum Command {
     /// Measure the load generator direct to a node, through HAProxy (if
     /// installed) and through isoswitch, in one run.
     Bench(bench::BenchArgs),
+    /// Drive load at an address (a node, the switch, a proxy) and report
+    /// throughput and latency.
+    Load(load::LoadArgs),
     /// Simulators: channel node, POS network controller, UnionPay.
     #[command(subcommand)]
     Sim(SimCommand),
@@ -138,6 +145,7 @@ pub fn main() -> ExitCode {
         Command::Decode(args) => decode::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Load(args) => load::run(&args),
         Command::Check { config } => match Config::load(&config) {
             Ok(cfg) => match toml::to_string_pretty(&cfg) {
                 Ok(text) => {
@@ -151,6 +159,7 @@ pub fn main() -> ExitCode {
         Command::Run {
             config,
             stats_every,
+            worker_threads,
         } => {
             let loaded = match &config {
                 Some(path) => Config::load(path).map_err(|e| format!("{}: {e}", path.display())),
@@ -160,7 +169,7 @@ pub fn main() -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return fail(e),
             };
-            runtime(async move {
+            runtime_with(worker_threads, async move {
                 crate::ops::run::run_until_interrupted(
                     &cfg,
                     Duration::from_secs(stats_every.max(1)),
@@ -308,10 +317,18 @@ fn runtime<F>(fut: F) -> ExitCode
 where
     F: std::future::Future<Output = Result<(), String>>,
 {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    runtime_with(None, fut)
+}
+
+fn runtime_with<F>(worker_threads: Option<usize>, fut: F) -> ExitCode
+where
+    F: std::future::Future<Output = Result<(), String>>,
+{
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = worker_threads {
+        builder.worker_threads(n.max(1));
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
     };

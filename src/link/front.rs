@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 
 use super::service::Service;
-use super::writer::run_writer;
+use super::writer::run_coalescing_writer;
 use crate::ops::config::ListenFront;
 use crate::wire::{Frame, FrameCodec};
 
@@ -151,7 +151,7 @@ async fn serve_client(
     let (read, write) = stream.into_split();
     let (tx, rx) = mpsc::channel(front.write_queue);
     let prefix = service.spec.framing().prefix;
-    let mut writer = tokio::spawn(run_writer(write, prefix, rx));
+    let mut writer = tokio::spawn(run_coalescing_writer(write, prefix, rx));
     let codec = FrameCodec::new(prefix, service.spec.framing().max_frame);
     let mut frames = FramedRead::new(read, codec);
     tracing::debug!(service = service.name(), %peer, conn, "client connected");

@@ -11,7 +11,7 @@ use tokio_util::codec::FramedRead;
 
 use super::pool::ConnHandle;
 use super::service::Service;
-use super::writer::run_writer;
+use super::writer::run_coalescing_writer;
 use crate::wire::{Frame, FrameCodec};
 
 /// Keeps connection `slot` of `node` up until `shutdown` turns true.
@@ -63,7 +63,7 @@ async fn run_connection(
     let (read, write) = stream.into_split();
     let (tx, rx) = mpsc::channel(service.config.back.write_queue);
     let prefix = service.spec.framing().prefix;
-    let mut writer = tokio::spawn(run_writer(write, prefix, rx));
+    let mut writer = tokio::spawn(run_coalescing_writer(write, prefix, rx));
     let handle = ConnHandle { id, tx };
     service
         .pool

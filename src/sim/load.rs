@@ -320,7 +320,19 @@ async fn run_client(
             timeout: cfg.timeout,
             seed: (client as u64) << 20 | slot as u64 | 1,
         };
-        slots.spawn(run_slot(env, stop_at, pace));
+        // Paced slots start spread over one period, so that the rate is
+        // smooth: started together, they would all fire in the same instant,
+        // a burst of clients x in_flight requests every period, and the
+        // queueing of that burst would dominate the latency measured. The
+        // slots of one client are a period / in_flight apart, not side by
+        // side, so that a connection's requests are independent in time as
+        // a NAC's terminals are, instead of leaving in the same timer tick
+        // and sharing one TCP segment.
+        let rank = slot * cfg.clients.max(1) + client;
+        let phase = pace.map_or(Duration::ZERO, |p| {
+            p.mul_f64(rank as f64 / f64::from(slots_total.max(1)))
+        });
+        slots.spawn(run_slot(env, stop_at, pace, phase));
     }
     while slots.join_next().await.is_some() {}
     drop(tx);
@@ -341,10 +353,10 @@ struct SlotEnv {
 }
 
 /// One request at a time; a client runs `in_flight` of these on one connection.
-async fn run_slot(env: SlotEnv, stop_at: Instant, pace: Option<Duration>) {
+async fn run_slot(env: SlotEnv, stop_at: Instant, pace: Option<Duration>, phase: Duration) {
     let mut rng = env.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut stan = env.stan_base;
-    let mut next_send = Instant::now();
+    let mut next_send = Instant::now() + phase;
     let total_share: u32 = env.templates.iter().map(|t| t.share).sum();
     while Instant::now() < stop_at {
         if let Some(p) = pace {

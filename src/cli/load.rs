@@ -1,0 +1,175 @@
+//! `isoswitch load`: the load generator of [`crate::sim::load`] against any
+//! address (a node, the switch, a proxy), with a live progress line and a final
+//! report. Exits 1 when any request timed out or any answer matched no request.
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::iso8583::Spec;
+use crate::sim::load::{self, LoadConfig, LoadCounters, LoadReport, Mix};
+
+#[derive(Debug, clap::Args)]
+pub struct LoadArgs {
+    /// Where to send the requests: the switch's front, a node, a proxy.
+    #[arg(long)]
+    pub target: SocketAddr,
+    /// The dialect of the requests (a shipped spec name or a spec file).
+    #[arg(long)]
+    pub spec: String,
+    /// Client connections.
+    #[arg(long, default_value_t = 50)]
+    pub clients: usize,
+    /// Requests each client keeps in flight.
+    #[arg(long, default_value_t = 4)]
+    pub in_flight: usize,
+    /// `paper` (80% of requests 200-300 bytes, 20% 1,200-1,400) or a size in bytes.
+    #[arg(long, default_value = "paper")]
+    pub mix: Mix,
+    /// How long to send.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// A request unanswered this long counts as a timeout.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Total requests per second (default: as fast as the windows allow).
+    #[arg(long, value_parser = parse_rate)]
+    pub rate: Option<f64>,
+    /// The MTI of the requests.
+    #[arg(long, default_value = "0200")]
+    pub mti: String,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress line.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Runtime worker threads (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!(
+            "`{s}`: use a positive number of requests per second"
+        )),
+    }
+}
+
+/// Runs the load and prints the report; the exit status tells whether every
+/// request got its own answer in time.
+pub fn run(args: &LoadArgs) -> ExitCode {
+    let spec = match Spec::resolve(&args.spec) {
+        Ok(s) => Arc::new(s),
+        Err(e) => return fail(format!("--spec {}: {e}", args.spec)),
+    };
+    if args.clients == 0 || args.in_flight == 0 {
+        return fail("--clients and --in-flight must be at least 1".into());
+    }
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.threads {
+        builder.worker_threads(n.max(1));
+    }
+    let rt = match builder.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(format!("cannot start the runtime: {e}")),
+    };
+    let report = match rt.block_on(drive(spec, args)) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    if args.json {
+        println!("{}", report.to_json());
+    } else {
+        println!("{report}");
+    }
+    if report.timeouts > 0 || report.mismatches > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+async fn drive(spec: Arc<Spec>, args: &LoadArgs) -> Result<LoadReport, String> {
+    let mut cfg = LoadConfig::new(args.target);
+    cfg.clients = args.clients;
+    cfg.in_flight = args.in_flight;
+    cfg.mix = args.mix;
+    cfg.duration = args.duration;
+    cfg.timeout = args.timeout;
+    cfg.rate = args.rate;
+    cfg.mti = args.mti.clone();
+    let counters = Arc::new(LoadCounters::default());
+    let bar = progress_bar(
+        args.quiet || !std::io::stderr().is_terminal(),
+        args.duration,
+    );
+    let progress = tokio::spawn(show_progress(
+        bar.clone(),
+        Arc::clone(&counters),
+        args.duration,
+    ));
+    let result = load::run(spec, cfg, counters).await;
+    progress.abort();
+    bar.finish_and_clear();
+    result
+}
+
+fn progress_bar(hidden: bool, duration: Duration) -> ProgressBar {
+    let len = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+    let bar = ProgressBar::with_draw_target(
+        Some(len),
+        if hidden {
+            ProgressDrawTarget::hidden()
+        } else {
+            ProgressDrawTarget::stderr_with_hz(5)
+        },
+    );
+    if let Ok(style) = ProgressStyle::with_template("{elapsed:>4} {bar:20} {msg}") {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// One line, redrawn every 200 ms: elapsed, requests, answered, msg/s, timeouts,
+/// mismatches.
+async fn show_progress(bar: ProgressBar, counters: Arc<LoadCounters>, duration: Duration) {
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = (started, 0u64);
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let done =
+            counters.answered.load(Ordering::Relaxed) + counters.declined.load(Ordering::Relaxed);
+        let rate = (done - last.1.min(done)) as f64
+            / now
+                .saturating_duration_since(last.0)
+                .as_secs_f64()
+                .max(1e-3);
+        last = (now, done);
+        let elapsed = now.saturating_duration_since(started).min(duration);
+        bar.set_position(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX));
+        bar.set_message(format!(
+            "requests {}  answered {}  {:.0} msg/s  timeouts {}  mismatches {}",
+            counters.requests.load(Ordering::Relaxed),
+            counters.answered.load(Ordering::Relaxed),
+            rate,
+            counters.timeouts.load(Ordering::Relaxed),
+            counters.mismatches.load(Ordering::Relaxed),
+        ));
+    }
+}
+
+fn fail(msg: String) -> ExitCode {
+    eprintln!("isoswitch load: {msg}");
+    ExitCode::FAILURE
+}
