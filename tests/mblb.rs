@@ -504,38 +504,46 @@ async fn disabling_a_node_declines_its_in_flight_at_once() {
 }
 
 /// A client that starts a frame and stalls is closed after the partial-frame
-/// timeout; a silent client after the idle timeout; keep-alives keep an idle
-/// client open.
+/// timeout (not the much longer idle timeout); a silent client after the idle
+/// timeout; keep-alives keep an idle client open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partial_frame_and_idle_timeouts_close_only_their_client() {
     let spec = spec("cup-pos");
     let nodes = start_nodes(&spec, 1, Delay::NONE).await;
     let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-    let front_extra = "idle_timeout = \"600ms\"\npartial_frame_timeout = \"200ms\"";
+    let front_extra = "idle_timeout = \"1500ms\"\npartial_frame_timeout = \"200ms\"";
     let switch = start_switch(&config("cup-pos", &addrs, front_extra, "", "")).await;
     let target = front(&switch);
 
-    let mut stalled = RawClient::connect(target, &spec).await;
-    stalled.send_raw(&[0x00, 0x40, 0x60, 0x00]).await; // 64 bytes announced, 2 sent
     let mut silent = RawClient::connect(target, &spec).await;
     let mut chatty = RawClient::connect(target, &spec).await;
+    let mut stalled = RawClient::connect(target, &spec).await;
     let started = std::time::Instant::now();
+    stalled.send_raw(&[0x00, 0x40, 0x60, 0x00]).await; // 64 bytes announced, 2 sent
+    let stalled_closed = async {
+        let closed = stalled.closed_by_peer().await;
+        (closed, started.elapsed())
+    };
+    let silent_closed = async {
+        let closed = silent.closed_by_peer().await;
+        (closed, started.elapsed())
+    };
     let keep_alives = async {
-        for _ in 0..8 {
+        for _ in 0..14 {
             chatty.send_raw(&[0x00, 0x00]).await;
             tokio::time::sleep(Duration::from_millis(150)).await;
         }
         chatty
     };
-    let (stalled_closed, silent_closed, mut chatty) = tokio::join!(
-        stalled.closed_by_peer(),
-        silent.closed_by_peer(),
-        keep_alives
-    );
-    assert!(stalled_closed && silent_closed);
+    let ((stalled_closed, stalled_at), (silent_closed, silent_at), mut chatty) =
+        tokio::join!(stalled_closed, silent_closed, keep_alives);
     assert!(
-        started.elapsed() >= Duration::from_millis(600),
-        "the silent client had its full idle time"
+        stalled_closed && stalled_at < Duration::from_millis(1000),
+        "stalled frame closed at {stalled_at:?}"
+    );
+    assert!(
+        silent_closed && silent_at >= Duration::from_millis(1500),
+        "silent client closed at {silent_at:?}"
     );
     // The chatty client is still served.
     let request = isoswitch::sim::sample_request(&spec, "0200").unwrap();
@@ -612,4 +620,54 @@ async fn graceful_stop_answers_in_flight_and_declines_new_requests() {
     );
     assert!(client.closed_by_peer().await, "links close at the end");
     stopping.await.unwrap();
+}
+
+/// A node that stalls in the middle of a frame: its connection is closed after
+/// the partial-frame timeout and the request it held is declined at once
+/// (node lost), not left to the request timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stalling_mid_frame_loses_its_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let spec = spec("cup-pos");
+    let stalling = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = stalling.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut s, _)) = stalling.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                // On the first bytes from the switch, start a 100-byte frame and stop.
+                if matches!(s.read(&mut buf).await, Ok(n) if n > 0) {
+                    let _ = s.write_all(&[0x00, 0x64, 0x60, 0x00, 0x00]).await;
+                }
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                drop(s);
+            });
+            held.push(());
+        }
+    });
+    let back = "partial_frame_timeout = \"200ms\"\nconnections_per_node = 1\n[service.back.health]\ncheck = \"none\"";
+    let switch = start_switch(&config("cup-pos", &[addr], "", back, "")).await;
+    let svc = service(&switch).clone();
+    wait_connected(&svc, 1).await;
+    let request = isoswitch::sim::sample_request(&spec, "0200").unwrap();
+    let mut client = RawClient::connect(front(&switch), &spec).await;
+    let sent = std::time::Instant::now();
+    client.send_raw(&RawClient::frame(&spec, &request)).await;
+    let resp = Message::parse(&spec, client.recv().await.expect("a decline")).unwrap();
+    assert_eq!(
+        resp.field(39).unwrap().unwrap().data(),
+        b"91",
+        "node lost, not a timeout"
+    );
+    assert!(
+        sent.elapsed() < Duration::from_secs(2),
+        "declined at the partial-frame timeout"
+    );
+    assert_eq!(
+        svc.counters
+            .declined(isoswitch::route::DeclineReason::NodeLost),
+        1
+    );
+    switch.stop_within(Duration::ZERO).await;
 }

@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 
 use super::service::Service;
+use super::timer::{ReadTimer, in_frame};
 use super::writer::run_coalescing_writer;
 use crate::ops::config::ListenFront;
 use crate::wire::{Frame, FrameCodec};
@@ -155,42 +156,39 @@ async fn serve_client(
     let codec = FrameCodec::new(prefix, service.spec.framing().max_frame);
     let mut frames = FramedRead::new(read, codec);
     tracing::debug!(service = service.name(), %peer, conn, "client connected");
+    let mut timer = ReadTimer::new(
+        front.idle_timeout,
+        front.partial_frame_timeout,
+        Instant::now(),
+    );
+    let mut tick = tokio::time::interval(timer.tick_period());
     let why = loop {
-        // A started frame must finish within the partial-frame timeout; an idle
-        // link (nothing buffered) gets the idle timeout, which keep-alives reset.
-        let partial = !frames.read_buffer().is_empty();
-        let limit = if !partial {
-            front.idle_timeout
-        } else {
-            front.partial_frame_timeout
-        };
-        let next = async {
-            if limit.is_zero() {
-                Ok(frames.next().await)
-            } else {
-                tokio::time::timeout(limit, frames.next()).await
+        let item = tokio::select! {
+            item = frames.next() => item,
+            _ = tick.tick() => {
+                match timer.check(in_frame(&frames), Instant::now()) {
+                    Some(t) => break t.as_str().to_string(),
+                    None => continue,
+                }
             }
-        };
-        tokio::select! {
-            item = next => match item {
-                Ok(Some(Ok(Frame::Message(payload)))) => {
-                    if !service.on_request(conn, &tx, payload, Instant::now()) {
-                        break "unparsable message".to_string();
-                    }
-                }
-                Ok(Some(Ok(Frame::KeepAlive | Frame::SessionControl(_)))) => {
-                    service.counters.keep_alives.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(Some(Err(e))) => {
-                    service.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
-                    break format!("untrusted frame: {e}");
-                }
-                Ok(None) => break "closed by client".to_string(),
-                Err(_) if !partial => break "idle timeout".to_string(),
-                Err(_) => break "partial frame timeout".to_string(),
-            },
             res = &mut writer => break format!("writer ended: {res:?}"),
             _ = shutdown.changed() => break "shutdown".to_string(),
+        };
+        timer.frame(Instant::now());
+        match item {
+            Some(Ok(Frame::Message(payload))) => {
+                if !service.on_request(conn, &tx, payload, Instant::now()) {
+                    break "unparsable message".to_string();
+                }
+            }
+            Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => {
+                service.counters.keep_alives.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(Err(e)) => {
+                service.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
+                break format!("untrusted frame: {e}");
+            }
+            None => break "closed by client".to_string(),
         }
     };
     // Answers still in flight for this client have nowhere to go once the queue

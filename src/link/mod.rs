@@ -8,6 +8,7 @@ pub mod node;
 pub mod pool;
 pub mod service;
 pub mod simplex;
+pub mod timer;
 pub mod writer;
 
 use std::sync::Arc;

@@ -11,6 +11,7 @@ use tokio_util::codec::FramedRead;
 
 use super::pool::ConnHandle;
 use super::service::Service;
+use super::timer::{ReadTimer, in_frame};
 use super::writer::run_coalescing_writer;
 use crate::wire::{Frame, FrameCodec};
 
@@ -76,14 +77,31 @@ async fn run_connection(
     tracing::info!(service = service.name(), node = %node_name(service, node), slot, conn = id, "node connection up");
     let codec = FrameCodec::new(prefix, service.spec.framing().max_frame);
     let mut frames = FramedRead::new(read, codec);
+    // A node that stalls inside a frame holds every response behind it: close
+    // the connection (its requests are declined) instead of waiting. Nodes
+    // may be quiet for long: no idle timeout.
+    let mut timer = ReadTimer::new(
+        Duration::ZERO,
+        service.config.back.partial_frame_timeout,
+        Instant::now(),
+    );
+    let mut tick = tokio::time::interval(timer.tick_period());
     let why = loop {
         tokio::select! {
-            item = frames.next() => match item {
-                Some(Ok(Frame::Message(payload))) => service.on_node_frame(node, id, payload, Instant::now()),
-                Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => {}
-                Some(Err(e)) => break format!("bad frame: {e}"),
-                None => break "closed by node".to_string(),
-            },
+            item = frames.next() => {
+                timer.frame(Instant::now());
+                match item {
+                    Some(Ok(Frame::Message(payload))) => service.on_node_frame(node, id, payload, Instant::now()),
+                    Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => {}
+                    Some(Err(e)) => break format!("bad frame: {e}"),
+                    None => break "closed by node".to_string(),
+                }
+            }
+            _ = tick.tick() => {
+                if let Some(t) = timer.check(in_frame(&frames), Instant::now()) {
+                    break t.as_str().to_string();
+                }
+            }
             res = &mut writer => break format!("writer ended: {res:?}"),
             _ = shutdown.changed() => break "shutdown".to_string(),
         }

@@ -16,6 +16,7 @@ use tokio_util::codec::FramedRead;
 
 use super::node::Backoff;
 use super::service::Service;
+use super::timer::{ReadTimeout, ReadTimer, in_frame};
 use super::writer::{Outbound, run_writer_until};
 use crate::ops::config::{SignOn, SimplexFront};
 use crate::wire::{Frame, FrameCodec};
@@ -612,35 +613,42 @@ async fn run_in_link(
         stream,
         FrameCodec::new(prefix, service.spec.framing().max_frame),
     );
+    let mut timer = ReadTimer::new(
+        front.in_link_silence,
+        front.partial_frame_timeout,
+        Instant::now(),
+    );
+    let mut tick = tokio::time::interval(timer.tick_period());
     loop {
-        let partial = !frames.read_buffer().is_empty();
-        let limit = if partial {
-            front.partial_frame_timeout
-        } else {
-            front.in_link_silence
-        };
-        tokio::select! {
-            item = tokio::time::timeout(limit, frames.next()) => match item {
-                Ok(Some(Ok(Frame::KeepAlive))) => {
-                    links.in_stats.keepalives_in.fetch_add(1, Ordering::Relaxed);
+        let item = tokio::select! {
+            item = frames.next() => item,
+            _ = tick.tick() => {
+                match timer.check(in_frame(&frames), Instant::now()) {
+                    Some(ReadTimeout::Idle) => {
+                        links.in_stats.closed_silent.fetch_add(1, Ordering::Relaxed);
+                        return "silent too long".into();
+                    }
+                    Some(t) => return t.as_str().into(),
+                    None => continue,
                 }
-                Ok(Some(Ok(Frame::Message(p)))) => {
-                    links.in_stats.frames_in.fetch_add(1, Ordering::Relaxed);
-                    service.on_peer_frame(p, Instant::now());
-                }
-                Ok(Some(Ok(Frame::SessionControl(_)))) => {}
-                Ok(Some(Err(e))) => {
-                    service.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
-                    return format!("untrusted frame: {e}");
-                }
-                Ok(None) => return "closed by peer".into(),
-                Err(_) if partial => return "partial frame timeout".into(),
-                Err(_) => {
-                    links.in_stats.closed_silent.fetch_add(1, Ordering::Relaxed);
-                    return "silent too long".into();
-                }
-            },
+            }
             _ = shutdown.changed() => return "shutdown".into(),
+        };
+        timer.frame(Instant::now());
+        match item {
+            Some(Ok(Frame::KeepAlive)) => {
+                links.in_stats.keepalives_in.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(Ok(Frame::Message(p))) => {
+                links.in_stats.frames_in.fetch_add(1, Ordering::Relaxed);
+                service.on_peer_frame(p, Instant::now());
+            }
+            Some(Ok(Frame::SessionControl(_))) => {}
+            Some(Err(e)) => {
+                service.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
+                return format!("untrusted frame: {e}");
+            }
+            None => return "closed by peer".into(),
         }
     }
 }

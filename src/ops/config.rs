@@ -194,6 +194,10 @@ pub struct BackConfig {
     pub write_queue: usize,
     #[serde(default = "defaults::connect_timeout", with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// A node that starts a frame must finish it within this, or its
+    /// connection is closed (and what it carried declined).
+    #[serde(default = "defaults::partial_frame_timeout", with = "humantime_serde")]
+    pub partial_frame_timeout: Duration,
     /// Reconnect backoff: starts here, doubles with jitter, up to `reconnect_max`.
     #[serde(default = "defaults::reconnect_min", with = "humantime_serde")]
     pub reconnect_min: Duration,
@@ -704,6 +708,12 @@ impl BackConfig {
         }
         if self.write_queue == 0 {
             return Err(invalid(format!("{key}.write_queue"), "must be > 0"));
+        }
+        if self.partial_frame_timeout.is_zero() {
+            return Err(invalid(
+                format!("{key}.partial_frame_timeout"),
+                "must be > 0",
+            ));
         }
         if self.reconnect_min.is_zero() || self.reconnect_max < self.reconnect_min {
             return Err(invalid(
