@@ -671,3 +671,58 @@ async fn a_node_stalling_mid_frame_loses_its_connection() {
     );
     switch.stop_within(Duration::ZERO).await;
 }
+
+/// The F37 node stamp is written in the field's own encoding: on VISA, whose
+/// F37 is EBCDIC, the node sees its ID as EBCDIC characters, and the response
+/// still finds its way back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f37_stamp_is_written_in_the_fields_encoding() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let spec = spec("visa-base1");
+    // A node that records the F37 it receives, then answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel();
+    let node_spec = spec.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let (spec, seen) = (node_spec.clone(), seen_tx.clone());
+            tokio::spawn(async move {
+                let mut codec = isoswitch::wire::FrameCodec::new(
+                    spec.framing().prefix,
+                    spec.framing().max_frame,
+                );
+                let mut buf = bytes::BytesMut::new();
+                loop {
+                    use tokio_util::codec::Decoder;
+                    while let Ok(Some(isoswitch::wire::Frame::Message(p))) = codec.decode(&mut buf)
+                    {
+                        let m = Message::parse(&spec, p).unwrap();
+                        let _ = seen.send(m.field(37).unwrap().map(|f| f.data().to_vec()));
+                        let resp = isoswitch::link::decline::respond(&spec, &m, "00").unwrap();
+                        let _ = s.write_all(&RawClient::frame(&spec, &resp)).await;
+                    }
+                    if !matches!(s.read_buf(&mut buf).await, Ok(n) if n > 0) {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let service_extra = "f37_stamp = { offset = 10, width = 2 }";
+    let back = "connections_per_node = 1\n[service.back.health]\ncheck = \"none\"";
+    let switch = start_switch(&config("visa-base1", &[addr], "", back, service_extra)).await;
+    wait_connected(service(&switch), 1).await;
+    let request = isoswitch::sim::sample_request(&spec, "0200").unwrap();
+    let mut client = RawClient::connect(front(&switch), &spec).await;
+    client.send_raw(&RawClient::frame(&spec, &request)).await;
+    let resp = Message::parse(&spec, client.recv().await.expect("an answer")).unwrap();
+    assert_eq!(resp.field(39).unwrap().unwrap().show().to_string(), "00");
+    let stamped = seen_rx.recv().await.unwrap().expect("F37 at the node");
+    let ebcdic_01 = [
+        isoswitch::iso8583::ebcdic::from_ascii(b'0'),
+        isoswitch::iso8583::ebcdic::from_ascii(b'1'),
+    ];
+    assert_eq!(&stamped[10..12], &ebcdic_01, "node ID 01 in EBCDIC");
+    switch.stop().await;
+}

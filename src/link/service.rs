@@ -377,13 +377,18 @@ impl Service {
             .field(37)
             .map_err(|e| e.to_string())?
             .ok_or("request has no F37 to stamp")?;
-        let mut window = [0u8; 12];
-        let len = f37.data().len().min(window.len());
-        window[..len].copy_from_slice(&f37.data()[..len]);
+        // Stamp the text form, then write it back in the field's encoding
+        // (EBCDIC on VISA), so node IDs are the same characters on every link.
+        let (mut window, len) = f37_text(&f37);
         let id = &self.pool.nodes()[node].id;
         stamp
             .stamp(&mut window[..len], id)
             .map_err(|e| e.to_string())?;
+        if f37.def().data == crate::iso8583::Data::Ebcdic {
+            for b in &mut window[..len] {
+                *b = crate::iso8583::ebcdic::from_ascii(*b);
+            }
+        }
         patch
             .overwrite(f37.range().start, &window[..len])
             .map_err(|e| e.to_string())?;
@@ -710,7 +715,8 @@ impl Service {
     /// The node named by a message's F37 stamp.
     fn stamped_node(&self, msg: &Message<'_>) -> Option<usize> {
         let f37 = msg.field(37).ok().flatten()?;
-        self.stamps.as_ref()?.node_of(f37.data())
+        let (text, len) = f37_text(&f37);
+        self.stamps.as_ref()?.node_of(&text[..len])
     }
 
     /// A frame from an in link of a simplex front.
@@ -889,6 +895,17 @@ pub fn default_key(spec: &Spec) -> Vec<KeyPart> {
     } else {
         vec![KeyPart::Field(11), KeyPart::Field(41)]
     }
+}
+
+/// F37 as text (EBCDIC turned into ASCII), on the stack.
+fn f37_text(f37: &crate::iso8583::FieldRef<'_>) -> ([u8; 12], usize) {
+    let mut text = [0u8; 12];
+    let mut len = 0;
+    for (dst, b) in text.iter_mut().zip(f37.logical()) {
+        *dst = b;
+        len += 1;
+    }
+    (text, len)
 }
 
 /// MTI and the non-secret key fields of a message, for logs.
