@@ -101,9 +101,7 @@ async fn acceptance_profile_has_no_timeouts_and_no_mismatches() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_messages_and_byte_by_byte_streams_arrive_intact() {
     let spec = spec("cups");
-    let nodes = start_nodes(&spec, 2, Delay::NONE).await;
-    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-    let switch = start_switch(&config("cups", &addrs, "", "", "")).await;
+    let (_nodes, switch) = rig(&spec, "cups", 2, Delay::NONE, "", "", "").await;
     wait_connected(service(&switch), 2).await;
     let request = isoswitch::sim::sized_request(&spec, "0200", 1800).unwrap();
     assert!(request.len() > 1460);
@@ -144,10 +142,17 @@ fn load_config(target: std::net::SocketAddr, clients: usize, seconds: u64) -> Lo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_node_declines_its_in_flight_and_clients_stay_up() {
     let spec = spec("cups");
-    let mut nodes = start_nodes(&spec, 3, Delay::parse("0..50ms").unwrap()).await;
-    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
     let back = "[service.back.health]\ncheck = \"echo\"\ninterval = \"100ms\"\ntimeout = \"500ms\"\nrise = 2\nfall = 2";
-    let switch = start_switch(&config("cups", &addrs, "", back, "")).await;
+    let (mut nodes, switch) = rig(
+        &spec,
+        "cups",
+        3,
+        Delay::parse("0..50ms").unwrap(),
+        "",
+        back,
+        "",
+    )
+    .await;
     let svc = service(&switch).clone();
     wait_connected(&svc, 2).await;
 
@@ -227,9 +232,7 @@ async fn killing_a_node_declines_its_in_flight_and_clients_stay_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draining_a_node_stops_new_requests_and_lets_in_flight_finish() {
     let spec = spec("cups");
-    let nodes = start_nodes(&spec, 2, Delay::parse("100ms").unwrap()).await;
-    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-    let switch = start_switch(&config("cups", &addrs, "", "", "")).await;
+    let (_nodes, switch) = rig(&spec, "cups", 2, Delay::parse("100ms").unwrap(), "", "", "").await;
     let svc = service(&switch).clone();
     wait_connected(&svc, 2).await;
 
@@ -270,10 +273,8 @@ async fn draining_a_node_stops_new_requests_and_lets_in_flight_finish() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_clients_are_closed_and_others_are_unaffected() {
     let spec = spec("cup-pos");
-    let nodes = start_nodes(&spec, 2, Delay::NONE).await;
-    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
     let front_extra = "max_per_source = 3";
-    let switch = start_switch(&config("cup-pos", &addrs, front_extra, "", "")).await;
+    let (_nodes, switch) = rig(&spec, "cup-pos", 2, Delay::NONE, front_extra, "", "").await;
     let svc = service(&switch).clone();
     wait_connected(&svc, 2).await;
 
@@ -341,12 +342,19 @@ async fn bad_clients_are_closed_and_others_are_unaffected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeouts_are_declined_once_and_late_responses_are_dropped() {
     let spec = spec("cups");
-    let nodes = start_nodes(&spec, 2, Delay::parse("400ms").unwrap()).await;
-    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
     let service_extra = "[service.timeouts]\nrequest = \"150ms\"";
     // Passive ejection off: this test is about timeouts alone.
     let back = "[service.back.health]\ncheck = \"tcp\"\nejection_threshold = 1000000";
-    let switch = start_switch(&config("cups", &addrs, "", back, service_extra)).await;
+    let (_nodes, switch) = rig(
+        &spec,
+        "cups",
+        2,
+        Delay::parse("400ms").unwrap(),
+        "",
+        back,
+        service_extra,
+    )
+    .await;
     let svc = service(&switch).clone();
     wait_connected(&svc, 2).await;
     let mut lc = load_config(front(&switch), 2, 1);
@@ -377,9 +385,7 @@ async fn timeouts_are_declined_once_and_late_responses_are_dropped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_in_flight_key_is_declined_94() {
     let spec = spec("cups");
-    let nodes = start_nodes(&spec, 1, Delay::parse("300ms").unwrap()).await;
-    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-    let switch = start_switch(&config("cups", &addrs, "", "", "")).await;
+    let (_nodes, switch) = rig(&spec, "cups", 1, Delay::parse("300ms").unwrap(), "", "", "").await;
     wait_connected(service(&switch), 2).await;
     let request = isoswitch::sim::sample_request(&spec, "0200").unwrap();
     let mut client = RawClient::connect(front(&switch), &spec).await;
@@ -432,10 +438,8 @@ async fn no_healthy_node_declines_and_keeps_the_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn directed_rule_on_bcd_processing_code_picks_its_nodes() {
     let spec = spec("cup-pos");
-    let nodes = start_nodes(&spec, 3, Delay::NONE).await;
-    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
     let back = "[[service.back.rule]]\nmti = \"02xx\"\nfields = [{ field = 3, prefix = \"31\" }]\nnodes = [\"02\"]";
-    let switch = start_switch(&config("cup-pos", &addrs, "", back, "")).await;
+    let (_nodes, switch) = rig(&spec, "cup-pos", 3, Delay::NONE, "", back, "").await;
     let svc = service(&switch).clone();
     wait_connected(&svc, 2).await;
 
@@ -465,9 +469,7 @@ async fn directed_rule_on_bcd_processing_code_picks_its_nodes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disabling_a_node_declines_its_in_flight_at_once() {
     let spec = spec("cups");
-    let nodes = start_nodes(&spec, 2, Delay::parse("1s").unwrap()).await;
-    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-    let switch = start_switch(&config("cups", &addrs, "", "", "")).await;
+    let (_nodes, switch) = rig(&spec, "cups", 2, Delay::parse("1s").unwrap(), "", "", "").await;
     let svc = service(&switch).clone();
     wait_connected(&svc, 2).await;
     let load = tokio::spawn(load::run(
@@ -509,10 +511,8 @@ async fn disabling_a_node_declines_its_in_flight_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partial_frame_and_idle_timeouts_close_only_their_client() {
     let spec = spec("cup-pos");
-    let nodes = start_nodes(&spec, 1, Delay::NONE).await;
-    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
     let front_extra = "idle_timeout = \"1500ms\"\npartial_frame_timeout = \"200ms\"";
-    let switch = start_switch(&config("cup-pos", &addrs, front_extra, "", "")).await;
+    let (_nodes, switch) = rig(&spec, "cup-pos", 1, Delay::NONE, front_extra, "", "").await;
     let target = front(&switch);
 
     let mut silent = RawClient::connect(target, &spec).await;
@@ -561,11 +561,18 @@ async fn partial_frame_and_idle_timeouts_close_only_their_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_stop_answers_in_flight_and_declines_new_requests() {
     let spec = spec("cup-pos");
-    let nodes = start_nodes(&spec, 2, Delay::parse("400ms").unwrap()).await;
-    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
     // TCP checks: no echo requests among what the nodes count.
     let back = "[service.back.health]\ncheck = \"tcp\"";
-    let switch = start_switch(&config("cup-pos", &addrs, "", back, "")).await;
+    let (nodes, switch) = rig(
+        &spec,
+        "cup-pos",
+        2,
+        Delay::parse("400ms").unwrap(),
+        "",
+        back,
+        "",
+    )
+    .await;
     let svc = service(&switch).clone();
     let target = front(&switch);
     wait_connected(&svc, 2).await;

@@ -5,7 +5,7 @@
 
 use bytes::Bytes;
 
-use crate::iso8583::{Decoded, IsoError, Message, Mti, Spec, samples};
+use crate::iso8583::{Decoded, IsoError, Message, Spec, samples};
 
 /// Fields a simulated node never copies into a response: track data, PIN
 /// block, EMV data and MACs do not travel back to the acquirer.
@@ -45,11 +45,6 @@ pub fn echo_request(spec: &Spec, stan: u32) -> Result<Bytes, IsoError> {
         d.set_text(60, "00000000003");
     }
     Ok(Bytes::from(spec.encode(&d)?))
-}
-
-/// The response MTI of `mti` as four ASCII digits (for tools and logs).
-pub fn response_mti(mti: Mti) -> Option<[u8; 4]> {
-    mti.response().map(|m| m.digits())
 }
 
 #[cfg(test)]

@@ -102,18 +102,12 @@ pub struct Service {
     pub counters: ServiceCounters,
     next_conn_id: AtomicU64,
     next_stan: AtomicU64,
-    started: Instant,
     /// Shutting down: new requests are declined, answers still flow.
     draining: std::sync::atomic::AtomicBool,
     /// Simplex fronts: the out links every outbound frame can use.
     pub out_links: Option<Arc<OutLinks>>,
     /// The F37 node stamps, when configured.
     stamps: Option<StampTable>,
-}
-
-/// A request that could not be routed: the reason and the request itself.
-struct Refusal {
-    reason: DeclineReason,
 }
 
 impl Service {
@@ -169,7 +163,6 @@ impl Service {
             counters: ServiceCounters::default(),
             next_conn_id: AtomicU64::new(1),
             next_stan: AtomicU64::new(1),
-            started: now,
             draining: std::sync::atomic::AtomicBool::new(false),
             out_links,
             stamps,
@@ -178,10 +171,6 @@ impl Service {
 
     pub fn name(&self) -> &str {
         &self.config.name
-    }
-
-    pub fn uptime(&self, now: Instant) -> Duration {
-        now.saturating_duration_since(self.started)
     }
 
     /// A process-unique connection ID.
@@ -266,8 +255,8 @@ impl Service {
             self.decline(origin, msg.payload(), DeclineReason::Shutdown);
             return Ok(());
         }
-        if let Err((origin, refusal)) = self.dispatch(msg, key, origin, now) {
-            self.decline(origin, msg.payload(), refusal.reason);
+        if let Err((origin, reason)) = self.dispatch(msg, key, origin, now) {
+            self.decline(origin, msg.payload(), reason);
         }
         Ok(())
     }
@@ -295,8 +284,8 @@ impl Service {
         key: CorrelationKey,
         origin: Origin,
         now: Instant,
-    ) -> Result<(), (Origin, Refusal)> {
-        let refuse = |origin, reason| Err((origin, Refusal { reason }));
+    ) -> Result<(), (Origin, DeclineReason)> {
+        let refuse = |origin, reason| Err((origin, reason));
         let mti = msg.mti().digits();
         let texts = FieldTexts::of(msg, &self.rule_fields);
         let sticky = self.sticky_key(msg);

@@ -59,6 +59,23 @@ pub fn config(
     Config::from_toml(&toml).unwrap_or_else(|e| panic!("config: {e}\n{toml}"))
 }
 
+/// `n` simulated nodes answering after `delay`, and a switch in front of them
+/// (see [`config`] for the extra TOML lines).
+pub async fn rig(
+    spec: &Arc<Spec>,
+    spec_name: &str,
+    n: usize,
+    delay: Delay,
+    front_extra: &str,
+    back_extra: &str,
+    service_extra: &str,
+) -> (Vec<NodeSim>, Switch) {
+    let nodes = start_nodes(spec, n, delay).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let cfg = config(spec_name, &addrs, front_extra, back_extra, service_extra);
+    (nodes, start_switch(&cfg).await)
+}
+
 pub async fn start_switch(config: &Config) -> Switch {
     Switch::start(config).await.expect("switch starts")
 }
