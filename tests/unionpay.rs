@@ -680,3 +680,81 @@ async fn group_rebuild_and_in_link_silence() {
     switch.stop().await;
     cups.stop().await;
 }
+
+/// With `stamp_by = node` the nodes stamp F37 themselves: the switch forwards
+/// their requests untouched, routes the responses by the stamp, and counts a
+/// request whose stamp does not name its sender.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_stamps_are_checked_not_rewritten() {
+    let spec = spec("cups");
+    // The sample request's F37 is 123456789012: its stamp window (offset 10,
+    // width 2) reads "12". Node "12" stamps itself correctly; node "34" sends
+    // the same F37, a stamp that is not its own.
+    let mut sims = Vec::new();
+    for (i, id) in ["12", "34"].iter().enumerate() {
+        let mut cfg = NodeSimConfig::new(id);
+        cfg.originate = Some(Originate {
+            mti: "0200".into(),
+            rate: 50.0,
+            stan_base: (i as u32 + 1) * 100_000,
+            timeout: Duration::from_secs(5),
+        });
+        sims.push(
+            NodeSim::start("127.0.0.1:0".parse().unwrap(), spec.clone(), cfg)
+                .await
+                .unwrap(),
+        );
+    }
+    let listen = free_addr();
+    let mut cups_cfg = cups_sim_config("127.0.0.1:0".parse().unwrap(), listen, None, 3);
+    cups_cfg.links = 2;
+    let cups = CupsSim::start(spec.clone(), cups_cfg).await.unwrap();
+    let toml = format!(
+        "[[service]]\nname = \"unionpay\"\nspec = \"cups\"\nf37_stamp = {{ offset = 10, width = 2 }}\n\
+         [service.front]\nkind = \"simplex\"\nconnect = \"{}\"\nlisten = \"{listen}\"\nlinks = 2\n\
+         member_id = \"03105840\"\npeer_id = \"00010000\"\nsign_on_retry = \"200ms\"\nstamp_by = \"node\"\n\
+         [service.back]\n[service.back.health]\ncheck = \"echo\"\n\
+         [[service.back.node]]\nid = \"12\"\naddress = \"{}\"\n[[service.back.node]]\nid = \"34\"\naddress = \"{}\"\n",
+        cups.accept_addr(),
+        sims[0].addr,
+        sims[1].addr
+    );
+    // Per-link sign-on: node requests flow only once UnionPay's in links are
+    // up to acknowledge it (before that they are declined, not lost).
+    let switch = Switch::start(&Config::from_toml(&toml).unwrap())
+        .await
+        .unwrap();
+    let svc = service(&switch).clone();
+    wait_until("links signed on", || {
+        svc.out_links.as_ref().unwrap().up() == (2, 2)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for n in &sims {
+        n.stop_originating();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_until("node requests settled", || {
+        sims.iter().all(|n| n.outstanding() == 0)
+    })
+    .await;
+    let (good, bad) = (&sims[0].stats, &sims[1].stats);
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    assert!(
+        load(&good.originated_answered) > 0,
+        "the correctly stamped node gets its answers"
+    );
+    assert_eq!(load(&good.originated_unanswered), 0);
+    // Node 34's requests were counted as mismatched, and their answers went
+    // where the stamp said: to node 12, which did not send them.
+    // (Every one of them is counted, sent or declined for want of a link.)
+    let sent_ok = load(&bad.originated) - load(&bad.originated_declined);
+    assert!(sent_ok > 0);
+    assert_eq!(
+        svc.counters.stamp_mismatches.load(Ordering::Relaxed),
+        load(&bad.originated)
+    );
+    assert_eq!(load(&good.foreign_responses), sent_ok);
+    switch.stop().await;
+    cups.stop().await;
+}
