@@ -46,6 +46,7 @@ fn example_configs_check_and_print_defaults() {
         out
     };
     check("examples/unionpay.toml");
+    check("examples/visa.toml");
     let out = check("examples/pos-nac.toml");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(

@@ -273,6 +273,7 @@ fn place(cfg: &mut Config, nodes: &[ChannelNode], peer_accept: SocketAddr) -> Re
                 s.listen = any;
                 s.connect = peer_accept;
             }
+            FrontConfig::Connect(c) => c.connect = peer_accept,
         }
     }
     Ok(())

@@ -53,6 +53,12 @@ pub async fn start(
         FrontConfig::Simplex(front) => {
             simplex::start(Arc::clone(&service), front, tasks, shutdown).await?
         }
+        front @ FrontConfig::Connect(_) => {
+            let set = front
+                .link_set()
+                .ok_or_else(|| std::io::Error::other("a connect front has a link set"))?;
+            simplex::start_connect(Arc::clone(&service), set, tasks, shutdown)
+        }
     };
     for node in 0..service.pool.nodes().len() {
         for slot in 0..service.config.back.connections_per_node {

@@ -144,15 +144,14 @@ impl Service {
             }
             None => None,
         };
-        let out_links = match &config.front {
-            FrontConfig::Simplex(f) => Some(Arc::new(OutLinks::new(
-                f.links,
-                f.sign_on,
+        let out_links = config.front.link_set().map(|set| {
+            Arc::new(OutLinks::new(
+                set.links,
+                set.sign_on,
                 config.timeouts.request,
                 now,
-            ))),
-            FrontConfig::Listen(_) => None,
-        };
+            ))
+        });
         Ok(Service {
             rule_fields,
             config,
@@ -270,9 +269,9 @@ impl Service {
     fn config_bad_message_keeps_client(&self) -> bool {
         match &self.config.front {
             FrontConfig::Listen(l) => l.on_bad_message == BadMessagePolicy::Drop,
-            // A simplex link is shared by everything the peer sends: never close
+            // A peer's link is shared by everything the peer sends: never close
             // it for one bad message.
-            FrontConfig::Simplex(_) => true,
+            FrontConfig::Simplex(_) | FrontConfig::Connect(_) => true,
         }
     }
 
@@ -351,7 +350,7 @@ impl Service {
     /// node-originated requests are stamped: the peer's own requests keep their
     /// F37, which the peer matches its responses on.
     fn stamp_patch(&self, msg: &Message<'_>, node: usize) -> Result<Patch, String> {
-        if matches!(self.config.front, FrontConfig::Simplex(_)) {
+        if !matches!(self.config.front, FrontConfig::Listen(_)) {
             return Ok(Patch::default());
         }
         self.f37_patch(msg, node)
@@ -645,6 +644,7 @@ impl Service {
     fn forward_node_request(&self, node: usize, msg: &Message<'_>) {
         let stamp_by = match &self.config.front {
             FrontConfig::Simplex(f) => f.stamp_by,
+            FrontConfig::Connect(f) => f.stamp_by,
             FrontConfig::Listen(_) => return,
         };
         let patch = match stamp_by {
@@ -737,7 +737,7 @@ impl Service {
     }
 
     fn answers_network_management(&self) -> bool {
-        matches!(&self.config.front, FrontConfig::Simplex(f) if f.answer_network_management)
+        self.config.front.answers_network_management()
     }
 
     /// The peer's response to a node's request: to the node its F37 stamp names,
@@ -817,8 +817,14 @@ impl Service {
         kind: NmKind,
         stan: u32,
     ) -> Result<Bytes, crate::iso8583::IsoError> {
-        let FrontConfig::Simplex(front) = &self.config.front else {
+        if matches!(self.config.front, FrontConfig::Listen(_)) {
             return crate::link::decline::echo_request(&self.spec, stan);
+        }
+        // Institution IDs where the front has them (UnionPay); a VISA link's
+        // switch-made messages carry the spec's sample header.
+        let ids = match &self.config.front {
+            FrontConfig::Simplex(f) => Some((f.member_id.clone(), f.peer_id.clone())),
+            _ => None,
         };
         let net = self.spec.network();
         let f70 = match kind {
@@ -827,14 +833,11 @@ impl Service {
             NmKind::Echo => net.echo_f70.clone().unwrap_or_else(|| "301".into()),
         };
         let mut d = crate::iso8583::samples::echo(&self.spec);
-        d.envelope = match self.spec.envelope().header {
-            crate::wire::HeaderKind::Cups => {
-                crate::wire::CupsHeader::new(&front.peer_id, &front.member_id, 0)
-                    .0
-                    .to_vec()
-            }
-            _ => d.envelope,
-        };
+        if let (crate::wire::HeaderKind::Cups, Some((member, peer))) =
+            (self.spec.envelope().header, &ids)
+        {
+            d.envelope = crate::wire::CupsHeader::new(peer, member, 0).0.to_vec();
+        }
         let text = |d: &mut crate::iso8583::Decoded, id: u16, v: String| {
             if self.spec.field(id).is_some() {
                 d.set_text(id, v);
@@ -842,10 +845,12 @@ impl Service {
         };
         text(&mut d, 7, transmission_time(std::time::SystemTime::now()));
         text(&mut d, 11, format!("{stan:06}"));
-        text(&mut d, 33, front.member_id.clone());
-        text(&mut d, 53, "0".repeat(16));
+        if let Some((member, peer)) = ids {
+            text(&mut d, 33, member);
+            text(&mut d, 53, "0".repeat(16));
+            text(&mut d, 100, peer);
+        }
         text(&mut d, 70, f70);
-        text(&mut d, 100, front.peer_id.clone());
         Ok(Bytes::from(self.spec.encode(&d)?))
     }
 

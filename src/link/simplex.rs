@@ -18,7 +18,7 @@ use super::node::Backoff;
 use super::service::Service;
 use super::timer::{ReadTimeout, ReadTimer, in_frame};
 use super::writer::{Outbound, run_writer_until};
-use crate::ops::config::{SignOn, SimplexFront};
+use crate::ops::config::{FrontConfig, LinkSet, SignOn, SimplexFront};
 use crate::wire::{Frame, FrameCodec};
 
 /// Where a link stands.
@@ -328,17 +328,10 @@ pub async fn start(
 ) -> std::io::Result<std::net::SocketAddr> {
     let listener = TcpListener::bind(front.listen).await?;
     let addr = listener.local_addr()?;
-    let (rebuild, _) = watch::channel(0u64);
-    let rebuild = Arc::new(rebuild);
-    for link in 0..front.links {
-        tasks.spawn(keep_out_link(
-            Arc::clone(&service),
-            front.clone(),
-            link,
-            Arc::clone(&rebuild),
-            shutdown.clone(),
-        ));
-    }
+    let set = FrontConfig::Simplex(front.clone())
+        .link_set()
+        .ok_or_else(|| std::io::Error::other("a simplex front has a link set"))?;
+    spawn_links(&service, &set, tasks, shutdown);
     tasks.spawn(accept_in_links(
         Arc::clone(&service),
         front,
@@ -348,13 +341,44 @@ pub async fn start(
     Ok(addr)
 }
 
+/// Spawns the duplex links of a `connect` front (VISA): the switch connects
+/// them, and every link carries both directions. Returns the peer's address.
+pub fn start_connect(
+    service: Arc<Service>,
+    set: LinkSet,
+    tasks: &mut tokio::task::JoinSet<()>,
+    shutdown: &watch::Receiver<bool>,
+) -> std::net::SocketAddr {
+    spawn_links(&service, &set, tasks, shutdown);
+    set.connect
+}
+
+fn spawn_links(
+    service: &Arc<Service>,
+    set: &LinkSet,
+    tasks: &mut tokio::task::JoinSet<()>,
+    shutdown: &watch::Receiver<bool>,
+) {
+    let (rebuild, _) = watch::channel(0u64);
+    let rebuild = Arc::new(rebuild);
+    for link in 0..set.links {
+        tasks.spawn(keep_out_link(
+            Arc::clone(service),
+            set.clone(),
+            link,
+            Arc::clone(&rebuild),
+            shutdown.clone(),
+        ));
+    }
+}
+
 fn out_links(service: &Service) -> Option<&Arc<OutLinks>> {
     service.out_links.as_ref()
 }
 
 async fn keep_out_link(
     service: Arc<Service>,
-    front: SimplexFront,
+    front: LinkSet,
     link: usize,
     rebuild: Arc<watch::Sender<u64>>,
     mut shutdown: watch::Receiver<bool>,
@@ -416,7 +440,7 @@ impl OutLinkEnd {
 
 async fn run_out_link(
     service: &Arc<Service>,
-    front: &SimplexFront,
+    front: &LinkSet,
     link: usize,
     stream: TcpStream,
     rebuild: &mut watch::Receiver<u64>,
@@ -444,19 +468,33 @@ async fn run_out_link(
     let mut last_sign_on: Option<Instant> = None;
     let mut last_echo = Instant::now();
     let mut writer_done = None;
+    // Duplex links read the peer's frames; a frame started must finish.
+    let mut timer = ReadTimer::new(Duration::ZERO, front.partial_frame_timeout, Instant::now());
     let end = loop {
         tokio::select! {
-            item = frames.next() => match item {
-                Some(Ok(Frame::KeepAlive)) => {}
-                Some(Ok(Frame::Message(p))) => {
-                    links.stats[link].unexpected_in.fetch_add(1, Ordering::Relaxed);
-                    service.log_unexpected_on_out_link(link, p);
+            item = frames.next() => {
+                timer.frame(Instant::now());
+                match item {
+                    Some(Ok(Frame::KeepAlive)) if front.duplex => {
+                        links.in_stats.keepalives_in.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some(Ok(Frame::Message(p))) if front.duplex => {
+                        links.in_stats.frames_in.fetch_add(1, Ordering::Relaxed);
+                        service.on_peer_frame(p, Instant::now());
+                    }
+                    Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => {}
+                    Some(Ok(Frame::Message(p))) => {
+                        links.stats[link].unexpected_in.fetch_add(1, Ordering::Relaxed);
+                        service.log_unexpected_on_out_link(link, p);
+                    }
+                    Some(Err(_)) | None => break OutLinkEnd::Broken,
                 }
-                Some(Ok(Frame::SessionControl(_))) => {}
-                Some(Err(_)) | None => break OutLinkEnd::Broken,
-            },
+            }
             _ = tick.tick() => {
                 let now = Instant::now();
+                if front.duplex && timer.check(in_frame(&frames), now).is_some() {
+                    break OutLinkEnd::Broken;
+                }
                 if needs_sign_on(front.sign_on, links, link)
                     && last_sign_on.is_none_or(|t| now.duration_since(t) >= front.sign_on_retry)
                 {

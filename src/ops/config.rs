@@ -51,6 +51,121 @@ pub enum FrontConfig {
     /// UnionPay's split simplex links: the switch connects N out links and only
     /// writes on them; the peer connects N in links and only writes on them.
     Simplex(SimplexFront),
+    /// Duplex links the switch connects to the peer (VISA): both directions on
+    /// every link, and the peer may answer on any of them.
+    Connect(ConnectFront),
+}
+
+/// The `connect` front: N duplex links from the switch to the peer.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectFront {
+    /// The peer's address.
+    pub connect: SocketAddr,
+    /// Duplex links kept up.
+    pub links: usize,
+    /// Send a keep-alive (a zero-length frame) on a link idle this long.
+    #[serde(default = "defaults::keepalive_idle", with = "humantime_serde")]
+    pub keepalive_idle: Duration,
+    #[serde(default = "defaults::partial_frame_timeout", with = "humantime_serde")]
+    pub partial_frame_timeout: Duration,
+    #[serde(default = "defaults::connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    #[serde(default = "defaults::reconnect_min", with = "humantime_serde")]
+    pub reconnect_min: Duration,
+    #[serde(default = "defaults::reconnect_max", with = "humantime_serde")]
+    pub reconnect_max: Duration,
+    #[serde(default)]
+    pub rebuild_group: bool,
+    /// Sign-on on each link as it comes up; VISA links usually need none.
+    #[serde(default = "defaults::no_sign_on")]
+    pub sign_on: SignOn,
+    #[serde(default = "defaults::sign_on_retry", with = "humantime_serde")]
+    pub sign_on_retry: Duration,
+    #[serde(default = "defaults::echo_interval", with = "humantime_serde")]
+    pub echo_interval: Duration,
+    #[serde(default = "defaults::yes")]
+    pub answer_network_management: bool,
+    #[serde(default)]
+    pub stamp_by: StampBy,
+    #[serde(default = "defaults::write_queue")]
+    pub write_queue: usize,
+}
+
+/// What the link-set machinery needs of a `simplex` or `connect` front.
+#[derive(Clone, Debug)]
+pub struct LinkSet {
+    pub connect: SocketAddr,
+    pub links: usize,
+    pub keepalive_idle: Duration,
+    pub partial_frame_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub reconnect_min: Duration,
+    pub reconnect_max: Duration,
+    pub rebuild_group: bool,
+    pub sign_on: SignOn,
+    pub sign_on_retry: Duration,
+    pub echo_interval: Duration,
+    pub write_queue: usize,
+    /// Links carry the peer's frames too (connect), not only ours (simplex).
+    pub duplex: bool,
+}
+
+impl FrontConfig {
+    /// The link set of a `simplex` or `connect` front.
+    pub fn link_set(&self) -> Option<LinkSet> {
+        match self {
+            FrontConfig::Listen(_) => None,
+            FrontConfig::Simplex(f) => Some(LinkSet {
+                connect: f.connect,
+                links: f.links,
+                keepalive_idle: f.keepalive_idle,
+                partial_frame_timeout: f.partial_frame_timeout,
+                connect_timeout: f.connect_timeout,
+                reconnect_min: f.reconnect_min,
+                reconnect_max: f.reconnect_max,
+                rebuild_group: f.rebuild_group,
+                sign_on: f.sign_on,
+                sign_on_retry: f.sign_on_retry,
+                echo_interval: f.echo_interval,
+                write_queue: f.write_queue,
+                duplex: false,
+            }),
+            FrontConfig::Connect(f) => Some(LinkSet {
+                connect: f.connect,
+                links: f.links,
+                keepalive_idle: f.keepalive_idle,
+                partial_frame_timeout: f.partial_frame_timeout,
+                connect_timeout: f.connect_timeout,
+                reconnect_min: f.reconnect_min,
+                reconnect_max: f.reconnect_max,
+                rebuild_group: f.rebuild_group,
+                sign_on: f.sign_on,
+                sign_on_retry: f.sign_on_retry,
+                echo_interval: f.echo_interval,
+                write_queue: f.write_queue,
+                duplex: true,
+            }),
+        }
+    }
+
+    /// Whether the switch answers the peer's network management itself.
+    pub fn answers_network_management(&self) -> bool {
+        match self {
+            FrontConfig::Listen(_) => false,
+            FrontConfig::Simplex(f) => f.answer_network_management,
+            FrontConfig::Connect(f) => f.answer_network_management,
+        }
+    }
+
+    /// Who stamps F37 of node-originated requests (link-set fronts only).
+    pub fn stamp_by(&self) -> Option<StampBy> {
+        match self {
+            FrontConfig::Listen(_) => None,
+            FrontConfig::Simplex(f) => Some(f.stamp_by),
+            FrontConfig::Connect(f) => Some(f.stamp_by),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -421,6 +536,9 @@ mod defaults {
     pub fn yes() -> bool {
         true
     }
+    pub fn no_sign_on() -> super::SignOn {
+        super::SignOn::None
+    }
 }
 
 /// Applies `ISOSWITCH__A__0__B=value` overrides to a parsed config tree.
@@ -599,40 +717,38 @@ impl ServiceConfig {
         }
         match &self.front {
             FrontConfig::Listen(l) => l.validate(&format!("{key}.front")),
-            FrontConfig::Simplex(f) => {
+            FrontConfig::Simplex(_) | FrontConfig::Connect(_) => {
                 if self.f37_stamp.is_none() {
                     return Err(invalid(
                         format!("{key}.f37_stamp"),
-                        "a simplex front routes responses by the F37 node stamp: set { offset, width }",
+                        "this front routes responses by the F37 node stamp: set { offset, width }",
                     ));
                 }
                 if spec.field(37).is_none() {
                     return Err(invalid(
                         format!("{key}.spec"),
-                        "a simplex front needs F37 in the spec",
+                        "this front needs F37 in the spec",
                     ));
                 }
-                f.validate(&format!("{key}.front"))
+                let front_key = format!("{key}.front");
+                if let FrontConfig::Simplex(f) = &self.front {
+                    f.validate(&front_key)?;
+                }
+                self.front
+                    .link_set()
+                    .map_or(Ok(()), |set| set.validate(&front_key))
             }
         }
     }
 }
 
-impl SimplexFront {
-    pub fn max_in_links(&self) -> usize {
-        self.max_in_links.unwrap_or(self.links)
-    }
-
+impl LinkSet {
     fn validate(&self, key: &str) -> Result<(), ConfigError> {
         if !(1..=64).contains(&self.links) {
             return Err(invalid(format!("{key}.links"), "must be within 1..=64"));
         }
-        if self.max_in_links() == 0 {
-            return Err(invalid(format!("{key}.max_in_links"), "must be > 0"));
-        }
         for (k, v) in [
             ("keepalive_idle", self.keepalive_idle),
-            ("in_link_silence", self.in_link_silence),
             ("partial_frame_timeout", self.partial_frame_timeout),
             ("reconnect_min", self.reconnect_min),
             ("sign_on_retry", self.sign_on_retry),
@@ -647,13 +763,30 @@ impl SimplexFront {
                 "must be >= reconnect_min",
             ));
         }
+        if self.write_queue == 0 {
+            return Err(invalid(format!("{key}.write_queue"), "must be > 0"));
+        }
+        Ok(())
+    }
+}
+
+impl SimplexFront {
+    pub fn max_in_links(&self) -> usize {
+        self.max_in_links.unwrap_or(self.links)
+    }
+
+    /// What only a simplex front has; the link set is checked by [`LinkSet`].
+    fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        if self.max_in_links() == 0 {
+            return Err(invalid(format!("{key}.max_in_links"), "must be > 0"));
+        }
+        if self.in_link_silence.is_zero() {
+            return Err(invalid(format!("{key}.in_link_silence"), "must be > 0"));
+        }
         for (k, id) in [("member_id", &self.member_id), ("peer_id", &self.peer_id)] {
             if id.is_empty() || id.len() > 11 || !id.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(invalid(format!("{key}.{k}"), "1 to 11 digits"));
             }
-        }
-        if self.write_queue == 0 {
-            return Err(invalid(format!("{key}.write_queue"), "must be > 0"));
         }
         Ok(())
     }

@@ -689,7 +689,7 @@ impl Shared {
             None => &stats.mismatched,
             Some(Kind::Echo) => &stats.echo_answered,
             Some(Kind::Issuer) => {
-                let approved = matches!(msg.field(39), Ok(Some(f)) if f.data() == b"00");
+                let approved = matches!(msg.field(39), Ok(Some(f)) if f.eq_logical(b"00"));
                 if approved {
                     &stats.answered
                 } else {

@@ -492,7 +492,7 @@ async fn read_responses(
                 .field(39)
                 .ok()
                 .flatten()
-                .is_some_and(|f| f.data() == b"00");
+                .is_some_and(|f| f.eq_logical(b"00"));
             let _ = done.send(if ok {
                 Outcome::Answered
             } else {

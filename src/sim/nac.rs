@@ -350,7 +350,7 @@ fn classify(spec: &Spec, uplink: &Uplink, payload: Bytes) -> Option<()> {
         .field(39)
         .ok()
         .flatten()
-        .is_some_and(|f| f.data() == b"00")
+        .is_some_and(|f| f.eq_logical(b"00"))
     {
         Outcome::Answered
     } else {

@@ -315,7 +315,7 @@ fn originated_response(shared: &Shared, msg: &Message<'_>) {
         .field(39)
         .ok()
         .flatten()
-        .is_some_and(|f| f.data() == b"00");
+        .is_some_and(|f| f.eq_logical(b"00"));
     let counter = if approved {
         &stats.originated_answered
     } else {
