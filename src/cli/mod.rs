@@ -192,13 +192,13 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             fail_rate,
             originate,
         } => {
-            let spec = match Spec::resolve(&spec) {
-                Ok(s) => Arc::new(s),
-                Err(e) => return fail(e.to_string()),
+            let spec = match resolve_spec(&spec) {
+                Ok(s) => s,
+                Err(code) => return code,
             };
-            let delay = match crate::sim::node::Delay::parse(&delay) {
+            let delay = match parse_delay(&delay) {
                 Ok(d) => d,
-                Err(e) => return fail(format!("--delay: {e}")),
+                Err(code) => return code,
             };
             if !(0.0..=1.0).contains(&fail_rate) {
                 return fail("--fail-rate must be within 0..=1".into());
@@ -239,9 +239,9 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             timeout,
             nac_id,
         } => {
-            let spec = match Spec::resolve(&spec) {
-                Ok(s) => Arc::new(s),
-                Err(e) => return fail(e.to_string()),
+            let spec = match resolve_spec(&spec) {
+                Ok(s) => s,
+                Err(code) => return code,
             };
             let cfg = crate::sim::nac::NacSimConfig {
                 target: connect,
@@ -275,13 +275,13 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             delay,
             no_answer,
         } => {
-            let spec = match Spec::resolve(&spec) {
-                Ok(s) => Arc::new(s),
-                Err(e) => return fail(e.to_string()),
+            let spec = match resolve_spec(&spec) {
+                Ok(s) => s,
+                Err(code) => return code,
             };
-            let delay = match crate::sim::node::Delay::parse(&delay) {
+            let delay = match parse_delay(&delay) {
                 Ok(d) => d,
-                Err(e) => return fail(format!("--delay: {e}")),
+                Err(code) => return code,
             };
             if rate.is_some_and(|r| !(r.is_finite() && r >= 0.0)) {
                 return fail("--rate must be a non-negative number".into());
@@ -311,6 +311,17 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             })
         }
     }
+}
+
+/// A spec by built-in name or path, or the exit status after saying why not.
+fn resolve_spec(name: &str) -> Result<Arc<Spec>, ExitCode> {
+    Spec::resolve(name)
+        .map(Arc::new)
+        .map_err(|e| fail(e.to_string()))
+}
+
+fn parse_delay(text: &str) -> Result<crate::sim::node::Delay, ExitCode> {
+    crate::sim::node::Delay::parse(text).map_err(|e| fail(format!("--delay: {e}")))
 }
 
 fn runtime<F>(fut: F) -> ExitCode

@@ -114,38 +114,30 @@ pub struct LinkSet {
 impl FrontConfig {
     /// The link set of a `simplex` or `connect` front.
     pub fn link_set(&self) -> Option<LinkSet> {
+        // Both fronts name these keys alike.
+        macro_rules! link_set {
+            ($f:expr, $duplex:expr) => {
+                LinkSet {
+                    connect: $f.connect,
+                    links: $f.links,
+                    keepalive_idle: $f.keepalive_idle,
+                    partial_frame_timeout: $f.partial_frame_timeout,
+                    connect_timeout: $f.connect_timeout,
+                    reconnect_min: $f.reconnect_min,
+                    reconnect_max: $f.reconnect_max,
+                    rebuild_group: $f.rebuild_group,
+                    sign_on: $f.sign_on,
+                    sign_on_retry: $f.sign_on_retry,
+                    echo_interval: $f.echo_interval,
+                    write_queue: $f.write_queue,
+                    duplex: $duplex,
+                }
+            };
+        }
         match self {
             FrontConfig::Listen(_) => None,
-            FrontConfig::Simplex(f) => Some(LinkSet {
-                connect: f.connect,
-                links: f.links,
-                keepalive_idle: f.keepalive_idle,
-                partial_frame_timeout: f.partial_frame_timeout,
-                connect_timeout: f.connect_timeout,
-                reconnect_min: f.reconnect_min,
-                reconnect_max: f.reconnect_max,
-                rebuild_group: f.rebuild_group,
-                sign_on: f.sign_on,
-                sign_on_retry: f.sign_on_retry,
-                echo_interval: f.echo_interval,
-                write_queue: f.write_queue,
-                duplex: false,
-            }),
-            FrontConfig::Connect(f) => Some(LinkSet {
-                connect: f.connect,
-                links: f.links,
-                keepalive_idle: f.keepalive_idle,
-                partial_frame_timeout: f.partial_frame_timeout,
-                connect_timeout: f.connect_timeout,
-                reconnect_min: f.reconnect_min,
-                reconnect_max: f.reconnect_max,
-                rebuild_group: f.rebuild_group,
-                sign_on: f.sign_on,
-                sign_on_retry: f.sign_on_retry,
-                echo_interval: f.echo_interval,
-                write_queue: f.write_queue,
-                duplex: true,
-            }),
+            FrontConfig::Simplex(f) => Some(link_set!(f, false)),
+            FrontConfig::Connect(f) => Some(link_set!(f, true)),
         }
     }
 
