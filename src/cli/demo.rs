@@ -250,9 +250,10 @@ async fn demo(seconds: u64) -> Result<bool, String> {
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let cups_report = cups.stop().await;
-    let ok = summary(&nodes, &services, &nac_report, &cups_report);
+    let ok = summary(&nodes, &services, &nac_report, &cups.report());
+    // The switch first (it signs off its links), then its peers.
     switch.stop().await;
+    cups.stop().await;
     for n in &mut nodes {
         n.kill().await;
     }

@@ -140,7 +140,12 @@ pub enum SimCommand {
 /// Parses the arguments and runs the command.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    // The demo narrates its own events: only warnings and errors from the switch.
+    init_logging(if matches!(cli.command, Command::Demo(_)) {
+        "warn"
+    } else {
+        "info"
+    });
     match cli.command {
         Command::Decode(args) => decode::run(&args),
         Command::Demo(args) => demo::run(&args),
@@ -354,9 +359,9 @@ fn fail(msg: String) -> ExitCode {
     ExitCode::FAILURE
 }
 
-fn init_logging() {
+fn init_logging(default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ISOSWITCH_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

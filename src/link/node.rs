@@ -114,7 +114,11 @@ async fn run_connection(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     let declined = service.connection_lost(id, Instant::now());
-    tracing::warn!(service = service.name(), node = %node_name(service, node), slot, conn = id, reason = %why, declined, "node connection down");
+    if why == "shutdown" {
+        tracing::info!(service = service.name(), node = %node_name(service, node), slot, conn = id, "node connection closed: shutdown");
+    } else {
+        tracing::warn!(service = service.name(), node = %node_name(service, node), slot, conn = id, reason = %why, declined, "node connection down");
+    }
 }
 
 fn node_name(service: &Service, node: usize) -> String {

@@ -53,6 +53,8 @@ struct PoolState {
 }
 
 pub struct NodePool {
+    /// The service's name, for logs.
+    service: String,
     nodes: Vec<Node>,
     state: Mutex<PoolState>,
     rules: RuleSet,
@@ -66,7 +68,7 @@ pub enum PickError {
 }
 
 impl NodePool {
-    pub fn new(back: &BackConfig, now: Instant) -> Result<NodePool, String> {
+    pub fn new(service: &str, back: &BackConfig, now: Instant) -> Result<NodePool, String> {
         let ids = back.node_ids().map_err(|e| e.to_string())?;
         let mut nodes = Vec::with_capacity(back.nodes.len());
         let mut states = Vec::with_capacity(back.nodes.len());
@@ -102,6 +104,7 @@ impl NodePool {
         );
         let views = Vec::with_capacity(nodes.len());
         Ok(NodePool {
+            service: service.to_string(),
             nodes,
             state: Mutex::new(PoolState {
                 nodes: states,
@@ -182,7 +185,13 @@ impl NodePool {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         let t = self.lock_state().nodes[node].record_response(ok, latency, now);
-        log_transition(n, t);
+        self.log_transition(n, t);
+    }
+
+    fn log_transition(&self, node: &Node, t: Transition) {
+        if t != Transition::Unchanged {
+            tracing::info!(service = %self.service, node = %node.config.id, transition = ?t, "node health changed");
+        }
     }
 
     /// A request picked for `node` never left (its queue was full or closed): no
@@ -205,7 +214,7 @@ impl NodePool {
         let t = self.lock_state().nodes[node]
             .health_mut()
             .record_check(ok, now);
-        log_transition(n, t);
+        self.log_transition(n, t);
     }
 
     /// Sets a node's administrative state (config now, admin API later).
@@ -216,7 +225,7 @@ impl NodePool {
         let t = self.lock_state().nodes[node]
             .health_mut()
             .set_admin(admin, now);
-        log_transition(n, t);
+        self.log_transition(n, t);
         true
     }
 
@@ -245,7 +254,7 @@ impl NodePool {
         let t = self.lock_state().nodes[node]
             .health_mut()
             .set_connected(connected, now);
-        log_transition(n, t);
+        self.log_transition(n, t);
     }
 }
 
@@ -283,12 +292,6 @@ impl Node {
 
     pub fn outstanding(&self) -> usize {
         self.outstanding.load(Ordering::Relaxed)
-    }
-}
-
-fn log_transition(node: &Node, t: Transition) {
-    if t != Transition::Unchanged {
-        tracing::info!(node = %node.config.id, transition = ?t, "node health changed");
     }
 }
 

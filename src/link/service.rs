@@ -112,7 +112,7 @@ pub struct Service {
 
 impl Service {
     pub fn new(config: ServiceConfig, spec: Spec, now: Instant) -> Result<Service, String> {
-        let pool = NodePool::new(&config.back, now)?;
+        let pool = NodePool::new(&config.name, &config.back, now)?;
         let key_parts = if config.correlation.key.is_empty() {
             default_key(&spec)
         } else {

@@ -401,12 +401,16 @@ async fn keep_out_link(
                 &mut shutdown,
             )
             .await;
-            tracing::warn!(
-                service = service.name(),
-                link,
-                reason = why.as_str(),
-                "out link down"
-            );
+            if why == OutLinkEnd::Shutdown {
+                tracing::info!(service = service.name(), link, "out link closed: shutdown");
+            } else {
+                tracing::warn!(
+                    service = service.name(),
+                    link,
+                    reason = why.as_str(),
+                    "out link down"
+                );
+            }
             if why == OutLinkEnd::Broken && front.rebuild_group {
                 rebuild.send_modify(|g| *g += 1);
             }

@@ -199,12 +199,18 @@ pub async fn run_with(
     for t in 0..cfg.terminals {
         let uplink = Arc::clone(&uplinks[t % uplinks.len()]);
         let term = Terminal::new(cfg.nac_id, t);
+        // Terminals start spread over one period, as real ones are: all of
+        // them firing at the same instant would make the traffic one burst.
+        let first_send = Instant::now()
+            + per_terminal.map_or(Duration::ZERO, |p| {
+                p.mul_f64(t as f64 / cfg.terminals as f64)
+            });
         terminals.spawn(run_terminal(
             term,
             template.clone(),
             uplink,
             Arc::clone(&counters),
-            stop_at,
+            (first_send, stop_at),
             per_terminal,
             cfg.timeout,
         ));
@@ -250,11 +256,11 @@ async fn run_terminal(
     template: Template,
     uplink: Arc<Uplink>,
     counters: Arc<Counters>,
-    stop_at: Instant,
+    (first_send, stop_at): (Instant, Instant),
     pace: Option<Duration>,
     timeout: Duration,
 ) {
-    let mut next_send = Instant::now();
+    let mut next_send = first_send;
     while Instant::now() < stop_at {
         if let Some(p) = pace {
             tokio::time::sleep_until(next_send.into()).await;

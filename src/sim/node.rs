@@ -243,8 +243,14 @@ async fn serve_conn(
     let spec = &shared.spec;
     let prefix = spec.framing().prefix;
     let (tx, rx) = mpsc::channel(8192);
-    let writer = tokio::spawn(run_writer(write, prefix, rx));
     lock(&shared.conns).push((id, tx.clone()));
+    // However this task ends (even aborted, as when the node is stopped), the
+    // writer goes with it, so the connection really closes.
+    let _conn = ConnGuard {
+        writer: tokio::spawn(run_writer(write, prefix, rx)),
+        shared: Arc::clone(&shared),
+        id,
+    };
     let mut frames = FramedRead::new(read, FrameCodec::new(prefix, spec.framing().max_frame));
     let mut rng = seed();
     loop {
@@ -258,8 +264,20 @@ async fn serve_conn(
             Some(Err(_)) | None => break,
         }
     }
-    lock(&shared.conns).retain(|(c, _)| *c != id);
-    writer.abort();
+}
+
+/// Closes a node connection's writer and forgets the connection on drop.
+struct ConnGuard {
+    writer: tokio::task::JoinHandle<std::io::Result<()>>,
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.writer.abort();
+        lock(&self.shared.conns).retain(|(c, _)| *c != self.id);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -435,6 +453,39 @@ pub(crate) fn next_u64(state: &mut u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Stopping a node closes its connections at once, as a dying process
+    /// does: answers it was still delaying are not sent (their tasks used to
+    /// keep the writer, and so the connection, open until they had run).
+    #[tokio::test]
+    async fn stop_closes_every_connection_at_once() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let spec = Arc::new(Spec::builtin("cup-pos").unwrap());
+        let mut cfg = NodeSimConfig::new("01");
+        cfg.delay = Delay::parse("500ms").unwrap();
+        let node = NodeSim::start("127.0.0.1:0".parse().unwrap(), spec.clone(), cfg)
+            .await
+            .unwrap();
+        let mut client = TcpStream::connect(node.addr).await.unwrap();
+        let request = crate::sim::sample_request(&spec, "0200").unwrap();
+        let mut frame = bytes::BytesMut::new();
+        spec.framing()
+            .prefix
+            .encode(request.len(), &mut frame)
+            .unwrap();
+        frame.extend_from_slice(&request);
+        client.write_all(&frame).await.unwrap();
+        while node.stats.requests.load(Ordering::Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        node.stop().await;
+        let mut buf = [0u8; 8];
+        let read = tokio::time::timeout(Duration::from_millis(200), client.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "closed at once, no late answer: {read:?}"
+        );
+    }
 
     #[test]
     fn delay_forms() {
