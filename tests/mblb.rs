@@ -515,10 +515,11 @@ async fn partial_frame_and_idle_timeouts_close_only_their_client() {
     let (_nodes, switch) = rig(&spec, "cup-pos", 1, Delay::NONE, front_extra, "", "").await;
     let target = front(&switch);
 
+    // The switch's clocks start at accept, after this instant.
+    let started = std::time::Instant::now();
     let mut silent = RawClient::connect(target, &spec).await;
     let mut chatty = RawClient::connect(target, &spec).await;
     let mut stalled = RawClient::connect(target, &spec).await;
-    let started = std::time::Instant::now();
     stalled.send_raw(&[0x00, 0x40, 0x60, 0x00]).await; // 64 bytes announced, 2 sent
     let stalled_closed = async {
         let closed = stalled.closed_by_peer().await;
