@@ -1,5 +1,7 @@
 //! Date and time fields. Pure: the caller passes the time.
 
+use crate::wire::write_ascii_decimal as write_digits;
+
 /// F7, transmission date and time, `MMDDhhmmss` in UTC, for a time given as
 /// seconds since the Unix epoch.
 pub fn transmission_date_time(unix_secs: u64) -> [u8; 10] {
@@ -27,13 +29,6 @@ pub fn civil_from_days(days: u64) -> (u64, u64, u64) {
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + u64::from(month <= 2);
     (year, month, day)
-}
-
-fn write_digits(out: &mut [u8], mut v: u64) {
-    for b in out.iter_mut().rev() {
-        *b = b'0' + (v % 10) as u8;
-        v /= 10;
-    }
 }
 
 #[cfg(test)]

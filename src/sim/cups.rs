@@ -486,7 +486,7 @@ impl Shared {
             })
             .map_or(1, |prev| prev % 999_999 + 1);
         let mut out = [b'0'; 6];
-        write_digits(&mut out, u64::from(s));
+        crate::wire::write_ascii_decimal(&mut out, u64::from(s));
         out
     }
 
@@ -1080,13 +1080,6 @@ fn transmission_time() -> [u8; 10] {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     crate::iso8583::transmission_date_time(secs)
-}
-
-fn write_digits(out: &mut [u8], mut v: u64) {
-    for b in out.iter_mut().rev() {
-        *b = b'0' + (v % 10) as u8;
-        v /= 10;
-    }
 }
 
 #[cfg(test)]

@@ -441,11 +441,7 @@ fn pick_template<'t>(templates: &'t [Template], total: u32, rng: &mut u64) -> &'
 /// F11 both ways a spec may encode it: six ASCII digits and three BCD bytes.
 fn stan_bytes(stan: u32) -> ([u8; 6], [u8; 3]) {
     let mut ascii = [b'0'; 6];
-    let mut v = stan;
-    for slot in ascii.iter_mut().rev() {
-        *slot = b'0' + (v % 10) as u8;
-        v /= 10;
-    }
+    crate::wire::write_ascii_decimal(&mut ascii, u64::from(stan));
     let mut bcd = [0u8; 3];
     for (i, b) in bcd.iter_mut().enumerate() {
         *b = ((ascii[2 * i] - b'0') << 4) | (ascii[2 * i + 1] - b'0');

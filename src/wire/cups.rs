@@ -134,7 +134,7 @@ impl CupsHeader {
     }
 
     pub fn set_total_length(&mut self, len: usize) {
-        write_ascii_number(&mut self.0[TOTAL_LEN], len);
+        super::write_ascii_decimal(&mut self.0[TOTAL_LEN], len as u64);
     }
 
     pub fn set_destination_id(&mut self, id: &str) {
@@ -166,7 +166,7 @@ impl CupsHeader {
     /// Rewrites the total length of a header at the start of `buf`.
     pub fn set_total_length_in_place(buf: &mut [u8], len: usize) {
         if buf.len() >= Self::LEN {
-            write_ascii_number(&mut buf[TOTAL_LEN], len);
+            super::write_ascii_decimal(&mut buf[TOTAL_LEN], len as u64);
         }
     }
 
@@ -213,13 +213,6 @@ fn ascii_number(digits: &[u8]) -> Option<usize> {
     digits.iter().try_fold(0usize, |n, &d| {
         d.is_ascii_digit().then(|| n * 10 + usize::from(d - b'0'))
     })
-}
-
-fn write_ascii_number(dst: &mut [u8], mut n: usize) {
-    for slot in dst.iter_mut().rev() {
-        *slot = b'0' + (n % 10) as u8;
-        n /= 10;
-    }
 }
 
 fn write_id(dst: &mut [u8], id: &str) {

@@ -26,6 +26,15 @@ pub use visa::VisaHeader;
 
 use bytes::Bytes;
 
+/// Writes `n` into `dst` as zero-padded ASCII decimal digits, right-aligned;
+/// digits that do not fit are cut from the left. (Header lengths, F7, STANs.)
+pub fn write_ascii_decimal(dst: &mut [u8], mut n: u64) {
+    for slot in dst.iter_mut().rev() {
+        *slot = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+}
+
 /// One unit cut from a stream by a [`LengthPrefix`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
