@@ -273,7 +273,7 @@ async fn draining_a_node_stops_new_requests_and_lets_in_flight_finish() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_clients_are_closed_and_others_are_unaffected() {
     let spec = spec("cup-pos");
-    let front_extra = "max_per_source = 3";
+    let front_extra = "max_per_source = 3\non_bad_message = \"close\"";
     let (_nodes, switch) = rig(&spec, "cup-pos", 2, Delay::NONE, front_extra, "", "").await;
     let svc = service(&switch).clone();
     wait_connected(&svc, 2).await;

@@ -218,16 +218,7 @@ impl Spec {
         let mut fields = Vec::with_capacity(layout.present.iter().count());
         let mut end = layout.fields_at;
         self.walk(layout, payload, |def, span| {
-            let data = payload.get(span.data..span.end).unwrap_or_default();
-            let value = match def.data {
-                Data::Binary => Value::Binary(data.to_vec()),
-                _ => Value::Text(
-                    codec::logical(def, data, span.units)
-                        .map(char::from)
-                        .collect(),
-                ),
-            };
-            fields.push((def.id, value));
+            fields.push((def.id, field_value(def, payload, span)));
             end = span.end;
             true
         })?;
@@ -237,6 +228,26 @@ impl Spec {
                 len: payload.len() - end,
             });
         }
+        Ok(Decoded {
+            envelope: payload.get(..layout.mti_at).unwrap_or_default().to_vec(),
+            mti: layout.mti,
+            fields,
+            bitmaps: layout.bitmaps,
+        })
+    }
+
+    /// Decodes what can be read of a payload that may be broken: the envelope,
+    /// MTI and bitmaps must parse; fields are read in order until the first one
+    /// that cannot be, and the rest (and any trailing bytes) are left out. For
+    /// answering a malformed request with what it did carry.
+    pub fn decode_readable(&self, payload: &[u8]) -> Result<Decoded, IsoError> {
+        let layout = self.layout(payload)?;
+        let mut fields = Vec::with_capacity(layout.present.iter().count());
+        // The walk stops at the first field it cannot read; what came before stands.
+        let _ = self.walk(&layout, payload, |def, span| {
+            fields.push((def.id, field_value(def, payload, span)));
+            true
+        });
         Ok(Decoded {
             envelope: payload.get(..layout.mti_at).unwrap_or_default().to_vec(),
             mti: layout.mti,
@@ -403,5 +414,18 @@ impl Spec {
         }
         out.set_text(39, response_code);
         Ok(out)
+    }
+}
+
+/// The value of one field found in `payload`.
+fn field_value(def: &FieldDef, payload: &[u8], span: codec::Span) -> Value {
+    let data = payload.get(span.data..span.end).unwrap_or_default();
+    match def.data {
+        Data::Binary => Value::Binary(data.to_vec()),
+        _ => Value::Text(
+            codec::logical(def, data, span.units)
+                .map(char::from)
+                .collect(),
+        ),
     }
 }

@@ -665,6 +665,99 @@ impl<'s> Message<'s> {
     }
 }
 
+/// The fields a service reads from every message, found in the same pass that
+/// checks the whole message ([`Message::index`]). A fixed-size table on the
+/// stack: no allocation per message.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FieldIndex {
+    /// The ids recorded, and the span of each (`Span::end == 0` = absent).
+    ids: [u16; FieldIndex::CAPACITY],
+    spans: [(u32, u32, u32, u32); FieldIndex::CAPACITY],
+    n: u8,
+    /// Where the last field ends (= the payload's length for a whole message).
+    end: usize,
+}
+
+impl FieldIndex {
+    /// Most fields one service can ask to have indexed.
+    pub const CAPACITY: usize = 24;
+
+    fn record(&mut self, id: u16, span: Span) {
+        let i = self.n as usize;
+        if i < Self::CAPACITY {
+            self.ids[i] = id;
+            self.spans[i] = (
+                span.start as u32,
+                span.data as u32,
+                span.end as u32,
+                span.units as u32,
+            );
+            self.n += 1;
+        }
+    }
+
+    fn span(&self, id: u16) -> Option<Span> {
+        let i = self.ids[..self.n as usize].iter().position(|&x| x == id)?;
+        let (start, data, end, units) = self.spans[i];
+        Some(Span {
+            start: start as usize,
+            data: data as usize,
+            end: end as usize,
+            units: units as usize,
+        })
+    }
+
+    /// End of the last field.
+    pub fn end(&self) -> usize {
+        self.end
+    }
+}
+
+impl Message<'_> {
+    /// Checks the whole message in one pass over its fields (every field the
+    /// bitmaps announce is defined, its length prefix is sound and within the
+    /// spec's maximum, its data is there, and no byte is left over) and records
+    /// where the fields in `wanted` lie. Allocates nothing.
+    ///
+    /// A message that passes can be routed, answered and declined: every
+    /// field lookup through the index is then free of errors.
+    pub fn index(&self, wanted: &Bitmap) -> Result<FieldIndex, IsoError> {
+        let mut index = FieldIndex {
+            end: self.layout.fields_at,
+            ..FieldIndex::default()
+        };
+        let payload: &[u8] = &self.payload;
+        if payload.len() > u32::MAX as usize {
+            return Err(IsoError::TooLong {
+                len: payload.len(),
+                max: u32::MAX as usize,
+            });
+        }
+        self.spec.walk(&self.layout, payload, |def, span| {
+            if wanted.bit(def.id) {
+                index.record(def.id, span);
+            }
+            index.end = span.end;
+            true
+        })?;
+        if index.end != payload.len() {
+            return Err(IsoError::TrailingBytes {
+                offset: index.end,
+                len: payload.len() - index.end,
+            });
+        }
+        Ok(index)
+    }
+
+    /// Field `id` through an index made by [`Message::index`] of this message:
+    /// no walk. `None` when the field is absent or was not asked for.
+    pub fn indexed(&self, index: &FieldIndex, id: u16) -> Option<FieldRef<'_>> {
+        let span = index.span(id)?;
+        let def = self.spec.field(id)?;
+        Some(field_ref(def, &self.payload, span))
+    }
+}
+
 impl fmt::Debug for Message<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Message")

@@ -27,7 +27,7 @@ pub use datetime::{civil_from_days, transmission_date_time};
 pub use decoded::{Decoded, ShownMessage, Value};
 pub use error::{IsoError, SpecError};
 pub use mask::Shown;
-pub use message::{Bitmap, FieldRef, Layout, Message, RoutingView, patch_fixed, stamp};
+pub use message::{Bitmap, FieldIndex, FieldRef, Layout, Message, RoutingView, patch_fixed, stamp};
 pub use mti::Mti;
 pub use spec::{
     Align, BitmapEncoding, BitmapSpec, Data, FieldDef, Format, Framing, LengthEncoding, MAX_FIELD,

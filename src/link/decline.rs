@@ -12,9 +12,12 @@ use crate::iso8583::{Decoded, IsoError, Message, Spec, samples};
 const NOT_ECHOED: [u16; 8] = [35, 36, 45, 52, 55, 64, 96, 128];
 
 /// A switch-made response to `request`: response MTI, envelope turned around,
-/// the spec's echo fields copied, F39 = `code`.
+/// the spec's echo fields copied, F39 = `code`. A malformed request is
+/// answered with what could be read of it (its envelope, MTI and the fields
+/// before the first broken one); only one whose MTI cannot be read, or that is
+/// not a request, cannot be answered.
 pub fn build(spec: &Spec, request: &Bytes, code: [u8; 2]) -> Result<Bytes, IsoError> {
-    let req = Message::parse(spec, request.clone())?.decode()?;
+    let req = spec.decode_readable(request)?;
     let code = std::str::from_utf8(&code).unwrap_or("96");
     let resp = spec.respond(&req, code)?;
     Ok(Bytes::from(spec.encode(&resp)?))

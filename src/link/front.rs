@@ -13,6 +13,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 
+use super::client::{ClientLink, InFlightLimit, canonical_peer};
+use super::log_limit::{LogKind, LogPeer};
 use super::service::Service;
 use super::timer::{ReadTimer, in_frame};
 use super::writer::run_coalescing_writer;
@@ -22,23 +24,32 @@ use crate::wire::{Frame, FrameCodec};
 /// Connections open per source IP and in total, to enforce the front's limits.
 #[derive(Debug, Default)]
 struct Admission {
-    per_source: HashMap<IpAddr, usize>,
+    per_source: HashMap<IpAddr, Source>,
     total: usize,
+}
+
+/// One source IP's open connections and the in-flight limit they share.
+#[derive(Debug)]
+struct Source {
+    connections: usize,
+    in_flight: Arc<InFlightLimit>,
 }
 
 /// Releases a client's admission slot when its task ends, however it ends.
 struct Admitted {
     table: Arc<Mutex<Admission>>,
     ip: IpAddr,
+    /// The in-flight limit shared by every connection from this source.
+    source_in_flight: Arc<InFlightLimit>,
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
         let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
         t.total = t.total.saturating_sub(1);
-        if let Some(n) = t.per_source.get_mut(&self.ip) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
+        if let Some(src) = t.per_source.get_mut(&self.ip) {
+            src.connections = src.connections.saturating_sub(1);
+            if src.connections == 0 {
                 t.per_source.remove(&self.ip);
             }
         }
@@ -58,6 +69,7 @@ fn admit(
     table: &Arc<Mutex<Admission>>,
     ip: IpAddr,
 ) -> Result<Admitted, Refused> {
+    let ip = ip.to_canonical();
     if !front.allow.is_empty() && !front.allow.iter().any(|net| net.contains(&ip)) {
         return Err(Refused::NotAllowed);
     }
@@ -65,15 +77,20 @@ fn admit(
     if t.total >= front.max_connections {
         return Err(Refused::TooMany);
     }
-    let from_source = t.per_source.entry(ip).or_insert(0);
-    if *from_source >= front.max_per_source {
+    let from_source = t.per_source.entry(ip).or_insert_with(|| Source {
+        connections: 0,
+        in_flight: InFlightLimit::new(front.max_in_flight_per_source),
+    });
+    if from_source.connections >= front.max_per_source {
         return Err(Refused::TooManyFromSource);
     }
-    *from_source += 1;
+    from_source.connections += 1;
+    let source_in_flight = Arc::clone(&from_source.in_flight);
     t.total += 1;
     Ok(Admitted {
         table: Arc::clone(table),
         ip,
+        source_in_flight,
     })
 }
 
@@ -97,7 +114,7 @@ pub async fn serve(
             _ = shutdown.changed() => return,
         };
         let (stream, peer) = match accepted {
-            Ok(a) => a,
+            Ok((stream, peer)) => (stream, canonical_peer(peer)),
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.
                 tracing::warn!(service = service.name(), error = %e, "accept failed");
@@ -123,8 +140,9 @@ pub async fn serve(
                 let svc = Arc::clone(&service);
                 let f = front.clone();
                 let sd = shutdown.clone();
+                let source_in_flight = Arc::clone(&slot.source_in_flight);
                 tokio::spawn(async move {
-                    serve_client(svc, f, stream, peer, sd).await;
+                    serve_client(svc, f, stream, peer, source_in_flight, sd).await;
                     drop(slot);
                 });
             }
@@ -133,7 +151,12 @@ pub async fn serve(
                     .counters
                     .clients_refused
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(service = service.name(), %peer, reason = ?why, "client refused");
+                if service
+                    .log_limit
+                    .allow(LogKind::Refused, LogPeer::Ip(peer.ip()), Instant::now())
+                {
+                    tracing::warn!(service = service.name(), %peer, reason = ?why, "client refused");
+                }
                 drop(stream);
             }
         }
@@ -145,12 +168,20 @@ async fn serve_client(
     front: ListenFront,
     stream: TcpStream,
     peer: SocketAddr,
+    source_in_flight: Arc<InFlightLimit>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let conn = service.next_conn_id();
     let _ = stream.set_nodelay(true);
     let (read, write) = stream.into_split();
     let (tx, rx) = mpsc::channel(front.write_queue);
+    let client = ClientLink {
+        conn,
+        peer,
+        tx,
+        in_flight: InFlightLimit::new(front.max_in_flight_per_connection),
+        source_in_flight,
+    };
     let prefix = service.spec.framing().prefix;
     let mut writer = tokio::spawn(run_coalescing_writer(write, prefix, rx));
     let codec = FrameCodec::new(prefix, service.spec.framing().max_frame);
@@ -167,39 +198,69 @@ async fn serve_client(
             item = frames.next() => item,
             _ = tick.tick() => {
                 match timer.check(in_frame(&frames), Instant::now()) {
-                    Some(t) => break t.as_str().to_string(),
+                    Some(t) => break Ended::Other(t.as_str().to_string()),
                     None => continue,
                 }
             }
-            res = &mut writer => break format!("writer ended: {res:?}"),
-            _ = shutdown.changed() => break "shutdown".to_string(),
+            res = &mut writer => break Ended::Other(format!("writer ended: {res:?}")),
+            _ = shutdown.changed() => break Ended::Other("shutdown".to_string()),
         };
         timer.frame(Instant::now());
         match item {
             Some(Ok(Frame::Message(payload))) => {
-                if !service.on_request(conn, &tx, payload, Instant::now()) {
-                    break "unparsable message".to_string();
+                if !service.on_request(&client, payload, Instant::now()) {
+                    break Ended::Other("bad request (on_bad_message = close)".into());
                 }
             }
             Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => {
                 service.counters.keep_alives.fetch_add(1, Ordering::Relaxed);
             }
+            Some(Err(e)) if is_disconnect(&e) => break Ended::Other(format!("disconnected: {e}")),
             Some(Err(e)) => {
                 service.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
-                break format!("untrusted frame: {e}");
+                break Ended::Other(format!("untrusted frame: {e}"));
             }
-            None => break "closed by client".to_string(),
+            None => break Ended::HalfClosed,
         }
     };
-    // Answers still in flight for this client have nowhere to go once the queue
-    // closes; they are counted as undeliverable when they arrive.
-    drop(tx);
+    drop(frames);
+    // The writer ends once every queue handle is gone: ours, and the one each
+    // request in flight holds until it is answered or declined.
+    drop(client);
+    let linger = match &why {
+        // A client that closed its sending side may still be reading: every
+        // answer in flight reaches it, until the last deadline has passed.
+        Ended::HalfClosed => service.config.timeouts.request + super::SWEEP_INTERVAL * 10,
+        // Let queued answers (e.g. the decline for a bad request) flush briefly.
+        Ended::Other(_) => std::time::Duration::from_millis(200),
+    };
     if !writer.is_finished() {
-        // Let queued answers (e.g. the decline for the bad message) flush briefly.
-        let _ = tokio::time::timeout(std::time::Duration::from_millis(200), &mut writer).await;
+        let _ = tokio::time::timeout(linger, &mut writer).await;
         writer.abort();
     }
     tracing::info!(service = service.name(), %peer, conn, reason = %why, "client disconnected");
+}
+
+/// Why a client's read side ended.
+enum Ended {
+    /// The client closed its sending side (or the whole connection).
+    HalfClosed,
+    Other(String),
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Ended::HalfClosed => f.write_str("closed by client"),
+            Ended::Other(why) => f.write_str(why),
+        }
+    }
+}
+
+/// A transport error (a reset, an aborted connection) is the client going
+/// away, not a frame that could not be trusted.
+fn is_disconnect(e: &crate::wire::FrameError) -> bool {
+    matches!(e, crate::wire::FrameError::Io(_))
 }
 
 #[cfg(test)]

@@ -2,8 +2,10 @@
 //! reads frames, asks the service (and through it `route/`) where they go, and
 //! writes them.
 
+pub mod client;
 pub mod decline;
 pub mod front;
+pub mod log_limit;
 pub mod node;
 pub mod pool;
 pub mod service;
@@ -82,9 +84,18 @@ async fn sweep(service: Arc<Service>, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(SWEEP_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut scratch = Vec::new();
+    let mut last_flush = Instant::now();
     loop {
         tokio::select! {
-            _ = tick.tick() => { service.expire(Instant::now(), &mut scratch); }
+            _ = tick.tick() => {
+                let now = Instant::now();
+                service.expire(now, &mut scratch);
+                if now.saturating_duration_since(last_flush) >= Duration::from_secs(1) {
+                    // Say how many warnings a burst that stopped suppressed.
+                    service.log_limit.flush(now);
+                    last_flush = now;
+                }
+            }
             _ = shutdown.changed() => return,
         }
     }

@@ -9,6 +9,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 
+use super::log_limit::{LogKind, LogPeer};
 use super::pool::ConnHandle;
 use super::service::Service;
 use super::timer::{ReadTimer, in_frame};
@@ -35,15 +36,8 @@ pub async fn keep_connected(
                 let _ = stream.set_nodelay(true);
                 run_connection(&service, node, slot, stream, &mut shutdown).await;
             }
-            Ok(Err(e)) => {
-                tracing::debug!(service = service.name(), node, slot, error = %e, "node connect failed")
-            }
-            Err(_) => tracing::debug!(
-                service = service.name(),
-                node,
-                slot,
-                "node connect timed out"
-            ),
+            Ok(Err(e)) => connect_failed(&service, node, slot, &e.to_string()),
+            Err(_) => connect_failed(&service, node, slot, "timed out"),
         }
         let wait = backoff.next_delay();
         tokio::select! {
@@ -118,6 +112,22 @@ async fn run_connection(
         tracing::info!(service = service.name(), node = %node_name(service, node), slot, conn = id, "node connection closed: shutdown");
     } else {
         tracing::warn!(service = service.name(), node = %node_name(service, node), slot, conn = id, reason = %why, declined, "node connection down");
+    }
+}
+
+/// A failed connect is what an operator needs to see first when a node is
+/// unreachable: WARN, rate-limited per node (K slots retry with backoff).
+fn connect_failed(service: &Service, node: usize, slot: usize, why: &str) {
+    if let Some(n) = service.pool.node(node) {
+        n.counters
+            .connect_failures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    if service
+        .log_limit
+        .allow(LogKind::NodeConnect, LogPeer::Node(node), Instant::now())
+    {
+        tracing::warn!(service = service.name(), node = %node_name(service, node), slot, error = %why, "node connect failed");
     }
 }
 

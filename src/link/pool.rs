@@ -31,6 +31,10 @@ pub struct NodeCounters {
     pub declined: AtomicU64,
     pub connects: AtomicU64,
     pub disconnects: AtomicU64,
+    /// Ejections due but refused by the pool's `max_ejection_percent`.
+    pub ejections_capped: AtomicU64,
+    /// Connect attempts that failed or timed out.
+    pub connect_failures: AtomicU64,
 }
 
 /// One channel node: its config, its connections and its counters.
@@ -58,6 +62,10 @@ pub struct NodePool {
     nodes: Vec<Node>,
     state: Mutex<PoolState>,
     rules: RuleSet,
+    max_ejection_percent: u32,
+    panic_mode: bool,
+    panic_picks: AtomicU64,
+    in_panic: std::sync::atomic::AtomicBool,
 }
 
 /// Why no node could take a request.
@@ -112,6 +120,10 @@ impl NodePool {
                 views,
             }),
             rules,
+            max_ejection_percent: back.health.state.max_ejection_percent,
+            panic_mode: back.health.state.panic_mode,
+            panic_picks: AtomicU64::new(0),
+            in_panic: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -149,10 +161,26 @@ impl NodePool {
             let _ = n.health_mut().poll(now);
             n.view(now)
         }));
-        let picked = match subset {
+        let mut picked = match subset {
             Some(allowed) => balancer.pick_in(views, allowed, sticky_key),
             None => balancer.pick(views, sticky_key),
         };
+        let none_eligible = !views.iter().any(|v| v.eligible);
+        if picked.is_none() && none_eligible && self.panic_mode {
+            // Every node failed its checks or was ejected at once: that says
+            // more about the checks than about the nodes. Keep routing to the
+            // nodes still connected rather than decline everything.
+            views.clear();
+            views.extend(nodes.iter().map(|n| n.panic_view(now)));
+            picked = match subset {
+                Some(allowed) => balancer.pick_in(views, allowed, sticky_key),
+                None => balancer.pick(views, sticky_key),
+            };
+            if picked.is_some() {
+                self.panic_picks.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.note_panic(none_eligible && picked.is_some());
         let index = picked.ok_or(PickError::NoHealthyNode)?;
         let node = self.nodes.get(index).ok_or(PickError::NoHealthyNode)?;
         let conn = node.live_conn().ok_or(PickError::NoHealthyNode)?;
@@ -170,7 +198,8 @@ impl NodePool {
     }
 
     /// A request to `node` ended: answered (`ok`), or declined for lack of an
-    /// answer (timeout, lost connection), which counts against its health.
+    /// answer it owed (a timeout), which counts against its health. Passive
+    /// ejection stops at the pool's `max_ejection_percent`.
     pub fn finished(&self, node: usize, ok: bool, latency: Duration, now: Instant) {
         let Some(n) = self.nodes.get(node) else {
             return;
@@ -184,8 +213,57 @@ impl NodePool {
             &n.counters.declined
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        let t = self.lock_state().nodes[node].record_response(ok, latency, now);
+        let mut state = self.lock_state();
+        let may_eject = ok || self.may_eject_another(&state.nodes, now);
+        let t = state.nodes[node].record_outcome(ok, latency, now, may_eject);
+        drop(state);
+        if t == Transition::EjectionCapped {
+            n.counters.ejections_capped.fetch_add(1, Ordering::Relaxed);
+        }
         self.log_transition(n, t);
+    }
+
+    /// A request to `node` was declined for a reason that is not the node's
+    /// fault (shutdown, admin disable, its connection went away): counted as
+    /// declined, no verdict on its health.
+    pub fn finished_without_verdict(&self, node: usize) {
+        let Some(n) = self.nodes.get(node) else {
+            return;
+        };
+        let _ = n
+            .outstanding
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+        n.counters.declined.fetch_add(1, Ordering::Relaxed);
+        self.lock_state().nodes[node].released();
+    }
+
+    /// Whether one more node may be ejected: fewer than `max_ejection_percent`
+    /// of the pool is ejected now (one node always may be).
+    fn may_eject_another(&self, nodes: &[NodeState], now: Instant) -> bool {
+        let ejected = nodes.iter().filter(|n| n.health().ejected(now)).count();
+        let cap = (nodes.len() * self.max_ejection_percent as usize / 100).max(1);
+        ejected < cap
+    }
+
+    /// Logs entering and leaving panic routing, once each.
+    fn note_panic(&self, in_panic: bool) {
+        if self.in_panic.swap(in_panic, Ordering::Relaxed) != in_panic {
+            if in_panic {
+                tracing::warn!(service = %self.service, "no node is healthy: panic mode routes to every connected node");
+            } else {
+                tracing::info!(service = %self.service, "panic mode over: a node is healthy again");
+            }
+        }
+    }
+
+    /// Requests routed while no node was healthy (panic mode).
+    pub fn panic_picks(&self) -> u64 {
+        self.panic_picks.load(Ordering::Relaxed)
+    }
+
+    /// Is the pool routing in panic mode now?
+    pub fn in_panic(&self) -> bool {
+        self.in_panic.load(Ordering::Relaxed)
     }
 
     fn log_transition(&self, node: &Node, t: Transition) {

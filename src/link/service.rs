@@ -11,26 +11,62 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
+use super::client::{ClientLink, InFlightSlot};
+use super::log_limit::{LogKind, LogLimit, LogPeer};
 use super::pool::NodePool;
 use super::simplex::{NmKind, OutLinks};
 use super::writer::{Outbound, Patch};
-use crate::iso8583::{Message, Spec};
+use crate::iso8583::{Bitmap, FieldIndex, IsoError, Message, Mti, Spec};
 use crate::ops::config::{
     BadMessagePolicy, FrontConfig, KeyPart, ServiceConfig, StampBy, TpduPolicy,
 };
 use crate::route::{
     Algorithm, CorrelateError, CorrelationKey, Correlator, CorrelatorConfig, DeclineReason, Miss,
-    StampTable,
+    MtiPattern, StampTable,
 };
 use crate::wire::Tpdu;
+
+/// Warnings of one kind about one peer written per second; the rest are
+/// counted and summed up in one line.
+const LOG_LINES_PER_SECOND: u32 = 5;
+
+/// Why a message failed ingress validation.
+#[derive(Debug, thiserror::Error)]
+pub enum Invalid {
+    /// It does not parse in full against the service's spec.
+    #[error(transparent)]
+    Malformed(#[from] IsoError),
+    /// A client may send only requests.
+    #[error("MTI {0} is not a request")]
+    NotARequest(Mti),
+    /// A request of a class the service does not route (`accept_mti`).
+    #[error("MTI {0} is not accepted by this service")]
+    NotAccepted(Mti),
+}
+
+/// A message that passed ingress validation, with its routing fields found
+/// in the same pass.
+pub struct Checked<'s> {
+    pub msg: Message<'s>,
+    pub index: FieldIndex,
+}
+
+impl Checked<'_> {
+    fn field(&self, id: u16) -> Option<crate::iso8583::FieldRef<'_>> {
+        self.msg.indexed(&self.index, id)
+    }
+}
 
 /// Where the answer to a request goes.
 #[derive(Debug)]
 pub enum Origin {
-    /// A front connection: its writer queue and its ID (for logs).
+    /// A front connection: its writer queue, its ID (for logs) and the
+    /// request's place under the client's in-flight share (given back when
+    /// the request leaves the correlator, however it leaves).
     Client {
         conn: u64,
         tx: mpsc::Sender<Outbound>,
+        slot: Option<InFlightSlot>,
     },
     /// The peer of a simplex front: the answer leaves on any live out link.
     Peer,
@@ -56,7 +92,18 @@ pub struct ServiceCounters {
     pub declined: [AtomicU64; DeclineReason::ALL.len()],
     pub late_responses: AtomicU64,
     pub unknown_responses: AtomicU64,
+    /// Messages that failed ingress validation (from clients, nodes or the peer).
     pub bad_messages: AtomicU64,
+    /// Bad requests from clients answered with the bad-message decline.
+    pub bad_declined: AtomicU64,
+    /// Bad requests from clients dropped (by policy, or too broken to answer).
+    pub bad_dropped: AtomicU64,
+    /// Client connections closed for a bad request (`on_bad_message = "close"`).
+    pub bad_closed: AtomicU64,
+    /// Requests declined because their client was over its in-flight share.
+    pub over_share: AtomicU64,
+    /// Declines that could not be built (the request was too broken).
+    pub undeclinable: AtomicU64,
     pub bad_frames: AtomicU64,
     pub undeliverable: AtomicU64,
     pub unexpected: AtomicU64,
@@ -97,6 +144,12 @@ pub struct Service {
     pub pool: NodePool,
     correlator: Mutex<Correlator<Pending>>,
     key_parts: Vec<KeyPart>,
+    /// Fields read from every message, found while it is validated.
+    wanted: Bitmap,
+    /// Request MTIs routed (`accept_mti`); empty = every request.
+    accept_mti: Vec<MtiPattern>,
+    /// Rate limits of per-message warnings.
+    pub log_limit: LogLimit,
     /// Fields the directed rules look at (their text forms are needed per request).
     rule_fields: Vec<u16>,
     pub counters: ServiceCounters,
@@ -152,7 +205,42 @@ impl Service {
                 now,
             ))
         });
+        let mut wanted = Bitmap::default();
+        let key_fields = key_parts.iter().filter_map(|p| match p {
+            KeyPart::Field(id) => Some(*id),
+            KeyPart::Tpdu => None,
+        });
+        // F11, F37, F39, F41, F70: STAN, stamp, response code, terminal and
+        // network-management code, read by routing, sign-on and logs.
+        for id in key_fields.chain(rule_fields.iter().copied()).chain([
+            11,
+            37,
+            39,
+            41,
+            70,
+            config.back.sticky_field,
+        ]) {
+            wanted.set(id);
+        }
+        let wanted_count = wanted.iter().count();
+        if wanted_count > FieldIndex::CAPACITY {
+            return Err(format!(
+                "correlation key, rules and routing read {wanted_count} distinct fields; at most {} are supported",
+                FieldIndex::CAPACITY
+            ));
+        }
+        let accept_mti = config
+            .accept_mti
+            .iter()
+            .map(|t| {
+                MtiPattern::parse(t)
+                    .ok_or_else(|| format!("accept_mti: `{t}` is not an MTI pattern"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Service {
+            wanted,
+            accept_mti,
+            log_limit: LogLimit::new(LOG_LINES_PER_SECOND),
             rule_fields,
             config,
             spec: Arc::new(spec),
@@ -212,66 +300,131 @@ impl Service {
         self.correlator.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A message payload from a front client. Returns false when the client
-    /// must be closed (a bad message under the `close` policy).
-    pub fn on_request(
-        &self,
-        conn: u64,
-        tx: &mpsc::Sender<Outbound>,
-        payload: Bytes,
-        now: Instant,
-    ) -> bool {
-        let msg = match Message::parse(&self.spec, payload.clone()) {
-            Ok(m) => m,
-            Err(e) => return self.bad_message(conn, &e),
-        };
-        if !msg.mti().is_request() {
-            self.counters.unexpected.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(service = self.name(), conn, mti = %msg.mti(), "a client sent a non-request; dropped");
-            return true;
-        }
-        let origin = Origin::Client {
-            conn,
-            tx: tx.clone(),
-        };
-        match self.accept_request(&msg, origin, now) {
-            Ok(()) => true,
-            Err(e) => self.bad_message(conn, &e),
-        }
+    /// Checks a message in full against the service's spec and finds its
+    /// routing fields, in one pass. Allocates nothing.
+    pub fn check<'s>(&'s self, payload: Bytes) -> Result<Checked<'s>, Invalid> {
+        let msg = Message::parse(&self.spec, payload)?;
+        let index = msg.index(&self.wanted)?;
+        Ok(Checked { msg, index })
     }
 
-    /// A request from a front: balanced to a node, or declined. Fails only when
-    /// its key fields cannot be read (a bad message: nothing to answer with).
-    fn accept_request(
-        &self,
-        msg: &Message<'_>,
-        origin: Origin,
-        now: Instant,
-    ) -> Result<(), String> {
-        let key = self.key_of(msg)?;
+    /// [`Service::check`], plus what a request from a front must be: a request
+    /// of an MTI the service accepts.
+    fn check_request<'s>(&'s self, payload: Bytes) -> Result<Checked<'s>, Invalid> {
+        let checked = self.check(payload)?;
+        let mti = checked.msg.mti();
+        if !mti.is_request() {
+            return Err(Invalid::NotARequest(mti));
+        }
+        let digits = mti.digits();
+        if !self.accept_mti.is_empty() && !self.accept_mti.iter().any(|p| p.matches(&digits)) {
+            return Err(Invalid::NotAccepted(mti));
+        }
+        Ok(checked)
+    }
+
+    /// A message payload from a front client. Returns false when the client
+    /// must be closed (a bad request under the `close` policy).
+    pub fn on_request(&self, client: &ClientLink, payload: Bytes, now: Instant) -> bool {
+        let checked = match self.check_request(payload.clone()) {
+            Ok(c) => c,
+            Err(why) => return self.bad_request(client, &payload, &why, now),
+        };
+        let Some(slot) = client.take_slot() else {
+            // Over its fair share: this client alone must not fill the table.
+            self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            self.counters.over_share.fetch_add(1, Ordering::Relaxed);
+            if self
+                .log_limit
+                .allow(LogKind::OverShare, LogPeer::Ip(client.peer.ip()), now)
+            {
+                tracing::warn!(service = self.name(), conn = client.conn, peer = %client.peer, in_flight = client.in_flight.current(), "client over its in-flight share: declined");
+            }
+            let origin = Origin::Client {
+                conn: client.conn,
+                tx: client.tx.clone(),
+                slot: None,
+            };
+            self.decline(origin, &payload, DeclineReason::QueueFull);
+            return true;
+        };
+        let origin = Origin::Client {
+            conn: client.conn,
+            tx: client.tx.clone(),
+            slot: Some(slot),
+        };
+        self.accept_request(&checked, origin, now);
+        true
+    }
+
+    /// A request from a front that passed validation: balanced to a node, or
+    /// declined.
+    fn accept_request(&self, req: &Checked<'_>, origin: Origin, now: Instant) {
+        let key = match self.key_of(req) {
+            Ok(k) => k,
+            Err(e) => {
+                // Validation found every field; only a key too long for the
+                // table is left, and that request is declined, not forwarded.
+                tracing::warn!(service = self.name(), error = %e, "correlation key too long: declined");
+                self.decline(origin, req.msg.payload(), DeclineReason::BadMessage);
+                return;
+            }
+        };
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         if self.is_draining() {
-            self.decline(origin, msg.payload(), DeclineReason::Shutdown);
-            return Ok(());
+            self.decline(origin, req.msg.payload(), DeclineReason::Shutdown);
+            return;
         }
-        if let Err((origin, reason)) = self.dispatch(msg, key, origin, now) {
-            self.decline(origin, msg.payload(), reason);
+        if let Err((origin, reason)) = self.dispatch(req, key, origin, now) {
+            self.decline(origin, req.msg.payload(), reason);
         }
-        Ok(())
     }
 
-    fn bad_message(&self, conn: u64, err: &dyn std::fmt::Display) -> bool {
+    /// A request from a client that failed validation: counted, logged
+    /// (masked, rate-limited) and handled by the front's `on_bad_message`
+    /// policy. Never forwarded. Returns false when the client must be closed.
+    fn bad_request(
+        &self,
+        client: &ClientLink,
+        payload: &Bytes,
+        why: &Invalid,
+        now: Instant,
+    ) -> bool {
         self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(service = self.name(), conn, error = %err, "unparsable message from client");
-        self.config_bad_message_keeps_client()
-    }
-
-    fn config_bad_message_keeps_client(&self) -> bool {
-        match &self.config.front {
-            FrontConfig::Listen(l) => l.on_bad_message == BadMessagePolicy::Drop,
-            // A peer's link is shared by everything the peer sends: never close
-            // it for one bad message.
-            FrontConfig::Simplex(_) | FrontConfig::Connect(_) => true,
+        let policy = match &self.config.front {
+            FrontConfig::Listen(l) => l.on_bad_message,
+            // A peer's link is shared by everything the peer sends: never
+            // close it for one bad message.
+            FrontConfig::Simplex(_) | FrontConfig::Connect(_) => BadMessagePolicy::Decline,
+        };
+        if self
+            .log_limit
+            .allow(LogKind::BadMessage, LogPeer::Ip(client.peer.ip()), now)
+        {
+            tracing::warn!(service = self.name(), conn = client.conn, peer = %client.peer, error = %why, policy = ?policy, "bad request from client");
+        }
+        match policy {
+            BadMessagePolicy::Decline => {
+                let origin = Origin::Client {
+                    conn: client.conn,
+                    tx: client.tx.clone(),
+                    slot: None,
+                };
+                if self.decline(origin, payload, DeclineReason::BadMessage) {
+                    self.counters.bad_declined.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.counters.bad_dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                true
+            }
+            BadMessagePolicy::Drop => {
+                self.counters.bad_dropped.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            BadMessagePolicy::Close => {
+                self.counters.bad_closed.fetch_add(1, Ordering::Relaxed);
+                false
+            }
         }
     }
 
@@ -279,20 +432,21 @@ impl Service {
     /// back so the caller can decline.
     fn dispatch(
         &self,
-        msg: &Message<'_>,
+        req: &Checked<'_>,
         key: CorrelationKey,
         origin: Origin,
         now: Instant,
     ) -> Result<(), (Origin, DeclineReason)> {
         let refuse = |origin, reason| Err((origin, reason));
+        let msg = &req.msg;
         let mti = msg.mti().digits();
-        let texts = FieldTexts::of(msg, &self.rule_fields);
-        let sticky = self.sticky_key(msg);
+        let texts = FieldTexts::of(req, &self.rule_fields);
+        let sticky = self.sticky_key(req);
         let (node, conn) = match self.pool.pick(&mti, |id| texts.get(id), sticky, now) {
             Ok(p) => p,
             Err(_) => return refuse(origin, DeclineReason::NoHealthyNode),
         };
-        let patch = match self.stamp_patch(msg, node) {
+        let patch = match self.stamp_patch(req, node) {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(service = self.name(), error = %e, "F37 stamp failed");
@@ -338,33 +492,29 @@ impl Service {
         }
     }
 
-    fn sticky_key<'m>(&self, msg: &'m Message<'_>) -> Option<&'m [u8]> {
+    fn sticky_key<'m>(&self, req: &'m Checked<'_>) -> Option<&'m [u8]> {
         if self.config.back.algorithm != Algorithm::Sticky {
             return None;
         }
-        let id = self.config.back.sticky_field;
-        msg.field(id).ok().flatten().map(|f| f.data())
+        req.field(self.config.back.sticky_field).map(|f| f.data())
     }
 
     /// The F37 stamp of a request going to `node`. On a simplex front only
     /// node-originated requests are stamped: the peer's own requests keep their
     /// F37, which the peer matches its responses on.
-    fn stamp_patch(&self, msg: &Message<'_>, node: usize) -> Result<Patch, String> {
+    fn stamp_patch(&self, req: &Checked<'_>, node: usize) -> Result<Patch, String> {
         if !matches!(self.config.front, FrontConfig::Listen(_)) {
             return Ok(Patch::default());
         }
-        self.f37_patch(msg, node)
+        self.f37_patch(req, node)
     }
 
-    fn f37_patch(&self, msg: &Message<'_>, node: usize) -> Result<Patch, String> {
+    fn f37_patch(&self, req: &Checked<'_>, node: usize) -> Result<Patch, String> {
         let mut patch = Patch::default();
         let Some(stamp) = &self.config.f37_stamp else {
             return Ok(patch);
         };
-        let f37 = msg
-            .field(37)
-            .map_err(|e| e.to_string())?
-            .ok_or("request has no F37 to stamp")?;
+        let f37 = req.field(37).ok_or("request has no F37 to stamp")?;
         // Stamp the text form, then write it back in the field's encoding
         // (EBCDIC on VISA), so node IDs are the same characters on every link.
         let (mut window, len) = f37_text(&f37);
@@ -384,7 +534,8 @@ impl Service {
     }
 
     /// The correlation key of a request or response.
-    fn key_of(&self, msg: &Message<'_>) -> Result<CorrelationKey, String> {
+    fn key_of(&self, checked: &Checked<'_>) -> Result<CorrelationKey, String> {
+        let msg = &checked.msg;
         // The message class (first two MTI digits) keeps a reversal or a network
         // message apart from a purchase that shares its key fields.
         let mti = msg.mti().digits();
@@ -399,8 +550,7 @@ impl Service {
                     b = b.push(&lo).push(&hi);
                 }
                 KeyPart::Field(id) => {
-                    let f = msg.field(*id).map_err(|e| e.to_string())?;
-                    b = b.push(f.map_or(&[][..], |f| f.data()));
+                    b = b.push(checked.field(*id).map_or(&[][..], |f| f.data()));
                 }
             }
         }
@@ -409,43 +559,68 @@ impl Service {
 
     /// A frame from a node connection.
     pub fn on_node_frame(&self, node: usize, conn: u64, payload: Bytes, now: Instant) {
-        let msg = match Message::parse(&self.spec, payload.clone()) {
-            Ok(m) => m,
+        let checked = match self.check(payload) {
+            Ok(c) => c,
             Err(e) => {
+                // A response the client could not parse either: dropped, and
+                // its request times out (the node's own fault).
                 self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(service = self.name(), node, conn, error = %e, "unparsable message from node");
+                if self
+                    .log_limit
+                    .allow(LogKind::BadMessage, LogPeer::Node(node), now)
+                {
+                    tracing::warn!(service = self.name(), node, conn, error = %e, "bad message from node; dropped");
+                }
                 return;
             }
         };
+        let msg = &checked.msg;
         if msg.mti().is_request() {
             if self.out_links.is_some() {
-                self.forward_node_request(node, &msg);
+                self.forward_node_request(node, &checked);
             } else {
                 self.counters.unexpected.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(service = self.name(), node, mti = %msg.mti(), "node-originated request on a listen service; dropped");
+                if self
+                    .log_limit
+                    .allow(LogKind::StrayResponse, LogPeer::Node(node), now)
+                {
+                    tracing::warn!(service = self.name(), node, mti = %msg.mti(), "node-originated request on a listen service; dropped");
+                }
             }
             return;
         }
-        let key = match self.key_of(&msg) {
+        let key = match self.key_of(&checked) {
             Ok(k) => k,
             Err(e) => {
                 self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(service = self.name(), node, error = %e, "response without its key fields");
+                if self
+                    .log_limit
+                    .allow(LogKind::BadMessage, LogPeer::Node(node), now)
+                {
+                    tracing::warn!(service = self.name(), node, error = %e, "response key too long; dropped");
+                }
                 return;
             }
         };
         let taken = self.lock().take(&key, now);
         match taken {
-            Ok(p) => self.deliver(p, &msg, now),
-            Err(Miss::Late) => {
-                self.counters.late_responses.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(service = self.name(), node, mti = %msg.mti(), message = %summary(&msg), "late response dropped: its request was already declined");
-            }
-            Err(Miss::Unknown) => {
-                self.counters
-                    .unknown_responses
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(service = self.name(), node, mti = %msg.mti(), message = %summary(&msg), "response matches no request; dropped");
+            Ok(p) => self.deliver(p, msg, now),
+            Err(miss) => {
+                let counter = match miss {
+                    Miss::Late => &self.counters.late_responses,
+                    Miss::Unknown => &self.counters.unknown_responses,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                if self
+                    .log_limit
+                    .allow(LogKind::StrayResponse, LogPeer::Node(node), now)
+                {
+                    let why = match miss {
+                        Miss::Late => "late response dropped: its request was already declined",
+                        Miss::Unknown => "response matches no request; dropped",
+                    };
+                    tracing::warn!(service = self.name(), node, mti = %msg.mti(), message = %summary(msg), "{why}");
+                }
             }
         }
     }
@@ -456,7 +631,7 @@ impl Service {
                 let _ = waiter.send(());
                 return;
             }
-            Origin::Client { conn, tx } => (conn, tx),
+            Origin::Client { conn, tx, .. } => (conn, tx),
             Origin::Peer => {
                 let latency = now.saturating_duration_since(p.sent_at);
                 self.pool.finished(p.node, true, latency, now);
@@ -472,11 +647,16 @@ impl Service {
         let out = Outbound::Message(response.payload().clone(), patch);
         if tx.try_send(out).is_err() {
             self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                service = self.name(),
-                conn,
-                "client gone or not reading: response dropped"
-            );
+            if self
+                .log_limit
+                .allow(LogKind::Undeliverable, LogPeer::Service, now)
+            {
+                tracing::warn!(
+                    service = self.name(),
+                    conn,
+                    "client gone or not reading: response dropped"
+                );
+            }
         }
     }
 
@@ -486,8 +666,12 @@ impl Service {
         if matches!(p.origin, Origin::Check(_)) {
             return;
         }
-        let waited = now.saturating_duration_since(p.sent_at);
-        self.pool.finished(p.node, false, waited, now);
+        if reason.counts_against_node() {
+            let waited = now.saturating_duration_since(p.sent_at);
+            self.pool.finished(p.node, false, waited, now);
+        } else {
+            self.pool.finished_without_verdict(p.node);
+        }
         self.decline(p.origin, &p.request, reason);
     }
 
@@ -510,37 +694,41 @@ impl Service {
         patch
     }
 
-    /// Answers `origin` with a switch-made response to `request`.
-    fn decline(&self, origin: Origin, request: &Bytes, reason: DeclineReason) {
-        self.counters.declined[reason as usize].fetch_add(1, Ordering::Relaxed);
-        let (conn, tx) = match origin {
-            Origin::Client { conn, tx } => (conn, tx),
-            Origin::Peer => {
-                let code = self.config.declines.code(reason);
-                match crate::link::decline::build(&self.spec, request, code) {
-                    Ok(resp) => self.to_peer(Outbound::message(resp)),
-                    Err(e) => {
-                        self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
-                        tracing::error!(service = self.name(), error = %e, ?reason, "cannot build a decline");
-                    }
-                }
-                return;
-            }
+    /// Answers `origin` with a switch-made response to `request`. Returns
+    /// whether an answer was built and queued.
+    fn decline(&self, origin: Origin, request: &Bytes, reason: DeclineReason) -> bool {
+        if matches!(origin, Origin::Check(_)) {
             // A health check's waiter sees its sender dropped: a failed check.
-            Origin::Check(_) => return,
-        };
+            return false;
+        }
         let code = self.config.declines.code(reason);
-        match crate::link::decline::build(&self.spec, request, code) {
-            Ok(resp) => {
+        let resp = match crate::link::decline::build(&self.spec, request, code) {
+            Ok(resp) => resp,
+            Err(e) => {
+                // Only a request too broken to read its MTI gets here: every
+                // request routed passed validation first.
+                self.counters.undeclinable.fetch_add(1, Ordering::Relaxed);
+                if self
+                    .log_limit
+                    .allow(LogKind::BadMessage, LogPeer::Service, Instant::now())
+                {
+                    tracing::warn!(service = self.name(), error = %e, ?reason, "cannot build a decline");
+                }
+                return false;
+            }
+        };
+        self.counters.declined[reason as usize].fetch_add(1, Ordering::Relaxed);
+        match origin {
+            Origin::Client { tx, .. } => {
                 let patch = self.response_tpdu_patch(request);
                 if tx.try_send(Outbound::Message(resp, patch)).is_err() {
                     self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
+                    return false;
                 }
+                true
             }
-            Err(e) => {
-                self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(service = self.name(), conn, error = %e, ?reason, "cannot build a decline");
-            }
+            Origin::Peer => self.to_peer(Outbound::message(resp)),
+            Origin::Check(_) => false,
         }
     }
 
@@ -605,8 +793,8 @@ impl Service {
         let conn = self.pool.node(node)?.live_conn()?;
         let stan = (self.next_conn_id() % 1_000_000) as u32;
         let payload = crate::link::decline::echo_request(&self.spec, stan).ok()?;
-        let msg = Message::parse(&self.spec, payload.clone()).ok()?;
-        let key = self.key_of(&msg).ok()?;
+        let checked = self.check(payload.clone()).ok()?;
+        let key = self.key_of(&checked).ok()?;
         let (tx, rx) = oneshot::channel();
         let pending = Pending {
             origin: Origin::Check(tx),
@@ -623,32 +811,41 @@ impl Service {
 }
 
 impl Service {
-    /// Queues an answer for the peer of a simplex front on any out link that is up.
-    fn to_peer(&self, out: Outbound) {
+    /// Queues an answer for the peer of a simplex front on any out link that
+    /// is up. Returns whether it was queued.
+    fn to_peer(&self, out: Outbound) -> bool {
+        let now = Instant::now();
         let sent = self
             .out_links
             .as_ref()
-            .is_some_and(|l| l.answer(out, Instant::now()).is_ok());
+            .is_some_and(|l| l.answer(out, now).is_ok());
         if !sent {
             self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                service = self.name(),
-                "no usable out link: answer to the peer dropped"
-            );
+            if self
+                .log_limit
+                .allow(LogKind::Undeliverable, LogPeer::Service, now)
+            {
+                tracing::warn!(
+                    service = self.name(),
+                    "no usable out link: answer to the peer dropped"
+                );
+            }
         }
+        sent
     }
 
     /// A request a node originated (e.g. an acquirer 0200 to UnionPay): stamp its
     /// F37 with the node's ID (or check the node's own stamp) and send it on an
     /// out link. With no usable out link the node gets a decline at once.
-    fn forward_node_request(&self, node: usize, msg: &Message<'_>) {
+    fn forward_node_request(&self, node: usize, req: &Checked<'_>) {
+        let msg = &req.msg;
         let stamp_by = match &self.config.front {
             FrontConfig::Simplex(f) => f.stamp_by,
             FrontConfig::Connect(f) => f.stamp_by,
             FrontConfig::Listen(_) => return,
         };
         let patch = match stamp_by {
-            StampBy::Switch => match self.f37_patch(msg, node) {
+            StampBy::Switch => match self.f37_patch(req, node) {
                 Ok(p) => p,
                 Err(e) => {
                     self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
@@ -658,7 +855,7 @@ impl Service {
                 }
             },
             StampBy::Node => {
-                let stamped = self.stamped_node(msg);
+                let stamped = self.stamped_node(req);
                 if stamped != Some(node) {
                     self.counters
                         .stamp_mismatches
@@ -702,38 +899,53 @@ impl Service {
     }
 
     /// The node named by a message's F37 stamp.
-    fn stamped_node(&self, msg: &Message<'_>) -> Option<usize> {
-        let f37 = msg.field(37).ok().flatten()?;
+    fn stamped_node(&self, checked: &Checked<'_>) -> Option<usize> {
+        let f37 = checked.field(37)?;
         let (text, len) = f37_text(&f37);
         self.stamps.as_ref()?.node_of(&text[..len])
     }
 
     /// A frame from an in link of a simplex front.
     pub fn on_peer_frame(&self, payload: Bytes, now: Instant) {
-        let msg = match Message::parse(&self.spec, payload) {
-            Ok(m) => m,
+        let checked = match self.check(payload.clone()) {
+            Ok(c) => c,
             Err(e) => {
                 self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(service = self.name(), error = %e, "unparsable message on an in link; dropped");
+                if self
+                    .log_limit
+                    .allow(LogKind::BadMessage, LogPeer::Service, now)
+                {
+                    tracing::warn!(service = self.name(), error = %e, "bad message from the peer");
+                }
+                // A request is answered with the format-error decline where
+                // it can be read that far; anything else is dropped.
+                let is_request =
+                    Message::parse(&self.spec, payload.clone()).is_ok_and(|m| m.mti().is_request());
+                if is_request {
+                    self.decline(Origin::Peer, &payload, DeclineReason::BadMessage);
+                }
                 return;
             }
         };
-        let mti = msg.mti();
+        let mti = checked.msg.mti();
         if mti.is_response() {
-            if mti.is_network_management() && self.network_answer(&msg) {
+            if mti.is_network_management() && self.network_answer(&checked) {
                 return;
             }
-            self.route_by_stamp(&msg);
+            self.route_by_stamp(&checked);
             return;
         }
         if mti.is_network_management() && self.answers_network_management() {
-            self.answer_network_request(&msg);
+            self.answer_network_request(&checked.msg);
             return;
         }
-        if let Err(e) = self.accept_request(&msg, Origin::Peer, now) {
+        let digits = mti.digits();
+        if !self.accept_mti.is_empty() && !self.accept_mti.iter().any(|p| p.matches(&digits)) {
             self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(service = self.name(), error = %e, message = %summary(&msg), "peer request without its key fields; dropped");
+            self.decline(Origin::Peer, &payload, DeclineReason::BadMessage);
+            return;
         }
+        self.accept_request(&checked, Origin::Peer, now);
     }
 
     fn answers_network_management(&self) -> bool {
@@ -743,9 +955,10 @@ impl Service {
     /// The peer's response to a node's request: to the node its F37 stamp names,
     /// on any of that node's connections. Stateless: any switch instance
     /// connected to the node can route it.
-    fn route_by_stamp(&self, msg: &Message<'_>) {
+    fn route_by_stamp(&self, checked: &Checked<'_>) {
+        let msg = &checked.msg;
         let conn = self
-            .stamped_node(msg)
+            .stamped_node(checked)
             .and_then(|node| self.pool.node(node))
             .and_then(|n| n.live_conn());
         let sent = conn.is_some_and(|c| {
@@ -759,7 +972,12 @@ impl Service {
             self.counters
                 .unroutable_responses
                 .fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(service = self.name(), message = %summary(msg), "peer response names no live node; dropped");
+            if self
+                .log_limit
+                .allow(LogKind::StrayResponse, LogPeer::Service, Instant::now())
+            {
+                tracing::warn!(service = self.name(), message = %summary(msg), "peer response names no live node; dropped");
+            }
         }
     }
 
@@ -790,14 +1008,13 @@ impl Service {
     }
 
     /// An 0830 to a switch-made 0820 (sign-on, echo); false if it is not ours.
-    fn network_answer(&self, msg: &Message<'_>) -> bool {
+    fn network_answer(&self, checked: &Checked<'_>) -> bool {
         let Some(links) = &self.out_links else {
             return false;
         };
         let text = |id| -> Vec<u8> {
-            msg.field(id)
-                .ok()
-                .flatten()
+            checked
+                .field(id)
                 .map(|f| f.logical().collect())
                 .unwrap_or_default()
         };
@@ -935,7 +1152,7 @@ impl FieldTexts {
     /// Rule prefixes are short; longer values are compared on their first bytes.
     const TEXT: usize = 32;
 
-    fn of(msg: &Message<'_>, ids: &[u16]) -> FieldTexts {
+    fn of(req: &Checked<'_>, ids: &[u16]) -> FieldTexts {
         let mut t = FieldTexts {
             ids: [0; Self::MAX],
             texts: [[0; Self::TEXT]; Self::MAX],
@@ -943,7 +1160,7 @@ impl FieldTexts {
             n: 0,
         };
         for &id in ids.iter().take(Self::MAX) {
-            let Ok(Some(f)) = msg.field(id) else { continue };
+            let Some(f) = req.field(id) else { continue };
             let slot = t.n;
             t.ids[slot] = id;
             for (dst, b) in t.texts[slot].iter_mut().zip(f.logical()) {

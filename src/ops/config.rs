@@ -40,6 +40,10 @@ pub struct ServiceConfig {
     /// Stamp the node ID into F37 of requests sent to nodes (and route on it).
     #[serde(default)]
     pub f37_stamp: Option<F37Stamp>,
+    /// MTIs (patterns like `02x0`) of the requests this service routes; any
+    /// other request fails ingress validation. Empty = every request MTI.
+    #[serde(default)]
+    pub accept_mti: Vec<String>,
 }
 
 /// Where the service's clients come from.
@@ -259,21 +263,35 @@ pub struct ListenFront {
     /// A frame started but not finished within this time closes the link.
     #[serde(default = "defaults::partial_frame_timeout", with = "humantime_serde")]
     pub partial_frame_timeout: Duration,
-    /// What to do with a client whose frame cannot be parsed as a message.
+    /// What to do with a request that fails ingress validation (a frame whose
+    /// length prefix is fine but whose message is not, or an MTI the service
+    /// does not accept).
     #[serde(default)]
     pub on_bad_message: BadMessagePolicy,
+    /// Requests one client connection may have in flight; past it its new
+    /// requests are declined with the queue-full code at once, so that one
+    /// client can never fill the service's correlation table alone.
+    #[serde(default = "defaults::max_in_flight_per_connection")]
+    pub max_in_flight_per_connection: usize,
+    /// Requests all connections from one source IP may have in flight together.
+    #[serde(default = "defaults::max_in_flight_per_source")]
+    pub max_in_flight_per_source: usize,
     /// Messages queued for writing to one client before new requests from it are
     /// declined.
     #[serde(default = "defaults::write_queue")]
     pub write_queue: usize,
 }
 
-/// A frame whose length prefix is fine but whose message is not.
+/// A request that fails ingress validation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum BadMessagePolicy {
-    /// Log (masked), count and close that client's connection.
+    /// Answer it with a response built from what could be read (MTI + 10,
+    /// TPDU swapped, echoed key fields, F39 = `declines.bad_message`); a
+    /// request too broken to answer is dropped. The connection stays.
     #[default]
+    Decline,
+    /// Log (masked), count and close that client's connection.
     Close,
     /// Log (masked), count and drop the frame; the connection stays.
     Drop,
@@ -510,6 +528,12 @@ mod defaults {
     pub fn max_in_flight() -> usize {
         100_000
     }
+    pub fn max_in_flight_per_connection() -> usize {
+        1_000
+    }
+    pub fn max_in_flight_per_source() -> usize {
+        10_000
+    }
     pub fn request_timeout() -> Duration {
         Duration::from_secs(3)
     }
@@ -702,6 +726,14 @@ impl ServiceConfig {
         if self.timeouts.request.is_zero() {
             return Err(invalid(format!("{key}.timeouts.request"), "must be > 0"));
         }
+        for (j, text) in self.accept_mti.iter().enumerate() {
+            if crate::route::MtiPattern::parse(text).is_none() {
+                return Err(invalid(
+                    format!("{key}.accept_mti[{j}]"),
+                    format!("`{text}` is not an MTI pattern: four digits or `x`, such as `02x0`"),
+                ));
+            }
+        }
         if let Some(stamp) = &self.f37_stamp {
             stamp
                 .validate(&self.back.node_ids()?)
@@ -791,6 +823,20 @@ impl ListenFront {
         }
         if self.max_per_source == 0 {
             return Err(invalid(format!("{key}.max_per_source"), "must be > 0"));
+        }
+        for (k, v) in [
+            (
+                "max_in_flight_per_connection",
+                self.max_in_flight_per_connection,
+            ),
+            ("max_in_flight_per_source", self.max_in_flight_per_source),
+        ] {
+            if v == 0 {
+                return Err(invalid(
+                    format!("{key}.{k}"),
+                    "must be > 0: 0 would decline every request",
+                ));
+            }
         }
         if self.write_queue == 0 {
             return Err(invalid(format!("{key}.write_queue"), "must be > 0"));

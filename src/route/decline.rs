@@ -11,6 +11,7 @@
 //! | `queue_full` | `96` | system malfunction: a switch limit was hit |
 //! | `duplicate` | `94` | duplicate transmission: the same key is already in flight |
 //! | `shutdown` | `91` | the switch is stopping |
+//! | `bad_message` | `30` | format error: the request failed ingress validation |
 
 use std::fmt;
 
@@ -35,17 +36,29 @@ pub enum DeclineReason {
     Duplicate,
     /// The switch is shutting down.
     Shutdown,
+    /// The request failed ingress validation (format error).
+    BadMessage,
 }
 
 impl DeclineReason {
-    pub const ALL: [DeclineReason; 6] = [
+    pub const ALL: [DeclineReason; 7] = [
         DeclineReason::Timeout,
         DeclineReason::NodeLost,
         DeclineReason::NoHealthyNode,
         DeclineReason::QueueFull,
         DeclineReason::Duplicate,
         DeclineReason::Shutdown,
+        DeclineReason::BadMessage,
     ];
+
+    /// Does a decline for this reason say something about the node's health?
+    /// Only a node's own fault does: a request it accepted and never answered.
+    /// Shutdown, admin drain or disable, a connection that went away (the
+    /// connection state already tells), a request that failed validation and
+    /// the switch's own limits are not the node's fault.
+    pub fn counts_against_node(self) -> bool {
+        matches!(self, DeclineReason::Timeout)
+    }
 
     /// A stable name for logs and metric labels.
     pub fn as_str(self) -> &'static str {
@@ -56,6 +69,7 @@ impl DeclineReason {
             DeclineReason::QueueFull => "queue-full",
             DeclineReason::Duplicate => "duplicate",
             DeclineReason::Shutdown => "shutdown",
+            DeclineReason::BadMessage => "bad-message",
         }
     }
 }
@@ -137,6 +151,7 @@ pub struct DeclineCodes {
     pub queue_full: ResponseCode,
     pub duplicate: ResponseCode,
     pub shutdown: ResponseCode,
+    pub bad_message: ResponseCode,
 }
 
 impl Default for DeclineCodes {
@@ -148,6 +163,7 @@ impl Default for DeclineCodes {
             queue_full: ResponseCode::of(b"96"),
             duplicate: ResponseCode::of(b"94"),
             shutdown: ResponseCode::of(b"91"),
+            bad_message: ResponseCode::of(b"30"),
         }
     }
 }
@@ -162,6 +178,7 @@ impl DeclineCodes {
             DeclineReason::QueueFull => self.queue_full,
             DeclineReason::Duplicate => self.duplicate,
             DeclineReason::Shutdown => self.shutdown,
+            DeclineReason::BadMessage => self.bad_message,
         };
         c.bytes()
     }
@@ -175,7 +192,10 @@ mod tests {
     fn defaults() {
         let d = DeclineCodes::default();
         let got: Vec<[u8; 2]> = DeclineReason::ALL.iter().map(|&r| d.code(r)).collect();
-        assert_eq!(got, [*b"68", *b"91", *b"91", *b"96", *b"94", *b"91"]);
+        assert_eq!(
+            got,
+            [*b"68", *b"91", *b"91", *b"96", *b"94", *b"91", *b"30"]
+        );
     }
 
     #[test]

@@ -68,6 +68,14 @@ pub struct HealthConfig {
     /// Length of the weight ramp after recovery; zero turns slow start off.
     #[serde(with = "super::duration")]
     pub slow_start: Duration,
+    /// Passive ejection never takes out more than this share of a pool's
+    /// nodes (one node may always be ejected), so that no client can take a
+    /// service down by sending requests that time out (as Envoy caps it).
+    pub max_ejection_percent: u32,
+    /// When no node of a pool is eligible while some are still connected and
+    /// enabled (every active check failing at once, say), route to those
+    /// rather than decline everything (Envoy's healthy panic).
+    pub panic_mode: bool,
 }
 
 impl Default for HealthConfig {
@@ -80,6 +88,8 @@ impl Default for HealthConfig {
             max_ejection: Duration::from_secs(300),
             ejection_reset: Duration::from_secs(60),
             slow_start: Duration::from_secs(10),
+            max_ejection_percent: 50,
+            panic_mode: true,
         }
     }
 }
@@ -93,6 +103,8 @@ pub enum HealthConfigError {
     BaseAboveMax,
     #[error("health.max_ejection must not exceed 1 day")]
     MaxTooLong,
+    #[error("health.max_ejection_percent must be within 0..=100")]
+    PercentAbove100,
 }
 
 impl HealthConfig {
@@ -109,6 +121,9 @@ impl HealthConfig {
         if self.max_ejection > Duration::from_secs(86_400) {
             return Err(HealthConfigError::MaxTooLong);
         }
+        if self.max_ejection_percent > 100 {
+            return Err(HealthConfigError::PercentAbove100);
+        }
         Ok(())
     }
 }
@@ -121,6 +136,9 @@ pub enum Transition {
     CheckUp,
     /// Active checks brought the node down (`fall` reached).
     CheckDown,
+    /// Passive ejection was due but the pool's `max_ejection_percent` is
+    /// reached: the node stays in.
+    EjectionCapped,
     /// Passive ejection: out for `duration`; `count` is its place in the
     /// current run of ejections (1 for the first).
     Ejected {
@@ -219,6 +237,12 @@ impl Health {
         self.ejected_until.filter(|&until| now < until)
     }
 
+    /// May a new request go to this node when the pool is in panic (no node
+    /// eligible)? Enabled and connected, whatever checks and ejection say.
+    pub fn panic_eligible(&self) -> bool {
+        self.admin == AdminState::Enabled && self.connected
+    }
+
     /// May a new request go to this node at `now`?
     pub fn eligible(&self, now: Instant) -> bool {
         self.admin == AdminState::Enabled && self.connected && self.check_up && !self.ejected(now)
@@ -274,6 +298,19 @@ impl Health {
     /// a timeout or an error. Results that arrive while the node is ejected
     /// (stragglers sent before) neither count nor extend the ejection.
     pub fn record_response(&mut self, ok: bool, now: Instant) -> Transition {
+        self.record_response_capped(ok, now, true)
+    }
+
+    /// [`Health::record_response`] in a pool that may be at its ejection cap:
+    /// with `may_eject` false a failure run that reaches the threshold leaves
+    /// the node in ([`Transition::EjectionCapped`]) and the run stands, so the
+    /// next failure tries again once the cap allows.
+    pub fn record_response_capped(
+        &mut self,
+        ok: bool,
+        now: Instant,
+        may_eject: bool,
+    ) -> Transition {
         if self.ejected(now) {
             return Transition::Unchanged;
         }
@@ -284,6 +321,9 @@ impl Health {
         self.live_fail_run = self.live_fail_run.saturating_add(1);
         if self.cfg.ejection_threshold == 0 || self.live_fail_run < self.cfg.ejection_threshold {
             return Transition::Unchanged;
+        }
+        if !may_eject {
+            return Transition::EjectionCapped;
         }
         self.eject(now)
     }

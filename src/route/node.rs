@@ -308,9 +308,21 @@ impl NodeState {
     /// ejection. A timeout's `latency` is the time waited: a lower bound, and
     /// as such it rightly pushes the peak estimate up.
     pub fn record_response(&mut self, ok: bool, latency: Duration, now: Instant) -> Transition {
+        self.record_outcome(ok, latency, now, true)
+    }
+
+    /// [`NodeState::record_response`] with the pool's ejection cap (see
+    /// [`Health::record_response_capped`]).
+    pub fn record_outcome(
+        &mut self,
+        ok: bool,
+        latency: Duration,
+        now: Instant,
+        may_eject: bool,
+    ) -> Transition {
         self.outstanding = self.outstanding.saturating_sub(1);
         self.latency.observe(latency, now);
-        self.health.record_response(ok, now)
+        self.health.record_response_capped(ok, now, may_eject)
     }
 
     /// The request left without a verdict on the node (declined because its
@@ -322,6 +334,18 @@ impl NodeState {
     /// The latency estimate at `now`.
     pub fn latency(&self, now: Instant) -> Duration {
         self.latency.get(now)
+    }
+
+    /// The snapshot the balancers read while the pool is in panic (no node
+    /// eligible): connected and enabled nodes count as eligible at their full
+    /// weight, whatever checks and ejection say.
+    pub fn panic_view(&self, now: Instant) -> NodeView {
+        let eligible = self.health.panic_eligible();
+        NodeView {
+            effective_weight: if eligible { self.health.weight() } else { 0 },
+            eligible,
+            ..self.view(now)
+        }
     }
 
     /// The snapshot the balancers read, evaluated at `now`.

@@ -1,0 +1,153 @@
+//! A client connection of a `listen` front as the service sees it: where its
+//! answers go, and its fair share of the service's in-flight requests.
+//!
+//! One client must never be able to fill the service's correlation table
+//! alone: each connection, and all connections from one source IP together,
+//! may have only so many requests in flight. A request takes an
+//! [`InFlightSlot`] from both counters before it is routed; the slot travels
+//! with the request in the correlator and gives its place back when dropped,
+//! however the request ends (answered, declined, expired, cancelled).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::mpsc;
+
+use super::writer::Outbound;
+
+/// Requests in flight against a limit, shared by whoever counts against it.
+#[derive(Debug)]
+pub struct InFlightLimit {
+    now: AtomicUsize,
+    max: usize,
+}
+
+impl InFlightLimit {
+    pub fn new(max: usize) -> Arc<InFlightLimit> {
+        Arc::new(InFlightLimit {
+            now: AtomicUsize::new(0),
+            max,
+        })
+    }
+
+    /// Requests in flight now.
+    pub fn current(&self) -> usize {
+        self.now.load(Ordering::Relaxed)
+    }
+
+    /// Takes one place, unless the limit is reached.
+    fn take(&self) -> bool {
+        self.now
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    fn give_back(&self) {
+        let _ = self
+            .now
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+}
+
+/// One request's place under its connection's and its source's limits;
+/// given back when dropped.
+#[derive(Debug)]
+pub struct InFlightSlot {
+    conn: Arc<InFlightLimit>,
+    source: Arc<InFlightLimit>,
+}
+
+impl Drop for InFlightSlot {
+    fn drop(&mut self) {
+        self.conn.give_back();
+        self.source.give_back();
+    }
+}
+
+/// A client connection, handed to [`Service::on_request`](super::Service::on_request)
+/// with each of its requests.
+#[derive(Clone, Debug)]
+pub struct ClientLink {
+    /// Process-unique connection ID (for logs and the connection table).
+    pub conn: u64,
+    /// The client's address, v4-mapped IPv6 turned into IPv4.
+    pub peer: SocketAddr,
+    /// The connection's writer queue.
+    pub tx: mpsc::Sender<Outbound>,
+    /// This connection's in-flight limit.
+    pub in_flight: Arc<InFlightLimit>,
+    /// The in-flight limit shared by every connection from the same source IP.
+    pub source_in_flight: Arc<InFlightLimit>,
+}
+
+impl ClientLink {
+    /// A place for one more request in flight, or `None` when this connection
+    /// or its source is at its limit.
+    pub fn take_slot(&self) -> Option<InFlightSlot> {
+        if !self.in_flight.take() {
+            return None;
+        }
+        if !self.source_in_flight.take() {
+            self.in_flight.give_back();
+            return None;
+        }
+        Some(InFlightSlot {
+            conn: Arc::clone(&self.in_flight),
+            source: Arc::clone(&self.source_in_flight),
+        })
+    }
+}
+
+/// The address a client is known by: an IPv4 client on a dual-stack (`[::]`)
+/// listener arrives as a v4-mapped IPv6 address (`::ffff:a.b.c.d`); allow
+/// lists, per-source limits and logs must see it as the IPv4 address it is.
+pub fn canonical_peer(peer: SocketAddr) -> SocketAddr {
+    SocketAddr::new(peer.ip().to_canonical(), peer.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(conn_max: usize, source: &Arc<InFlightLimit>) -> ClientLink {
+        let (tx, _rx) = mpsc::channel(1);
+        ClientLink {
+            conn: 1,
+            peer: "127.0.0.1:1".parse().unwrap(),
+            tx,
+            in_flight: InFlightLimit::new(conn_max),
+            source_in_flight: Arc::clone(source),
+        }
+    }
+
+    #[test]
+    fn slots_respect_both_limits_and_come_back_on_drop() {
+        let source = InFlightLimit::new(3);
+        let a = link(2, &source);
+        let b = link(2, &source);
+        let a1 = a.take_slot().unwrap();
+        let _a2 = a.take_slot().unwrap();
+        assert!(a.take_slot().is_none(), "connection limit");
+        let _b1 = b.take_slot().unwrap();
+        assert!(b.take_slot().is_none(), "source limit, though b has room");
+        assert_eq!(
+            b.in_flight.current(),
+            1,
+            "a refused take gives its place back"
+        );
+        drop(a1);
+        assert_eq!((a.in_flight.current(), source.current()), (1, 2));
+        assert!(b.take_slot().is_some());
+    }
+
+    #[test]
+    fn v4_mapped_peers_are_ipv4() {
+        let mapped: SocketAddr = "[::ffff:10.1.2.3]:4000".parse().unwrap();
+        assert_eq!(canonical_peer(mapped), "10.1.2.3:4000".parse().unwrap());
+        let v6: SocketAddr = "[2001:db8::1]:4000".parse().unwrap();
+        assert_eq!(canonical_peer(v6), v6);
+    }
+}
