@@ -141,7 +141,7 @@ pub enum SimCommand {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo narrates its own events: only warnings and errors from the switch.
-    init_logging(if matches!(cli.command, Command::Demo(_)) {
+    let _log_flush = init_logging(if matches!(cli.command, Command::Demo(_)) {
         "warn"
     } else {
         "info"
@@ -359,13 +359,20 @@ fn fail(msg: String) -> ExitCode {
     ExitCode::FAILURE
 }
 
-fn init_logging(default_level: &str) {
+/// Sets up logging; the guard returned flushes lines still queued when it is
+/// dropped, at the end of `main`.
+fn init_logging(default_level: &str) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ISOSWITCH_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     use std::io::IsTerminal;
+    // Log lines go through a bounded queue to a writer thread: a slow terminal
+    // or disk never stalls the message path (lines past the queue are dropped
+    // and the writer says how many).
+    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         .try_init();
+    guard
 }

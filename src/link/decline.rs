@@ -5,7 +5,7 @@
 
 use bytes::Bytes;
 
-use crate::iso8583::{Decoded, IsoError, Message, Spec, samples};
+use crate::iso8583::{IsoError, Message, Spec};
 
 /// Fields a simulated node never copies into a response: track data, PIN
 /// block, EMV data and MACs do not travel back to the acquirer.
@@ -36,23 +36,10 @@ pub fn respond(spec: &Spec, request: &Message<'_>, code: &str) -> Result<Bytes, 
     Ok(Bytes::from(spec.encode(&resp)?))
 }
 
-/// The spec's echo test with STAN `stan` (a sign-in 0800 on POS links).
-pub fn echo_request(spec: &Spec, stan: u32) -> Result<Bytes, IsoError> {
-    let mut d: Decoded = samples::echo(spec);
-    d.set_text(11, format!("{:06}", stan % 1_000_000));
-    if spec.field(41).is_some() {
-        // The switch's own terminal ID keeps echoes apart from POS traffic.
-        d.set_text(41, "ISOSWTCH");
-    }
-    if spec.field(60).is_some() && spec.network().echo_f70.is_none() {
-        d.set_text(60, "00000000003");
-    }
-    Ok(Bytes::from(spec.encode(&d)?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::iso8583::samples;
 
     #[test]
     fn decline_turns_the_request_around() {
@@ -81,17 +68,6 @@ mod tests {
         }
         for id in [35, 52, 128] {
             assert!(!resp.has_field(id), "F{id} not echoed");
-        }
-    }
-
-    #[test]
-    fn echo_request_per_spec() {
-        for name in Spec::builtin_names() {
-            let spec = Spec::builtin(name).unwrap();
-            let echo = echo_request(&spec, 42).unwrap();
-            let msg = Message::parse(&spec, echo).unwrap();
-            assert!(msg.mti().is_network_management(), "{name}");
-            assert!(msg.field(11).unwrap().is_some(), "{name}");
         }
     }
 }

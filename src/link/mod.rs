@@ -6,6 +6,7 @@ pub mod client;
 pub mod decline;
 pub mod front;
 pub mod log_limit;
+pub mod netmgmt;
 pub mod node;
 pub mod pool;
 pub mod service;

@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::client::{ClientLink, InFlightSlot};
 use super::log_limit::{LogKind, LogLimit, LogPeer};
+use super::netmgmt::NetworkTemplate;
 use super::pool::NodePool;
 use super::simplex::{NmKind, OutLinks};
 use super::writer::{Outbound, Patch};
@@ -150,6 +151,8 @@ pub struct Service {
     accept_mti: Vec<MtiPattern>,
     /// Rate limits of per-message warnings.
     pub log_limit: LogLimit,
+    /// The switch's own network-management requests.
+    network: NetworkTemplate,
     /// Fields the directed rules look at (their text forms are needed per request).
     rule_fields: Vec<u16>,
     pub counters: ServiceCounters,
@@ -237,7 +240,9 @@ impl Service {
                     .ok_or_else(|| format!("accept_mti: `{t}` is not an MTI pattern"))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let network = NetworkTemplate::for_service(&config, &spec).map_err(|e| e.to_string())?;
         Ok(Service {
+            network,
             wanted,
             accept_mti,
             log_limit: LogLimit::new(LOG_LINES_PER_SECOND),
@@ -791,8 +796,7 @@ impl Service {
         timeout: Duration,
     ) -> Option<oneshot::Receiver<()>> {
         let conn = self.pool.node(node)?.live_conn()?;
-        let stan = (self.next_conn_id() % 1_000_000) as u32;
-        let payload = crate::link::decline::echo_request(&self.spec, stan).ok()?;
+        let payload = self.network_request(NmKind::Echo, self.next_stan()).ok()?;
         let checked = self.check(payload.clone()).ok()?;
         let key = self.key_of(&checked).ok()?;
         let (tx, rx) = oneshot::channel();
@@ -1028,47 +1032,15 @@ impl Service {
         links.nm_answered(stan, &text(70), text(39) == b"00", sign_on, echo)
     }
 
-    /// A switch-made 0820 for the peer: sign-on, sign-off or echo test.
+    /// A switch-made network-management request (sign-on, sign-off or echo
+    /// test) from the service's template, sent now.
     pub fn network_request(
         &self,
         kind: NmKind,
         stan: u32,
     ) -> Result<Bytes, crate::iso8583::IsoError> {
-        if matches!(self.config.front, FrontConfig::Listen(_)) {
-            return crate::link::decline::echo_request(&self.spec, stan);
-        }
-        // Institution IDs where the front has them (UnionPay); a VISA link's
-        // switch-made messages carry the spec's sample header.
-        let ids = match &self.config.front {
-            FrontConfig::Simplex(f) => Some((f.member_id.clone(), f.peer_id.clone())),
-            _ => None,
-        };
-        let net = self.spec.network();
-        let f70 = match kind {
-            NmKind::SignOn => net.sign_on_f70.clone().unwrap_or_else(|| "001".into()),
-            NmKind::SignOff => net.sign_off_f70.clone().unwrap_or_else(|| "002".into()),
-            NmKind::Echo => net.echo_f70.clone().unwrap_or_else(|| "301".into()),
-        };
-        let mut d = crate::iso8583::samples::echo(&self.spec);
-        if let (crate::wire::HeaderKind::Cups, Some((member, peer))) =
-            (self.spec.envelope().header, &ids)
-        {
-            d.envelope = crate::wire::CupsHeader::new(peer, member, 0).0.to_vec();
-        }
-        let text = |d: &mut crate::iso8583::Decoded, id: u16, v: String| {
-            if self.spec.field(id).is_some() {
-                d.set_text(id, v);
-            }
-        };
-        text(&mut d, 7, transmission_time(std::time::SystemTime::now()));
-        text(&mut d, 11, format!("{stan:06}"));
-        if let Some((member, peer)) = ids {
-            text(&mut d, 33, member);
-            text(&mut d, 53, "0".repeat(16));
-            text(&mut d, 100, peer);
-        }
-        text(&mut d, 70, f70);
-        Ok(Bytes::from(self.spec.encode(&d)?))
+        self.network
+            .build(&self.spec, kind, stan, std::time::SystemTime::now())
     }
 
     /// Logs (masked) and drops a frame the peer sent on a write-only out link.
@@ -1078,14 +1050,6 @@ impl Service {
             Message::parse(&self.spec, payload).map_or_else(|e| e.to_string(), |m| summary(&m));
         tracing::warn!(service = self.name(), link, message = %what, "frame on a write-only out link; not routed");
     }
-}
-
-/// F7, transmission date and time, as MMDDhhmmss in UTC.
-pub fn transmission_time(t: std::time::SystemTime) -> String {
-    let secs = t
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    String::from_utf8_lossy(&crate::iso8583::transmission_date_time(secs)).into_owned()
 }
 
 /// The key that ties a response to its request when the config names none.

@@ -44,6 +44,37 @@ pub struct ServiceConfig {
     /// other request fails ingress validation. Empty = every request MTI.
     #[serde(default)]
     pub accept_mti: Vec<String>,
+    /// The template of the switch's own network-management requests (node
+    /// echo checks; sign-on, sign-off and echo on peer links).
+    #[serde(default)]
+    pub network: NetworkConfig,
+}
+
+/// `[service.network]`: what the switch's own network-management requests
+/// carry. F7 (now, UTC), F11 (the service's next STAN) and F70 (per dialect)
+/// are made per message.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkConfig {
+    /// Request MTI (e.g. `0800`, `0820`); default: the spec's echo MTI.
+    #[serde(default)]
+    pub mti: Option<String>,
+    /// TPDU (10 hex digits, `60` first) for dialects with one; default `6000000000`.
+    #[serde(default)]
+    pub tpdu: Option<String>,
+    /// POS header (12 hex digits); default `603100310730`.
+    #[serde(default)]
+    pub pos_header: Option<String>,
+    /// Header destination ID: CUPS institution (≤ 11 characters; default the
+    /// simplex front's `peer_id`) or VISA station (6 digits; default `000000`).
+    #[serde(default)]
+    pub destination_id: Option<String>,
+    /// Header source ID (default: the simplex front's `member_id`, or `000000`).
+    #[serde(default)]
+    pub source_id: Option<String>,
+    /// Fixed fields by number (`F33 = "03105840"`), text form.
+    #[serde(default)]
+    pub fields: std::collections::BTreeMap<String, String>,
 }
 
 /// Where the service's clients come from.

@@ -1,0 +1,375 @@
+//! Network-management messages the switch makes itself: echo tests to nodes
+//! (health checks), and sign-on, sign-off and echo tests on peer links.
+//!
+//! Each is made, not copied: from the service's `[service.network]` template
+//! (MTI, envelope IDs, fixed fields; defaults per dialect and front), with
+//! F7 = the time of sending in UTC, F11 = the next STAN of the service, and
+//! F70 = the dialect's code for the kind of message. A peer or node that
+//! checks F7 against its clock, or STANs for repeats, sees what it expects.
+
+use std::time::SystemTime;
+
+use bytes::Bytes;
+
+pub use super::simplex::NmKind;
+use crate::iso8583::{Decoded, IsoError, Mti, Spec};
+use crate::ops::config::{FrontConfig, NetworkConfig, ServiceConfig};
+use crate::wire::{CupsHeader, HeaderKind, Tpdu, VisaHeader};
+
+/// A service's network-management requests, ready to stamp with a time and
+/// a STAN.
+#[derive(Clone, Debug)]
+pub struct NetworkTemplate {
+    mti: Mti,
+    envelope: Vec<u8>,
+    /// Fixed fields, text form, ascending by id.
+    fields: Vec<(u16, String)>,
+    sign_on_f70: String,
+    sign_off_f70: String,
+    echo_f70: String,
+}
+
+/// A `[service.network]` setting that cannot be used, naming its key.
+#[derive(Debug, thiserror::Error)]
+#[error("network.{key}: {reason}")]
+pub struct TemplateError {
+    pub key: String,
+    pub reason: String,
+}
+
+fn bad(key: impl Into<String>, reason: impl Into<String>) -> TemplateError {
+    TemplateError {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+impl NetworkTemplate {
+    /// The template of `service`: its `[service.network]` table over the
+    /// defaults of its dialect and front.
+    pub fn for_service(service: &ServiceConfig, spec: &Spec) -> Result<Self, TemplateError> {
+        let cfg = &service.network;
+        let net = spec.network();
+        let mti = match &cfg.mti {
+            Some(text) => text
+                .as_bytes()
+                .try_into()
+                .ok()
+                .and_then(Mti::new)
+                .filter(|m| m.is_request() && m.is_network_management())
+                .ok_or_else(|| {
+                    bad(
+                        "mti",
+                        format!(
+                            "`{text}` is not a network-management request MTI such as 0800 or 0820"
+                        ),
+                    )
+                })?,
+            None => net
+                .echo_mti
+                .unwrap_or(Mti::new(*b"0800").ok_or_else(|| bad("mti", "0800"))?),
+        };
+        // UnionPay's links name both institutions in the header and in F33 /
+        // F100; the simplex front knows them.
+        let ids = match &service.front {
+            FrontConfig::Simplex(f) => Some((f.member_id.clone(), f.peer_id.clone())),
+            _ => None,
+        };
+        let envelope = envelope(spec, cfg, ids.as_ref())?;
+        let mut fields = default_fields(spec, ids.as_ref());
+        for (key, value) in &cfg.fields {
+            let id: u16 = key
+                .trim_start_matches(['F', 'f'])
+                .parse()
+                .ok()
+                .filter(|id| spec.field(*id).is_some())
+                .ok_or_else(|| {
+                    bad(
+                        format!("fields.{key}"),
+                        format!("spec `{}` has no such field", spec.name()),
+                    )
+                })?;
+            if matches!(id, 7 | 11 | 70) {
+                return Err(bad(
+                    format!("fields.{key}"),
+                    "F7, F11 and F70 are made per message",
+                ));
+            }
+            fields.retain(|(f, _)| *f != id);
+            fields.push((id, value.clone()));
+        }
+        fields.sort_by_key(|(id, _)| *id);
+        let template = NetworkTemplate {
+            mti,
+            envelope,
+            fields,
+            sign_on_f70: net.sign_on_f70.clone().unwrap_or_else(|| "001".into()),
+            sign_off_f70: net.sign_off_f70.clone().unwrap_or_else(|| "002".into()),
+            echo_f70: net.echo_f70.clone().unwrap_or_else(|| "301".into()),
+        };
+        // Fail at start, not at the first echo: the template must encode.
+        template
+            .build(spec, NmKind::Echo, 1, SystemTime::UNIX_EPOCH)
+            .map_err(|e| bad("fields", e.to_string()))?;
+        Ok(template)
+    }
+
+    /// The message of `kind` with STAN `stan`, sent at `at`.
+    pub fn build(
+        &self,
+        spec: &Spec,
+        kind: NmKind,
+        stan: u32,
+        at: SystemTime,
+    ) -> Result<Bytes, IsoError> {
+        let mut d = Decoded::new(self.envelope.clone(), self.mti);
+        let mut set = |id: u16, v: String| {
+            if spec.field(id).is_some() {
+                d.set_text(id, v);
+            }
+        };
+        set(7, transmission_time(at));
+        set(11, format!("{:06}", stan % 1_000_000));
+        // A POS sign-in (no F70 in the dialect) says what it is in F60 instead.
+        if spec.network().echo_f70.is_some() || spec.field(60).is_none() {
+            let f70 = match kind {
+                NmKind::SignOn => &self.sign_on_f70,
+                NmKind::SignOff => &self.sign_off_f70,
+                NmKind::Echo => &self.echo_f70,
+            };
+            set(70, f70.clone());
+        }
+        for (id, v) in &self.fields {
+            set(*id, v.clone());
+        }
+        Ok(Bytes::from(spec.encode(&d)?))
+    }
+}
+
+/// F7, transmission date and time, as MMDDhhmmss in UTC.
+pub fn transmission_time(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    String::from_utf8_lossy(&crate::iso8583::transmission_date_time(secs)).into_owned()
+}
+
+/// Fields every switch-made request of this dialect carries by default.
+fn default_fields(spec: &Spec, ids: Option<&(String, String)>) -> Vec<(u16, String)> {
+    let mut fields = Vec::new();
+    let has = |id| spec.field(id).is_some();
+    if let Some((member, peer)) = ids {
+        // UnionPay: forwarding institution, security control, receiving institution.
+        if has(33) {
+            fields.push((33, member.clone()));
+        }
+        if has(53) {
+            fields.push((53, "0".repeat(16)));
+        }
+        if has(100) {
+            fields.push((100, peer.clone()));
+        }
+    }
+    if has(41) && spec.envelope().tpdu {
+        // The switch's own terminal ID keeps its echoes apart from POS traffic.
+        fields.push((41, "ISOSWTCH".into()));
+    }
+    if has(60) && spec.network().echo_f70.is_none() {
+        // UnionPay POS sign-in: transaction type 00, batch 000000, code 003.
+        fields.push((60, "00000000003".into()));
+    }
+    fields
+}
+
+/// The envelope of switch-made requests: TPDU and header with the configured
+/// (or the front's) IDs.
+fn envelope(
+    spec: &Spec,
+    cfg: &NetworkConfig,
+    ids: Option<&(String, String)>,
+) -> Result<Vec<u8>, TemplateError> {
+    let env = spec.envelope();
+    let mut out = Vec::new();
+    if env.tpdu {
+        let text = cfg.tpdu.as_deref().unwrap_or("6000000000");
+        let raw = hex(text)
+            .filter(|b| b.len() == Tpdu::LEN && b[0] == Tpdu::ID)
+            .ok_or_else(|| {
+                bad(
+                    "tpdu",
+                    format!("`{text}` is not a TPDU: 10 hex digits starting 60"),
+                )
+            })?;
+        out.extend_from_slice(&raw);
+    }
+    let dest = cfg
+        .destination_id
+        .clone()
+        .or_else(|| ids.map(|(_, peer)| peer.clone()));
+    let source = cfg
+        .source_id
+        .clone()
+        .or_else(|| ids.map(|(member, _)| member.clone()));
+    match env.header {
+        HeaderKind::None => {}
+        HeaderKind::Cups => {
+            let dest = dest.unwrap_or_default();
+            let source = source.unwrap_or_default();
+            for (key, id) in [("destination_id", &dest), ("source_id", &source)] {
+                if id.len() > 11 || !id.is_ascii() {
+                    return Err(bad(
+                        key,
+                        format!("`{id}` is not a CUPS institution ID (up to 11 ASCII characters)"),
+                    ));
+                }
+            }
+            out.extend_from_slice(&CupsHeader::new(&dest, &source, 0).0);
+        }
+        HeaderKind::Visa => {
+            let station = |key: &str, id: Option<String>| -> Result<[u8; 3], TemplateError> {
+                let text = id.unwrap_or_else(|| "000000".into());
+                text.bytes()
+                    .all(|b| b.is_ascii_digit())
+                    .then(|| hex(&text))
+                    .flatten()
+                    .and_then(|b| <[u8; 3]>::try_from(b).ok())
+                    .ok_or_else(|| {
+                        bad(key, format!("`{text}` is not a VISA station ID (6 digits)"))
+                    })
+            };
+            let d = station("destination_id", dest)?;
+            let s = station("source_id", source)?;
+            out.extend_from_slice(&VisaHeader::new(d, s, 0).0);
+        }
+        HeaderKind::Pos => {
+            let text = cfg.pos_header.as_deref().unwrap_or("603100310730");
+            let raw = hex(text).filter(|b| b.len() == 6).ok_or_else(|| {
+                bad(
+                    "pos_header",
+                    format!("`{text}` is not a POS header: 12 hex digits"),
+                )
+            })?;
+            out.extend_from_slice(&raw);
+        }
+    }
+    Ok(out)
+}
+
+fn hex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::iso8583::Message;
+    use crate::ops::config::Config;
+
+    fn service(toml_extra: &str, spec: &str, front: &str) -> ServiceConfig {
+        let toml = format!(
+            "[[service]]\nname = \"s\"\nspec = \"{spec}\"\n{toml_extra}\n{front}\n[service.back]\n[[service.back.node]]\nid = \"01\"\naddress = \"127.0.0.1:1\"\n"
+        );
+        Config::from_toml(&toml)
+            .unwrap_or_else(|e| panic!("{e}\n{toml}"))
+            .services
+            .remove(0)
+    }
+
+    const LISTEN: &str = "[service.front]\nkind = \"listen\"\nlisten = \"127.0.0.1:0\"";
+
+    fn field(spec: &Spec, msg: &Bytes, id: u16) -> String {
+        let m = Message::parse(spec, msg.clone()).unwrap();
+        m.field(id)
+            .unwrap()
+            .map(|f| f.logical().map(char::from).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn time_and_stan_are_made_per_message() {
+        let spec = Spec::builtin("iso87ascii").unwrap();
+        let t = NetworkTemplate::for_service(&service("", "iso87ascii", LISTEN), &spec).unwrap();
+        // 2026-12-03 03:03:20 UTC.
+        let at = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_796_267_000);
+        let a = t.build(&spec, NmKind::Echo, 41, at).unwrap();
+        let b = t
+            .build(
+                &spec,
+                NmKind::SignOn,
+                42,
+                at + std::time::Duration::from_secs(61),
+            )
+            .unwrap();
+        assert_eq!(field(&spec, &a, 7), "1203030320");
+        assert_eq!(field(&spec, &b, 7), "1203030421");
+        assert_eq!(
+            (field(&spec, &a, 11), field(&spec, &b, 11)),
+            ("000041".into(), "000042".into())
+        );
+        assert_eq!(
+            (field(&spec, &a, 70), field(&spec, &b, 70)),
+            ("301".into(), "001".into())
+        );
+    }
+
+    #[test]
+    fn unionpay_ids_come_from_the_front_and_config_overrides_them() {
+        let spec = Spec::builtin("cups").unwrap();
+        let simplex = "[service.front]\nkind = \"simplex\"\nlisten = \"127.0.0.1:0\"\nconnect = \"127.0.0.1:1\"\nlinks = 2\nmember_id = \"03105840\"\npeer_id = \"00010000\"\n";
+        let svc = service("f37_stamp = { offset = 0, width = 2 }", "cups", simplex);
+        let t = NetworkTemplate::for_service(&svc, &spec).unwrap();
+        let m = t
+            .build(&spec, NmKind::SignOn, 7, SystemTime::now())
+            .unwrap();
+        let header = CupsHeader::parse(&m).unwrap();
+        assert_eq!(header.destination_id().trim_end(), "00010000");
+        assert_eq!(header.source_id().trim_end(), "03105840");
+        assert_eq!(field(&spec, &m, 33), "03105840");
+        assert_eq!(field(&spec, &m, 100), "00010000");
+        assert_eq!(Message::parse(&spec, m).unwrap().mti().as_str(), "0820");
+
+        let svc = service(
+            "f37_stamp = { offset = 0, width = 2 }\n[service.network]\nsource_id = \"99999999\"\nfields = { F33 = \"99999999\" }",
+            "cups",
+            simplex,
+        );
+        let t = NetworkTemplate::for_service(&svc, &spec).unwrap();
+        let m = t.build(&spec, NmKind::Echo, 8, SystemTime::now()).unwrap();
+        assert_eq!(
+            CupsHeader::parse(&m).unwrap().source_id().trim_end(),
+            "99999999"
+        );
+        assert_eq!(field(&spec, &m, 33), "99999999");
+    }
+
+    #[test]
+    fn every_builtin_dialect_has_a_template_and_bad_settings_name_their_key() {
+        for name in Spec::builtin_names() {
+            let spec = Spec::builtin(name).unwrap();
+            let t = NetworkTemplate::for_service(&service("", name, LISTEN), &spec)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let m = t.build(&spec, NmKind::Echo, 1, SystemTime::now()).unwrap();
+            let msg = Message::parse(&spec, m).unwrap();
+            assert!(msg.mti().is_network_management(), "{name}");
+            assert!(msg.validate().is_ok(), "{name}");
+        }
+        let spec = Spec::builtin("iso87ascii").unwrap();
+        for (extra, key) in [
+            ("mti = \"0200\"", "network.mti"),
+            ("fields = { F11 = \"000001\" }", "network.fields.F11"),
+            ("fields = { F199 = \"x\" }", "network.fields.F199"),
+        ] {
+            let svc = service(&format!("[service.network]\n{extra}"), "iso87ascii", LISTEN);
+            let err = NetworkTemplate::for_service(&svc, &spec)
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with(key), "{extra}: {err}");
+        }
+    }
+}
