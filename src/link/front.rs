@@ -238,6 +238,10 @@ async fn serve_client(
         let _ = tokio::time::timeout(linger, &mut writer).await;
         writer.abort();
     }
+    service
+        .counters
+        .clients_closed
+        .fetch_add(1, Ordering::Relaxed);
     tracing::info!(service = service.name(), %peer, conn, reason = %why, "client disconnected");
 }
 

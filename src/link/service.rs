@@ -43,6 +43,10 @@ pub enum Invalid {
     /// A request of a class the service does not route (`accept_mti`).
     #[error("MTI {0} is not accepted by this service")]
     NotAccepted(Mti),
+    /// A request without a field of its correlation key could not be told
+    /// apart from others when its answer comes back.
+    #[error("MTI {0} without F{1}, a field of the correlation key")]
+    MissingKeyField(Mti, u16),
 }
 
 /// A message that passed ingress validation, with its routing fields found
@@ -109,6 +113,8 @@ pub struct ServiceCounters {
     pub undeliverable: AtomicU64,
     pub unexpected: AtomicU64,
     pub clients_accepted: AtomicU64,
+    /// Client connections that ended (for any reason).
+    pub clients_closed: AtomicU64,
     pub clients_refused: AtomicU64,
     pub keep_alives: AtomicU64,
     /// Simplex: node-originated requests sent to the peer.
@@ -321,11 +327,29 @@ impl Service {
         if !mti.is_request() {
             return Err(Invalid::NotARequest(mti));
         }
+        self.check_routable(&checked)?;
+        Ok(checked)
+    }
+
+    /// What a request must be to be routed: of an MTI the service accepts,
+    /// and carrying every field of its correlation key (network management
+    /// excepted: an 0820 carries no acquirer, say).
+    fn check_routable(&self, req: &Checked<'_>) -> Result<(), Invalid> {
+        let mti = req.msg.mti();
         let digits = mti.digits();
         if !self.accept_mti.is_empty() && !self.accept_mti.iter().any(|p| p.matches(&digits)) {
             return Err(Invalid::NotAccepted(mti));
         }
-        Ok(checked)
+        if !mti.is_network_management() {
+            for part in &self.key_parts {
+                if let KeyPart::Field(id) = part
+                    && !req.msg.has_field(*id)
+                {
+                    return Err(Invalid::MissingKeyField(mti, *id));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A message payload from a front client. Returns false when the client
@@ -943,9 +967,14 @@ impl Service {
             self.answer_network_request(&checked.msg);
             return;
         }
-        let digits = mti.digits();
-        if !self.accept_mti.is_empty() && !self.accept_mti.iter().any(|p| p.matches(&digits)) {
+        if let Err(e) = self.check_routable(&checked) {
             self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
+            if self
+                .log_limit
+                .allow(LogKind::BadMessage, LogPeer::Service, now)
+            {
+                tracing::warn!(service = self.name(), error = %e, "bad request from the peer: declined");
+            }
             self.decline(Origin::Peer, &payload, DeclineReason::BadMessage);
             return;
         }
