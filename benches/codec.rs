@@ -9,7 +9,7 @@ use std::hint::black_box;
 
 use bytes::{Bytes, BytesMut};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use isoswitch::iso8583::{Data, Decoded, Message, Spec, Unit, Value, samples, stamp};
+use isoswitch::iso8583::{Bitmap, Data, Decoded, Message, Spec, Unit, Value, samples, stamp};
 use isoswitch::wire::{Frame, FrameCodec, Tpdu};
 use tokio_util::codec::{Decoder, Encoder};
 
@@ -64,6 +64,31 @@ fn routing_view(c: &mut Criterion) {
             b.iter(|| {
                 let msg = Message::parse(&spec, black_box(&bytes).clone()).expect("parses");
                 black_box(msg.routing_view().expect("view"))
+            })
+        });
+    }
+    g.finish();
+}
+
+/// Ingress validation as the switch runs it: parse, then one pass over every
+/// field that checks the whole message and records the fields routing reads
+/// (key fields, F37, F39, F41, F70). Compare with `routing_view`, which stops
+/// after the last routing field and checks nothing past it.
+fn validate_index(c: &mut Criterion) {
+    let mut g = c.benchmark_group("validate_index");
+    let mut wanted = Bitmap::default();
+    for id in [7, 11, 32, 33, 37, 39, 41, 70] {
+        wanted.set(id);
+    }
+    for (name, (spec, payload)) in [
+        ("cups_0200", samples::cups_0200()),
+        ("pos_0200", samples::pos_0200()),
+    ] {
+        let bytes = Bytes::from(payload);
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let msg = Message::parse(&spec, black_box(&bytes).clone()).expect("parses");
+                black_box(msg.index(&wanted).expect("valid"))
             })
         });
     }
@@ -157,6 +182,7 @@ criterion_group!(
     benches,
     frame_decode,
     routing_view,
+    validate_index,
     stamp_f37,
     tpdu_swap,
     full_codec

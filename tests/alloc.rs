@@ -75,6 +75,10 @@ fn routing_path_makes_no_heap_allocation() {
     let mut cups_buf = cups_payload.clone();
     let mut pos_buf = pos_payload.clone();
     let f11 = pos.field(11).expect("F11 defined");
+    let mut wanted = isoswitch::iso8583::Bitmap::default();
+    for id in [7, 11, 32, 33, 37, 41] {
+        wanted.set(id);
+    }
 
     let n = allocations(|| {
         let msg = Message::parse(&cups, cups_bytes).expect("CUPS 0200 parses");
@@ -105,6 +109,13 @@ fn routing_path_makes_no_heap_allocation() {
 
         // A view over a mutable buffer (no Bytes at all).
         black_box(pos.routing_view(&pos_buf).expect("view of patched buffer"));
+
+        // Ingress validation with the routing fields indexed, and lookups
+        // through the index.
+        let msg = Message::parse(&cups, cups_again.clone()).expect("parses");
+        let index = msg.index(&wanted).expect("a whole message");
+        black_box(msg.indexed(&index, 37).expect("F37").data());
+        black_box(msg.indexed(&index, 33).expect("F33").data());
     });
     assert_eq!(n, 0, "heap allocations on the routing path");
     let f37 = cups.routing_view(&cups_buf).unwrap().f37.unwrap();
