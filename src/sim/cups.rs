@@ -79,6 +79,15 @@ pub struct CupsSimConfig {
     pub answer_member_requests: bool,
     /// How long it waits before answering a member request.
     pub delay: Delay,
+    /// Refuse traffic on an out link before that link's sign-on: every frame
+    /// (keep-alives too) read on it before the simulator's 0830 to its 0820
+    /// F70 001 is dropped unanswered and counted in `unsigned_frames`, as
+    /// UnionPay rejects traffic on a link that has not signed on.
+    pub require_sign_on: bool,
+    /// How long it waits before answering a sign-on 0820 (with
+    /// `require_sign_on`): frames the switch writes before it has the 0830
+    /// then arrive in this window and are caught.
+    pub sign_on_delay: Duration,
 }
 
 impl CupsSimConfig {
@@ -95,6 +104,8 @@ impl CupsSimConfig {
             keepalive_idle: Duration::from_secs(30),
             answer_member_requests: true,
             delay: Delay::NONE,
+            require_sign_on: false,
+            sign_on_delay: Duration::ZERO,
         }
     }
 }
@@ -151,6 +162,11 @@ pub struct CupsSimStats {
     pub bad_frames: AtomicU64,
     /// Message frames the switch wrote on an in link (it should only read them).
     pub unexpected_on_in_links: AtomicU64,
+    /// Frames read on an out link before its sign-on (`require_sign_on`):
+    /// refused, never answered.
+    pub unsigned_frames: AtomicU64,
+    /// Sign-on 0820s answered (`require_sign_on`).
+    pub sign_ons: AtomicU64,
 }
 
 /// What the simulated UnionPay saw.
@@ -170,6 +186,8 @@ pub struct CupsReport {
     pub in_links_up: u64,
     pub out_links_accepted: u64,
     pub bad_frames: u64,
+    pub unsigned_frames: u64,
+    pub sign_ons: u64,
 }
 
 impl CupsReport {
@@ -190,6 +208,8 @@ impl CupsReport {
             in_links_up: get(&s.in_links_up),
             out_links_accepted: get(&s.out_links_accepted),
             bad_frames: get(&s.bad_frames),
+            unsigned_frames: get(&s.unsigned_frames),
+            sign_ons: get(&s.sign_ons),
         }
     }
 }
@@ -200,7 +220,8 @@ impl std::fmt::Display for CupsReport {
             f,
             "sent {} answered {} declined {} mismatched {} unanswered {} unsent {} \
              member_requests {} member_requests_answered {} keepalives_received {} \
-             echo_sent {} echo_answered {} in_links_up {} out_links_accepted {} bad_frames {}",
+             echo_sent {} echo_answered {} in_links_up {} out_links_accepted {} bad_frames {} \
+             unsigned_frames {} sign_ons {}",
             self.sent,
             self.answered,
             self.declined,
@@ -214,7 +235,9 @@ impl std::fmt::Display for CupsReport {
             self.echo_answered,
             self.in_links_up,
             self.out_links_accepted,
-            self.bad_frames
+            self.bad_frames,
+            self.unsigned_frames,
+            self.sign_ons
         )
     }
 }
@@ -640,6 +663,45 @@ impl Shared {
         }
     }
 
+    /// A frame on an out link that has not signed on: its sign-on 0820 is
+    /// answered (after `sign_on_delay`) and signs the link on; anything else is
+    /// refused and counted.
+    fn before_sign_on(
+        self: &Arc<Shared>,
+        payload: Bytes,
+        signed_on: &Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        let answer = Message::parse(&self.spec, payload).ok().and_then(|msg| {
+            let sign_on = msg.mti().is_network_management()
+                && msg.mti().is_request()
+                && matches!(msg.field(70), Ok(Some(f)) if f.eq_logical(b"001"));
+            if !sign_on {
+                return None;
+            }
+            crate::link::decline::respond(&self.spec, &msg, "00").ok()
+        });
+        let Some(answer) = answer else {
+            self.stats.unsigned_frames.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        self.stats.network_requests.fetch_add(1, Ordering::Relaxed);
+        let shared = Arc::clone(self);
+        let signed_on = Arc::clone(signed_on);
+        let delay = self.cfg.sign_on_delay;
+        let mut shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            }
+            // Signed on before the 0830 leaves: whatever the switch writes
+            // after reading it is read after this.
+            signed_on.store(true, Ordering::Release);
+            shared.stats.sign_ons.fetch_add(1, Ordering::Relaxed);
+            shared.deliver(answer, &shared.stats.network_answered);
+        });
+    }
+
     /// Writes a response on an in link and counts it under `answered`.
     fn deliver(&self, response: Bytes, answered: &AtomicU64) {
         let counter = if self.send_in(Outbound::message(response)) {
@@ -780,6 +842,9 @@ async fn serve_out_link(
     let framing = shared.spec.framing();
     let mut frames = FramedRead::new(stream, FrameCodec::new(framing.prefix, framing.max_frame));
     let mut rng = seed();
+    let signed_on = Arc::new(std::sync::atomic::AtomicBool::new(
+        !shared.cfg.require_sign_on,
+    ));
     // A frame begun must end within this (a stalled peer cannot hold a buffer).
     let partial_limit = shared.cfg.timeout.max(Duration::from_secs(1));
     let mut closing = false;
@@ -808,6 +873,13 @@ async fn serve_out_link(
             _ = shutdown.changed() => break,
         };
         match frame {
+            Some(Some(Ok(_))) if !signed_on.load(Ordering::Acquire) => {
+                if let Some(Some(Ok(Frame::Message(payload)))) = frame {
+                    shared.before_sign_on(payload, &signed_on);
+                } else {
+                    shared.stats.unsigned_frames.fetch_add(1, Ordering::Relaxed);
+                }
+            }
             Some(Some(Ok(Frame::Message(payload)))) => shared.on_out_link(payload, &mut rng),
             Some(Some(Ok(Frame::KeepAlive))) => {
                 shared
