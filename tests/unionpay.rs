@@ -780,3 +780,80 @@ async fn node_stamps_are_checked_not_rewritten() {
     switch.stop().await;
     cups.stop().await;
 }
+
+/// All 8 out links dropped at once by UnionPay, three times, under load both
+/// ways, with a UnionPay that refuses any frame on a link before that link's
+/// sign-on (and holds its 0830 a little, so a frame written too early is
+/// caught): no frame precedes a sign-on on any link, and every request, the
+/// nodes' and UnionPay's, is answered exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_every_out_link_at_once_sends_nothing_before_sign_on() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let spec = spec("cups");
+        let nodes = nodes(&spec, Delay::parse("0..20ms").unwrap(), Some(100.0)).await;
+        let listen = free_addr();
+        let mut cfg = cups_sim_config("127.0.0.1:0".parse().unwrap(), listen, Some(300.0), 60);
+        cfg.require_sign_on = true;
+        cfg.sign_on_delay = Duration::from_millis(30);
+        let cups = CupsSim::start(spec.clone(), cfg).await.unwrap();
+        let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+        let switch = Switch::start(&simplex_config(
+            cups.accept_addr(),
+            listen,
+            &addrs,
+            LINKS,
+            "sign_on_retry = \"300ms\"",
+        ))
+        .await
+        .unwrap();
+        let svc = service(&switch).clone();
+        wait_links_up(&svc).await;
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            assert_eq!(cups.close_out_links(LINKS), LINKS);
+            wait_until("every out link down or reconnecting", || {
+                svc.out_links.as_ref().unwrap().up().1 < LINKS
+            })
+            .await;
+            wait_links_up(&svc).await;
+        }
+        for n in &nodes {
+            n.stop_originating();
+        }
+        cups.stop_originating();
+        // A request already past the flag check is sent within one tick.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        wait_until("node-originated requests settled", || {
+            nodes.iter().all(|n| n.outstanding() == 0)
+        })
+        .await;
+        wait_until("issuer requests settled", || cups.outstanding() == 0).await;
+        let report = cups.report();
+        assert_eq!(report.unsigned_frames, 0, "frames before sign-on: {report}");
+        assert!(report.sign_ons >= 4 * LINKS as u64, "{report}");
+        assert!(report.sent > 500, "{report}");
+        assert_eq!(report.answered + report.declined, report.sent, "{report}");
+        assert_eq!(report.unanswered + report.mismatched, 0, "{report}");
+        for (i, n) in nodes.iter().enumerate() {
+            let s = &n.stats;
+            let sent = s.originated.load(Ordering::Relaxed);
+            let answered = s.originated_answered.load(Ordering::Relaxed);
+            let declined = s.originated_declined.load(Ordering::Relaxed);
+            assert!(sent > 100, "node {i}");
+            assert_eq!(answered + declined, sent, "node {i}: exactly once");
+            assert_eq!(
+                s.originated_unanswered.load(Ordering::Relaxed),
+                0,
+                "node {i}"
+            );
+            assert_eq!(s.foreign_responses.load(Ordering::Relaxed), 0, "node {i}");
+        }
+        let c = &svc.counters;
+        assert_eq!(c.node_requests_expired.load(Ordering::Relaxed), 0);
+        assert_eq!(c.undeliverable.load(Ordering::Relaxed), 0);
+        switch.stop().await;
+        cups.stop().await;
+    })
+    .await
+    .expect("test within its timeout");
+}

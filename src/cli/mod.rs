@@ -103,6 +103,9 @@ pub enum SimCommand {
         /// First two digits of every terminal ID: tells NACs apart.
         #[arg(long, default_value_t = 1)]
         nac_id: u8,
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
     },
     /// UnionPay on a simplex link set: accepts the switch's out links, opens
     /// in links to it, answers member requests and originates its own.
@@ -134,6 +137,19 @@ pub enum SimCommand {
         /// Leave member requests unanswered (exercises the switch's timeouts).
         #[arg(long)]
         no_answer: bool,
+        /// Refuse (count, never answer) any frame on an out link before that
+        /// link's sign-on 0820 F70 001 is answered.
+        #[arg(long)]
+        require_sign_on: bool,
+        /// Wait this long before answering a sign-on.
+        #[arg(long, default_value = "0ms", value_parser = humantime::parse_duration)]
+        sign_on_delay: Duration,
+        /// Close every out link at once this often (chaos).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        drop_out_links_every: Option<Duration>,
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -243,6 +259,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             duration,
             timeout,
             nac_id,
+            json,
         } => {
             let spec = match resolve_spec(&spec) {
                 Ok(s) => s,
@@ -261,7 +278,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                 let report = crate::sim::nac::run(spec, cfg)
                     .await
                     .map_err(|e| format!("cannot connect to {connect}: {e}"))?;
-                println!("{report}");
+                print_report(&report, json);
                 if report.mismatched > 0 || report.unanswered > 0 {
                     return Err("some requests were unanswered or mismatched".into());
                 }
@@ -279,6 +296,10 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             keepalive_idle,
             delay,
             no_answer,
+            require_sign_on,
+            sign_on_delay,
+            drop_out_links_every,
+            json,
         } => {
             let spec = match resolve_spec(&spec) {
                 Ok(s) => s,
@@ -298,6 +319,9 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                 keepalive_idle,
                 answer_member_requests: !no_answer,
                 delay,
+                require_sign_on,
+                sign_on_delay,
+                drop_out_links_every,
                 ..crate::sim::cups::CupsSimConfig::new(accept, connect, links)
             };
             runtime(async move {
@@ -308,7 +332,10 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                         format!("cannot listen on {accept}: {e}")
                     }
                 })?;
-                println!("{report}");
+                print_report(&report, json);
+                if report.unsigned_frames > 0 {
+                    return Err("frames arrived on an out link before its sign-on".into());
+                }
                 if report.mismatched > 0 || report.unanswered > 0 {
                     return Err("some requests were unanswered or mismatched".into());
                 }
@@ -319,6 +346,14 @@ fn run_sim(sim: SimCommand) -> ExitCode {
 }
 
 /// A spec by built-in name or path, or the exit status after saying why not.
+/// A simulator's final report: its text line, or one JSON object.
+fn print_report<R: std::fmt::Display + serde::Serialize>(report: &R, json: bool) {
+    match serde_json::to_string(report) {
+        Ok(text) if json => println!("{text}"),
+        _ => println!("{report}"),
+    }
+}
+
 fn resolve_spec(name: &str) -> Result<Arc<Spec>, ExitCode> {
     Spec::resolve(name)
         .map(Arc::new)

@@ -88,6 +88,8 @@ pub struct CupsSimConfig {
     /// `require_sign_on`): frames the switch writes before it has the 0830
     /// then arrive in this window and are caught.
     pub sign_on_delay: Duration,
+    /// Closes every out link at once this often (chaos: all links lost).
+    pub drop_out_links_every: Option<Duration>,
 }
 
 impl CupsSimConfig {
@@ -106,6 +108,7 @@ impl CupsSimConfig {
             delay: Delay::NONE,
             require_sign_on: false,
             sign_on_delay: Duration::ZERO,
+            drop_out_links_every: None,
         }
     }
 }
@@ -167,6 +170,8 @@ pub struct CupsSimStats {
     pub unsigned_frames: AtomicU64,
     /// Sign-on 0820s answered (`require_sign_on`).
     pub sign_ons: AtomicU64,
+    /// Times every out link was dropped at once (`drop_out_links_every`).
+    pub out_link_drops: AtomicU64,
 }
 
 /// What the simulated UnionPay saw.
@@ -188,6 +193,7 @@ pub struct CupsReport {
     pub bad_frames: u64,
     pub unsigned_frames: u64,
     pub sign_ons: u64,
+    pub out_link_drops: u64,
 }
 
 impl CupsReport {
@@ -210,6 +216,7 @@ impl CupsReport {
             bad_frames: get(&s.bad_frames),
             unsigned_frames: get(&s.unsigned_frames),
             sign_ons: get(&s.sign_ons),
+            out_link_drops: get(&s.out_link_drops),
         }
     }
 }
@@ -281,6 +288,7 @@ impl CupsSim {
             stan: AtomicU32::new((seed() % 999_999) as u32 + 1),
             delayed: AtomicUsize::new(0),
             issuer,
+            originating: std::sync::atomic::AtomicBool::new(true),
             shutdown: rx.clone(),
             cfg,
         });
@@ -291,6 +299,9 @@ impl CupsSim {
         }
         if shared.cfg.rate.is_some_and(|r| r > 0.0) {
             tasks.spawn(originate(Arc::clone(&shared), rx.clone()));
+        }
+        if let Some(every) = shared.cfg.drop_out_links_every.filter(|d| !d.is_zero()) {
+            tasks.spawn(drop_out_links(Arc::clone(&shared), every, rx.clone()));
         }
         tasks.spawn(sweep(Arc::clone(&shared), rx));
         tracing::info!(accept = %accept_addr, connect = %shared.cfg.connect, links = shared.cfg.links, "sim cups started");
@@ -314,6 +325,11 @@ impl CupsSim {
     /// The counters now.
     pub fn report(&self) -> CupsReport {
         CupsReport::from_stats(&self.shared.stats)
+    }
+
+    /// Stops originating issuer requests (those sent still get their answers).
+    pub fn stop_originating(&self) {
+        self.shared.originating.store(false, Ordering::Release);
     }
 
     /// Issuer requests and echo tests awaiting a response.
@@ -399,6 +415,8 @@ struct Shared {
     /// Member responses waiting out their delay.
     delayed: AtomicUsize,
     issuer: Option<IssuerTemplate>,
+    /// Cleared by [`CupsSim::stop_originating`].
+    originating: std::sync::atomic::AtomicBool,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -1046,7 +1064,7 @@ async fn originate(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
             _ = shutdown.changed() => return,
         }
         let now = Instant::now();
-        if stop_at.is_some_and(|s| now >= s) {
+        if stop_at.is_some_and(|s| now >= s) || !shared.originating.load(Ordering::Acquire) {
             return;
         }
         // One request at start, then as many as the rate owes by now.
@@ -1060,6 +1078,23 @@ async fn originate(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
                 &shared.stats.unsent
             };
             counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Closes every out link at once, every `every`, as a lost line to all of
+/// them would.
+async fn drop_out_links(shared: Arc<Shared>, every: Duration, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let n = close_links(&shared.out_links, usize::MAX, |l| &l.close);
+                shared.stats.out_link_drops.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(closed = n, "sim cups: every out link dropped");
+            }
+            _ = shutdown.changed() => return,
         }
     }
 }
