@@ -17,7 +17,7 @@ use tokio_util::codec::FramedRead;
 use super::node::Backoff;
 use super::service::Service;
 use super::timer::{ReadTimeout, ReadTimer, in_frame};
-use super::writer::{Outbound, run_writer_until};
+use super::writer::{Outbound, WriterItem, run_writer_until};
 use crate::ops::config::{FrontConfig, LinkSet, SignOn, SimplexFront};
 use crate::wire::{Frame, FrameCodec};
 
@@ -80,7 +80,7 @@ pub struct InLinkStats {
 /// connection (not an earlier one) is signed on, and which connection it is.
 #[derive(Default)]
 struct Slot {
-    tx: Option<mpsc::Sender<Outbound>>,
+    tx: Option<mpsc::Sender<LinkFrame>>,
     signed_on: bool,
     /// Bumped on every new connection, so an 0830 to a sign-on sent on an
     /// earlier connection of this link cannot sign the new one on.
@@ -97,11 +97,31 @@ pub enum Carry {
     Request,
 }
 
-/// A frame waiting for an out link that is up, signed on and has room.
-struct Waiting {
+/// A frame on its way out, on a link's writer queue or waiting for a usable
+/// link: when it started on its way (its deadline runs from then, across
+/// link deaths) and what it carries (`None`: this connection's own network
+/// management or keep-alive, dropped with the connection).
+#[derive(Debug)]
+pub struct LinkFrame {
     since: Instant,
+    carry: Option<Carry>,
     out: Outbound,
-    carry: Carry,
+}
+
+impl WriterItem for LinkFrame {
+    fn outbound(&self) -> &Outbound {
+        &self.out
+    }
+}
+
+impl LinkFrame {
+    fn own(out: Outbound) -> LinkFrame {
+        LinkFrame {
+            since: Instant::now(),
+            carry: None,
+            out,
+        }
+    }
 }
 
 /// What one pass over the waiting frames did.
@@ -114,6 +134,15 @@ pub struct Flushed {
     /// Node requests whose deadline passed while waiting (dropped: the node
     /// has timed them out).
     pub requests_expired: u64,
+}
+
+impl Flushed {
+    fn count_expired(&mut self, carry: Option<Carry>) {
+        match carry {
+            Some(Carry::Request) => self.requests_expired += 1,
+            Some(Carry::Answer) | None => self.answers_expired += 1,
+        }
+    }
 }
 
 /// The out links of a simplex front: a pool any outbound frame can use.
@@ -137,7 +166,7 @@ pub struct OutLinks {
     pub sign_ons_acknowledged: AtomicU64,
     pub echoes_acknowledged: AtomicU64,
     /// Frames waiting for a usable out link, oldest first.
-    waiting: Mutex<VecDeque<Waiting>>,
+    waiting: Mutex<VecDeque<LinkFrame>>,
     /// How long a waiting frame is worth sending (the request timeout).
     park_for: Duration,
     /// Waiting frames sent once a link could take them.
@@ -254,64 +283,79 @@ impl OutLinks {
     }
 
     fn queue(&self, out: Outbound, carry: Carry, now: Instant) -> Result<Queued, NoOutLink> {
+        self.queue_frame(LinkFrame {
+            since: now,
+            carry: Some(carry),
+            out,
+        })
+    }
+
+    fn queue_frame(&self, frame: LinkFrame) -> Result<Queued, NoOutLink> {
         // Frames already waiting go first.
-        let out = if self.lock_waiting().is_empty() {
-            match self.send_usable(out) {
+        let frame = if self.lock_waiting().is_empty() {
+            match self.send_usable(frame) {
                 Ok(link) => return Ok(Queued::Link(link)),
-                Err(out) => out,
+                Err(frame) => frame,
             }
         } else {
-            out
+            frame
         };
-        self.wait(out, carry, now)
+        self.wait(frame)
     }
 
     /// Parks a frame no usable link took, then flushes: a link may have
     /// signed on (and flushed) between the failed send and the park, and
     /// without this second look the frame would wait for the next sign-on.
-    fn wait(&self, out: Outbound, carry: Carry, now: Instant) -> Result<Queued, NoOutLink> {
-        self.park(out, carry, now)?;
-        self.flush(now, false);
+    fn wait(&self, frame: LinkFrame) -> Result<Queued, NoOutLink> {
+        self.park(frame)?;
+        self.flush(Instant::now(), false);
         Ok(Queued::Waiting)
     }
 
-    fn park(&self, out: Outbound, carry: Carry, since: Instant) -> Result<(), NoOutLink> {
+    fn park(&self, frame: LinkFrame) -> Result<(), NoOutLink> {
         let mut waiting = self.lock_waiting();
         if waiting.len() >= PARK_CAPACITY {
             self.park_refused.fetch_add(1, Ordering::Relaxed);
             return Err(NoOutLink);
         }
-        waiting.push_back(Waiting { since, out, carry });
+        waiting.push_back(frame);
         Ok(())
     }
 
-    fn lock_waiting(&self) -> std::sync::MutexGuard<'_, VecDeque<Waiting>> {
+    /// Whether a frame's deadline has passed.
+    fn stale(&self, frame: &LinkFrame, now: Instant) -> bool {
+        now.saturating_duration_since(frame.since) > self.park_for
+    }
+
+    fn lock_waiting(&self) -> std::sync::MutexGuard<'_, VecDeque<LinkFrame>> {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Sends waiting frames, oldest first, while a usable link has room; what
     /// does not fit keeps waiting (never dropped for want of room). With
-    /// `expire`, frames past their deadline are dropped and counted.
+    /// `expire`, frames past their deadline are dropped and counted; without,
+    /// a stale frame stops the pass (never sent; the sweeper drops it).
     pub fn flush(&self, now: Instant, expire: bool) -> Flushed {
         let mut done = Flushed::default();
         let mut waiting = self.lock_waiting();
         if expire {
             waiting.retain(|w| {
-                let fresh = now.saturating_duration_since(w.since) <= self.park_for;
-                if !fresh {
-                    match w.carry {
-                        Carry::Answer => done.answers_expired += 1,
-                        Carry::Request => done.requests_expired += 1,
-                    }
+                let stale = self.stale(w, now);
+                if stale {
+                    done.count_expired(w.carry);
                 }
-                fresh
+                !stale
             });
         }
         while let Some(w) = waiting.pop_front() {
-            match self.send_usable(w.out) {
+            if self.stale(&w, now) {
+                waiting.push_front(w);
+                break;
+            }
+            match self.send_usable(w) {
                 Ok(_) => done.sent += 1,
-                Err(out) => {
-                    waiting.push_front(Waiting { out, ..w });
+                Err(w) => {
+                    waiting.push_front(w);
                     break;
                 }
             }
@@ -326,7 +370,7 @@ impl OutLinks {
     /// Queues `out` on the next usable link with room; the check and the queueing
     /// happen under the link's lock, so a link that dies and reconnects in
     /// between cannot receive it unsigned.
-    fn send_usable(&self, mut out: Outbound) -> Result<usize, Outbound> {
+    fn send_usable(&self, mut out: LinkFrame) -> Result<usize, LinkFrame> {
         let n = self.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         for i in 0..n {
@@ -356,7 +400,10 @@ impl OutLinks {
     /// sign-on goes this way. Returns the connection's generation.
     fn send_on(&self, link: usize, out: Outbound) -> Option<u64> {
         let slot = self.slot(link)?;
-        let ok = slot.tx.as_ref().is_some_and(|tx| tx.try_send(out).is_ok());
+        let ok = slot
+            .tx
+            .as_ref()
+            .is_some_and(|tx| tx.try_send(LinkFrame::own(out)).is_ok());
         let generation = slot.generation;
         drop(slot);
         ok.then(|| {
@@ -372,7 +419,10 @@ impl OutLinks {
         if !self.slot_usable(&slot) {
             return None;
         }
-        let ok = slot.tx.as_ref().is_some_and(|tx| tx.try_send(out).is_ok());
+        let ok = slot
+            .tx
+            .as_ref()
+            .is_some_and(|tx| tx.try_send(LinkFrame::own(out)).is_ok());
         let generation = slot.generation;
         drop(slot);
         ok.then(|| {
@@ -400,7 +450,7 @@ impl OutLinks {
         Duration::from_millis(self.now_ms().saturating_sub(last))
     }
 
-    fn set_link(&self, link: usize, tx: Option<mpsc::Sender<Outbound>>) {
+    fn set_link(&self, link: usize, tx: Option<mpsc::Sender<LinkFrame>>) {
         let up = tx.is_some();
         {
             let Some(mut slot) = self.slot(link) else {
@@ -736,7 +786,7 @@ async fn run_out_link(
         // Sign off, and give the writer a moment to flush it.
         match service.network_request(NmKind::SignOff, service.next_stan()) {
             Ok(p) => {
-                let _ = tx.try_send(Outbound::message(p));
+                let _ = tx.try_send(LinkFrame::own(Outbound::message(p)));
             }
             Err(e) => {
                 tracing::error!(service = service.name(), error = %e, "cannot build a sign-off")
@@ -760,28 +810,25 @@ async fn run_out_link(
 }
 
 /// Passes the unwritten frames of a dead out link to the signed-on ones (or
-/// the waiting queue). Its own network management requests (sign-on, echo)
-/// belonged to that connection and are dropped.
-fn requeue(service: &Service, links: &OutLinks, rest: &mut mpsc::Receiver<Outbound>) {
+/// the waiting queue), each keeping its deadline. Its own network management
+/// requests (sign-on, echo) and keep-alives belonged to that connection and
+/// are dropped; frames already past their deadline are dropped and counted.
+fn requeue(service: &Service, links: &OutLinks, rest: &mut mpsc::Receiver<LinkFrame>) {
     // Closed first: a sender still holding this queue now fails over to another
     // link instead of queueing a frame nobody will read.
     rest.close();
     let mut moved = 0u64;
-    while let Ok(out) = rest.try_recv() {
-        let Outbound::Message(payload, _) = &out else {
+    let mut expired = Flushed::default();
+    let now = Instant::now();
+    while let Ok(frame) = rest.try_recv() {
+        if frame.carry.is_none() {
             continue;
-        };
-        let mti = crate::iso8583::Message::parse(&service.spec, payload.clone()).map(|m| m.mti());
-        let carry = match mti {
-            Ok(m) if m.is_network_management() && m.is_request() => continue,
-            Ok(m) if m.is_request() => Carry::Request,
-            _ => Carry::Answer,
-        };
-        let queued = match carry {
-            Carry::Request => links.send(out, Instant::now()),
-            Carry::Answer => links.answer(out, Instant::now()),
-        };
-        if queued.is_ok() {
+        }
+        if links.stale(&frame, now) {
+            expired.count_expired(frame.carry);
+            continue;
+        }
+        if links.queue_frame(frame).is_ok() {
             moved += 1;
         } else {
             service
@@ -790,6 +837,13 @@ fn requeue(service: &Service, links: &OutLinks, rest: &mut mpsc::Receiver<Outbou
                 .fetch_add(1, Ordering::Relaxed);
         }
     }
+    links
+        .parked_dropped
+        .fetch_add(expired.answers_expired, Ordering::Relaxed);
+    service
+        .counters
+        .node_requests_expired
+        .fetch_add(expired.requests_expired, Ordering::Relaxed);
     if moved > 0 {
         tracing::info!(
             service = service.name(),
@@ -952,12 +1006,14 @@ mod tests {
 
     /// Connects `link` with a writer queue of `cap`; returns the queue's reader
     /// and the STAN of the sign-on queued on it (already read off the queue).
-    fn connect(l: &OutLinks, link: usize, cap: usize, stan: u32) -> mpsc::Receiver<Outbound> {
+    fn connect(l: &OutLinks, link: usize, cap: usize, stan: u32) -> mpsc::Receiver<LinkFrame> {
         let (tx, mut rx) = mpsc::channel(cap);
         l.set_link(link, Some(tx));
         let generation = l.send_on(link, frame(0)).expect("sign-on queued");
         l.expect_nm_answer(stan, link, generation);
-        assert!(matches!(rx.try_recv(), Ok(Outbound::Message(p, _)) if p[..] == [0]));
+        assert!(
+            matches!(rx.try_recv(), Ok(LinkFrame { out: Outbound::Message(p, _), .. }) if p[..] == [0])
+        );
         rx
     }
 
@@ -1013,7 +1069,11 @@ mod tests {
         let mut got = Vec::new();
         while got.len() < 10 {
             let before = got.len();
-            while let Ok(Outbound::Message(p, _)) = rx.try_recv() {
+            while let Ok(LinkFrame {
+                out: Outbound::Message(p, _),
+                ..
+            }) = rx.try_recv()
+            {
                 got.push(p[0]);
             }
             assert!(got.len() > before, "progress on every flush");
@@ -1060,18 +1120,68 @@ mod tests {
     fn a_frame_parked_while_a_link_signs_on_is_not_left_behind() {
         let l = links(1);
         let mut rx = connect(&l, 0, 8, 1);
-        let Err(out) = l.send_usable(frame(1)) else {
+        let answer = LinkFrame {
+            since: Instant::now(),
+            carry: Some(Carry::Answer),
+            out: frame(1),
+        };
+        let Err(answer) = l.send_usable(answer) else {
             panic!("no usable link yet");
         };
         assert!(
             sign_on(&l, 1),
             "the link signs on and flushes: nothing waits yet"
         );
-        assert_eq!(
-            l.wait(out, Carry::Answer, Instant::now()),
-            Ok(Queued::Waiting)
-        );
+        assert_eq!(l.wait(answer), Ok(Queued::Waiting));
         assert!(rx.try_recv().is_ok(), "the frame was left waiting");
         assert_eq!(l.waiting(), 0);
+    }
+
+    /// Before: frames moved off a dead link started a new deadline, so a node
+    /// request stuck behind a stalled link could reach the peer long after the
+    /// node had given up on it. Now the deadline runs from when it first left.
+    #[test]
+    fn a_dead_links_frames_keep_their_deadlines() {
+        let toml = "[[service]]\nname = \"up\"\nspec = \"cups\"\nf37_stamp = { offset = 10, width = 2 }\n\
+             [service.front]\nkind = \"simplex\"\nconnect = \"127.0.0.1:9\"\nlisten = \"127.0.0.1:0\"\nlinks = 2\n\
+             member_id = \"03105840\"\npeer_id = \"00010000\"\n\
+             [service.timeouts]\nrequest = \"50ms\"\n\
+             [[service.back.node]]\nid = \"01\"\naddress = \"127.0.0.1:9\"\n";
+        let cfg = crate::ops::config::Config::from_toml(toml).unwrap();
+        let spec = crate::iso8583::Spec::builtin("cups").unwrap();
+        let svc = Service::new(cfg.services[0].clone(), spec, Instant::now()).unwrap();
+        let links = svc.out_links.as_ref().unwrap();
+        let t0 = Instant::now() - Duration::from_millis(100);
+        let (tx, mut rest) = mpsc::channel(8);
+        for (carry, n) in [
+            (Some(Carry::Request), 1),
+            (Some(Carry::Answer), 2),
+            (None, 3),
+        ] {
+            let out = frame(n);
+            tx.try_send(LinkFrame {
+                since: t0,
+                carry,
+                out,
+            })
+            .unwrap();
+        }
+        tx.try_send(LinkFrame {
+            since: Instant::now(),
+            carry: Some(Carry::Request),
+            out: frame(4),
+        })
+        .unwrap();
+        requeue(&svc, links, &mut rest);
+        assert_eq!(
+            svc.counters.node_requests_expired.load(Ordering::Relaxed),
+            1
+        );
+        assert_eq!(links.parked_dropped.load(Ordering::Relaxed), 1);
+        assert_eq!(links.waiting(), 1, "only the fresh request waits");
+        assert!(
+            tx.try_send(LinkFrame::own(frame(5))).is_err(),
+            "the dead queue is closed"
+        );
     }
 }
