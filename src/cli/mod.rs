@@ -82,6 +82,9 @@ pub enum SimCommand {
         /// traffic to UnionPay through a simplex service).
         #[arg(long)]
         originate: Option<f64>,
+        /// Print the final counters as one JSON object.
+        #[arg(long)]
+        json: bool,
     },
     /// A POS network controller: terminals over uplinks, checking every answer.
     Nac {
@@ -212,6 +215,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             delay,
             fail_rate,
             originate,
+            json,
         } => {
             let spec = match resolve_spec(&spec) {
                 Ok(s) => s,
@@ -244,9 +248,22 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                     .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
                 eprintln!("sim node listening on {}", node.addr);
                 let _ = tokio::signal::ctrl_c().await;
+                // Stop originating, and let the answers to what was sent come
+                // back (each is answered or times out within 10 s).
+                node.stop_originating();
+                // A request already past the flag check goes out within a tick.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let settle = tokio::time::Instant::now() + Duration::from_secs(11);
+                while node.outstanding() > 0 && tokio::time::Instant::now() < settle {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 let stats = std::sync::Arc::clone(&node.stats);
                 node.stop().await;
-                println!("{}", crate::sim::node::summary(&stats));
+                if json {
+                    println!("{}", crate::sim::node::summary_json(&stats));
+                } else {
+                    println!("{}", crate::sim::node::summary(&stats));
+                }
                 Ok(())
             })
         }
@@ -325,13 +342,19 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                 ..crate::sim::cups::CupsSimConfig::new(accept, connect, links)
             };
             runtime(async move {
-                let report = crate::sim::cups::run(spec, cfg).await.map_err(|e| {
-                    if e.kind() == std::io::ErrorKind::InvalidInput {
-                        e.to_string()
-                    } else {
-                        format!("cannot listen on {accept}: {e}")
-                    }
-                })?;
+                // Ctrl-C (SIGINT) ends the run early, with the usual report.
+                let interrupted = async {
+                    let _ = tokio::signal::ctrl_c().await;
+                };
+                let report = crate::sim::cups::run_until(spec, cfg, interrupted)
+                    .await
+                    .map_err(|e| {
+                        if e.kind() == std::io::ErrorKind::InvalidInput {
+                            e.to_string()
+                        } else {
+                            format!("cannot listen on {accept}: {e}")
+                        }
+                    })?;
                 print_report(&report, json);
                 if report.unsigned_frames > 0 {
                     return Err("frames arrived on an out link before its sign-on".into());

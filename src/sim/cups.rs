@@ -386,9 +386,22 @@ impl CupsSim {
 /// Runs the simulator for `cfg.duration`, waits up to `cfg.timeout` for the
 /// responses still due, stops and reports.
 pub async fn run(spec: Arc<Spec>, cfg: CupsSimConfig) -> std::io::Result<CupsReport> {
+    run_until(spec, cfg, std::future::pending()).await
+}
+
+/// [`run`], ending early when `stop` completes: no new issuer requests, the
+/// wait for the responses still due, then the report.
+pub async fn run_until(
+    spec: Arc<Spec>,
+    cfg: CupsSimConfig,
+    stop: impl std::future::Future<Output = ()>,
+) -> std::io::Result<CupsReport> {
     let (duration, timeout) = (cfg.duration, cfg.timeout);
     let sim = CupsSim::start(spec, cfg).await?;
-    tokio::time::sleep(duration).await;
+    tokio::select! {
+        _ = tokio::time::sleep(duration) => {}
+        _ = stop => sim.stop_originating(),
+    }
     let deadline = deadline_after(timeout);
     while sim.outstanding() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
