@@ -494,3 +494,45 @@ async fn start_refuses_a_spec_that_cannot_carry_issuer_requests() {
     let pos = Arc::new(Spec::builtin("cup-pos").unwrap());
     assert!(CupsSim::start(pos, cfg).await.is_err());
 }
+
+/// With `require_sign_on`, an out link carries nothing before its sign-on:
+/// a request and a keep-alive sent first are refused (counted, unanswered);
+/// after the 0820 F70 001 and its 0830, the link's traffic is answered. A
+/// second out link is not signed on by the first one's sign-on.
+#[tokio::test]
+async fn traffic_before_an_out_links_sign_on_is_refused() {
+    let mut member = Member::start().await;
+    let spec = member.spec.clone();
+    let mut cfg = member.config(1);
+    cfg.require_sign_on = true;
+    let sim = CupsSim::start(spec.clone(), cfg).await.unwrap();
+    member.opened(1).await;
+    let mut out = out_link(&sim).await;
+    send(&mut out, &member_request(&spec, "000401", "000000000401")).await;
+    out.write_all(b"0000").await.unwrap();
+    eventually("two refused", || load(&sim.stats().unsigned_frames) == 2).await;
+    send(&mut out, &member_0820(&spec, "000402", "001")).await;
+    let (_, resp) = member.message().await;
+    let resp = Message::parse(&spec, resp).unwrap();
+    assert_eq!(
+        (resp.mti().as_str(), text(&resp, 70)),
+        ("0830", "001".into())
+    );
+    send(&mut out, &member_request(&spec, "000403", "000000000403")).await;
+    let (_, resp) = member.message().await;
+    let resp = Message::parse(&spec, resp).unwrap();
+    assert_eq!(
+        text(&resp, 11),
+        "000403",
+        "the refused 000401 was never answered"
+    );
+    let mut other = out_link(&sim).await;
+    send(&mut other, &member_request(&spec, "000404", "000000000404")).await;
+    eventually("refused on the unsigned link", || {
+        load(&sim.stats().unsigned_frames) == 3
+    })
+    .await;
+    let report = sim.stop().await;
+    assert_eq!(report.member_requests, 1, "{report}");
+    assert_eq!(report.sign_ons, 1, "{report}");
+}

@@ -426,8 +426,8 @@ fn f70(m: &isoswitch::iso8583::Message) -> Vec<u8> {
 }
 
 /// With per-link sign-on, each out link's first message is an 0820 sign-on;
-/// node requests are declined until UnionPay acknowledges it, then flow. On
-/// shutdown the switch signs off.
+/// node requests wait (not declined, not written) until UnionPay acknowledges
+/// it, then flow. On shutdown the switch signs off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sign_on_precedes_traffic_and_sign_off_ends_it() {
     let spec = spec("cups");
@@ -454,11 +454,13 @@ async fn sign_on_precedes_traffic_and_sign_off_ends_it() {
         assert_eq!(f70(&m), b"001");
         sign_ons.push(m.decode().unwrap());
     }
-    wait_until("node requests declined while not signed on", || {
-        svc.counters.node_requests_unsent.load(Ordering::Relaxed) > 0
+    let links = svc.out_links.as_ref().unwrap().clone();
+    wait_until("node requests waiting while not signed on", || {
+        links.waiting() > 0
     })
     .await;
-    assert_eq!(svc.counters.node_requests.load(Ordering::Relaxed), 0);
+    assert_eq!(links.up(), (2, 0), "up, not signed on");
+    assert_eq!(svc.counters.node_requests_unsent.load(Ordering::Relaxed), 0);
 
     // UnionPay acknowledges on an in link; traffic starts.
     for req in &sign_ons {
@@ -580,7 +582,8 @@ async fn either_instance_routes_a_response_to_the_stamping_node() {
 }
 
 /// UnionPay's request arrives while none of our out links is up yet: the
-/// node's answer is parked and sent as soon as an out link comes up, not lost.
+/// node's answer is parked, not lost, and sent once an out link is up and
+/// signed on, never before that link's sign-on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_wait_for_an_out_link_instead_of_being_lost() {
     let spec = spec("cups");
@@ -614,8 +617,27 @@ async fn answers_wait_for_an_out_link_instead_of_being_lost() {
     .await;
     assert_eq!(svc.out_links.as_ref().unwrap().up().0, 0);
 
-    // UnionPay starts accepting: the parked answer goes out on the first link.
+    // UnionPay starts accepting: the first frame on a link is its sign-on,
+    // and the parked answer waits for UnionPay's 0830.
     let mut peer = HandPeer::start_at(peer_addr).await;
+    let (_, p) = peer.next_where(&spec, |_| true).await;
+    let sign_on = isoswitch::iso8583::Message::parse(&spec, p).unwrap();
+    assert_eq!(sign_on.mti().as_str(), "0820");
+    assert_eq!(f70(&sign_on), b"001");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    while let Ok((_, p)) = peer.frames.try_recv() {
+        let m = isoswitch::iso8583::Message::parse(&spec, p).unwrap();
+        assert_eq!(
+            (m.mti().as_str(), f70(&m)),
+            ("0820", b"001".to_vec()),
+            "only sign-ons before the 0830"
+        );
+    }
+    assert_eq!(svc.out_links.as_ref().unwrap().waiting(), 1);
+    let ack = spec
+        .encode(&spec.respond(&sign_on.decode().unwrap(), "00").unwrap())
+        .unwrap();
+    early.send_on(0, &spec, &ack).await;
     let (_, p) = peer.next_where(&spec, |m| m.mti().as_str() == "0110").await;
     let m = isoswitch::iso8583::Message::parse(&spec, p).unwrap();
     assert_eq!(m.field(39).unwrap().unwrap().data(), b"00");
@@ -757,4 +779,81 @@ async fn node_stamps_are_checked_not_rewritten() {
     assert_eq!(load(&good.foreign_responses), sent_ok);
     switch.stop().await;
     cups.stop().await;
+}
+
+/// All 8 out links dropped at once by UnionPay, three times, under load both
+/// ways, with a UnionPay that refuses any frame on a link before that link's
+/// sign-on (and holds its 0830 a little, so a frame written too early is
+/// caught): no frame precedes a sign-on on any link, and every request, the
+/// nodes' and UnionPay's, is answered exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_every_out_link_at_once_sends_nothing_before_sign_on() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let spec = spec("cups");
+        let nodes = nodes(&spec, Delay::parse("0..20ms").unwrap(), Some(100.0)).await;
+        let listen = free_addr();
+        let mut cfg = cups_sim_config("127.0.0.1:0".parse().unwrap(), listen, Some(300.0), 60);
+        cfg.require_sign_on = true;
+        cfg.sign_on_delay = Duration::from_millis(30);
+        let cups = CupsSim::start(spec.clone(), cfg).await.unwrap();
+        let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+        let switch = Switch::start(&simplex_config(
+            cups.accept_addr(),
+            listen,
+            &addrs,
+            LINKS,
+            "sign_on_retry = \"300ms\"",
+        ))
+        .await
+        .unwrap();
+        let svc = service(&switch).clone();
+        wait_links_up(&svc).await;
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            assert_eq!(cups.close_out_links(LINKS), LINKS);
+            wait_until("every out link down or reconnecting", || {
+                svc.out_links.as_ref().unwrap().up().1 < LINKS
+            })
+            .await;
+            wait_links_up(&svc).await;
+        }
+        for n in &nodes {
+            n.stop_originating();
+        }
+        cups.stop_originating();
+        // A request already past the flag check is sent within one tick.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        wait_until("node-originated requests settled", || {
+            nodes.iter().all(|n| n.outstanding() == 0)
+        })
+        .await;
+        wait_until("issuer requests settled", || cups.outstanding() == 0).await;
+        let report = cups.report();
+        assert_eq!(report.unsigned_frames, 0, "frames before sign-on: {report}");
+        assert!(report.sign_ons >= 4 * LINKS as u64, "{report}");
+        assert!(report.sent > 500, "{report}");
+        assert_eq!(report.answered + report.declined, report.sent, "{report}");
+        assert_eq!(report.unanswered + report.mismatched, 0, "{report}");
+        for (i, n) in nodes.iter().enumerate() {
+            let s = &n.stats;
+            let sent = s.originated.load(Ordering::Relaxed);
+            let answered = s.originated_answered.load(Ordering::Relaxed);
+            let declined = s.originated_declined.load(Ordering::Relaxed);
+            assert!(sent > 100, "node {i}");
+            assert_eq!(answered + declined, sent, "node {i}: exactly once");
+            assert_eq!(
+                s.originated_unanswered.load(Ordering::Relaxed),
+                0,
+                "node {i}"
+            );
+            assert_eq!(s.foreign_responses.load(Ordering::Relaxed), 0, "node {i}");
+        }
+        let c = &svc.counters;
+        assert_eq!(c.node_requests_expired.load(Ordering::Relaxed), 0);
+        assert_eq!(c.undeliverable.load(Ordering::Relaxed), 0);
+        switch.stop().await;
+        cups.stop().await;
+    })
+    .await
+    .expect("test within its timeout");
 }

@@ -82,6 +82,9 @@ pub enum SimCommand {
         /// traffic to UnionPay through a simplex service).
         #[arg(long)]
         originate: Option<f64>,
+        /// Print the final counters as one JSON object.
+        #[arg(long)]
+        json: bool,
     },
     /// A POS network controller: terminals over uplinks, checking every answer.
     Nac {
@@ -103,6 +106,9 @@ pub enum SimCommand {
         /// First two digits of every terminal ID: tells NACs apart.
         #[arg(long, default_value_t = 1)]
         nac_id: u8,
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
     },
     /// UnionPay on a simplex link set: accepts the switch's out links, opens
     /// in links to it, answers member requests and originates its own.
@@ -134,6 +140,19 @@ pub enum SimCommand {
         /// Leave member requests unanswered (exercises the switch's timeouts).
         #[arg(long)]
         no_answer: bool,
+        /// Refuse (count, never answer) any frame on an out link before that
+        /// link's sign-on 0820 F70 001 is answered.
+        #[arg(long)]
+        require_sign_on: bool,
+        /// Wait this long before answering a sign-on.
+        #[arg(long, default_value = "0ms", value_parser = humantime::parse_duration)]
+        sign_on_delay: Duration,
+        /// Close every out link at once this often (chaos).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        drop_out_links_every: Option<Duration>,
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -196,6 +215,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             delay,
             fail_rate,
             originate,
+            json,
         } => {
             let spec = match resolve_spec(&spec) {
                 Ok(s) => s,
@@ -228,9 +248,22 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                     .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
                 eprintln!("sim node listening on {}", node.addr);
                 let _ = tokio::signal::ctrl_c().await;
+                // Stop originating, and let the answers to what was sent come
+                // back (each is answered or times out within 10 s).
+                node.stop_originating();
+                // A request already past the flag check goes out within a tick.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let settle = tokio::time::Instant::now() + Duration::from_secs(11);
+                while node.outstanding() > 0 && tokio::time::Instant::now() < settle {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 let stats = std::sync::Arc::clone(&node.stats);
                 node.stop().await;
-                println!("{}", crate::sim::node::summary(&stats));
+                if json {
+                    println!("{}", crate::sim::node::summary_json(&stats));
+                } else {
+                    println!("{}", crate::sim::node::summary(&stats));
+                }
                 Ok(())
             })
         }
@@ -243,6 +276,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             duration,
             timeout,
             nac_id,
+            json,
         } => {
             let spec = match resolve_spec(&spec) {
                 Ok(s) => s,
@@ -261,7 +295,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                 let report = crate::sim::nac::run(spec, cfg)
                     .await
                     .map_err(|e| format!("cannot connect to {connect}: {e}"))?;
-                println!("{report}");
+                print_report(&report, json);
                 if report.mismatched > 0 || report.unanswered > 0 {
                     return Err("some requests were unanswered or mismatched".into());
                 }
@@ -279,6 +313,10 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             keepalive_idle,
             delay,
             no_answer,
+            require_sign_on,
+            sign_on_delay,
+            drop_out_links_every,
+            json,
         } => {
             let spec = match resolve_spec(&spec) {
                 Ok(s) => s,
@@ -298,17 +336,29 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                 keepalive_idle,
                 answer_member_requests: !no_answer,
                 delay,
+                require_sign_on,
+                sign_on_delay,
+                drop_out_links_every,
                 ..crate::sim::cups::CupsSimConfig::new(accept, connect, links)
             };
             runtime(async move {
-                let report = crate::sim::cups::run(spec, cfg).await.map_err(|e| {
-                    if e.kind() == std::io::ErrorKind::InvalidInput {
-                        e.to_string()
-                    } else {
-                        format!("cannot listen on {accept}: {e}")
-                    }
-                })?;
-                println!("{report}");
+                // Ctrl-C (SIGINT) ends the run early, with the usual report.
+                let interrupted = async {
+                    let _ = tokio::signal::ctrl_c().await;
+                };
+                let report = crate::sim::cups::run_until(spec, cfg, interrupted)
+                    .await
+                    .map_err(|e| {
+                        if e.kind() == std::io::ErrorKind::InvalidInput {
+                            e.to_string()
+                        } else {
+                            format!("cannot listen on {accept}: {e}")
+                        }
+                    })?;
+                print_report(&report, json);
+                if report.unsigned_frames > 0 {
+                    return Err("frames arrived on an out link before its sign-on".into());
+                }
                 if report.mismatched > 0 || report.unanswered > 0 {
                     return Err("some requests were unanswered or mismatched".into());
                 }
@@ -319,6 +369,14 @@ fn run_sim(sim: SimCommand) -> ExitCode {
 }
 
 /// A spec by built-in name or path, or the exit status after saying why not.
+/// A simulator's final report: its text line, or one JSON object.
+fn print_report<R: std::fmt::Display + serde::Serialize>(report: &R, json: bool) {
+    match serde_json::to_string(report) {
+        Ok(text) if json => println!("{text}"),
+        _ => println!("{report}"),
+    }
+}
+
 fn resolve_spec(name: &str) -> Result<Arc<Spec>, ExitCode> {
     Spec::resolve(name)
         .map(Arc::new)

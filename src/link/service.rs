@@ -119,9 +119,12 @@ pub struct ServiceCounters {
     pub keep_alives: AtomicU64,
     /// Simplex: node-originated requests sent to the peer.
     pub node_requests: AtomicU64,
-    /// Simplex: node-originated requests with no usable out link (declined to
-    /// the node).
+    /// Simplex: node-originated requests refused at once because no out link
+    /// could take them and the waiting queue was full (declined to the node).
     pub node_requests_unsent: AtomicU64,
+    /// Simplex: node-originated requests dropped because no out link was
+    /// signed on (with room) before their deadline (`timeouts.request`).
+    pub node_requests_expired: AtomicU64,
     /// Simplex: node-stamped F37 that did not name the sending node.
     pub stamp_mismatches: AtomicU64,
     /// Simplex: peer responses routed to a node by their F37 stamp.
@@ -864,7 +867,8 @@ impl Service {
 
     /// A request a node originated (e.g. an acquirer 0200 to UnionPay): stamp its
     /// F37 with the node's ID (or check the node's own stamp) and send it on an
-    /// out link. With no usable out link the node gets a decline at once.
+    /// out link. With no signed-on out link it waits for one (until its
+    /// deadline); only with the waiting queue full does the node get a decline.
     fn forward_node_request(&self, node: usize, req: &Checked<'_>) {
         let msg = &req.msg;
         let stamp_by = match &self.config.front {
@@ -894,8 +898,11 @@ impl Service {
             }
         };
         let sent = self.out_links.as_ref().is_some_and(|l| {
-            l.send(Outbound::Message(msg.payload().clone(), patch))
-                .is_ok()
+            l.send(
+                Outbound::Message(msg.payload().clone(), patch),
+                Instant::now(),
+            )
+            .is_ok()
         });
         if sent {
             self.counters.node_requests.fetch_add(1, Ordering::Relaxed);

@@ -4,7 +4,7 @@
 //! connection from the one its request left on, so nothing here is tied to a
 //! connection: out links are a pool, in links are sources.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,7 +17,7 @@ use tokio_util::codec::FramedRead;
 use super::node::Backoff;
 use super::service::Service;
 use super::timer::{ReadTimeout, ReadTimer, in_frame};
-use super::writer::{Outbound, run_writer_until};
+use super::writer::{Outbound, WriterItem, run_writer_until};
 use crate::ops::config::{FrontConfig, LinkSet, SignOn, SimplexFront};
 use crate::wire::{Frame, FrameCodec};
 
@@ -76,43 +76,128 @@ pub struct InLinkStats {
     pub closed_silent: AtomicU64,
 }
 
+/// One out link's connection as senders see it: its writer queue, whether this
+/// connection (not an earlier one) is signed on, and which connection it is.
+#[derive(Default)]
+struct Slot {
+    tx: Option<mpsc::Sender<LinkFrame>>,
+    signed_on: bool,
+    /// Bumped on every new connection, so an 0830 to a sign-on sent on an
+    /// earlier connection of this link cannot sign the new one on.
+    generation: u64,
+}
+
+/// What a frame waiting for a signed-on out link is, for counting it when its
+/// deadline passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Carry {
+    /// An answer to the peer (a response, a decline, an 0830).
+    Answer,
+    /// A node's own request for the peer.
+    Request,
+}
+
+/// A frame on its way out, on a link's writer queue or waiting for a usable
+/// link: when it started on its way (its deadline runs from then, across
+/// link deaths) and what it carries (`None`: this connection's own network
+/// management or keep-alive, dropped with the connection).
+#[derive(Debug)]
+pub struct LinkFrame {
+    since: Instant,
+    carry: Option<Carry>,
+    out: Outbound,
+}
+
+impl WriterItem for LinkFrame {
+    fn outbound(&self) -> &Outbound {
+        &self.out
+    }
+}
+
+impl LinkFrame {
+    fn own(out: Outbound) -> LinkFrame {
+        LinkFrame {
+            since: Instant::now(),
+            carry: None,
+            out,
+        }
+    }
+}
+
+/// What one pass over the waiting frames did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flushed {
+    pub sent: u64,
+    /// Answers whose deadline passed while waiting (dropped: the peer has
+    /// timed its request out).
+    pub answers_expired: u64,
+    /// Node requests whose deadline passed while waiting (dropped: the node
+    /// has timed them out).
+    pub requests_expired: u64,
+}
+
+impl Flushed {
+    fn count_expired(&mut self, carry: Option<Carry>) {
+        match carry {
+            Some(Carry::Request) => self.requests_expired += 1,
+            Some(Carry::Answer) | None => self.answers_expired += 1,
+        }
+    }
+}
+
 /// The out links of a simplex front: a pool any outbound frame can use.
+///
+/// The sign-on gate: nothing but the link's own sign-on 0820 is queued on a
+/// link before the peer's 0830 to that sign-on, sent on that same connection,
+/// has arrived. Frames with no signed-on link (new, moved off a dead link, or
+/// behind full queues) wait in one bounded FIFO until a link signs on or
+/// drains, or until their deadline passes.
 pub struct OutLinks {
-    slots: Vec<Mutex<Option<mpsc::Sender<Outbound>>>>,
+    slots: Vec<Mutex<Slot>>,
     pub stats: Vec<OutLinkStats>,
-    signed_on: Vec<AtomicBool>,
     group_signed_on: AtomicBool,
     sign_on: SignOn,
     next: AtomicUsize,
     epoch: Instant,
     /// Sign-ons and echoes waiting for their 0830, by STAN: the out link that
-    /// sent them (the answer arrives on an in link).
-    pending_nm: Mutex<HashMap<u32, usize>>,
+    /// sent them and its connection (the answer arrives on an in link).
+    pending_nm: Mutex<HashMap<u32, (usize, u64)>>,
     pub in_stats: InLinkStats,
     pub sign_ons_acknowledged: AtomicU64,
     pub echoes_acknowledged: AtomicU64,
-    /// Answers to the peer waiting for an out link to come up, oldest first,
-    /// each with the time it was parked.
-    parked: Mutex<std::collections::VecDeque<(Instant, Outbound)>>,
-    /// How long a parked answer is worth sending (the peer's own timeout).
+    /// Frames waiting for a usable out link, oldest first.
+    waiting: Mutex<VecDeque<LinkFrame>>,
+    /// How long a waiting frame is worth sending (the request timeout).
     park_for: Duration,
+    /// Waiting frames sent once a link could take them.
     pub parked_sent: AtomicU64,
+    /// Waiting answers dropped at their deadline.
     pub parked_dropped: AtomicU64,
+    /// Frames refused because the waiting queue was full.
+    pub park_refused: AtomicU64,
 }
 
-/// Answers parked while no out link is up, at most.
-const PARK_CAPACITY: usize = 10_000;
+/// Frames waiting for a usable out link, at most.
+pub const PARK_CAPACITY: usize = 10_000;
 
-/// No out link could take a frame.
+/// No out link could take a frame, and the waiting queue is full.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NoOutLink;
+
+/// Where a queued frame went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Queued {
+    /// On this out link's writer queue.
+    Link(usize),
+    /// Waiting for a usable out link.
+    Waiting,
+}
 
 impl OutLinks {
     pub fn new(links: usize, sign_on: SignOn, park_for: Duration, epoch: Instant) -> OutLinks {
         OutLinks {
-            slots: (0..links).map(|_| Mutex::new(None)).collect(),
+            slots: (0..links).map(|_| Mutex::new(Slot::default())).collect(),
             stats: (0..links).map(|_| OutLinkStats::default()).collect(),
-            signed_on: (0..links).map(|_| AtomicBool::new(false)).collect(),
             group_signed_on: AtomicBool::new(false),
             sign_on,
             next: AtomicUsize::new(0),
@@ -121,10 +206,11 @@ impl OutLinks {
             in_stats: InLinkStats::default(),
             sign_ons_acknowledged: AtomicU64::new(0),
             echoes_acknowledged: AtomicU64::new(0),
-            parked: Mutex::new(std::collections::VecDeque::new()),
+            waiting: Mutex::new(VecDeque::new()),
             park_for,
             parked_sent: AtomicU64::new(0),
             parked_dropped: AtomicU64::new(0),
+            park_refused: AtomicU64::new(0),
         }
     }
 
@@ -136,106 +222,213 @@ impl OutLinks {
         self.slots.is_empty()
     }
 
+    fn slot(&self, link: usize) -> Option<std::sync::MutexGuard<'_, Slot>> {
+        Some(
+            self.slots
+                .get(link)?
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
+    }
+
     /// Out links up (connected), and up and allowed to carry traffic.
     pub fn up(&self) -> (usize, usize) {
-        let up = (0..self.len())
-            .filter(|&i| self.sender(i).is_some())
-            .count();
+        let up = (0..self.len()).filter(|&i| self.is_up(i)).count();
         let usable = (0..self.len()).filter(|&i| self.usable(i)).count();
         (up, usable)
     }
 
-    fn sender(&self, link: usize) -> Option<mpsc::Sender<Outbound>> {
-        self.slots
-            .get(link)?
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    /// Frames waiting for a usable out link now.
+    pub fn waiting(&self) -> usize {
+        self.lock_waiting().len()
+    }
+
+    fn is_up(&self, link: usize) -> bool {
+        self.slot(link).is_some_and(|s| s.tx.is_some())
+    }
+
+    /// Whether the connection in `slot` may carry traffic (caller holds its lock).
+    fn slot_usable(&self, slot: &Slot) -> bool {
+        slot.tx.is_some()
+            && match self.sign_on {
+                SignOn::None => true,
+                SignOn::PerLink => slot.signed_on,
+                SignOn::PerGroup => self.group_signed_on.load(Ordering::Acquire),
+            }
     }
 
     fn signed_on(&self, link: usize) -> bool {
-        match self.sign_on {
+        self.slot(link).is_some_and(|s| match self.sign_on {
             SignOn::None => true,
-            SignOn::PerLink => self
-                .signed_on
-                .get(link)
-                .is_some_and(|s| s.load(Ordering::Relaxed)),
-            SignOn::PerGroup => self.group_signed_on.load(Ordering::Relaxed),
-        }
+            SignOn::PerLink => s.signed_on,
+            SignOn::PerGroup => self.group_signed_on.load(Ordering::Acquire),
+        })
     }
 
     fn usable(&self, link: usize) -> bool {
-        self.signed_on(link) && self.sender(link).is_some()
+        self.slot(link).is_some_and(|s| self.slot_usable(&s))
     }
 
-    /// Queues a request of ours on the next usable (up and signed on) out link,
-    /// round robin; a full queue moves on to the next link.
-    pub fn send(&self, out: Outbound) -> Result<usize, NoOutLink> {
-        self.send_where(out, true)
+    /// Queues a node's request for the peer on the next usable (up and signed
+    /// on) out link, round robin; with none, it waits (see [`OutLinks::flush`]).
+    pub fn send(&self, out: Outbound, now: Instant) -> Result<Queued, NoOutLink> {
+        self.queue(out, Carry::Request, now)
     }
 
-    /// Queues an answer to the peer (a response, a decline, an 0830) on the next
-    /// out link that is up: the peer already uses the link set, so answers need
-    /// no sign-on of ours. With no out link up, the answer is parked until one
-    /// comes up (bounded in count and age) rather than lost.
-    pub fn answer(&self, out: Outbound, now: Instant) -> Result<usize, NoOutLink> {
-        match self.send_where(out.clone(), false) {
-            Ok(link) => Ok(link),
-            Err(NoOutLink) => {
-                let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
-                if parked.len() >= PARK_CAPACITY {
-                    return Err(NoOutLink);
+    /// Queues an answer to the peer (a response, a decline, an 0830) like a
+    /// request: only a signed-on link carries it, as the peer refuses any frame
+    /// on a link before that link's sign-on. With none, it waits.
+    pub fn answer(&self, out: Outbound, now: Instant) -> Result<Queued, NoOutLink> {
+        self.queue(out, Carry::Answer, now)
+    }
+
+    fn queue(&self, out: Outbound, carry: Carry, now: Instant) -> Result<Queued, NoOutLink> {
+        self.queue_frame(LinkFrame {
+            since: now,
+            carry: Some(carry),
+            out,
+        })
+    }
+
+    fn queue_frame(&self, frame: LinkFrame) -> Result<Queued, NoOutLink> {
+        // Frames already waiting go first.
+        let frame = if self.lock_waiting().is_empty() {
+            match self.send_usable(frame) {
+                Ok(link) => return Ok(Queued::Link(link)),
+                Err(frame) => frame,
+            }
+        } else {
+            frame
+        };
+        self.wait(frame)
+    }
+
+    /// Parks a frame no usable link took, then flushes: a link may have
+    /// signed on (and flushed) between the failed send and the park, and
+    /// without this second look the frame would wait for the next sign-on.
+    fn wait(&self, frame: LinkFrame) -> Result<Queued, NoOutLink> {
+        self.park(frame)?;
+        self.flush(Instant::now(), false);
+        Ok(Queued::Waiting)
+    }
+
+    fn park(&self, frame: LinkFrame) -> Result<(), NoOutLink> {
+        let mut waiting = self.lock_waiting();
+        if waiting.len() >= PARK_CAPACITY {
+            self.park_refused.fetch_add(1, Ordering::Relaxed);
+            return Err(NoOutLink);
+        }
+        waiting.push_back(frame);
+        Ok(())
+    }
+
+    /// Whether a frame's deadline has passed.
+    fn stale(&self, frame: &LinkFrame, now: Instant) -> bool {
+        now.saturating_duration_since(frame.since) > self.park_for
+    }
+
+    fn lock_waiting(&self) -> std::sync::MutexGuard<'_, VecDeque<LinkFrame>> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sends waiting frames, oldest first, while a usable link has room; what
+    /// does not fit keeps waiting (never dropped for want of room). With
+    /// `expire`, frames past their deadline are dropped and counted; without,
+    /// a stale frame stops the pass (never sent; the sweeper drops it).
+    pub fn flush(&self, now: Instant, expire: bool) -> Flushed {
+        let mut done = Flushed::default();
+        let mut waiting = self.lock_waiting();
+        if expire {
+            waiting.retain(|w| {
+                let stale = self.stale(w, now);
+                if stale {
+                    done.count_expired(w.carry);
                 }
-                parked.push_back((now, out));
-                Ok(usize::MAX)
+                !stale
+            });
+        }
+        while let Some(w) = waiting.pop_front() {
+            if self.stale(&w, now) {
+                waiting.push_front(w);
+                break;
+            }
+            match self.send_usable(w) {
+                Ok(_) => done.sent += 1,
+                Err(w) => {
+                    waiting.push_front(w);
+                    break;
+                }
             }
         }
+        drop(waiting);
+        self.parked_sent.fetch_add(done.sent, Ordering::Relaxed);
+        self.parked_dropped
+            .fetch_add(done.answers_expired, Ordering::Relaxed);
+        done
     }
 
-    /// Sends the parked answers that are still worth sending on `link`, which
-    /// just came up; drops (and counts) the stale ones.
-    fn flush_parked(&self, link: usize, now: Instant) {
-        let parked: Vec<_> = self
-            .parked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-            .collect();
-        for (at, out) in parked {
-            if now.saturating_duration_since(at) > self.park_for || !self.send_on(link, out) {
-                self.parked_dropped.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.parked_sent.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-
-    fn send_where(&self, out: Outbound, signed_on: bool) -> Result<usize, NoOutLink> {
+    /// Queues `out` on the next usable link with room; the check and the queueing
+    /// happen under the link's lock, so a link that dies and reconnects in
+    /// between cannot receive it unsigned.
+    fn send_usable(&self, mut out: LinkFrame) -> Result<usize, LinkFrame> {
         let n = self.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         for i in 0..n {
             let link = (start + i) % n;
-            if signed_on && !self.signed_on(link) {
-                continue;
-            }
-            let Some(tx) = self.sender(link) else {
+            let Some(slot) = self.slot(link) else {
                 continue;
             };
-            if tx.try_send(out.clone()).is_ok() {
-                self.sent_on(link);
-                return Ok(link);
+            if !self.slot_usable(&slot) {
+                continue;
+            }
+            let Some(tx) = &slot.tx else { continue };
+            match tx.try_send(out) {
+                Ok(()) => {
+                    drop(slot);
+                    self.sent_on(link);
+                    return Ok(link);
+                }
+                Err(mpsc::error::TrySendError::Full(o) | mpsc::error::TrySendError::Closed(o)) => {
+                    out = o;
+                }
             }
         }
-        Err(NoOutLink)
+        Err(out)
     }
 
-    /// Queues a frame on one given link, signed on or not (network management).
-    fn send_on(&self, link: usize, out: Outbound) -> bool {
-        let ok = self.sender(link).is_some_and(|tx| tx.try_send(out).is_ok());
-        if ok {
+    /// Queues a frame on one given link, signed on or not: only the link's own
+    /// sign-on goes this way. Returns the connection's generation.
+    fn send_on(&self, link: usize, out: Outbound) -> Option<u64> {
+        let slot = self.slot(link)?;
+        let ok = slot
+            .tx
+            .as_ref()
+            .is_some_and(|tx| tx.try_send(LinkFrame::own(out)).is_ok());
+        let generation = slot.generation;
+        drop(slot);
+        ok.then(|| {
             self.sent_on(link);
+            generation
+        })
+    }
+
+    /// Queues a frame on one given link only if it is signed on (echoes,
+    /// keep-alives, sign-off). Returns the connection's generation.
+    fn send_signed_on(&self, link: usize, out: Outbound) -> Option<u64> {
+        let slot = self.slot(link)?;
+        if !self.slot_usable(&slot) {
+            return None;
         }
-        ok
+        let ok = slot
+            .tx
+            .as_ref()
+            .is_some_and(|tx| tx.try_send(LinkFrame::own(out)).is_ok());
+        let generation = slot.generation;
+        drop(slot);
+        ok.then(|| {
+            self.sent_on(link);
+            generation
+        })
     }
 
     fn sent_on(&self, link: usize) {
@@ -257,38 +450,44 @@ impl OutLinks {
         Duration::from_millis(self.now_ms().saturating_sub(last))
     }
 
-    fn set_link(&self, link: usize, tx: Option<mpsc::Sender<Outbound>>) {
-        if let Some(slot) = self.slots.get(link) {
-            let up = tx.is_some();
-            *slot.lock().unwrap_or_else(|p| p.into_inner()) = tx;
-            if let Some(s) = self.signed_on.get(link) {
-                s.store(false, Ordering::Relaxed);
+    fn set_link(&self, link: usize, tx: Option<mpsc::Sender<LinkFrame>>) {
+        let up = tx.is_some();
+        {
+            let Some(mut slot) = self.slot(link) else {
+                return;
+            };
+            slot.tx = tx;
+            slot.signed_on = false;
+            if up {
+                slot.generation += 1;
             }
-            if let Some(st) = self.stats.get(link) {
-                st.set_state(if up { LinkState::Up } else { LinkState::Down });
-                if up {
-                    st.connects.fetch_add(1, Ordering::Relaxed);
-                    st.last_sent_ms.store(self.now_ms(), Ordering::Relaxed);
-                }
+        }
+        if let Some(st) = self.stats.get(link) {
+            st.set_state(if up { LinkState::Up } else { LinkState::Down });
+            if up {
+                st.connects.fetch_add(1, Ordering::Relaxed);
+                st.last_sent_ms.store(self.now_ms(), Ordering::Relaxed);
             }
-            if !up && self.sign_on == SignOn::PerGroup && self.up().0 == 0 {
-                self.group_signed_on.store(false, Ordering::Relaxed);
-            }
+        }
+        if !up && self.sign_on == SignOn::PerGroup && self.up().0 == 0 {
+            self.group_signed_on.store(false, Ordering::Release);
         }
     }
 
-    /// Remembers a switch-made network management request sent on `link`.
-    fn expect_nm_answer(&self, stan: u32, link: usize) {
+    /// Remembers a switch-made network management request sent on `link`'s
+    /// connection `generation`.
+    fn expect_nm_answer(&self, stan: u32, link: usize, generation: u64) {
         let mut p = self.pending_nm.lock().unwrap_or_else(|p| p.into_inner());
         // Bounded: a peer that never answers cannot grow this without limit.
         if p.len() >= 4096 {
             p.clear();
         }
-        p.insert(stan, link);
+        p.insert(stan, (link, generation));
     }
 
     /// The peer answered a switch-made 0820: a sign-on marks its link (or the
-    /// group) signed on.
+    /// group) signed on, if the connection that sent it is still the link's,
+    /// and sends what waits for a signed-on link.
     pub fn nm_answered(
         &self,
         stan: u32,
@@ -297,23 +496,42 @@ impl OutLinks {
         sign_on_f70: &[u8],
         echo_f70: &[u8],
     ) -> bool {
-        let link = self
+        let sent = self
             .pending_nm
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&stan);
-        let Some(link) = link else { return false };
+        let Some((link, generation)) = sent else {
+            return false;
+        };
         if f70 == sign_on_f70 && approved {
             self.sign_ons_acknowledged.fetch_add(1, Ordering::Relaxed);
-            self.group_signed_on.store(true, Ordering::Relaxed);
-            if let Some(s) = self.signed_on.get(link) {
-                s.store(true, Ordering::Relaxed);
-            }
-            if let Some(st) = self.stats.get(link) {
-                st.set_state(LinkState::SignedOn);
+            if self.mark_signed_on(link, generation) {
+                self.flush(Instant::now(), false);
             }
         } else if f70 == echo_f70 {
             self.echoes_acknowledged.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// Marks connection `generation` of `link` signed on; false if that
+    /// connection is gone (its 0830 came too late to count).
+    fn mark_signed_on(&self, link: usize, generation: u64) -> bool {
+        {
+            let Some(mut slot) = self.slot(link) else {
+                return false;
+            };
+            if slot.generation != generation || slot.tx.is_none() {
+                return false;
+            }
+            slot.signed_on = true;
+            if self.sign_on == SignOn::PerGroup {
+                self.group_signed_on.store(true, Ordering::Release);
+            }
+        }
+        if let Some(st) = self.stats.get(link) {
+            st.set_state(LinkState::SignedOn);
         }
         true
     }
@@ -361,6 +579,7 @@ fn spawn_links(
 ) {
     let (rebuild, _) = watch::channel(0u64);
     let rebuild = Arc::new(rebuild);
+    tasks.spawn(sweep_waiting(Arc::clone(service), shutdown.clone()));
     for link in 0..set.links {
         tasks.spawn(keep_out_link(
             Arc::clone(service),
@@ -374,6 +593,40 @@ fn spawn_links(
 
 fn out_links(service: &Service) -> Option<&Arc<OutLinks>> {
     service.out_links.as_ref()
+}
+
+/// How often frames waiting for a signed-on out link are retried and expired.
+const SWEEP_EVERY: Duration = Duration::from_millis(20);
+
+/// Retries the frames waiting for a usable out link (a writer queue may have
+/// drained) and drops those past their deadline, counting them.
+async fn sweep_waiting(service: Arc<Service>, mut shutdown: watch::Receiver<bool>) {
+    let Some(links) = out_links(&service).cloned() else {
+        return;
+    };
+    let mut tick = tokio::time::interval(SWEEP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while !*shutdown.borrow() {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => continue,
+        }
+        let done = links.flush(Instant::now(), true);
+        if done.requests_expired > 0 {
+            service
+                .counters
+                .node_requests_expired
+                .fetch_add(done.requests_expired, Ordering::Relaxed);
+        }
+        if done.requests_expired + done.answers_expired > 0 {
+            tracing::warn!(
+                service = service.name(),
+                requests = done.requests_expired,
+                answers = done.answers_expired,
+                "no signed-on out link within the request timeout: frames dropped"
+            );
+        }
+    }
 }
 
 async fn keep_out_link(
@@ -459,8 +712,8 @@ async fn run_out_link(
     let prefix = service.spec.framing().prefix;
     let (stop_writer, stop_rx) = watch::channel(false);
     let mut writer = tokio::spawn(run_writer_until(write, prefix, rx, stop_rx));
+    // Nothing waiting goes out here: only once this connection is signed on.
     links.set_link(link, Some(tx.clone()));
-    links.flush_parked(link, Instant::now());
     tracing::info!(service = service.name(), link, "out link up");
     let mut frames = FramedRead::new(
         read,
@@ -505,11 +758,16 @@ async fn run_out_link(
                     last_sign_on = Some(now);
                     send_nm(service, links, link, NmKind::SignOn);
                 }
-                if !front.echo_interval.is_zero() && now.duration_since(last_echo) >= front.echo_interval {
+                if !front.echo_interval.is_zero()
+                    && now.duration_since(last_echo) >= front.echo_interval
+                    && links.signed_on(link)
+                {
                     last_echo = now;
                     send_nm(service, links, link, NmKind::Echo);
                 }
-                if links.idle_for(link) >= front.keepalive_idle && links.send_on(link, Outbound::KeepAlive) {
+                if links.idle_for(link) >= front.keepalive_idle
+                    && links.send_signed_on(link, Outbound::KeepAlive).is_some()
+                {
                     links.stats[link].keepalives_out.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -521,11 +779,20 @@ async fn run_out_link(
             _ = shutdown.changed() => break OutLinkEnd::Shutdown,
         }
     };
-    if end == OutLinkEnd::Shutdown && front.sign_on != SignOn::None {
-        // Sign off, and give the writer a moment to flush it.
-        send_nm(service, links, link, NmKind::SignOff);
-    }
+    let signed_on = links.usable(link);
+    // Down first: nothing else is queued on this link after its sign-off.
     links.set_link(link, None);
+    if end == OutLinkEnd::Shutdown && front.sign_on != SignOn::None && signed_on {
+        // Sign off, and give the writer a moment to flush it.
+        match service.network_request(NmKind::SignOff, service.next_stan()) {
+            Ok(p) => {
+                let _ = tx.try_send(LinkFrame::own(Outbound::message(p)));
+            }
+            Err(e) => {
+                tracing::error!(service = service.name(), error = %e, "cannot build a sign-off")
+            }
+        }
+    }
     drop(tx);
     if end != OutLinkEnd::Shutdown {
         // The link is gone: frames not yet written go out on the other links.
@@ -542,14 +809,26 @@ async fn run_out_link(
     end
 }
 
-/// Passes the unwritten frames of a dead out link to the live ones.
-fn requeue(service: &Service, links: &OutLinks, rest: &mut mpsc::Receiver<Outbound>) {
+/// Passes the unwritten frames of a dead out link to the signed-on ones (or
+/// the waiting queue), each keeping its deadline. Its own network management
+/// requests (sign-on, echo) and keep-alives belonged to that connection and
+/// are dropped; frames already past their deadline are dropped and counted.
+fn requeue(service: &Service, links: &OutLinks, rest: &mut mpsc::Receiver<LinkFrame>) {
+    // Closed first: a sender still holding this queue now fails over to another
+    // link instead of queueing a frame nobody will read.
+    rest.close();
     let mut moved = 0u64;
-    while let Ok(out) = rest.try_recv() {
-        if matches!(out, Outbound::KeepAlive) {
+    let mut expired = Flushed::default();
+    let now = Instant::now();
+    while let Ok(frame) = rest.try_recv() {
+        if frame.carry.is_none() {
             continue;
         }
-        if links.answer(out, Instant::now()).is_ok() {
+        if links.stale(&frame, now) {
+            expired.count_expired(frame.carry);
+            continue;
+        }
+        if links.queue_frame(frame).is_ok() {
             moved += 1;
         } else {
             service
@@ -558,11 +837,18 @@ fn requeue(service: &Service, links: &OutLinks, rest: &mut mpsc::Receiver<Outbou
                 .fetch_add(1, Ordering::Relaxed);
         }
     }
+    links
+        .parked_dropped
+        .fetch_add(expired.answers_expired, Ordering::Relaxed);
+    service
+        .counters
+        .node_requests_expired
+        .fetch_add(expired.requests_expired, Ordering::Relaxed);
     if moved > 0 {
         tracing::info!(
             service = service.name(),
             moved,
-            "frames of a dead out link moved to live links"
+            "frames of a dead out link moved to signed-on links or waiting for one"
         );
     }
 }
@@ -573,8 +859,8 @@ fn needs_sign_on(policy: SignOn, links: &OutLinks, link: usize) -> bool {
         SignOn::PerLink => !links.signed_on(link),
         // One link signs the group on: the lowest-numbered link that is up.
         SignOn::PerGroup => {
-            !links.group_signed_on.load(Ordering::Relaxed)
-                && (0..links.len()).find(|&i| links.sender(i).is_some()) == Some(link)
+            !links.group_signed_on.load(Ordering::Acquire)
+                && (0..links.len()).find(|&i| links.is_up(i)) == Some(link)
         }
     }
 }
@@ -591,8 +877,15 @@ fn send_nm(service: &Service, links: &OutLinks, link: usize, kind: NmKind) {
     let stan = service.next_stan();
     match service.network_request(kind, stan) {
         Ok(payload) => {
-            if links.send_on(link, Outbound::message(payload)) {
-                links.expect_nm_answer(stan, link);
+            // A sign-on is the one frame an unsigned link carries.
+            let out = Outbound::message(payload);
+            let sent = if kind == NmKind::SignOn {
+                links.send_on(link, out)
+            } else {
+                links.send_signed_on(link, out)
+            };
+            if let Some(generation) = sent {
+                links.expect_nm_answer(stan, link, generation);
             }
         }
         Err(e) => {
@@ -692,5 +985,203 @@ async fn run_in_link(
             }
             None => return "closed by peer".into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    const SIGN_ON: &[u8] = b"001";
+    const ECHO: &[u8] = b"301";
+
+    fn frame(n: u8) -> Outbound {
+        Outbound::message(Bytes::from(vec![n]))
+    }
+
+    fn links(n: usize) -> OutLinks {
+        OutLinks::new(n, SignOn::PerLink, Duration::from_secs(10), Instant::now())
+    }
+
+    /// Connects `link` with a writer queue of `cap`; returns the queue's reader
+    /// and the STAN of the sign-on queued on it (already read off the queue).
+    fn connect(l: &OutLinks, link: usize, cap: usize, stan: u32) -> mpsc::Receiver<LinkFrame> {
+        let (tx, mut rx) = mpsc::channel(cap);
+        l.set_link(link, Some(tx));
+        let generation = l.send_on(link, frame(0)).expect("sign-on queued");
+        l.expect_nm_answer(stan, link, generation);
+        assert!(
+            matches!(rx.try_recv(), Ok(LinkFrame { out: Outbound::Message(p, _), .. }) if p[..] == [0])
+        );
+        rx
+    }
+
+    fn sign_on(l: &OutLinks, stan: u32) -> bool {
+        l.nm_answered(stan, SIGN_ON, true, SIGN_ON, ECHO)
+    }
+
+    #[test]
+    fn nothing_but_the_sign_on_goes_on_an_unsigned_link() {
+        let l = links(2);
+        let mut rx = connect(&l, 0, 8, 1);
+        let now = Instant::now();
+        assert_eq!(l.answer(frame(1), now), Ok(Queued::Waiting));
+        assert_eq!(l.send(frame(2), now), Ok(Queued::Waiting));
+        assert_eq!(l.send_signed_on(0, Outbound::KeepAlive), None);
+        assert!(rx.try_recv().is_err(), "nothing before the 0830");
+        assert_eq!(l.up(), (1, 0));
+        assert!(sign_on(&l, 1));
+        let got: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        assert_eq!(got.len(), 2, "both sent once signed on, in order");
+        assert_eq!(l.waiting(), 0);
+        assert_eq!(l.up(), (1, 1));
+    }
+
+    #[test]
+    fn an_0830_to_an_earlier_connection_signs_nothing_on() {
+        let l = links(1);
+        let _old = connect(&l, 0, 8, 1);
+        l.set_link(0, None);
+        let mut rx = connect(&l, 0, 8, 2);
+        // The old connection's sign-on is answered after the link reconnected.
+        assert!(sign_on(&l, 1));
+        assert_eq!(l.answer(frame(1), Instant::now()), Ok(Queued::Waiting));
+        assert!(
+            rx.try_recv().is_err(),
+            "the new connection is not signed on"
+        );
+        assert!(sign_on(&l, 2));
+        assert!(rx.try_recv().is_ok());
+    }
+
+    /// Before: a link coming up took every parked frame on its own queue and
+    /// dropped what did not fit. Now what does not fit keeps waiting.
+    #[test]
+    fn waiting_frames_beyond_a_full_queue_wait_not_drop() {
+        let l = links(1);
+        let mut rx = connect(&l, 0, 4, 1);
+        let now = Instant::now();
+        for i in 0..10 {
+            assert_eq!(l.answer(frame(i), now), Ok(Queued::Waiting));
+        }
+        assert!(sign_on(&l, 1));
+        let mut got = Vec::new();
+        while got.len() < 10 {
+            let before = got.len();
+            while let Ok(LinkFrame {
+                out: Outbound::Message(p, _),
+                ..
+            }) = rx.try_recv()
+            {
+                got.push(p[0]);
+            }
+            assert!(got.len() > before, "progress on every flush");
+            l.flush(now, true);
+        }
+        assert_eq!(got, (0..10).collect::<Vec<_>>(), "all, in order");
+        assert_eq!(l.parked_dropped.load(Ordering::Relaxed), 0);
+        assert_eq!(l.parked_sent.load(Ordering::Relaxed), 10);
+    }
+
+    #[test]
+    fn waiting_frames_expire_at_their_deadline_and_are_counted() {
+        let l = OutLinks::new(
+            1,
+            SignOn::PerLink,
+            Duration::from_millis(50),
+            Instant::now(),
+        );
+        let t0 = Instant::now();
+        assert_eq!(l.answer(frame(1), t0), Ok(Queued::Waiting));
+        assert_eq!(l.send(frame(2), t0), Ok(Queued::Waiting));
+        assert_eq!(l.flush(t0 + Duration::from_millis(10), true).sent, 0);
+        assert_eq!(l.waiting(), 2, "still within the deadline");
+        let done = l.flush(t0 + Duration::from_millis(60), true);
+        assert_eq!((done.answers_expired, done.requests_expired), (1, 1));
+        assert_eq!(l.waiting(), 0);
+    }
+
+    #[test]
+    fn the_waiting_queue_is_bounded() {
+        let l = links(1);
+        let now = Instant::now();
+        for _ in 0..PARK_CAPACITY {
+            assert_eq!(l.answer(frame(0), now), Ok(Queued::Waiting));
+        }
+        assert_eq!(l.answer(frame(0), now), Err(NoOutLink));
+        assert_eq!(l.park_refused.load(Ordering::Relaxed), 1);
+    }
+
+    /// Before: a frame that found no usable link, then parked just after a
+    /// link signed on and flushed, stayed parked until the next link came up
+    /// (which, with every link up, was never). This is that interleaving.
+    #[test]
+    fn a_frame_parked_while_a_link_signs_on_is_not_left_behind() {
+        let l = links(1);
+        let mut rx = connect(&l, 0, 8, 1);
+        let answer = LinkFrame {
+            since: Instant::now(),
+            carry: Some(Carry::Answer),
+            out: frame(1),
+        };
+        let Err(answer) = l.send_usable(answer) else {
+            panic!("no usable link yet");
+        };
+        assert!(
+            sign_on(&l, 1),
+            "the link signs on and flushes: nothing waits yet"
+        );
+        assert_eq!(l.wait(answer), Ok(Queued::Waiting));
+        assert!(rx.try_recv().is_ok(), "the frame was left waiting");
+        assert_eq!(l.waiting(), 0);
+    }
+
+    /// Before: frames moved off a dead link started a new deadline, so a node
+    /// request stuck behind a stalled link could reach the peer long after the
+    /// node had given up on it. Now the deadline runs from when it first left.
+    #[test]
+    fn a_dead_links_frames_keep_their_deadlines() {
+        let toml = "[[service]]\nname = \"up\"\nspec = \"cups\"\nf37_stamp = { offset = 10, width = 2 }\n\
+             [service.front]\nkind = \"simplex\"\nconnect = \"127.0.0.1:9\"\nlisten = \"127.0.0.1:0\"\nlinks = 2\n\
+             member_id = \"03105840\"\npeer_id = \"00010000\"\n\
+             [service.timeouts]\nrequest = \"50ms\"\n\
+             [[service.back.node]]\nid = \"01\"\naddress = \"127.0.0.1:9\"\n";
+        let cfg = crate::ops::config::Config::from_toml(toml).unwrap();
+        let spec = crate::iso8583::Spec::builtin("cups").unwrap();
+        let svc = Service::new(cfg.services[0].clone(), spec, Instant::now()).unwrap();
+        let links = svc.out_links.as_ref().unwrap();
+        let t0 = Instant::now() - Duration::from_millis(100);
+        let (tx, mut rest) = mpsc::channel(8);
+        for (carry, n) in [
+            (Some(Carry::Request), 1),
+            (Some(Carry::Answer), 2),
+            (None, 3),
+        ] {
+            let out = frame(n);
+            tx.try_send(LinkFrame {
+                since: t0,
+                carry,
+                out,
+            })
+            .unwrap();
+        }
+        tx.try_send(LinkFrame {
+            since: Instant::now(),
+            carry: Some(Carry::Request),
+            out: frame(4),
+        })
+        .unwrap();
+        requeue(&svc, links, &mut rest);
+        assert_eq!(
+            svc.counters.node_requests_expired.load(Ordering::Relaxed),
+            1
+        );
+        assert_eq!(links.parked_dropped.load(Ordering::Relaxed), 1);
+        assert_eq!(links.waiting(), 1, "only the fresh request waits");
+        assert!(
+            tx.try_send(LinkFrame::own(frame(5))).is_err(),
+            "the dead queue is closed"
+        );
     }
 }

@@ -31,6 +31,19 @@ impl Outbound {
     }
 }
 
+/// What a writer queue carries: an outbound frame, possibly with bookkeeping
+/// the writer ignores (a simplex out link keeps each frame's age and kind, so
+/// a link that dies can hand them on with their deadlines).
+pub trait WriterItem {
+    fn outbound(&self) -> &Outbound;
+}
+
+impl WriterItem for Outbound {
+    fn outbound(&self) -> &Outbound {
+        self
+    }
+}
+
 /// Up to three fixed-width overwrites of a payload, applied at write time.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Patch {
@@ -150,27 +163,29 @@ where
 /// As [`run_writer`], but stops as soon as `stop` turns true and hands back the
 /// queue with what was not yet written, so a link that died can pass its
 /// frames to another link instead of losing them.
-pub async fn run_writer_until<W>(
+pub async fn run_writer_until<W, T>(
     w: W,
     prefix: LengthPrefix,
-    rx: mpsc::Receiver<Outbound>,
+    rx: mpsc::Receiver<T>,
     stop: watch::Receiver<bool>,
-) -> (std::io::Result<()>, mpsc::Receiver<Outbound>)
+) -> (std::io::Result<()>, mpsc::Receiver<T>)
 where
     W: AsyncWrite + Unpin,
+    T: WriterItem,
 {
     write_loop(w, prefix, rx, Some(stop), false).await
 }
 
-async fn write_loop<W>(
+async fn write_loop<W, T>(
     mut w: W,
     prefix: LengthPrefix,
-    mut rx: mpsc::Receiver<Outbound>,
+    mut rx: mpsc::Receiver<T>,
     mut stop: Option<watch::Receiver<bool>>,
     coalesce: bool,
-) -> (std::io::Result<()>, mpsc::Receiver<Outbound>)
+) -> (std::io::Result<()>, mpsc::Receiver<T>)
 where
     W: AsyncWrite + Unpin,
+    T: WriterItem,
 {
     let mut buf = BytesMut::with_capacity(BATCH_BYTES);
     loop {
@@ -200,7 +215,7 @@ where
 }
 
 /// Appends what is already queued, up to the batch size.
-fn drain(prefix: LengthPrefix, rx: &mut mpsc::Receiver<Outbound>, buf: &mut BytesMut) {
+fn drain<T: WriterItem>(prefix: LengthPrefix, rx: &mut mpsc::Receiver<T>, buf: &mut BytesMut) {
     while buf.len() < BATCH_BYTES {
         match rx.try_recv() {
             Ok(next) => push(prefix, &next, buf),
@@ -209,8 +224,8 @@ fn drain(prefix: LengthPrefix, rx: &mut mpsc::Receiver<Outbound>, buf: &mut Byte
     }
 }
 
-fn push(prefix: LengthPrefix, item: &Outbound, buf: &mut BytesMut) {
-    if let Err(e) = encode_into(prefix, item, buf) {
+fn push<T: WriterItem>(prefix: LengthPrefix, item: &T, buf: &mut BytesMut) {
+    if let Err(e) = encode_into(prefix, item.outbound(), buf) {
         tracing::warn!(error = %e, "outbound frame dropped: it does not fit the length prefix");
     }
 }

@@ -79,6 +79,17 @@ pub struct CupsSimConfig {
     pub answer_member_requests: bool,
     /// How long it waits before answering a member request.
     pub delay: Delay,
+    /// Refuse traffic on an out link before that link's sign-on: every frame
+    /// (keep-alives too) read on it before the simulator's 0830 to its 0820
+    /// F70 001 is dropped unanswered and counted in `unsigned_frames`, as
+    /// UnionPay rejects traffic on a link that has not signed on.
+    pub require_sign_on: bool,
+    /// How long it waits before answering a sign-on 0820 (with
+    /// `require_sign_on`): frames the switch writes before it has the 0830
+    /// then arrive in this window and are caught.
+    pub sign_on_delay: Duration,
+    /// Closes every out link at once this often (chaos: all links lost).
+    pub drop_out_links_every: Option<Duration>,
 }
 
 impl CupsSimConfig {
@@ -95,6 +106,9 @@ impl CupsSimConfig {
             keepalive_idle: Duration::from_secs(30),
             answer_member_requests: true,
             delay: Delay::NONE,
+            require_sign_on: false,
+            sign_on_delay: Duration::ZERO,
+            drop_out_links_every: None,
         }
     }
 }
@@ -151,6 +165,13 @@ pub struct CupsSimStats {
     pub bad_frames: AtomicU64,
     /// Message frames the switch wrote on an in link (it should only read them).
     pub unexpected_on_in_links: AtomicU64,
+    /// Frames read on an out link before its sign-on (`require_sign_on`):
+    /// refused, never answered.
+    pub unsigned_frames: AtomicU64,
+    /// Sign-on 0820s answered (`require_sign_on`).
+    pub sign_ons: AtomicU64,
+    /// Times every out link was dropped at once (`drop_out_links_every`).
+    pub out_link_drops: AtomicU64,
 }
 
 /// What the simulated UnionPay saw.
@@ -170,6 +191,9 @@ pub struct CupsReport {
     pub in_links_up: u64,
     pub out_links_accepted: u64,
     pub bad_frames: u64,
+    pub unsigned_frames: u64,
+    pub sign_ons: u64,
+    pub out_link_drops: u64,
 }
 
 impl CupsReport {
@@ -190,6 +214,9 @@ impl CupsReport {
             in_links_up: get(&s.in_links_up),
             out_links_accepted: get(&s.out_links_accepted),
             bad_frames: get(&s.bad_frames),
+            unsigned_frames: get(&s.unsigned_frames),
+            sign_ons: get(&s.sign_ons),
+            out_link_drops: get(&s.out_link_drops),
         }
     }
 }
@@ -200,7 +227,8 @@ impl std::fmt::Display for CupsReport {
             f,
             "sent {} answered {} declined {} mismatched {} unanswered {} unsent {} \
              member_requests {} member_requests_answered {} keepalives_received {} \
-             echo_sent {} echo_answered {} in_links_up {} out_links_accepted {} bad_frames {}",
+             echo_sent {} echo_answered {} in_links_up {} out_links_accepted {} bad_frames {} \
+             unsigned_frames {} sign_ons {}",
             self.sent,
             self.answered,
             self.declined,
@@ -214,7 +242,9 @@ impl std::fmt::Display for CupsReport {
             self.echo_answered,
             self.in_links_up,
             self.out_links_accepted,
-            self.bad_frames
+            self.bad_frames,
+            self.unsigned_frames,
+            self.sign_ons
         )
     }
 }
@@ -258,6 +288,7 @@ impl CupsSim {
             stan: AtomicU32::new((seed() % 999_999) as u32 + 1),
             delayed: AtomicUsize::new(0),
             issuer,
+            originating: std::sync::atomic::AtomicBool::new(true),
             shutdown: rx.clone(),
             cfg,
         });
@@ -268,6 +299,9 @@ impl CupsSim {
         }
         if shared.cfg.rate.is_some_and(|r| r > 0.0) {
             tasks.spawn(originate(Arc::clone(&shared), rx.clone()));
+        }
+        if let Some(every) = shared.cfg.drop_out_links_every.filter(|d| !d.is_zero()) {
+            tasks.spawn(drop_out_links(Arc::clone(&shared), every, rx.clone()));
         }
         tasks.spawn(sweep(Arc::clone(&shared), rx));
         tracing::info!(accept = %accept_addr, connect = %shared.cfg.connect, links = shared.cfg.links, "sim cups started");
@@ -291,6 +325,11 @@ impl CupsSim {
     /// The counters now.
     pub fn report(&self) -> CupsReport {
         CupsReport::from_stats(&self.shared.stats)
+    }
+
+    /// Stops originating issuer requests (those sent still get their answers).
+    pub fn stop_originating(&self) {
+        self.shared.originating.store(false, Ordering::Release);
     }
 
     /// Issuer requests and echo tests awaiting a response.
@@ -347,9 +386,22 @@ impl CupsSim {
 /// Runs the simulator for `cfg.duration`, waits up to `cfg.timeout` for the
 /// responses still due, stops and reports.
 pub async fn run(spec: Arc<Spec>, cfg: CupsSimConfig) -> std::io::Result<CupsReport> {
+    run_until(spec, cfg, std::future::pending()).await
+}
+
+/// [`run`], ending early when `stop` completes: no new issuer requests, the
+/// wait for the responses still due, then the report.
+pub async fn run_until(
+    spec: Arc<Spec>,
+    cfg: CupsSimConfig,
+    stop: impl std::future::Future<Output = ()>,
+) -> std::io::Result<CupsReport> {
     let (duration, timeout) = (cfg.duration, cfg.timeout);
     let sim = CupsSim::start(spec, cfg).await?;
-    tokio::time::sleep(duration).await;
+    tokio::select! {
+        _ = tokio::time::sleep(duration) => {}
+        _ = stop => sim.stop_originating(),
+    }
     let deadline = deadline_after(timeout);
     while sim.outstanding() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -376,6 +428,8 @@ struct Shared {
     /// Member responses waiting out their delay.
     delayed: AtomicUsize,
     issuer: Option<IssuerTemplate>,
+    /// Cleared by [`CupsSim::stop_originating`].
+    originating: std::sync::atomic::AtomicBool,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -640,6 +694,45 @@ impl Shared {
         }
     }
 
+    /// A frame on an out link that has not signed on: its sign-on 0820 is
+    /// answered (after `sign_on_delay`) and signs the link on; anything else is
+    /// refused and counted.
+    fn before_sign_on(
+        self: &Arc<Shared>,
+        payload: Bytes,
+        signed_on: &Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        let answer = Message::parse(&self.spec, payload).ok().and_then(|msg| {
+            let sign_on = msg.mti().is_network_management()
+                && msg.mti().is_request()
+                && matches!(msg.field(70), Ok(Some(f)) if f.eq_logical(b"001"));
+            if !sign_on {
+                return None;
+            }
+            crate::link::decline::respond(&self.spec, &msg, "00").ok()
+        });
+        let Some(answer) = answer else {
+            self.stats.unsigned_frames.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        self.stats.network_requests.fetch_add(1, Ordering::Relaxed);
+        let shared = Arc::clone(self);
+        let signed_on = Arc::clone(signed_on);
+        let delay = self.cfg.sign_on_delay;
+        let mut shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            }
+            // Signed on before the 0830 leaves: whatever the switch writes
+            // after reading it is read after this.
+            signed_on.store(true, Ordering::Release);
+            shared.stats.sign_ons.fetch_add(1, Ordering::Relaxed);
+            shared.deliver(answer, &shared.stats.network_answered);
+        });
+    }
+
     /// Writes a response on an in link and counts it under `answered`.
     fn deliver(&self, response: Bytes, answered: &AtomicU64) {
         let counter = if self.send_in(Outbound::message(response)) {
@@ -780,6 +873,9 @@ async fn serve_out_link(
     let framing = shared.spec.framing();
     let mut frames = FramedRead::new(stream, FrameCodec::new(framing.prefix, framing.max_frame));
     let mut rng = seed();
+    let signed_on = Arc::new(std::sync::atomic::AtomicBool::new(
+        !shared.cfg.require_sign_on,
+    ));
     // A frame begun must end within this (a stalled peer cannot hold a buffer).
     let partial_limit = shared.cfg.timeout.max(Duration::from_secs(1));
     let mut closing = false;
@@ -808,6 +904,13 @@ async fn serve_out_link(
             _ = shutdown.changed() => break,
         };
         match frame {
+            Some(Some(Ok(_))) if !signed_on.load(Ordering::Acquire) => {
+                if let Some(Some(Ok(Frame::Message(payload)))) = frame {
+                    shared.before_sign_on(payload, &signed_on);
+                } else {
+                    shared.stats.unsigned_frames.fetch_add(1, Ordering::Relaxed);
+                }
+            }
             Some(Some(Ok(Frame::Message(payload)))) => shared.on_out_link(payload, &mut rng),
             Some(Some(Ok(Frame::KeepAlive))) => {
                 shared
@@ -974,7 +1077,7 @@ async fn originate(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
             _ = shutdown.changed() => return,
         }
         let now = Instant::now();
-        if stop_at.is_some_and(|s| now >= s) {
+        if stop_at.is_some_and(|s| now >= s) || !shared.originating.load(Ordering::Acquire) {
             return;
         }
         // One request at start, then as many as the rate owes by now.
@@ -988,6 +1091,23 @@ async fn originate(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
                 &shared.stats.unsent
             };
             counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Closes every out link at once, every `every`, as a lost line to all of
+/// them would.
+async fn drop_out_links(shared: Arc<Shared>, every: Duration, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let n = close_links(&shared.out_links, usize::MAX, |l| &l.close);
+                shared.stats.out_link_drops.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(closed = n, "sim cups: every out link dropped");
+            }
+            _ = shutdown.changed() => return,
         }
     }
 }

@@ -149,6 +149,24 @@ pub fn summary(s: &NodeSimStats) -> String {
     )
 }
 
+/// [`summary`] as one JSON object.
+pub fn summary_json(s: &NodeSimStats) -> String {
+    let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    serde_json::json!({
+        "connections": get(&s.connections),
+        "requests": get(&s.requests),
+        "answered": get(&s.answered),
+        "unanswered": get(&s.unanswered),
+        "bad": get(&s.bad),
+        "originated": get(&s.originated),
+        "originated_answered": get(&s.originated_answered),
+        "originated_declined": get(&s.originated_declined),
+        "originated_unanswered": get(&s.originated_unanswered),
+        "foreign_responses": get(&s.foreign_responses),
+    })
+    .to_string()
+}
+
 /// A running simulated node.
 pub struct NodeSim {
     pub addr: SocketAddr,
