@@ -121,6 +121,9 @@ pub struct VisaSimConfig {
     /// Where in F37 (offset, width) the bank's node ID is expected: counted per
     /// value in the report.
     pub stamp: Option<(usize, usize)>,
+    /// Start with issuer requests held until [`VisaSim::resume`] (e.g. until
+    /// the bank's nodes are up).
+    pub paused: bool,
 }
 
 impl VisaSimConfig {
@@ -142,6 +145,7 @@ impl VisaSimConfig {
             delay: Delay::NONE,
             answer_bank_requests: true,
             stamp: Some((10, 2)),
+            paused: false,
         }
     }
 }
@@ -323,7 +327,11 @@ impl std::fmt::Display for VisaReport {
             self.rejects,
         )?;
         if !self.stamps.is_empty() {
-            let s: Vec<String> = self.stamps.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+            let s: Vec<String> = self
+                .stamps
+                .iter()
+                .map(|(k, v)| format!("{k}:{v}"))
+                .collect();
             write!(f, " | stamps {}", s.join(" "))?;
         }
         Ok(())
@@ -358,6 +366,7 @@ impl VisaSim {
             next_mti: AtomicUsize::new(0),
             delayed: AtomicUsize::new(0),
             stamps: Mutex::new(BTreeMap::new()),
+            paused: AtomicBool::new(cfg.paused),
             shutdown: rx.clone(),
             cfg,
         });
@@ -428,6 +437,16 @@ impl VisaSim {
         let cfg = &self.shared.cfg;
         cfg.count.is_some_and(|c| self.issuer_sent() >= c)
             || self.shared.base.elapsed() >= cfg.duration
+    }
+
+    /// Holds issuer requests (those owed while paused are not made up later).
+    pub fn pause(&self) {
+        self.shared.paused.store(true, Ordering::Relaxed);
+    }
+
+    /// Sends issuer requests again, at the configured rate from now on.
+    pub fn resume(&self) {
+        self.shared.paused.store(false, Ordering::Relaxed);
     }
 
     /// Sends an echo test on each link now. Returns how many went out.
@@ -539,6 +558,8 @@ struct Shared {
     next_mti: AtomicUsize,
     delayed: AtomicUsize,
     stamps: Mutex<BTreeMap<String, u64>>,
+    /// Issuer requests are held while this is set.
+    paused: AtomicBool,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -565,9 +586,13 @@ type Key = u64;
 #[derive(Clone, Debug)]
 enum Kind {
     /// An issuer request, with the logical values its answer must echo.
-    Issuer { echoed: Vec<(u16, Vec<u8>)> },
+    Issuer {
+        echoed: Vec<(u16, Vec<u8>)>,
+    },
     /// A sign-on sent on the link with this ID.
-    SignOn { link: u64 },
+    SignOn {
+        link: u64,
+    },
     Echo,
 }
 
@@ -768,7 +793,8 @@ impl Shared {
     /// request is sent later).
     fn send_issuer_request(&self) -> bool {
         let mtis = &self.cfg.mtis;
-        let Some(&mti) = mtis.get(self.next_mti.fetch_add(1, Ordering::Relaxed) % mtis.len().max(1))
+        let Some(&mti) =
+            mtis.get(self.next_mti.fetch_add(1, Ordering::Relaxed) % mtis.len().max(1))
         else {
             return false;
         };
@@ -908,8 +934,8 @@ impl Shared {
         let approved = logical(msg, 39) == b"00";
         match p.kind {
             Kind::Issuer { echoed } => {
-                let same = p.response == msg.mti()
-                    && echoed.iter().all(|(id, v)| logical(msg, *id) == *v);
+                let same =
+                    p.response == msg.mti() && echoed.iter().all(|(id, v)| logical(msg, *id) == *v);
                 let counter = if !same {
                     &stats.wrong_key
                 } else if approved {
@@ -1303,8 +1329,9 @@ async fn originate(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     if !(rate > 0.0 && rate.is_finite()) {
         return;
     }
-    let start = Instant::now();
-    let stop_at = start.checked_add(shared.cfg.duration);
+    let stop_at = shared.base.checked_add(shared.cfg.duration);
+    // The pacing restarts after a pause: when, and how many were sent by then.
+    let mut paced_from: Option<(Instant, u64)> = None;
     let limit = shared.cfg.count.unwrap_or(u64::MAX);
     let period = Duration::from_secs_f64((1.0 / rate).clamp(0.001, 3600.0));
     let mut tick = tokio::time::interval(period);
@@ -1319,8 +1346,14 @@ async fn originate(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
         if stop_at.is_some_and(|s| now >= s) || sent >= limit {
             return;
         }
+        if shared.paused.load(Ordering::Relaxed) {
+            paced_from = None;
+            continue;
+        }
+        let (start, sent_before) = *paced_from.get_or_insert((now, sent));
         // One request at start, then as many as the rate owes by now.
-        let due = ((now.duration_since(start).as_secs_f64() * rate) as u64 + 1).min(limit);
+        let owed = (now.duration_since(start).as_secs_f64() * rate) as u64 + 1;
+        let due = sent_before.saturating_add(owed).min(limit);
         for _ in 0..due.saturating_sub(sent).min(MAX_BURST) {
             if !shared.send_issuer_request() {
                 break;
