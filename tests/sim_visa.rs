@@ -293,3 +293,52 @@ async fn binary_fails_on_loss() {
     .await
     .expect("in time");
 }
+
+/// A bank request read on a link being dropped, with no other link up, is
+/// answered once a link is back (dialled again), not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_waits_for_a_link_to_come_back() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let mut bank = Bank::start().await;
+        let mut cfg = VisaSimConfig::new(Dial::Connect(bank.addr), 1);
+        cfg.sign_on = false;
+        cfg.echo_interval = Duration::ZERO;
+        cfg.keepalive_idle = Duration::ZERO;
+        let sim = VisaSim::start(spec(), cfg).await.unwrap();
+        bank.wait_links(1).await;
+        while sim.links().0 == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // VISA drops its only link; the bank still sends on it, then closes.
+        assert_eq!(sim.close_links(1), 1);
+        while sim.links().0 == 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut ours = isoswitch::iso8583::samples::purchase(&bank.spec);
+        ours.retain(|id| [2, 3, 4, 7, 11, 32, 37, 41, 42, 49].contains(&id));
+        ours.set_text(11, "777777");
+        bank.send_on(0, &ours).await;
+        while sim
+            .stats()
+            .bank_requests
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 0
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        bank.writers[0].shutdown().await.unwrap();
+        // VISA dials again and the answer goes out on the new link.
+        bank.wait_links(2).await;
+        let (link, m) = bank.next().await;
+        assert_eq!((link, m.mti.as_str()), (1, "0210"));
+        assert_eq!(text(&m, 11), "777777");
+        let r = sim.stop().await;
+        assert_eq!(
+            (r.answers_parked, r.bank_answered, r.answers_unsent),
+            (1, 1, 0),
+            "{r}"
+        );
+    })
+    .await
+    .expect("in time");
+}

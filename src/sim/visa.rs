@@ -56,6 +56,8 @@ const MAX_OUTSTANDING: usize = 100_000;
 const MAX_DONE: usize = 1_000_000;
 /// Answers to the bank waiting out their delay, at most.
 const MAX_DELAYED: usize = 10_000;
+/// Answers to the bank waiting for a link to come up, at most.
+const MAX_PARKED: usize = 10_000;
 /// Accepted links beyond `links` x this are closed at once.
 const ACCEPT_FACTOR: usize = 4;
 /// Distinct F37 stamps counted in the report, at most.
@@ -178,7 +180,10 @@ pub struct VisaSimStats {
     /// Their answers written, and how many of those on another link.
     pub bank_answered: AtomicU64,
     pub bank_answered_on_other_link: AtomicU64,
-    /// Answers to the bank dropped: no live link or every queue full.
+    /// Answers to the bank that found no link up and waited for one.
+    pub answers_parked: AtomicU64,
+    /// Answers to the bank dropped: every queue full, too many parked, or
+    /// parked longer than `timeout`.
     pub answers_unsent: AtomicU64,
     /// The bank's `0800`s, by kind, and the `0810`s written for them.
     pub network_requests: AtomicU64,
@@ -224,6 +229,7 @@ pub struct VisaReport {
     pub bank_requests: u64,
     pub bank_answered: u64,
     pub bank_answered_on_other_link: u64,
+    pub answers_parked: u64,
     pub answers_unsent: u64,
     pub network_requests: u64,
     pub network_answered: u64,
@@ -256,6 +262,7 @@ impl VisaReport {
             bank_requests: get(&s.bank_requests),
             bank_answered: get(&s.bank_answered),
             bank_answered_on_other_link: get(&s.bank_answered_on_other_link),
+            answers_parked: get(&s.answers_parked),
             answers_unsent: get(&s.answers_unsent),
             network_requests: get(&s.network_requests),
             network_answered: get(&s.network_answered),
@@ -299,7 +306,7 @@ impl std::fmt::Display for VisaReport {
         write!(
             f,
             "issuer sent {} approved {} declined {} unanswered {} wrong_key {} doubled {} late {} unknown {} \
-             | bank requests {} answered {} (on another link {}) unsent {} \
+             | bank requests {} answered {} (on another link {}) parked {} unsent {} \
              | network {} answered {} | sign-ons {}/{} echo {}/{} \
              | links opened {} up {} dropped {} | bad_frames {} rejects {}",
             self.issuer_sent,
@@ -313,6 +320,7 @@ impl std::fmt::Display for VisaReport {
             self.bank_requests,
             self.bank_answered,
             self.bank_answered_on_other_link,
+            self.answers_parked,
             self.answers_unsent,
             self.network_requests,
             self.network_answered,
@@ -367,6 +375,7 @@ impl VisaSim {
             delayed: AtomicUsize::new(0),
             stamps: Mutex::new(BTreeMap::new()),
             paused: AtomicBool::new(cfg.paused),
+            parked: Mutex::new(VecDeque::new()),
             shutdown: rx.clone(),
             cfg,
         });
@@ -560,6 +569,9 @@ struct Shared {
     stamps: Mutex<BTreeMap<String, u64>>,
     /// Issuer requests are held while this is set.
     paused: AtomicBool,
+    /// Answers to the bank waiting for a link, oldest first: when parked, the
+    /// link the request came on, the answer.
+    parked: Mutex<VecDeque<(Instant, u64, Bytes)>>,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -1025,23 +1037,58 @@ impl Shared {
     }
 
     /// Writes an answer to the bank on a link other than `came_on` (on that
-    /// one only when it is the only link up).
+    /// one only when it is the only link up). With no link up it waits for
+    /// one ([`Shared::flush_parked`]), as a peer holds answers over a
+    /// reconnect.
     fn deliver(&self, came_on: u64, resp: &Bytes) {
+        if self.try_deliver(came_on, resp) {
+            return;
+        }
+        {
+            // Under the parked lock (then the links lock): a link coming up
+            // now flushes after this, so nothing parked is left behind.
+            let mut parked = lock(&self.parked);
+            if lock(&self.links).is_empty() {
+                let counter = if parked.len() < MAX_PARKED {
+                    parked.push_back((Instant::now(), came_on, resp.clone()));
+                    &self.stats.answers_parked
+                } else {
+                    &self.stats.answers_unsent
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+        // A link is up (every queue was full, or it just came up): once more.
+        if !self.try_deliver(came_on, resp) {
+            self.stats.answers_unsent.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn try_deliver(&self, came_on: u64, resp: &Bytes) -> bool {
         let stats = &self.stats;
         let sent = self
             .send_where(resp, |l| l.id != came_on)
             .or_else(|| self.send_where(resp, |l| l.id == came_on));
-        match sent {
-            Some(on) => {
-                stats.bank_answered.fetch_add(1, Ordering::Relaxed);
-                if on != came_on {
-                    stats
-                        .bank_answered_on_other_link
-                        .fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            None => {
-                stats.answers_unsent.fetch_add(1, Ordering::Relaxed);
+        let Some(on) = sent else {
+            return false;
+        };
+        stats.bank_answered.fetch_add(1, Ordering::Relaxed);
+        if on != came_on {
+            stats
+                .bank_answered_on_other_link
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// A link came up: the parked answers still worth sending go out; those
+    /// older than `timeout` (the bank has given up on them) are dropped.
+    fn flush_parked(&self) {
+        let parked: Vec<_> = lock(&self.parked).drain(..).collect();
+        for (at, came_on, resp) in parked {
+            if at.elapsed() > self.cfg.timeout || !self.try_deliver(came_on, &resp) {
+                self.stats.answers_unsent.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -1203,6 +1250,7 @@ async fn serve_link(shared: &Arc<Shared>, stream: TcpStream, shutdown: &mut watc
     let stats = &shared.stats;
     stats.links_opened.fetch_add(1, Ordering::Relaxed);
     stats.links_up.fetch_add(1, Ordering::Relaxed);
+    shared.flush_parked();
     let unregister = || {
         let mut links = lock(&shared.links);
         let before = links.len();
