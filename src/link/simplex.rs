@@ -544,6 +544,9 @@ async fn run_out_link(
 
 /// Passes the unwritten frames of a dead out link to the live ones.
 fn requeue(service: &Service, links: &OutLinks, rest: &mut mpsc::Receiver<Outbound>) {
+    // A sender that took this link's queue before it was unset must now fail
+    // and move on to another link, not fill a queue nobody will read again.
+    rest.close();
     let mut moved = 0u64;
     while let Ok(out) = rest.try_recv() {
         if matches!(out, Outbound::KeepAlive) {
@@ -692,5 +695,37 @@ async fn run_in_link(
             }
             None => return "closed by peer".into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    /// The frames of a dead link go to the live ones (or wait for one), and
+    /// its queue is closed: a late sender is refused (and tries another link)
+    /// instead of queueing a frame that would be dropped with the queue.
+    #[test]
+    fn requeue_closes_the_dead_queue() {
+        let cfg = crate::ops::config::Config::from_toml(
+            "[[service]]\nname = \"visa\"\nspec = \"visa-base1\"\nf37_stamp = { offset = 10, width = 2 }\n\
+             [service.front]\nkind = \"connect\"\nconnect = \"127.0.0.1:9\"\nlinks = 2\n\
+             [service.back]\n[[service.back.node]]\nid = \"01\"\naddress = \"127.0.0.1:9\"\n",
+        )
+        .unwrap();
+        let spec = crate::iso8583::Spec::builtin("visa-base1").unwrap();
+        let svc = Service::new(cfg.services[0].clone(), spec, Instant::now()).unwrap();
+        let links = Arc::clone(svc.out_links.as_ref().unwrap());
+        let (tx, mut rest) = mpsc::channel(8);
+        tx.try_send(Outbound::message(Bytes::from_static(b"one")))
+            .unwrap();
+        requeue(&svc, &links, &mut rest);
+        assert_eq!(links.parked.lock().unwrap().len(), 1, "no link up: parked");
+        assert!(
+            tx.try_send(Outbound::message(Bytes::from_static(b"late")))
+                .is_err(),
+            "a late sender is refused"
+        );
     }
 }
