@@ -191,6 +191,9 @@ pub struct VisaSimStats {
     pub bank_sign_offs: AtomicU64,
     pub bank_echoes: AtomicU64,
     pub network_answered: AtomicU64,
+    /// The bank's `0800`s read on a link being dropped with no link up: left
+    /// unanswered, as the exchange belongs to a link that is gone.
+    pub network_link_gone: AtomicU64,
     /// Our sign-ons written, approved, and answered with another F39.
     pub sign_ons_sent: AtomicU64,
     pub sign_ons_approved: AtomicU64,
@@ -996,6 +999,8 @@ impl Shared {
             || self.send_where(&resp, |_| true).is_some();
         let counter = if sent {
             &stats.network_answered
+        } else if lock(&self.links).is_empty() {
+            &stats.network_link_gone
         } else {
             &stats.answers_unsent
         };
