@@ -103,6 +103,10 @@ pub struct OutLinks {
 /// Answers parked while no out link is up, at most.
 const PARK_CAPACITY: usize = 10_000;
 
+/// A pending sign-on or echo whose link went down: its late answer is still
+/// ours (never routed to a node) but marks no link signed on.
+const STALE_NM: usize = usize::MAX;
+
 /// No out link could take a frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NoOutLink;
@@ -274,6 +278,14 @@ impl OutLinks {
             if !up && self.sign_on == SignOn::PerGroup && self.up().0 == 0 {
                 self.group_signed_on.store(false, Ordering::Relaxed);
             }
+            if !up {
+                // A late answer to this connection's sign-on must not sign on
+                // the connection that replaces it in the slot.
+                let mut p = self.pending_nm.lock().unwrap_or_else(|p| p.into_inner());
+                for l in p.values_mut().filter(|l| **l == link) {
+                    *l = STALE_NM;
+                }
+            }
         }
     }
 
@@ -303,6 +315,9 @@ impl OutLinks {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&stan);
         let Some(link) = link else { return false };
+        if link == STALE_NM {
+            return true;
+        }
         if f70 == sign_on_f70 && approved {
             self.sign_ons_acknowledged.fetch_add(1, Ordering::Relaxed);
             self.group_signed_on.store(true, Ordering::Relaxed);
@@ -702,6 +717,25 @@ async fn run_in_link(
 mod tests {
     use super::*;
     use bytes::Bytes;
+
+    /// A sign-on answered after its link died (the answer may come on another
+    /// link) signs on nothing: the connection now in that slot has not.
+    #[test]
+    fn a_late_sign_on_answer_does_not_sign_on_the_next_connection() {
+        let links = OutLinks::new(2, SignOn::PerLink, Duration::from_secs(3), Instant::now());
+        let (tx, _rx) = mpsc::channel(4);
+        links.set_link(0, Some(tx.clone()));
+        links.expect_nm_answer(7, 0);
+        links.set_link(0, None);
+        links.set_link(0, Some(tx));
+        assert!(
+            links.nm_answered(7, b"001", true, b"001", b"301"),
+            "still the switch's own answer: never routed to a node"
+        );
+        assert!(!links.signed_on(0), "the new connection has not signed on");
+        assert_eq!(links.up(), (1, 0));
+        assert_eq!(links.sign_ons_acknowledged.load(Ordering::Relaxed), 0);
+    }
 
     /// The frames of a dead link go to the live ones (or wait for one), and
     /// its queue is closed: a late sender is refused (and tries another link)
