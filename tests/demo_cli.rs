@@ -23,6 +23,12 @@ fn demo_runs_to_a_clean_summary() {
         stdout.contains("lost = 0, answered twice or crossed = 0"),
         "{stdout}"
     );
+    // The VISA duplex scenario has its own row.
+    let visa = stdout
+        .lines()
+        .find(|l| l.starts_with("VISA "))
+        .unwrap_or_else(|| panic!("a VISA row: {stdout}"));
+    assert!(visa.contains("unanswered 0 doubled/crossed 0"), "{visa}");
     // One progress line a second.
     assert_eq!(
         stdout.lines().filter(|l| l.starts_with("t=")).count(),

@@ -1,7 +1,8 @@
 //! `isoswitch demo`: the whole switch on 127.0.0.1 in one process, on the
 //! embedded default config. A simulated POS network controller (2 uplinks,
-//! 200 terminals) and a simulated UnionPay (8 in / 8 out links) send traffic
-//! through the switch to three channel nodes; at one third a node is drained,
+//! 200 terminals), a simulated UnionPay (8 in / 8 out links) and a simulated
+//! VISA (2 duplex links, see [`visa`]) send traffic through the switch to
+//! three channel nodes; at one third a node is drained,
 //! at two thirds another is killed and brought back. One progress line a
 //! second, a summary at the end, and a non-zero exit status if any request
 //! went unanswered or was answered twice.
@@ -20,6 +21,8 @@ use crate::route::{AdminState, DeclineReason};
 use crate::sim::cups::{CupsReport, CupsSim, CupsSimConfig};
 use crate::sim::nac::{self, NacCounters, NacReport, NacSimConfig};
 use crate::sim::node::{NodeSim, NodeSimConfig, Originate};
+
+mod visa;
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
@@ -177,6 +180,8 @@ async fn demo(seconds: u64) -> Result<bool, String> {
     let mut cfg = Config::embedded_default().map_err(|e| e.to_string())?;
     let peer_accept = free_port()?;
     place(&mut cfg, &nodes, peer_accept)?;
+    let mut visa = visa::VisaScenario::start(NODES).await?;
+    visa.place(&mut cfg)?;
     let switch = Switch::start(&cfg).await.map_err(|e| e.to_string())?;
     let (pos, unionpay) = match (switch.service("pos"), switch.service("unionpay")) {
         (Some(p), Some(u)) => (Arc::clone(p), Arc::clone(u)),
@@ -192,9 +197,20 @@ async fn demo(seconds: u64) -> Result<bool, String> {
         .await
         .map_err(|e| e.to_string())?;
     wait_ready(&pos, &unionpay).await?;
+    let visa_svc = Arc::clone(
+        switch
+            .service(visa::SERVICE)
+            .ok_or("the embedded config lacks its visa service")?,
+    );
+    visa.go(&visa_svc).await?;
 
     println!(
         "isoswitch demo: POS NAC (2 uplinks, 200 terminals, {POS_RATE} req/s) and UnionPay (8 in / 8 out, {ISSUER_RATE} req/s) through the switch to {NODES} channel nodes, {seconds} s"
+    );
+    println!(
+        "               and VISA (2 duplex links, {} req/s to the nodes, {} req/s from each node)",
+        visa::ISSUER_RATE,
+        visa::NODE_RATE
     );
     let nac_counters = Arc::new(NacCounters::default());
     let nac = tokio::spawn(nac::run_with(
@@ -211,7 +227,7 @@ async fn demo(seconds: u64) -> Result<bool, String> {
         Arc::clone(&nac_counters),
     ));
 
-    let services = [&pos, &unionpay];
+    let services = [&pos, &unionpay, &visa_svc];
     let (drain_at, kill_at) = (seconds / 3, 2 * seconds / 3);
     let revive_at = kill_at + (seconds - kill_at) / 2;
     let mut last = Snapshot::take(&services);
@@ -226,14 +242,18 @@ async fn demo(seconds: u64) -> Result<bool, String> {
             for s in &services {
                 s.set_node_admin(1, AdminState::Drain, Instant::now());
             }
+            println!("== t={t}s: dropping a VISA link (the switch dials it again and signs on)");
+            visa.drop_link();
         } else if t == kill_at {
             println!(
                 "== t={t}s: killing node 03 (its in-flight requests get declines; clients stay connected)"
             );
             nodes[2].kill().await;
+            visa.kill(2).await;
         } else if t == revive_at {
             println!("== t={t}s: node 03 is back (rejoins after its health checks pass)");
             nodes[2].revive(2, &pos_spec, &cups_spec).await?;
+            visa.revive(2).await?;
         }
     }
 
@@ -244,16 +264,21 @@ async fn demo(seconds: u64) -> Result<bool, String> {
     for n in &nodes {
         n.stop_originating();
     }
+    visa.stop_originating();
     let settle_until = Instant::now() + Duration::from_secs(6);
     while Instant::now() < settle_until
-        && (cups.outstanding() > 0 || nodes.iter().any(|n| n.outstanding() > 0))
+        && (cups.outstanding() > 0
+            || nodes.iter().any(|n| n.outstanding() > 0)
+            || visa.outstanding() > 0)
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let ok = summary(&nodes, &services, &nac_report, &cups.report());
+    let rows = [visa.row(&visa_svc)];
+    let ok = summary(&nodes, &services, &nac_report, &cups.report(), &rows);
     // The switch first (it signs off its links), then its peers.
     switch.stop().await;
     cups.stop().await;
+    visa.stop().await;
     for n in &mut nodes {
         n.kill().await;
     }
@@ -350,14 +375,25 @@ fn progress_line(t: u64, last: &Snapshot, now: &Snapshot, services: &[&Arc<Servi
     )
 }
 
+/// A scenario's own row in the summary, and what it adds to the verdict.
+pub struct ScenarioRow {
+    pub label: &'static str,
+    pub line: String,
+    pub lost: u64,
+    pub doubled: u64,
+}
+
 /// Prints the summary; true when nothing was lost and nothing doubled.
 fn summary(
     nodes: &[ChannelNode],
-    services: &[&Arc<Service>; 2],
+    services: &[&Arc<Service>],
     nac: &NacReport,
     cups: &CupsReport,
+    rows: &[ScenarioRow],
 ) -> bool {
-    let [pos, unionpay] = services;
+    let [pos, unionpay, ..] = services else {
+        return false;
+    };
     println!("\n== summary");
     println!("node   POS requests   UnionPay requests   own requests (answered/declined)");
     for (i, n) in nodes.iter().enumerate() {
@@ -397,6 +433,9 @@ fn summary(
         "nodes' own   sent {} answered {} declined {} unanswered {} foreign {}",
         own[0], own[1], own[2], own[3], own[4]
     );
+    for r in rows {
+        println!("{:<12} {}", r.label, r.line);
+    }
     let reasons: Vec<String> = DeclineReason::ALL
         .iter()
         .map(|&r| {
@@ -405,8 +444,9 @@ fn summary(
         })
         .collect();
     println!("declines     {}", reasons.join(", "));
-    let lost = nac.unanswered + cups.unanswered + own[3];
-    let doubled = nac.mismatched + cups.mismatched + own[4];
+    let lost = nac.unanswered + cups.unanswered + own[3] + rows.iter().map(|r| r.lost).sum::<u64>();
+    let doubled =
+        nac.mismatched + cups.mismatched + own[4] + rows.iter().map(|r| r.doubled).sum::<u64>();
     println!("lost = {lost}, answered twice or crossed = {doubled}");
     lost == 0 && doubled == 0
 }

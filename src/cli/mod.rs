@@ -4,6 +4,7 @@ pub mod bench;
 pub mod decode;
 pub mod demo;
 pub mod load;
+pub mod sim_visa;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -154,6 +155,9 @@ pub enum SimCommand {
         #[arg(long)]
         json: bool,
     },
+    /// VISA on BASE I duplex links: takes (or dials) the bank's links, signs
+    /// on, answers the bank's requests on another link, sends its own.
+    Visa(sim_visa::SimVisaArgs),
 }
 
 /// Parses the arguments and runs the command.
@@ -208,6 +212,7 @@ pub fn main() -> ExitCode {
 
 fn run_sim(sim: SimCommand) -> ExitCode {
     match sim {
+        SimCommand::Visa(args) => sim_visa::run(args),
         SimCommand::Node {
             listen,
             spec,

@@ -1,11 +1,12 @@
 //! Simulators: a channel node, a POS network controller, UnionPay's side of a
-//! simplex link set and a load generator.
+//! simplex link set, VISA's side of duplex links and a load generator.
 //! They speak through real sockets and check what they get back.
 
 pub mod cups;
 pub mod load;
 pub mod nac;
 pub mod node;
+pub mod visa;
 
 use bytes::Bytes;
 

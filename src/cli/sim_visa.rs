@@ -1,0 +1,120 @@
+//! `isoswitch sim visa`: the VISA peer of a `connect` front, from the command
+//! line. See [`crate::sim::visa`].
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::iso8583::Mti;
+use crate::sim::visa::{Dial, VisaSimConfig};
+
+#[derive(Debug, clap::Args)]
+pub struct SimVisaArgs {
+    /// Listen here for the bank's links (the switch's `connect` front dials).
+    #[arg(long, conflicts_with = "connect", required_unless_present = "connect")]
+    pub accept: Option<SocketAddr>,
+    /// Dial the bank's links here instead.
+    #[arg(long)]
+    pub connect: Option<SocketAddr>,
+    /// Links to dial (with --connect); with --accept, the links expected (up
+    /// to 4x this are accepted at once).
+    #[arg(long, default_value_t = 2)]
+    pub links: usize,
+    #[arg(long, default_value = "visa-base1")]
+    pub spec: String,
+    /// Issuer requests per second for the bank's cards (default: none).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Stop after this many issuer requests (default: run for --duration).
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// MTIs of the issuer requests, used in turn.
+    #[arg(long, default_value = "0100,0200", value_delimiter = ',')]
+    pub mti: Vec<String>,
+    /// Longest time issuer requests are sent.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// A request unanswered this long counts as lost.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Send issuer requests without signing links on first.
+    #[arg(long)]
+    pub no_sign_on: bool,
+    /// Echo test (0800 F70 301) on each link this often (0s = never).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub echo_interval: Duration,
+    /// Zero-length poll on a link idle this long (0s = never).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub keepalive_idle: Duration,
+    /// Delay before answering a bank request: `5ms` or `0..2s`.
+    #[arg(long, default_value = "0ms")]
+    pub delay: String,
+    /// Leave the bank's requests unanswered (exercises its timeouts).
+    #[arg(long)]
+    pub no_answer: bool,
+    /// Print the report as one JSON object instead of a summary line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: SimVisaArgs) -> ExitCode {
+    let spec = match super::resolve_spec(&args.spec) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let delay = match super::parse_delay(&args.delay) {
+        Ok(d) => d,
+        Err(code) => return code,
+    };
+    if args.rate.is_some_and(|r| !(r.is_finite() && r >= 0.0)) {
+        return super::fail("--rate must be a non-negative number".into());
+    }
+    let mut mtis = Vec::new();
+    for text in &args.mti {
+        match text.parse::<Mti>() {
+            Ok(m) if m.is_request() && !m.is_network_management() => mtis.push(m),
+            _ => return super::fail(format!("--mti: `{text}` is not a financial request MTI")),
+        }
+    }
+    let dial = match (args.accept, args.connect) {
+        (Some(a), _) => Dial::Accept(a),
+        (None, Some(c)) => Dial::Connect(c),
+        (None, None) => return super::fail("one of --accept or --connect is needed".into()),
+    };
+    let cfg = VisaSimConfig {
+        rate: args.rate,
+        count: args.count,
+        mtis,
+        duration: args.duration,
+        timeout: args.timeout,
+        sign_on: !args.no_sign_on,
+        echo_interval: args.echo_interval,
+        keepalive_idle: args.keepalive_idle,
+        delay,
+        answer_bank_requests: !args.no_answer,
+        ..VisaSimConfig::new(dial, args.links)
+    };
+    let json = args.json;
+    super::runtime(async move {
+        let report = crate::sim::visa::run(spec, cfg).await.map_err(|e| {
+            if e.kind() == std::io::ErrorKind::InvalidInput {
+                e.to_string()
+            } else {
+                format!("cannot listen on {dial:?}: {e}")
+            }
+        })?;
+        if json {
+            println!("{}", report.to_json());
+        } else {
+            println!("{report}");
+        }
+        if !report.is_clean() {
+            return Err(format!(
+                "{} requests lost, {} answers doubled or crossed",
+                report.lost(),
+                report.doubled_or_crossed()
+            ));
+        }
+        Ok(())
+    })
+}
