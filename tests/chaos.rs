@@ -514,3 +514,115 @@ async fn read_answers(
         }
     }
 }
+
+/// A POS 0200 whose F55 length runs past the end of the message: its key
+/// fields (TPDU, F11, F41) read fine, the rest does not.
+fn poison_request(spec: &Spec, tid: u32, stan: u32) -> Vec<u8> {
+    let mut d = samples::purchase(spec);
+    d.set_text(11, format!("{:06}", stan % 1_000_000));
+    d.set_text(41, format!("T{tid:07}"));
+    let mut payload = spec.encode(&d).expect("encode a purchase");
+    let at = Message::parse(spec, bytes::Bytes::from(payload.clone()))
+        .expect("parses")
+        .field(55)
+        .expect("walks to F55")
+        .expect("F55 present")
+        .prefix_at();
+    // LLL as two BCD bytes: 0999, far past the end.
+    payload[at] = 0x09;
+    payload[at + 1] = 0x99;
+    let mut out = bytes::BytesMut::new();
+    spec.framing()
+        .prefix
+        .encode(payload.len(), &mut out)
+        .expect("prefix");
+    out.extend_from_slice(&payload);
+    out.to_vec()
+}
+
+/// The poison case with real processes: while a NAC runs at 100 req/s
+/// against three nodes, one terminal sends 30 requests broken after their key
+/// fields and another connection floods 5,000 more. Every poison request is
+/// declined 30 once, none reaches a node, no healthy node is ejected, the NAC
+/// loses nothing and gets no decline, and the switch's log stays small
+/// (warnings rate-limited per kind and peer, not one per bad frame).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_burst_during_a_nac_run_costs_no_good_request() {
+    within(Duration::from_secs(90), async {
+        let (_nodes, addrs) = start_nodes("cup-pos", 3, "0..20ms").await;
+        let listen = free_addr();
+        let switch = start_switch("poison-switch", &pos_config(listen, &addrs, "3s"), listen).await;
+        let spec = Arc::new(Spec::builtin("cup-pos").expect("cup-pos"));
+        let nac = start_nac("poison-nac", listen, 100, "4s");
+
+        let (read, mut terminal) = TcpStream::connect(listen)
+            .await
+            .expect("connect")
+            .into_split();
+        let terminal_answers = tokio::spawn(read_answers(Arc::clone(&spec), read));
+        let (read, mut flood) = TcpStream::connect(listen)
+            .await
+            .expect("connect")
+            .into_split();
+        let flood_answers = tokio::spawn(read_answers(Arc::clone(&spec), read));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for stan in 1..=30u32 {
+            terminal
+                .write_all(&poison_request(&spec, 66, stan))
+                .await
+                .expect("write");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for stan in 1..=5_000u32 {
+            flood
+                .write_all(&poison_request(&spec, 77, stan))
+                .await
+                .expect("write");
+        }
+
+        let report = nac.report().await;
+        assert_exactly_once(&report);
+        assert_eq!(
+            n(&report, "declined"),
+            0,
+            "no good request declined: {report}"
+        );
+        switch.signal("TERM");
+        let log = switch.log.clone();
+        let (status, _) = switch.finish().await;
+        assert!(status.success(), "switch exit: {status}");
+
+        let terminal_answers = terminal_answers.await.expect("reader");
+        for stan in 1..=30u32 {
+            assert_eq!(
+                terminal_answers.get(&stan).map(Vec::as_slice),
+                Some(&["30".to_string()][..]),
+                "poison request {stan} declined 30, once"
+            );
+        }
+        let flood_answers = flood_answers.await.expect("reader");
+        let flood_declined = flood_answers
+            .values()
+            .filter(|v| v == &&["30".to_string()])
+            .count();
+        assert_eq!(
+            flood_declined, 5_000,
+            "every flood request declined 30, once"
+        );
+
+        let log = std::fs::read_to_string(&log).expect("switch log");
+        let bad_lines = log
+            .lines()
+            .filter(|l| l.contains("bad request from client"))
+            .count();
+        let ejections = log.lines().filter(|l| l.contains("Ejected")).count();
+        eprintln!(
+            "poison: {bad_lines} bad-request log lines for 5,030 bad requests; {} bytes of log",
+            log.len()
+        );
+        assert!(bad_lines <= 60, "{bad_lines} log lines: not rate-limited");
+        assert!(log.contains("suppressed"), "the suppressed count is logged");
+        assert_eq!(ejections, 0, "no healthy node ejected");
+    })
+    .await;
+}
