@@ -1177,3 +1177,22 @@ impl FieldTexts {
         Some(&self.texts[i][..self.lens[i]])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fixed part of a request in flight, as docs/config.md states it
+    /// (memory per request in flight): a key in the table and in the deadline
+    /// index, the pending state and its origin. The request's bytes come on top.
+    #[test]
+    fn fixed_memory_per_request_in_flight_is_as_documented() {
+        let key = std::mem::size_of::<CorrelationKey>();
+        let pending = std::mem::size_of::<Pending>();
+        assert!(key <= 72, "key {key} bytes");
+        // Table entry (key + pending + deadline + tag) and index entry (key +
+        // deadline + sequence), before the maps' own overhead.
+        let fixed = key + pending + 32 + key + 24;
+        assert!(fixed <= 400, "{fixed} bytes before map overhead");
+    }
+}
