@@ -91,6 +91,22 @@ fn validate_index(c: &mut Criterion) {
                 black_box(msg.index(&wanted).expect("valid"))
             })
         });
+        // What the switch did before: no validation, one walk from the first
+        // field per key part and for the F37 stamp (CUPS: F7, F11, F32, F33,
+        // F37; POS: F41, F11, F37).
+        let parts: &[u16] = if spec.envelope().tpdu {
+            &[41, 11, 37]
+        } else {
+            &[7, 11, 32, 33, 37]
+        };
+        g.bench_function(format!("{name}_walk_per_field"), |b| {
+            b.iter(|| {
+                let msg = Message::parse(&spec, black_box(&bytes).clone()).expect("parses");
+                for &id in parts {
+                    black_box(msg.field(id).expect("walks").map(|f| f.data().len()));
+                }
+            })
+        });
     }
     g.finish();
 }
