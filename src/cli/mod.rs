@@ -78,6 +78,10 @@ pub enum SimCommand {
         /// Share of requests left unanswered, 0..=1.
         #[arg(long, default_value_t = 0.0)]
         fail_rate: f64,
+        /// Echo no usable key: answers carry F11 `000000`, a blank F41 and a
+        /// zero F37 (a host only a `oneconnect` front can serve).
+        #[arg(long)]
+        no_key: bool,
         /// Also send this many node-originated 0200s per second (acquirer
         /// traffic to UnionPay through a simplex service).
         #[arg(long)]
@@ -195,6 +199,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             id,
             delay,
             fail_rate,
+            no_key,
             originate,
         } => {
             let spec = match resolve_spec(&spec) {
@@ -223,14 +228,16 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                 originate,
             };
             runtime(async move {
-                let node = crate::sim::node::NodeSim::start(listen, spec, cfg)
+                let opts = crate::sim::node::NodeOptions { no_key };
+                let node = crate::sim::node::NodeSim::start_with(listen, spec, cfg, opts)
                     .await
                     .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
                 eprintln!("sim node listening on {}", node.addr);
                 let _ = tokio::signal::ctrl_c().await;
                 let stats = std::sync::Arc::clone(&node.stats);
-                node.stop().await;
+                // Printed before stopping: `held` is what the node holds at the end.
                 println!("{}", crate::sim::node::summary(&stats));
+                node.stop().await;
                 Ok(())
             })
         }

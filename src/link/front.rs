@@ -177,7 +177,18 @@ async fn serve_client(
         timer.frame(Instant::now());
         match item {
             Some(Ok(Frame::Message(payload))) => {
-                if !service.on_request(conn, &tx, payload, Instant::now()) {
+                let keep = match &service.oneconnect {
+                    Some(oc) => super::oneconnect::on_request(
+                        &service,
+                        oc,
+                        conn,
+                        &tx,
+                        payload,
+                        Instant::now(),
+                    ),
+                    None => service.on_request(conn, &tx, payload, Instant::now()),
+                };
+                if !keep {
                     break "unparsable message".to_string();
                 }
             }

@@ -76,6 +76,8 @@ pub struct ServiceCounters {
     pub unroutable_responses: AtomicU64,
     /// Simplex: the peer's network management answered by the switch.
     pub network_answered: AtomicU64,
+    /// `listen` fronts in `oneconnect` mode: the pool's own counters.
+    pub oneconnect: super::oneconnect::OneConnectCounters,
 }
 
 impl ServiceCounters {
@@ -108,6 +110,8 @@ pub struct Service {
     pub out_links: Option<Arc<OutLinks>>,
     /// The F37 node stamps, when configured.
     stamps: Option<StampTable>,
+    /// `listen` fronts in `oneconnect` mode: the node connection pool.
+    pub oneconnect: Option<Arc<super::oneconnect::OneConnect>>,
 }
 
 impl Service {
@@ -152,7 +156,9 @@ impl Service {
                 now,
             ))
         });
+        let oneconnect = super::oneconnect::OneConnect::for_service(&config)?;
         Ok(Service {
+            oneconnect,
             rule_fields,
             config,
             spec: Arc::new(spec),
@@ -860,6 +866,54 @@ impl Service {
         let what =
             Message::parse(&self.spec, payload).map_or_else(|e| e.to_string(), |m| summary(&m));
         tracing::warn!(service = self.name(), link, message = %what, "frame on a write-only out link; not routed");
+    }
+}
+
+/// What the OneConnect pool (`link/oneconnect.rs`) uses of the per-message
+/// path, so that it answers, declines and picks exactly as the keyed path does.
+impl Service {
+    pub(crate) fn oc_bad_message(&self, conn: u64, err: &dyn std::fmt::Display) -> bool {
+        self.bad_message(conn, err)
+    }
+
+    pub(crate) fn oc_decline(&self, origin: Origin, request: &Bytes, reason: DeclineReason) {
+        self.decline(origin, request, reason);
+    }
+
+    pub(crate) fn oc_response_patch(&self, request: &[u8]) -> Patch {
+        self.response_tpdu_patch(request)
+    }
+
+    pub(crate) fn oc_stamp_patch(&self, msg: &Message<'_>, node: usize) -> Result<Patch, String> {
+        self.stamp_patch(msg, node)
+    }
+
+    /// Picks a node for `msg` (rules, sticky key, algorithm) among those
+    /// `usable` accepts.
+    pub(crate) fn oc_pick(
+        &self,
+        msg: &Message<'_>,
+        now: Instant,
+        usable: impl Fn(usize) -> bool,
+    ) -> Result<usize, super::pool::PickError> {
+        let mti = msg.mti().digits();
+        let texts = FieldTexts::of(msg, &self.rule_fields);
+        let sticky = self.sticky_key(msg);
+        self.pool
+            .pick_where(&mti, |id| texts.get(id), sticky, now, usable)
+    }
+
+    /// True if some node `usable` accepts could take `msg` now.
+    pub(crate) fn oc_any_eligible(
+        &self,
+        msg: &Message<'_>,
+        now: Instant,
+        usable: impl Fn(usize) -> bool,
+    ) -> bool {
+        let mti = msg.mti().digits();
+        let texts = FieldTexts::of(msg, &self.rule_fields);
+        self.pool
+            .any_eligible(&mti, |id| texts.get(id), now, usable)
     }
 }
 

@@ -266,6 +266,44 @@ pub struct ListenFront {
     /// declined.
     #[serde(default = "defaults::write_queue")]
     pub write_queue: usize,
+    /// How node connections carry this front's requests: `multiplex` (many in
+    /// flight per connection, answers matched by key) or `oneconnect`.
+    #[serde(default)]
+    pub mode: ListenMode,
+    /// The `oneconnect` pool's settings (used only in that mode).
+    #[serde(default)]
+    pub oneconnect: OneConnectConfig,
+}
+
+/// How a `listen` front's requests use the node connections.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ListenMode {
+    /// K shared connections per node, many requests in flight on each, each
+    /// response matched to its request by the correlation key.
+    #[default]
+    Multiplex,
+    /// F5's OneConnect: a pool of up to `connections_per_node` connections per
+    /// node, each carrying one request at a time, so the response needs no
+    /// key (for nodes that echo no usable key field).
+    Oneconnect,
+}
+
+/// The `oneconnect` pool of a `listen` front.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OneConnectConfig {
+    /// A pooled node connection unused this long is closed.
+    #[serde(default = "defaults::oneconnect_idle", with = "humantime_serde")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for OneConnectConfig {
+    fn default() -> Self {
+        OneConnectConfig {
+            idle_timeout: defaults::oneconnect_idle(),
+        }
+    }
 }
 
 /// A frame whose length prefix is fine but whose message is not.
@@ -479,6 +517,9 @@ mod defaults {
     }
     pub fn write_queue() -> usize {
         4096
+    }
+    pub fn oneconnect_idle() -> Duration {
+        Duration::from_secs(30)
     }
     pub fn connections_per_node() -> usize {
         2
