@@ -328,3 +328,70 @@ async fn a_keyed_front_cannot_serve_nodes_that_echo_no_key() {
     .await
     .expect("test timed out");
 }
+
+/// The load generator's ATM profile through a `oneconnect` front: a
+/// connection per request, every answer on its own connection, and the nodes
+/// still see at most `connections_per_node` connections each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_atm_profile_opens_a_connection_per_request() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let spec = spec(SPEC);
+        let nodes = no_key_nodes(&spec, 2, Delay::parse("0..20ms").unwrap()).await;
+        let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+        let cfg = config(
+            SPEC,
+            &addrs,
+            "mode = \"oneconnect\"",
+            "connections_per_node = 4",
+            "timeouts = { request = \"10s\" }",
+        );
+        let switch = start_switch(&cfg).await;
+        let mut load = isoswitch::sim::load::LoadConfig::new(front(&switch));
+        load.clients = 10;
+        load.duration = Duration::from_millis(500);
+        load.timeout = Duration::from_secs(10);
+        load.connection_per_request = true;
+        load.think = Duration::from_millis(5);
+        let counters = Arc::new(isoswitch::sim::load::LoadCounters::default());
+        let report = isoswitch::sim::load::run(Arc::clone(&spec), load, counters)
+            .await
+            .expect("load runs");
+        assert!(report.requests >= 10, "{report}");
+        assert_eq!(report.answered, report.requests, "{report}");
+        assert_eq!(report.mismatches, 0, "{report}");
+        assert_eq!(report.connects, report.requests, "{report}");
+        assert_eq!(report.connect_failures, 0, "{report}");
+        for node in &nodes {
+            assert!(node.stats.connections.load(Ordering::Relaxed) <= 4);
+        }
+        switch.stop().await;
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// The MBLB profile: rounds of 4 requests on long connections; one connect
+/// per client, whole rounds only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_rounds_profile_sends_whole_rounds_on_long_connections() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let spec = spec(SPEC);
+        let nodes = start_nodes(&spec, 1, Delay::parse("0..10ms").unwrap()).await;
+        let mut load = isoswitch::sim::load::LoadConfig::new(nodes[0].addr);
+        load.clients = 5;
+        load.duration = Duration::from_millis(300);
+        load.timeout = Duration::from_secs(10);
+        load.requests_per_round = Some(4);
+        let counters = Arc::new(isoswitch::sim::load::LoadCounters::default());
+        let report = isoswitch::sim::load::run(Arc::clone(&spec), load, counters)
+            .await
+            .expect("load runs");
+        assert!(report.requests >= 20, "{report}");
+        assert_eq!(report.requests % 4, 0, "{report}");
+        assert_eq!(report.answered, report.requests, "{report}");
+        assert_eq!(report.connects, 5, "{report}");
+        assert_eq!(nodes[0].stats.connections.load(Ordering::Relaxed), 5);
+    })
+    .await
+    .expect("test timed out");
+}
