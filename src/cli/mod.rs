@@ -4,6 +4,8 @@ pub mod bench;
 pub mod decode;
 pub mod demo;
 pub mod load;
+pub mod paper;
+pub mod paper_plot;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
