@@ -177,6 +177,7 @@ async fn demo(seconds: u64) -> Result<bool, String> {
     let mut cfg = Config::embedded_default().map_err(|e| e.to_string())?;
     let peer_accept = free_port()?;
     place(&mut cfg, &nodes, peer_accept)?;
+    let atm = super::demo_atm::AtmHosts::start(&pos_spec, &mut cfg).await?;
     let switch = Switch::start(&cfg).await.map_err(|e| e.to_string())?;
     let (pos, unionpay) = match (switch.service("pos"), switch.service("unionpay")) {
         (Some(p), Some(u)) => (Arc::clone(p), Arc::clone(u)),
@@ -210,6 +211,10 @@ async fn demo(seconds: u64) -> Result<bool, String> {
         },
         Arc::clone(&nac_counters),
     ));
+    let atm_task = match &atm {
+        Some(a) => Some(a.spawn(&pos_spec, &switch, seconds)?),
+        None => None,
+    };
 
     let services = [&pos, &unionpay];
     let (drain_at, kill_at) = (seconds / 3, 2 * seconds / 3);
@@ -250,10 +255,17 @@ async fn demo(seconds: u64) -> Result<bool, String> {
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let ok = summary(&nodes, &services, &nac_report, &cups.report());
+    let mut ok = summary(&nodes, &services, &nac_report, &cups.report());
+    if let (Some(a), Some(t)) = (&atm, atm_task) {
+        let report = t.await.map_err(|e| e.to_string())??;
+        ok &= a.summary(&switch, &report);
+    }
     // The switch first (it signs off its links), then its peers.
     switch.stop().await;
     cups.stop().await;
+    if let Some(a) = atm {
+        a.stop().await;
+    }
     for n in &mut nodes {
         n.kill().await;
     }

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod decode;
 pub mod demo;
+pub mod demo_atm;
 pub mod load;
 pub mod paper;
 pub mod paper_plot;

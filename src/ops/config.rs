@@ -956,7 +956,7 @@ address = "127.0.0.1:7001"
     #[test]
     fn embedded_default_is_valid() {
         let cfg = Config::embedded_default().unwrap();
-        assert_eq!(cfg.services.len(), 2);
+        assert_eq!(cfg.services.len(), 3);
         assert!(matches!(cfg.services[1].front, FrontConfig::Simplex(_)));
     }
 
