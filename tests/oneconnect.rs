@@ -395,3 +395,36 @@ async fn load_rounds_profile_sends_whole_rounds_on_long_connections() {
     .await
     .expect("test timed out");
 }
+
+/// A graceful stop waits for the requests a oneconnect pool is carrying: the
+/// client still gets its node's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_lets_carried_requests_finish() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let spec = spec(SPEC);
+        let nodes = no_key_nodes(&spec, 1, Delay::parse("300ms").unwrap()).await;
+        let cfg = config(
+            SPEC,
+            &[nodes[0].addr],
+            "mode = \"oneconnect\"",
+            "connections_per_node = 1\n[service.back.health]\ncheck = \"none\"",
+            "timeouts = { request = \"5s\" }",
+        );
+        let switch = start_switch(&cfg).await;
+        let addr = front(&switch);
+        let mut client = RawClient::connect(addr, &spec).await;
+        client.send_raw(&purchase(&spec, 42)).await;
+        wait_until("the node has the request", || {
+            nodes[0].stats.requests.load(Ordering::Relaxed) == 1
+        })
+        .await;
+        assert_eq!(service(&switch).in_flight(), 1);
+        let (stopped, answer) = tokio::join!(switch.stop(), client.recv());
+        let _ = stopped;
+        let answer = answer.expect("an answer before the switch closes");
+        assert_eq!(text(&spec, &answer, 4), format!("{:012}", 42));
+        assert_eq!(text(&spec, &answer, 39), "00");
+    })
+    .await
+    .expect("test timed out");
+}

@@ -12,7 +12,7 @@
 //! the pool clean. A connection whose request passed its deadline unanswered
 //! is closed, never reused (its late answer would reach the next client).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -82,6 +82,17 @@ pub struct OneConnect {
     freed: Notify,
     /// The request tasks; reaped by [`maintain`].
     tasks: Mutex<JoinSet<()>>,
+    /// Requests being carried (a graceful stop waits for them).
+    carrying: AtomicUsize,
+}
+
+/// Counts a request as carried for as long as its task lives.
+struct Carrying(Arc<OneConnect>);
+
+impl Drop for Carrying {
+    fn drop(&mut self) {
+        self.0.carrying.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Why an exchange on a connection ended without an answer.
@@ -110,6 +121,7 @@ impl OneConnect {
             )),
             freed: Notify::new(),
             tasks: Mutex::new(JoinSet::new()),
+            carrying: AtomicUsize::new(0),
         })))
     }
 
@@ -127,9 +139,41 @@ impl OneConnect {
         self.slots().idle(node)
     }
 
+    /// Requests being carried now.
+    pub fn in_flight(&self) -> usize {
+        self.carrying.load(Ordering::Relaxed)
+    }
+
     /// Request tasks not yet reaped.
     pub fn tasks(&self) -> usize {
         self.tasks.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// The pool's part of a service's stats line: per node, connections open
+    /// and idle; then what the pool did.
+    pub fn stats_line(&self, service: &Service) -> String {
+        let c = &service.counters.oneconnect;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let nodes: Vec<String> = service
+            .pool
+            .nodes()
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("{}:{}/{}idle", n.config.id, self.open(i), self.idle(i)))
+            .collect();
+        format!(
+            " oneconnect [{}] opened {} reused {} waited {} wait_timeouts {} closed idle/deadline/broken {}/{}/{} connect_failures {} answers_dropped {}",
+            nodes.join(" "),
+            get(&c.opened),
+            get(&c.reused),
+            get(&c.waited),
+            get(&c.wait_timeouts),
+            get(&c.closed_idle),
+            get(&c.closed_deadline),
+            get(&c.closed_broken),
+            get(&c.connect_failures),
+            get(&c.answers_dropped),
+        )
     }
 
     fn release(&self, node: usize, conn: PooledConn) {
@@ -200,6 +244,8 @@ pub fn on_request(
         return true;
     }
     let deadline = now + service.config.timeouts.request;
+    oc.carrying.fetch_add(1, Ordering::Relaxed);
+    let carrying = Carrying(Arc::clone(oc));
     let task = carry(
         Arc::clone(service),
         Arc::clone(oc),
@@ -211,7 +257,10 @@ pub fn on_request(
     oc.tasks
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .spawn(task);
+        .spawn(async move {
+            task.await;
+            drop(carrying);
+        });
     true
 }
 

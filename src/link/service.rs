@@ -211,7 +211,7 @@ impl Service {
     }
 
     pub fn in_flight(&self) -> usize {
-        self.lock().len()
+        self.lock().len() + self.oneconnect.as_ref().map_or(0, |oc| oc.in_flight())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Correlator<Pending>> {
