@@ -419,8 +419,7 @@ async fn a_graceful_stop_lets_carried_requests_finish() {
         })
         .await;
         assert_eq!(service(&switch).in_flight(), 1);
-        let (stopped, answer) = tokio::join!(switch.stop(), client.recv());
-        let _ = stopped;
+        let ((), answer) = tokio::join!(switch.stop(), client.recv());
         let answer = answer.expect("an answer before the switch closes");
         assert_eq!(text(&spec, &answer, 4), format!("{:012}", 42));
         assert_eq!(text(&spec, &answer, 39), "00");
