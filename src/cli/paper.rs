@@ -64,6 +64,8 @@ struct Row {
     /// Requests each node received.
     per_node: Vec<u64>,
     accepted: Vec<u64>,
+    /// Most connections each node held at once, and what it held at the end.
+    peak: Vec<u64>,
     held: Vec<u64>,
     /// Switch CPU over the run, in percent of one core (None: no switch).
     cpu: Option<f64>,
@@ -225,6 +227,10 @@ async fn measure(
         .iter()
         .map(|n| n.stats.held.load(Ordering::Relaxed))
         .collect();
+    let peak = nodes
+        .iter()
+        .map(|n| n.stats.peak_held.load(Ordering::Relaxed))
+        .collect();
     drop(guard);
     for n in nodes {
         n.stop().await;
@@ -234,6 +240,7 @@ async fn measure(
         report,
         per_node,
         accepted,
+        peak,
         held,
         cpu,
     })
@@ -356,13 +363,13 @@ fn ms(h: &Histogram<u64>, q: f64) -> String {
 fn print_table(table: Table, rows: &[Row]) {
     println!("\n## {}\n", title(table));
     println!(
-        "| setup | requests | answered | timed out | declined | per-node share (01/02/03) | node conns accepted | node conns held at end | switch CPU | connects/s | p50 ms | p99 ms |"
+        "| setup | requests | answered | timed out | declined | per-node share (01/02/03) | node conns accepted | node conns peak held | node conns held at end | switch CPU | connects/s | p50 ms | p99 ms |"
     );
-    println!("|---|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---|---|---|---|---:|---:|---:|---:|");
     for r in rows {
         let rep = &r.report;
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {} |",
             r.setup.name(),
             rep.requests,
             rep.answered,
@@ -370,6 +377,7 @@ fn print_table(table: Table, rows: &[Row]) {
             rep.declined,
             share(&r.per_node),
             list(&r.accepted),
+            list(&r.peak),
             list(&r.held),
             r.cpu
                 .map_or_else(|| "-".to_string(), |c| format!("{c:.1}%")),
