@@ -29,6 +29,22 @@ fn demo_runs_to_a_clean_summary() {
         .find(|l| l.starts_with("VISA "))
         .unwrap_or_else(|| panic!("a VISA row: {stdout}"));
     assert!(visa.contains("unanswered 0 doubled/crossed 0"), "{visa}");
+    // The ATM (OneConnect) scenario has its own row: every ATM answered, the
+    // hosts never see more than the pool's connections.
+    let atm = stdout
+        .lines()
+        .find(|l| l.starts_with("ATM (OneConnect)"))
+        .unwrap_or_else(|| panic!("no ATM row:\n{stdout}"));
+    assert!(atm.contains("timeouts 0 mismatches 0"), "{atm}");
+    let hosts = atm
+        .split("host connections ")
+        .nth(1)
+        .and_then(|r| r.split_once(" (pool max "))
+        .unwrap_or_else(|| panic!("no host connections: {atm}"));
+    let max: u64 = hosts.1.split(' ').next().unwrap().parse().unwrap();
+    for n in hosts.0.split('/') {
+        assert!(n.parse::<u64>().unwrap() <= max, "{atm}");
+    }
     // One progress line a second.
     assert_eq!(
         stdout.lines().filter(|l| l.starts_with("t=")).count(),

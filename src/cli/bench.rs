@@ -48,6 +48,14 @@ pub struct BenchArgs {
     /// generator (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// `throughput` (the rows above) or `paper`: the bank paper's Table 1
+    /// (OneConnect) and Table 2 (MBLB) for isoswitch, HAProxy and direct to a
+    /// node, `--duration` per row (the paper ran 5m).
+    #[arg(long, default_value = "throughput", value_parser = ["throughput", "paper"])]
+    pub scenario: String,
+    /// Where `--scenario paper` writes its plots (SVG).
+    #[arg(long, default_value = "target/paper")]
+    pub plot_dir: String,
 }
 
 /// One measured row.
@@ -78,6 +86,9 @@ pub fn run(args: &BenchArgs) -> ExitCode {
 }
 
 async fn bench(args: &BenchArgs) -> Result<(), String> {
+    if args.scenario == "paper" {
+        return super::paper::run(args).await;
+    }
     let spec = Arc::new(Spec::resolve(&args.spec).map_err(|e| e.to_string())?);
     let mut nodes = Vec::new();
     for i in 0..args.nodes.max(1) {
@@ -302,7 +313,7 @@ fn print_summary(ratios: &[Ratios], rate: f64) {
     }
 }
 
-async fn wait_listening(addr: SocketAddr) -> Result<(), String> {
+pub(super) async fn wait_listening(addr: SocketAddr) -> Result<(), String> {
     for _ in 0..200 {
         if tokio::net::TcpStream::connect(addr).await.is_ok() {
             // Give the switch time to open its node connections.
@@ -314,7 +325,7 @@ async fn wait_listening(addr: SocketAddr) -> Result<(), String> {
     Err(format!("nothing listens on {addr}"))
 }
 
-fn free_port() -> Result<SocketAddr, String> {
+pub(super) fn free_port() -> Result<SocketAddr, String> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     l.local_addr().map_err(|e| e.to_string())
 }
@@ -372,14 +383,18 @@ impl Drop for SwitchProcess {
 
 /// HAProxy in TCP mode, round robin over the nodes: it balances connections,
 /// not messages.
-struct Haproxy {
+pub(super) struct Haproxy {
     child: Child,
-    front: SocketAddr,
+    pub(super) front: SocketAddr,
     _config: TempFile,
 }
 
 impl Haproxy {
-    fn start(nodes: &[SocketAddr]) -> Result<Haproxy, String> {
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub(super) fn start(nodes: &[SocketAddr]) -> Result<Haproxy, String> {
         let front = free_port()?;
         let mut cfg = format!(
             // maxconn sizes HAProxy's file descriptor limit (about twice
@@ -414,12 +429,12 @@ impl Drop for Haproxy {
     }
 }
 
-struct TempFile {
-    path: std::path::PathBuf,
+pub(super) struct TempFile {
+    pub(super) path: std::path::PathBuf,
 }
 
 impl TempFile {
-    fn write(stem: &str, ext: &str, text: &str) -> Result<TempFile, String> {
+    pub(super) fn write(stem: &str, ext: &str, text: &str) -> Result<TempFile, String> {
         let path = std::env::temp_dir().join(format!("{stem}-{}.{ext}", std::process::id()));
         std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(TempFile { path })

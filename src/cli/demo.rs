@@ -182,6 +182,7 @@ async fn demo(seconds: u64) -> Result<bool, String> {
     place(&mut cfg, &nodes, peer_accept)?;
     let mut visa = visa::VisaScenario::start(NODES).await?;
     visa.place(&mut cfg)?;
+    let atm = super::demo_atm::AtmHosts::start(&pos_spec, &mut cfg).await?;
     let switch = Switch::start(&cfg).await.map_err(|e| e.to_string())?;
     let (pos, unionpay) = match (switch.service("pos"), switch.service("unionpay")) {
         (Some(p), Some(u)) => (Arc::clone(p), Arc::clone(u)),
@@ -226,6 +227,10 @@ async fn demo(seconds: u64) -> Result<bool, String> {
         },
         Arc::clone(&nac_counters),
     ));
+    let atm_task = match &atm {
+        Some(a) => Some(a.spawn(&pos_spec, &switch, seconds)?),
+        None => None,
+    };
 
     let services = [&pos, &unionpay, &visa_svc];
     let (drain_at, kill_at) = (seconds / 3, 2 * seconds / 3);
@@ -274,11 +279,18 @@ async fn demo(seconds: u64) -> Result<bool, String> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let rows = [visa.row(&visa_svc)];
-    let ok = summary(&nodes, &services, &nac_report, &cups.report(), &rows);
+    let mut ok = summary(&nodes, &services, &nac_report, &cups.report(), &rows);
+    if let (Some(a), Some(t)) = (&atm, atm_task) {
+        let report = t.await.map_err(|e| e.to_string())??;
+        ok &= a.summary(&switch, &report);
+    }
     // The switch first (it signs off its links), then its peers.
     switch.stop().await;
     cups.stop().await;
     visa.stop().await;
+    if let Some(a) = atm {
+        a.stop().await;
+    }
     for n in &mut nodes {
         n.kill().await;
     }

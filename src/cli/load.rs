@@ -52,6 +52,19 @@ pub struct LoadArgs {
     /// Runtime worker threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// ATM profile (OneConnect): each request on a connection of its own:
+    /// connect, one request, its answer, close. `--clients` loop at once;
+    /// `--in-flight` is ignored.
+    #[arg(long, conflicts_with = "requests_per_round")]
+    pub connection_per_request: bool,
+    /// Pause after each answer (after each round with `--requests-per-round`).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub think: Duration,
+    /// MBLB profile: each client sends this many requests at once on its long
+    /// connection and waits for all their answers before the next round (the
+    /// paper uses 4). `--in-flight` and `--rate` are ignored.
+    #[arg(long)]
+    pub requests_per_round: Option<usize>,
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
@@ -72,6 +85,9 @@ pub fn run(args: &LoadArgs) -> ExitCode {
     };
     if args.clients == 0 || args.in_flight == 0 {
         return fail("--clients and --in-flight must be at least 1".into());
+    }
+    if args.requests_per_round == Some(0) {
+        return fail("--requests-per-round must be at least 1".into());
     }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = args.threads {
@@ -106,6 +122,9 @@ async fn drive(spec: Arc<Spec>, args: &LoadArgs) -> Result<LoadReport, String> {
     cfg.timeout = args.timeout;
     cfg.rate = args.rate;
     cfg.mti = args.mti.clone();
+    cfg.connection_per_request = args.connection_per_request;
+    cfg.think = args.think;
+    cfg.requests_per_round = args.requests_per_round;
     let counters = Arc::new(LoadCounters::default());
     let bar = progress_bar(
         args.quiet || !std::io::stderr().is_terminal(),

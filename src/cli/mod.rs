@@ -3,7 +3,10 @@
 pub mod bench;
 pub mod decode;
 pub mod demo;
+pub mod demo_atm;
 pub mod load;
+pub mod paper;
+pub mod paper_plot;
 pub mod sim_visa;
 
 use std::net::SocketAddr;
@@ -79,6 +82,10 @@ pub enum SimCommand {
         /// Share of requests left unanswered, 0..=1.
         #[arg(long, default_value_t = 0.0)]
         fail_rate: f64,
+        /// Echo no usable key: answers carry F11 `000000`, a blank F41 and a
+        /// zero F37 (a host only a `oneconnect` front can serve).
+        #[arg(long)]
+        no_key: bool,
         /// Also send this many node-originated 0200s per second (acquirer
         /// traffic to UnionPay through a simplex service).
         #[arg(long)]
@@ -219,6 +226,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             id,
             delay,
             fail_rate,
+            no_key,
             originate,
             json,
         } => {
@@ -248,7 +256,8 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                 originate,
             };
             runtime(async move {
-                let node = crate::sim::node::NodeSim::start(listen, spec, cfg)
+                let opts = crate::sim::node::NodeOptions { no_key };
+                let node = crate::sim::node::NodeSim::start_with(listen, spec, cfg, opts)
                     .await
                     .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
                 eprintln!("sim node listening on {}", node.addr);
@@ -263,12 +272,13 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
                 let stats = std::sync::Arc::clone(&node.stats);
-                node.stop().await;
+                // Printed before stopping: `held` is what the node holds at the end.
                 if json {
                     println!("{}", crate::sim::node::summary_json(&stats));
                 } else {
                     println!("{}", crate::sim::node::summary(&stats));
                 }
+                node.stop().await;
                 Ok(())
             })
         }

@@ -208,7 +208,17 @@ async fn serve_client(
         timer.frame(Instant::now());
         match item {
             Some(Ok(Frame::Message(payload))) => {
-                if !service.on_request(&client, payload, Instant::now()) {
+                let keep = match &service.oneconnect {
+                    Some(oc) => super::oneconnect::on_request(
+                        &service,
+                        oc,
+                        &client,
+                        payload,
+                        Instant::now(),
+                    ),
+                    None => service.on_request(&client, payload, Instant::now()),
+                };
+                if !keep {
                     break Ended::Other("bad request (on_bad_message = close)".into());
                 }
             }

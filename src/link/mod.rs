@@ -8,6 +8,7 @@ pub mod front;
 pub mod log_limit;
 pub mod netmgmt;
 pub mod node;
+pub mod oneconnect;
 pub mod pool;
 pub mod service;
 pub mod simplex;
@@ -63,6 +64,15 @@ pub async fn start(
             simplex::start_connect(Arc::clone(&service), set, tasks, shutdown)
         }
     };
+    if let Some(oc) = &service.oneconnect {
+        // Connections open on demand, one request at a time each.
+        oneconnect::start(&service, oc, tasks, shutdown);
+        tasks.spawn(sweep(Arc::clone(&service), shutdown.clone()));
+        return Ok(Running {
+            service,
+            front_addr,
+        });
+    }
     for node in 0..service.pool.nodes().len() {
         for slot in 0..service.config.back.connections_per_node {
             tasks.spawn(node::keep_connected(

@@ -191,6 +191,75 @@ impl NodePool {
         Ok((index, conn))
     }
 
+    /// As [`NodePool::pick`], among the nodes `usable` accepts, without asking
+    /// for a live connection (a OneConnect pool opens its own). Counts the
+    /// request as sent and outstanding on the node picked.
+    pub fn pick_where<'f>(
+        &self,
+        mti: &[u8; 4],
+        field: impl Fn(u16) -> Option<&'f [u8]>,
+        sticky_key: Option<&[u8]>,
+        now: Instant,
+        usable: impl Fn(usize) -> bool,
+    ) -> Result<usize, PickError> {
+        let allowed: Vec<usize> = match self.rules.select(mti, field) {
+            Some(subset) => subset.iter().copied().filter(|&i| usable(i)).collect(),
+            None => (0..self.nodes.len()).filter(|&i| usable(i)).collect(),
+        };
+        let mut state = self.lock_state();
+        let PoolState {
+            nodes,
+            balancer,
+            views,
+        } = &mut *state;
+        views.clear();
+        views.extend(nodes.iter_mut().map(|n| {
+            let _ = n.health_mut().poll(now);
+            n.view(now)
+        }));
+        let index = balancer
+            .pick_in(views, &allowed, sticky_key)
+            .ok_or(PickError::NoHealthyNode)?;
+        let node = self.nodes.get(index).ok_or(PickError::NoHealthyNode)?;
+        nodes[index].dispatched();
+        drop(state);
+        node.outstanding.fetch_add(1, Ordering::Relaxed);
+        node.counters.sent.fetch_add(1, Ordering::Relaxed);
+        Ok(index)
+    }
+
+    /// True if some node that `usable` accepts (within the rules' subset for
+    /// this request) is eligible now. Picks nothing.
+    pub fn any_eligible<'f>(
+        &self,
+        mti: &[u8; 4],
+        field: impl Fn(u16) -> Option<&'f [u8]>,
+        now: Instant,
+        usable: impl Fn(usize) -> bool,
+    ) -> bool {
+        let subset = self.rules.select(mti, field);
+        let state = self.lock_state();
+        let ok =
+            |i: usize| usable(i) && state.nodes.get(i).is_some_and(|n| n.health().eligible(now));
+        match subset {
+            Some(s) => s.iter().any(|&i| ok(i)),
+            None => (0..self.nodes.len()).any(ok),
+        }
+    }
+
+    /// Marks `node` reachable or not without a kept connection: a OneConnect
+    /// pool opens connections on demand, so a node counts as connected until
+    /// a connect to it fails, and again once one succeeds.
+    pub fn set_reachable(&self, node: usize, reachable: bool, now: Instant) {
+        let Some(n) = self.nodes.get(node) else {
+            return;
+        };
+        let t = self.lock_state().nodes[node]
+            .health_mut()
+            .set_connected(reachable, now);
+        self.log_transition(n, t);
+    }
+
     fn lock_state(&self) -> std::sync::MutexGuard<'_, PoolState> {
         // A panic while holding the lock cannot leave the state half-written in a
         // way that matters more than stopping routing would, so keep going.

@@ -133,6 +133,8 @@ pub struct ServiceCounters {
     pub unroutable_responses: AtomicU64,
     /// Simplex: the peer's network management answered by the switch.
     pub network_answered: AtomicU64,
+    /// `listen` fronts in `oneconnect` mode: the pool's own counters.
+    pub oneconnect: super::oneconnect::OneConnectCounters,
 }
 
 impl ServiceCounters {
@@ -173,6 +175,8 @@ pub struct Service {
     pub out_links: Option<Arc<OutLinks>>,
     /// The F37 node stamps, when configured.
     stamps: Option<StampTable>,
+    /// `listen` fronts in `oneconnect` mode: the node connection pool.
+    pub oneconnect: Option<Arc<super::oneconnect::OneConnect>>,
 }
 
 impl Service {
@@ -250,7 +254,9 @@ impl Service {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let network = NetworkTemplate::for_service(&config, &spec).map_err(|e| e.to_string())?;
+        let oneconnect = super::oneconnect::OneConnect::for_service(&config)?;
         Ok(Service {
+            oneconnect,
             network,
             wanted,
             accept_mti,
@@ -307,7 +313,7 @@ impl Service {
     }
 
     pub fn in_flight(&self) -> usize {
-        self.lock().len()
+        self.lock().len() + self.oneconnect.as_ref().map_or(0, |oc| oc.in_flight())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Correlator<Pending>> {
@@ -338,11 +344,8 @@ impl Service {
     /// and carrying every field of its correlation key (network management
     /// excepted: an 0820 carries no acquirer, say).
     fn check_routable(&self, req: &Checked<'_>) -> Result<(), Invalid> {
+        self.check_accepted(req)?;
         let mti = req.msg.mti();
-        let digits = mti.digits();
-        if !self.accept_mti.is_empty() && !self.accept_mti.iter().any(|p| p.matches(&digits)) {
-            return Err(Invalid::NotAccepted(mti));
-        }
         if !mti.is_network_management() {
             for part in &self.key_parts {
                 if let KeyPart::Field(id) = part
@@ -351,6 +354,16 @@ impl Service {
                     return Err(Invalid::MissingKeyField(mti, *id));
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// A request of an MTI the service accepts (`accept_mti`).
+    fn check_accepted(&self, req: &Checked<'_>) -> Result<(), Invalid> {
+        let mti = req.msg.mti();
+        let digits = mti.digits();
+        if !self.accept_mti.is_empty() && !self.accept_mti.iter().any(|p| p.matches(&digits)) {
+            return Err(Invalid::NotAccepted(mti));
         }
         Ok(())
     }
@@ -1085,6 +1098,72 @@ impl Service {
         let what =
             Message::parse(&self.spec, payload).map_or_else(|e| e.to_string(), |m| summary(&m));
         tracing::warn!(service = self.name(), link, message = %what, "frame on a write-only out link; not routed");
+    }
+}
+
+/// What the OneConnect pool (`link/oneconnect.rs`) uses of the per-message
+/// path, so that it validates, answers, declines and picks exactly as the
+/// keyed path does.
+impl Service {
+    /// Ingress validation of a OneConnect request: no key field is required,
+    /// since the answer is whatever the request's pool connection carries next.
+    pub(crate) fn oc_check_request(&self, payload: Bytes) -> Result<(), Invalid> {
+        let checked = self.check(payload)?;
+        let mti = checked.msg.mti();
+        if !mti.is_request() {
+            return Err(Invalid::NotARequest(mti));
+        }
+        self.check_accepted(&checked)
+    }
+
+    pub(crate) fn oc_bad_request(
+        &self,
+        client: &ClientLink,
+        payload: &Bytes,
+        why: &Invalid,
+        now: Instant,
+    ) -> bool {
+        self.bad_request(client, payload, why, now)
+    }
+
+    pub(crate) fn oc_decline(&self, origin: Origin, request: &Bytes, reason: DeclineReason) {
+        self.decline(origin, request, reason);
+    }
+
+    pub(crate) fn oc_response_patch(&self, request: &[u8]) -> Patch {
+        self.response_tpdu_patch(request)
+    }
+
+    pub(crate) fn oc_stamp_patch(&self, req: &Checked<'_>, node: usize) -> Result<Patch, String> {
+        self.stamp_patch(req, node)
+    }
+
+    /// Picks a node for `req` (rules, sticky key, algorithm) among those
+    /// `usable` accepts.
+    pub(crate) fn oc_pick(
+        &self,
+        req: &Checked<'_>,
+        now: Instant,
+        usable: impl Fn(usize) -> bool,
+    ) -> Result<usize, super::pool::PickError> {
+        let mti = req.msg.mti().digits();
+        let texts = FieldTexts::of(req, &self.rule_fields);
+        let sticky = self.sticky_key(req);
+        self.pool
+            .pick_where(&mti, |id| texts.get(id), sticky, now, usable)
+    }
+
+    /// True if some node `usable` accepts could take `req` now.
+    pub(crate) fn oc_any_eligible(
+        &self,
+        req: &Checked<'_>,
+        now: Instant,
+        usable: impl Fn(usize) -> bool,
+    ) -> bool {
+        let mti = req.msg.mti().digits();
+        let texts = FieldTexts::of(req, &self.rule_fields);
+        self.pool
+            .any_eligible(&mti, |id| texts.get(id), now, usable)
     }
 }
 

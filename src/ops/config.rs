@@ -311,6 +311,44 @@ pub struct ListenFront {
     /// declined.
     #[serde(default = "defaults::write_queue")]
     pub write_queue: usize,
+    /// How node connections carry this front's requests: `multiplex` (many in
+    /// flight per connection, answers matched by key) or `oneconnect`.
+    #[serde(default)]
+    pub mode: ListenMode,
+    /// The `oneconnect` pool's settings (used only in that mode).
+    #[serde(default)]
+    pub oneconnect: OneConnectConfig,
+}
+
+/// How a `listen` front's requests use the node connections.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ListenMode {
+    /// K shared connections per node, many requests in flight on each, each
+    /// response matched to its request by the correlation key.
+    #[default]
+    Multiplex,
+    /// F5's OneConnect: a pool of up to `connections_per_node` connections per
+    /// node, each carrying one request at a time, so the response needs no
+    /// key (for nodes that echo no usable key field).
+    Oneconnect,
+}
+
+/// The `oneconnect` pool of a `listen` front.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OneConnectConfig {
+    /// A pooled node connection unused this long is closed.
+    #[serde(default = "defaults::oneconnect_idle", with = "humantime_serde")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for OneConnectConfig {
+    fn default() -> Self {
+        OneConnectConfig {
+            idle_timeout: defaults::oneconnect_idle(),
+        }
+    }
 }
 
 /// A request that fails ingress validation.
@@ -528,6 +566,9 @@ mod defaults {
     }
     pub fn write_queue() -> usize {
         4096
+    }
+    pub fn oneconnect_idle() -> Duration {
+        Duration::from_secs(30)
     }
     pub fn connections_per_node() -> usize {
         2
@@ -992,9 +1033,12 @@ address = "127.0.0.1:7001"
     #[test]
     fn embedded_default_is_valid() {
         let cfg = Config::embedded_default().unwrap();
-        assert_eq!(cfg.services.len(), 3);
+        assert_eq!(cfg.services.len(), 4);
         assert!(matches!(cfg.services[1].front, FrontConfig::Simplex(_)));
         assert!(matches!(cfg.services[2].front, FrontConfig::Connect(_)));
+        assert!(
+            matches!(&cfg.services[3].front, FrontConfig::Listen(l) if l.mode == ListenMode::Oneconnect)
+        );
     }
 
     #[test]

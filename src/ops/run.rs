@@ -137,8 +137,12 @@ pub fn stats_line(service: &Service) -> String {
             )
         })
         .collect();
+    let oneconnect = service
+        .oneconnect
+        .as_ref()
+        .map_or_else(String::new, |oc| oc.stats_line(service));
     format!(
-        "{} requests {} answered {} declined {} in_flight {} late {} unknown {} bad {} nodes [{}]",
+        "{} requests {} answered {} declined {} in_flight {} late {} unknown {} bad {} nodes [{}]{oneconnect}",
         service.name(),
         c.requests.load(Ordering::Relaxed),
         c.answered.load(Ordering::Relaxed),

@@ -69,6 +69,7 @@ pub mod decline;
 mod duration;
 pub mod health;
 pub mod node;
+pub mod oneconnect;
 pub mod rng;
 pub mod rules;
 pub mod stamp;

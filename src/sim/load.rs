@@ -71,6 +71,14 @@ pub struct LoadConfig {
     pub bind_ip: Option<IpAddr>,
     /// The MTI of the requests.
     pub mti: String,
+    /// ATM profile: every request on a connection of its own (connect, one
+    /// request, its answer, close), `clients` of these loops at once.
+    pub connection_per_request: bool,
+    /// Pause after each answer (each round with `requests_per_round`).
+    pub think: Duration,
+    /// The paper's MBLB profile: each client sends this many requests at once
+    /// on its long connection, waits for all their answers, thinks, repeats.
+    pub requests_per_round: Option<usize>,
 }
 
 impl LoadConfig {
@@ -85,6 +93,9 @@ impl LoadConfig {
             rate: None,
             bind_ip: None,
             mti: "0200".into(),
+            connection_per_request: false,
+            think: Duration::ZERO,
+            requests_per_round: None,
         }
     }
 }
@@ -103,6 +114,9 @@ pub struct LoadReport {
     pub mismatches: u64,
     /// Client connections that closed before the end.
     pub connections_lost: u64,
+    /// Connections opened, and connect attempts that failed.
+    pub connects: u64,
+    pub connect_failures: u64,
     pub elapsed: Duration,
     /// Latency of answered and declined requests, in microseconds.
     pub latency_us: Histogram<u64>,
@@ -111,6 +125,10 @@ pub struct LoadReport {
 impl LoadReport {
     pub fn throughput(&self) -> f64 {
         (self.answered + self.declined) as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    pub fn connects_per_s(&self) -> f64 {
+        self.connects as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
     pub fn percentile_us(&self, q: f64) -> u64 {
@@ -125,6 +143,9 @@ impl LoadReport {
             "timeouts": self.timeouts,
             "mismatches": self.mismatches,
             "connections_lost": self.connections_lost,
+            "connects": self.connects,
+            "connects_per_s": self.connects_per_s(),
+            "connect_failures": self.connect_failures,
             "elapsed_s": self.elapsed.as_secs_f64(),
             "throughput_per_s": self.throughput(),
             "latency_us": {
@@ -150,6 +171,13 @@ impl std::fmt::Display for LoadReport {
             self.mismatches,
             self.connections_lost
         )?;
+        writeln!(
+            f,
+            "connects {} ({:.1}/s)  connect failures {}",
+            self.connects,
+            self.connects_per_s(),
+            self.connect_failures
+        )?;
         write!(
             f,
             "throughput {:.0} msg/s over {:.1} s  latency p50 {} µs  p90 {} µs  p99 {} µs  p99.9 {} µs  max {} µs",
@@ -173,22 +201,24 @@ pub struct LoadCounters {
     pub timeouts: AtomicU64,
     pub mismatches: AtomicU64,
     pub connections_lost: AtomicU64,
+    pub connects: AtomicU64,
+    pub connect_failures: AtomicU64,
 }
 
-struct Template {
-    payload: Bytes,
+pub(crate) struct Template {
+    pub(crate) payload: Bytes,
     /// Offset and width of F11: 6 for ASCII digits, 3 for BCD.
-    f11: usize,
-    f11_width: usize,
-    share: u32,
+    pub(crate) f11: usize,
+    pub(crate) f11_width: usize,
+    pub(crate) share: u32,
 }
 
-enum Outcome {
+pub(crate) enum Outcome {
     Answered,
     Declined,
 }
 
-type Waiting = Mutex<HashMap<u32, (Instant, oneshot::Sender<Outcome>)>>;
+pub(crate) type Waiting = Mutex<HashMap<u32, (Instant, oneshot::Sender<Outcome>)>>;
 
 /// Runs the load to completion.
 pub async fn run(
@@ -205,9 +235,36 @@ pub async fn run(
         .map(|r| Duration::from_secs_f64((cfg.clients * cfg.in_flight) as f64 / r.max(0.001)));
     let mut clients = tokio::task::JoinSet::new();
     for c in 0..cfg.clients {
+        if cfg.connection_per_request {
+            clients.spawn(crate::sim::profiles::run_atm(
+                c,
+                Arc::clone(&spec),
+                Arc::clone(&templates),
+                cfg.clone(),
+                Arc::clone(&counters),
+                Arc::clone(&histogram),
+                stop_at,
+            ));
+            continue;
+        }
         let stream = connect(&cfg)
             .await
             .map_err(|e| format!("cannot connect to {}: {e}", cfg.target))?;
+        counters.connects.fetch_add(1, Ordering::Relaxed);
+        if let Some(n) = cfg.requests_per_round {
+            clients.spawn(crate::sim::profiles::run_rounds(
+                c,
+                n,
+                stream,
+                Arc::clone(&spec),
+                Arc::clone(&templates),
+                cfg.clone(),
+                Arc::clone(&counters),
+                Arc::clone(&histogram),
+                stop_at,
+            ));
+            continue;
+        }
         clients.spawn(run_client(
             c,
             stream,
@@ -231,6 +288,8 @@ pub async fn run(
         timeouts: c.timeouts.load(Ordering::Relaxed),
         mismatches: c.mismatches.load(Ordering::Relaxed),
         connections_lost: c.connections_lost.load(Ordering::Relaxed),
+        connects: c.connects.load(Ordering::Relaxed),
+        connect_failures: c.connect_failures.load(Ordering::Relaxed),
         elapsed,
         latency_us,
     })
@@ -240,7 +299,7 @@ fn new_histogram() -> Result<Histogram<u64>, String> {
     Histogram::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())
 }
 
-async fn connect(cfg: &LoadConfig) -> std::io::Result<TcpStream> {
+pub(crate) async fn connect(cfg: &LoadConfig) -> std::io::Result<TcpStream> {
     let stream = match cfg.bind_ip {
         None => TcpStream::connect(cfg.target).await?,
         Some(ip) => {
@@ -318,6 +377,7 @@ async fn run_client(
             counters: Arc::clone(&counters),
             histogram: Arc::clone(&histogram),
             timeout: cfg.timeout,
+            think: cfg.think,
             seed: (client as u64) << 20 | slot as u64 | 1,
         };
         // Paced slots start spread over one period, so that the rate is
@@ -349,6 +409,7 @@ struct SlotEnv {
     counters: Arc<LoadCounters>,
     histogram: Arc<Mutex<Histogram<u64>>>,
     timeout: Duration,
+    think: Duration,
     seed: u64,
 }
 
@@ -393,7 +454,11 @@ async fn run_slot(env: SlotEnv, stop_at: Instant, pace: Option<Duration>, phase:
             return;
         }
         env.counters.requests.fetch_add(1, Ordering::Relaxed);
-        let counter = match tokio::time::timeout(env.timeout, outcome).await {
+        let outcome = tokio::time::timeout(env.timeout, outcome).await;
+        if !env.think.is_zero() {
+            tokio::time::sleep(env.think).await;
+        }
+        let counter = match outcome {
             Ok(Ok(o)) => {
                 let us = u64::try_from(sent_at.elapsed().as_micros())
                     .unwrap_or(u64::MAX)
@@ -427,7 +492,11 @@ async fn run_slot(env: SlotEnv, stop_at: Instant, pace: Option<Duration>, phase:
     }
 }
 
-fn pick_template<'t>(templates: &'t [Template], total: u32, rng: &mut u64) -> &'t Template {
+pub(crate) fn pick_template<'t>(
+    templates: &'t [Template],
+    total: u32,
+    rng: &mut u64,
+) -> &'t Template {
     let mut x = (next_u64(rng) % u64::from(total.max(1))) as u32;
     for t in templates {
         if x < t.share {
@@ -439,7 +508,7 @@ fn pick_template<'t>(templates: &'t [Template], total: u32, rng: &mut u64) -> &'
 }
 
 /// F11 both ways a spec may encode it: six ASCII digits and three BCD bytes.
-fn stan_bytes(stan: u32) -> ([u8; 6], [u8; 3]) {
+pub(crate) fn stan_bytes(stan: u32) -> ([u8; 6], [u8; 3]) {
     let mut ascii = [b'0'; 6];
     crate::wire::write_ascii_decimal(&mut ascii, u64::from(stan));
     let mut bcd = [0u8; 3];
@@ -450,7 +519,7 @@ fn stan_bytes(stan: u32) -> ([u8; 6], [u8; 3]) {
 }
 
 /// The STAN value of a raw F11 in either encoding.
-fn stan_value(raw: &[u8]) -> Option<u32> {
+pub(crate) fn stan_value(raw: &[u8]) -> Option<u32> {
     let digit = |d: u8| (d <= 9).then_some(u32::from(d));
     match raw.len() {
         6 => raw.iter().try_fold(0u32, |n, &b| {
@@ -463,7 +532,7 @@ fn stan_value(raw: &[u8]) -> Option<u32> {
     }
 }
 
-async fn read_responses(
+pub(crate) async fn read_responses(
     spec: Arc<Spec>,
     read: tokio::net::tcp::OwnedReadHalf,
     waiting: Arc<Waiting>,

@@ -6,6 +6,7 @@ pub mod cups;
 pub mod load;
 pub mod nac;
 pub mod node;
+pub mod profiles;
 pub mod visa;
 
 use bytes::Bytes;

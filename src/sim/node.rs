@@ -114,7 +114,11 @@ pub struct Originate {
 /// Counters a test can read while the node runs.
 #[derive(Debug, Default)]
 pub struct NodeSimStats {
+    /// Connections accepted over the run.
     pub connections: AtomicU64,
+    /// Connections open now, and the most open at once.
+    pub held: AtomicU64,
+    pub peak_held: AtomicU64,
     pub requests: AtomicU64,
     pub answered: AtomicU64,
     pub unanswered: AtomicU64,
@@ -135,8 +139,10 @@ pub struct NodeSimStats {
 pub fn summary(s: &NodeSimStats) -> String {
     let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
     format!(
-        "connections {} requests {} answered {} unanswered {} bad {} | originated {} answered {} declined {} unanswered {} foreign {}",
+        "connections {} held {} peak {} requests {} answered {} unanswered {} bad {} | originated {} answered {} declined {} unanswered {} foreign {}",
         get(&s.connections),
+        get(&s.held),
+        get(&s.peak_held),
         get(&s.requests),
         get(&s.answered),
         get(&s.unanswered),
@@ -183,6 +189,16 @@ impl NodeSim {
         spec: Arc<Spec>,
         cfg: NodeSimConfig,
     ) -> std::io::Result<NodeSim> {
+        Self::start_with(addr, spec, cfg, NodeOptions::default()).await
+    }
+
+    /// As [`NodeSim::start`], with the answer style of `opts`.
+    pub async fn start_with(
+        addr: SocketAddr,
+        spec: Arc<Spec>,
+        cfg: NodeSimConfig,
+        opts: NodeOptions,
+    ) -> std::io::Result<NodeSim> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let stats = Arc::new(NodeSimStats::default());
@@ -194,6 +210,7 @@ impl NodeSim {
             conns: Mutex::new(Vec::new()),
             outstanding: Mutex::new(HashMap::new()),
             originating: std::sync::atomic::AtomicBool::new(true),
+            opts,
         });
         let task = tokio::spawn(accept_loop(listener, Arc::clone(&shared), rx));
         Ok(NodeSim {
@@ -223,6 +240,28 @@ struct Shared {
     outstanding: Mutex<HashMap<u32, Instant>>,
     /// Node-originated requests keep coming while this holds.
     originating: std::sync::atomic::AtomicBool,
+    opts: NodeOptions,
+}
+
+/// How a simulated node shapes its answers.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NodeOptions {
+    /// Echo no usable key: F11 comes back `000000`, F41 blank and F37 zeros in
+    /// every answer (a host that only a OneConnect pool can serve).
+    pub no_key: bool,
+}
+
+/// Overwrites the key fields of an answer with fixed values, as a node that
+/// echoes no key does. Fields the spec lacks or the answer does not carry are
+/// left out.
+fn blank_keys(spec: &Spec, response: Bytes) -> Option<Bytes> {
+    let mut d = Message::parse(spec, response).ok()?.decode().ok()?;
+    for (id, text) in [(11, "000000"), (41, "        "), (37, "000000000000")] {
+        if d.has(id) {
+            d.set_text(id, text);
+        }
+    }
+    spec.encode(&d).ok().map(Bytes::from)
 }
 
 async fn accept_loop(
@@ -242,6 +281,8 @@ async fn accept_loop(
                 shared.stats.connections.fetch_add(1, Ordering::Relaxed);
                 next_id += 1;
                 conns.spawn(serve_conn(next_id, stream, Arc::clone(&shared), shutdown.clone()));
+                // Reap the connections that ended, so churn costs no memory.
+                while conns.try_join_next().is_some() {}
             }
             _ = shutdown.changed() => break,
         }
@@ -262,6 +303,8 @@ async fn serve_conn(
     let prefix = spec.framing().prefix;
     let (tx, rx) = mpsc::channel(8192);
     lock(&shared.conns).push((id, tx.clone()));
+    let held = shared.stats.held.fetch_add(1, Ordering::Relaxed) + 1;
+    shared.stats.peak_held.fetch_max(held, Ordering::Relaxed);
     // However this task ends (even aborted, as when the node is stopped), the
     // writer goes with it, so the connection really closes.
     let _conn = ConnGuard {
@@ -295,6 +338,7 @@ impl Drop for ConnGuard {
     fn drop(&mut self) {
         self.writer.abort();
         lock(&self.shared.conns).retain(|(c, _)| *c != self.id);
+        self.shared.stats.held.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -316,6 +360,17 @@ fn handle(shared: &Shared, tx: &mpsc::Sender<Outbound>, payload: Bytes, rng: &mu
     let Ok(response) = crate::link::decline::respond(spec, &msg, "00") else {
         stats.bad.fetch_add(1, Ordering::Relaxed);
         return;
+    };
+    let response = if shared.opts.no_key {
+        match blank_keys(spec, response) {
+            Some(r) => r,
+            None => {
+                stats.bad.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+    } else {
+        response
     };
     if cfg.fail_rate > 0.0 && (next_u64(rng) as f64 / u64::MAX as f64) < cfg.fail_rate {
         stats.unanswered.fetch_add(1, Ordering::Relaxed);

@@ -1,0 +1,689 @@
+//! OneConnect pools (`mode = "oneconnect"` on a `listen` front): for nodes and
+//! dialects that echo no usable key. Each node connection carries ONE request
+//! at a time, so its next frame is that request's answer and no correlation
+//! key is needed. Up to `connections_per_node` connections per node open on
+//! demand, are reused for the next request, and close after an idle timeout.
+//!
+//! Each request is carried by its own task, owned by the pool's [`JoinSet`]:
+//! it waits (until the request's deadline) for a free connection on an eligible
+//! node, writes the request, reads the one answer and hands it to the client
+//! that sent it. The task does not depend on the client: if the client has
+//! gone, the answer is counted and dropped, and the connection goes back to
+//! the pool clean. A connection whose request passed its deadline unanswered
+//! is closed, never reused (its late answer would reach the next client).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinSet;
+use tokio_util::codec::FramedRead;
+
+use super::client::ClientLink;
+use super::netmgmt::NmKind;
+use super::service::{Checked, Origin, Service};
+use super::writer::{Outbound, Patch, encode_into};
+use crate::ops::config::{FrontConfig, ListenMode, OneConnectConfig, ServiceConfig};
+use crate::route::DeclineReason;
+use crate::route::oneconnect::{Lease, OneConnectSlots};
+use crate::wire::{Frame, FrameCodec};
+
+/// What a OneConnect pool did, beside the service's usual counters.
+#[derive(Debug, Default)]
+pub struct OneConnectCounters {
+    /// Node connections opened, and connects that failed.
+    pub opened: AtomicU64,
+    pub connect_failures: AtomicU64,
+    /// Requests sent on a connection an earlier request used.
+    pub reused: AtomicU64,
+    /// Requests that had to wait for a free connection, and those whose
+    /// deadline passed while waiting (declined `timeout`).
+    pub waited: AtomicU64,
+    pub wait_timeouts: AtomicU64,
+    /// Connections closed: idle too long, request past its deadline, broken
+    /// (closed by the node, unexpected bytes, write error).
+    pub closed_idle: AtomicU64,
+    pub closed_deadline: AtomicU64,
+    pub closed_broken: AtomicU64,
+    /// Answers that arrived after their client had gone: counted, dropped.
+    pub answers_dropped: AtomicU64,
+}
+
+/// A node connection of the pool while it is idle (or leased to a request).
+struct PooledConn {
+    node: usize,
+    frames: FramedRead<TcpStream, FrameCodec>,
+}
+
+impl PooledConn {
+    /// True if nothing arrived while the connection sat idle: not closed by the
+    /// node, no stray bytes (which would be taken for the next answer).
+    fn clean(&self) -> bool {
+        if !self.frames.read_buffer().is_empty() {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        matches!(
+            self.frames.get_ref().try_read(&mut probe),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+        )
+    }
+}
+
+/// The pool of one service.
+pub struct OneConnect {
+    cfg: OneConnectConfig,
+    slots: Mutex<OneConnectSlots<PooledConn>>,
+    /// Signalled whenever a slot frees up, for requests waiting for one.
+    freed: Notify,
+    /// The request tasks; reaped by [`maintain`].
+    tasks: Mutex<JoinSet<()>>,
+    /// Requests being carried (a graceful stop waits for them).
+    carrying: AtomicUsize,
+}
+
+/// Counts a request as carried for as long as its task lives.
+struct Carrying(Arc<OneConnect>);
+
+impl Drop for Carrying {
+    fn drop(&mut self) {
+        self.0.carrying.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Why an exchange on a connection ended without an answer.
+enum Failed {
+    Deadline,
+    Broken(String),
+}
+
+impl OneConnect {
+    /// The pool of `config`'s service, if its front is in `oneconnect` mode.
+    pub fn for_service(config: &ServiceConfig) -> Result<Option<Arc<OneConnect>>, String> {
+        let FrontConfig::Listen(front) = &config.front else {
+            return Ok(None);
+        };
+        if front.mode != ListenMode::Oneconnect {
+            return Ok(None);
+        }
+        if front.oneconnect.idle_timeout.is_zero() {
+            return Err("front.oneconnect.idle_timeout: must be > 0".into());
+        }
+        Ok(Some(Arc::new(OneConnect {
+            cfg: front.oneconnect,
+            slots: Mutex::new(OneConnectSlots::new(
+                config.back.nodes.len(),
+                config.back.connections_per_node,
+            )),
+            freed: Notify::new(),
+            tasks: Mutex::new(JoinSet::new()),
+            carrying: AtomicUsize::new(0),
+        })))
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, OneConnectSlots<PooledConn>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Connections of `node` open now (leased or idle).
+    pub fn open(&self, node: usize) -> usize {
+        self.slots().open(node)
+    }
+
+    /// Connections of `node` idle in the pool now.
+    pub fn idle(&self, node: usize) -> usize {
+        self.slots().idle(node)
+    }
+
+    /// Requests being carried now.
+    pub fn in_flight(&self) -> usize {
+        self.carrying.load(Ordering::Relaxed)
+    }
+
+    /// Request tasks not yet reaped.
+    pub fn tasks(&self) -> usize {
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// The pool's part of a service's stats line: per node, connections open
+    /// and idle; then what the pool did.
+    pub fn stats_line(&self, service: &Service) -> String {
+        let c = &service.counters.oneconnect;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let nodes: Vec<String> = service
+            .pool
+            .nodes()
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("{}:{}/{}idle", n.config.id, self.open(i), self.idle(i)))
+            .collect();
+        format!(
+            " oneconnect [{}] opened {} reused {} waited {} wait_timeouts {} closed idle/deadline/broken {}/{}/{} connect_failures {} answers_dropped {}",
+            nodes.join(" "),
+            get(&c.opened),
+            get(&c.reused),
+            get(&c.waited),
+            get(&c.wait_timeouts),
+            get(&c.closed_idle),
+            get(&c.closed_deadline),
+            get(&c.closed_broken),
+            get(&c.connect_failures),
+            get(&c.answers_dropped),
+        )
+    }
+
+    fn release(&self, node: usize, conn: PooledConn) {
+        self.slots().release(node, conn, Instant::now());
+        self.freed.notify_waiters();
+    }
+
+    fn close(&self, service: &Service, node: usize) {
+        self.slots().closed(node);
+        self.freed.notify_waiters();
+        if let Some(n) = service.pool.node(node) {
+            n.counters.disconnects.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Starts the pool's background work: marks the nodes reachable (connections
+/// open on demand) and spawns [`maintain`] and, when configured, the checks.
+pub fn start(
+    service: &Arc<Service>,
+    oc: &Arc<OneConnect>,
+    tasks: &mut JoinSet<()>,
+    shutdown: &watch::Receiver<bool>,
+) {
+    let now = Instant::now();
+    for node in 0..service.pool.nodes().len() {
+        service.pool.set_reachable(node, true, now);
+        tasks.spawn(check_health(
+            Arc::clone(service),
+            Arc::clone(oc),
+            node,
+            shutdown.clone(),
+        ));
+    }
+    tasks.spawn(maintain(
+        Arc::clone(service),
+        Arc::clone(oc),
+        shutdown.clone(),
+    ));
+}
+
+/// A request from a front client in `oneconnect` mode: validated here, carried
+/// by its own task. Returns false when the client must be closed.
+pub fn on_request(
+    service: &Arc<Service>,
+    oc: &Arc<OneConnect>,
+    client: &ClientLink,
+    payload: Bytes,
+    now: Instant,
+) -> bool {
+    // Validated in full like every request, but no key field is required:
+    // the answer is the one the pool connection carries next.
+    if let Err(why) = service.oc_check_request(payload.clone()) {
+        return service.oc_bad_request(client, &payload, &why, now);
+    }
+    service.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let Some(slot) = client.take_slot() else {
+        service.counters.over_share.fetch_add(1, Ordering::Relaxed);
+        let origin = Origin::Client {
+            conn: client.conn,
+            tx: client.tx.clone(),
+            slot: None,
+        };
+        service.oc_decline(origin, &payload, DeclineReason::QueueFull);
+        return true;
+    };
+    let origin = Origin::Client {
+        conn: client.conn,
+        tx: client.tx.clone(),
+        slot: Some(slot),
+    };
+    if service.is_draining() {
+        service.oc_decline(origin, &payload, DeclineReason::Shutdown);
+        return true;
+    }
+    let deadline = now + service.config.timeouts.request;
+    oc.carrying.fetch_add(1, Ordering::Relaxed);
+    let carrying = Carrying(Arc::clone(oc));
+    let task = carry(
+        Arc::clone(service),
+        Arc::clone(oc),
+        payload,
+        origin,
+        now,
+        deadline,
+    );
+    oc.tasks
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .spawn(async move {
+            task.await;
+            drop(carrying);
+        });
+    true
+}
+
+/// Carries one request: a connection, the write, the one answer.
+async fn carry(
+    service: Arc<Service>,
+    oc: Arc<OneConnect>,
+    request: Bytes,
+    origin: Origin,
+    start: Instant,
+    deadline: Instant,
+) {
+    let Ok(msg) = service.check(request.clone()) else {
+        return; // validated once already by on_request
+    };
+    let (node, conn) = match lease(&service, &oc, &msg, deadline).await {
+        Ok(leased) => leased,
+        Err(reason) => {
+            service.oc_decline(origin, &request, reason);
+            return;
+        }
+    };
+    let patch = match service.oc_stamp_patch(&msg, node) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(service = service.name(), error = %e, "F37 stamp failed");
+            service.pool.released(node);
+            oc.release(node, conn);
+            service.oc_decline(origin, &request, DeclineReason::NoHealthyNode);
+            return;
+        }
+    };
+    let expected = response_mti(&msg.msg.mti().digits());
+    match exchange(&service, conn, &request, patch, expected, deadline).await {
+        Ok((conn, response)) => {
+            let now = Instant::now();
+            service
+                .pool
+                .finished(node, true, now.saturating_duration_since(start), now);
+            service.counters.answered.fetch_add(1, Ordering::Relaxed);
+            oc.release(node, conn);
+            deliver(&service, &oc, origin, &request, response);
+        }
+        Err(failed) => {
+            let now = Instant::now();
+            service
+                .pool
+                .finished(node, false, now.saturating_duration_since(start), now);
+            let reason = match failed {
+                Failed::Deadline => {
+                    oc.counters(&service)
+                        .closed_deadline
+                        .fetch_add(1, Ordering::Relaxed);
+                    DeclineReason::Timeout
+                }
+                Failed::Broken(why) => {
+                    oc.counters(&service)
+                        .closed_broken
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(service = service.name(), node, reason = %why, "oneconnect node connection closed");
+                    DeclineReason::NodeLost
+                }
+            };
+            oc.close(&service, node);
+            service.oc_decline(origin, &request, reason);
+        }
+    }
+}
+
+impl OneConnect {
+    fn counters<'s>(&self, service: &'s Service) -> &'s OneConnectCounters {
+        &service.counters.oneconnect
+    }
+}
+
+/// Hands the answer to the client that sent the request, or counts it dropped.
+fn deliver(service: &Service, oc: &OneConnect, origin: Origin, request: &[u8], response: Bytes) {
+    let Origin::Client { conn, tx, .. } = origin else {
+        return;
+    };
+    let patch = service.oc_response_patch(request);
+    if tx.try_send(Outbound::Message(response, patch)).is_err() {
+        service
+            .counters
+            .undeliverable
+            .fetch_add(1, Ordering::Relaxed);
+        oc.counters(service)
+            .answers_dropped
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            service = service.name(),
+            conn,
+            "client gone before its answer: answer dropped"
+        );
+    }
+}
+
+/// A connection for `msg` on a node the balancer picks among those with room,
+/// waiting for one to free up until `deadline`; else the decline reason.
+async fn lease(
+    service: &Service,
+    oc: &OneConnect,
+    msg: &Checked<'_>,
+    deadline: Instant,
+) -> Result<(usize, PooledConn), DeclineReason> {
+    let counters = oc.counters(service);
+    // Nodes a connect failed to, for this request: try the others.
+    let mut failed: Vec<usize> = Vec::new();
+    let mut waited = false;
+    loop {
+        let freed = oc.freed.notified();
+        tokio::pin!(freed);
+        freed.as_mut().enable();
+        let now = Instant::now();
+        let leased = {
+            let mut slots = oc.slots();
+            let picked = service.oc_pick(msg, now, |n| !failed.contains(&n) && slots.has_room(n));
+            picked
+                .ok()
+                .and_then(|node| Some((node, slots.lease(node)?)))
+        };
+        match leased {
+            Some((node, Lease::Reuse(conn))) => {
+                if conn.clean() {
+                    counters.reused.fetch_add(1, Ordering::Relaxed);
+                    return Ok((node, conn));
+                }
+                // Closed by the node while idle, or stray bytes: never reuse.
+                drop(conn);
+                service.pool.released(node);
+                counters.closed_broken.fetch_add(1, Ordering::Relaxed);
+                oc.close(service, node);
+            }
+            Some((node, Lease::Open)) => match open(service, node, deadline).await {
+                Ok(conn) => {
+                    counters.opened.fetch_add(1, Ordering::Relaxed);
+                    return Ok((node, conn));
+                }
+                Err(e) => {
+                    counters.connect_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(service = service.name(), node, error = %e, "oneconnect connect failed");
+                    let now = Instant::now();
+                    service.pool.finished(node, false, Duration::ZERO, now);
+                    oc.slots().closed(node);
+                    oc.freed.notify_waiters();
+                    failed.push(node);
+                }
+            },
+            None => {
+                if !service.oc_any_eligible(msg, now, |n| !failed.contains(&n)) {
+                    let reason = if failed.is_empty() {
+                        DeclineReason::NoHealthyNode
+                    } else {
+                        DeclineReason::NodeLost
+                    };
+                    return Err(reason);
+                }
+                if !waited {
+                    waited = true;
+                    counters.waited.fetch_add(1, Ordering::Relaxed);
+                }
+                let until = tokio::time::Instant::from_std(deadline);
+                if tokio::time::timeout_at(until, freed).await.is_err() {
+                    counters.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+                    return Err(DeclineReason::Timeout);
+                }
+            }
+        }
+    }
+}
+
+/// Opens a new pool connection to `node`, within the connect timeout and the
+/// request's deadline.
+async fn open(service: &Service, node: usize, deadline: Instant) -> std::io::Result<PooledConn> {
+    let addr = service
+        .pool
+        .node(node)
+        .map(|n| n.config.address)
+        .ok_or_else(|| std::io::Error::other("no such node"))?;
+    let until = deadline.min(Instant::now() + service.config.back.connect_timeout);
+    let stream = tokio::time::timeout_at(
+        tokio::time::Instant::from_std(until),
+        TcpStream::connect(addr),
+    )
+    .await
+    .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+    let _ = stream.set_nodelay(true);
+    if let Some(n) = service.pool.node(node) {
+        n.counters.connects.fetch_add(1, Ordering::Relaxed);
+    }
+    let framing = service.spec.framing();
+    Ok(PooledConn {
+        node,
+        frames: FramedRead::new(stream, FrameCodec::new(framing.prefix, framing.max_frame)),
+    })
+}
+
+/// The response MTI a request's answer carries (0200 → 0210, 0800 → 0810).
+fn response_mti(request: &[u8; 4]) -> [u8; 4] {
+    let mut m = *request;
+    m[2] = m[2].wrapping_add(1);
+    m
+}
+
+/// Writes `request` on `conn` and reads its one answer, by `deadline`. The
+/// connection comes back only with an answer; on failure it is dropped
+/// (closed).
+async fn exchange(
+    service: &Service,
+    mut conn: PooledConn,
+    request: &Bytes,
+    patch: Patch,
+    expected: [u8; 4],
+    deadline: Instant,
+) -> Result<(PooledConn, Bytes), Failed> {
+    let until = tokio::time::Instant::from_std(deadline);
+    let mut buf = BytesMut::new();
+    encode_into(
+        service.spec.framing().prefix,
+        &Outbound::Message(request.clone(), patch),
+        &mut buf,
+    )
+    .map_err(|e| Failed::Broken(format!("cannot frame the request: {e}")))?;
+    match tokio::time::timeout_at(until, conn.frames.get_mut().write_all(&buf)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(Failed::Broken(format!("write failed: {e}"))),
+        Err(_) => return Err(Failed::Deadline),
+    }
+    loop {
+        let frame = match tokio::time::timeout_at(until, conn.frames.next()).await {
+            Err(_) => return Err(Failed::Deadline),
+            Ok(None) => return Err(Failed::Broken("closed by node".into())),
+            Ok(Some(Err(e))) => return Err(Failed::Broken(format!("bad frame: {e}"))),
+            Ok(Some(Ok(f))) => f,
+        };
+        let Frame::Message(payload) = frame else {
+            continue; // keep-alives carry no answer
+        };
+        let mti = service
+            .check(payload.clone())
+            .map(|m| m.msg.mti().digits())
+            .map_err(|e| Failed::Broken(format!("bad answer: {e}")))?;
+        if mti != expected {
+            // Not this request's answer: nothing on this connection can be
+            // trusted to be the next client's either.
+            service.counters.unexpected.fetch_add(1, Ordering::Relaxed);
+            return Err(Failed::Broken(format!(
+                "answer MTI {} to a {} request",
+                String::from_utf8_lossy(&mti),
+                String::from_utf8_lossy(&expected)
+            )));
+        }
+        return Ok((conn, payload));
+    }
+}
+
+/// Closes connections idle too long and reaps finished request tasks (a panic
+/// in one is logged, not lost). At shutdown closes the idle connections and
+/// waits for the requests in flight (each ends by its deadline).
+pub async fn maintain(
+    service: Arc<Service>,
+    oc: Arc<OneConnect>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let period = (oc.cfg.idle_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut expired = Vec::new();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => break,
+        }
+        oc.slots()
+            .expire_idle(Instant::now(), oc.cfg.idle_timeout, &mut expired);
+        close_all(&service, &oc, &mut expired, IdleClose::Timeout);
+        reap(&service, &oc);
+    }
+    oc.slots().drain_idle(&mut expired);
+    close_all(&service, &oc, &mut expired, IdleClose::Shutdown);
+    let mut left = std::mem::take(&mut *oc.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+    while let Some(done) = left.join_next().await {
+        log_task_end(&service, done);
+    }
+}
+
+enum IdleClose {
+    Timeout,
+    Shutdown,
+}
+
+/// Closes idle connections taken out of the pool (their slots are already free).
+fn close_all(service: &Service, oc: &OneConnect, conns: &mut Vec<PooledConn>, why: IdleClose) {
+    for conn in conns.drain(..) {
+        let node = conn.node;
+        drop(conn);
+        if matches!(why, IdleClose::Timeout) {
+            oc.counters(service)
+                .closed_idle
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(n) = service.pool.node(node) {
+            n.counters.disconnects.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    oc.freed.notify_waiters();
+}
+
+fn reap(service: &Service, oc: &OneConnect) {
+    let mut tasks = oc.tasks.lock().unwrap_or_else(|p| p.into_inner());
+    while let Some(done) = tasks.try_join_next() {
+        log_task_end(service, done);
+    }
+}
+
+fn log_task_end(service: &Service, done: Result<(), tokio::task::JoinError>) {
+    if let Err(e) = done
+        && e.is_panic()
+    {
+        tracing::error!(service = service.name(), error = %e, "oneconnect request task panicked");
+    }
+}
+
+/// Active checks of one node in `oneconnect` mode. `tcp` is a connect, as on
+/// other fronts; `echo` sends the spec's echo test on a pool connection (one
+/// at a time, like any request). A node whose connections are all busy gets
+/// no verdict this round: it is evidently answering.
+async fn check_health(
+    service: Arc<Service>,
+    oc: Arc<OneConnect>,
+    node: usize,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    use crate::ops::config::CheckKind;
+    let cfg = service.config.back.health.clone();
+    if cfg.check == CheckKind::None {
+        return;
+    }
+    let mut tick = tokio::time::interval(cfg.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let deadline = Instant::now() + cfg.timeout;
+        let ok = match cfg.check {
+            CheckKind::Tcp => open(&service, node, deadline).await.is_ok(),
+            CheckKind::Echo => match echo(&service, &oc, node, deadline).await {
+                Some(ok) => ok,
+                None => continue,
+            },
+            CheckKind::None => return,
+        };
+        service.pool.record_check(node, ok, Instant::now());
+    }
+}
+
+/// One echo test on a pool connection of `node`; `None` if all are busy.
+async fn echo(service: &Service, oc: &OneConnect, node: usize, deadline: Instant) -> Option<bool> {
+    let lease = oc.slots().lease(node)?;
+    let conn = match lease {
+        Lease::Reuse(c) if c.clean() => c,
+        Lease::Reuse(_) => {
+            oc.close(service, node);
+            return Some(false);
+        }
+        Lease::Open => match open(service, node, deadline).await {
+            Ok(c) => {
+                oc.counters(service).opened.fetch_add(1, Ordering::Relaxed);
+                c
+            }
+            Err(_) => {
+                oc.slots().closed(node);
+                oc.freed.notify_waiters();
+                return Some(false);
+            }
+        },
+    };
+    let Ok(payload) = service.network_request(NmKind::Echo, service.next_stan()) else {
+        oc.release(node, conn);
+        return Some(false);
+    };
+    let expected = service
+        .check(payload.clone())
+        .map(|m| response_mti(&m.msg.mti().digits()))
+        .unwrap_or(*b"0810");
+    match exchange(
+        service,
+        conn,
+        &payload,
+        Patch::default(),
+        expected,
+        deadline,
+    )
+    .await
+    {
+        Ok((conn, _)) => {
+            oc.release(node, conn);
+            Some(true)
+        }
+        Err(_) => {
+            oc.close(service, node);
+            Some(false)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn response_mti_is_the_request_class_plus_ten() {
+        assert_eq!(&response_mti(b"0200"), b"0210");
+        assert_eq!(&response_mti(b"0800"), b"0810");
+        assert_eq!(&response_mti(b"0420"), b"0430");
+    }
+}
