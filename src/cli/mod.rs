@@ -177,6 +177,7 @@ pub fn main() -> ExitCode {
             runtime_with(worker_threads, async move {
                 crate::ops::run::run_until_interrupted(
                     &cfg,
+                    config.clone(),
                     Duration::from_secs(stats_every.max(1)),
                 )
                 .await

@@ -13,6 +13,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 
+use super::conns::ConnKind;
 use super::service::Service;
 use super::timer::{ReadTimer, in_frame};
 use super::writer::run_coalescing_writer;
@@ -148,6 +149,8 @@ async fn serve_client(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let conn = service.next_conn_id();
+    let local = stream.local_addr().unwrap_or(peer);
+    let registered = service.conns.register(conn, ConnKind::Client, None, peer, local);
     let _ = stream.set_nodelay(true);
     let (read, write) = stream.into_split();
     let (tx, rx) = mpsc::channel(front.write_queue);
@@ -175,6 +178,7 @@ async fn serve_client(
             _ = shutdown.changed() => break "shutdown".to_string(),
         };
         timer.frame(Instant::now());
+        registered.entry.received();
         match item {
             Some(Ok(Frame::Message(payload))) => {
                 if !service.on_request(conn, &tx, payload, Instant::now()) {

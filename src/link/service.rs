@@ -108,6 +108,8 @@ pub struct Service {
     pub out_links: Option<Arc<OutLinks>>,
     /// The F37 node stamps, when configured.
     stamps: Option<StampTable>,
+    /// Live connections, for the admin API's connection table.
+    pub conns: Arc<super::conns::ConnTable>,
 }
 
 impl Service {
@@ -165,6 +167,7 @@ impl Service {
             draining: std::sync::atomic::AtomicBool::new(false),
             out_links,
             stamps,
+            conns: Arc::default(),
         })
     }
 
