@@ -1,6 +1,7 @@
 //! Command-line interface. `main.rs` only calls [`main`].
 
 pub mod bench;
+pub mod ctl;
 pub mod decode;
 pub mod demo;
 pub mod load;
@@ -49,6 +50,8 @@ pub enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Operate a running switch through its admin API.
+    Ctl(ctl::CtlArgs),
     /// Decode framed messages like a protocol dissector.
     Decode(decode::DecodeArgs),
     /// Measure the load generator direct to a node, through HAProxy (if
@@ -148,6 +151,7 @@ pub fn main() -> ExitCode {
     });
     match cli.command {
         Command::Decode(args) => decode::run(&args),
+        Command::Ctl(args) => ctl::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Load(args) => load::run(&args),

@@ -150,7 +150,9 @@ async fn serve_client(
 ) {
     let conn = service.next_conn_id();
     let local = stream.local_addr().unwrap_or(peer);
-    let registered = service.conns.register(conn, ConnKind::Client, None, peer, local);
+    let registered = service
+        .conns
+        .register(conn, ConnKind::Client, None, peer, local);
     let _ = stream.set_nodelay(true);
     let (read, write) = stream.into_split();
     let (tx, rx) = mpsc::channel(front.write_queue);

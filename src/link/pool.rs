@@ -250,9 +250,11 @@ impl NodePool {
     /// The index of the live (not removed) node with this ID.
     pub fn index_of(&self, id: &[u8]) -> Option<usize> {
         let nodes = self.nodes();
-        (0..nodes.len())
-            .rev()
-            .find(|&i| nodes.get(i).is_some_and(|n| n.id.as_bytes() == id && !n.is_removed()))
+        (0..nodes.len()).rev().find(|&i| {
+            nodes
+                .get(i)
+                .is_some_and(|n| n.id.as_bytes() == id && !n.is_removed())
+        })
     }
 
     /// Adds a node at runtime: appended in a fresh slot (existing indices do

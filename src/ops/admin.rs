@@ -47,7 +47,10 @@ pub fn load_token(cfg: &AdminConfig) -> Result<String, String> {
             .unwrap_or_default()
             .trim()
             .to_string(),
-        None => std::env::var(TOKEN_ENV).unwrap_or_default().trim().to_string(),
+        None => std::env::var(TOKEN_ENV)
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
     };
     if token.len() < 16 {
         return Err(format!(
@@ -121,7 +124,10 @@ fn router(admin: Admin) -> Router {
             post(node_action),
         )
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
-        .layer(axum::middleware::from_fn_with_state(admin.clone(), authorize))
+        .layer(axum::middleware::from_fn_with_state(
+            admin.clone(),
+            authorize,
+        ))
         .with_state(admin)
 }
 
@@ -198,7 +204,11 @@ async fn readyz(State(admin): State<Admin>) -> Response {
     if why.is_empty() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {}\n", why.join("; "))).into_response()
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {}\n", why.join("; ")),
+        )
+            .into_response()
     }
 }
 
@@ -438,7 +448,9 @@ async fn add_node(
         Err(e) => {
             return error(
                 StatusCode::BAD_REQUEST,
-                format!("body: {e} (expected {{\"id\": \"04\", \"address\": \"HOST:PORT\", \"weight\": 1}})"),
+                format!(
+                    "body: {e} (expected {{\"id\": \"04\", \"address\": \"HOST:PORT\", \"weight\": 1}})"
+                ),
             );
         }
     };
@@ -462,7 +474,9 @@ async fn remove_node(
         .remove_node(&service, &node, Duration::from_secs(1))
         .await
     {
-        Ok(()) => ok(format!("node `{node}` drained and removed from `{service}`")),
+        Ok(()) => ok(format!(
+            "node `{node}` drained and removed from `{service}`"
+        )),
         Err(e) => e.into_response(),
     }
 }

@@ -82,7 +82,9 @@ impl SwitchHandle {
             .pool
             .add_node(cfg, Instant::now())
             .map_err(|e| match e {
-                crate::link::pool::NodeChangeError::BadId(_) => ControlError::Invalid(e.to_string()),
+                crate::link::pool::NodeChangeError::BadId(_) => {
+                    ControlError::Invalid(e.to_string())
+                }
                 _ => ControlError::Conflict(e.to_string()),
             })?;
         link::start_node(&self.supervisor, svc, index);
@@ -100,12 +102,7 @@ impl SwitchHandle {
     ) -> Result<(), ControlError> {
         let svc = Arc::clone(&self.running(service)?.service);
         let index = self.node_index(&svc, node)?;
-        let live = svc
-            .pool
-            .nodes()
-            .iter()
-            .filter(|n| !n.is_removed())
-            .count();
+        let live = svc.pool.nodes().iter().filter(|n| !n.is_removed()).count();
         if live <= 1 {
             return Err(ControlError::Conflict(format!(
                 "node `{node}` is the last node of service `{service}`"

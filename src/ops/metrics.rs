@@ -90,42 +90,109 @@ impl Collector for SwitchMetrics {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
         let now = Instant::now();
         let mut svc_counters: Vec<Family<u64>> = vec![
-            counter("isoswitch_service_requests", "Requests accepted from the front."),
-            counter("isoswitch_service_responses", "Node responses delivered to the front."),
-            counter("isoswitch_service_late_responses", "Node responses that came after their request was declined; dropped."),
-            counter("isoswitch_service_unknown_responses", "Node responses that match no request; dropped."),
-            counter("isoswitch_service_bad_messages", "Messages that could not be parsed."),
-            counter("isoswitch_service_bad_frames", "Frames whose length prefix could not be trusted."),
-            counter("isoswitch_service_undeliverable", "Answers with no live link to go to."),
-            counter("isoswitch_service_keepalives", "Keep-alive frames received from clients."),
-            counter("isoswitch_service_connections_accepted", "Client connections accepted."),
-            counter("isoswitch_service_connections_refused", "Client connections refused (limits, allow list, shutdown)."),
+            counter(
+                "isoswitch_service_requests",
+                "Requests accepted from the front.",
+            ),
+            counter(
+                "isoswitch_service_responses",
+                "Node responses delivered to the front.",
+            ),
+            counter(
+                "isoswitch_service_late_responses",
+                "Node responses that came after their request was declined; dropped.",
+            ),
+            counter(
+                "isoswitch_service_unknown_responses",
+                "Node responses that match no request; dropped.",
+            ),
+            counter(
+                "isoswitch_service_bad_messages",
+                "Messages that could not be parsed.",
+            ),
+            counter(
+                "isoswitch_service_bad_frames",
+                "Frames whose length prefix could not be trusted.",
+            ),
+            counter(
+                "isoswitch_service_undeliverable",
+                "Answers with no live link to go to.",
+            ),
+            counter(
+                "isoswitch_service_keepalives",
+                "Keep-alive frames received from clients.",
+            ),
+            counter(
+                "isoswitch_service_connections_accepted",
+                "Client connections accepted.",
+            ),
+            counter(
+                "isoswitch_service_connections_refused",
+                "Client connections refused (limits, allow list, shutdown).",
+            ),
         ];
-        let mut declines = counter("isoswitch_service_declines", "Requests the switch answered itself (F39 decline), by reason.");
-        let mut svc_gauges: Vec<Family<f64>> = vec![
-            gauge("isoswitch_service_in_flight", "Requests waiting for a node's answer."),
-        ];
-        let mut conns = gauge("isoswitch_service_current_connections", "Open connections, by kind (client, node, out-link, in-link).");
+        let mut declines = counter(
+            "isoswitch_service_declines",
+            "Requests the switch answered itself (F39 decline), by reason.",
+        );
+        let mut svc_gauges: Vec<Family<f64>> = vec![gauge(
+            "isoswitch_service_in_flight",
+            "Requests waiting for a node's answer.",
+        )];
+        let mut conns = gauge(
+            "isoswitch_service_current_connections",
+            "Open connections, by kind (client, node, out-link, in-link).",
+        );
         let mut links = vec![
-            gauge("isoswitch_link_set_links", "Links of the service's link set (simplex and connect fronts)."),
+            gauge(
+                "isoswitch_link_set_links",
+                "Links of the service's link set (simplex and connect fronts).",
+            ),
             gauge("isoswitch_link_set_up", "Links up."),
-            gauge("isoswitch_link_set_usable", "Links up and signed on (able to carry traffic)."),
+            gauge(
+                "isoswitch_link_set_usable",
+                "Links up and signed on (able to carry traffic).",
+            ),
         ];
         let mut srv_counters: Vec<Family<u64>> = vec![
             counter("isoswitch_server_requests", "Requests sent to the node."),
             counter("isoswitch_server_responses", "Requests the node answered."),
-            counter("isoswitch_server_failures", "Requests the node did not answer (timeout, connection lost, disabled)."),
-            counter("isoswitch_server_connects", "Connections to the node opened."),
-            counter("isoswitch_server_disconnects", "Connections to the node closed."),
+            counter(
+                "isoswitch_server_failures",
+                "Requests the node did not answer (timeout, connection lost, disabled).",
+            ),
+            counter(
+                "isoswitch_server_connects",
+                "Connections to the node opened.",
+            ),
+            counter(
+                "isoswitch_server_disconnects",
+                "Connections to the node closed.",
+            ),
         ];
         let mut srv_gauges: Vec<Family<f64>> = vec![
-            gauge("isoswitch_server_in_flight", "Requests waiting for this node."),
-            gauge("isoswitch_server_current_connections", "Connections to the node up."),
+            gauge(
+                "isoswitch_server_in_flight",
+                "Requests waiting for this node.",
+            ),
+            gauge(
+                "isoswitch_server_current_connections",
+                "Connections to the node up.",
+            ),
             gauge("isoswitch_server_weight", "Configured weight."),
-            gauge("isoswitch_server_effective_weight", "Weight the balancer uses now (0 when not eligible; ramps in slow start)."),
-            gauge("isoswitch_server_latency_ewma_seconds", "Peak-EWMA latency estimate."),
+            gauge(
+                "isoswitch_server_effective_weight",
+                "Weight the balancer uses now (0 when not eligible; ramps in slow start).",
+            ),
+            gauge(
+                "isoswitch_server_latency_ewma_seconds",
+                "Peak-EWMA latency estimate.",
+            ),
         ];
-        let mut states = gauge("isoswitch_server_state", "1 for the node's current state: up, down, draining, disabled, ejected, removed.");
+        let mut states = gauge(
+            "isoswitch_server_state",
+            "1 for the node's current state: up, down, draining, disabled, ejected, removed.",
+        );
         let mut hist = Vec::new();
         for r in self.0.services.iter() {
             let s = &r.service;
@@ -168,7 +235,14 @@ impl Collector for SwitchMetrics {
                     f.samples.push((sl(), v as f64));
                 }
             }
-            node_samples(s, now, &mut srv_counters, &mut srv_gauges, &mut states, &mut hist);
+            node_samples(
+                s,
+                now,
+                &mut srv_counters,
+                &mut srv_gauges,
+                &mut states,
+                &mut hist,
+            );
         }
         for f in &svc_counters {
             encode_counters(&mut enc, f)?;

@@ -60,7 +60,11 @@ pub async fn reload(handle: &SwitchHandle) -> Result<ReloadReport, ReloadError> 
 
 /// Applies a validated config to the running switch, or refuses it whole.
 pub async fn apply(handle: &SwitchHandle, new: Config) -> Result<ReloadReport, ReloadError> {
-    let old = handle.config.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let old = handle
+        .config
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     check_live(&old, &new)?;
     let mut report = ReloadReport::default();
     let mut removals = Vec::new();
@@ -69,7 +73,9 @@ pub async fn apply(handle: &SwitchHandle, new: Config) -> Result<ReloadReport, R
     }
     *handle.config.lock().unwrap_or_else(|p| p.into_inner()) = new;
     for (service, node) in removals {
-        report.changes.push(format!("{service}: node {node} draining, then removed"));
+        report
+            .changes
+            .push(format!("{service}: node {node} draining, then removed"));
         let h = handle.clone();
         tokio::spawn(async move {
             if let Err(e) = h.remove_node(&service, &node, Duration::from_secs(1)).await {
@@ -86,7 +92,12 @@ fn check_live(old: &Config, new: &Config) -> Result<(), ReloadError> {
     if old.admin != new.admin {
         return Err(ReloadError::RestartNeeded("admin".into()));
     }
-    let names = |c: &Config| c.services.iter().map(|s| s.name.clone()).collect::<Vec<_>>();
+    let names = |c: &Config| {
+        c.services
+            .iter()
+            .map(|s| s.name.clone())
+            .collect::<Vec<_>>()
+    };
     if names(old) != names(new) {
         return Err(ReloadError::RestartNeeded(format!(
             "service: the list of services changed ({:?} -> {:?})",
@@ -126,12 +137,20 @@ fn first_difference(a: &serde_json::Value, b: &serde_json::Value, at: &str) -> O
             keys.dedup();
             keys.into_iter().find_map(|k| {
                 let null = serde_json::Value::Null;
-                let path = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
+                let path = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
                 first_difference(x.get(k).unwrap_or(&null), y.get(k).unwrap_or(&null), &path)
             })
         }
         _ if a == b => None,
-        _ => Some(if at.is_empty() { "(root)".into() } else { at.to_string() }),
+        _ => Some(if at.is_empty() {
+            "(root)".into()
+        } else {
+            at.to_string()
+        }),
     }
 }
 
@@ -163,7 +182,9 @@ fn plan_service(
         match pool.index_of(n.id.as_bytes()) {
             None => {
                 handle.add_node(&svc.name, n.clone())?;
-                report.changes.push(format!("{}: node {} added", svc.name, n.id));
+                report
+                    .changes
+                    .push(format!("{}: node {} added", svc.name, n.id));
             }
             Some(index) => {
                 let live = pool.node(index).map(|l| l.config.clone());
@@ -210,9 +231,10 @@ fn update_node(
     }
     if st.admin != n.admin {
         handle.set_node_admin(service, &n.id, n.admin)?;
-        report
-            .changes
-            .push(format!("{service}: node {} admin {:?} -> {:?}", n.id, st.admin, n.admin));
+        report.changes.push(format!(
+            "{service}: node {} admin {:?} -> {:?}",
+            n.id, st.admin, n.admin
+        ));
     }
     Ok(())
 }
@@ -232,6 +254,9 @@ fn replace_node(
         .map_err(|e| ControlError::Conflict(e.to_string()))?;
     handle.add_node(service, cfg)?;
     let (h, service) = (handle.clone(), service.to_string());
-    tokio::spawn(async move { h.finish_removal(&service, old, Duration::from_secs(1)).await });
+    tokio::spawn(async move {
+        h.finish_removal(&service, old, Duration::from_secs(1))
+            .await
+    });
     Ok(())
 }

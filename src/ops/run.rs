@@ -248,7 +248,9 @@ fn hangups() -> tokio::sync::mpsc::Receiver<()> {
                     }
                 });
             }
-            Err(e) => tracing::warn!(error = %e, "no SIGHUP handler: reload only through the admin API"),
+            Err(e) => {
+                tracing::warn!(error = %e, "no SIGHUP handler: reload only through the admin API")
+            }
         }
     }
     #[cfg(not(unix))]

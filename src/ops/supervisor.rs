@@ -217,7 +217,10 @@ impl Supervisor {
     pub async fn stop(&self, grace: Duration) {
         self.cancel.cancel();
         self.tracker.close();
-        if tokio::time::timeout(grace, self.tracker.wait()).await.is_err() {
+        if tokio::time::timeout(grace, self.tracker.wait())
+            .await
+            .is_err()
+        {
             let left = self.task_names();
             tracing::warn!(?left, "tasks still running after the stop grace; aborting");
             for h in self.lock_running().values() {
@@ -254,9 +257,13 @@ mod tests {
                 }
             }
         };
-        tokio::time::timeout(Duration::from_secs(5), wait(1)).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), wait(1))
+            .await
+            .unwrap();
         assert_eq!(sup.kill("svc"), 1);
-        tokio::time::timeout(Duration::from_secs(5), wait(2)).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), wait(2))
+            .await
+            .unwrap();
         assert_eq!(sup.restarts(), 1);
         tokio::time::timeout(Duration::from_secs(5), sup.stop(Duration::from_secs(5)))
             .await
