@@ -212,14 +212,28 @@ async fn readyz(State(admin): State<Admin>) -> Response {
     }
 }
 
-async fn metrics(State(admin): State<Admin>) -> Response {
+/// OpenMetrics when the scraper asks for it (Prometheus does), the classic
+/// text format otherwise (promtool, curl).
+async fn metrics(State(admin): State<Admin>, headers: axum::http::HeaderMap) -> Response {
+    let openmetrics = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/openmetrics-text"));
     match super::metrics::render(&admin.switch) {
-        Ok(text) => (
+        Ok(text) if openmetrics => (
             [(
                 header::CONTENT_TYPE,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
             )],
             text,
+        )
+            .into_response(),
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            super::metrics::to_prometheus_text(&text),
         )
             .into_response(),
         Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics"),

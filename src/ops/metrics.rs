@@ -32,6 +32,39 @@ pub fn render(handle: &SwitchHandle) -> Result<String, std::fmt::Error> {
     Ok(out)
 }
 
+/// The Prometheus text format 0.0.4 (what `promtool check metrics` and
+/// scrapers that do not ask for OpenMetrics read) from the OpenMetrics text the
+/// encoder writes: counter families are named with their `_total` suffix in
+/// `HELP` and `TYPE`, and the `# EOF` and `# UNIT` lines go.
+pub fn to_prometheus_text(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+        match meta {
+            Some((p, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                if counters.contains(name) {
+                    out.push_str(&format!("{p}{name}_total {tail}"));
+                } else {
+                    out.push_str(line);
+                }
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
 struct SwitchMetrics(SwitchHandle);
 
 impl std::fmt::Debug for SwitchMetrics {
@@ -143,7 +176,7 @@ impl Collector for SwitchMetrics {
             "isoswitch_service_current_connections",
             "Open connections, by kind (client, node, out-link, in-link).",
         );
-        let mut links = vec![
+        let mut links = [
             gauge(
                 "isoswitch_link_set_links",
                 "Links of the service's link set (simplex and connect fronts).",
@@ -328,5 +361,21 @@ fn node_samples(
                 .push((l, if st.state() == state { 1.0 } else { 0.0 }));
         }
         hist.push((nl(), c.latency.snapshot()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_text_names_counters_with_total_and_drops_eof() {
+        let om = "# HELP a_requests Requests.\n# TYPE a_requests counter\na_requests_total{s=\"x\"} 3\n\
+                  # HELP b_in_flight In flight.\n# TYPE b_in_flight gauge\nb_in_flight 1\n# EOF\n";
+        assert_eq!(
+            to_prometheus_text(om),
+            "# HELP a_requests_total Requests.\n# TYPE a_requests_total counter\na_requests_total{s=\"x\"} 3\n\
+             # HELP b_in_flight In flight.\n# TYPE b_in_flight gauge\nb_in_flight 1\n"
+        );
     }
 }
