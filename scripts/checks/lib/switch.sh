@@ -17,7 +17,9 @@ start_switch() {
     ADMIN=127.0.0.1:$(free_port)
     export ISOSWITCH_ADMIN_TOKEN=check-token-0123456789abcdef
     {
-        printf '[admin]\nlisten = "%s"\n' "$ADMIN"
+        # The status page is read-only: open it like the probes, so a browser
+        # can load it without a header.
+        printf '[admin]\nlisten = "%s"\nopen_paths = ["/healthz", "/metrics", "/"]\n' "$ADMIN"
         printf '[[service]]\nname = "pos"\nspec = "cup-pos"\n'
         printf '[service.front]\nkind = "listen"\nlisten = "%s"\n[service.back]\n' "$FRONT"
     } > "$WORK/switch.toml"
