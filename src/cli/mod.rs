@@ -368,9 +368,14 @@ fn init_logging(default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ISOSWITCH_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     use std::io::IsTerminal;
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    // `ISOSWITCH_LOG_FORMAT=json`: one JSON object a line, for log shippers.
+    let _ = match std::env::var("ISOSWITCH_LOG_FORMAT").as_deref() {
+        Ok("json") => builder.json().try_init(),
+        _ => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+    };
 }
