@@ -383,7 +383,11 @@ async fn tokens_and_bad_input_are_refused_with_the_reason() {
         assert_eq!(code, 404, "{body}");
         let (code, body) = api.call("POST", "/api/v1/reload", None).await;
         assert_eq!(code, 400, "no file to reload: {body}");
+        let (code, body) = api.call("GET", "/readyz", None).await;
+        assert_eq!(code, 200, "{body}");
+        let sup = Arc::clone(&switch.handle().supervisor);
         switch.stop().await;
+        assert_eq!(sup.restarts(), 0, "a clean stop restarts nothing");
     })
     .await
     .expect("test within its time limit");

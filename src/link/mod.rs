@@ -71,7 +71,7 @@ pub async fn start(service: Arc<Service>, sup: &Arc<Supervisor>) -> std::io::Res
     }
     let svc = Arc::clone(&service);
     let stop = shutdown.clone();
-    sup.spawn_critical(format!("{name}/sweeper"), shutdown, move || {
+    sup.spawn_critical(format!("{name}/sweeper"), sup.token(), move || {
         sweep(Arc::clone(&svc), stop.clone())
     });
     Ok(Running {
@@ -93,7 +93,7 @@ fn start_accept(
     let first = Arc::new(std::sync::Mutex::new(Some(listener)));
     let svc = Arc::clone(service);
     let stop = sup.shutdown();
-    sup.spawn_critical(format!("{}/accept", service.name()), sup.shutdown(), move || {
+    sup.spawn_critical(format!("{}/accept", service.name()), sup.token(), move || {
         let listener = first.lock().unwrap_or_else(|p| p.into_inner()).take();
         let (svc, front, stop) = (Arc::clone(&svc), front.clone(), stop.clone());
         async move {
@@ -116,16 +116,17 @@ fn start_accept(
 /// (`SERVICE/node/INDEX`), which removing the node ends.
 pub fn start_node(sup: &Arc<Supervisor>, service: &Arc<Service>, node: usize) {
     let scope = node_scope(service.name(), node);
-    let stop = sup.scope(&scope);
+    let token = sup.scope_token(&scope);
+    let stop = sup.watch_of(token.clone());
     for slot in 0..service.config.back.connections_per_node {
         let (svc, st) = (Arc::clone(service), stop.clone());
-        sup.spawn_critical(format!("{scope}/conn/{slot}"), stop.clone(), move || {
+        sup.spawn_critical(format!("{scope}/conn/{slot}"), token.clone(), move || {
             node::keep_connected(Arc::clone(&svc), node, slot, st.clone())
         });
     }
     if service.config.back.health.check != CheckKind::None {
         let (svc, st) = (Arc::clone(service), stop.clone());
-        sup.spawn_critical(format!("{scope}/health"), stop, move || {
+        sup.spawn_critical(format!("{scope}/health"), token, move || {
             check_health(Arc::clone(&svc), node, st.clone())
         });
     }

@@ -76,7 +76,7 @@ pub async fn start(cfg: &AdminConfig, switch: SwitchHandle) -> Result<SocketAddr
     let sup = Arc::clone(&switch.supervisor);
     let first = Arc::new(std::sync::Mutex::new(Some(listener)));
     let stop = sup.shutdown();
-    sup.spawn_critical("admin".into(), sup.shutdown(), move || {
+    sup.spawn_critical("admin".into(), sup.token(), move || {
         let listener = first.lock().unwrap_or_else(|p| p.into_inner()).take();
         let (app, mut stop) = (app.clone(), stop.clone());
         async move {
