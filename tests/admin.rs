@@ -556,3 +556,117 @@ async fn a_killed_sweeper_or_accept_loop_is_restarted() {
     .await
     .expect("test within its time limit");
 }
+
+/// Reloading a weight change on a UnionPay simplex service under issuer
+/// traffic closes no in link, out link or node link: the connection IDs
+/// before and after are the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_keeps_every_simplex_link() {
+    use isoswitch::sim::cups::{CupsSim, CupsSimConfig};
+    tokio::time::timeout(TEST_LIMIT, async {
+        let spec = spec("cups");
+        let nodes = start_nodes(&spec, 2, Delay::parse("1ms..5ms").unwrap()).await;
+        let listen = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let mut cups_cfg = CupsSimConfig::new("127.0.0.1:0".parse().unwrap(), listen, 4);
+        cups_cfg.rate = Some(100.0);
+        cups_cfg.duration = Duration::from_secs(20);
+        cups_cfg.timeout = Duration::from_secs(3);
+        let cups = CupsSim::start(spec.clone(), cups_cfg).await.unwrap();
+        let token = temp_file("simplex.token", TOKEN);
+        let text = |weight: u32| {
+            format!(
+                "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n\
+                 [[service]]\nname = \"svc\"\nspec = \"cups\"\nf37_stamp = {{ offset = 10, width = 2 }}\n\
+                 [service.front]\nkind = \"simplex\"\nconnect = \"{}\"\nlisten = \"{listen}\"\nlinks = 4\n\
+                 member_id = \"03105840\"\npeer_id = \"00010000\"\n\
+                 [service.back]\nalgorithm = \"weighted\"\n\
+                 [[service.back.node]]\nid = \"01\"\naddress = \"{}\"\n\
+                 [[service.back.node]]\nid = \"02\"\naddress = \"{}\"\nweight = {weight}\n",
+                token.display(),
+                cups.accept_addr(),
+                nodes[0].addr,
+                nodes[1].addr
+            )
+        };
+        let path = temp_file("simplex.toml", &text(1));
+        let switch = start_switch(&Config::load(&path).unwrap()).await;
+        switch.set_source(Some(path.clone()));
+        let svc = service(&switch).clone();
+        wait_connected(&svc, 2).await;
+        let links = svc.out_links.clone().unwrap();
+        wait_until("4 out links signed on, 4 in links", || {
+            links.up() == (4, 4) && svc.conns.count(isoswitch::link::conns::ConnKind::InLink) == 4
+        })
+        .await;
+        let api = Api::of(&switch);
+        let before = api.connection_ids().await;
+        assert_eq!(before.len(), 4 + 4 + 2 * 2, "{before:?}");
+        std::fs::write(&path, text(5)).unwrap();
+        let body = api.ok("POST", "/api/v1/reload", None).await;
+        assert!(body.contains("node 02 weight 1 -> 5"), "{body}");
+        let at_reload = requests_of(&nodes[1]);
+        wait_until("traffic after the reload", || requests_of(&nodes[1]) > at_reload + 20).await;
+        let after = api.connection_ids().await;
+        let report = cups.stop().await;
+        assert_eq!(before, after, "no link closed by the reload");
+        assert!(report.sent > 20, "{report:?}");
+        assert_eq!(report.mismatched, 0, "{report:?}");
+        switch.stop().await;
+    })
+    .await
+    .expect("test within its time limit");
+}
+
+/// `isoswitch ctl` over the API: the status table, the connection table,
+/// a drain, JSON for scripts, and a refusal without the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_shows_tables_and_drains_a_node() {
+    use isoswitch::cli::ctl::{CtlArgs, CtlCommand, execute};
+    tokio::time::timeout(TEST_LIMIT, async {
+        let spec = spec("cup-pos");
+        let nodes = start_nodes(&spec, 2, Delay::NONE).await;
+        let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+        let mut cfg = config("cup-pos", &addrs, "", "", "");
+        cfg.admin = Some(admin_config("ctl"));
+        let switch = start_switch(&cfg).await;
+        wait_connected(service(&switch), 2).await;
+        let args = |command, json| CtlArgs {
+            admin: Api::of(&switch).base,
+            json,
+            token: Some(TOKEN.into()),
+            command,
+        };
+        let table = execute(&args(CtlCommand::Status, false)).await.unwrap();
+        assert!(table.contains("NODE   ADDRESS"), "{table}");
+        assert!(
+            table
+                .lines()
+                .any(|l| l.trim_start().starts_with("02 ") && l.contains(" up ")),
+            "{table}"
+        );
+        let conns = execute(&args(CtlCommand::Conns, false)).await.unwrap();
+        assert_eq!(
+            conns.lines().filter(|l| l.contains(" node ")).count(),
+            4,
+            "{conns}"
+        );
+        let drain = CtlCommand::Drain {
+            service: "svc".into(),
+            node: "02".into(),
+        };
+        execute(&args(drain, false)).await.unwrap();
+        let json = execute(&args(CtlCommand::Status, true)).await.unwrap();
+        let status: Status = serde_json::from_str(&json).unwrap();
+        assert_eq!(status.services[0].nodes[1].state, "draining");
+        let mut anonymous = args(CtlCommand::Status, false);
+        anonymous.token = None;
+        let err = execute(&anonymous).await.unwrap_err().to_string();
+        assert!(err.contains("HTTP 401"), "{err}");
+        switch.stop().await;
+    })
+    .await
+    .expect("test within its time limit");
+}

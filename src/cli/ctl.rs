@@ -7,7 +7,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 
-use crate::ops::admin::{ConnectionView, Status, TOKEN_ENV};
+use crate::ops::admin::{ConnectionView, Status};
 
 #[derive(Debug, clap::Args)]
 pub struct CtlArgs {
@@ -17,6 +17,10 @@ pub struct CtlArgs {
     /// Print the API's JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// The admin token. Prefer the environment variable: a flag shows in
+    /// the process list.
+    #[arg(long, env = "ISOSWITCH_ADMIN_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     #[command(subcommand)]
     pub command: CtlCommand,
 }
@@ -133,7 +137,6 @@ pub fn run(args: &CtlArgs) -> ExitCode {
 
 /// Runs one ctl command; returns what to print.
 pub async fn execute(args: &CtlArgs) -> Result<String, CtlError> {
-    let token = std::env::var(TOKEN_ENV).ok();
     let node_path = |s: &str, n: &str, a: &str| format!("/api/v1/services/{s}/nodes/{n}/{a}");
     let (method, path, body) = match &args.command {
         CtlCommand::Status => ("GET", "/api/v1/status".to_string(), None),
@@ -164,7 +167,7 @@ pub async fn execute(args: &CtlArgs) -> Result<String, CtlError> {
         ),
         CtlCommand::Reload => ("POST", "/api/v1/reload".to_string(), None),
     };
-    let (status, text) = request(&args.admin, method, &path, token.as_deref(), body).await?;
+    let (status, text) = request(&args.admin, method, &path, args.token.as_deref(), body).await?;
     if !(200..300).contains(&status) {
         return Err(CtlError::Status { status, body: text });
     }

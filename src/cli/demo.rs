@@ -246,18 +246,20 @@ async fn demo(seconds: u64) -> Result<bool, String> {
         println!("{}", progress_line(t, &last, &now, &services));
         last = now;
         if t == drain_at {
-            println!("== t={t}s: drain node 02 (no new requests; in-flight ones finish)");
+            println!("== t={t}s: draining node 02 (no new requests; in-flight ones finish)");
             api.node_everywhere("02", "drain").await?;
             api.show().await?;
         } else if t == disable_at {
             println!(
-                "== t={t}s: disable node 01 (its in-flight requests are declined at once), enable node 02"
+                "== t={t}s: disabling node 01 (its in-flight requests are declined at once), enabling node 02"
             );
             api.node_everywhere("01", "disable").await?;
             api.node_everywhere("02", "enable").await?;
             api.show().await?;
         } else if t == enable_at {
-            println!("== t={t}s: enable node 01; reload the config file with node 03 at weight 3");
+            println!(
+                "== t={t}s: enabling node 01; reloading the config file with node 03 at weight 3"
+            );
             api.node_everywhere("01", "enable").await?;
             for svc in &mut cfg.services {
                 if let Some(n) = svc.back.nodes.iter_mut().find(|n| n.id == "03") {
@@ -269,7 +271,7 @@ async fn demo(seconds: u64) -> Result<bool, String> {
             api.show().await?;
         } else if t == kill_at {
             println!(
-                "== t={t}s: kill node 03 (its in-flight requests get declines; clients stay connected)"
+                "== t={t}s: killing node 03 (its in-flight requests get declines; clients stay connected)"
             );
             nodes[2].kill().await;
             api.show().await?;
