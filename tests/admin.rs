@@ -670,3 +670,95 @@ async fn ctl_shows_tables_and_drains_a_node() {
     .await
     .expect("test within its time limit");
 }
+
+/// `isoswitch run`: SIGHUP reloads the file (a weight change applies; an
+/// invalid file is refused and the switch runs on), SIGTERM stops it with
+/// exit status 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_running_switch() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let spec = spec("cup-pos");
+        let nodes = start_nodes(&spec, 3, Delay::NONE).await;
+        let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+        let token = temp_file("sighup.token", TOKEN);
+        let admin = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let text = |weight| {
+            file_config(&addrs, weight, "127.0.0.1:0", &token).replace(
+                "listen = \"127.0.0.1:0\"\ntoken_file",
+                &format!("listen = \"{admin}\"\ntoken_file"),
+            )
+        };
+        let path = temp_file("sighup.toml", &text(1));
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_isoswitch"))
+            .args(["run", "--config"])
+            .arg(&path)
+            .env("ISOSWITCH_LOG", "warn")
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run the switch");
+        let api = Api {
+            base: format!("http://{admin}"),
+        };
+        let weight_of_02 = || async {
+            match request(&api.base, "GET", "/api/v1/status", Some(TOKEN), None).await {
+                Ok((200, body)) => serde_json::from_str::<Status>(&body)
+                    .ok()
+                    .map(|s| s.services[0].nodes[1].weight),
+                _ => None,
+            }
+        };
+        let until = |want: u32| async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while weight_of_02().await != Some(want) {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "weight of 02 never became {want}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        until(1).await;
+        let hup = |pid: u32| {
+            std::process::Command::new("kill")
+                .args(["-HUP", &pid.to_string()])
+                .status()
+                .unwrap()
+        };
+        let pid = child.id().expect("running");
+        let mut log = {
+            use tokio::io::AsyncBufReadExt;
+            tokio::io::BufReader::new(child.stderr.take().unwrap()).lines()
+        };
+        std::fs::write(&path, text(1).replace("weighted", "fastest")).unwrap();
+        assert!(hup(pid).success());
+        loop {
+            let line = log
+                .next_line()
+                .await
+                .unwrap()
+                .expect("the switch logs the refusal");
+            if line.contains("reload refused") {
+                assert!(line.contains("fastest"), "{line}");
+                break;
+            }
+        }
+        assert_eq!(weight_of_02().await, Some(1), "the old config runs on");
+        std::fs::write(&path, text(4)).unwrap();
+        // The refused reload left the switch up; this one applies.
+        assert!(hup(pid).success());
+        until(4).await;
+        assert!(child.try_wait().unwrap().is_none(), "still running");
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        let status = child.wait().await.unwrap();
+        assert!(status.success(), "{status}");
+    })
+    .await
+    .expect("test within its time limit");
+}
