@@ -762,3 +762,40 @@ async fn sighup_reloads_the_running_switch() {
     .await
     .expect("test within its time limit");
 }
+
+/// A switch whose start fails (here: the admin address is taken) stops what
+/// it had started: its front no longer accepts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_start_leaves_nothing_listening() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let spec = spec("cup-pos");
+        let nodes = start_nodes(&spec, 1, Delay::NONE).await;
+        let front_addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut cfg = config("cup-pos", &[nodes[0].addr], "", "", "");
+        if let isoswitch::ops::config::FrontConfig::Listen(l) = &mut cfg.services[0].front {
+            l.listen = front_addr;
+        }
+        let mut admin = admin_config("failed-start");
+        admin.listen = taken.local_addr().unwrap();
+        cfg.admin = Some(admin);
+        let err = Switch::start(&cfg)
+            .await
+            .err()
+            .expect("the admin address is taken");
+        assert!(err.to_string().contains("admin.listen"), "{err}");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while tokio::net::TcpStream::connect(front_addr).await.is_ok() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the front still accepts after a failed start"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("test within its time limit");
+}

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
@@ -103,8 +103,7 @@ fn gauge(name: &'static str, help: &'static str) -> Family<f64> {
 fn encode_counters(enc: &mut DescriptorEncoder, f: &Family<u64>) -> std::fmt::Result {
     let mut m = enc.encode_descriptor(f.name, f.help, None, f.kind)?;
     for (labels, v) in &f.samples {
-        let fam: MetricEncoder = m.encode_family(labels)?;
-        let mut fam = fam;
+        let mut fam = m.encode_family(labels)?;
         fam.encode_counter::<NoLabelSet, _, u64>(v, None)?;
     }
     Ok(())

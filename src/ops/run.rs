@@ -51,8 +51,23 @@ pub enum StartError {
 
 impl Switch {
     /// Starts every service of `config`, and the admin listener if configured.
+    /// On error, whatever was started is stopped again.
     pub async fn start(config: &Config) -> Result<Switch, StartError> {
         let supervisor = Supervisor::new();
+        match Self::start_under(config, &supervisor).await {
+            Ok(switch) => Ok(switch),
+            Err(e) => {
+                supervisor.stop(Duration::from_secs(2)).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn start_under(
+        config: &Config,
+        supervisor: &Arc<Supervisor>,
+    ) -> Result<Switch, StartError> {
+        let supervisor = Arc::clone(supervisor);
         let mut services = Vec::new();
         for svc in &config.services {
             let spec = svc.load_spec().map_err(|e| StartError::Service {
@@ -156,6 +171,14 @@ impl Switch {
         // Let the writers flush the last answers before the links close.
         tokio::time::sleep(Duration::from_millis(100)).await;
         self.handle.supervisor.stop(Duration::from_secs(2)).await;
+    }
+}
+
+impl Drop for Switch {
+    /// A switch dropped without [`Switch::stop`] still ends its tasks (links
+    /// close; nothing waits for answers in flight).
+    fn drop(&mut self) {
+        self.handle.supervisor.cancel();
     }
 }
 

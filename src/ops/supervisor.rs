@@ -224,6 +224,11 @@ impl Supervisor {
         names
     }
 
+    /// Signals every task to stop, without waiting.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
     /// Signals every task to stop and waits up to `grace` for them.
     pub async fn stop(&self, grace: Duration) {
         self.cancel.cancel();
