@@ -18,6 +18,15 @@ fn demo_runs_to_a_clean_summary() {
     );
     assert!(stdout.contains("draining node 02"), "{stdout}");
     assert!(stdout.contains("killing node 03"), "{stdout}");
+    assert!(stdout.contains("disabling node 01"), "{stdout}");
+    assert!(
+        stdout.contains("weight 1 -> 3"),
+        "the reload applied: {stdout}"
+    );
+    assert!(
+        stdout.contains("NODE   ADDRESS"),
+        "status tables from the API: {stdout}"
+    );
     assert!(stdout.contains("node 03 is back"), "{stdout}");
     assert!(
         stdout.contains("lost = 0, answered twice or crossed = 0"),

@@ -1,11 +1,14 @@
 //! `isoswitch demo`: the whole switch on 127.0.0.1 in one process, on the
 //! embedded default config. A simulated POS network controller (2 uplinks,
-//! 200 terminals), a simulated UnionPay (8 in / 8 out links) and a simulated
-//! VISA (2 duplex links, see [`visa`]) send traffic through the switch to
-//! three channel nodes; at one third a node is drained,
-//! at two thirds another is killed and brought back. One progress line a
-//! second, a summary at the end, and a non-zero exit status if any request
-//! went unanswered or was answered twice.
+//! 200 terminals), a simulated UnionPay (8 in / 8 out links), a simulated
+//! VISA (2 duplex links, see [`visa`]) and ATMs through a OneConnect front
+//! send traffic through the switch to three channel nodes. Through the admin
+//! API, as an operator would: node 02 is drained (and a VISA link dropped),
+//! node 01 disabled and re-enabled, a weight change is reloaded from the
+//! config file, then node 03 is killed and brought back; the status table
+//! from the API is printed at each step. One progress line a second, a
+//! summary at the end with a row per scenario, and a non-zero exit status if
+//! any request went unanswered or was answered twice.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -15,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use crate::iso8583::Spec;
 use crate::link::Service;
-use crate::ops::config::{Config, FrontConfig};
+use crate::ops::config::{AdminConfig, Config, FrontConfig};
 use crate::ops::run::Switch;
-use crate::route::{AdminState, DeclineReason};
+use crate::route::DeclineReason;
 use crate::sim::cups::{CupsReport, CupsSim, CupsSimConfig};
 use crate::sim::nac::{self, NacCounters, NacReport, NacSimConfig};
 use crate::sim::node::{NodeSim, NodeSimConfig, Originate};
@@ -183,7 +186,24 @@ async fn demo(seconds: u64) -> Result<bool, String> {
     let mut visa = visa::VisaScenario::start(NODES).await?;
     visa.place(&mut cfg)?;
     let atm = super::demo_atm::AtmHosts::start(&pos_spec, &mut cfg).await?;
+    let files = DemoFiles::new()?;
+    cfg.admin = Some(AdminConfig {
+        listen: "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?,
+        token_file: Some(files.token.clone()),
+        open_paths: vec!["/healthz".into(), "/metrics".into()],
+    });
+    files.write_config(&cfg)?;
     let switch = Switch::start(&cfg).await.map_err(|e| e.to_string())?;
+    switch.set_source(Some(files.config.clone()));
+    let api = DemoApi {
+        base: format!(
+            "http://{}",
+            switch
+                .admin_addr()
+                .ok_or("the demo starts its admin listener")?
+        ),
+        token: files.token_text.clone(),
+    };
     let (pos, unionpay) = match (switch.service("pos"), switch.service("unionpay")) {
         (Some(p), Some(u)) => (Arc::clone(p), Arc::clone(u)),
         _ => return Err("the embedded config lacks its services".into()),
@@ -205,6 +225,10 @@ async fn demo(seconds: u64) -> Result<bool, String> {
     );
     visa.go(&visa_svc).await?;
 
+    println!(
+        "admin API on {} (ctl: ISOSWITCH_ADMIN_TOKEN={} isoswitch ctl --admin {} status)",
+        api.base, api.token, api.base
+    );
     println!(
         "isoswitch demo: POS NAC (2 uplinks, 200 terminals, {POS_RATE} req/s) and UnionPay (8 in / 8 out, {ISSUER_RATE} req/s) through the switch to {NODES} channel nodes, {seconds} s"
     );
@@ -233,8 +257,9 @@ async fn demo(seconds: u64) -> Result<bool, String> {
     };
 
     let services = [&pos, &unionpay, &visa_svc];
-    let (drain_at, kill_at) = (seconds / 3, 2 * seconds / 3);
-    let revive_at = kill_at + (seconds - kill_at) / 2;
+    let step = |k: u64| (k * seconds / 6).max(1);
+    let (drain_at, disable_at, enable_at, kill_at, revive_at) =
+        (step(1), step(2), step(3), step(4), step(5));
     let mut last = Snapshot::take(&services);
     let started = Instant::now();
     for t in 1..=seconds {
@@ -244,21 +269,42 @@ async fn demo(seconds: u64) -> Result<bool, String> {
         last = now;
         if t == drain_at {
             println!("== t={t}s: draining node 02 (no new requests; in-flight ones finish)");
-            for s in &services {
-                s.set_node_admin(1, AdminState::Drain, Instant::now());
-            }
+            api.node_everywhere("02", "drain").await?;
             println!("== t={t}s: dropping a VISA link (the switch dials it again and signs on)");
             visa.drop_link();
+            api.show().await?;
+        } else if t == disable_at {
+            println!(
+                "== t={t}s: disabling node 01 (its in-flight requests are declined at once), enabling node 02"
+            );
+            api.node_everywhere("01", "disable").await?;
+            api.node_everywhere("02", "enable").await?;
+            api.show().await?;
+        } else if t == enable_at {
+            println!(
+                "== t={t}s: enabling node 01; reloading the config file with node 03 at weight 3"
+            );
+            api.node_everywhere("01", "enable").await?;
+            for svc in &mut cfg.services {
+                if let Some(n) = svc.back.nodes.iter_mut().find(|n| n.id == "03") {
+                    n.weight = 3;
+                }
+            }
+            files.write_config(&cfg)?;
+            println!("   reload: {}", api.call("POST", "/api/v1/reload").await?);
+            api.show().await?;
         } else if t == kill_at {
             println!(
                 "== t={t}s: killing node 03 (its in-flight requests get declines; clients stay connected)"
             );
             nodes[2].kill().await;
             visa.kill(2).await;
+            api.show().await?;
         } else if t == revive_at {
             println!("== t={t}s: node 03 is back (rejoins after its health checks pass)");
             nodes[2].revive(2, &pos_spec, &cups_spec).await?;
             visa.revive(2).await?;
+            api.show().await?;
         }
     }
 
@@ -461,4 +507,80 @@ fn summary(
         nac.mismatched + cups.mismatched + own[4] + rows.iter().map(|r| r.doubled).sum::<u64>();
     println!("lost = {lost}, answered twice or crossed = {doubled}");
     lost == 0 && doubled == 0
+}
+
+/// The demo's token and config files (the config is what reload reads),
+/// removed when the demo ends.
+struct DemoFiles {
+    token: std::path::PathBuf,
+    token_text: String,
+    config: std::path::PathBuf,
+}
+
+impl DemoFiles {
+    fn new() -> Result<DemoFiles, String> {
+        let dir = std::env::temp_dir();
+        let pid = std::process::id();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        // A demo token, not a secret worth a CSPRNG: the listener is loopback.
+        let token_text = format!("demo-{pid:x}-{nanos:x}");
+        let token = dir.join(format!("isoswitch-demo-{pid}.token"));
+        std::fs::write(&token, &token_text).map_err(|e| format!("{}: {e}", token.display()))?;
+        Ok(DemoFiles {
+            token,
+            token_text,
+            config: dir.join(format!("isoswitch-demo-{pid}.toml")),
+        })
+    }
+
+    fn write_config(&self, cfg: &Config) -> Result<(), String> {
+        let text = toml::to_string_pretty(cfg).map_err(|e| e.to_string())?;
+        std::fs::write(&self.config, text).map_err(|e| format!("{}: {e}", self.config.display()))
+    }
+}
+
+impl Drop for DemoFiles {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.token);
+        let _ = std::fs::remove_file(&self.config);
+    }
+}
+
+/// The admin API as the demo's operator uses it.
+struct DemoApi {
+    base: String,
+    token: String,
+}
+
+impl DemoApi {
+    async fn call(&self, method: &str, path: &str) -> Result<String, String> {
+        let (status, body) = super::ctl::request(&self.base, method, path, Some(&self.token), None)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !(200..300).contains(&status) {
+            return Err(format!("{method} {path}: HTTP {status}: {body}"));
+        }
+        Ok(body)
+    }
+
+    /// The same node action on both services (a channel node serves both).
+    async fn node_everywhere(&self, node: &str, action: &str) -> Result<(), String> {
+        for service in ["pos", "unionpay"] {
+            self.call(
+                "POST",
+                &format!("/api/v1/services/{service}/nodes/{node}/{action}"),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn show(&self) -> Result<(), String> {
+        let text = self.call("GET", "/api/v1/status").await?;
+        let status = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        print!("{}", super::ctl::status_table(&status));
+        Ok(())
+    }
 }

@@ -1,6 +1,7 @@
 //! Command-line interface. `main.rs` only calls [`main`].
 
 pub mod bench;
+pub mod ctl;
 pub mod decode;
 pub mod demo;
 pub mod demo_atm;
@@ -53,6 +54,8 @@ pub enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Operate a running switch through its admin API.
+    Ctl(ctl::CtlArgs),
     /// Decode framed messages like a protocol dissector.
     Decode(decode::DecodeArgs),
     /// Measure the load generator direct to a node, through HAProxy (if
@@ -178,6 +181,7 @@ pub fn main() -> ExitCode {
     });
     match cli.command {
         Command::Decode(args) => decode::run(&args),
+        Command::Ctl(args) => ctl::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Load(args) => load::run(&args),
@@ -207,6 +211,7 @@ pub fn main() -> ExitCode {
             runtime_with(worker_threads, async move {
                 crate::ops::run::run_until_interrupted(
                     &cfg,
+                    config.clone(),
                     Duration::from_secs(stats_every.max(1)),
                 )
                 .await
@@ -442,10 +447,15 @@ fn init_logging(default_level: &str) -> tracing_appender::non_blocking::WorkerGu
     // or disk never stalls the message path (lines past the queue are dropped
     // and the writer says how many).
     let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(writer)
-        .try_init();
+        .with_writer(writer);
+    // `ISOSWITCH_LOG_FORMAT=json`: one JSON object a line, for log shippers.
+    let _ = match std::env::var("ISOSWITCH_LOG_FORMAT").as_deref() {
+        Ok("json") => builder.json().try_init(),
+        _ => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+    };
     guard
 }

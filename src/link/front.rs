@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 
 use super::client::{ClientLink, InFlightLimit, canonical_peer};
+use super::conns::ConnKind;
 use super::log_limit::{LogKind, LogPeer};
 use super::service::Service;
 use super::timer::{ReadTimer, in_frame};
@@ -172,6 +173,10 @@ async fn serve_client(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let conn = service.next_conn_id();
+    let local = stream.local_addr().unwrap_or(peer);
+    let registered = service
+        .conns
+        .register(conn, ConnKind::Client, None, peer, local);
     let _ = stream.set_nodelay(true);
     let (read, write) = stream.into_split();
     let (tx, rx) = mpsc::channel(front.write_queue);
@@ -206,6 +211,7 @@ async fn serve_client(
             _ = shutdown.changed() => break Ended::Other("shutdown".to_string()),
         };
         timer.frame(Instant::now());
+        registered.entry.received();
         match item {
             Some(Ok(Frame::Message(payload))) => {
                 let keep = match &service.oneconnect {

@@ -3,6 +3,7 @@
 //! writes them.
 
 pub mod client;
+pub mod conns;
 pub mod decline;
 pub mod front;
 pub mod log_limit;
@@ -21,6 +22,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::ops::supervisor::Supervisor;
+
 use crate::ops::config::{CheckKind, FrontConfig};
 pub use service::Service;
 
@@ -30,65 +33,120 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_millis(10);
 
 /// A started service: its shared state and the address its front listens on
 /// (for a simplex front, where the peer's in links connect).
+#[derive(Clone)]
 pub struct Running {
     pub service: Arc<Service>,
     pub front_addr: std::net::SocketAddr,
 }
 
-/// Binds the front, then spawns the front, the node connections, the sweeper and
-/// the health checks of `service` into `tasks`.
-pub async fn start(
-    service: Arc<Service>,
-    tasks: &mut JoinSet<()>,
-    shutdown: &watch::Receiver<bool>,
-) -> std::io::Result<Running> {
+/// Binds the front, then starts the front, the node connections, the sweeper
+/// and the health checks of `service` under `sup`. Each task is named
+/// `SERVICE/accept`, `SERVICE/sweeper`, `SERVICE/node/INDEX/conn/SLOT`,
+/// `SERVICE/node/INDEX/health` (for [`Supervisor::kill`]); link-set tasks
+/// (simplex, connect fronts) are watched as `SERVICE/links`.
+pub async fn start(service: Arc<Service>, sup: &Arc<Supervisor>) -> std::io::Result<Running> {
+    let name = service.name().to_string();
+    let shutdown = sup.shutdown();
     let front_addr = match service.config.front.clone() {
         FrontConfig::Listen(front) => {
             let listener = front::bind(&front).await?;
             let addr = listener.local_addr()?;
-            tasks.spawn(front::serve(
-                Arc::clone(&service),
-                front,
-                listener,
-                shutdown.clone(),
-            ));
+            start_accept(sup, &service, front, listener, addr);
             addr
         }
         FrontConfig::Simplex(front) => {
-            simplex::start(Arc::clone(&service), front, tasks, shutdown).await?
+            let mut set = JoinSet::new();
+            let addr = simplex::start(Arc::clone(&service), front, &mut set, &shutdown).await?;
+            sup.watch_set(format!("{name}/links"), set);
+            addr
         }
         front @ FrontConfig::Connect(_) => {
             let set = front
                 .link_set()
                 .ok_or_else(|| std::io::Error::other("a connect front has a link set"))?;
-            simplex::start_connect(Arc::clone(&service), set, tasks, shutdown)
+            let mut tasks = JoinSet::new();
+            let addr = simplex::start_connect(Arc::clone(&service), set, &mut tasks, &shutdown);
+            sup.watch_set(format!("{name}/links"), tasks);
+            addr
         }
     };
     if let Some(oc) = &service.oneconnect {
-        // Connections open on demand, one request at a time each.
-        oneconnect::start(&service, oc, tasks, shutdown);
-        tasks.spawn(sweep(Arc::clone(&service), shutdown.clone()));
-        return Ok(Running {
-            service,
-            front_addr,
-        });
-    }
-    for node in 0..service.pool.nodes().len() {
-        for slot in 0..service.config.back.connections_per_node {
-            tasks.spawn(node::keep_connected(
-                Arc::clone(&service),
-                node,
-                slot,
-                shutdown.clone(),
-            ));
+        // Connections open on demand, one request at a time each; the pool's
+        // health checks and maintenance cannot restart one by one.
+        let mut set = JoinSet::new();
+        oneconnect::start(&service, oc, &mut set, &shutdown);
+        sup.watch_set(format!("{name}/oneconnect"), set);
+    } else {
+        for node in 0..service.pool.nodes().len() {
+            start_node(sup, &service, node);
         }
-        tasks.spawn(check_health(Arc::clone(&service), node, shutdown.clone()));
     }
-    tasks.spawn(sweep(Arc::clone(&service), shutdown.clone()));
+    let svc = Arc::clone(&service);
+    let stop = shutdown.clone();
+    sup.spawn_critical(format!("{name}/sweeper"), sup.token(), move || {
+        sweep(Arc::clone(&svc), stop.clone())
+    });
     Ok(Running {
         service,
         front_addr,
     })
+}
+
+/// The accept loop of a listen front. A restarted loop binds the address the
+/// first one had (port 0 resolved); client links are tasks of their own and
+/// survive it.
+fn start_accept(
+    sup: &Arc<Supervisor>,
+    service: &Arc<Service>,
+    front: crate::ops::config::ListenFront,
+    listener: tokio::net::TcpListener,
+    addr: std::net::SocketAddr,
+) {
+    let first = Arc::new(std::sync::Mutex::new(Some(listener)));
+    let svc = Arc::clone(service);
+    let stop = sup.shutdown();
+    sup.spawn_critical(format!("{}/accept", service.name()), sup.token(), move || {
+        let listener = first.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let (svc, front, stop) = (Arc::clone(&svc), front.clone(), stop.clone());
+        async move {
+            let listener = match listener {
+                Some(l) => l,
+                None => match tokio::net::TcpListener::bind(addr).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::error!(service = svc.name(), %addr, error = %e, "cannot listen again");
+                        return;
+                    }
+                },
+            };
+            front::serve(svc, front, listener, stop).await;
+        }
+    });
+}
+
+/// Starts the connections and health check of node `node` in their own scope
+/// (`SERVICE/node/INDEX`), which removing the node ends.
+pub fn start_node(sup: &Arc<Supervisor>, service: &Arc<Service>, node: usize) {
+    let scope = node_scope(service.name(), node);
+    let token = sup.scope_token(&scope);
+    let stop = sup.watch_of(token.clone());
+    for slot in 0..service.config.back.connections_per_node {
+        let (svc, st) = (Arc::clone(service), stop.clone());
+        sup.spawn_critical(format!("{scope}/conn/{slot}"), token.clone(), move || {
+            node::keep_connected(Arc::clone(&svc), node, slot, st.clone())
+        });
+    }
+    if service.config.back.health.check != CheckKind::None {
+        let (svc, st) = (Arc::clone(service), stop.clone());
+        sup.spawn_critical(format!("{scope}/health"), token, move || {
+            check_health(Arc::clone(&svc), node, st.clone())
+        });
+    }
+}
+
+/// The supervisor scope of a node's tasks.
+pub fn node_scope(service: &str, node: usize) -> String {
+    format!("{service}/node/{node}")
 }
 
 async fn sweep(service: Arc<Service>, mut shutdown: watch::Receiver<bool>) {

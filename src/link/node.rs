@@ -55,6 +55,17 @@ async fn run_connection(
     shutdown: &mut watch::Receiver<bool>,
 ) {
     let id = service.next_conn_id();
+    let (peer, local) = (stream.peer_addr(), stream.local_addr());
+    let registered = match (peer, local) {
+        (Ok(p), Ok(l)) => Some(service.conns.register(
+            id,
+            super::conns::ConnKind::Node,
+            Some(node_name(service, node)),
+            p,
+            l,
+        )),
+        _ => None,
+    };
     let (read, write) = stream.into_split();
     let (tx, rx) = mpsc::channel(service.config.back.write_queue);
     let prefix = service.spec.framing().prefix;
@@ -84,6 +95,9 @@ async fn run_connection(
         tokio::select! {
             item = frames.next() => {
                 timer.frame(Instant::now());
+                if let Some(r) = &registered {
+                    r.entry.received();
+                }
                 match item {
                     Some(Ok(Frame::Message(payload))) => service.on_node_frame(node, id, payload, Instant::now()),
                     Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => {}

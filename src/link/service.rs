@@ -177,6 +177,8 @@ pub struct Service {
     stamps: Option<StampTable>,
     /// `listen` fronts in `oneconnect` mode: the node connection pool.
     pub oneconnect: Option<Arc<super::oneconnect::OneConnect>>,
+    /// Live connections, for the admin API's connection table.
+    pub conns: Arc<super::conns::ConnTable>,
 }
 
 impl Service {
@@ -273,6 +275,7 @@ impl Service {
             draining: std::sync::atomic::AtomicBool::new(false),
             out_links,
             stamps,
+            conns: Arc::default(),
         })
     }
 

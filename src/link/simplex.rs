@@ -591,6 +591,20 @@ fn spawn_links(
     }
 }
 
+/// Lists a peer link in the service's connection table while it lives.
+fn register_link(
+    service: &Service,
+    stream: &TcpStream,
+    kind: super::conns::ConnKind,
+) -> Option<super::conns::Registered> {
+    let (peer, local) = (stream.peer_addr().ok()?, stream.local_addr().ok()?);
+    Some(
+        service
+            .conns
+            .register(service.next_conn_id(), kind, None, peer, local),
+    )
+}
+
 fn out_links(service: &Service) -> Option<&Arc<OutLinks>> {
     service.out_links.as_ref()
 }
@@ -707,6 +721,7 @@ async fn run_out_link(
         return OutLinkEnd::Shutdown;
     };
     let _ = stream.set_nodelay(true);
+    let registered = register_link(service, &stream, super::conns::ConnKind::OutLink);
     let (read, write) = stream.into_split();
     let (tx, rx) = mpsc::channel(front.write_queue);
     let prefix = service.spec.framing().prefix;
@@ -731,6 +746,9 @@ async fn run_out_link(
         tokio::select! {
             item = frames.next() => {
                 timer.frame(Instant::now());
+                if let Some(r) = &registered {
+                    r.entry.received();
+                }
                 match item {
                     Some(Ok(Frame::KeepAlive)) if front.duplex => {
                         links.in_stats.keepalives_in.fetch_add(1, Ordering::Relaxed);
@@ -944,6 +962,7 @@ async fn run_in_link(
         return "no front".into();
     };
     let prefix = service.spec.framing().prefix;
+    let registered = register_link(service, &stream, super::conns::ConnKind::InLink);
     let mut frames = FramedRead::new(
         stream,
         FrameCodec::new(prefix, service.spec.framing().max_frame),
@@ -970,6 +989,9 @@ async fn run_in_link(
             _ = shutdown.changed() => return "shutdown".into(),
         };
         timer.frame(Instant::now());
+        if let Some(r) = &registered {
+            r.entry.received();
+        }
         match item {
             Some(Ok(Frame::KeepAlive)) => {
                 links.in_stats.keepalives_in.fetch_add(1, Ordering::Relaxed);

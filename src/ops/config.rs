@@ -3,7 +3,7 @@
 //! at load with errors that name the key.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -20,6 +20,26 @@ pub struct Config {
     /// Services, each joining one front to one back.
     #[serde(rename = "service", default)]
     pub services: Vec<ServiceConfig>,
+    /// The admin HTTP listener (API, metrics, status page); off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin: Option<AdminConfig>,
+}
+
+/// `[admin]`: the admin HTTP listener. See docs/config.md.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Where the admin API listens; loopback by default.
+    #[serde(default = "defaults::admin_listen")]
+    pub listen: SocketAddr,
+    /// A file holding the bearer token (first line). Without it the token
+    /// comes from `ISOSWITCH_ADMIN_TOKEN`; with neither the switch refuses to
+    /// start the listener.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// Paths served without the token (for probes and scrapers).
+    #[serde(default = "defaults::admin_open_paths")]
+    pub open_paths: Vec<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -551,6 +571,14 @@ impl Default for TimeoutConfig {
 
 mod defaults {
     use std::time::Duration;
+
+    pub fn admin_listen() -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], 9090))
+    }
+
+    pub fn admin_open_paths() -> Vec<String> {
+        vec!["/healthz".into(), "/metrics".into()]
+    }
 
     pub fn max_connections() -> usize {
         1024

@@ -5,17 +5,31 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
-use tokio::task::JoinSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Mutex;
 
 use super::config::Config;
+use super::supervisor::Supervisor;
 use crate::link::{self, Running, Service};
 
 /// Services started from one config.
 pub struct Switch {
     pub services: Vec<Running>,
-    tasks: JoinSet<()>,
-    shutdown: watch::Sender<bool>,
+    handle: SwitchHandle,
+    admin_addr: Option<SocketAddr>,
+}
+
+/// What the admin API and reload act on: the running services, the task
+/// supervisor and the config they run. Cheap to clone.
+#[derive(Clone)]
+pub struct SwitchHandle {
+    pub services: Arc<[Running]>,
+    pub supervisor: Arc<Supervisor>,
+    /// The config the services run now (reload replaces it).
+    pub config: Arc<Mutex<Config>>,
+    /// The file reload reads; `None` for a config given in memory.
+    pub source: Arc<Mutex<Option<PathBuf>>>,
 }
 
 /// Errors starting a switch, naming the service.
@@ -28,13 +42,32 @@ pub enum StartError {
         service: String,
         source: std::io::Error,
     },
+    #[error("admin: {0}")]
+    Admin(String),
+    /// A critical task ended and could not be restarted in place.
+    #[error("stopped: {0}")]
+    Fatal(String),
 }
 
 impl Switch {
-    /// Starts every service of `config`.
+    /// Starts every service of `config`, and the admin listener if configured.
+    /// On error, whatever was started is stopped again.
     pub async fn start(config: &Config) -> Result<Switch, StartError> {
-        let (shutdown, rx) = watch::channel(false);
-        let mut tasks = JoinSet::new();
+        let supervisor = Supervisor::new();
+        match Self::start_under(config, &supervisor).await {
+            Ok(switch) => Ok(switch),
+            Err(e) => {
+                supervisor.stop(Duration::from_secs(2)).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn start_under(
+        config: &Config,
+        supervisor: &Arc<Supervisor>,
+    ) -> Result<Switch, StartError> {
+        let supervisor = Arc::clone(supervisor);
         let mut services = Vec::new();
         for svc in &config.services {
             let spec = svc.load_spec().map_err(|e| StartError::Service {
@@ -47,7 +80,7 @@ impl Switch {
                     reason,
                 }
             })?;
-            let running = link::start(Arc::new(service), &mut tasks, &rx)
+            let running = link::start(Arc::new(service), &supervisor)
                 .await
                 .map_err(|source| StartError::Bind {
                     service: svc.name.clone(),
@@ -56,11 +89,39 @@ impl Switch {
             tracing::info!(service = %svc.name, front = %running.front_addr, "service started");
             services.push(running);
         }
+        let handle = SwitchHandle {
+            services: services.clone().into(),
+            supervisor,
+            config: Arc::new(Mutex::new(config.clone())),
+            source: Arc::default(),
+        };
+        let admin_addr = match &config.admin {
+            Some(admin) => Some(
+                super::admin::start(admin, handle.clone())
+                    .await
+                    .map_err(StartError::Admin)?,
+            ),
+            None => None,
+        };
         Ok(Switch {
             services,
-            tasks,
-            shutdown,
+            handle,
+            admin_addr,
         })
+    }
+
+    /// The admin listener's address, when one is configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    pub fn handle(&self) -> &SwitchHandle {
+        &self.handle
+    }
+
+    /// The file a reload reads (what `run --config` loaded).
+    pub fn set_source(&self, path: Option<PathBuf>) {
+        *self.handle.source.lock().unwrap_or_else(|p| p.into_inner()) = path;
     }
 
     pub fn service(&self, name: &str) -> Option<&Arc<Service>> {
@@ -86,7 +147,7 @@ impl Switch {
     }
 
     /// [`Switch::stop`] with an explicit grace period.
-    pub async fn stop_within(mut self, grace: Duration) {
+    pub async fn stop_within(self, grace: Duration) {
         for r in &self.services {
             r.service.begin_drain();
         }
@@ -109,15 +170,15 @@ impl Switch {
         }
         // Let the writers flush the last answers before the links close.
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let _ = self.shutdown.send(true);
-        let deadline = tokio::time::sleep(Duration::from_secs(2));
-        tokio::pin!(deadline);
-        loop {
-            tokio::select! {
-                next = self.tasks.join_next() => if next.is_none() { break },
-                _ = &mut deadline => { self.tasks.abort_all(); break }
-            }
-        }
+        self.handle.supervisor.stop(Duration::from_secs(2)).await;
+    }
+}
+
+impl Drop for Switch {
+    /// A switch dropped without [`Switch::stop`] still ends its tasks (links
+    /// close; nothing waits for answers in flight).
+    fn drop(&mut self) {
+        self.handle.supervisor.cancel();
     }
 }
 
@@ -158,11 +219,20 @@ pub fn stats_line(service: &Service) -> String {
 /// Runs until Ctrl-C.
 pub async fn run_until_interrupted(
     config: &Config,
+    source: Option<PathBuf>,
     stats_every: Duration,
 ) -> Result<(), StartError> {
     let switch = Switch::start(config).await?;
+    switch.set_source(source);
     let mut tick = tokio::time::interval(stats_every);
     tick.tick().await;
+    let mut hangups = hangups();
+    let fatal = {
+        let sup = Arc::clone(&switch.handle.supervisor);
+        async move { sup.fatal().await }
+    };
+    tokio::pin!(fatal);
+    let mut failed = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {
@@ -170,13 +240,49 @@ pub async fn run_until_interrupted(
                     tracing::info!("{}", stats_line(&r.service));
                 }
             }
+            _ = hangups.recv() => {
+                match super::reload::reload(&switch.handle).await {
+                    Ok(report) => tracing::info!(%report, "SIGHUP: config reloaded"),
+                    Err(e) => tracing::error!(error = %e, "SIGHUP: reload refused; the old config stays"),
+                }
+            }
+            why = &mut fatal => { failed = Some(why); break }
             _ = tokio::signal::ctrl_c() => break,
             _ = terminated() => break,
         }
     }
     tracing::info!("shutting down: declining new requests, answering those in flight");
     switch.stop().await;
-    Ok(())
+    match failed {
+        Some(why) => Err(StartError::Fatal(why)),
+        None => Ok(()),
+    }
+}
+
+/// SIGHUP (what `systemctl reload` sends), on Unix; never elsewhere.
+fn hangups() -> tokio::sync::mpsc::Receiver<()> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::hangup()) {
+            Ok(mut hup) => {
+                tokio::spawn(async move {
+                    while hup.recv().await.is_some() {
+                        if tx.send(()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no SIGHUP handler: reload only through the admin API")
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    drop(tx);
+    rx
 }
 
 /// SIGTERM (what service managers send), on Unix; never elsewhere.

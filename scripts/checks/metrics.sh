@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# `promtool check metrics` (Debian's prometheus package) on the /metrics of a
+# switch that has carried NAC traffic: the exposition must parse and lint clean
+# as a real Prometheus would scrape it.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if ! command -v promtool >/dev/null; then
+    echo "FAIL metrics.sh: promtool is missing (apt-get install prometheus; listed in scripts/deps/ops.apt)"
+    exit 1
+fi
+source scripts/checks/lib/switch.sh
+start_switch
+nac_load 2s
+curl -sf "http://$ADMIN/metrics" > "$WORK/metrics.txt"
+grep -q '^isoswitch_server_requests_total{service="pos",server="02"}' "$WORK/metrics.txt" \
+    || { echo "FAIL metrics.sh: no per-node request counter"; exit 1; }
+if ! promtool check metrics < "$WORK/metrics.txt"; then
+    echo "FAIL metrics.sh: promtool check metrics refused the exposition"
+    exit 1
+fi
+echo "ok metrics.sh: $(grep -vc '^#' "$WORK/metrics.txt") samples pass promtool check metrics"

@@ -1,0 +1,263 @@
+//! `isoswitch ctl`: the admin API from a shell. Tables for people, `--json`
+//! for scripts. The token comes from `ISOSWITCH_ADMIN_TOKEN`.
+
+use std::process::ExitCode;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+
+use crate::ops::admin::{ConnectionView, Status};
+
+#[derive(Debug, clap::Args)]
+pub struct CtlArgs {
+    /// The admin listener.
+    #[arg(long, default_value = "http://127.0.0.1:9090")]
+    pub admin: String,
+    /// Print the API's JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// The admin token. Prefer the environment variable: a flag shows in
+    /// the process list.
+    #[arg(long, env = "ISOSWITCH_ADMIN_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum CtlCommand {
+    /// Services, nodes and links with their counters.
+    Status,
+    /// The connection table.
+    Conns,
+    /// No new requests to NODE; its in-flight requests finish.
+    Drain { service: String, node: String },
+    /// No traffic to NODE; its in-flight requests are declined at once.
+    Disable { service: String, node: String },
+    /// NODE takes traffic again (through slow start).
+    Enable { service: String, node: String },
+    /// Adds a node at runtime.
+    AddNode {
+        service: String,
+        node: String,
+        address: std::net::SocketAddr,
+        #[arg(long, default_value_t = 1)]
+        weight: u32,
+        #[arg(long, default_value_t = 0)]
+        priority: u32,
+    },
+    /// Drains NODE, then removes it.
+    RemoveNode { service: String, node: String },
+    /// Re-reads the config file the switch started with.
+    Reload,
+}
+
+/// An HTTP error or an unreachable admin listener.
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    #[error("--admin {0}: expected http://HOST:PORT")]
+    BadUrl(String),
+    #[error("{0}")]
+    Io(String),
+    #[error("HTTP {status}: {body}")]
+    Status { status: u16, body: String },
+}
+
+/// One request to the admin API: `(status, body)`.
+pub async fn request(
+    admin: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<String>,
+) -> Result<(u16, String), CtlError> {
+    let authority = admin
+        .strip_prefix("http://")
+        .map(|a| a.trim_end_matches('/'))
+        .filter(|a| !a.is_empty() && !a.contains('/'))
+        .ok_or_else(|| CtlError::BadUrl(admin.to_string()))?;
+    let stream = tokio::net::TcpStream::connect(authority)
+        .await
+        .map_err(|e| CtlError::Io(format!("{admin}: {e}")))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| CtlError::Io(e.to_string()))?;
+    let driver = tokio::spawn(conn);
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(hyper::header::HOST, authority);
+    if let Some(t) = token {
+        req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    if body.is_some() {
+        req = req.header(hyper::header::CONTENT_TYPE, "application/json");
+    }
+    let req = req
+        .body(Full::new(Bytes::from(body.unwrap_or_default())))
+        .map_err(|e| CtlError::Io(e.to_string()))?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| CtlError::Io(e.to_string()))?;
+    let status = resp.status().as_u16();
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| CtlError::Io(e.to_string()))?
+        .to_bytes();
+    driver.abort();
+    Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+pub fn run(args: &CtlArgs) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("isoswitch ctl: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(execute(args)) {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("isoswitch ctl: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs one ctl command; returns what to print.
+pub async fn execute(args: &CtlArgs) -> Result<String, CtlError> {
+    let node_path = |s: &str, n: &str, a: &str| format!("/api/v1/services/{s}/nodes/{n}/{a}");
+    let (method, path, body) = match &args.command {
+        CtlCommand::Status => ("GET", "/api/v1/status".to_string(), None),
+        CtlCommand::Conns => ("GET", "/api/v1/connections".to_string(), None),
+        CtlCommand::Drain { service, node } => ("POST", node_path(service, node, "drain"), None),
+        CtlCommand::Disable { service, node } => {
+            ("POST", node_path(service, node, "disable"), None)
+        }
+        CtlCommand::Enable { service, node } => ("POST", node_path(service, node, "enable"), None),
+        CtlCommand::AddNode {
+            service,
+            node,
+            address,
+            weight,
+            priority,
+        } => (
+            "POST",
+            format!("/api/v1/services/{service}/nodes"),
+            Some(
+                serde_json::json!({"id": node, "address": address.to_string(), "weight": weight, "priority": priority})
+                    .to_string(),
+            ),
+        ),
+        CtlCommand::RemoveNode { service, node } => (
+            "DELETE",
+            format!("/api/v1/services/{service}/nodes/{node}"),
+            None,
+        ),
+        CtlCommand::Reload => ("POST", "/api/v1/reload".to_string(), None),
+    };
+    let (status, text) = request(&args.admin, method, &path, args.token.as_deref(), body).await?;
+    if !(200..300).contains(&status) {
+        return Err(CtlError::Status { status, body: text });
+    }
+    if args.json {
+        return Ok(format!("{text}\n"));
+    }
+    let parse_err = |e: serde_json::Error| CtlError::Io(format!("unexpected answer: {e}"));
+    Ok(match args.command {
+        CtlCommand::Status => status_table(&serde_json::from_str(&text).map_err(parse_err)?),
+        CtlCommand::Conns => {
+            let rows: Vec<ConnectionView> = serde_json::from_str(&text).map_err(parse_err)?;
+            conns_table(&rows)
+        }
+        _ => format!("{text}\n"),
+    })
+}
+
+/// The status as a table, one block per service.
+pub fn status_table(status: &Status) -> String {
+    let mut out = String::new();
+    for s in &status.services {
+        let declined: u64 = s.declined.values().sum();
+        out.push_str(&format!(
+            "{} ({} {}): requests {} answered {} declined {} in_flight {} late {} clients {}\n",
+            s.name,
+            s.front,
+            s.front_address,
+            s.requests,
+            s.answered,
+            declined,
+            s.in_flight,
+            s.late_responses,
+            s.clients
+        ));
+        if let Some(l) = &s.links {
+            out.push_str(&format!(
+                "  links {}/{} up, {} signed on\n",
+                l.up, l.links, l.signed_on
+            ));
+        }
+        out.push_str(&format!(
+            "  {:<6} {:<21} {:<9} {:>7} {:>5} {:>9} {:>9} {:>9} {:>7} {:>8}\n",
+            "NODE",
+            "ADDRESS",
+            "STATE",
+            "WEIGHT",
+            "CONNS",
+            "IN-FLIGHT",
+            "SENT",
+            "ANSWERED",
+            "FAILED",
+            "EWMA-MS"
+        ));
+        for n in &s.nodes {
+            out.push_str(&format!(
+                "  {:<6} {:<21} {:<9} {:>7} {:>5} {:>9} {:>9} {:>9} {:>7} {:>8.1}\n",
+                n.id,
+                n.address,
+                n.state,
+                format!("{}/{}", n.effective_weight, n.weight),
+                n.connections,
+                n.in_flight,
+                n.sent,
+                n.answered,
+                n.failed,
+                n.latency_ewma_ms
+            ));
+        }
+    }
+    out
+}
+
+fn conns_table(conns: &[ConnectionView]) -> String {
+    let mut out = format!(
+        "{:>6} {:<8} {:<9} {:<5} {:<21} {:<21} {:>9} {:>9} {:>9}\n",
+        "ID", "SERVICE", "KIND", "NODE", "PEER", "LOCAL", "AGE-MS", "MSGS-IN", "IDLE-MS"
+    );
+    for c in conns {
+        out.push_str(&format!(
+            "{:>6} {:<8} {:<9} {:<5} {:<21} {:<21} {:>9} {:>9} {:>9}\n",
+            c.id,
+            c.service,
+            c.kind,
+            c.node.as_deref().unwrap_or("-"),
+            c.peer,
+            c.local,
+            c.age_ms,
+            c.messages_in,
+            c.idle_ms
+        ));
+    }
+    out
+}

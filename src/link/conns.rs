@@ -1,0 +1,144 @@
+//! The connection table (F5's `b conn`): every live client link, node link
+//! and peer link of a service, with its addresses, age and traffic. Link tasks
+//! register when a connection starts and hold a [`Registered`] guard that
+//! unregisters it when the task ends, however it ends. Per-message cost: one
+//! relaxed atomic add and one store.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// What a connection is to the switch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConnKind {
+    /// A client of a listen front (a NAC uplink, an app).
+    Client,
+    /// One of the K shared connections to a channel node.
+    Node,
+    /// A link the switch opened to the peer (simplex out link, VISA link).
+    OutLink,
+    /// A link the peer opened to the switch (simplex in link).
+    InLink,
+}
+
+/// One live connection. Counters are written by its own task only.
+#[derive(Debug)]
+pub struct ConnEntry {
+    pub id: u64,
+    pub kind: ConnKind,
+    /// The node ID, for node links.
+    pub node: Option<String>,
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    pub opened: Instant,
+    messages_in: AtomicU64,
+    /// Milliseconds after `opened` of the last frame received.
+    last_in_ms: AtomicU64,
+}
+
+impl ConnEntry {
+    /// A frame arrived on this connection.
+    pub fn received(&self) {
+        self.messages_in.fetch_add(1, Ordering::Relaxed);
+        let ms = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_in_ms.store(ms, Ordering::Relaxed);
+    }
+
+    pub fn messages_in(&self) -> u64 {
+        self.messages_in.load(Ordering::Relaxed)
+    }
+
+    /// Time since the last frame received (since the connection opened if none).
+    pub fn idle(&self, now: Instant) -> Duration {
+        let last = self.opened + Duration::from_millis(self.last_in_ms.load(Ordering::Relaxed));
+        now.saturating_duration_since(last)
+    }
+}
+
+/// The live connections of one service.
+#[derive(Debug, Default)]
+pub struct ConnTable {
+    live: Mutex<HashMap<u64, Arc<ConnEntry>>>,
+}
+
+/// Keeps a connection in its table while alive; unregisters it on drop.
+#[derive(Debug)]
+pub struct Registered {
+    table: Arc<ConnTable>,
+    pub entry: Arc<ConnEntry>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.table.lock().remove(&self.entry.id);
+    }
+}
+
+impl ConnTable {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<ConnEntry>>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers connection `id` until the returned guard drops.
+    pub fn register(
+        self: &Arc<Self>,
+        id: u64,
+        kind: ConnKind,
+        node: Option<String>,
+        peer: SocketAddr,
+        local: SocketAddr,
+    ) -> Registered {
+        let entry = Arc::new(ConnEntry {
+            id,
+            kind,
+            node,
+            peer,
+            local,
+            opened: Instant::now(),
+            messages_in: AtomicU64::new(0),
+            last_in_ms: AtomicU64::new(0),
+        });
+        self.lock().insert(id, Arc::clone(&entry));
+        Registered {
+            table: Arc::clone(self),
+            entry,
+        }
+    }
+
+    /// The live connections, by ID.
+    pub fn snapshot(&self) -> Vec<Arc<ConnEntry>> {
+        let mut all: Vec<_> = self.lock().values().cloned().collect();
+        all.sort_by_key(|e| e.id);
+        all
+    }
+
+    pub fn count(&self, kind: ConnKind) -> usize {
+        self.lock().values().filter(|e| e.kind == kind).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_unregisters_on_drop() {
+        let t = Arc::new(ConnTable::default());
+        let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let g1 = t.register(1, ConnKind::Client, None, a, a);
+        let g2 = t.register(2, ConnKind::Node, Some("01".into()), a, a);
+        g1.entry.received();
+        assert_eq!(t.snapshot().len(), 2);
+        assert_eq!(t.snapshot()[0].messages_in(), 1);
+        assert_eq!(t.count(ConnKind::Node), 1);
+        drop(g1);
+        assert_eq!(t.snapshot().iter().map(|e| e.id).collect::<Vec<_>>(), [2]);
+        drop(g2);
+        assert!(t.snapshot().is_empty());
+    }
+}

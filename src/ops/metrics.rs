@@ -1,0 +1,380 @@
+//! `GET /metrics`: the switch's counters in the Prometheus text format, read
+//! at scrape time from the same atomics the router writes (`ServiceCounters`,
+//! `NodeCounters`): nothing is counted twice. Names follow HAProxy's exporter
+//! so operators recognise them: `isoswitch_service_*` (HAProxy's `frontend`)
+//! and `isoswitch_server_*` (a channel node) with `service` and `server`
+//! labels.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use super::run::SwitchHandle;
+use crate::link::Service;
+use crate::link::conns::ConnKind;
+use crate::route::DeclineReason;
+
+/// Node states, each exported as `isoswitch_server_state{state=…}` 0/1.
+const NODE_STATES: [&str; 6] = ["up", "down", "draining", "disabled", "ejected", "removed"];
+
+type Labels = Vec<(&'static str, String)>;
+
+/// The whole exposition, as `/metrics` serves it.
+pub fn render(handle: &SwitchHandle) -> Result<String, std::fmt::Error> {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(SwitchMetrics(handle.clone())));
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &registry)?;
+    Ok(out)
+}
+
+/// The Prometheus text format 0.0.4 (what `promtool check metrics` and
+/// scrapers that do not ask for OpenMetrics read) from the OpenMetrics text the
+/// encoder writes: counter families are named with their `_total` suffix in
+/// `HELP` and `TYPE`, and the `# EOF` and `# UNIT` lines go.
+pub fn to_prometheus_text(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+        match meta {
+            Some((p, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                if counters.contains(name) {
+                    out.push_str(&format!("{p}{name}_total {tail}"));
+                } else {
+                    out.push_str(line);
+                }
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+struct SwitchMetrics(SwitchHandle);
+
+impl std::fmt::Debug for SwitchMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SwitchMetrics")
+    }
+}
+
+/// One metric family: its samples are label sets and values.
+struct Family<T> {
+    name: &'static str,
+    help: &'static str,
+    kind: MetricType,
+    samples: Vec<(Labels, T)>,
+}
+
+impl<T> Family<T> {
+    fn new(name: &'static str, help: &'static str, kind: MetricType) -> Self {
+        Family {
+            name,
+            help,
+            kind,
+            samples: Vec::new(),
+        }
+    }
+}
+
+fn counter(name: &'static str, help: &'static str) -> Family<u64> {
+    Family::new(name, help, MetricType::Counter)
+}
+
+fn gauge(name: &'static str, help: &'static str) -> Family<f64> {
+    Family::new(name, help, MetricType::Gauge)
+}
+
+fn encode_counters(enc: &mut DescriptorEncoder, f: &Family<u64>) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(f.name, f.help, None, f.kind)?;
+    for (labels, v) in &f.samples {
+        let mut fam = m.encode_family(labels)?;
+        fam.encode_counter::<NoLabelSet, _, u64>(v, None)?;
+    }
+    Ok(())
+}
+
+fn encode_gauges(enc: &mut DescriptorEncoder, f: &Family<f64>) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(f.name, f.help, None, f.kind)?;
+    for (labels, v) in &f.samples {
+        let mut fam = m.encode_family(labels)?;
+        fam.encode_gauge(v)?;
+    }
+    Ok(())
+}
+
+impl Collector for SwitchMetrics {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let now = Instant::now();
+        let mut svc_counters: Vec<Family<u64>> = vec![
+            counter(
+                "isoswitch_service_requests",
+                "Requests accepted from the front.",
+            ),
+            counter(
+                "isoswitch_service_responses",
+                "Node responses delivered to the front.",
+            ),
+            counter(
+                "isoswitch_service_late_responses",
+                "Node responses that came after their request was declined; dropped.",
+            ),
+            counter(
+                "isoswitch_service_unknown_responses",
+                "Node responses that match no request; dropped.",
+            ),
+            counter(
+                "isoswitch_service_bad_messages",
+                "Messages that could not be parsed.",
+            ),
+            counter(
+                "isoswitch_service_bad_frames",
+                "Frames whose length prefix could not be trusted.",
+            ),
+            counter(
+                "isoswitch_service_undeliverable",
+                "Answers with no live link to go to.",
+            ),
+            counter(
+                "isoswitch_service_keepalives",
+                "Keep-alive frames received from clients.",
+            ),
+            counter(
+                "isoswitch_service_connections_accepted",
+                "Client connections accepted.",
+            ),
+            counter(
+                "isoswitch_service_connections_refused",
+                "Client connections refused (limits, allow list, shutdown).",
+            ),
+        ];
+        let mut declines = counter(
+            "isoswitch_service_declines",
+            "Requests the switch answered itself (F39 decline), by reason.",
+        );
+        let mut svc_gauges: Vec<Family<f64>> = vec![gauge(
+            "isoswitch_service_in_flight",
+            "Requests waiting for a node's answer.",
+        )];
+        let mut conns = gauge(
+            "isoswitch_service_current_connections",
+            "Open connections, by kind (client, node, out-link, in-link).",
+        );
+        let mut links = [
+            gauge(
+                "isoswitch_link_set_links",
+                "Links of the service's link set (simplex and connect fronts).",
+            ),
+            gauge("isoswitch_link_set_up", "Links up."),
+            gauge(
+                "isoswitch_link_set_usable",
+                "Links up and signed on (able to carry traffic).",
+            ),
+        ];
+        let mut srv_counters: Vec<Family<u64>> = vec![
+            counter("isoswitch_server_requests", "Requests sent to the node."),
+            counter("isoswitch_server_responses", "Requests the node answered."),
+            counter(
+                "isoswitch_server_failures",
+                "Requests the node did not answer (timeout, connection lost, disabled).",
+            ),
+            counter(
+                "isoswitch_server_connects",
+                "Connections to the node opened.",
+            ),
+            counter(
+                "isoswitch_server_disconnects",
+                "Connections to the node closed.",
+            ),
+        ];
+        let mut srv_gauges: Vec<Family<f64>> = vec![
+            gauge(
+                "isoswitch_server_in_flight",
+                "Requests waiting for this node.",
+            ),
+            gauge(
+                "isoswitch_server_current_connections",
+                "Connections to the node up.",
+            ),
+            gauge("isoswitch_server_weight", "Configured weight."),
+            gauge(
+                "isoswitch_server_effective_weight",
+                "Weight the balancer uses now (0 when not eligible; ramps in slow start).",
+            ),
+            gauge(
+                "isoswitch_server_latency_ewma_seconds",
+                "Peak-EWMA latency estimate.",
+            ),
+        ];
+        let mut states = gauge(
+            "isoswitch_server_state",
+            "1 for the node's current state: up, down, draining, disabled, ejected, removed.",
+        );
+        let mut hist = Vec::new();
+        for r in self.0.services.iter() {
+            let s = &r.service;
+            let sl = || vec![("service", s.name().to_string())];
+            let c = &s.counters;
+            let values = [
+                c.requests.load(Ordering::Relaxed),
+                c.answered.load(Ordering::Relaxed),
+                c.late_responses.load(Ordering::Relaxed),
+                c.unknown_responses.load(Ordering::Relaxed),
+                c.bad_messages.load(Ordering::Relaxed),
+                c.bad_frames.load(Ordering::Relaxed),
+                c.undeliverable.load(Ordering::Relaxed),
+                c.keep_alives.load(Ordering::Relaxed),
+                c.clients_accepted.load(Ordering::Relaxed),
+                c.clients_refused.load(Ordering::Relaxed),
+            ];
+            for (f, v) in svc_counters.iter_mut().zip(values) {
+                f.samples.push((sl(), v));
+            }
+            for reason in DeclineReason::ALL {
+                let mut l = sl();
+                l.push(("reason", reason.as_str().to_string()));
+                declines.samples.push((l, c.declined(reason)));
+            }
+            svc_gauges[0].samples.push((sl(), s.in_flight() as f64));
+            for (kind, name) in [
+                (ConnKind::Client, "client"),
+                (ConnKind::Node, "node"),
+                (ConnKind::OutLink, "out-link"),
+                (ConnKind::InLink, "in-link"),
+            ] {
+                let mut l = sl();
+                l.push(("kind", name.to_string()));
+                conns.samples.push((l, s.conns.count(kind) as f64));
+            }
+            if let Some(out) = &s.out_links {
+                let (up, usable) = out.up();
+                for (f, v) in links.iter_mut().zip([out.len(), up, usable]) {
+                    f.samples.push((sl(), v as f64));
+                }
+            }
+            node_samples(
+                s,
+                now,
+                &mut srv_counters,
+                &mut srv_gauges,
+                &mut states,
+                &mut hist,
+            );
+        }
+        for f in &svc_counters {
+            encode_counters(&mut enc, f)?;
+        }
+        encode_counters(&mut enc, &declines)?;
+        for f in svc_gauges.iter().chain([&conns]).chain(links.iter()) {
+            encode_gauges(&mut enc, f)?;
+        }
+        for f in &srv_counters {
+            encode_counters(&mut enc, f)?;
+        }
+        for f in srv_gauges.iter().chain([&states]) {
+            encode_gauges(&mut enc, f)?;
+        }
+        let mut m = enc.encode_descriptor(
+            "isoswitch_server_response_time_seconds",
+            "Time from sending a request to the node to its answer.",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (labels, (sum, count, buckets)) in &hist {
+            let mut fam = m.encode_family(labels)?;
+            fam.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)?;
+        }
+        let mut m = enc.encode_descriptor(
+            "isoswitch_supervisor_restarts",
+            "Critical tasks restarted after ending unexpectedly.",
+            None,
+            MetricType::Counter,
+        )?;
+        m.encode_counter::<NoLabelSet, _, u64>(&self.0.supervisor.restarts(), None)?;
+        Ok(())
+    }
+}
+
+type Histogram = (f64, u64, Vec<(f64, u64)>);
+
+fn node_samples(
+    s: &Service,
+    now: Instant,
+    counters: &mut [Family<u64>],
+    gauges: &mut [Family<f64>],
+    states: &mut Family<f64>,
+    hist: &mut Vec<(Labels, Histogram)>,
+) {
+    let nodes = s.pool.nodes();
+    for (index, n) in nodes.iter().enumerate() {
+        let Some(st) = s.pool.status(index, now) else {
+            continue;
+        };
+        let nl = || {
+            vec![
+                ("service", s.name().to_string()),
+                ("server", n.config.id.clone()),
+            ]
+        };
+        let c = &n.counters;
+        let values = [
+            c.sent.load(Ordering::Relaxed),
+            c.answered.load(Ordering::Relaxed),
+            c.declined.load(Ordering::Relaxed),
+            c.connects.load(Ordering::Relaxed),
+            c.disconnects.load(Ordering::Relaxed),
+        ];
+        for (f, v) in counters.iter_mut().zip(values) {
+            f.samples.push((nl(), v));
+        }
+        let g = [
+            n.outstanding() as f64,
+            n.live_conns() as f64,
+            f64::from(st.weight),
+            f64::from(st.effective_weight),
+            st.latency.as_secs_f64(),
+        ];
+        for (f, v) in gauges.iter_mut().zip(g) {
+            f.samples.push((nl(), v));
+        }
+        for state in NODE_STATES {
+            let mut l = nl();
+            l.push(("state", state.to_string()));
+            states
+                .samples
+                .push((l, if st.state() == state { 1.0 } else { 0.0 }));
+        }
+        hist.push((nl(), c.latency.snapshot()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_text_names_counters_with_total_and_drops_eof() {
+        let om = "# HELP a_requests Requests.\n# TYPE a_requests counter\na_requests_total{s=\"x\"} 3\n\
+                  # HELP b_in_flight In flight.\n# TYPE b_in_flight gauge\nb_in_flight 1\n# EOF\n";
+        assert_eq!(
+            to_prometheus_text(om),
+            "# HELP a_requests_total Requests.\n# TYPE a_requests_total counter\na_requests_total{s=\"x\"} 3\n\
+             # HELP b_in_flight In flight.\n# TYPE b_in_flight gauge\nb_in_flight 1\n"
+        );
+    }
+}

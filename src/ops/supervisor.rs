@@ -1,0 +1,336 @@
+//! Supervision: every background task of the switch belongs to one
+//! [`Supervisor`]. Critical tasks (accept loops, node connection keepers, the
+//! timeout sweeper, health checkers) are restarted with backoff when they end
+//! while the switch is not stopping, logged at ERROR each time; task sets that
+//! cannot be restarted in place (a link set's tasks) make the switch fatal, so
+//! `isoswitch run` exits non-zero and the service manager restarts it. Nothing
+//! ends silently. Stopping uses the same tree: one cancellation token, scoped
+//! children (e.g. one per node, cancelled when the node is removed).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::{AbortHandle, JoinSet};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// First restart delay; doubles per consecutive failure up to [`BACKOFF_MAX`].
+pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// A task that ran this long before ending starts its backoff afresh.
+const HEALTHY_RUN: Duration = Duration::from_secs(30);
+
+pub struct Supervisor {
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+    /// The running instance of each named task, for fault injection.
+    running: Mutex<HashMap<String, AbortHandle>>,
+    /// Child tokens by scope (e.g. `svc/node/3`), cancelled to stop a group.
+    scopes: Mutex<HashMap<String, CancellationToken>>,
+    restarts: AtomicU64,
+    fatal: watch::Sender<Option<String>>,
+}
+
+impl Default for Supervisor {
+    fn default() -> Self {
+        Supervisor {
+            cancel: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            running: Mutex::default(),
+            scopes: Mutex::default(),
+            restarts: AtomicU64::new(0),
+            fatal: watch::channel(None).0,
+        }
+    }
+}
+
+impl Supervisor {
+    pub fn new() -> Arc<Supervisor> {
+        Arc::new(Supervisor::default())
+    }
+
+    /// A stop signal in the form the link tasks take (`true` = stop), fed by
+    /// the root token.
+    pub fn shutdown(&self) -> watch::Receiver<bool> {
+        self.watch_of(self.cancel.clone())
+    }
+
+    /// The root token: cancelled when the switch stops.
+    pub fn token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// The token of scope `name`: cancelled when the scope is ended or the
+    /// switch stops.
+    pub fn scope_token(&self, name: &str) -> CancellationToken {
+        self.lock_scopes()
+            .entry(name.to_string())
+            .or_insert_with(|| self.cancel.child_token())
+            .clone()
+    }
+
+    /// A stop signal for scope `name`, in the form the link tasks take.
+    pub fn scope(&self, name: &str) -> watch::Receiver<bool> {
+        self.watch_of(self.scope_token(name))
+    }
+
+    /// Stops every task of scope `name` (e.g. a removed node's connections).
+    pub fn end_scope(&self, name: &str) {
+        if let Some(t) = self.lock_scopes().remove(name) {
+            t.cancel();
+        }
+    }
+
+    /// A `watch` receiver that turns true when `token` is cancelled.
+    pub fn watch_of(&self, token: CancellationToken) -> watch::Receiver<bool> {
+        let (tx, rx) = watch::channel(token.is_cancelled());
+        self.tracker.spawn(async move {
+            token.cancelled().await;
+            let _ = tx.send(true);
+        });
+        rx
+    }
+
+    fn lock_scopes(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
+        self.scopes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_running(&self) -> std::sync::MutexGuard<'_, HashMap<String, AbortHandle>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Restarts so far, all tasks together.
+    pub fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::Relaxed)
+    }
+
+    /// Runs the task `make` builds until `stop` is cancelled; whenever it
+    /// ends before that (returned, panicked or killed), logs it at ERROR and
+    /// starts a fresh one after a backoff. (The token, not a `watch` copy of
+    /// it, decides: a task that saw its own stop signal first must not look
+    /// like a failure.)
+    pub fn spawn_critical<F, Fut>(
+        self: &Arc<Self>,
+        name: String,
+        stop: CancellationToken,
+        mut make: F,
+    ) where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let sup = Arc::clone(self);
+        self.tracker.spawn(async move {
+            let mut backoff = BACKOFF_MIN;
+            loop {
+                let started = tokio::time::Instant::now();
+                let task = tokio::spawn(make());
+                sup.lock_running().insert(name.clone(), task.abort_handle());
+                let outcome = task.await;
+                if stop.is_cancelled() {
+                    break;
+                }
+                let how = match outcome {
+                    Ok(()) => "returned".to_string(),
+                    Err(e) if e.is_panic() => "panicked".to_string(),
+                    Err(_) => "was killed".to_string(),
+                };
+                if started.elapsed() >= HEALTHY_RUN {
+                    backoff = BACKOFF_MIN;
+                }
+                sup.restarts.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(task = %name, how, restart_in = ?backoff, "critical task ended unexpectedly; restarting");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stop.cancelled() => break,
+                }
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+            sup.lock_running().remove(&name);
+        });
+    }
+
+    /// Watches a set of tasks that cannot be restarted one by one (a link
+    /// set's): if one ends before the switch stops, the switch is fatal.
+    pub fn watch_set(self: &Arc<Self>, name: String, mut set: JoinSet<()>) {
+        let sup = Arc::clone(self);
+        self.tracker.spawn(async move {
+            loop {
+                tokio::select! {
+                    next = set.join_next() => match next {
+                        None => return,
+                        Some(outcome) => {
+                            if sup.is_stopping() {
+                                continue;
+                            }
+                            let why = format!("a task of `{name}` ended unexpectedly: {outcome:?}");
+                            tracing::error!(task = %name, ?outcome, "critical task ended unexpectedly; the switch must restart");
+                            sup.fatal.send_replace(Some(why));
+                        }
+                    },
+                    _ = sup.cancel.cancelled() => {
+                        // Stopping: give the set its grace, then abort what is left.
+                        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                            while set.join_next().await.is_some() {}
+                        }).await;
+                        set.abort_all();
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Resolves with the reason when the switch can no longer run as
+    /// configured (see [`Supervisor::watch_set`]).
+    pub async fn fatal(&self) -> String {
+        let mut rx = self.fatal.subscribe();
+        match rx.wait_for(Option::is_some).await {
+            Ok(why) => why.clone().unwrap_or_default(),
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// Fault injection (tests, drills): aborts the running instance of every
+    /// task whose name is `name` or starts with `name/`, as if it had died.
+    /// Returns how many were killed.
+    pub fn kill(&self, name: &str) -> usize {
+        let running = self.lock_running();
+        let mut killed = 0;
+        for (task, handle) in running.iter() {
+            let matches = task == name
+                || task
+                    .strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with('/'));
+            if matches {
+                handle.abort();
+                killed += 1;
+            }
+        }
+        killed
+    }
+
+    /// Names of the supervised tasks running now.
+    pub fn task_names(&self) -> Vec<String> {
+        let mut names: Vec<_> = self.lock_running().keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// Signals every task to stop, without waiting.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Signals every task to stop and waits up to `grace` for them.
+    pub async fn stop(&self, grace: Duration) {
+        self.cancel.cancel();
+        self.tracker.close();
+        if tokio::time::timeout(grace, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            let left = self.task_names();
+            tracing::warn!(?left, "tasks still running after the stop grace; aborting");
+            for h in self.lock_running().values() {
+                h.abort();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[tokio::test]
+    async fn a_killed_task_is_restarted_and_stop_ends_it() {
+        let sup = Supervisor::new();
+        let starts = Arc::new(AtomicUsize::new(0));
+        let s = Arc::clone(&starts);
+        let task_stop = sup.shutdown();
+        sup.spawn_critical("svc/sweeper".into(), sup.token(), move || {
+            s.fetch_add(1, Ordering::SeqCst);
+            let mut sd = task_stop.clone();
+            async move {
+                let _ = sd.wait_for(|v| *v).await;
+            }
+        });
+        let wait = |n: usize| {
+            let starts = Arc::clone(&starts);
+            async move {
+                while starts.load(Ordering::SeqCst) < n {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), wait(1))
+            .await
+            .unwrap();
+        assert_eq!(sup.kill("svc"), 1);
+        tokio::time::timeout(Duration::from_secs(5), wait(2))
+            .await
+            .unwrap();
+        assert_eq!(sup.restarts(), 1);
+        tokio::time::timeout(Duration::from_secs(5), sup.stop(Duration::from_secs(5)))
+            .await
+            .unwrap();
+        assert_eq!(starts.load(Ordering::SeqCst), 2);
+        assert!(sup.task_names().is_empty());
+    }
+
+    /// A task that ends on its own stop signal at shutdown is not a failure,
+    /// however the wake-ups interleave (it once raced its wrapper's copy of
+    /// the signal and was logged as "ended unexpectedly").
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tasks_ending_at_stop_are_not_restarted() {
+        for _ in 0..50 {
+            let sup = Supervisor::new();
+            for i in 0..8 {
+                let stop = sup.shutdown();
+                sup.spawn_critical(format!("svc/t{i}"), sup.token(), move || {
+                    let mut sd = stop.clone();
+                    async move {
+                        let _ = sd.wait_for(|v| *v).await;
+                    }
+                });
+            }
+            tokio::task::yield_now().await;
+            sup.stop(Duration::from_secs(5)).await;
+            assert_eq!(sup.restarts(), 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_set_task_ending_early_is_fatal() {
+        let sup = Supervisor::new();
+        let mut set = JoinSet::new();
+        set.spawn(async {});
+        sup.watch_set("svc/links".into(), set);
+        let why = tokio::time::timeout(Duration::from_secs(5), sup.fatal())
+            .await
+            .unwrap();
+        assert!(why.contains("svc/links"), "{why}");
+    }
+
+    #[tokio::test]
+    async fn ending_a_scope_stops_only_its_tasks() {
+        let sup = Supervisor::new();
+        let mut a = sup.scope("svc/node/0");
+        let b = sup.scope("svc/node/1");
+        sup.end_scope("svc/node/0");
+        tokio::time::timeout(Duration::from_secs(5), a.wait_for(|v| *v))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!*b.borrow());
+    }
+}
