@@ -162,7 +162,23 @@ impl Collector for SwitchMetrics {
                 "isoswitch_service_connections_refused",
                 "Client connections refused (limits, allow list, shutdown).",
             ),
+            counter(
+                "isoswitch_service_over_share",
+                "Requests declined because their client was over its in-flight share.",
+            ),
+            counter(
+                "isoswitch_service_undeclinable",
+                "Requests too broken to answer with a decline (dropped).",
+            ),
+            counter(
+                "isoswitch_service_panic_routed",
+                "Requests routed while no node was healthy (panic mode).",
+            ),
         ];
+        let mut bad_requests = counter(
+            "isoswitch_service_bad_requests",
+            "Client requests that failed ingress validation, by outcome (on_bad_message).",
+        );
         let mut declines = counter(
             "isoswitch_service_declines",
             "Requests the switch answered itself (F39 decline), by reason.",
@@ -200,6 +216,14 @@ impl Collector for SwitchMetrics {
             counter(
                 "isoswitch_server_disconnects",
                 "Connections to the node closed.",
+            ),
+            counter(
+                "isoswitch_server_connect_failures",
+                "Connection attempts to the node that failed or timed out.",
+            ),
+            counter(
+                "isoswitch_server_ejections_capped",
+                "Passive ejections due but refused by max_ejection_percent.",
             ),
         ];
         let mut srv_gauges: Vec<Family<f64>> = vec![
@@ -241,9 +265,21 @@ impl Collector for SwitchMetrics {
                 c.keep_alives.load(Ordering::Relaxed),
                 c.clients_accepted.load(Ordering::Relaxed),
                 c.clients_refused.load(Ordering::Relaxed),
+                c.over_share.load(Ordering::Relaxed),
+                c.undeclinable.load(Ordering::Relaxed),
+                s.pool.panic_picks(),
             ];
             for (f, v) in svc_counters.iter_mut().zip(values) {
                 f.samples.push((sl(), v));
+            }
+            for (outcome, v) in [
+                ("declined", &c.bad_declined),
+                ("dropped", &c.bad_dropped),
+                ("closed", &c.bad_closed),
+            ] {
+                let mut l = sl();
+                l.push(("outcome", outcome.to_string()));
+                bad_requests.samples.push((l, v.load(Ordering::Relaxed)));
             }
             for reason in DeclineReason::ALL {
                 let mut l = sl();
@@ -280,6 +316,7 @@ impl Collector for SwitchMetrics {
             encode_counters(&mut enc, f)?;
         }
         encode_counters(&mut enc, &declines)?;
+        encode_counters(&mut enc, &bad_requests)?;
         for f in svc_gauges.iter().chain([&conns]).chain(links.iter()) {
             encode_gauges(&mut enc, f)?;
         }
@@ -338,6 +375,8 @@ fn node_samples(
             c.declined.load(Ordering::Relaxed),
             c.connects.load(Ordering::Relaxed),
             c.disconnects.load(Ordering::Relaxed),
+            c.connect_failures.load(Ordering::Relaxed),
+            c.ejections_capped.load(Ordering::Relaxed),
         ];
         for (f, v) in counters.iter_mut().zip(values) {
             f.samples.push((nl(), v));
