@@ -43,6 +43,12 @@ pub enum Command {
         /// Runtime worker threads (default: one per core).
         #[arg(long)]
         worker_threads: Option<usize>,
+        /// Capture every service's connections as pcapng into DIR (masked).
+        #[arg(long, value_name = "DIR")]
+        capture: Option<PathBuf>,
+        /// With --capture: keep card data in clear (test systems only).
+        #[arg(long, requires = "capture")]
+        capture_clear: bool,
     },
     /// Validate a config file and print it resolved (defaults filled in).
     Check {
@@ -165,15 +171,20 @@ pub fn main() -> ExitCode {
             config,
             stats_every,
             worker_threads,
+            capture,
+            capture_clear,
         } => {
             let loaded = match &config {
                 Some(path) => Config::load(path).map_err(|e| format!("{}: {e}", path.display())),
                 None => Config::embedded_default().map_err(|e| format!("embedded default: {e}")),
             };
-            let cfg = match loaded {
+            let mut cfg = match loaded {
                 Ok(c) => c,
                 Err(e) => return fail(e),
             };
+            if let Some(dir) = &capture {
+                crate::ops::config::CaptureConfig::apply_to_all(&mut cfg, dir, capture_clear);
+            }
             runtime_with(worker_threads, async move {
                 crate::ops::run::run_until_interrupted(
                     &cfg,

@@ -16,6 +16,7 @@ use tokio_util::codec::FramedRead;
 use super::service::Service;
 use super::timer::{ReadTimer, in_frame};
 use super::writer::run_coalescing_writer;
+use crate::capture::{Opened, Tapped};
 use crate::ops::config::ListenFront;
 use crate::wire::{Frame, FrameCodec};
 
@@ -149,7 +150,9 @@ async fn serve_client(
 ) {
     let conn = service.next_conn_id();
     let _ = stream.set_nodelay(true);
+    let tap = service.capture_tap(&stream, Opened::ByPeer);
     let (read, write) = stream.into_split();
+    let (read, write) = (Tapped::reader(read, &tap), Tapped::writer(write, &tap));
     let (tx, rx) = mpsc::channel(front.write_queue);
     let prefix = service.spec.framing().prefix;
     let mut writer = tokio::spawn(run_coalescing_writer(write, prefix, rx));

@@ -76,6 +76,9 @@ pub struct ServiceCounters {
     pub unroutable_responses: AtomicU64,
     /// Simplex: the peer's network management answered by the switch.
     pub network_answered: AtomicU64,
+    /// Capture events dropped because the capture writer's queue was full
+    /// (the capture then shows a gap; the message path never waits).
+    pub capture_dropped: AtomicU64,
 }
 
 impl ServiceCounters {
@@ -108,6 +111,10 @@ pub struct Service {
     pub out_links: Option<Arc<OutLinks>>,
     /// The F37 node stamps, when configured.
     stamps: Option<StampTable>,
+    /// pcapng capture of this service's connections, when on (set before the
+    /// service starts; connections take taps with `Service::capture_tap`, in
+    /// `capture/tap.rs`).
+    pub capture: Option<crate::capture::Capture>,
 }
 
 impl Service {
@@ -165,6 +172,7 @@ impl Service {
             draining: std::sync::atomic::AtomicBool::new(false),
             out_links,
             stamps,
+            capture: None,
         })
     }
 

@@ -18,6 +18,7 @@ use super::node::Backoff;
 use super::service::Service;
 use super::timer::{ReadTimeout, ReadTimer, in_frame};
 use super::writer::{Outbound, run_writer_until};
+use crate::capture::{Opened, Tapped};
 use crate::ops::config::{FrontConfig, LinkSet, SignOn, SimplexFront};
 use crate::wire::{Frame, FrameCodec};
 
@@ -454,7 +455,9 @@ async fn run_out_link(
         return OutLinkEnd::Shutdown;
     };
     let _ = stream.set_nodelay(true);
+    let tap = service.capture_tap(&stream, Opened::BySwitch);
     let (read, write) = stream.into_split();
+    let (read, write) = (Tapped::reader(read, &tap), Tapped::writer(write, &tap));
     let (tx, rx) = mpsc::channel(front.write_queue);
     let prefix = service.spec.framing().prefix;
     let (stop_writer, stop_rx) = watch::channel(false);
@@ -651,8 +654,9 @@ async fn run_in_link(
         return "no front".into();
     };
     let prefix = service.spec.framing().prefix;
+    let tap = service.capture_tap(&stream, Opened::ByPeer);
     let mut frames = FramedRead::new(
-        stream,
+        Tapped::reader(stream, &tap),
         FrameCodec::new(prefix, service.spec.framing().max_frame),
     );
     let mut timer = ReadTimer::new(

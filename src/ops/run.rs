@@ -41,13 +41,19 @@ impl Switch {
                 service: svc.name.clone(),
                 reason: e.to_string(),
             })?;
-            let service = Service::new(svc.clone(), spec, Instant::now()).map_err(|reason| {
-                StartError::Service {
-                    service: svc.name.clone(),
-                    reason,
-                }
-            })?;
-            let running = link::start(Arc::new(service), &mut tasks, &rx)
+            let mut service =
+                Service::new(svc.clone(), spec, Instant::now()).map_err(|reason| {
+                    StartError::Service {
+                        service: svc.name.clone(),
+                        reason,
+                    }
+                })?;
+            let capture = crate::capture::writer::attach(&mut service);
+            let service = Arc::new(service);
+            if let Some(capture) = capture {
+                tasks.spawn(capture.run(Arc::clone(&service), rx.clone()));
+            }
+            let running = link::start(service, &mut tasks, &rx)
                 .await
                 .map_err(|source| StartError::Bind {
                     service: svc.name.clone(),
