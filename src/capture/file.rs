@@ -54,6 +54,8 @@ pub struct RotatingFiles {
     /// Finished files, oldest first, with their sizes.
     done: VecDeque<(PathBuf, u64)>,
     sequence: u64,
+    /// One file of this name, never rotated (`replay --record`).
+    exact: Option<PathBuf>,
 }
 
 impl RotatingFiles {
@@ -81,7 +83,25 @@ impl RotatingFiles {
             current: None,
             done: done.into(),
             sequence: 0,
+            exact: None,
         })
+    }
+
+    /// Exactly one file at `path`, never rotated or deleted.
+    pub fn single(path: &Path) -> RotatingFiles {
+        RotatingFiles {
+            rotation: Rotation {
+                directory: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+                prefix: String::new(),
+                max_file_bytes: u64::MAX,
+                max_files: usize::MAX,
+                max_total_bytes: u64::MAX,
+            },
+            current: None,
+            done: VecDeque::new(),
+            sequence: 0,
+            exact: Some(path.to_path_buf()),
+        }
     }
 
     /// Whether the next packet goes into a new file (the caller then writes
@@ -97,12 +117,14 @@ impl RotatingFiles {
     pub fn rotate(&mut self, now: SystemTime) -> Result<(), FileError> {
         self.finish_current()?;
         self.sequence += 1;
-        let path = self.rotation.directory.join(format!(
-            "{}-{}-{:04}.pcapng",
-            self.rotation.prefix,
-            utc_stamp(now),
-            self.sequence
-        ));
+        let path = self.exact.clone().unwrap_or_else(|| {
+            self.rotation.directory.join(format!(
+                "{}-{}-{:04}.pcapng",
+                self.rotation.prefix,
+                utc_stamp(now),
+                self.sequence
+            ))
+        });
         let file = File::create(&path).map_err(|source| FileError::Io {
             path: path.clone(),
             source,

@@ -15,6 +15,7 @@
 pub mod file;
 pub mod mask;
 pub mod read;
+pub mod replay;
 pub mod tap;
 pub mod tcp;
 pub mod writer;

@@ -41,6 +41,44 @@ struct Direction {
     /// Frames can no longer be found (a gap or an untrusted prefix): what
     /// follows is written blanked when masking.
     lost_sync: bool,
+    /// Sizes of the reads/writes `pending` came in: the capture keeps the
+    /// connection's real segmentation (a frame split across two reads shows
+    /// as two segments).
+    chunks: std::collections::VecDeque<usize>,
+}
+
+impl Direction {
+    /// The sizes of the next `n` bytes as they came.
+    fn take_chunks(&mut self, n: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut left = n;
+        while left > 0 {
+            let Some(c) = self.chunks.pop_front() else {
+                out.push(left);
+                break;
+            };
+            if c > left {
+                self.chunks.push_front(c - left);
+                out.push(left);
+                break;
+            }
+            out.push(c);
+            left -= c;
+        }
+        out
+    }
+}
+
+/// Packets for `bytes`, one per original chunk.
+fn packets(flow: &mut TcpFlow, from_client: bool, bytes: &[u8], chunks: &[usize]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for &c in chunks {
+        let end = (at + c).min(bytes.len());
+        out.extend(flow.data(from_client, &bytes[at..end]));
+        at = end;
+    }
+    out
 }
 
 struct Conn {
@@ -67,6 +105,17 @@ impl Recorder {
             conns: HashMap::new(),
             blanked: 0,
         })
+    }
+
+    /// A recorder writing one file at `path` (`replay --record`).
+    pub fn single_file(spec: Arc<Spec>, path: &std::path::Path, clear: bool) -> Recorder {
+        Recorder {
+            spec,
+            clear,
+            files: RotatingFiles::single(path),
+            conns: HashMap::new(),
+            blanked: 0,
+        }
     }
 
     /// Records one event.
@@ -107,7 +156,8 @@ impl Recorder {
                     let (flushed, _) =
                         take_ready(&self.spec, d, self.clear, true, &mut self.blanked);
                     let gap = offset - d.next_offset;
-                    let packets = c.flow.data(from_client, &flushed);
+                    let chunks = d.take_chunks(flushed.len());
+                    let packets = packets(&mut c.flow, from_client, &flushed, &chunks);
                     c.flow.skip(from_client, gap);
                     d.lost_sync = true;
                     self.write_all(at, packets)?;
@@ -118,9 +168,11 @@ impl Recorder {
                 let d = &mut c.dirs[usize::from(from_client)];
                 d.next_offset = offset + bytes.len() as u64;
                 d.pending.extend_from_slice(&bytes);
+                d.chunks.push_back(bytes.len());
                 let (ready, _) = take_ready(&self.spec, d, self.clear, false, &mut self.blanked);
                 if !ready.is_empty() {
-                    let packets = c.flow.data(from_client, &ready);
+                    let chunks = d.take_chunks(ready.len());
+                    let packets = packets(&mut c.flow, from_client, &ready, &chunks);
                     self.write_all(at, packets)?;
                 }
             }
@@ -131,7 +183,8 @@ impl Recorder {
                         let d = &mut c.dirs[usize::from(from_client)];
                         let (rest, _) =
                             take_ready(&self.spec, d, self.clear, true, &mut self.blanked);
-                        packets.extend(c.flow.data(from_client, &rest));
+                        let chunks = d.take_chunks(rest.len());
+                        packets.extend(self::packets(&mut c.flow, from_client, &rest, &chunks));
                     }
                     packets.extend(c.flow.close());
                     self.write_all(at, packets)?;

@@ -2,8 +2,10 @@
 
 pub mod bench;
 pub mod decode;
+pub mod decode_pcap;
 pub mod demo;
 pub mod load;
+pub mod replay;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -63,6 +65,9 @@ pub enum Command {
     /// Drive load at an address (a node, the switch, a proxy) and report
     /// throughput and latency.
     Load(load::LoadArgs),
+    /// Replay the client side of a capture against a switch or a node and
+    /// compare the answers with the captured ones.
+    Replay(replay::ReplayArgs),
     /// Simulators: channel node, POS network controller, UnionPay.
     #[command(subcommand)]
     Sim(SimCommand),
@@ -157,6 +162,7 @@ pub fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Load(args) => load::run(&args),
+        Command::Replay(args) => replay::run(&args),
         Command::Check { config } => match Config::load(&config) {
             Ok(cfg) => match toml::to_string_pretty(&cfg) {
                 Ok(text) => {
