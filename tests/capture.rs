@@ -84,31 +84,61 @@ async fn masked_capture_has_every_message_once_and_no_pan() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let dir = temp_dir("masked");
         let spec = spec("cup-pos");
-        let (_nodes, switch) = rig(&spec, "cup-pos", 2, Delay::NONE, "", "connections_per_node = 1", &capture_toml(&dir, "")).await;
+        let (_nodes, switch) = rig(
+            &spec,
+            "cup-pos",
+            2,
+            Delay::NONE,
+            "",
+            "connections_per_node = 1",
+            &capture_toml(&dir, ""),
+        )
+        .await;
         wait_connected(service(&switch), 1).await;
         let client_port = front(&switch).port();
         let answered = traffic(front(&switch), &spec, 12).await;
         assert_eq!(answered, 12);
-        let dropped = service(&switch).counters.capture_dropped.load(Ordering::Relaxed);
+        let dropped = service(&switch)
+            .counters
+            .capture_dropped
+            .load(Ordering::Relaxed);
         switch.stop().await;
         assert_eq!(dropped, 0);
 
         let bytes = all_bytes(&dir);
         assert!(!bytes.is_empty(), "a capture was written");
-        assert!(!contains(&bytes, PAN.as_bytes()), "PAN in clear (ASCII) in the capture");
-        assert!(!contains(&bytes, &[0x62, 0x22, 0x02, 0x12, 0x34, 0x56, 0x78, 0x90]), "PAN in clear (BCD) in the capture");
-        assert!(!contains(&bytes, b"\x12\x34\x56\x78\x9A\xBC\xDE\xF0"), "PIN block in the capture");
+        assert!(
+            !contains(&bytes, PAN.as_bytes()),
+            "PAN in clear (ASCII) in the capture"
+        );
+        assert!(
+            !contains(&bytes, &[0x62, 0x22, 0x02, 0x12, 0x34, 0x56, 0x78, 0x90]),
+            "PAN in clear (BCD) in the capture"
+        );
+        assert!(
+            !contains(&bytes, b"\x12\x34\x56\x78\x9A\xBC\xDE\xF0"),
+            "PIN block in the capture"
+        );
 
-        let files = std::fs::read_dir(&dir).unwrap().map(|f| f.unwrap().path()).collect::<Vec<_>>();
+        let files = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|f| f.unwrap().path())
+            .collect::<Vec<_>>();
         assert_eq!(files.len(), 1);
         let packets = read::read_file(&files[0]).unwrap();
         let conns = read::connections(&packets.segments);
-        let clients: Vec<_> = conns.iter().filter(|c| c.server.port() == client_port).collect();
+        let clients: Vec<_> = conns
+            .iter()
+            .filter(|c| c.server.port() == client_port)
+            .collect();
         assert_eq!(clients.len(), 1, "one client connection");
         assert!(clients[0].saw_syn);
         let (to_switch, cut) = read::frames(&spec, &clients[0].to_server);
         assert!(cut.is_none(), "{cut:?}");
-        let messages: Vec<_> = to_switch.iter().filter(|f| matches!(f.frame, Frame::Message(_))).collect();
+        let messages: Vec<_> = to_switch
+            .iter()
+            .filter(|f| matches!(f.frame, Frame::Message(_)))
+            .collect();
         assert_eq!(messages.len(), 12, "every request once");
         assert_eq!(to_switch.len(), 13, "and the keep-alive");
         // The split frame kept its two segments.
@@ -118,16 +148,32 @@ async fn masked_capture_has_every_message_once_and_no_pan() {
             .filter(|s| s.dst.port() == client_port && !s.payload.is_empty())
             .count();
         assert!(client_segments >= 2);
-        let first_segment = packets.segments.iter().find(|s| s.dst.port() == client_port && !s.payload.is_empty()).unwrap();
-        assert_eq!(first_segment.payload.len(), 20, "the first write of the split frame is its own segment");
+        let first_segment = packets
+            .segments
+            .iter()
+            .find(|s| s.dst.port() == client_port && !s.payload.is_empty())
+            .unwrap();
+        assert_eq!(
+            first_segment.payload.len(),
+            20,
+            "the first write of the split frame is its own segment"
+        );
         // Masked, lengths kept: the PAN keeps first 6 / last 4.
-        let Frame::Message(p) = &messages[0].frame else { unreachable!() };
+        let Frame::Message(p) = &messages[0].frame else {
+            unreachable!()
+        };
         let d = spec.decode(p).unwrap();
-        assert_eq!(d.get(2).and_then(Value::as_text), Some("6222020000000000123"));
+        assert_eq!(
+            d.get(2).and_then(Value::as_text),
+            Some("6222020000000000123")
+        );
         let (answers, _) = read::frames(&spec, &clients[0].to_client);
         assert_eq!(answers.len(), 12, "every answer once");
         // Node side: every request and answer once, across the node connections.
-        let node_conns: Vec<_> = conns.iter().filter(|c| c.server.port() != client_port).collect();
+        let node_conns: Vec<_> = conns
+            .iter()
+            .filter(|c| c.server.port() != client_port)
+            .collect();
         let count = |f: fn(&read::Connection) -> &read::Stream| -> usize {
             node_conns
                 .iter()
@@ -136,7 +182,9 @@ async fn masked_capture_has_every_message_once_and_no_pan() {
                         .0
                         .iter()
                         .filter(|fr| match &fr.frame {
-                            Frame::Message(p) => spec.layout(p).is_ok_and(|l| l.mti.as_str() == "0200" || l.mti.as_str() == "0210"),
+                            Frame::Message(p) => spec.layout(p).is_ok_and(|l| {
+                                l.mti.as_str() == "0200" || l.mti.as_str() == "0210"
+                            }),
                             _ => false,
                         })
                         .count()
@@ -156,12 +204,24 @@ async fn clear_capture_needs_the_flag_and_keeps_the_pan() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let dir = temp_dir("clear");
         let spec = spec("cup-pos");
-        let (_nodes, switch) = rig(&spec, "cup-pos", 1, Delay::NONE, "", "connections_per_node = 1", &capture_toml(&dir, "clear = true")).await;
+        let (_nodes, switch) = rig(
+            &spec,
+            "cup-pos",
+            1,
+            Delay::NONE,
+            "",
+            "connections_per_node = 1",
+            &capture_toml(&dir, "clear = true"),
+        )
+        .await;
         wait_connected(service(&switch), 1).await;
         assert_eq!(traffic(front(&switch), &spec, 2).await, 2);
         switch.stop().await;
         let bytes = all_bytes(&dir);
-        assert!(contains(&bytes, PAN.as_bytes()) || contains(&bytes, &[0x62, 0x22, 0x02, 0x12, 0x34]), "clear capture keeps the PAN");
+        assert!(
+            contains(&bytes, PAN.as_bytes()) || contains(&bytes, &[0x62, 0x22, 0x02, 0x12, 0x34]),
+            "clear capture keeps the PAN"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     })
     .await
@@ -173,7 +233,16 @@ async fn a_full_capture_queue_drops_and_counts_but_every_request_is_answered() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let dir = temp_dir("full");
         let spec = spec("cup-pos");
-        let (_nodes, switch) = rig(&spec, "cup-pos", 1, Delay::NONE, "", "connections_per_node = 1", &capture_toml(&dir, "queue = 1")).await;
+        let (_nodes, switch) = rig(
+            &spec,
+            "cup-pos",
+            1,
+            Delay::NONE,
+            "",
+            "connections_per_node = 1",
+            &capture_toml(&dir, "queue = 1"),
+        )
+        .await;
         wait_connected(service(&switch), 1).await;
         // Many small reads and writes against a queue of one event.
         let mut answered = 0;
@@ -181,7 +250,10 @@ async fn a_full_capture_queue_drops_and_counts_but_every_request_is_answered() {
             answered += traffic(front(&switch), &spec, 40).await;
         }
         assert_eq!(answered, 200, "capture never holds the message path");
-        let dropped = service(&switch).counters.capture_dropped.load(Ordering::Relaxed);
+        let dropped = service(&switch)
+            .counters
+            .capture_dropped
+            .load(Ordering::Relaxed);
         switch.stop().await;
         assert!(dropped > 0, "drops are counted");
         // What was written still reads (gaps and all) and holds no PAN.

@@ -189,7 +189,9 @@ fn plan(spec: &Spec, c: &Connection) -> Vec<Planned> {
     let mut answer_times = Vec::new();
     let mut expected: HashMap<Key, Vec<Bytes>> = HashMap::new();
     for a in &answers {
-        let Frame::Message(p) = &a.frame else { continue };
+        let Frame::Message(p) = &a.frame else {
+            continue;
+        };
         if let Some((k, false)) = key_of(spec, p) {
             answer_times.push(a.at);
             expected.entry(k).or_default().push(p.clone());
@@ -197,7 +199,9 @@ fn plan(spec: &Spec, c: &Connection) -> Vec<Planned> {
     }
     let mut out = Vec::new();
     for r in requests {
-        let Frame::Message(p) = &r.frame else { continue };
+        let Frame::Message(p) = &r.frame else {
+            continue;
+        };
         let Some((key, true)) = key_of(spec, p) else {
             continue;
         };
@@ -217,7 +221,12 @@ fn plan(spec: &Spec, c: &Connection) -> Vec<Planned> {
             at: r.at,
             after_answers: answer_times.iter().filter(|&&t| t < r.at).count(),
             frame: frame.freeze(),
-            label: format!("{} F11={} F41={}", key_mti_request(p, spec), key.stan, key.terminal),
+            label: format!(
+                "{} F11={} F41={}",
+                key_mti_request(p, spec),
+                key.stan,
+                key.terminal
+            ),
             key: Some(key),
             expected,
         });
@@ -226,7 +235,9 @@ fn plan(spec: &Spec, c: &Connection) -> Vec<Planned> {
 }
 
 fn key_mti_request(p: &[u8], spec: &Spec) -> String {
-    spec.layout(p).map(|l| l.mti.to_string()).unwrap_or_default()
+    spec.layout(p)
+        .map(|l| l.mti.to_string())
+        .unwrap_or_default()
 }
 
 /// Which captured connections have client-side requests, by server port.
@@ -351,12 +362,18 @@ async fn replay_connection(
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             report.connect_errors += 1;
-            report.details.push(format!("connection {number}: cannot connect to {}: {e}", opts.target));
+            report.details.push(format!(
+                "connection {number}: cannot connect to {}: {e}",
+                opts.target
+            ));
             return report;
         }
         Err(_) => {
             report.connect_errors += 1;
-            report.details.push(format!("connection {number}: connect to {} timed out", opts.target));
+            report.details.push(format!(
+                "connection {number}: connect to {} timed out",
+                opts.target
+            ));
             return report;
         }
     };
@@ -377,7 +394,15 @@ async fn replay_connection(
         while received < p.after_answers && !closed {
             match tokio::time::timeout_at(deadline, answers.next()).await {
                 Ok(Some(Ok(f))) => {
-                    received += take_answer(spec, f, &mut waiting, &mut got, &mut report, &rec, &mut read_offset);
+                    received += take_answer(
+                        spec,
+                        f,
+                        &mut waiting,
+                        &mut got,
+                        &mut report,
+                        &rec,
+                        &mut read_offset,
+                    );
                 }
                 Ok(_) => closed = true,
                 Err(_) => break,
@@ -399,7 +424,16 @@ async fn replay_connection(
     while !closed && waiting.values().any(|v| !v.is_empty()) {
         match tokio::time::timeout_at(deadline, answers.next()).await {
             Ok(Some(Ok(f))) => {
-                if take_answer(spec, f, &mut waiting, &mut got, &mut report, &rec, &mut read_offset) > 0 {
+                if take_answer(
+                    spec,
+                    f,
+                    &mut waiting,
+                    &mut got,
+                    &mut report,
+                    &rec,
+                    &mut read_offset,
+                ) > 0
+                {
                     deadline = tokio::time::Instant::now() + opts.timeout;
                 }
             }
@@ -418,23 +452,32 @@ async fn replay_connection(
                     .iter()
                     .take(MAX_DIFFS)
                     .map(|d| {
-                        let name = if d.field == 0 { "MTI".to_string() } else { format!("F{}", d.field) };
+                        let name = if d.field == 0 {
+                            "MTI".to_string()
+                        } else {
+                            format!("F{}", d.field)
+                        };
                         format!("{name} captured {} replayed {}", d.captured, d.replayed)
                     })
                     .collect();
-                report
-                    .details
-                    .push(format!("connection {number} {}: differs: {}", p.label, shown.join("; ")));
+                report.details.push(format!(
+                    "connection {number} {}: differs: {}",
+                    p.label,
+                    shown.join("; ")
+                ));
             }
             Outcome::Missing => {
                 report.missing += 1;
-                report.details.push(format!("connection {number} {}: no answer", p.label));
+                report
+                    .details
+                    .push(format!("connection {number} {}: no answer", p.label));
             }
             Outcome::Unexpected => {
                 report.unexpected += 1;
-                report
-                    .details
-                    .push(format!("connection {number} {}: answered, the capture has no answer", p.label));
+                report.details.push(format!(
+                    "connection {number} {}: answered, the capture has no answer",
+                    p.label
+                ));
             }
             Outcome::Unanswered => report.unanswered += 1,
         }
@@ -494,7 +537,12 @@ fn take_answer(
 /// Compares a captured answer with a replayed one, both masked first (a
 /// masked capture holds masked values; the replayed answer is masked the same
 /// way so that only real differences show).
-pub fn compare(spec: &Spec, captured: Option<&[u8]>, replayed: Option<&[u8]>, ignore: &[u16]) -> Outcome {
+pub fn compare(
+    spec: &Spec,
+    captured: Option<&[u8]>,
+    replayed: Option<&[u8]>,
+    ignore: &[u16],
+) -> Outcome {
     let (c, r) = match (captured, replayed) {
         (None, None) => return Outcome::Unanswered,
         (Some(_), None) => return Outcome::Missing,
@@ -521,7 +569,12 @@ pub fn compare(spec: &Spec, captured: Option<&[u8]>, replayed: Option<&[u8]>, ig
             replayed: r.mti.to_string(),
         });
     }
-    let mut ids: Vec<u16> = c.fields.iter().chain(&r.fields).map(|(id, _)| *id).collect();
+    let mut ids: Vec<u16> = c
+        .fields
+        .iter()
+        .chain(&r.fields)
+        .map(|(id, _)| *id)
+        .collect();
     ids.sort_unstable();
     ids.dedup();
     for id in ids.into_iter().filter(|id| !ignore.contains(id)) {

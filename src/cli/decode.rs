@@ -428,7 +428,12 @@ type Shown = io::Result<Result<(), IsoError>>;
 
 /// One message payload, dissected as text or one JSON line (for `--pcap`,
 /// which prints its own frame heads).
-pub(crate) fn write_message(spec: &Spec, payload: &[u8], opts: Options, out: &mut impl Write) -> Shown {
+pub(crate) fn write_message(
+    spec: &Spec,
+    payload: &[u8],
+    opts: Options,
+    out: &mut impl Write,
+) -> Shown {
     if opts.json {
         json_message(spec, payload, opts.reveal, out)
     } else {

@@ -93,7 +93,10 @@ impl ConnSpecs {
         let guessed = if fixed.is_none() && by_port.is_empty() {
             let g = read::guess_spec(conns).map(Arc::new);
             if let Some(s) = &g {
-                eprintln!("isoswitch decode: spec guessed: {} (give --spec to choose)", s.name());
+                eprintln!(
+                    "isoswitch decode: spec guessed: {} (give --spec to choose)",
+                    s.name()
+                );
             }
             g
         } else {
@@ -118,7 +121,10 @@ impl ConnSpecs {
 pub fn specs_by_port(cfg: &Config) -> Result<HashMap<u16, Arc<Spec>>, String> {
     let mut out = HashMap::new();
     for svc in &cfg.services {
-        let spec = Arc::new(svc.load_spec().map_err(|e| format!("service {}: {e}", svc.name))?);
+        let spec = Arc::new(
+            svc.load_spec()
+                .map_err(|e| format!("service {}: {e}", svc.name))?,
+        );
         let mut ports: Vec<u16> = svc.back.nodes.iter().map(|n| n.address.port()).collect();
         match &svc.front {
             FrontConfig::Listen(f) => ports.push(f.listen.port()),
@@ -162,7 +168,11 @@ fn write_capture(
                 c.client,
                 c.server,
                 spec.name(),
-                if c.saw_syn { "" } else { " (no handshake captured: client guessed)" }
+                if c.saw_syn {
+                    ""
+                } else {
+                    " (no handshake captured: client guessed)"
+                }
             )?;
         }
         let (fs, problems) = read::timeline(spec, std::slice::from_ref(c));

@@ -95,11 +95,19 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         timeout: a.timeout,
         concurrency: a.concurrency,
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the runtime: {e}")),
     };
-    let report = rt.block_on(replay::replay(Arc::clone(&spec), &conns, &opts, record.clone()));
+    let report = rt.block_on(replay::replay(
+        Arc::clone(&spec),
+        &conns,
+        &opts,
+        record.clone(),
+    ));
     if let Some(r) = record {
         let mut r = r.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = r.finish() {
@@ -140,7 +148,10 @@ pub fn select(
             ));
         }
     };
-    Ok(conns.into_iter().filter(|c| c.server.port() == port).collect())
+    Ok(conns
+        .into_iter()
+        .filter(|c| c.server.port() == port)
+        .collect())
 }
 
 fn fail(msg: &str) -> ExitCode {
