@@ -153,6 +153,11 @@ impl RotatingFiles {
         Ok(())
     }
 
+    /// Whether a file is open.
+    pub fn has_file(&self) -> bool {
+        self.current.is_some()
+    }
+
     /// Appends one packet to the current file.
     pub fn write(&mut self, at: SystemTime, packet: &[u8]) -> Result<(), FileError> {
         let Some(open) = self.current.as_mut() else {

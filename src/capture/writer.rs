@@ -187,7 +187,15 @@ impl Recorder {
                         packets.extend(self::packets(&mut c.flow, from_client, &rest, &chunks));
                     }
                     packets.extend(c.flow.close());
-                    self.write_all(at, packets)?;
+                    // The last bytes and FINs stay in the file the connection
+                    // is in, even past its size: a file of FINs alone would
+                    // reassemble nothing.
+                    if !self.files.has_file() {
+                        self.files.rotate(at)?;
+                    }
+                    for p in packets {
+                        self.files.write(at, &p)?;
+                    }
                 }
             }
         }
@@ -418,4 +426,124 @@ pub fn file_prefix(service: &str) -> String {
         })
         .collect();
     format!("isoswitch-{safe}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::read;
+    use crate::iso8583::samples;
+    use bytes::Bytes;
+
+    fn temp_dir(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "isoswitch-writer-{name}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn recorder(dir: &std::path::Path, max_file_bytes: u64, max_files: usize) -> Recorder {
+        let spec = Arc::new(Spec::builtin("iso87ascii").unwrap());
+        let cfg = WriterConfig {
+            rotation: Rotation {
+                directory: dir.to_path_buf(),
+                prefix: "isoswitch-t".into(),
+                max_file_bytes,
+                max_files,
+                max_total_bytes: u64::MAX,
+            },
+            clear: false,
+        };
+        Recorder::new(spec, &cfg).unwrap()
+    }
+
+    fn framed(spec: &Spec, stan: u32) -> Vec<u8> {
+        let mut d = samples::purchase(spec);
+        d.set_text(11, format!("{stan:06}"));
+        let p = spec.encode(&d).unwrap();
+        let mut out = BytesMut::new();
+        spec.framing().prefix.encode(p.len(), &mut out).unwrap();
+        out.extend_from_slice(&p);
+        out.to_vec()
+    }
+
+    fn open(r: &mut Recorder, conn: u64) {
+        r.record(Event::Open {
+            conn,
+            client: "127.0.0.1:40000".parse().unwrap(),
+            server: "127.0.0.1:5000".parse().unwrap(),
+            at: SystemTime::now(),
+        })
+        .unwrap();
+    }
+
+    fn data(r: &mut Recorder, conn: u64, offset: u64, bytes: &[u8]) {
+        r.record(Event::Data {
+            conn,
+            from_client: true,
+            offset,
+            bytes: Bytes::copy_from_slice(bytes),
+            at: SystemTime::now(),
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn rotation_keeps_the_newest_files_each_reassembling_alone() {
+        let dir = temp_dir("rotate");
+        let spec = Spec::builtin("iso87ascii").unwrap();
+        let mut r = recorder(&dir, 4096, 2);
+        open(&mut r, 1);
+        let mut offset = 0;
+        for stan in 0..100 {
+            let f = framed(&spec, stan);
+            data(&mut r, 1, offset, &f);
+            offset += f.len() as u64;
+        }
+        r.finish().unwrap();
+        let files = super::super::file::list(&dir, "isoswitch-t").unwrap();
+        assert_eq!(files.len(), 2, "the oldest were deleted");
+        for f in &files {
+            let p = read::read_file(f).unwrap();
+            let c = read::connections(&p.segments);
+            assert_eq!(c.len(), 1);
+            assert!(c[0].saw_syn, "each file starts with a handshake");
+            let (frames, cut) = read::frames(&spec, &c[0].to_server);
+            assert!(cut.is_none() && !frames.is_empty());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_dropped_event_leaves_a_gap_and_blanks_what_follows() {
+        let dir = temp_dir("gap");
+        let spec = Spec::builtin("iso87ascii").unwrap();
+        let mut r = recorder(&dir, 1 << 20, 4);
+        open(&mut r, 7);
+        let a = framed(&spec, 1);
+        let b = framed(&spec, 2);
+        data(&mut r, 7, 0, &a);
+        // The event with `b` was dropped; the next one arrives.
+        data(&mut r, 7, (a.len() + b.len()) as u64, &a);
+        r.finish().unwrap();
+        let files = super::super::file::list(&dir, "isoswitch-t").unwrap();
+        let p = read::read_file(&files[0]).unwrap();
+        let c = read::connections(&p.segments);
+        let s = &c[0].to_server;
+        assert_eq!(s.bytes.len(), a.len(), "reassembly stops at the gap");
+        assert_eq!(s.gaps.len(), 1);
+        let after: Vec<u8> = p
+            .segments
+            .iter()
+            .rev()
+            .find(|s| !s.payload.is_empty())
+            .unwrap()
+            .payload
+            .clone();
+        assert!(after.iter().all(|&b| b == 0), "after a gap: blanked");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
