@@ -65,7 +65,13 @@ run_once() { # $1 = off|on
     local note=""
     if [ "$1" = on ]; then
         local messages
-        messages=$($bin decode --pcap "$capdir"/*.pcapng --spec cups --json 2>&1 >/dev/null | sed -nE 's/.* ([0-9]+) messages.*/\1/p')
+        # Files rotate at 64 MiB; each holds whole messages: sum them.
+        messages=0
+        local f n
+        for f in "$capdir"/*.pcapng; do
+            n=$($bin decode --pcap "$f" --spec cups --json 2>&1 >/dev/null | sed -nE 's/^isoswitch decode: .* ([0-9]+) messages.*/\1/p' || true)
+            messages=$((messages + ${n:-0}))
+        done
         local dropped=$(( answered * 4 - messages ))
         note=" capture messages $messages (expected $((answered * 4)), lost $dropped)"
         rm -rf "$capdir"

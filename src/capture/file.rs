@@ -133,7 +133,8 @@ impl RotatingFiles {
             path: path.clone(),
             source,
         };
-        let mut writer = PcapNgWriter::new(BufWriter::new(file)).map_err(pcap)?;
+        let mut writer =
+            PcapNgWriter::new(BufWriter::with_capacity(1 << 20, file)).map_err(pcap)?;
         let idb = InterfaceDescriptionBlock {
             linktype: DataLink::ETHERNET,
             snaplen: 0,

@@ -26,16 +26,23 @@ pub fn is_masked(def: &FieldDef) -> bool {
 /// spec cannot read is an error: the caller must not keep it as it is.
 pub fn mask_payload(spec: &Spec, payload: &mut [u8]) -> Result<usize, IsoError> {
     let layout = spec.layout(payload)?;
+    // The last field to mask: the walk over the fields stops there, and a
+    // message with none (most node answers) is not walked at all.
+    let Some(last) = layout
+        .present
+        .iter()
+        .filter(|&id| spec.field(id).is_some_and(is_masked))
+        .last()
+    else {
+        return Ok(0);
+    };
     let mut spans = Vec::new();
-    for id in layout.present.iter() {
-        let Some(def) = spec.field(id) else { continue };
-        if !is_masked(def) {
-            continue;
+    spec.walk(&layout, payload, |def, span| {
+        if is_masked(def) {
+            spans.push((def, span.data..span.end, span.units));
         }
-        if let Some(f) = spec.field_in(&layout, payload, id)? {
-            spans.push((def, f.range(), f.units()));
-        }
-    }
+        def.id < last
+    })?;
     let n = spans.len();
     for (def, range, units) in spans {
         if let Some(data) = payload.get_mut(range) {

@@ -20,6 +20,8 @@ use crate::wire::prefix::split_frame;
 
 /// How often buffered packets reach the file and drops are reported.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
+/// How often the writer drains its queue.
+const DRAIN_EVERY: Duration = Duration::from_millis(10);
 /// Dropped events are logged at most this often.
 const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -329,35 +331,59 @@ pub async fn run(
             return;
         }
     };
-    let mut tick = tokio::time::interval(FLUSH_EVERY);
+    // The writer wakes on a timer and drains what queued meanwhile, rather
+    // than on each event: a `try_send` to a receiver that is not waiting
+    // wakes no one, so the connections' reads and writes cause no task
+    // wake-ups (one per read or write otherwise: most of capture's cost).
+    let mut tick = tokio::time::interval(DRAIN_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_flush = std::time::Instant::now();
     let mut reported_drops = 0u64;
     let mut last_drop_log: Option<std::time::Instant> = None;
     let mut last_error_log: Option<std::time::Instant> = None;
     loop {
         tokio::select! {
-            ev = rx.recv() => {
-                let Some(ev) = ev else { break };
-                if let Err(e) = recorder.record(ev) {
-                    service.counters.capture_dropped.fetch_add(1, Ordering::Relaxed);
-                    if last_error_log.is_none_or(|t| t.elapsed() >= DROP_LOG_EVERY) {
-                        last_error_log = Some(std::time::Instant::now());
-                        tracing::error!(service = service.name(), error = %e, "capture write failed");
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => break,
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(ev) => {
+                    if let Err(e) = recorder.record(ev) {
+                        service
+                            .counters
+                            .capture_dropped
+                            .fetch_add(1, Ordering::Relaxed);
+                        if last_error_log.is_none_or(|t| t.elapsed() >= DROP_LOG_EVERY) {
+                            last_error_log = Some(std::time::Instant::now());
+                            tracing::error!(service = service.name(), error = %e, "capture write failed");
+                        }
                     }
                 }
-            }
-            _ = tick.tick() => {
-                if let Err(e) = recorder.flush() {
-                    tracing::error!(service = service.name(), error = %e, "capture flush failed");
-                }
-                let drops = service.counters.capture_dropped.load(Ordering::Relaxed);
-                if drops > reported_drops && last_drop_log.is_none_or(|t| t.elapsed() >= DROP_LOG_EVERY) {
-                    tracing::warn!(service = service.name(), dropped = drops - reported_drops, total = drops, "capture events dropped: the writer could not keep up");
-                    reported_drops = drops;
-                    last_drop_log = Some(std::time::Instant::now());
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    let _ = recorder.finish();
+                    return;
                 }
             }
-            _ = shutdown.changed() => break,
+        }
+        if last_flush.elapsed() >= FLUSH_EVERY {
+            last_flush = std::time::Instant::now();
+            if let Err(e) = recorder.flush() {
+                tracing::error!(service = service.name(), error = %e, "capture flush failed");
+            }
+            let drops = service.counters.capture_dropped.load(Ordering::Relaxed);
+            if drops > reported_drops && last_drop_log.is_none_or(|t| t.elapsed() >= DROP_LOG_EVERY)
+            {
+                tracing::warn!(
+                    service = service.name(),
+                    dropped = drops - reported_drops,
+                    total = drops,
+                    "capture events dropped: the writer could not keep up"
+                );
+                reported_drops = drops;
+                last_drop_log = Some(std::time::Instant::now());
+            }
         }
     }
     while let Ok(ev) = rx.try_recv() {
