@@ -264,3 +264,46 @@ async fn a_full_capture_queue_drops_and_counts_but_every_request_is_answered() {
     .await
     .expect("test timed out");
 }
+
+/// `decode --pcap` on a tcpdump capture (clear test data): the spec guessed,
+/// every message once with its connection and direction, the PAN masked
+/// unless --reveal.
+#[test]
+fn decode_pcap_reads_a_tcpdump_capture_and_masks_unless_revealed() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/captures/pos-tcpdump.pcap");
+    let run = |reveal: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_isoswitch"));
+        cmd.args(["decode", "--pcap"]).arg(&file).arg("--json");
+        if reveal {
+            cmd.arg("--reveal");
+        }
+        cmd.output().unwrap()
+    };
+    let out = run(false);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("spec guessed: cup-pos"), "{stderr}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 48);
+    let requests = lines
+        .iter()
+        .filter(|m| m["direction"] == "client->server")
+        .count();
+    assert_eq!(requests, 24);
+    assert!(
+        lines
+            .iter()
+            .all(|m| m["conn"].is_u64() && m["time"].is_string())
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains(PAN), "masked by default");
+    let revealed = String::from_utf8_lossy(&run(true).stdout).to_string();
+    assert!(revealed.contains(PAN), "--reveal shows the PAN");
+}
