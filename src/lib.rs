@@ -13,6 +13,7 @@
 //! - [`sim`]: simulators (channel node, POS network controller, load generator).
 //! - [`cli`]: the `isoswitch` command line.
 
+pub mod capture;
 pub mod cli;
 pub mod iso8583;
 pub mod link;

@@ -45,9 +45,18 @@ Exit status 1 if any frame or message cannot be decoded (after printing what \
 decoded before it).")]
 pub struct DecodeArgs {
     /// Dialect: a builtin spec (cups, cup-pos, visa-base1, iso87ascii,
-    /// iso87binary) or a spec file.
-    #[arg(long)]
-    pub spec: String,
+    /// iso87binary) or a spec file. With --pcap: guessed when not given.
+    #[arg(long, required_unless_present = "pcap")]
+    pub spec: Option<String>,
+    /// A pcap or pcapng capture (isoswitch, tcpdump, Wireshark): TCP streams
+    /// are reassembled and each message shown with time, direction and
+    /// connection.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["hex", "file", "raw"])]
+    pub pcap: Option<PathBuf>,
+    /// With --pcap: the switch config, to pick each connection's spec by its
+    /// server port.
+    #[arg(long, value_name = "FILE", requires = "pcap")]
+    pub config: Option<PathBuf>,
     /// Framed messages as hex digits (spaces and newlines allowed).
     #[arg(long, value_name = "HEX", conflicts_with_all = ["file", "raw"])]
     pub hex: Option<String>,
@@ -181,7 +190,10 @@ fn hex_value(b: u8) -> Option<u8> {
 
 /// Runs `isoswitch decode`.
 pub fn run(a: &DecodeArgs) -> ExitCode {
-    let spec = match Spec::resolve(&a.spec) {
+    if let Some(path) = &a.pcap {
+        return super::decode_pcap::run(a, path);
+    }
+    let spec = match Spec::resolve(a.spec.as_deref().unwrap_or_default()) {
         Ok(s) => s,
         Err(e) => return fail(&e.to_string()),
     };
@@ -413,6 +425,21 @@ fn hex(bytes: &[u8]) -> String {
 
 /// A decode error inside a message (`Ok(Err(_))`), or an output error (`Err(_)`).
 type Shown = io::Result<Result<(), IsoError>>;
+
+/// One message payload, dissected as text or one JSON line (for `--pcap`,
+/// which prints its own frame heads).
+pub(crate) fn write_message(
+    spec: &Spec,
+    payload: &[u8],
+    opts: Options,
+    out: &mut impl Write,
+) -> Shown {
+    if opts.json {
+        json_message(spec, payload, opts.reveal, out)
+    } else {
+        text_message(spec, payload, opts.reveal, out)
+    }
+}
 
 /// Key column of the text dissection.
 const KEY: usize = 24;

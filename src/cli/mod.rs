@@ -3,11 +3,13 @@
 pub mod bench;
 pub mod ctl;
 pub mod decode;
+pub mod decode_pcap;
 pub mod demo;
 pub mod demo_atm;
 pub mod load;
 pub mod paper;
 pub mod paper_plot;
+pub mod replay;
 pub mod sim_visa;
 
 use std::net::SocketAddr;
@@ -48,6 +50,12 @@ pub enum Command {
         /// Runtime worker threads (default: one per core).
         #[arg(long)]
         worker_threads: Option<usize>,
+        /// Capture every service's connections as pcapng into DIR (masked).
+        #[arg(long, value_name = "DIR")]
+        capture: Option<PathBuf>,
+        /// With --capture: keep card data in clear (test systems only).
+        #[arg(long, requires = "capture")]
+        capture_clear: bool,
     },
     /// Validate a config file and print it resolved (defaults filled in).
     Check {
@@ -64,6 +72,9 @@ pub enum Command {
     /// Drive load at an address (a node, the switch, a proxy) and report
     /// throughput and latency.
     Load(load::LoadArgs),
+    /// Replay the client side of a capture against a switch or a node and
+    /// compare the answers with the captured ones.
+    Replay(replay::ReplayArgs),
     /// Simulators: channel node, POS network controller, UnionPay.
     #[command(subcommand)]
     Sim(SimCommand),
@@ -185,6 +196,7 @@ pub fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Load(args) => load::run(&args),
+        Command::Replay(args) => replay::run(&args),
         Command::Check { config } => match Config::load(&config) {
             Ok(cfg) => match toml::to_string_pretty(&cfg) {
                 Ok(text) => {
@@ -199,15 +211,20 @@ pub fn main() -> ExitCode {
             config,
             stats_every,
             worker_threads,
+            capture,
+            capture_clear,
         } => {
             let loaded = match &config {
                 Some(path) => Config::load(path).map_err(|e| format!("{}: {e}", path.display())),
                 None => Config::embedded_default().map_err(|e| format!("embedded default: {e}")),
             };
-            let cfg = match loaded {
+            let mut cfg = match loaded {
                 Ok(c) => c,
                 Err(e) => return fail(e),
             };
+            if let Some(dir) = &capture {
+                crate::ops::config::CaptureConfig::apply_to_all(&mut cfg, dir, capture_clear);
+            }
             runtime_with(worker_threads, async move {
                 crate::ops::run::run_until_interrupted(
                     &cfg,

@@ -19,6 +19,7 @@ use super::log_limit::{LogKind, LogPeer};
 use super::service::Service;
 use super::timer::{ReadTimer, in_frame};
 use super::writer::run_coalescing_writer;
+use crate::capture::{Opened, Tapped};
 use crate::ops::config::ListenFront;
 use crate::wire::{Frame, FrameCodec};
 
@@ -178,7 +179,9 @@ async fn serve_client(
         .conns
         .register(conn, ConnKind::Client, None, peer, local);
     let _ = stream.set_nodelay(true);
+    let tap = service.capture_tap(&stream, Opened::ByPeer);
     let (read, write) = stream.into_split();
+    let (read, write) = (Tapped::reader(read, &tap), Tapped::writer(write, &tap));
     let (tx, rx) = mpsc::channel(front.write_queue);
     let client = ClientLink {
         conn,

@@ -14,6 +14,7 @@ use super::pool::ConnHandle;
 use super::service::Service;
 use super::timer::{ReadTimer, in_frame};
 use super::writer::run_coalescing_writer;
+use crate::capture::{Opened, Tapped};
 use crate::wire::{Frame, FrameCodec};
 
 /// Keeps connection `slot` of `node` up until `shutdown` turns true.
@@ -66,7 +67,9 @@ async fn run_connection(
         )),
         _ => None,
     };
+    let tap = service.capture_tap(&stream, Opened::BySwitch);
     let (read, write) = stream.into_split();
+    let (read, write) = (Tapped::reader(read, &tap), Tapped::writer(write, &tap));
     let (tx, rx) = mpsc::channel(service.config.back.write_queue);
     let prefix = service.spec.framing().prefix;
     let mut writer = tokio::spawn(run_coalescing_writer(write, prefix, rx));

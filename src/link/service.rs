@@ -43,10 +43,12 @@ pub enum Invalid {
     /// A request of a class the service does not route (`accept_mti`).
     #[error("MTI {0} is not accepted by this service")]
     NotAccepted(Mti),
-    /// A request without a field of its correlation key could not be told
-    /// apart from others when its answer comes back.
-    #[error("MTI {0} without F{1}, a field of the correlation key")]
-    MissingKeyField(Mti, u16),
+    /// A request with none of the fields of its correlation key (a frame
+    /// with a request MTI and nothing else, say) could not be told apart from
+    /// others when its answer comes back. (A key field may be absent, F33 from
+    /// a VISA request for one, as long as another is there.)
+    #[error("MTI {0} carries no field of the correlation key")]
+    NoKeyField(Mti),
 }
 
 /// A message that passed ingress validation, with its routing fields found
@@ -135,6 +137,9 @@ pub struct ServiceCounters {
     pub network_answered: AtomicU64,
     /// `listen` fronts in `oneconnect` mode: the pool's own counters.
     pub oneconnect: super::oneconnect::OneConnectCounters,
+    /// Capture events dropped because the capture writer's queue was full
+    /// (the capture then shows a gap; the message path never waits).
+    pub capture_dropped: AtomicU64,
 }
 
 impl ServiceCounters {
@@ -179,6 +184,10 @@ pub struct Service {
     pub oneconnect: Option<Arc<super::oneconnect::OneConnect>>,
     /// Live connections, for the admin API's connection table.
     pub conns: Arc<super::conns::ConnTable>,
+    /// pcapng capture of this service's connections, when on (set before the
+    /// service starts; connections take taps with `Service::capture_tap`, in
+    /// `capture/tap.rs`).
+    pub capture: Option<crate::capture::Capture>,
 }
 
 impl Service {
@@ -276,6 +285,7 @@ impl Service {
             out_links,
             stamps,
             conns: Arc::default(),
+            capture: None,
         })
     }
 
@@ -344,19 +354,17 @@ impl Service {
     }
 
     /// What a request must be to be routed: of an MTI the service accepts,
-    /// and carrying every field of its correlation key (network management
-    /// excepted: an 0820 carries no acquirer, say).
+    /// and carrying at least one field of its correlation key (network
+    /// management excepted).
     fn check_routable(&self, req: &Checked<'_>) -> Result<(), Invalid> {
         self.check_accepted(req)?;
         let mti = req.msg.mti();
-        if !mti.is_network_management() {
-            for part in &self.key_parts {
-                if let KeyPart::Field(id) = part
-                    && !req.msg.has_field(*id)
-                {
-                    return Err(Invalid::MissingKeyField(mti, *id));
-                }
-            }
+        let has_key_field = self.key_parts.iter().any(|part| match part {
+            KeyPart::Field(id) => req.msg.has_field(*id),
+            KeyPart::Tpdu => false,
+        });
+        if !mti.is_network_management() && !has_key_field {
+            return Err(Invalid::NoKeyField(mti));
         }
         Ok(())
     }

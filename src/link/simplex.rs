@@ -18,6 +18,7 @@ use super::node::Backoff;
 use super::service::Service;
 use super::timer::{ReadTimeout, ReadTimer, in_frame};
 use super::writer::{Outbound, WriterItem, run_writer_until};
+use crate::capture::{Opened, Tapped};
 use crate::ops::config::{FrontConfig, LinkSet, SignOn, SimplexFront};
 use crate::wire::{Frame, FrameCodec};
 
@@ -722,7 +723,9 @@ async fn run_out_link(
     };
     let _ = stream.set_nodelay(true);
     let registered = register_link(service, &stream, super::conns::ConnKind::OutLink);
+    let tap = service.capture_tap(&stream, Opened::BySwitch);
     let (read, write) = stream.into_split();
+    let (read, write) = (Tapped::reader(read, &tap), Tapped::writer(write, &tap));
     let (tx, rx) = mpsc::channel(front.write_queue);
     let prefix = service.spec.framing().prefix;
     let (stop_writer, stop_rx) = watch::channel(false);
@@ -963,8 +966,9 @@ async fn run_in_link(
     };
     let prefix = service.spec.framing().prefix;
     let registered = register_link(service, &stream, super::conns::ConnKind::InLink);
+    let tap = service.capture_tap(&stream, Opened::ByPeer);
     let mut frames = FramedRead::new(
-        stream,
+        Tapped::reader(stream, &tap),
         FrameCodec::new(prefix, service.spec.framing().max_frame),
     );
     let mut timer = ReadTimer::new(

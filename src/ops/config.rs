@@ -68,6 +68,9 @@ pub struct ServiceConfig {
     /// echo checks; sign-on, sign-off and echo on peer links).
     #[serde(default)]
     pub network: NetworkConfig,
+    /// `[service.capture]`: pcapng capture of this service's connections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<CaptureConfig>,
 }
 
 /// `[service.network]`: what the switch's own network-management requests
@@ -95,6 +98,86 @@ pub struct NetworkConfig {
     /// Fixed fields by number (`F33 = "03105840"`), text form.
     #[serde(default)]
     pub fields: std::collections::BTreeMap<String, String>,
+}
+
+/// `[service.capture]`: what the switch captures of a service and where.
+/// See docs/capture.md.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaptureConfig {
+    /// Directory of the pcapng files (created if missing).
+    pub directory: std::path::PathBuf,
+    #[serde(default = "defaults::capture_enabled")]
+    pub enabled: bool,
+    /// A file is closed and the next one opened past this size.
+    #[serde(default = "defaults::capture_max_file_bytes")]
+    pub max_file_bytes: u64,
+    /// The oldest files are deleted past this many...
+    #[serde(default = "defaults::capture_max_files")]
+    pub max_files: usize,
+    /// ...or past this many bytes in all.
+    #[serde(default = "defaults::capture_max_total_bytes")]
+    pub max_total_bytes: u64,
+    /// Keep PAN, track data, PIN blocks, EMV data and MACs in clear (test
+    /// systems only: logged as a warning at start).
+    #[serde(default)]
+    pub clear: bool,
+    /// Capture events queued for the writer; past it they are dropped and counted.
+    #[serde(default = "defaults::capture_queue")]
+    pub queue: usize,
+}
+
+impl CaptureConfig {
+    /// A capture into `directory` with every other setting at its default
+    /// (`run --capture DIR`).
+    pub fn in_directory(directory: std::path::PathBuf) -> CaptureConfig {
+        CaptureConfig {
+            directory,
+            enabled: true,
+            max_file_bytes: defaults::capture_max_file_bytes(),
+            max_files: defaults::capture_max_files(),
+            max_total_bytes: defaults::capture_max_total_bytes(),
+            clear: false,
+            queue: defaults::capture_queue(),
+        }
+    }
+
+    /// `run --capture DIR [--capture-clear]`: every service captures into
+    /// `directory`, keeping its own `[service.capture]` limits if it has them.
+    pub fn apply_to_all(config: &mut Config, directory: &std::path::Path, clear: bool) {
+        for svc in &mut config.services {
+            let mut c = svc
+                .capture
+                .take()
+                .unwrap_or_else(|| CaptureConfig::in_directory(directory.to_path_buf()));
+            c.directory = directory.to_path_buf();
+            c.enabled = true;
+            c.clear = clear;
+            svc.capture = Some(c);
+        }
+    }
+
+    fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        if self.max_file_bytes < 4096 {
+            return Err(invalid(
+                format!("{key}.max_file_bytes"),
+                "must be at least 4096",
+            ));
+        }
+        if self.max_files == 0 {
+            return Err(invalid(format!("{key}.max_files"), "must be at least 1"));
+        }
+        if self.max_total_bytes < self.max_file_bytes {
+            return Err(invalid(
+                format!("{key}.max_total_bytes"),
+                "must be at least max_file_bytes",
+            ));
+        }
+        if self.queue == 0 {
+            return Err(invalid(format!("{key}.queue"), "must be at least 1"));
+        }
+        Ok(())
+    }
 }
 
 /// Where the service's clients come from.
@@ -579,6 +662,21 @@ mod defaults {
     pub fn admin_open_paths() -> Vec<String> {
         vec!["/healthz".into(), "/metrics".into()]
     }
+    pub fn capture_enabled() -> bool {
+        true
+    }
+    pub fn capture_max_file_bytes() -> u64 {
+        64 << 20
+    }
+    pub fn capture_max_files() -> usize {
+        16
+    }
+    pub fn capture_max_total_bytes() -> u64 {
+        1 << 30
+    }
+    pub fn capture_queue() -> usize {
+        65_536
+    }
 
     pub fn max_connections() -> usize {
         1024
@@ -807,6 +905,9 @@ impl ServiceConfig {
             .load_spec()
             .map_err(|e| invalid(format!("{key}.spec"), e.to_string()))?;
         self.back.validate(&format!("{key}.back"))?;
+        if let Some(c) = &self.capture {
+            c.validate(&format!("{key}.capture"))?;
+        }
         for (j, part) in self.correlation.key.iter().enumerate() {
             if let KeyPart::Field(id) = part
                 && spec.field(*id).is_none()

@@ -74,18 +74,29 @@ impl Switch {
                 service: svc.name.clone(),
                 reason: e.to_string(),
             })?;
-            let service = Service::new(svc.clone(), spec, Instant::now()).map_err(|reason| {
-                StartError::Service {
-                    service: svc.name.clone(),
-                    reason,
-                }
-            })?;
-            let running = link::start(Arc::new(service), &supervisor)
-                .await
-                .map_err(|source| StartError::Bind {
-                    service: svc.name.clone(),
-                    source,
+            let mut service =
+                Service::new(svc.clone(), spec, Instant::now()).map_err(|reason| {
+                    StartError::Service {
+                        service: svc.name.clone(),
+                        reason,
+                    }
                 })?;
+            let capture = crate::capture::writer::attach(&mut service);
+            let service = Arc::new(service);
+            if let Some(capture) = capture {
+                // One writer per service, owned by the supervisor: it cannot
+                // restart (it owns the files), so an early end is fatal.
+                let mut set = tokio::task::JoinSet::new();
+                set.spawn(capture.run(Arc::clone(&service), supervisor.shutdown()));
+                supervisor.watch_set(format!("{}/capture", svc.name), set);
+            }
+            let running =
+                link::start(service, &supervisor)
+                    .await
+                    .map_err(|source| StartError::Bind {
+                        service: svc.name.clone(),
+                        source,
+                    })?;
             tracing::info!(service = %svc.name, front = %running.front_addr, "service started");
             services.push(running);
         }

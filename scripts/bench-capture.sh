@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# What capture costs the switch: the same fixed-rate load through the switch
+# with capture off and on, switch CPU per request from /proc/PID/stat
+# (utime + stime over the load), and a check that the capture lost nothing
+# (its message count = 4 x the requests: client request and answer, node
+# request and answer).
+#
+#   scripts/bench-capture.sh [RATE] [DURATION] [REPEAT]   # default 10000 10s 3
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rate=${1:-10000}
+duration=${2:-10s}
+repeat=${3:-3}
+cargo build --release --quiet
+bin=target/release/isoswitch
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
+trap cleanup EXIT
+tck=$(getconf CLK_TCK)
+
+for i in 1 2 3; do
+    $bin sim node --listen 127.0.0.1:2660$i --spec cups --id 0$i >/dev/null 2>&1 & pids+=($!)
+done
+cat >"$work/bench.toml" <<TOML
+[[service]]
+name = "bench"
+spec = "cups"
+[service.front]
+kind = "listen"
+listen = "127.0.0.1:26600"
+[service.back]
+connections_per_node = 2
+[service.back.health]
+check = "tcp"
+[[service.back.node]]
+id = "01"
+address = "127.0.0.1:26601"
+[[service.back.node]]
+id = "02"
+address = "127.0.0.1:26602"
+[[service.back.node]]
+id = "03"
+address = "127.0.0.1:26603"
+TOML
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+run_once() { # $1 = off|on
+    local args=() capdir="$work/cap-$RANDOM"
+    [ "$1" = on ] && args=(--capture "$capdir")
+    ISOSWITCH_LOG=warn $bin run --config "$work/bench.toml" "${args[@]}" >/dev/null 2>"$work/switch.log" &
+    local sw=$!
+    sleep 1.5
+    local before after
+    before=$(cpu_ticks $sw)
+    local out
+    out=$($bin load --target 127.0.0.1:26600 --spec cups --rate "$rate" --duration "$duration" --quiet --json)
+    after=$(cpu_ticks $sw)
+    kill -INT $sw; wait $sw || true
+    local answered
+    answered=$(python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print(d.get("answered", d.get("received", 0)))' <<<"$out")
+    local us
+    us=$(python3 -c "print(round(($after-$before)/$tck/$answered*1e6, 2))")
+    local note=""
+    if [ "$1" = on ]; then
+        local messages
+        # Files rotate at 64 MiB; each holds whole messages: sum them.
+        messages=0
+        local f n
+        for f in "$capdir"/*.pcapng; do
+            n=$($bin decode --pcap "$f" --spec cups --json 2>&1 >/dev/null | sed -nE 's/^isoswitch decode: .* ([0-9]+) messages.*/\1/p' || true)
+            messages=$((messages + ${n:-0}))
+        done
+        local dropped=$(( answered * 4 - messages ))
+        note=" capture messages $messages (expected $((answered * 4)), lost $dropped)"
+        rm -rf "$capdir"
+    fi
+    echo "capture $1: answered $answered, switch CPU $us us/request$note"
+}
+
+for r in $(seq "$repeat"); do
+    run_once off
+    run_once on
+done

@@ -1,0 +1,266 @@
+//! pcapng files on disk, written with pcap-file: one section and one Ethernet
+//! interface (nanosecond timestamps) per file, rotated at a size, the oldest
+//! deleted when there are too many or they take too much room.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use pcap_file::DataLink;
+use pcap_file::pcapng::PcapNgWriter;
+use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
+use pcap_file::pcapng::blocks::interface_description::{
+    InterfaceDescriptionBlock, InterfaceDescriptionOption,
+};
+
+/// Where and how much to write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rotation {
+    pub directory: PathBuf,
+    /// File names start with this (`isoswitch-<service>`).
+    pub prefix: String,
+    pub max_file_bytes: u64,
+    pub max_files: usize,
+    pub max_total_bytes: u64,
+}
+
+/// Why a capture file could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("capture file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("capture file {path}: {source}")]
+    Pcap {
+        path: PathBuf,
+        source: pcap_file::PcapError,
+    },
+}
+
+struct Open {
+    path: PathBuf,
+    writer: PcapNgWriter<BufWriter<File>>,
+    bytes: u64,
+}
+
+/// The rotating set of capture files of one service.
+pub struct RotatingFiles {
+    rotation: Rotation,
+    current: Option<Open>,
+    /// Finished files, oldest first, with their sizes.
+    done: VecDeque<(PathBuf, u64)>,
+    sequence: u64,
+    /// One file of this name, never rotated (`replay --record`).
+    exact: Option<PathBuf>,
+}
+
+impl RotatingFiles {
+    /// Takes over the files a previous run left in the directory (same
+    /// prefix), so the limits hold across restarts.
+    pub fn new(rotation: Rotation) -> Result<RotatingFiles, FileError> {
+        let dir = &rotation.directory;
+        std::fs::create_dir_all(dir).map_err(|source| FileError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        let mut done: Vec<(PathBuf, u64)> = std::fs::read_dir(dir)
+            .map_err(|source| FileError::Io {
+                path: dir.clone(),
+                source,
+            })?
+            .filter_map(Result::ok)
+            .filter(|e| is_ours(&rotation.prefix, &e.file_name().to_string_lossy()))
+            .filter_map(|e| Some((e.path(), e.metadata().ok()?.len())))
+            .collect();
+        // Names carry a UTC timestamp and a sequence number: name order is age order.
+        done.sort();
+        Ok(RotatingFiles {
+            rotation,
+            current: None,
+            done: done.into(),
+            sequence: 0,
+            exact: None,
+        })
+    }
+
+    /// Exactly one file at `path`, never rotated or deleted.
+    pub fn single(path: &Path) -> RotatingFiles {
+        RotatingFiles {
+            rotation: Rotation {
+                directory: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+                prefix: String::new(),
+                max_file_bytes: u64::MAX,
+                max_files: usize::MAX,
+                max_total_bytes: u64::MAX,
+            },
+            current: None,
+            done: VecDeque::new(),
+            sequence: 0,
+            exact: Some(path.to_path_buf()),
+        }
+    }
+
+    /// Whether the next packet goes into a new file (the caller then writes
+    /// the handshakes of the connections still open first).
+    pub fn needs_new_file(&self) -> bool {
+        self.current
+            .as_ref()
+            .is_none_or(|f| f.bytes >= self.rotation.max_file_bytes)
+    }
+
+    /// Closes the current file (if any) and opens the next one, deleting the
+    /// oldest files beyond the limits.
+    pub fn rotate(&mut self, now: SystemTime) -> Result<(), FileError> {
+        self.finish_current()?;
+        self.sequence += 1;
+        let path = self.exact.clone().unwrap_or_else(|| {
+            self.rotation.directory.join(format!(
+                "{}-{}-{:04}.pcapng",
+                self.rotation.prefix,
+                utc_stamp(now),
+                self.sequence
+            ))
+        });
+        let file = File::create(&path).map_err(|source| FileError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let pcap = |source| FileError::Pcap {
+            path: path.clone(),
+            source,
+        };
+        let mut writer =
+            PcapNgWriter::new(BufWriter::with_capacity(1 << 20, file)).map_err(pcap)?;
+        let idb = InterfaceDescriptionBlock {
+            linktype: DataLink::ETHERNET,
+            snaplen: 0,
+            // pcap-file writes timestamps as nanoseconds: say so.
+            options: vec![
+                InterfaceDescriptionOption::IfTsResol(9),
+                InterfaceDescriptionOption::IfName("isoswitch".into()),
+            ],
+        };
+        let bytes = writer.write_pcapng_block(idb).map_err(pcap)? as u64 + 28;
+        self.current = Some(Open {
+            path,
+            writer,
+            bytes,
+        });
+        self.enforce_limits();
+        Ok(())
+    }
+
+    /// Whether a file is open.
+    pub fn has_file(&self) -> bool {
+        self.current.is_some()
+    }
+
+    /// Appends one packet to the current file.
+    pub fn write(&mut self, at: SystemTime, packet: &[u8]) -> Result<(), FileError> {
+        let Some(open) = self.current.as_mut() else {
+            return Ok(());
+        };
+        let block = EnhancedPacketBlock {
+            interface_id: 0,
+            timestamp: at
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or(Duration::ZERO),
+            original_len: packet.len() as u32,
+            data: packet.into(),
+            options: vec![],
+        };
+        let n = open
+            .writer
+            .write_pcapng_block(block)
+            .map_err(|source| FileError::Pcap {
+                path: open.path.clone(),
+                source,
+            })?;
+        open.bytes += n as u64;
+        Ok(())
+    }
+
+    /// Pushes what is buffered to the file, so readers see it.
+    pub fn flush(&mut self) -> Result<(), FileError> {
+        if let Some(open) = self.current.as_mut() {
+            open.writer
+                .get_mut()
+                .flush()
+                .map_err(|source| FileError::Io {
+                    path: open.path.clone(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Flushes and closes the current file.
+    pub fn finish_current(&mut self) -> Result<(), FileError> {
+        self.flush()?;
+        if let Some(open) = self.current.take() {
+            self.done.push_back((open.path, open.bytes));
+        }
+        Ok(())
+    }
+
+    /// Every file of this capture now on disk, oldest first (the current last).
+    pub fn files(&self) -> Vec<PathBuf> {
+        self.done
+            .iter()
+            .map(|(p, _)| p.clone())
+            .chain(self.current.as_ref().map(|o| o.path.clone()))
+            .collect()
+    }
+
+    fn enforce_limits(&mut self) {
+        let current = self.current.as_ref().map_or(0, |o| o.bytes);
+        loop {
+            let files = self.done.len() + usize::from(self.current.is_some());
+            let total: u64 = self.done.iter().map(|(_, n)| n).sum::<u64>() + current;
+            if files <= self.rotation.max_files.max(1) && total <= self.rotation.max_total_bytes {
+                break;
+            }
+            let Some((oldest, _)) = self.done.pop_front() else {
+                break;
+            };
+            if let Err(e) = std::fs::remove_file(&oldest) {
+                tracing::warn!(file = %oldest.display(), error = %e, "cannot delete an old capture file");
+            }
+        }
+    }
+}
+
+fn is_ours(prefix: &str, name: &str) -> bool {
+    name.strip_prefix(prefix)
+        .is_some_and(|rest| rest.starts_with('-') && rest.ends_with(".pcapng"))
+}
+
+/// `20261203T031500Z` for a file name.
+fn utc_stamp(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (y, m, d) = crate::iso8583::civil_from_days(secs / 86_400);
+    let s = secs % 86_400;
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+        s / 3600,
+        s / 60 % 60,
+        s % 60
+    )
+}
+
+/// Capture files of `prefix` in `dir`, oldest first (for tests and tools).
+pub fn list(dir: &Path, prefix: &str) -> std::io::Result<Vec<PathBuf>> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(Result::ok)
+        .filter(|e| is_ours(prefix, &e.file_name().to_string_lossy()))
+        .map(|e| e.path())
+        .collect();
+    v.sort();
+    Ok(v)
+}

@@ -1,0 +1,604 @@
+//! Reading captures: pcap or pcapng (isoswitch, tcpdump, Wireshark) through
+//! pcap-file, packets through etherparse, then TCP reassembly per connection
+//! and direction (out of order, retransmitted and overlapping segments), then
+//! frames cut with a spec's length prefix.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use etherparse::{NetSlice, SlicedPacket, TransportSlice};
+use pcap_file::DataLink;
+use pcap_file::pcap::PcapReader;
+use pcap_file::pcapng::PcapNgReader;
+use pcap_file::pcapng::blocks::Block;
+use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionOption;
+
+use crate::iso8583::Spec;
+use crate::wire::prefix::split_frame;
+use crate::wire::{Frame, WireError};
+
+/// Why a capture could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: not a pcap or pcapng file (magic {magic:02x?})")]
+    NotACapture { path: String, magic: Vec<u8> },
+    #[error("{path}: packet {packet}: {source}")]
+    Pcap {
+        path: String,
+        packet: usize,
+        source: pcap_file::PcapError,
+    },
+}
+
+/// One TCP segment as captured.
+#[derive(Clone, Debug)]
+pub struct Segment {
+    /// Since the Unix epoch.
+    pub at: Duration,
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
+    pub seq: u32,
+    pub syn: bool,
+    pub ack: bool,
+    pub fin: bool,
+    pub rst: bool,
+    pub payload: Vec<u8>,
+}
+
+/// What was in a capture file.
+#[derive(Clone, Debug, Default)]
+pub struct Packets {
+    /// Packets in the file (pcapng: packet blocks).
+    pub packets: usize,
+    /// Packets that are not TCP over IP (ARP, UDP, unsupported link types...).
+    pub skipped: usize,
+    pub segments: Vec<Segment>,
+}
+
+/// Reads every TCP segment of a pcap or pcapng file.
+pub fn read_file(path: &Path) -> Result<Packets, ReadError> {
+    let name = path.display().to_string();
+    let mut data = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut data))
+        .map_err(|source| ReadError::Io {
+            path: name.clone(),
+            source,
+        })?;
+    read_bytes(&name, &data)
+}
+
+/// Reads every TCP segment of a pcap or pcapng image.
+pub fn read_bytes(name: &str, data: &[u8]) -> Result<Packets, ReadError> {
+    let magic = data.get(..4).unwrap_or(data);
+    match magic {
+        [0x0A, 0x0D, 0x0D, 0x0A] => read_pcapng(name, data),
+        [0xA1, 0xB2, 0xC3, 0xD4]
+        | [0xD4, 0xC3, 0xB2, 0xA1]
+        | [0xA1, 0xB2, 0x3C, 0x4D]
+        | [0x4D, 0x3C, 0xB2, 0xA1] => read_pcap(name, data),
+        _ => Err(ReadError::NotACapture {
+            path: name.to_string(),
+            magic: magic.to_vec(),
+        }),
+    }
+}
+
+fn read_pcap(name: &str, data: &[u8]) -> Result<Packets, ReadError> {
+    let err = |packet, source| ReadError::Pcap {
+        path: name.to_string(),
+        packet,
+        source,
+    };
+    let mut reader = PcapReader::new(data).map_err(|e| err(0, e))?;
+    let link = reader.header().datalink;
+    let mut out = Packets::default();
+    while let Some(p) = reader.next_packet() {
+        out.packets += 1;
+        let p = p.map_err(|e| err(out.packets, e))?;
+        match segment(link, p.timestamp, &p.data) {
+            Some(s) => out.segments.push(s),
+            None => out.skipped += 1,
+        }
+    }
+    Ok(out)
+}
+
+fn read_pcapng(name: &str, data: &[u8]) -> Result<Packets, ReadError> {
+    let err = |packet, source| ReadError::Pcap {
+        path: name.to_string(),
+        packet,
+        source,
+    };
+    let mut reader = PcapNgReader::new(data).map_err(|e| err(0, e))?;
+    let mut out = Packets::default();
+    // Per interface of the current section: link type and timestamp unit.
+    let mut interfaces: Vec<(DataLink, TsUnit)> = Vec::new();
+    while let Some(block) = reader.next_block() {
+        let block = block.map_err(|e| err(out.packets + 1, e))?;
+        match block {
+            Block::SectionHeader(_) => interfaces.clear(),
+            Block::InterfaceDescription(idb) => {
+                let unit = idb
+                    .options
+                    .iter()
+                    .find_map(|o| match o {
+                        InterfaceDescriptionOption::IfTsResol(r) => Some(TsUnit(*r)),
+                        _ => None,
+                    })
+                    .unwrap_or(TsUnit(6));
+                interfaces.push((idb.linktype, unit));
+            }
+            Block::EnhancedPacket(epb) => {
+                out.packets += 1;
+                let Some(&(link, unit)) = interfaces.get(epb.interface_id as usize) else {
+                    out.skipped += 1;
+                    continue;
+                };
+                // pcap-file hands the raw timestamp over as nanoseconds.
+                let at = unit.scale(epb.timestamp.as_nanos() as u64);
+                match segment(link, at, &epb.data) {
+                    Some(s) => out.segments.push(s),
+                    None => out.skipped += 1,
+                }
+            }
+            Block::SimplePacket(spb) => {
+                out.packets += 1;
+                let link = interfaces.first().map_or(DataLink::ETHERNET, |i| i.0);
+                match segment(link, Duration::ZERO, &spb.data) {
+                    Some(s) => out.segments.push(s),
+                    None => out.skipped += 1,
+                }
+            }
+            Block::Packet(pb) => {
+                out.packets += 1;
+                let Some(&(link, unit)) = interfaces.get(usize::from(pb.interface_id)) else {
+                    out.skipped += 1;
+                    continue;
+                };
+                let at = unit.scale(pb.timestamp);
+                match segment(link, at, &pb.data) {
+                    Some(s) => out.segments.push(s),
+                    None => out.skipped += 1,
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// pcapng `if_tsresol`: 10^-n seconds, or 2^-n with the high bit set.
+#[derive(Clone, Copy, Debug)]
+struct TsUnit(u8);
+
+impl TsUnit {
+    fn scale(self, raw: u64) -> Duration {
+        let exp = u32::from(self.0 & 0x7F);
+        if self.0 & 0x80 != 0 {
+            let per_sec = 1u128.checked_shl(exp).unwrap_or(1);
+            let nanos = u128::from(raw) * 1_000_000_000 / per_sec;
+            return Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+        }
+        let per_sec = 10u128.checked_pow(exp).unwrap_or(1);
+        let secs = u128::from(raw) / per_sec;
+        let frac = u128::from(raw) % per_sec;
+        let nanos = frac * 1_000_000_000 / per_sec;
+        Duration::new(
+            u64::try_from(secs).unwrap_or(u64::MAX),
+            u32::try_from(nanos).unwrap_or(0),
+        )
+    }
+}
+
+/// The TCP segment in one packet, if it holds one.
+fn segment(link: DataLink, at: Duration, data: &[u8]) -> Option<Segment> {
+    let sliced = match link {
+        DataLink::ETHERNET => SlicedPacket::from_ethernet(data).ok()?,
+        DataLink::LINUX_SLL => SlicedPacket::from_linux_sll(data).ok()?,
+        // SLL2: 20-byte header, protocol at offset 0.
+        DataLink::LINUX_SLL2 => SlicedPacket::from_ip(data.get(20..)?).ok()?,
+        DataLink::RAW | DataLink::IPV4 | DataLink::IPV6 => SlicedPacket::from_ip(data).ok()?,
+        // BSD loopback: a 4-byte address family, then IP.
+        DataLink::NULL | DataLink::LOOP => SlicedPacket::from_ip(data.get(4..)?).ok()?,
+        _ => return None,
+    };
+    let (src_ip, dst_ip): (IpAddr, IpAddr) = match sliced.net.as_ref()? {
+        NetSlice::Ipv4(v4) => (
+            v4.header().source_addr().into(),
+            v4.header().destination_addr().into(),
+        ),
+        NetSlice::Ipv6(v6) => (
+            v6.header().source_addr().into(),
+            v6.header().destination_addr().into(),
+        ),
+        NetSlice::Arp(_) => return None,
+    };
+    let TransportSlice::Tcp(tcp) = sliced.transport.as_ref()? else {
+        return None;
+    };
+    Some(Segment {
+        at,
+        src: SocketAddr::new(src_ip, tcp.source_port()),
+        dst: SocketAddr::new(dst_ip, tcp.destination_port()),
+        seq: tcp.sequence_number(),
+        syn: tcp.syn(),
+        ack: tcp.ack(),
+        fin: tcp.fin(),
+        rst: tcp.rst(),
+        payload: tcp.payload().to_vec(),
+    })
+}
+
+/// One direction of a connection, reassembled.
+#[derive(Clone, Debug, Default)]
+pub struct Stream {
+    pub bytes: Vec<u8>,
+    /// `(end offset, time)`: the bytes up to `end` were there at `time`.
+    pub marks: Vec<(usize, Duration)>,
+    /// Bytes never captured: `(offset, length)`. Reassembly stops at the first.
+    pub gaps: Vec<(usize, u64)>,
+    /// Segments that brought nothing new (retransmissions).
+    pub retransmitted: usize,
+    /// Segments that arrived before the bytes ahead of them.
+    pub out_of_order: usize,
+}
+
+impl Stream {
+    /// When the byte at `offset` (exclusive end) had arrived.
+    pub fn time_at(&self, end: usize) -> Duration {
+        let i = self.marks.partition_point(|&(e, _)| e < end);
+        self.marks
+            .get(i)
+            .or(self.marks.last())
+            .map_or(Duration::ZERO, |m| m.1)
+    }
+}
+
+/// One TCP connection of a capture.
+#[derive(Clone, Debug)]
+pub struct Connection {
+    /// 1-based, in order of first packet.
+    pub number: usize,
+    /// The end that connected (sent the SYN), or the likeliest one.
+    pub client: SocketAddr,
+    pub server: SocketAddr,
+    /// Whether the handshake was captured (else the client was guessed).
+    pub saw_syn: bool,
+    pub first_at: Duration,
+    pub to_server: Stream,
+    pub to_client: Stream,
+}
+
+/// Groups segments into connections and reassembles both directions.
+pub fn connections(segments: &[Segment]) -> Vec<Connection> {
+    // A connection is its 4-tuple; a SYN on a tuple that already carried data
+    // and closed starts a new one (short connections reusing a port).
+    let mut by_tuple: HashMap<(SocketAddr, SocketAddr), usize> = HashMap::new();
+    let mut groups: Vec<Vec<&Segment>> = Vec::new();
+    let mut closed: Vec<bool> = Vec::new();
+    for s in segments {
+        let key = ordered(s.src, s.dst);
+        let fresh_syn = s.syn && !s.ack;
+        let idx = match by_tuple.get(&key) {
+            Some(&i) if !(fresh_syn && closed[i]) => i,
+            _ => {
+                groups.push(Vec::new());
+                closed.push(false);
+                by_tuple.insert(key, groups.len() - 1);
+                groups.len() - 1
+            }
+        };
+        if s.fin || s.rst {
+            closed[idx] = true;
+        }
+        groups[idx].push(s);
+    }
+    groups
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, segs)| build_connection(i + 1, &segs))
+        .collect()
+}
+
+fn ordered(a: SocketAddr, b: SocketAddr) -> (SocketAddr, SocketAddr) {
+    if a <= b { (a, b) } else { (b, a) }
+}
+
+fn build_connection(number: usize, segs: &[&Segment]) -> Option<Connection> {
+    let first = segs.first()?;
+    let syn = segs.iter().find(|s| s.syn && !s.ack);
+    let (client, server) = match syn {
+        Some(s) => (s.src, s.dst),
+        // No handshake: the end on the higher (ephemeral) port is the client.
+        None if first.src.port() > first.dst.port() => (first.src, first.dst),
+        None => (first.dst, first.src),
+    };
+    let half = |src: SocketAddr| -> Vec<&Segment> {
+        segs.iter().copied().filter(|s| s.src == src).collect()
+    };
+    Some(Connection {
+        number,
+        client,
+        server,
+        saw_syn: syn.is_some(),
+        first_at: first.at,
+        to_server: reassemble(&half(client)),
+        to_client: reassemble(&half(server)),
+    })
+}
+
+/// Reassembles one direction from its segments in capture order.
+pub fn reassemble(segs: &[&Segment]) -> Stream {
+    let mut out = Stream::default();
+    let Some(base) = initial_seq(segs) else {
+        return out;
+    };
+    let mut next = 0u64;
+    let mut pending: BTreeMap<u64, &[u8]> = BTreeMap::new();
+    for s in segs {
+        if s.payload.is_empty() {
+            continue;
+        }
+        let off = u64::from(s.seq.wrapping_sub(base));
+        let end = off + s.payload.len() as u64;
+        if end <= next {
+            out.retransmitted += 1;
+            continue;
+        }
+        if off > next {
+            out.out_of_order += 1;
+            let keep = pending.get(&off).is_none_or(|p| p.len() < s.payload.len());
+            if keep {
+                pending.insert(off, &s.payload);
+            }
+            continue;
+        }
+        take(&mut out, &mut next, off, &s.payload);
+        // What was waiting for these bytes may now follow.
+        while let Some((&o, &p)) = pending.first_key_value() {
+            if o > next {
+                break;
+            }
+            pending.pop_first();
+            take(&mut out, &mut next, o, p);
+        }
+        out.marks.push((out.bytes.len(), s.at));
+    }
+    if let Some((&o, _)) = pending.first_key_value() {
+        out.gaps.push((out.bytes.len(), o - next));
+    }
+    out
+}
+
+/// Appends what `payload` at `off` holds past `next`.
+fn take(out: &mut Stream, next: &mut u64, off: u64, payload: &[u8]) {
+    let skip = usize::try_from(*next - off).unwrap_or(usize::MAX);
+    if let Some(new) = payload.get(skip..) {
+        out.bytes.extend_from_slice(new);
+        *next += new.len() as u64;
+    }
+}
+
+/// Sequence number of the first byte: after the SYN if captured, else the
+/// lowest data sequence number (modulo 2^32, relative to the first seen).
+fn initial_seq(segs: &[&Segment]) -> Option<u32> {
+    if let Some(s) = segs.iter().find(|s| s.syn) {
+        return Some(s.seq.wrapping_add(1));
+    }
+    let first = segs.iter().find(|s| !s.payload.is_empty())?.seq;
+    segs.iter()
+        .filter(|s| !s.payload.is_empty())
+        .map(|s| s.seq)
+        .min_by_key(|&q| q.wrapping_sub(first) as i32)
+}
+
+/// One frame cut from a reassembled direction.
+#[derive(Clone, Debug)]
+pub struct CapturedFrame {
+    /// When its last byte had arrived.
+    pub at: Duration,
+    /// Stream offset of its length prefix.
+    pub offset: usize,
+    pub frame: Frame,
+}
+
+/// Cuts a direction into frames. Stops at a prefix that cannot be trusted or
+/// at a frame cut short by the end of the capture (the error says which).
+pub fn frames(spec: &Spec, stream: &Stream) -> (Vec<CapturedFrame>, Option<FrameCut>) {
+    let framing = spec.framing();
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < stream.bytes.len() {
+        match split_frame(framing.prefix, &stream.bytes[at..], framing.max_frame) {
+            Ok(Some(f)) => {
+                out.push(CapturedFrame {
+                    at: stream.time_at(at + f.consumed),
+                    offset: at,
+                    frame: f.to_frame(),
+                });
+                at += f.consumed;
+            }
+            Ok(None) => {
+                let left = stream.bytes.len() - at;
+                return (out, Some(FrameCut::Truncated { offset: at, left }));
+            }
+            Err(e) => return (out, Some(FrameCut::Untrusted(e.shifted(at)))),
+        }
+    }
+    (out, None)
+}
+
+/// Why a direction's frames stop before its end.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum FrameCut {
+    #[error("the capture ends inside a frame at stream offset {offset} ({left} bytes captured)")]
+    Truncated { offset: usize, left: usize },
+    #[error("{0}")]
+    Untrusted(WireError),
+}
+
+/// Every frame of a capture, both directions of every connection, in time order.
+#[derive(Clone, Debug)]
+pub struct TimedFrame {
+    pub at: Duration,
+    /// Index into the connections.
+    pub conn: usize,
+    pub from_client: bool,
+    pub frame: CapturedFrame,
+}
+
+/// Problems found while cutting frames, per connection and direction.
+#[derive(Clone, Debug)]
+pub struct StreamProblem {
+    pub conn: usize,
+    pub from_client: bool,
+    pub what: String,
+}
+
+/// Frames of every connection merged by time (stable: ties keep stream order).
+pub fn timeline(spec: &Spec, conns: &[Connection]) -> (Vec<TimedFrame>, Vec<StreamProblem>) {
+    let mut all = Vec::new();
+    let mut problems = Vec::new();
+    for (i, c) in conns.iter().enumerate() {
+        for (from_client, stream) in [(true, &c.to_server), (false, &c.to_client)] {
+            let (fs, cut) = frames(spec, stream);
+            if let Some(&(offset, len)) = stream.gaps.first() {
+                problems.push(StreamProblem {
+                    conn: i,
+                    from_client,
+                    what: format!("{len} bytes at stream offset {offset} were not captured; reassembly stops there"),
+                });
+            }
+            if let Some(cut) = cut {
+                problems.push(StreamProblem {
+                    conn: i,
+                    from_client,
+                    what: cut.to_string(),
+                });
+            }
+            all.extend(fs.into_iter().map(|f| TimedFrame {
+                at: f.at,
+                conn: i,
+                from_client,
+                frame: f,
+            }));
+        }
+    }
+    all.sort_by_key(|f| f.at);
+    (all, problems)
+}
+
+/// Guesses the spec of a capture: the built-in spec under which the most
+/// frames decode (ties: fewer problems), among the connections of `port` if given.
+pub fn guess_spec(conns: &[Connection]) -> Option<Spec> {
+    let mut best: Option<(usize, Spec)> = None;
+    for name in Spec::builtin_names() {
+        let Some(spec) = Spec::builtin(name) else {
+            continue;
+        };
+        let mut score = 0usize;
+        for c in conns {
+            for s in [&c.to_server, &c.to_client] {
+                let (fs, cut) = frames(&spec, s);
+                if cut.is_some() {
+                    continue;
+                }
+                score += fs
+                    .iter()
+                    .filter(|f| match &f.frame {
+                        Frame::Message(p) => spec.decode(p).is_ok(),
+                        _ => false,
+                    })
+                    .count();
+            }
+        }
+        if score > 0 && best.as_ref().is_none_or(|(b, _)| score > *b) {
+            best = Some((score, spec));
+        }
+    }
+    best.map(|(_, s)| s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(at: u64, seq: u32, payload: &[u8]) -> Segment {
+        Segment {
+            at: Duration::from_millis(at),
+            src: "127.0.0.1:40000".parse().unwrap(),
+            dst: "127.0.0.1:5000".parse().unwrap(),
+            seq,
+            syn: false,
+            ack: true,
+            fin: false,
+            rst: false,
+            payload: payload.to_vec(),
+        }
+    }
+
+    #[test]
+    fn reassembles_out_of_order_retransmitted_and_overlapping() {
+        let mut syn = seg(0, 99, b"");
+        syn.syn = true;
+        syn.ack = false;
+        let segs = [
+            syn,
+            seg(1, 100, b"abc"),
+            seg(2, 106, b"ghi"),  // ahead: waits
+            seg(3, 100, b"abc"),  // retransmission
+            seg(4, 104, b"efgh"), // overlaps what waits, ahead too
+            seg(5, 102, b"cdef"), // overlaps both sides, fills the hole
+            seg(6, 109, b"jk"),
+        ];
+        let refs: Vec<&Segment> = segs.iter().collect();
+        let s = reassemble(&refs);
+        assert_eq!(s.bytes, b"abcdefghijk");
+        assert_eq!(s.retransmitted, 1);
+        assert_eq!(s.out_of_order, 2);
+        assert!(s.gaps.is_empty());
+        assert_eq!(s.time_at(3), Duration::from_millis(1));
+        assert_eq!(
+            s.time_at(9),
+            Duration::from_millis(5),
+            "complete when the hole filled"
+        );
+    }
+
+    #[test]
+    fn without_handshake_starts_at_the_lowest_sequence_number() {
+        let segs = [seg(1, 5, b"fg"), seg(2, 0, b"abcde")];
+        let refs: Vec<&Segment> = segs.iter().collect();
+        assert_eq!(reassemble(&refs).bytes, b"abcdefg");
+        let wrap = [seg(1, 0, b"cd"), seg(2, u32::MAX - 1, b"ab")];
+        let refs: Vec<&Segment> = wrap.iter().collect();
+        assert_eq!(reassemble(&refs).bytes, b"abcd", "across the 2^32 wrap");
+    }
+
+    #[test]
+    fn a_missing_segment_is_a_gap() {
+        let segs = [seg(1, 0, b"ab"), seg(2, 4, b"ef")];
+        let refs: Vec<&Segment> = segs.iter().collect();
+        let s = reassemble(&refs);
+        assert_eq!(s.bytes, b"ab");
+        assert_eq!(s.gaps, vec![(2, 2)]);
+    }
+
+    #[test]
+    fn garbage_is_not_a_capture() {
+        assert!(matches!(
+            read_bytes("x", b"hello world"),
+            Err(ReadError::NotACapture { .. })
+        ));
+        assert!(read_bytes("x", &[0x0A, 0x0D, 0x0D, 0x0A, 1, 2]).is_err());
+    }
+}
