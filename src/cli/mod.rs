@@ -1,6 +1,7 @@
 //! Command-line interface. `main.rs` only calls [`main`].
 
 pub mod bench;
+pub mod check;
 pub mod decode;
 pub mod demo;
 pub mod load;
@@ -151,16 +152,7 @@ pub fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Load(args) => load::run(&args),
-        Command::Check { config } => match Config::load(&config) {
-            Ok(cfg) => match toml::to_string_pretty(&cfg) {
-                Ok(text) => {
-                    println!("{text}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(format!("cannot print the config: {e}")),
-            },
-            Err(e) => fail(format!("{}: {e}", config.display())),
-        },
+        Command::Check { config } => check::run(&config),
         Command::Run {
             config,
             stats_every,
