@@ -14,6 +14,8 @@
 //! - [`cli`]: the `isoswitch` command line.
 
 pub mod cli;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod iso8583;
 pub mod link;
 pub mod ops;

@@ -721,6 +721,7 @@ fn blame(overrides: &[EnvOverride], key: String, reason: String) -> ConfigError 
 /// configuration is loaded (the first address the resolver gives).
 pub mod host_port {
     use std::net::{SocketAddr, ToSocketAddrs};
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     use serde::{Deserialize, Deserializer, Serialize, Serializer, de::Error};
 
@@ -731,6 +732,14 @@ pub mod host_port {
 
     pub fn serialize<S: Serializer>(addr: &SocketAddr, s: S) -> Result<S::Ok, S::Error> {
         addr.serialize(s)
+    }
+
+    static IP_ONLY: AtomicBool = AtomicBool::new(false);
+
+    /// Refuses host names from now on in this process (the config fuzzer must
+    /// not send DNS queries).
+    pub fn resolve_ip_only() {
+        IP_ONLY.store(true, Ordering::Relaxed);
     }
 
     /// `127.0.0.1:7001`, `[::1]:7001` or `localhost:7001`.
@@ -747,6 +756,9 @@ pub mod host_port {
         let host = host.trim_start_matches('[').trim_end_matches(']');
         if host.is_empty() {
             return Err(format!("`{text}` has no host"));
+        }
+        if IP_ONLY.load(Ordering::Relaxed) {
+            return Err(format!("`{text}`: host names are not resolved here"));
         }
         let mut addrs = (host, port)
             .to_socket_addrs()
