@@ -12,8 +12,11 @@ use tokio_util::codec::Decoder;
 use crate::iso8583::{Message, Spec};
 use crate::wire::{CupsHeader, FrameCodec, LengthPrefix, Tpdu, VisaHeader};
 
+/// A harness: arbitrary bytes in, a panic only for a broken promise.
+pub type Harness = fn(&[u8]);
+
 /// The fuzz targets, by name (the file names under `fuzz/fuzz_targets/`).
-pub const TARGETS: [(&str, fn(&[u8])); 5] = [
+pub const TARGETS: [(&str, Harness); 5] = [
     ("frame_decoder", frame_decoder),
     ("headers", headers),
     ("message", message),
@@ -47,12 +50,20 @@ pub fn frame_decoder(data: &[u8]) {
     let max_frame = usize::from(u16::from_be_bytes([*hi, *lo]) % 9000);
     let whole = decode_stream(prefix, max_frame, stream, stream.len().max(1));
     let bytewise = decode_stream(prefix, max_frame, stream, 1);
-    assert_eq!(whole, bytewise, "{prefix}: frames depend on how the stream is split");
+    assert_eq!(
+        whole, bytewise,
+        "{prefix}: frames depend on how the stream is split"
+    );
 }
 
 /// Frames decoded from `stream` fed `chunk` bytes at a time, then the error or
 /// the end of stream, as text.
-fn decode_stream(prefix: LengthPrefix, max_frame: usize, stream: &[u8], chunk: usize) -> Vec<String> {
+fn decode_stream(
+    prefix: LengthPrefix,
+    max_frame: usize,
+    stream: &[u8],
+    chunk: usize,
+) -> Vec<String> {
     let mut codec = FrameCodec::new(prefix, max_frame);
     let mut buf = BytesMut::new();
     let mut out = Vec::new();
@@ -87,7 +98,12 @@ pub fn headers(data: &[u8]) {
     }
     if let Ok(h) = CupsHeader::parse(data) {
         let _ = h.check(data.len());
-        let _ = (h.total_length(), h.destination_id(), h.source_id(), h.is_reject());
+        let _ = (
+            h.total_length(),
+            h.destination_id(),
+            h.source_id(),
+            h.is_reject(),
+        );
         assert_eq!(h.swapped().swapped(), h);
     }
     if let Ok(h) = VisaHeader::parse(data) {

@@ -59,7 +59,10 @@ fn fixtures_pass_the_fuzz_harnesses() {
     let prefix_index = |spec: &isoswitch::iso8583::Spec| -> u8 {
         use isoswitch::wire::LengthPrefix::*;
         let order = [Binary2, Binary2Inclusive, Bcd2, Ascii4, Binary4, Visa4];
-        order.iter().position(|p| *p == spec.framing().prefix).unwrap() as u8
+        order
+            .iter()
+            .position(|p| *p == spec.framing().prefix)
+            .unwrap() as u8
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
     let mut checked = 0;
