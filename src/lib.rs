@@ -15,6 +15,8 @@
 
 pub mod capture;
 pub mod cli;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod iso8583;
 pub mod link;
 pub mod ops;

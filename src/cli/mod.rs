@@ -1,6 +1,7 @@
 //! Command-line interface. `main.rs` only calls [`main`].
 
 pub mod bench;
+pub mod check;
 pub mod ctl;
 pub mod decode;
 pub mod decode_pcap;
@@ -197,16 +198,7 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Load(args) => load::run(&args),
         Command::Replay(args) => replay::run(&args),
-        Command::Check { config } => match Config::load(&config) {
-            Ok(cfg) => match toml::to_string_pretty(&cfg) {
-                Ok(text) => {
-                    println!("{text}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(format!("cannot print the config: {e}")),
-            },
-            Err(e) => fail(format!("{}: {e}", config.display())),
-        },
+        Command::Check { config } => check::run(&config),
         Command::Run {
             config,
             stats_every,

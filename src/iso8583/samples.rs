@@ -86,11 +86,31 @@ pub fn purchase(spec: &Spec) -> Decoded {
     let mti = Mti::new(*b"0200").unwrap_or_else(|| unreachable!());
     let mut d = Decoded::new(envelope(spec), mti);
     for &id in ids {
-        if let (Some(_), Some(v)) = (spec.field(id), value(id)) {
-            d.set(id, v);
+        if let (Some(def), Some(v)) = (spec.field(id), value(id)) {
+            d.set(id, fitted(def, v));
         }
     }
     d
+}
+
+/// `v` adapted to a dialect's field where it differs from the common one:
+/// VISA's F22 is n4 (POS entry mode + PIN capability) and its F60 binary.
+fn fitted(def: &super::FieldDef, v: Value) -> Value {
+    match (&v, def.data) {
+        (Value::Text(t), super::Data::Binary) => {
+            let bytes: Vec<u8> = t
+                .as_bytes()
+                .chunks(2)
+                .map(|pair| pair.iter().fold(0u8, |acc, &c| (acc << 4) | (c & 0x0F)))
+                .take(def.length)
+                .collect();
+            Value::binary(bytes)
+        }
+        (Value::Text(t), _) if def.is_fixed() && t.len() < def.length => {
+            Value::text(format!("{t:0<width$}", width = def.length))
+        }
+        _ => v,
+    }
 }
 
 /// [`purchase`], encoded.

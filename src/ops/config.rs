@@ -180,9 +180,11 @@ impl CaptureConfig {
     }
 }
 
-/// Where the service's clients come from.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+/// Where the service's clients come from. Read by hand (below) rather than as
+/// a serde internally tagged enum, which buffers the table and so loses the
+/// path of errors inside it.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum FrontConfig {
     /// Clients connect to the switch; duplex, many requests in flight per connection.
     Listen(ListenFront),
@@ -194,11 +196,36 @@ pub enum FrontConfig {
     Connect(ConnectFront),
 }
 
+impl<'de> Deserialize<'de> for FrontConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut table = config::Value::deserialize(d)?
+            .into_table()
+            .map_err(|e| D::Error::custom(reason(&e)))?;
+        let kind = table
+            .remove("kind")
+            .ok_or_else(|| D::Error::missing_field("kind"))?
+            .into_string()
+            .map_err(|e| D::Error::custom(format!("kind: {}", reason(&e))))?;
+        let rest = config::Value::new(None, table);
+        match kind.as_str() {
+            "listen" => strict::inner(rest).map(FrontConfig::Listen),
+            "simplex" => strict::inner(rest).map(FrontConfig::Simplex),
+            "connect" => strict::inner(rest).map(FrontConfig::Connect),
+            other => Err(D::Error::unknown_variant(
+                other,
+                &["listen", "simplex", "connect"],
+            )),
+        }
+    }
+}
+
 /// The `connect` front: N duplex links from the switch to the peer.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConnectFront {
-    /// The peer's address.
+    /// The peer's address (`host:port`, resolved at load).
+    #[serde(with = "host_port")]
     pub connect: SocketAddr,
     /// Duplex links kept up.
     pub links: usize,
@@ -302,8 +329,10 @@ impl FrontConfig {
 #[serde(deny_unknown_fields)]
 pub struct SimplexFront {
     /// The peer's address the out links connect to.
+    #[serde(with = "host_port")]
     pub connect: SocketAddr,
     /// Where the peer's in links connect.
+    #[serde(with = "host_port")]
     pub listen: SocketAddr,
     /// Out links kept up (8 for a large member, 2 for a small one).
     pub links: usize,
@@ -381,6 +410,7 @@ pub enum StampBy {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenFront {
+    #[serde(with = "host_port")]
     pub listen: SocketAddr,
     /// Client connections open at once; the next one is closed at accept.
     #[serde(default = "defaults::max_connections")]
@@ -500,7 +530,7 @@ pub struct BackConfig {
     pub reconnect_min: Duration,
     #[serde(default = "defaults::reconnect_max", with = "humantime_serde")]
     pub reconnect_max: Duration,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "HealthCheckConfig::deserialize_strict")]
     pub health: HealthCheckConfig,
     /// Directed routing: the first rule a request matches restricts its nodes.
     #[serde(default, rename = "rule")]
@@ -514,6 +544,7 @@ pub struct BackConfig {
 pub struct NodeConfig {
     /// Short ID, also the F37 stamp.
     pub id: String,
+    #[serde(with = "host_port")]
     pub address: SocketAddr,
     #[serde(default = "defaults::weight")]
     pub weight: u32,
@@ -525,8 +556,10 @@ pub struct NodeConfig {
     pub admin: crate::route::AdminState,
 }
 
-/// Active health checks and passive ejection. (Unknown keys are refused by the
-/// flattened [`HealthConfig`].)
+/// Active health checks and passive ejection. A flattened struct cannot use
+/// `deny_unknown_fields` (serde hands it only the keys it knows: typos were
+/// ignored), so `BackConfig` reads this through
+/// [`HealthCheckConfig::deserialize_strict`].
 #[derive(Clone, Debug, Deserialize, Serialize)]
 pub struct HealthCheckConfig {
     #[serde(default)]
@@ -548,6 +581,27 @@ impl Default for HealthCheckConfig {
             timeout: defaults::check_timeout(),
             state: HealthConfig::default(),
         }
+    }
+}
+
+impl HealthCheckConfig {
+    /// Refuses keys neither this struct nor [`HealthConfig`] prints, then reads
+    /// the [`HealthConfig`] keys apart: through `flatten` serde would buffer
+    /// them, losing the key of an error and the conversion of an environment
+    /// override ("7") to a number. Keys added to either struct need nothing here.
+    fn deserialize_strict<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let value = config::Value::deserialize(d)?;
+        strict::check_keys::<Self, D::Error>(&value)?;
+        let table = value
+            .into_table()
+            .map_err(|e| D::Error::custom(reason(&e)))?;
+        let state_keys = strict::keys_of::<HealthConfig, D::Error>()?;
+        let (state, own): (config::Map<_, _>, config::Map<_, _>) =
+            table.into_iter().partition(|(k, _)| state_keys.contains(k));
+        let mut cfg: HealthCheckConfig = strict::inner(config::Value::new(None, own))?;
+        cfg.state = strict::inner(config::Value::new(None, state))?;
+        Ok(cfg)
     }
 }
 
@@ -755,63 +809,222 @@ mod defaults {
     }
 }
 
-/// Applies `ISOSWITCH__A__0__B=value` overrides to a parsed config tree.
-/// Levels are separated by `__` and lower-cased; a number indexes a list
-/// (`SERVICE__0` is the first service), which the `config` crate's own
-/// environment source cannot do. Values are read as booleans or numbers when
-/// they parse as such, else as strings (durations like `5s`).
-pub fn apply_env_overrides(
-    tree: &mut serde_json::Value,
-    vars: impl Iterator<Item = (String, String)>,
-) -> Result<(), ConfigError> {
-    let prefix = format!("{ENV_PREFIX}__");
-    for (name, raw) in vars {
-        let Some(path) = name.strip_prefix(&prefix) else {
-            continue;
-        };
-        let segments: Vec<String> = path.split("__").map(str::to_ascii_lowercase).collect();
-        let key = segments.join(".");
-        let mut at = &mut *tree;
-        for seg in &segments {
-            at = match (at, seg.parse::<usize>()) {
-                (serde_json::Value::Array(items), Ok(i)) => {
-                    let len = items.len();
-                    items.get_mut(i).ok_or_else(|| {
-                        invalid(
-                            name.clone(),
-                            format!("`{key}`: index {i} is past the {len} configured"),
-                        )
-                    })?
-                }
-                (v, _) => {
-                    if !v.is_object() {
-                        *v = serde_json::Value::Object(serde_json::Map::new());
-                    }
-                    let serde_json::Value::Object(map) = v else {
-                        return Err(invalid(name.clone(), format!("`{key}` is not a table")));
-                    };
-                    map.entry(seg.clone()).or_insert(serde_json::Value::Null)
-                }
-            };
-        }
-        *at = env_value(&raw);
-    }
-    Ok(())
+/// One `ISOSWITCH__...` variable, resolved to the key it sets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvOverride {
+    /// The variable's name, for errors.
+    pub var: String,
+    /// The key it sets, as errors print keys: `service[0].back.node[1].weight`.
+    pub key: String,
+    /// The value, always as a string: serde converts it to the key's type, so
+    /// `01` stays `"01"` for a string key and is 1 for a number.
+    pub value: String,
 }
 
-fn env_value(raw: &str) -> serde_json::Value {
-    if let Ok(b) = raw.parse::<bool>() {
-        return serde_json::Value::Bool(b);
+/// Resolves `ISOSWITCH__A__0__B=value` variables against the file's tree.
+/// Levels are separated by `__` and lower-cased; a number indexes a list
+/// (`SERVICE__0` is the first service), which must exist in the file.
+pub fn env_overrides(
+    tree: &serde_json::Value,
+    vars: impl Iterator<Item = (String, String)>,
+) -> Result<Vec<EnvOverride>, ConfigError> {
+    let prefix = format!("{ENV_PREFIX}__");
+    let mut out = Vec::new();
+    for (var, value) in vars {
+        let Some(path) = var.strip_prefix(&prefix) else {
+            continue;
+        };
+        let mut key = String::new();
+        let mut at = Some(tree);
+        for seg in path.split("__").map(str::to_ascii_lowercase) {
+            let index = seg.parse::<usize>().ok();
+            match (at, index) {
+                (Some(serde_json::Value::Array(items)), Some(i)) => {
+                    if i >= items.len() {
+                        return Err(ConfigError::Env {
+                            var,
+                            key,
+                            reason: format!("index {i} is past the {} configured", items.len()),
+                        });
+                    }
+                    key.push_str(&format!("[{i}]"));
+                    at = items.get(i);
+                }
+                (_, Some(_)) => {
+                    return Err(ConfigError::Env {
+                        var,
+                        key,
+                        reason: format!("`{seg}` indexes a list, and this key is not one"),
+                    });
+                }
+                (_, None) if seg.is_empty() => {
+                    return Err(invalid(var, "empty level (`___` or a trailing `__`)"));
+                }
+                (_, None) => {
+                    if !key.is_empty() {
+                        key.push('.');
+                    }
+                    key.push_str(&seg);
+                    at = at.and_then(|v| v.get(&seg));
+                }
+            }
+        }
+        out.push(EnvOverride { var, key, value });
     }
-    if let Ok(n) = raw.parse::<i64>() {
-        return serde_json::Value::from(n);
+    Ok(out)
+}
+
+/// The message of a `config` crate error without the key and origin it
+/// appends (serde_path_to_error names the key, and names it right).
+fn reason(e: &config::ConfigError) -> String {
+    match e {
+        config::ConfigError::At { error, .. } => reason(error),
+        config::ConfigError::Type {
+            unexpected,
+            expected,
+            ..
+        } => format!("invalid type: {unexpected}, expected {expected}"),
+        other => other.to_string(),
     }
-    if let Ok(f) = raw.parse::<f64>()
-        && raw.contains('.')
-    {
-        return serde_json::Value::from(f);
+}
+
+/// Moves the `path: ` a nested deserializer put before `reason` onto `key`:
+/// `service[0].front` + `allow[0]: bad` = `service[0].front.allow[0]` + `bad`.
+fn join_path(mut key: String, mut reason: String) -> (String, String) {
+    let is_path = |p: &str| {
+        !p.is_empty()
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.[]".contains(&b))
+    };
+    while let Some((head, rest)) = reason.split_once(": ") {
+        if !is_path(head) {
+            break;
+        }
+        if head != "." {
+            if !head.starts_with('[') && !key.is_empty() {
+                key.push('.');
+            }
+            key.push_str(head);
+        }
+        reason = rest.to_string();
     }
-    serde_json::Value::String(raw.to_string())
+    (key, reason)
+}
+
+/// Blames an error at `key` on the variable that set it (or a table above
+/// it), else on the file.
+fn blame(overrides: &[EnvOverride], key: String, reason: String) -> ConfigError {
+    let (key, reason) = join_path(key, reason);
+    let covers = |o: &&EnvOverride| {
+        let under = |outer: &str, inner: &str| {
+            inner
+                .strip_prefix(outer)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+        };
+        // The key itself or a table inside it, or an unknown key it added.
+        under(&o.key, &key)
+            || (under(&key, &o.key)
+                && o.key
+                    .rsplit('.')
+                    .next()
+                    .is_some_and(|leaf| reason.contains(&format!("`{leaf}`"))))
+    };
+    match overrides.iter().rev().find(covers) {
+        Some(o) => ConfigError::Env {
+            var: o.var.clone(),
+            key,
+            reason,
+        },
+        None => ConfigError::Invalid { key, reason },
+    }
+}
+
+/// Serde for `host:port` keys: an IP address, or a host name resolved when the
+/// configuration is loaded (the first address the resolver gives).
+pub mod host_port {
+    use std::net::{SocketAddr, ToSocketAddrs};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer, de::Error};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+        let text = String::deserialize(d)?;
+        resolve(&text).map_err(D::Error::custom)
+    }
+
+    pub fn serialize<S: Serializer>(addr: &SocketAddr, s: S) -> Result<S::Ok, S::Error> {
+        addr.serialize(s)
+    }
+
+    static IP_ONLY: AtomicBool = AtomicBool::new(false);
+
+    /// Refuses host names from now on in this process (the config fuzzer must
+    /// not send DNS queries).
+    pub fn resolve_ip_only() {
+        IP_ONLY.store(true, Ordering::Relaxed);
+    }
+
+    /// `127.0.0.1:7001`, `[::1]:7001` or `localhost:7001`.
+    pub fn resolve(text: &str) -> Result<SocketAddr, String> {
+        if let Ok(addr) = text.parse() {
+            return Ok(addr);
+        }
+        let Some((host, port)) = text.rsplit_once(':') else {
+            return Err(format!("`{text}` is not host:port"));
+        };
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("`{text}`: port `{port}` is not 0..=65535"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err(format!("`{text}` has no host"));
+        }
+        if IP_ONLY.load(Ordering::Relaxed) {
+            return Err(format!("`{text}`: host names are not resolved here"));
+        }
+        let mut addrs = (host, port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve `{host}`: {e}"))?;
+        addrs
+            .next()
+            .ok_or_else(|| format!("`{host}` resolves to no address"))
+    }
+}
+
+/// Helpers for tables serde's derive cannot read with full key paths.
+pub mod strict {
+    use serde::{Serialize, de::DeserializeOwned, de::Error};
+
+    /// The keys `T`'s default prints: the keys it knows.
+    pub fn keys_of<T: Serialize + Default, E: Error>() -> Result<Vec<String>, E> {
+        let known = serde_json::to_value(T::default()).map_err(E::custom)?;
+        Ok(known
+            .as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    /// Refuses a table key that `T` does not know.
+    pub fn check_keys<T: Serialize + Default, E: Error>(value: &config::Value) -> Result<(), E> {
+        let mut known = keys_of::<T, E>()?;
+        known.sort_unstable();
+        if let Ok(table) = value.clone().into_table()
+            && let Some(unknown) = table.keys().find(|k| !known.contains(k))
+        {
+            return Err(E::custom(format!(
+                "unknown field `{unknown}`, expected one of `{}`",
+                known.join("`, `")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Deserializes `value` as `T`, naming the key inside it that is wrong as
+    /// `path: reason` (joined to the outer key by `join_path`).
+    pub fn inner<T: DeserializeOwned, E: Error>(value: config::Value) -> Result<T, E> {
+        serde_path_to_error::deserialize(value)
+            .map_err(|e| E::custom(format!("{}: {}", e.path(), super::reason(e.inner()))))
+    }
 }
 
 /// A configuration that cannot be used, naming the key.
@@ -821,6 +1034,13 @@ pub enum ConfigError {
     Load(#[from] config::ConfigError),
     #[error("{key}: {reason}")]
     Invalid { key: String, reason: String },
+    /// A value set by an environment variable, named first.
+    #[error("{var} (sets {key}): {reason}")]
+    Env {
+        var: String,
+        key: String,
+        reason: String,
+    },
 }
 
 fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
@@ -847,28 +1067,100 @@ impl Config {
     /// Loads a TOML file, applies environment overrides, and validates.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let source = config::File::from(path).format(config::FileFormat::Toml);
-        Self::build(source)
+        Self::build(source, std::env::vars())
     }
 
     /// Parses TOML text (e.g. the embedded demo config), with environment
     /// overrides, and validates.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        Self::build(config::File::from_str(text, config::FileFormat::Toml))
+        Self::from_toml_with_env(text, std::env::vars())
     }
 
-    fn build<S>(source: S) -> Result<Config, ConfigError>
+    /// [`Config::from_toml`] with the environment given (for tests).
+    pub fn from_toml_with_env(
+        text: &str,
+        vars: impl Iterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        Self::build(config::File::from_str(text, config::FileFormat::Toml), vars)
+    }
+
+    fn build<S>(
+        source: S,
+        vars: impl Iterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError>
     where
         S: config::Source + Send + Sync + 'static,
     {
-        let mut tree: serde_json::Value = config::Config::builder()
-            .add_source(source)
-            .build()?
-            .try_deserialize()?;
-        apply_env_overrides(&mut tree, std::env::vars())?;
-        let cfg: Config =
-            serde_json::from_value(tree).map_err(|e| invalid("config", e.to_string()))?;
-        cfg.validate()?;
+        let file = config::Config::builder().add_source(source).build()?;
+        let tree: serde_json::Value = file.clone().try_deserialize()?;
+        let overrides = env_overrides(&tree, vars)?;
+        let mut merged = config::Config::builder().add_source(file);
+        for o in &overrides {
+            merged = merged
+                .set_override(o.key.as_str(), o.value.as_str())
+                .map_err(|e| blame(&overrides, o.key.clone(), e.to_string()))?;
+        }
+        let merged = merged.build()?;
+        // serde_path_to_error names the key of every type error: durations,
+        // addresses, CIDRs, codes, enums and unknown keys alike.
+        let cfg: Config = serde_path_to_error::deserialize(merged).map_err(|e| {
+            let key = e.path().to_string();
+            blame(&overrides, key, reason(e.inner()))
+        })?;
+        cfg.validate().map_err(|e| match e {
+            ConfigError::Invalid { key, reason } => blame(&overrides, key, reason),
+            other => other,
+        })?;
         Ok(cfg)
+    }
+
+    /// The configuration as the switch runs it: every default filled in,
+    /// including those resolved later (`correlation.key` from the spec,
+    /// `max_in_links` from `links`), for `isoswitch check` to print.
+    pub fn effective(&self) -> Config {
+        let mut cfg = self.clone();
+        for svc in &mut cfg.services {
+            if svc.correlation.key.is_empty()
+                && let Ok(spec) = svc.load_spec()
+            {
+                svc.correlation.key = crate::link::service::default_key(&spec);
+            }
+            if let FrontConfig::Simplex(f) = &mut svc.front {
+                f.max_in_links = Some(f.max_in_links());
+            }
+        }
+        cfg
+    }
+
+    /// File descriptors the switch may hold open at its limits: every client,
+    /// link and node connection, listeners, and a few for the process itself.
+    pub fn max_open_files(&self) -> u64 {
+        const PROCESS: u64 = 16;
+        let per_service = |svc: &ServiceConfig| -> u64 {
+            let front = match &svc.front {
+                FrontConfig::Listen(l) => l.max_connections as u64 + 1,
+                FrontConfig::Simplex(f) => (f.links + f.max_in_links()) as u64 + 1,
+                FrontConfig::Connect(f) => f.links as u64,
+            };
+            let checks = u64::from(svc.back.health.check == CheckKind::Tcp);
+            let back =
+                svc.back.nodes.len() as u64 * (svc.back.connections_per_node as u64 + checks);
+            front + back
+        };
+        PROCESS + self.services.iter().map(per_service).sum::<u64>()
+    }
+
+    /// A warning when the limits above exceed `open_file_limit` (the soft
+    /// RLIMIT_NOFILE): past it, accepts and connects fail with EMFILE.
+    pub fn open_files_warning(&self, open_file_limit: u64) -> Option<String> {
+        let need = self.max_open_files();
+        (need > open_file_limit).then(|| {
+            format!(
+                "at its limits (max_connections, links, nodes x connections_per_node) the switch \
+                 holds up to {need} open files, more than the open-file limit {open_file_limit} \
+                 (ulimit -n / LimitNOFILE): raise the limit or lower max_connections"
+            )
+        })
     }
 
     /// Checks what serde cannot: references between keys, ranges, uniqueness.
@@ -934,6 +1226,12 @@ impl ServiceConfig {
                     format!("`{text}` is not an MTI pattern: four digits or `x`, such as `02x0`"),
                 ));
             }
+        }
+        if self.correlation.max_in_flight == 0 {
+            return Err(invalid(
+                format!("{key}.correlation.max_in_flight"),
+                "must be > 0 (0 declines every request)",
+            ));
         }
         if let Some(stamp) = &self.f37_stamp {
             stamp
@@ -1236,34 +1534,293 @@ address = "127.0.0.1:7001"
         assert!(Config::from_toml(&fits).is_ok());
     }
 
+    fn env(vars: &[(&str, &str)]) -> impl Iterator<Item = (String, String)> {
+        vars.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+
+    fn env_error_of(toml: &str, vars: &[(&str, &str)]) -> String {
+        match Config::from_toml_with_env(toml, env(vars)) {
+            Ok(_) => panic!("accepted {vars:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
     #[test]
     fn environment_overrides_reach_into_lists() {
-        let mut tree: serde_json::Value = toml::from_str::<serde_json::Value>(MINIMAL).unwrap();
         let vars = [
             ("ISOSWITCH__SERVICE__0__TIMEOUTS__REQUEST", "5s"),
             ("ISOSWITCH__SERVICE__0__BACK__NODE__0__WEIGHT", "3"),
             ("ISOSWITCH__SERVICE__0__BACK__CONNECTIONS_PER_NODE", "4"),
+            ("ISOSWITCH__SERVICE__0__BACK__HEALTH__RISE", "7"),
             ("OTHER__THING", "ignored"),
         ];
-        apply_env_overrides(
-            &mut tree,
-            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())),
-        )
-        .unwrap();
-        let cfg: Config = serde_json::from_value(tree).unwrap();
+        let cfg = Config::from_toml_with_env(MINIMAL, env(&vars)).unwrap();
         let svc = &cfg.services[0];
         assert_eq!(svc.timeouts.request, Duration::from_secs(5));
         assert_eq!(svc.back.nodes[0].weight, 3);
         assert_eq!(svc.back.connections_per_node, 4);
+        assert_eq!(svc.back.health.state.rise, 7);
 
-        let mut tree: serde_json::Value = toml::from_str::<serde_json::Value>(MINIMAL).unwrap();
-        let past = [("ISOSWITCH__SERVICE__3__NAME".to_string(), "x".to_string())];
-        let err = apply_env_overrides(&mut tree, past.into_iter())
-            .unwrap_err()
-            .to_string();
+        let err = env_error_of(MINIMAL, &[("ISOSWITCH__SERVICE__3__NAME", "x")]);
         assert!(
             err.contains("ISOSWITCH__SERVICE__3__NAME") && err.contains("index 3"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn environment_strings_stay_strings() {
+        let vars = [
+            ("ISOSWITCH__SERVICE__0__BACK__NODE__0__ID", "01"),
+            ("ISOSWITCH__SERVICE__0__NAME", "007"),
+            ("ISOSWITCH__SERVICE__0__DECLINES__TIMEOUT", "05"),
+        ];
+        let cfg = Config::from_toml_with_env(MINIMAL, env(&vars)).unwrap();
+        let svc = &cfg.services[0];
+        assert_eq!(svc.back.nodes[0].id, "01");
+        assert_eq!(svc.name, "007");
+        assert_eq!(
+            svc.declines.code(crate::route::DeclineReason::Timeout),
+            *b"05"
+        );
+    }
+
+    #[test]
+    fn environment_errors_name_the_variable() {
+        let err = env_error_of(
+            MINIMAL,
+            &[("ISOSWITCH__SERVICE__0__TIMEOUTS__REQUEST", "soon")],
+        );
+        assert!(
+            err.starts_with(
+                "ISOSWITCH__SERVICE__0__TIMEOUTS__REQUEST (sets service[0].timeouts.request)"
+            ),
+            "{err}"
+        );
+        let err = env_error_of(
+            MINIMAL,
+            &[("ISOSWITCH__SERVICE__0__CORRELATION__MAX_IN_FLIGHT", "0")],
+        );
+        assert!(
+            err.starts_with("ISOSWITCH__SERVICE__0__CORRELATION__MAX_IN_FLIGHT"),
+            "{err}"
+        );
+        let err = env_error_of(
+            MINIMAL,
+            &[("ISOSWITCH__SERVICE__0__BACK__HEALTH__RYSE", "2")],
+        );
+        assert!(
+            err.starts_with("ISOSWITCH__SERVICE__0__BACK__HEALTH__RYSE") && err.contains("ryse"),
+            "{err}"
+        );
+        // An error the file makes still blames the file's key.
+        let bad_file = MINIMAL.replace("127.0.0.1:7001", "127.0.0.1:70000");
+        let err = env_error_of(&bad_file, &[("ISOSWITCH__SERVICE__0__NAME", "x")]);
+        assert!(err.starts_with("service[0].back.node[0].address"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_at_every_level() {
+        let at = |table: &str, key: &str| -> String {
+            let toml = if table.is_empty() {
+                format!("{key} = 1\n{MINIMAL}")
+            } else if MINIMAL.contains(&format!("{table}\n")) {
+                MINIMAL.replace(&format!("{table}\n"), &format!("{table}\n{key} = 1\n"))
+            } else {
+                format!("{MINIMAL}{table}\n{key} = 1\n")
+            };
+            error_of(&toml)
+        };
+        for (table, path) in [
+            ("", ""),
+            ("[[service]]", "service[0]"),
+            ("[service.front]", "service[0].front"),
+            ("[service.back]", "service[0].back"),
+            ("[[service.back.node]]", "service[0].back.node[0]"),
+            ("[service.back.health]", "service[0].back.health"),
+            ("[service.correlation]", "service[0].correlation"),
+            ("[service.timeouts]", "service[0].timeouts"),
+            ("[service.declines]", "service[0].declines"),
+        ] {
+            let err = at(table, "typo_key");
+            assert!(
+                err.starts_with(path) && err.contains("typo_key"),
+                "{table}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn typed_values_name_their_key() {
+        let cases = [
+            (
+                MINIMAL.replace(
+                    "[service.back]",
+                    "[service.timeouts]\nrequest = \"3 parsecs\"\n[service.back]",
+                ),
+                "service[0].timeouts.request",
+            ),
+            (
+                MINIMAL.replace(
+                    "kind = \"listen\"",
+                    "kind = \"listen\"\nallow = [\"10.0.0.0/33\"]",
+                ),
+                "service[0].front.allow[0]",
+            ),
+            (
+                MINIMAL.replace("127.0.0.1:7001", "127.0.0.1"),
+                "service[0].back.node[0].address",
+            ),
+            (
+                MINIMAL.replace("127.0.0.1:6000", "localhost:port"),
+                "service[0].front.listen",
+            ),
+            (
+                format!("{MINIMAL}[service.declines]\ntimeout = \"911\"\n"),
+                "service[0].declines.timeout",
+            ),
+            (
+                MINIMAL.replace("[service.back]", "[service.back]\nalgorithm = \"fastest\""),
+                "service[0].back.algorithm",
+            ),
+            (
+                MINIMAL.replace(
+                    "kind = \"listen\"",
+                    "kind = \"listen\"\non_bad_message = \"explode\"",
+                ),
+                "service[0].front.on_bad_message",
+            ),
+            (
+                MINIMAL.replace(
+                    "kind = \"listen\"",
+                    "kind = \"listen\"\nmax_connections = \"many\"",
+                ),
+                "service[0].front.max_connections",
+            ),
+        ];
+        for (toml, key) in cases {
+            let err = error_of(&toml);
+            assert!(err.starts_with(key), "{key}: {err}");
+        }
+        let bad_health = format!("{MINIMAL}[service.back.health]\nbase_ejection = \"often\"\n");
+        let err = error_of(&bad_health);
+        assert!(
+            err.starts_with("service[0].back.health") && err.contains("base_ejection"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn host_names_are_resolved_at_load() {
+        let named = MINIMAL.replace("127.0.0.1:7001", "localhost:7001");
+        let cfg = Config::from_toml_with_env(&named, env(&[])).unwrap();
+        let addr = cfg.services[0].back.nodes[0].address;
+        assert!(addr.ip().is_loopback() && addr.port() == 7001, "{addr}");
+        assert_eq!(
+            host_port::resolve("[::1]:7001").unwrap(),
+            "[::1]:7001".parse().unwrap()
+        );
+        assert!(
+            host_port::resolve("localhost:65536")
+                .unwrap_err()
+                .contains("port")
+        );
+        assert!(host_port::resolve(":7001").unwrap_err().contains("no host"));
+    }
+
+    #[test]
+    fn limits_that_refuse_everything_are_refused() {
+        for (table, key, path) in [
+            (
+                "[service.correlation]",
+                "max_in_flight",
+                "service[0].correlation.max_in_flight",
+            ),
+            (
+                "[service.back]",
+                "write_queue",
+                "service[0].back.write_queue",
+            ),
+            (
+                "[service.back]",
+                "connections_per_node",
+                "service[0].back.connections_per_node",
+            ),
+            (
+                "[service.front]",
+                "max_connections",
+                "service[0].front.max_connections",
+            ),
+            (
+                "[service.front]",
+                "max_per_source",
+                "service[0].front.max_per_source",
+            ),
+            (
+                "[service.front]",
+                "write_queue",
+                "service[0].front.write_queue",
+            ),
+        ] {
+            let toml = if MINIMAL.contains(&format!("{table}\n")) {
+                MINIMAL.replace(&format!("{table}\n"), &format!("{table}\n{key} = 0\n"))
+            } else {
+                format!("{MINIMAL}{table}\n{key} = 0\n")
+            };
+            let err = error_of(&toml);
+            assert!(err.starts_with(path), "{key}: {err}");
+        }
+    }
+
+    #[test]
+    fn effective_config_prints_every_default() {
+        let simplex = r#"
+[[service]]
+name = "up"
+spec = "cups"
+f37_stamp = { offset = 10, width = 2 }
+[service.front]
+kind = "simplex"
+connect = "127.0.0.1:9001"
+listen = "127.0.0.1:9101"
+links = 3
+member_id = "03105840"
+peer_id = "00010000"
+[service.back]
+[[service.back.node]]
+id = "01"
+address = "127.0.0.1:7001"
+"#;
+        let cfg = Config::from_toml_with_env(simplex, env(&[])).unwrap();
+        let text = toml::to_string_pretty(&cfg.effective()).unwrap();
+        assert!(text.contains("max_in_links = 3"), "{text}");
+        assert!(text.contains("\"F7\""), "{text}");
+        for key in [
+            "max_in_flight",
+            "tpdu_on_response",
+            "ejection_threshold",
+            "slow_start",
+        ] {
+            assert!(text.contains(key), "{key} missing:\n{text}");
+        }
+        // What check prints loads back to the same configuration.
+        let again = Config::from_toml_with_env(&text, env(&[])).unwrap();
+        assert_eq!(toml::to_string_pretty(&again).unwrap(), text);
+    }
+
+    #[test]
+    fn open_file_limit_is_checked() {
+        let cfg = Config::from_toml_with_env(MINIMAL, env(&[])).unwrap();
+        // 1024 clients + listener + 1 node x 2 connections + 16.
+        assert_eq!(cfg.max_open_files(), 1024 + 1 + 2 + 16);
+        assert!(cfg.open_files_warning(1_000_000).is_none());
+        let warning = cfg.open_files_warning(1024).unwrap();
+        assert!(
+            warning.contains("1043") && warning.contains("1024"),
+            "{warning}"
         );
     }
 
