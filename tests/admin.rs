@@ -490,6 +490,60 @@ async fn reload_applies_a_weight_change_without_closing_links() {
     .expect("test within its time limit");
 }
 
+/// A reload changes the request timeout and the decline codes for the
+/// requests that come after it, without a restart and without closing links.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_applies_timeouts_and_decline_codes_live() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let spec = spec("cup-pos");
+        // One node that answers after 2 s: with a 5 s timeout it answers, with
+        // 300 ms the switch declines first.
+        let nodes = start_nodes(&spec, 1, Delay::parse("2s").unwrap()).await;
+        let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+        let token = temp_file("live.token", TOKEN);
+        let base = file_config(&addrs, 1, "127.0.0.1:0", &token);
+        let with = |extra: &str| format!("{base}{extra}");
+        let path = temp_file("live.toml", &with("[service.timeouts]\nrequest = \"5s\"\n"));
+        let cfg = Config::load(&path).unwrap();
+        let switch = start_switch(&cfg).await;
+        switch.set_source(Some(path.clone()));
+        let svc = service(&switch).clone();
+        wait_connected(&svc, 2).await;
+        let api = Api::of(&switch);
+        let before = api.connection_ids().await;
+
+        std::fs::write(
+            &path,
+            with("[service.timeouts]\nrequest = \"300ms\"\n[service.declines]\ntimeout = \"N7\"\n"),
+        )
+        .unwrap();
+        let body = api.ok("POST", "/api/v1/reload", None).await;
+        assert!(body.contains("timeouts.request"), "{body}");
+        assert_eq!(svc.request_timeout(), Duration::from_millis(300));
+
+        let mut c = RawClient::connect(front(&switch), &spec).await;
+        let mut d = isoswitch::iso8583::samples::purchase(&spec);
+        d.set_text(11, "000777");
+        c.send_raw(&RawClient::frame(&spec, &spec.encode(&d).unwrap()))
+            .await;
+        let answer = c.recv().await.expect("declined at the new timeout");
+        let f39 = spec.decode(&answer).unwrap().get(39).cloned();
+        assert_eq!(
+            f39,
+            Some(isoswitch::iso8583::Value::text("N7")),
+            "the new timeout and its new code"
+        );
+        assert_eq!(
+            api.connection_ids().await.len(),
+            before.len() + 1,
+            "no link closed"
+        );
+        switch.stop().await;
+    })
+    .await
+    .expect("test within its time limit");
+}
+
 /// Fault injection: killing the timeout sweeper or the accept loop is logged
 /// and the task restarted; existing client links live on, timeouts are still
 /// declined and new clients still get in.

@@ -249,7 +249,7 @@ async fn serve_client(
     let linger = match &why {
         // A client that closed its sending side may still be reading: every
         // answer in flight reaches it, until the last deadline has passed.
-        Ended::HalfClosed => service.config.timeouts.request + super::SWEEP_INTERVAL * 10,
+        Ended::HalfClosed => service.request_timeout() + super::SWEEP_INTERVAL * 10,
         // Let queued answers (e.g. the decline for a bad request) flush briefly.
         Ended::Other(_) => std::time::Duration::from_millis(200),
     };

@@ -250,7 +250,7 @@ pub fn on_request(
         service.oc_decline(origin, &payload, DeclineReason::Shutdown);
         return true;
     }
-    let deadline = now + service.config.timeouts.request;
+    let deadline = now + service.request_timeout();
     oc.carrying.fetch_add(1, Ordering::Relaxed);
     let carrying = Carrying(Arc::clone(oc));
     let task = carry(

@@ -167,6 +167,12 @@ pub struct Service {
     accept_mti: Vec<MtiPattern>,
     /// Rate limits of per-message warnings.
     pub log_limit: LogLimit,
+    /// The request timeout in nanoseconds, read per request; a reload changes
+    /// it for the requests that come after.
+    request_timeout_ns: AtomicU64,
+    /// The F39 codes of switch-made answers; a reload changes them. Read only
+    /// when the switch declines.
+    decline_codes: Mutex<crate::route::DeclineCodes>,
     /// The switch's own network-management requests.
     network: NetworkTemplate,
     /// Fields the directed rules look at (their text forms are needed per request).
@@ -266,7 +272,11 @@ impl Service {
             .collect::<Result<Vec<_>, _>>()?;
         let network = NetworkTemplate::for_service(&config, &spec).map_err(|e| e.to_string())?;
         let oneconnect = super::oneconnect::OneConnect::for_service(&config)?;
+        let request_timeout_ns = AtomicU64::new(duration_ns(config.timeouts.request));
+        let decline_codes = Mutex::new(config.declines);
         Ok(Service {
+            request_timeout_ns,
+            decline_codes,
             oneconnect,
             network,
             wanted,
@@ -291,6 +301,32 @@ impl Service {
 
     pub fn name(&self) -> &str {
         &self.config.name
+    }
+
+    /// How long a request waits for its node's answer before it is declined
+    /// (`timeouts.request`, as last reloaded).
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_nanos(self.request_timeout_ns.load(Ordering::Relaxed))
+    }
+
+    /// The F39 code of a switch-made answer (`declines`, as last reloaded).
+    pub fn decline_code(&self, reason: DeclineReason) -> [u8; 2] {
+        self.decline_codes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .code(reason)
+    }
+
+    /// Applies reloaded `timeouts` and `declines`: requests already in flight
+    /// keep the deadline they were given; what comes next uses the new ones.
+    pub fn set_live(
+        &self,
+        timeouts: &crate::ops::config::TimeoutConfig,
+        declines: crate::route::DeclineCodes,
+    ) {
+        self.request_timeout_ns
+            .store(duration_ns(timeouts.request), Ordering::Relaxed);
+        *self.decline_codes.lock().unwrap_or_else(|p| p.into_inner()) = declines;
     }
 
     /// A process-unique connection ID.
@@ -509,7 +545,7 @@ impl Service {
                 return refuse(origin, DeclineReason::NoHealthyNode);
             }
         };
-        let deadline = now + self.config.timeouts.request;
+        let deadline = now + self.request_timeout();
         let pending = Pending {
             origin,
             request: msg.payload().clone(),
@@ -757,7 +793,7 @@ impl Service {
             // A health check's waiter sees its sender dropped: a failed check.
             return false;
         }
-        let code = self.config.declines.code(reason);
+        let code = self.decline_code(reason);
         let resp = match crate::link::decline::build(&self.spec, request, code) {
             Ok(resp) => resp,
             Err(e) => {
@@ -942,7 +978,7 @@ impl Service {
     /// connections, so the node is not left waiting for its timeout.
     fn decline_to_node(&self, node: usize, msg: &Message<'_>, reason: DeclineReason) {
         self.counters.declined[reason as usize].fetch_add(1, Ordering::Relaxed);
-        let code = self.config.declines.code(reason);
+        let code = self.decline_code(reason);
         let conn = self.pool.node(node).and_then(|n| n.live_conn());
         match (
             crate::link::decline::build(&self.spec, msg.payload(), code),
@@ -1266,6 +1302,10 @@ impl FieldTexts {
         let i = self.ids[..self.n].iter().position(|&x| x == id)?;
         Some(&self.texts[i][..self.lens[i]])
     }
+}
+
+fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -121,7 +121,7 @@ impl SwitchHandle {
             return;
         };
         let svc = Arc::clone(&running.service);
-        let deadline = tokio::time::Instant::now() + svc.config.timeouts.request + extra;
+        let deadline = tokio::time::Instant::now() + svc.request_timeout() + extra;
         while svc.pool.outstanding(index) > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

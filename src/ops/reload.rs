@@ -6,8 +6,9 @@
 //!
 //! What applies live is what lives in the node pool. Keys read on the
 //! per-message path from the service's fixed config (front, spec,
-//! correlation, timeouts, declines, limits, balancing, rules, F37 stamp, the
-//! health check kind and timing) are refused with "restart needed", named.
+//! correlation, limits, balancing, rules, F37 stamp, the health check kind
+//! and timing) are refused with "restart needed", named. Timeouts and decline
+//! codes apply to the requests that come after the reload.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -118,6 +119,11 @@ fn check_live(old: &Config, new: &Config) -> Result<(), ReloadError> {
 /// thresholds (the check kind and timing stay).
 fn fixed_part(svc: &ServiceConfig) -> Result<serde_json::Value, ReloadError> {
     let mut v = serde_json::to_value(svc).map_err(|e| ReloadError::Invalid(e.to_string()))?;
+    if let Some(top) = v.as_object_mut() {
+        // Read per request from the running service (`Service::set_live`).
+        top.remove("timeouts");
+        top.remove("declines");
+    }
     if let Some(back) = v.get_mut("back").and_then(|b| b.as_object_mut()) {
         back.remove("node");
         back.remove("nodes");
@@ -178,6 +184,15 @@ fn plan_service(
         }
     }
     pool.set_health_config(svc.back.health.state);
+    if service.request_timeout() != svc.timeouts.request {
+        report.changes.push(format!(
+            "{}: timeouts.request {:?} -> {:?}",
+            svc.name,
+            service.request_timeout(),
+            svc.timeouts.request
+        ));
+    }
+    service.set_live(&svc.timeouts, svc.declines);
     for n in &svc.back.nodes {
         match pool.index_of(n.id.as_bytes()) {
             None => {

@@ -151,7 +151,7 @@ impl Switch {
         let grace = self
             .services
             .iter()
-            .map(|r| r.service.config.timeouts.request)
+            .map(|r| r.service.request_timeout())
             .max()
             .unwrap_or_default();
         self.stop_within(grace).await;
