@@ -541,8 +541,15 @@ impl NodePool {
     /// Whether one more node may be ejected: fewer than `max_ejection_percent`
     /// of the pool is ejected now (one node always may be).
     fn may_eject_another(&self, nodes: &[NodeState], now: Instant) -> bool {
-        let ejected = nodes.iter().filter(|n| n.health().ejected(now)).count();
-        let cap = (nodes.len() * self.max_ejection_percent as usize / 100).max(1);
+        // Removed nodes (tombstones) are not part of the pool any more.
+        let (mut members, mut ejected) = (0usize, 0usize);
+        for (i, n) in nodes.iter().enumerate() {
+            if self.node(i).is_some_and(|node| !node.is_removed()) {
+                members += 1;
+                ejected += usize::from(n.health().ejected(now));
+            }
+        }
+        let cap = (members * self.max_ejection_percent as usize / 100).max(1);
         ejected < cap
     }
 
