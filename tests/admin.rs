@@ -512,11 +512,14 @@ async fn reload_applies_timeouts_and_decline_codes_live() {
         let api = Api::of(&switch);
         let before = api.connection_ids().await;
 
-        std::fs::write(
-            &path,
-            with("[service.timeouts]\nrequest = \"300ms\"\n[service.declines]\ntimeout = \"N7\"\n"),
-        )
-        .unwrap();
+        // Also a new in-flight share for clients that connect from now on.
+        let limited =
+            with("[service.timeouts]\nrequest = \"300ms\"\n[service.declines]\ntimeout = \"N7\"\n")
+                .replace(
+                    "kind = \"listen\"\n",
+                    "kind = \"listen\"\nmax_in_flight_per_connection = 1\n",
+                );
+        std::fs::write(&path, limited).unwrap();
         let body = api.ok("POST", "/api/v1/reload", None).await;
         assert!(body.contains("timeouts.request"), "{body}");
         assert_eq!(svc.request_timeout(), Duration::from_millis(300));
@@ -526,6 +529,17 @@ async fn reload_applies_timeouts_and_decline_codes_live() {
         d.set_text(11, "000777");
         c.send_raw(&RawClient::frame(&spec, &spec.encode(&d).unwrap()))
             .await;
+        // A second request while the first is in flight: over the new share
+        // of 1, declined queue-full at once.
+        d.set_text(11, "000778");
+        c.send_raw(&RawClient::frame(&spec, &spec.encode(&d).unwrap()))
+            .await;
+        let over = c.recv().await.expect("declined over its share");
+        assert_eq!(
+            spec.decode(&over).unwrap().get(39).cloned(),
+            Some(isoswitch::iso8583::Value::text("96")),
+            "the new in-flight share"
+        );
         let answer = c.recv().await.expect("declined at the new timeout");
         let f39 = spec.decode(&answer).unwrap().get(39).cloned();
         assert_eq!(
@@ -537,6 +551,25 @@ async fn reload_applies_timeouts_and_decline_codes_live() {
             api.connection_ids().await.len(),
             before.len() + 1,
             "no link closed"
+        );
+        // The connection table counts the client's traffic both ways.
+        let rows: Vec<ConnectionView> =
+            serde_json::from_str(&api.ok("GET", "/api/v1/connections", None).await).unwrap();
+        let client = rows
+            .iter()
+            .find(|r| r.kind == "client")
+            .expect("the client's row");
+        assert_eq!(
+            (client.messages_in, client.messages_out),
+            (2, 2),
+            "{client:?}"
+        );
+        assert!(client.bytes_in > 0 && client.bytes_out > 0, "{client:?}");
+        assert_eq!(client.in_flight, Some(0), "{client:?}");
+        let metrics = api.ok("GET", "/metrics", None).await;
+        assert!(
+            metrics.contains("isoswitch_service_bytes_total{service=\"svc\",direction=\"in\"}"),
+            "{metrics}"
         );
         switch.stop().await;
     })
@@ -627,7 +660,9 @@ async fn reload_keeps_every_simplex_link() {
         let mut cups_cfg = CupsSimConfig::new("127.0.0.1:0".parse().unwrap(), listen, 4);
         cups_cfg.rate = Some(100.0);
         cups_cfg.duration = Duration::from_secs(20);
-        cups_cfg.timeout = Duration::from_secs(3);
+        // Generous: an answer that comes after the simulator gave up counts as
+        // mismatched, and a loaded machine must not make it so.
+        cups_cfg.timeout = Duration::from_secs(10);
         let cups = CupsSim::start(spec.clone(), cups_cfg).await.unwrap();
         let token = temp_file("simplex.token", TOKEN);
         let text = |weight: u32| {

@@ -242,12 +242,22 @@ pub fn status_table(status: &Status) -> String {
 
 fn conns_table(conns: &[ConnectionView]) -> String {
     let mut out = format!(
-        "{:>6} {:<8} {:<9} {:<5} {:<21} {:<21} {:>9} {:>9} {:>9}\n",
-        "ID", "SERVICE", "KIND", "NODE", "PEER", "LOCAL", "AGE-MS", "MSGS-IN", "IDLE-MS"
+        "{:>6} {:<8} {:<9} {:<5} {:<21} {:<21} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+        "ID",
+        "SERVICE",
+        "KIND",
+        "NODE",
+        "PEER",
+        "LOCAL",
+        "AGE-MS",
+        "MSGS-IN",
+        "MSGS-OUT",
+        "IN-FLIGHT",
+        "IDLE-MS"
     );
     for c in conns {
         out.push_str(&format!(
-            "{:>6} {:<8} {:<9} {:<5} {:<21} {:<21} {:>9} {:>9} {:>9}\n",
+            "{:>6} {:<8} {:<9} {:<5} {:<21} {:<21} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
             c.id,
             c.service,
             c.kind,
@@ -256,6 +266,9 @@ fn conns_table(conns: &[ConnectionView]) -> String {
             c.local,
             c.age_ms,
             c.messages_in,
+            c.messages_out,
+            c.in_flight
+                .map_or_else(|| "-".to_string(), |n| n.to_string()),
             c.idle_ms
         ));
     }

@@ -6,11 +6,16 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use tokio::io::{AsyncRead, ReadBuf};
+
+use super::client::InFlightLimit;
 
 /// What a connection is to the switch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -39,6 +44,20 @@ pub struct ConnEntry {
     messages_in: AtomicU64,
     /// Milliseconds after `opened` of the last frame received.
     last_in_ms: AtomicU64,
+    messages_out: AtomicU64,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+    /// A client's in-flight share, for the table's in-flight column.
+    in_flight: OnceLock<Arc<InFlightLimit>>,
+    /// The service's totals, which outlive the connection.
+    totals: Arc<Traffic>,
+}
+
+/// Bytes and messages a service moved, over every connection it ever had.
+#[derive(Debug, Default)]
+pub struct Traffic {
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
 }
 
 impl ConnEntry {
@@ -53,6 +72,40 @@ impl ConnEntry {
         self.messages_in.load(Ordering::Relaxed)
     }
 
+    /// The writer sent `messages` frames in `bytes` bytes.
+    pub fn wrote(&self, messages: u64, bytes: u64) {
+        self.messages_out.fetch_add(messages, Ordering::Relaxed);
+        self.bytes_out.fetch_add(bytes, Ordering::Relaxed);
+        self.totals.bytes_out.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn read_bytes(&self, bytes: u64) {
+        self.bytes_in.fetch_add(bytes, Ordering::Relaxed);
+        self.totals.bytes_in.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub fn messages_out(&self) -> u64 {
+        self.messages_out.load(Ordering::Relaxed)
+    }
+
+    pub fn bytes_in(&self) -> u64 {
+        self.bytes_in.load(Ordering::Relaxed)
+    }
+
+    pub fn bytes_out(&self) -> u64 {
+        self.bytes_out.load(Ordering::Relaxed)
+    }
+
+    /// Shows a client connection's in-flight share in the table.
+    pub fn track_in_flight(&self, limit: &Arc<InFlightLimit>) {
+        let _ = self.in_flight.set(Arc::clone(limit));
+    }
+
+    /// Requests in flight from this client (`None` for other links).
+    pub fn in_flight(&self) -> Option<usize> {
+        self.in_flight.get().map(|l| l.current())
+    }
+
     /// Time since the last frame received (since the connection opened if none).
     pub fn idle(&self, now: Instant) -> Duration {
         let last = self.opened + Duration::from_millis(self.last_in_ms.load(Ordering::Relaxed));
@@ -64,6 +117,8 @@ impl ConnEntry {
 #[derive(Debug, Default)]
 pub struct ConnTable {
     live: Mutex<HashMap<u64, Arc<ConnEntry>>>,
+    /// Bytes in and out over every connection, past and present.
+    pub traffic: Arc<Traffic>,
 }
 
 /// Keeps a connection in its table while alive; unregisters it on drop.
@@ -102,6 +157,11 @@ impl ConnTable {
             opened: Instant::now(),
             messages_in: AtomicU64::new(0),
             last_in_ms: AtomicU64::new(0),
+            messages_out: AtomicU64::new(0),
+            bytes_in: AtomicU64::new(0),
+            bytes_out: AtomicU64::new(0),
+            in_flight: OnceLock::new(),
+            totals: Arc::clone(&self.traffic),
         });
         self.lock().insert(id, Arc::clone(&entry));
         Registered {
@@ -119,6 +179,33 @@ impl ConnTable {
 
     pub fn count(&self, kind: ConnKind) -> usize {
         self.lock().values().filter(|e| e.kind == kind).count()
+    }
+}
+
+/// A read half that counts the bytes it reads into its connection's entry.
+pub struct Counted<R> {
+    inner: R,
+    entry: Option<Arc<ConnEntry>>,
+}
+
+impl<R> Counted<R> {
+    pub fn new(inner: R, entry: Option<Arc<ConnEntry>>) -> Counted<R> {
+        Counted { inner, entry }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Counted<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let (Poll::Ready(Ok(())), Some(entry)) = (&polled, &self.entry) {
+            entry.read_bytes((buf.filled().len() - before) as u64);
+        }
+        polled
     }
 }
 

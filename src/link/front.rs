@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 
 use super::client::{ClientLink, InFlightLimit, canonical_peer};
-use super::conns::ConnKind;
+use super::conns::{ConnKind, Counted};
 use super::log_limit::{LogKind, LogPeer};
 use super::service::Service;
 use super::timer::{ReadTimer, in_frame};
@@ -133,6 +133,8 @@ pub async fn serve(
             drop(stream);
             continue;
         }
+        // Limits as last reloaded; the rest of the front is fixed.
+        let front = service.listen_limits(&front);
         match admit(&front, &table, peer.ip()) {
             Ok(slot) => {
                 service
@@ -181,7 +183,11 @@ async fn serve_client(
     let _ = stream.set_nodelay(true);
     let tap = service.capture_tap(&stream, Opened::ByPeer);
     let (read, write) = stream.into_split();
-    let (read, write) = (Tapped::reader(read, &tap), Tapped::writer(write, &tap));
+    let read = Counted::new(
+        Tapped::reader(read, &tap),
+        Some(Arc::clone(&registered.entry)),
+    );
+    let write = Tapped::writer(write, &tap);
     let (tx, rx) = mpsc::channel(front.write_queue);
     let client = ClientLink {
         conn,
@@ -190,8 +196,14 @@ async fn serve_client(
         in_flight: InFlightLimit::new(front.max_in_flight_per_connection),
         source_in_flight,
     };
+    registered.entry.track_in_flight(&client.in_flight);
     let prefix = service.spec.framing().prefix;
-    let mut writer = tokio::spawn(run_coalescing_writer(write, prefix, rx));
+    let mut writer = tokio::spawn(run_coalescing_writer(
+        write,
+        prefix,
+        rx,
+        Some(Arc::clone(&registered.entry)),
+    ));
     let codec = FrameCodec::new(prefix, service.spec.framing().max_frame);
     let mut frames = FramedRead::new(read, codec);
     tracing::debug!(service = service.name(), %peer, conn, "client connected");

@@ -69,10 +69,12 @@ async fn run_connection(
     };
     let tap = service.capture_tap(&stream, Opened::BySwitch);
     let (read, write) = stream.into_split();
-    let (read, write) = (Tapped::reader(read, &tap), Tapped::writer(write, &tap));
+    let entry = registered.as_ref().map(|r| Arc::clone(&r.entry));
+    let read = super::conns::Counted::new(Tapped::reader(read, &tap), entry.clone());
+    let write = Tapped::writer(write, &tap);
     let (tx, rx) = mpsc::channel(service.config.back.write_queue);
     let prefix = service.spec.framing().prefix;
-    let mut writer = tokio::spawn(run_coalescing_writer(write, prefix, rx));
+    let mut writer = tokio::spawn(run_coalescing_writer(write, prefix, rx, entry));
     let handle = ConnHandle { id, tx };
     service
         .pool

@@ -173,6 +173,9 @@ pub struct Service {
     /// The F39 codes of switch-made answers; a reload changes them. Read only
     /// when the switch declines.
     decline_codes: Mutex<crate::route::DeclineCodes>,
+    /// A listen front's connection and in-flight limits, as last reloaded;
+    /// read once per accepted connection.
+    listen_limits: Mutex<Option<ListenLimits>>,
     /// The switch's own network-management requests.
     network: NetworkTemplate,
     /// Fields the directed rules look at (their text forms are needed per request).
@@ -274,7 +277,12 @@ impl Service {
         let oneconnect = super::oneconnect::OneConnect::for_service(&config)?;
         let request_timeout_ns = AtomicU64::new(duration_ns(config.timeouts.request));
         let decline_codes = Mutex::new(config.declines);
+        let listen_limits = Mutex::new(match &config.front {
+            FrontConfig::Listen(l) => Some(ListenLimits::of(l)),
+            _ => None,
+        });
         Ok(Service {
+            listen_limits,
             request_timeout_ns,
             decline_codes,
             oneconnect,
@@ -315,6 +323,27 @@ impl Service {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .code(reason)
+    }
+
+    /// `front` with its limits as last reloaded (connections in total and
+    /// per source, in-flight shares): a new connection is admitted and given
+    /// its share by these.
+    pub fn listen_limits(
+        &self,
+        front: &crate::ops::config::ListenFront,
+    ) -> crate::ops::config::ListenFront {
+        let mut front = front.clone();
+        if let Some(l) = *self.listen_limits.lock().unwrap_or_else(|p| p.into_inner()) {
+            l.apply(&mut front);
+        }
+        front
+    }
+
+    /// Applies a reloaded listen front's limits to connections accepted from
+    /// now on (those open keep the share they were given).
+    pub fn set_listen_limits(&self, front: &crate::ops::config::ListenFront) {
+        *self.listen_limits.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(ListenLimits::of(front));
     }
 
     /// Applies reloaded `timeouts` and `declines`: requests already in flight
@@ -1301,6 +1330,41 @@ impl FieldTexts {
     fn get(&self, id: u16) -> Option<&[u8]> {
         let i = self.ids[..self.n].iter().position(|&x| x == id)?;
         Some(&self.texts[i][..self.lens[i]])
+    }
+}
+
+/// The limits of a listen front that a reload may change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenLimits {
+    pub max_connections: usize,
+    pub max_per_source: usize,
+    pub max_in_flight_per_connection: usize,
+    pub max_in_flight_per_source: usize,
+}
+
+impl ListenLimits {
+    /// The keys of `[service.front]` these are (reload compares the rest).
+    pub const KEYS: [&'static str; 4] = [
+        "max_connections",
+        "max_per_source",
+        "max_in_flight_per_connection",
+        "max_in_flight_per_source",
+    ];
+
+    fn of(f: &crate::ops::config::ListenFront) -> ListenLimits {
+        ListenLimits {
+            max_connections: f.max_connections,
+            max_per_source: f.max_per_source,
+            max_in_flight_per_connection: f.max_in_flight_per_connection,
+            max_in_flight_per_source: f.max_in_flight_per_source,
+        }
+    }
+
+    fn apply(self, f: &mut crate::ops::config::ListenFront) {
+        f.max_connections = self.max_connections;
+        f.max_per_source = self.max_per_source;
+        f.max_in_flight_per_connection = self.max_in_flight_per_connection;
+        f.max_in_flight_per_source = self.max_in_flight_per_source;
     }
 }
 

@@ -33,6 +33,16 @@ pub enum LinkState {
 }
 
 impl LinkState {
+    /// A stable name for metric labels and the status API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkState::Connecting => "connecting",
+            LinkState::Up => "up",
+            LinkState::SignedOn => "signed-on",
+            LinkState::Down => "down",
+        }
+    }
+
     fn from_u8(v: u8) -> LinkState {
         match v {
             1 => LinkState::Up,
@@ -725,11 +735,13 @@ async fn run_out_link(
     let registered = register_link(service, &stream, super::conns::ConnKind::OutLink);
     let tap = service.capture_tap(&stream, Opened::BySwitch);
     let (read, write) = stream.into_split();
-    let (read, write) = (Tapped::reader(read, &tap), Tapped::writer(write, &tap));
+    let entry = registered.as_ref().map(|r| Arc::clone(&r.entry));
+    let read = super::conns::Counted::new(Tapped::reader(read, &tap), entry.clone());
+    let write = Tapped::writer(write, &tap);
     let (tx, rx) = mpsc::channel(front.write_queue);
     let prefix = service.spec.framing().prefix;
     let (stop_writer, stop_rx) = watch::channel(false);
-    let mut writer = tokio::spawn(run_writer_until(write, prefix, rx, stop_rx));
+    let mut writer = tokio::spawn(run_writer_until(write, prefix, rx, stop_rx, entry));
     // Nothing waiting goes out here: only once this connection is signed on.
     links.set_link(link, Some(tx.clone()));
     tracing::info!(service = service.name(), link, "out link up");
@@ -967,8 +979,9 @@ async fn run_in_link(
     let prefix = service.spec.framing().prefix;
     let registered = register_link(service, &stream, super::conns::ConnKind::InLink);
     let tap = service.capture_tap(&stream, Opened::ByPeer);
+    let entry = registered.as_ref().map(|r| Arc::clone(&r.entry));
     let mut frames = FramedRead::new(
-        Tapped::reader(stream, &tap),
+        super::conns::Counted::new(Tapped::reader(stream, &tap), entry),
         FrameCodec::new(prefix, service.spec.framing().max_frame),
     );
     let mut timer = ReadTimer::new(

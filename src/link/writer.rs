@@ -3,10 +3,13 @@
 //! are applied while the frame is copied into the write buffer, so a forwarded
 //! message is never copied or allocated just to patch a few bytes.
 
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
+use super::conns::ConnEntry;
 use crate::wire::LengthPrefix;
 
 /// Largest patch: an F37 window or a TPDU.
@@ -138,7 +141,7 @@ pub async fn run_writer<W>(
 where
     W: AsyncWrite + Unpin,
 {
-    let (result, _) = write_loop(w, prefix, rx, None, false).await;
+    let (result, _) = write_loop(w, prefix, rx, None, false, None).await;
     result
 }
 
@@ -148,15 +151,17 @@ where
 /// about a third fewer segments; with nothing else runnable the yield costs
 /// one scheduler pass, not a wait. (The simulators keep [`run_writer`], so
 /// that the benchmarks' reference client and nodes did not change with it.)
+/// Counts what it writes into `conn` (the connection table's entry).
 pub async fn run_coalescing_writer<W>(
     w: W,
     prefix: LengthPrefix,
     rx: mpsc::Receiver<Outbound>,
+    conn: Option<Arc<ConnEntry>>,
 ) -> std::io::Result<()>
 where
     W: AsyncWrite + Unpin,
 {
-    let (result, _) = write_loop(w, prefix, rx, None, true).await;
+    let (result, _) = write_loop(w, prefix, rx, None, true, conn).await;
     result
 }
 
@@ -168,12 +173,13 @@ pub async fn run_writer_until<W, T>(
     prefix: LengthPrefix,
     rx: mpsc::Receiver<T>,
     stop: watch::Receiver<bool>,
+    conn: Option<Arc<ConnEntry>>,
 ) -> (std::io::Result<()>, mpsc::Receiver<T>)
 where
     W: AsyncWrite + Unpin,
     T: WriterItem,
 {
-    write_loop(w, prefix, rx, Some(stop), false).await
+    write_loop(w, prefix, rx, Some(stop), false, conn).await
 }
 
 async fn write_loop<W, T>(
@@ -182,6 +188,7 @@ async fn write_loop<W, T>(
     mut rx: mpsc::Receiver<T>,
     mut stop: Option<watch::Receiver<bool>>,
     coalesce: bool,
+    conn: Option<Arc<ConnEntry>>,
 ) -> (std::io::Result<()>, mpsc::Receiver<T>)
 where
     W: AsyncWrite + Unpin,
@@ -199,29 +206,42 @@ where
         };
         let Some(first) = first else { break };
         push(prefix, &first, &mut buf);
-        drain(prefix, &mut rx, &mut buf);
+        let mut frames = 1 + drain(prefix, &mut rx, &mut buf);
         if coalesce && buf.len() < BATCH_BYTES {
             // Let the readers that are ready run first: under load they queue
             // more frames for this link, which then leave in the same write.
             tokio::task::yield_now().await;
-            drain(prefix, &mut rx, &mut buf);
+            frames += drain(prefix, &mut rx, &mut buf);
         }
         if let Err(e) = w.write_all(&buf).await {
             return (Err(e), rx);
+        }
+        if let Some(conn) = &conn {
+            conn.wrote(frames, buf.len() as u64);
         }
         buf.clear();
     }
     (w.shutdown().await, rx)
 }
 
-/// Appends what is already queued, up to the batch size.
-fn drain<T: WriterItem>(prefix: LengthPrefix, rx: &mut mpsc::Receiver<T>, buf: &mut BytesMut) {
+/// Appends what is already queued, up to the batch size. Returns how many
+/// frames it took.
+fn drain<T: WriterItem>(
+    prefix: LengthPrefix,
+    rx: &mut mpsc::Receiver<T>,
+    buf: &mut BytesMut,
+) -> u64 {
+    let mut frames = 0;
     while buf.len() < BATCH_BYTES {
         match rx.try_recv() {
-            Ok(next) => push(prefix, &next, buf),
+            Ok(next) => {
+                push(prefix, &next, buf);
+                frames += 1;
+            }
             Err(_) => break,
         }
     }
+    frames
 }
 
 fn push<T: WriterItem>(prefix: LengthPrefix, item: &T, buf: &mut BytesMut) {
@@ -274,7 +294,16 @@ mod tests {
     async fn coalescing_writer_keeps_order_and_flushes_everything() {
         let (tx, rx) = mpsc::channel(16);
         let (client, mut server) = tokio::io::duplex(1 << 16);
-        let task = tokio::spawn(run_coalescing_writer(client, LengthPrefix::Ascii4, rx));
+        let table = Arc::new(crate::link::conns::ConnTable::default());
+        let addr = "127.0.0.1:1".parse().unwrap();
+        let conn = table.register(1, crate::link::conns::ConnKind::Client, None, addr, addr);
+        let entry = Some(Arc::clone(&conn.entry));
+        let task = tokio::spawn(run_coalescing_writer(
+            client,
+            LengthPrefix::Ascii4,
+            rx,
+            entry,
+        ));
         for m in [&b"0800"[..], b"0810", b"0200"] {
             tx.send(Outbound::message(Bytes::copy_from_slice(m)))
                 .await
@@ -288,6 +317,15 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(out, b"000408000004081000040200");
+        // The connection table counts what was written.
+        assert_eq!((conn.entry.messages_out(), conn.entry.bytes_out()), (3, 24));
+        assert_eq!(
+            table
+                .traffic
+                .bytes_out
+                .load(std::sync::atomic::Ordering::Relaxed),
+            24
+        );
     }
 
     #[tokio::test]

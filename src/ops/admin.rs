@@ -386,6 +386,15 @@ pub struct ConnectionView {
     pub local: String,
     pub age_ms: u64,
     pub messages_in: u64,
+    #[serde(default)]
+    pub messages_out: u64,
+    #[serde(default)]
+    pub bytes_in: u64,
+    #[serde(default)]
+    pub bytes_out: u64,
+    /// A client's requests in flight (absent for node and peer links).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<usize>,
     pub idle_ms: u64,
 }
 
@@ -413,6 +422,10 @@ pub fn connections_of(switch: &SwitchHandle) -> Vec<ConnectionView> {
                     local: e.local.to_string(),
                     age_ms: ms(now.saturating_duration_since(e.opened)),
                     messages_in: e.messages_in(),
+                    messages_out: e.messages_out(),
+                    bytes_in: e.bytes_in(),
+                    bytes_out: e.bytes_out(),
+                    in_flight: e.in_flight(),
                     idle_ms: ms(e.idle(now)),
                 })
         })

@@ -175,6 +175,14 @@ impl Collector for SwitchMetrics {
                 "Requests routed while no node was healthy (panic mode).",
             ),
         ];
+        let mut bytes = counter(
+            "isoswitch_service_bytes",
+            "Bytes read and written on the service's connections (clients, nodes, peer links), by direction.",
+        );
+        let mut link_state = gauge(
+            "isoswitch_link_state",
+            "1 for each link's current state (connecting, up, signed-on, down) on simplex and connect fronts.",
+        );
         let mut bad_requests = counter(
             "isoswitch_service_bad_requests",
             "Client requests that failed ingress validation, by outcome (on_bad_message).",
@@ -281,6 +289,26 @@ impl Collector for SwitchMetrics {
                 l.push(("outcome", outcome.to_string()));
                 bad_requests.samples.push((l, v.load(Ordering::Relaxed)));
             }
+            for (dir, v) in [
+                ("in", &s.conns.traffic.bytes_in),
+                ("out", &s.conns.traffic.bytes_out),
+            ] {
+                let mut l = sl();
+                l.push(("direction", dir.to_string()));
+                bytes.samples.push((l, v.load(Ordering::Relaxed)));
+            }
+            if let Some(out) = &s.out_links {
+                for (link, st) in out.stats.iter().enumerate() {
+                    let now_state = st.state().as_str();
+                    for state in ["connecting", "up", "signed-on", "down"] {
+                        let mut l = sl();
+                        l.push(("link", link.to_string()));
+                        l.push(("state", state.to_string()));
+                        let on = if state == now_state { 1.0 } else { 0.0 };
+                        link_state.samples.push((l, on));
+                    }
+                }
+            }
             for reason in DeclineReason::ALL {
                 let mut l = sl();
                 l.push(("reason", reason.as_str().to_string()));
@@ -317,6 +345,8 @@ impl Collector for SwitchMetrics {
         }
         encode_counters(&mut enc, &declines)?;
         encode_counters(&mut enc, &bad_requests)?;
+        encode_counters(&mut enc, &bytes)?;
+        encode_gauges(&mut enc, &link_state)?;
         for f in svc_gauges.iter().chain([&conns]).chain(links.iter()) {
             encode_gauges(&mut enc, f)?;
         }

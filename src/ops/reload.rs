@@ -8,7 +8,8 @@
 //! per-message path from the service's fixed config (front, spec,
 //! correlation, limits, balancing, rules, F37 stamp, the health check kind
 //! and timing) are refused with "restart needed", named. Timeouts and decline
-//! codes apply to the requests that come after the reload.
+//! codes apply to the requests that come after the reload, a listen front's
+//! connection and in-flight limits to the connections accepted after it.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -123,6 +124,12 @@ fn fixed_part(svc: &ServiceConfig) -> Result<serde_json::Value, ReloadError> {
         // Read per request from the running service (`Service::set_live`).
         top.remove("timeouts");
         top.remove("declines");
+        // A listen front's limits, read per accepted connection.
+        if let Some(front) = top.get_mut("front").and_then(|f| f.as_object_mut()) {
+            for key in crate::link::service::ListenLimits::KEYS {
+                front.remove(key);
+            }
+        }
     }
     if let Some(back) = v.get_mut("back").and_then(|b| b.as_object_mut()) {
         back.remove("node");
@@ -193,6 +200,9 @@ fn plan_service(
         ));
     }
     service.set_live(&svc.timeouts, svc.declines);
+    if let crate::ops::config::FrontConfig::Listen(front) = &svc.front {
+        service.set_listen_limits(front);
+    }
     for n in &svc.back.nodes {
         match pool.index_of(n.id.as_bytes()) {
             None => {
