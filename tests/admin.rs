@@ -513,16 +513,24 @@ async fn reload_applies_timeouts_and_decline_codes_live() {
         let before = api.connection_ids().await;
 
         // Also a new in-flight share for clients that connect from now on.
-        let limited =
-            with("[service.timeouts]\nrequest = \"300ms\"\n[service.declines]\ntimeout = \"N7\"\n")
-                .replace(
-                    "kind = \"listen\"\n",
-                    "kind = \"listen\"\nmax_in_flight_per_connection = 1\n",
-                );
+        let limited = with(
+            "[service.timeouts]\nrequest = \"300ms\"\n[service.declines]\ntimeout = \"N7\"\n\
+             [service.correlation]\nmax_in_flight = 5000\n\
+             [service.back.health]\ninterval = \"700ms\"\ntimeout = \"600ms\"\n",
+        )
+        .replace(
+            "kind = \"listen\"\n",
+            "kind = \"listen\"\nmax_in_flight_per_connection = 1\n",
+        );
         std::fs::write(&path, limited).unwrap();
         let body = api.ok("POST", "/api/v1/reload", None).await;
         assert!(body.contains("timeouts.request"), "{body}");
         assert_eq!(svc.request_timeout(), Duration::from_millis(300));
+        assert_eq!(
+            svc.check_timing(),
+            (Duration::from_millis(700), Duration::from_millis(600)),
+            "health-check timing from the next check"
+        );
 
         let mut c = RawClient::connect(front(&switch), &spec).await;
         let mut d = isoswitch::iso8583::samples::purchase(&spec);

@@ -171,6 +171,14 @@ async fn sweep(service: Arc<Service>, mut shutdown: watch::Receiver<bool>) {
 }
 
 /// Active health checks of one node: a TCP connect or the spec's echo test.
+/// A health-check ticker: the first tick after one period (the caller has
+/// just checked, or just started).
+pub(crate) fn check_ticker(period: Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
+}
+
 async fn check_health(service: Arc<Service>, node: usize, mut shutdown: watch::Receiver<bool>) {
     let cfg = service.config.back.health.clone();
     if cfg.check == CheckKind::None {
@@ -179,19 +187,23 @@ async fn check_health(service: Arc<Service>, node: usize, mut shutdown: watch::R
     let Some(addr) = service.pool.node(node).map(|n| n.config.address) else {
         return;
     };
-    let mut tick = tokio::time::interval(cfg.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = check_ticker(service.check_timing().0);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = shutdown.changed() => return,
         }
+        // Interval and timeout as last reloaded.
+        let (interval, timeout) = service.check_timing();
+        if tick.period() != interval {
+            tick = check_ticker(interval);
+        }
         let ok = match cfg.check {
             CheckKind::Tcp => matches!(
-                tokio::time::timeout(cfg.timeout, tokio::net::TcpStream::connect(addr)).await,
+                tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await,
                 Ok(Ok(_))
             ),
-            CheckKind::Echo => match service.send_echo(node, Instant::now(), cfg.timeout) {
+            CheckKind::Echo => match service.send_echo(node, Instant::now(), timeout) {
                 // The sweeper drops the waiter at the deadline: Err = no echo.
                 Some(rx) => rx.await.is_ok(),
                 None => false,

@@ -606,14 +606,18 @@ async fn check_health(
     if cfg.check == CheckKind::None {
         return;
     }
-    let mut tick = tokio::time::interval(cfg.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = super::check_ticker(service.check_timing().0);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = shutdown.changed() => return,
         }
-        let deadline = Instant::now() + cfg.timeout;
+        // Interval and timeout as last reloaded.
+        let (interval, timeout) = service.check_timing();
+        if tick.period() != interval {
+            tick = super::check_ticker(interval);
+        }
+        let deadline = Instant::now() + timeout;
         let ok = match cfg.check {
             CheckKind::Tcp => open(&service, node, deadline).await.is_ok(),
             CheckKind::Echo => match echo(&service, &oc, node, deadline).await {

@@ -176,6 +176,9 @@ pub struct Service {
     /// A listen front's connection and in-flight limits, as last reloaded;
     /// read once per accepted connection.
     listen_limits: Mutex<Option<ListenLimits>>,
+    /// Active health checks' interval and timeout, as last reloaded; read
+    /// once per check.
+    check_timing: Mutex<(Duration, Duration)>,
     /// The switch's own network-management requests.
     network: NetworkTemplate,
     /// Fields the directed rules look at (their text forms are needed per request).
@@ -281,7 +284,9 @@ impl Service {
             FrontConfig::Listen(l) => Some(ListenLimits::of(l)),
             _ => None,
         });
+        let check_timing = Mutex::new((config.back.health.interval, config.back.health.timeout));
         Ok(Service {
+            check_timing,
             listen_limits,
             request_timeout_ns,
             decline_codes,
@@ -337,6 +342,24 @@ impl Service {
             l.apply(&mut front);
         }
         front
+    }
+
+    /// The interval and timeout of active health checks, as last reloaded.
+    pub fn check_timing(&self) -> (Duration, Duration) {
+        *self.check_timing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies reloaded health-check timing and the service's in-flight cap
+    /// (`correlation.max_in_flight`: requests in flight past a lower cap are
+    /// kept; new ones are declined until there is room).
+    pub fn set_checks_and_cap(&self, interval: Duration, timeout: Duration, max_in_flight: usize) {
+        *self.check_timing.lock().unwrap_or_else(|p| p.into_inner()) = (interval, timeout);
+        let mut table = self.lock();
+        let cfg = CorrelatorConfig {
+            capacity: max_in_flight,
+            ..*table.config()
+        };
+        table.set_config(cfg);
     }
 
     /// Applies a reloaded listen front's limits to connections accepted from

@@ -4,12 +4,13 @@
 //! drain, address, weight, priority, admin state) and the health thresholds,
 //! without touching any link the change does not concern.
 //!
-//! What applies live is what lives in the node pool. Keys read on the
-//! per-message path from the service's fixed config (front, spec,
-//! correlation, limits, balancing, rules, F37 stamp, the health check kind
-//! and timing) are refused with "restart needed", named. Timeouts and decline
-//! codes apply to the requests that come after the reload, a listen front's
-//! connection and in-flight limits to the connections accepted after it.
+//! What applies live: the node pool, health thresholds and check timing,
+//! timeouts and decline codes (for the requests that come after the reload),
+//! `correlation.max_in_flight`, and a listen front's connection and in-flight
+//! limits (for the connections accepted after it). Keys read from the
+//! service's fixed config (the rest of the front, spec, the correlation key,
+//! write queues, balancing, rules, F37 stamp, the health check kind) are
+//! refused with "restart needed", named.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -124,6 +125,9 @@ fn fixed_part(svc: &ServiceConfig) -> Result<serde_json::Value, ReloadError> {
         // Read per request from the running service (`Service::set_live`).
         top.remove("timeouts");
         top.remove("declines");
+        if let Some(c) = top.get_mut("correlation").and_then(|c| c.as_object_mut()) {
+            c.remove("max_in_flight");
+        }
         // A listen front's limits, read per accepted connection.
         if let Some(front) = top.get_mut("front").and_then(|f| f.as_object_mut()) {
             for key in crate::link::service::ListenLimits::KEYS {
@@ -135,7 +139,8 @@ fn fixed_part(svc: &ServiceConfig) -> Result<serde_json::Value, ReloadError> {
         back.remove("node");
         back.remove("nodes");
         if let Some(health) = back.get_mut("health").and_then(|h| h.as_object_mut()) {
-            health.retain(|k, _| matches!(k.as_str(), "check" | "interval" | "timeout"));
+            // The check kind stays; its interval and timeout apply live.
+            health.retain(|k, _| k == "check");
         }
     }
     Ok(v)
@@ -200,6 +205,12 @@ fn plan_service(
         ));
     }
     service.set_live(&svc.timeouts, svc.declines);
+    let health = &svc.back.health;
+    service.set_checks_and_cap(
+        health.interval,
+        health.timeout,
+        svc.correlation.max_in_flight,
+    );
     if let crate::ops::config::FrontConfig::Listen(front) = &svc.front {
         service.set_listen_limits(front);
     }
