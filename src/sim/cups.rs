@@ -361,14 +361,7 @@ impl CupsSim {
     pub async fn stop(mut self) -> CupsReport {
         let up = self.shared.stats.in_links_up.load(Ordering::Relaxed);
         let _ = self.shutdown.send(true);
-        let drained = tokio::time::timeout(STOP_GRACE, async {
-            while self.tasks.join_next().await.is_some() {}
-        })
-        .await;
-        if drained.is_err() {
-            self.tasks.abort_all();
-            while self.tasks.join_next().await.is_some() {}
-        }
+        super::join_within(&mut self.tasks, STOP_GRACE).await;
         let left: Vec<Pending> = lock(&self.shared.outstanding)
             .drain()
             .map(|(_, p)| p)

@@ -13,6 +13,18 @@ use bytes::Bytes;
 
 use crate::iso8583::{Data, FieldDef, Mti, Spec, Value, samples};
 
+/// Waits up to `grace` for every task of `tasks` to end after a shutdown
+/// signal, then aborts what is left and reaps it: a simulator's stop never
+/// hangs on a task that does not listen.
+pub async fn join_within(tasks: &mut tokio::task::JoinSet<()>, grace: std::time::Duration) {
+    let drained =
+        tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
 /// Fields of the generated load requests: what a switch routes on, plus PAN and
 /// amount; padding fields are added to reach a size.
 const LEAN_FIELDS: [u16; 16] = [2, 3, 4, 7, 11, 12, 13, 22, 25, 32, 33, 37, 41, 42, 49, 100];

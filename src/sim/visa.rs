@@ -490,14 +490,7 @@ impl VisaSim {
     pub async fn stop(mut self) -> VisaReport {
         let up = self.shared.stats.links_up.load(Ordering::Relaxed);
         let _ = self.shutdown.send(true);
-        let drained = tokio::time::timeout(STOP_GRACE, async {
-            while self.tasks.join_next().await.is_some() {}
-        })
-        .await;
-        if drained.is_err() {
-            self.tasks.abort_all();
-            while self.tasks.join_next().await.is_some() {}
-        }
+        super::join_within(&mut self.tasks, STOP_GRACE).await;
         let left: Vec<Pending> = lock(&self.shared.outstanding)
             .drain()
             .map(|(_, p)| p)
@@ -1181,14 +1174,7 @@ async fn accept_links(
         }
     }
     // Each link task saw the same shutdown: let them finish their close.
-    let all_done = tokio::time::timeout(STOP_GRACE, async {
-        while conns.join_next().await.is_some() {}
-    })
-    .await;
-    if all_done.is_err() {
-        conns.abort_all();
-        while conns.join_next().await.is_some() {}
-    }
+    super::join_within(&mut conns, STOP_GRACE).await;
 }
 
 /// Keeps one dialled link up: connects, serves it until it closes, waits a
