@@ -22,8 +22,8 @@ use crate::ops::config::{
     BadMessagePolicy, FrontConfig, KeyPart, ServiceConfig, StampBy, TpduPolicy,
 };
 use crate::route::{
-    Algorithm, CorrelateError, CorrelationKey, Correlator, CorrelatorConfig, DeclineReason, Miss,
-    MtiPattern, StampTable,
+    Algorithm, CorrelateError, CorrelationKey, CorrelatorConfig, DeclineReason, Miss, MtiPattern,
+    Shards, StampTable,
 };
 use crate::wire::Tpdu;
 
@@ -159,7 +159,7 @@ pub struct Service {
     pub config: ServiceConfig,
     pub spec: Arc<Spec>,
     pub pool: NodePool,
-    correlator: Mutex<Correlator<Pending>>,
+    correlator: Shards<Pending>,
     key_parts: Vec<KeyPart>,
     /// Fields read from every message, found while it is validated.
     wanted: Bitmap,
@@ -210,7 +210,7 @@ impl Service {
         } else {
             config.correlation.key.clone()
         };
-        let correlator = Correlator::new(CorrelatorConfig {
+        let correlator = Shards::new(CorrelatorConfig {
             capacity: config.correlation.max_in_flight,
             ..CorrelatorConfig::default()
         });
@@ -299,7 +299,7 @@ impl Service {
             config,
             spec: Arc::new(spec),
             pool,
-            correlator: Mutex::new(correlator),
+            correlator,
             key_parts,
             counters: ServiceCounters::default(),
             next_conn_id: AtomicU64::new(1),
@@ -354,12 +354,10 @@ impl Service {
     /// kept; new ones are declined until there is room).
     pub fn set_checks_and_cap(&self, interval: Duration, timeout: Duration, max_in_flight: usize) {
         *self.check_timing.lock().unwrap_or_else(|p| p.into_inner()) = (interval, timeout);
-        let mut table = self.lock();
-        let cfg = CorrelatorConfig {
+        self.correlator.set_config(CorrelatorConfig {
             capacity: max_in_flight,
-            ..*table.config()
-        };
-        table.set_config(cfg);
+            ..CorrelatorConfig::default()
+        });
     }
 
     /// Applies a reloaded listen front's limits to connections accepted from
@@ -400,7 +398,7 @@ impl Service {
     /// end of a graceful shutdown). Returns how many.
     pub fn decline_all(&self, now: Instant) -> usize {
         let mut left = Vec::new();
-        self.lock().drain(now, &mut left);
+        self.correlator.drain(now, &mut left);
         let n = left.len();
         for (_, p) in left {
             self.fail(p, DeclineReason::Shutdown, now);
@@ -414,11 +412,7 @@ impl Service {
     }
 
     pub fn in_flight(&self) -> usize {
-        self.lock().len() + self.oneconnect.as_ref().map_or(0, |oc| oc.in_flight())
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Correlator<Pending>> {
-        self.correlator.lock().unwrap_or_else(|p| p.into_inner())
+        self.correlator.len() + self.oneconnect.as_ref().map_or(0, |oc| oc.in_flight())
     }
 
     /// Checks a message in full against the service's spec and finds its
@@ -605,7 +599,7 @@ impl Service {
             sent_at: now,
         };
         // Register before sending, so a fast response always finds its entry.
-        if let Err(rejected) = self.lock().insert(key, pending, conn.id, deadline) {
+        if let Err(rejected) = self.correlator.insert(key, pending, conn.id, deadline) {
             self.pool.released(node);
             let reason = match rejected.error {
                 CorrelateError::Duplicate => DeclineReason::Duplicate,
@@ -624,7 +618,7 @@ impl Service {
                     mpsc::error::TrySendError::Closed(_) => DeclineReason::NodeLost,
                 };
                 // Take it back; if it is already gone, someone else answered it.
-                let taken = self.lock().cancel(&key, now);
+                let taken = self.correlator.cancel(&key, now);
                 match taken {
                     Some(p) => {
                         self.pool.released(node);
@@ -746,7 +740,7 @@ impl Service {
                 return;
             }
         };
-        let taken = self.lock().take(&key, now);
+        let taken = self.correlator.take(&key, now);
         match taken {
             Ok(p) => self.deliver(p, msg, now),
             Err(miss) => {
@@ -879,7 +873,7 @@ impl Service {
     /// Declines every request whose deadline has passed. Returns how many.
     pub fn expire(&self, now: Instant, scratch: &mut Vec<(CorrelationKey, Pending)>) -> usize {
         scratch.clear();
-        self.lock().expire(now, scratch);
+        self.correlator.expire(now, scratch);
         let n = scratch.len();
         for (_, p) in scratch.drain(..) {
             self.fail(p, DeclineReason::Timeout, now);
@@ -890,7 +884,7 @@ impl Service {
     /// A node connection died: decline what it carried.
     pub fn connection_lost(&self, conn: u64, now: Instant) -> usize {
         let mut lost = Vec::new();
-        self.lock().take_via(conn, now, &mut lost);
+        self.correlator.take_via(conn, now, &mut lost);
         let n = lost.len();
         for (_, p) in lost {
             self.fail(p, DeclineReason::NodeLost, now);
@@ -916,7 +910,7 @@ impl Service {
         {
             let mut gone = Vec::new();
             for conn in n.live_conn_ids() {
-                self.lock().take_via(conn, now, &mut gone);
+                self.correlator.take_via(conn, now, &mut gone);
             }
             for (_, p) in gone {
                 self.fail(p, DeclineReason::Shutdown, now);
@@ -945,7 +939,7 @@ impl Service {
             node,
             sent_at: now,
         };
-        self.lock()
+        self.correlator
             .insert(key, pending, conn.id, now + timeout)
             .ok()?;
         conn.tx.try_send(Outbound::message(payload)).ok()?;

@@ -29,13 +29,16 @@
 //! that arrives after the deadline but before the sweep is still delivered
 //! (the origin got no decline yet, so it is still exactly one answer).
 //!
-//! Costs: insert, take and cancel are O(log n) (a hash map plus a B-tree
-//! ordered by deadline); expire is O(expired · log n); take_via is O(n), as a
-//! connection dying is rare next to messages.
+//! Costs: insert, take and cancel are O(1) (a hash map into a slab whose
+//! entries are linked in deadline order); expire is O(expired); take_via is
+//! O(n), as a connection dying is rare next to messages. None of them
+//! allocates once the table has grown to its peak. [`Shards`] splits a
+//! table into independently locked shards for the per-message path.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -207,13 +210,20 @@ pub struct CorrelatorStats {
     pub unknown: u64,
 }
 
+/// One request in flight: a slab slot, linked into the table's deadline
+/// list (earliest first) by slot index.
 #[derive(Debug)]
 struct Entry<V> {
+    key: CorrelationKey,
     value: V,
     via: u64,
     deadline: Instant,
-    seq: u64,
+    prev: u32,
+    next: u32,
 }
+
+/// "No slot" in the deadline list's links.
+const NIL: u32 = u32::MAX;
 
 #[derive(Debug)]
 struct Recent {
@@ -223,31 +233,51 @@ struct Recent {
 }
 
 /// A bounded table of requests in flight. See the module doc.
+///
+/// Entries live in a slab (a `Vec` of slots with a free list) indexed by a
+/// hash map from key to slot, and are linked in deadline order. Deadlines
+/// come from one service timeout, so they arrive in order and an insert links
+/// at the tail in O(1) (an earlier deadline, after a reload shortened the
+/// timeout or for a health check, walks back from the tail). Once the slab
+/// and map have grown to the peak in flight, insert, take and expire
+/// allocate nothing.
 #[derive(Debug)]
 pub struct Correlator<V> {
     cfg: CorrelatorConfig,
-    entries: HashMap<CorrelationKey, Entry<V>>,
-    by_deadline: BTreeMap<(Instant, u64), CorrelationKey>,
+    index: HashMap<CorrelationKey, u32, KeyHasher>,
+    slab: Vec<Option<Entry<V>>>,
+    free: Vec<u32>,
+    head: u32,
+    tail: u32,
     /// Recently declined keys → (remembered until, seq of their record).
-    recent: HashMap<CorrelationKey, (Instant, u64)>,
+    recent: HashMap<CorrelationKey, (Instant, u64), KeyHasher>,
     /// The same records in the order they were made (= order of `until`).
     recent_order: VecDeque<Recent>,
     seq: u64,
     stats: CorrelatorStats,
-    scratch: Vec<CorrelationKey>,
+    scratch: Vec<u32>,
 }
+
+/// Keys are hashed with foldhash: fast on short byte strings, and seeded per
+/// process, so a peer cannot aim keys at one bucket.
+pub type KeyHasher = foldhash::fast::RandomState;
 
 /// Capacity reserved up front; beyond it the maps grow on demand.
 const PREALLOCATE_MAX: usize = 1 << 16;
 
 impl<V> Correlator<V> {
     pub fn new(cfg: CorrelatorConfig) -> Self {
+        let pre = cfg.capacity.min(PREALLOCATE_MAX);
+        let recent_pre = cfg.recent_capacity.min(PREALLOCATE_MAX);
         Self {
             cfg,
-            entries: HashMap::with_capacity(cfg.capacity.min(PREALLOCATE_MAX)),
-            by_deadline: BTreeMap::new(),
-            recent: HashMap::with_capacity(cfg.recent_capacity.min(PREALLOCATE_MAX)),
-            recent_order: VecDeque::with_capacity(cfg.recent_capacity.min(PREALLOCATE_MAX)),
+            index: HashMap::with_capacity_and_hasher(pre, KeyHasher::default()),
+            slab: Vec::with_capacity(pre),
+            free: Vec::with_capacity(pre),
+            head: NIL,
+            tail: NIL,
+            recent: HashMap::with_capacity_and_hasher(recent_pre, KeyHasher::default()),
+            recent_order: VecDeque::with_capacity(recent_pre),
             seq: 0,
             stats: CorrelatorStats::default(),
             scratch: Vec::new(),
@@ -269,11 +299,11 @@ impl<V> Correlator<V> {
 
     /// Requests in flight.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.index.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.index.is_empty()
     }
 
     pub fn stats(&self) -> CorrelatorStats {
@@ -281,17 +311,18 @@ impl<V> Correlator<V> {
     }
 
     pub fn contains(&self, key: &CorrelationKey) -> bool {
-        self.entries.contains_key(key)
+        self.index.contains_key(key)
     }
 
     /// The connection an in-flight request went out on.
     pub fn via(&self, key: &CorrelationKey) -> Option<u64> {
-        self.entries.get(key).map(|e| e.via)
+        let &slot = self.index.get(key)?;
+        self.entry(slot).map(|e| e.via)
     }
 
     /// The earliest deadline in the table: when to call [`expire`](Self::expire) next.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.by_deadline.first_key_value().map(|((d, _), _)| *d)
+        self.entry(self.head).map(|e| e.deadline)
     }
 
     /// Remembers a request sent on connection `via`, to be answered by
@@ -305,31 +336,40 @@ impl<V> Correlator<V> {
         via: u64,
         deadline: Instant,
     ) -> Result<(), Rejected<V>> {
-        if self.entries.contains_key(&key) {
+        if self.index.contains_key(&key) {
             self.stats.duplicates += 1;
             return Err(Rejected {
                 error: CorrelateError::Duplicate,
                 value,
             });
         }
-        if self.entries.len() >= self.cfg.capacity {
+        if self.index.len() >= self.cfg.capacity || self.slab.len() >= NIL as usize {
             self.stats.full += 1;
             return Err(Rejected {
                 error: CorrelateError::Full,
                 value,
             });
         }
-        let seq = self.next_seq();
-        self.by_deadline.insert((deadline, seq), key);
-        self.entries.insert(
+        let entry = Entry {
             key,
-            Entry {
-                value,
-                via,
-                deadline,
-                seq,
-            },
-        );
+            value,
+            via,
+            deadline,
+            prev: NIL,
+            next: NIL,
+        };
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slab[slot as usize] = Some(entry);
+                slot
+            }
+            None => {
+                self.slab.push(Some(entry));
+                (self.slab.len() - 1) as u32
+            }
+        };
+        self.link_by_deadline(slot, deadline);
+        self.index.insert(key, slot);
         self.stats.inserted += 1;
         Ok(())
     }
@@ -367,17 +407,14 @@ impl<V> Correlator<V> {
     pub fn expire(&mut self, now: Instant, out: &mut Vec<(CorrelationKey, V)>) -> usize {
         self.purge_recent(now);
         let mut n = 0;
-        while let Some(entry) = self.by_deadline.first_entry() {
-            if entry.key().0 > now {
+        while self.entry(self.head).is_some_and(|e| e.deadline <= now) {
+            let Some(e) = self.remove_slot(self.head) else {
                 break;
-            }
-            let key = entry.remove();
-            if let Some(e) = self.entries.remove(&key) {
-                out.push((key, e.value));
-                self.stats.expired += 1;
-                self.remember(key, now);
-                n += 1;
-            }
+            };
+            out.push((e.key, e.value));
+            self.stats.expired += 1;
+            self.remember(e.key, now);
+            n += 1;
         }
         n
     }
@@ -390,38 +427,37 @@ impl<V> Correlator<V> {
         now: Instant,
         out: &mut Vec<(CorrelationKey, V)>,
     ) -> usize {
-        let mut keys = std::mem::take(&mut self.scratch);
-        keys.clear();
-        keys.extend(
-            self.entries
-                .iter()
-                .filter(|(_, e)| e.via == via)
-                .map(|(k, _)| *k),
-        );
-        // Deterministic order for the caller: by deadline, then age.
-        keys.sort_unstable_by_key(|k| self.entries.get(k).map(|e| (e.deadline, e.seq)));
-        for key in &keys {
-            if let Some(value) = self.remove(key) {
-                out.push((*key, value));
+        // Walking the deadline list gives the caller a deterministic order:
+        // by deadline, then age.
+        let mut slots = std::mem::take(&mut self.scratch);
+        slots.clear();
+        let mut at = self.head;
+        while let Some(e) = self.entry(at) {
+            if e.via == via {
+                slots.push(at);
+            }
+            at = e.next;
+        }
+        for &slot in &slots {
+            if let Some(e) = self.remove_slot(slot) {
+                out.push((e.key, e.value));
                 self.stats.node_lost += 1;
-                self.remember(*key, now);
+                self.remember(e.key, now);
             }
         }
-        let n = keys.len();
-        self.scratch = keys;
+        let n = slots.len();
+        self.scratch = slots;
         n
     }
 
     /// Moves every entry to `out` (shutdown), earliest deadline first.
     pub fn drain(&mut self, now: Instant, out: &mut Vec<(CorrelationKey, V)>) -> usize {
         let mut n = 0;
-        while let Some((_, key)) = self.by_deadline.pop_first() {
-            if let Some(e) = self.entries.remove(&key) {
-                out.push((key, e.value));
-                self.stats.cancelled += 1;
-                self.remember(key, now);
-                n += 1;
-            }
+        while let Some(e) = self.remove_slot(self.head) {
+            out.push((e.key, e.value));
+            self.stats.cancelled += 1;
+            self.remember(e.key, now);
+            n += 1;
         }
         n
     }
@@ -431,10 +467,57 @@ impl<V> Correlator<V> {
         self.seq
     }
 
+    fn entry(&self, slot: u32) -> Option<&Entry<V>> {
+        self.slab.get(slot as usize).and_then(Option::as_ref)
+    }
+
+    fn entry_mut(&mut self, slot: u32) -> Option<&mut Entry<V>> {
+        self.slab.get_mut(slot as usize).and_then(Option::as_mut)
+    }
+
+    /// Links `slot` after the last entry whose deadline is not later than
+    /// `deadline` (ties keep insertion order).
+    fn link_by_deadline(&mut self, slot: u32, deadline: Instant) {
+        let mut after = self.tail;
+        while let Some(e) = self.entry(after) {
+            if e.deadline <= deadline {
+                break;
+            }
+            after = e.prev;
+        }
+        let next = match self.entry_mut(after) {
+            Some(prev) => std::mem::replace(&mut prev.next, slot),
+            None => std::mem::replace(&mut self.head, slot),
+        };
+        match self.entry_mut(next) {
+            Some(n) => n.prev = slot,
+            None => self.tail = slot,
+        }
+        if let Some(e) = self.entry_mut(slot) {
+            e.prev = after;
+            e.next = next;
+        }
+    }
+
     fn remove(&mut self, key: &CorrelationKey) -> Option<V> {
-        let e = self.entries.remove(key)?;
-        self.by_deadline.remove(&(e.deadline, e.seq));
-        Some(e.value)
+        let &slot = self.index.get(key)?;
+        self.remove_slot(slot).map(|e| e.value)
+    }
+
+    /// Unlinks and frees `slot`, and forgets its key.
+    fn remove_slot(&mut self, slot: u32) -> Option<Entry<V>> {
+        let e = self.slab.get_mut(slot as usize)?.take()?;
+        match self.entry_mut(e.prev) {
+            Some(p) => p.next = e.next,
+            None => self.head = e.next,
+        }
+        match self.entry_mut(e.next) {
+            Some(n) => n.prev = e.prev,
+            None => self.tail = e.prev,
+        }
+        self.index.remove(&e.key);
+        self.free.push(slot);
+        Some(e)
     }
 
     fn remember(&mut self, key: CorrelationKey, now: Instant) {
@@ -469,6 +552,179 @@ impl<V> Correlator<V> {
             }
         }
     }
+}
+
+/// A correlation table split into shards, each a [`Correlator`] under its own
+/// lock, picked by the key's hash: requests on different shards never wait
+/// for each other, and no lock is held for more than one table operation.
+/// The capacity is the service's, shared by all shards (an atomic count);
+/// each shard remembers its share of recently declined keys.
+#[derive(Debug)]
+pub struct Shards<V> {
+    shards: Box<[std::sync::Mutex<Correlator<V>>]>,
+    hasher: KeyHasher,
+    in_flight: AtomicUsize,
+    capacity: AtomicUsize,
+}
+
+/// Shards per table: a power of two, several per core of the machines this
+/// runs on, so two workers rarely meet on one lock.
+pub const SHARDS: usize = 16;
+
+impl<V> Shards<V> {
+    pub fn new(cfg: CorrelatorConfig) -> Self {
+        let shards = (0..SHARDS)
+            .map(|_| std::sync::Mutex::new(Correlator::new(Self::shard_config(cfg))))
+            .collect();
+        Self {
+            shards,
+            hasher: KeyHasher::default(),
+            in_flight: AtomicUsize::new(0),
+            capacity: AtomicUsize::new(cfg.capacity),
+        }
+    }
+
+    /// A shard's own settings: capacity is enforced across shards, so each
+    /// shard may hold all of it; the recent set is split.
+    fn shard_config(cfg: CorrelatorConfig) -> CorrelatorConfig {
+        CorrelatorConfig {
+            capacity: cfg.capacity,
+            recent_capacity: cfg.recent_capacity.div_ceil(SHARDS),
+            recent_ttl: cfg.recent_ttl,
+        }
+    }
+
+    fn shard(&self, key: &CorrelationKey) -> std::sync::MutexGuard<'_, Correlator<V>> {
+        use std::hash::BuildHasher;
+        let i = (self.hasher.hash_one(key) as usize) & (SHARDS - 1);
+        lock(&self.shards[i])
+    }
+
+    /// New limits (config reload); see [`Correlator::set_config`].
+    pub fn set_config(&self, cfg: CorrelatorConfig) {
+        self.capacity.store(cfg.capacity, Ordering::Relaxed);
+        for s in &self.shards {
+            lock(s).set_config(Self::shard_config(cfg));
+        }
+    }
+
+    /// Requests in flight.
+    pub fn len(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The shards' counters, summed.
+    pub fn stats(&self) -> CorrelatorStats {
+        self.shards
+            .iter()
+            .fold(CorrelatorStats::default(), |acc, s| {
+                let s = lock(s).stats();
+                CorrelatorStats {
+                    inserted: acc.inserted + s.inserted,
+                    answered: acc.answered + s.answered,
+                    expired: acc.expired + s.expired,
+                    node_lost: acc.node_lost + s.node_lost,
+                    cancelled: acc.cancelled + s.cancelled,
+                    duplicates: acc.duplicates + s.duplicates,
+                    full: acc.full + s.full,
+                    late: acc.late + s.late,
+                    unknown: acc.unknown + s.unknown,
+                }
+            })
+    }
+
+    /// See [`Correlator::insert`]; the capacity counts every shard.
+    pub fn insert(
+        &self,
+        key: CorrelationKey,
+        value: V,
+        via: u64,
+        deadline: Instant,
+    ) -> Result<(), Rejected<V>> {
+        let mut shard = self.shard(&key);
+        if shard.contains(&key) {
+            // Duplicate is checked before capacity, as in one table.
+            return shard.insert(key, value, via, deadline);
+        }
+        let cap = self.capacity.load(Ordering::Relaxed);
+        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= cap {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            shard.stats.full += 1;
+            return Err(Rejected {
+                error: CorrelateError::Full,
+                value,
+            });
+        }
+        let inserted = shard.insert(key, value, via, deadline);
+        if inserted.is_err() {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+        inserted
+    }
+
+    /// See [`Correlator::take`].
+    pub fn take(&self, key: &CorrelationKey, now: Instant) -> Result<V, Miss> {
+        let taken = self.shard(key).take(key, now);
+        if taken.is_ok() {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+        taken
+    }
+
+    /// See [`Correlator::cancel`].
+    pub fn cancel(&self, key: &CorrelationKey, now: Instant) -> Option<V> {
+        let taken = self.shard(key).cancel(key, now);
+        if taken.is_some() {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+        taken
+    }
+
+    /// See [`Correlator::expire`]: shard by shard, each in deadline order.
+    pub fn expire(&self, now: Instant, out: &mut Vec<(CorrelationKey, V)>) -> usize {
+        self.each(out, |s, out| s.expire(now, out))
+    }
+
+    /// See [`Correlator::take_via`].
+    pub fn take_via(&self, via: u64, now: Instant, out: &mut Vec<(CorrelationKey, V)>) -> usize {
+        self.each(out, |s, out| s.take_via(via, now, out))
+    }
+
+    /// See [`Correlator::drain`].
+    pub fn drain(&self, now: Instant, out: &mut Vec<(CorrelationKey, V)>) -> usize {
+        self.each(out, |s, out| s.drain(now, out))
+    }
+
+    /// The earliest deadline of any shard.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.shards
+            .iter()
+            .filter_map(|s| lock(s).next_deadline())
+            .min()
+    }
+
+    fn each(
+        &self,
+        out: &mut Vec<(CorrelationKey, V)>,
+        mut f: impl FnMut(&mut Correlator<V>, &mut Vec<(CorrelationKey, V)>) -> usize,
+    ) -> usize {
+        let mut n = 0;
+        for s in &self.shards {
+            n += f(&mut lock(s), out);
+        }
+        self.in_flight.fetch_sub(n, Ordering::AcqRel);
+        n
+    }
+}
+
+/// A poisoned shard is still consistent: every operation on it completes or
+/// does nothing before anything that could panic.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]
@@ -598,6 +854,92 @@ mod tests {
             zero.insert(k(1), 1, 0, t0).unwrap_err().error,
             CorrelateError::Full
         );
+    }
+
+    #[test]
+    fn slots_are_reused_and_the_deadline_list_stays_linked() {
+        let t0 = Instant::now();
+        let mut c = table(4);
+        for round in 0..50u32 {
+            for n in 0..4 {
+                c.insert(k(round * 4 + n), n, 0, t0 + ms(u64::from(round)))
+                    .unwrap();
+            }
+            // Take from the middle, the head and the tail of the list.
+            assert_eq!(c.take(&k(round * 4 + 2), t0), Ok(2));
+            assert_eq!(c.take(&k(round * 4), t0), Ok(0));
+            assert_eq!(c.take(&k(round * 4 + 3), t0), Ok(3));
+            assert_eq!(c.next_deadline(), Some(t0 + ms(u64::from(round))));
+            let mut out = Vec::new();
+            assert_eq!(c.expire(t0 + ms(u64::from(round)), &mut out), 1);
+            assert_eq!(out[0].1, 1);
+            assert!(c.is_empty() && c.next_deadline().is_none());
+        }
+        assert!(c.slab.len() <= 4, "slots are reused, not grown");
+    }
+
+    fn shards(capacity: usize) -> Shards<u32> {
+        Shards::new(CorrelatorConfig {
+            capacity,
+            recent_capacity: 4096,
+            recent_ttl: Duration::from_secs(60),
+        })
+    }
+
+    #[test]
+    fn shards_share_one_capacity() {
+        let t0 = Instant::now();
+        let s = shards(3);
+        let results: Vec<_> = (0..5)
+            .map(|n| s.insert(k(n), n, 0, t0 + ms(100)).map_err(|r| r.error))
+            .collect();
+        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 3);
+        assert_eq!(
+            results
+                .iter()
+                .filter(|r| **r == Err(CorrelateError::Full))
+                .count(),
+            2
+        );
+        assert_eq!(s.len(), 3);
+        // A duplicate is told apart from a full table.
+        assert_eq!(
+            s.insert(k(0), 9, 0, t0).map_err(|r| r.error),
+            Err(CorrelateError::Duplicate)
+        );
+        assert_eq!(s.take(&k(0), t0), Ok(0));
+        assert!(s.insert(k(7), 7, 0, t0 + ms(100)).is_ok());
+        assert_eq!(s.len(), 3);
+        let st = s.stats();
+        assert_eq!(
+            (st.inserted, st.full, st.duplicates, st.answered),
+            (4, 2, 1, 1)
+        );
+    }
+
+    #[test]
+    fn shards_hand_each_entry_out_once() {
+        let t0 = Instant::now();
+        let s = shards(1000);
+        for n in 0..300 {
+            s.insert(k(n), n, u64::from(n % 3), t0 + ms(u64::from(n)))
+                .unwrap();
+        }
+        let mut out = Vec::new();
+        assert_eq!(s.take_via(1, t0, &mut out), 100);
+        assert!(out.iter().all(|(_, v)| v % 3 == 1));
+        out.clear();
+        assert_eq!(s.next_deadline(), Some(t0));
+        assert_eq!(s.expire(t0 + ms(149), &mut out), 100, "n % 3 != 1, n < 150");
+        assert_eq!(s.take(&k(1), t0), Err(Miss::Late), "declined: late");
+        assert_eq!(s.take(&k(150), t0), Ok(150));
+        out.clear();
+        assert_eq!(s.drain(t0, &mut out), 99);
+        assert!(s.is_empty());
+        let mut seen: Vec<u32> = out.iter().map(|(_, v)| *v).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 99);
     }
 
     #[test]

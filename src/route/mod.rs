@@ -77,7 +77,7 @@ pub mod stamp;
 pub use balancer::{Algorithm, Balancer, BalancerConfig};
 pub use correlator::{
     CorrelateError, CorrelationKey, Correlator, CorrelatorConfig, CorrelatorStats, KeyBuilder,
-    KeyTooLong, Miss, Rejected,
+    KeyHasher, KeyTooLong, Miss, Rejected, SHARDS, Shards,
 };
 pub use decline::{DeclineCodes, DeclineReason, ResponseCode};
 pub use health::{AdminState, Health, HealthConfig, HealthConfigError, Transition};
