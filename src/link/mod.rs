@@ -6,6 +6,8 @@ pub mod client;
 pub mod conns;
 pub mod decline;
 pub mod front;
+#[doc(hidden)]
+pub mod inproc;
 pub mod log_limit;
 pub mod netmgmt;
 pub mod node;

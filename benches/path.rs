@@ -1,0 +1,128 @@
+//! The switch's real per-message path, in process: a request frame in →
+//! bytes queued to its node (frame cut, validation, key, pick, F37 stamp,
+//! correlator insert, node queue, writer encode), and a response frame in →
+//! bytes queued to the client (frame cut, validation, key, correlator take,
+//! health, client queue, writer encode), per dialect. Sockets and task
+//! wake-ups are not in it: `scripts/bench.sh` measures those end to end.
+//!
+//! Goal (issue 10): ≤ 150 ns per request and per response.
+//! Run: `cargo bench --bench path`; numbers in BENCHMARKS.md.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use isoswitch::link::inproc::{Rig, purchase_frames};
+
+/// Requests in flight per batch: distinct keys, answered after the batch.
+const BATCH: usize = 256;
+
+struct Dialect {
+    name: &'static str,
+    spec: &'static str,
+    stamp: bool,
+}
+
+const DIALECTS: [Dialect; 3] = [
+    Dialect {
+        name: "cups",
+        spec: "cups",
+        stamp: true,
+    },
+    Dialect {
+        name: "cup-pos",
+        spec: "cup-pos",
+        stamp: false,
+    },
+    Dialect {
+        name: "visa",
+        spec: "visa-base1",
+        stamp: true,
+    },
+];
+
+fn toml(d: &Dialect) -> String {
+    let stamp = if d.stamp {
+        "f37_stamp = { offset = 10, width = 2 }\n"
+    } else {
+        ""
+    };
+    let mut t = format!(
+        "[[service]]\nname = \"path\"\nspec = \"{}\"\n{stamp}[service.front]\nkind = \"listen\"\nlisten = \"127.0.0.1:0\"\n",
+        d.spec
+    );
+    for n in 1..=3 {
+        t += &format!("[[service.back.node]]\nid = \"0{n}\"\naddress = \"127.0.0.1:9\"\n");
+    }
+    t
+}
+
+/// A warm rig, its request frames and the node's answers to them.
+fn setup(d: &Dialect) -> (Rig, Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let mut rig = Rig::new(&toml(d)).expect("rig");
+    let requests = purchase_frames(&rig.service.spec, BATCH).expect("frames");
+    let mut answers = Vec::with_capacity(BATCH);
+    for req in &requests {
+        let (node, bytes) = rig.request(req).expect("routes").expect("to a node");
+        let bytes = bytes.to_vec();
+        let answer = rig.answer_frame(&bytes).expect("answer");
+        rig.response(node, &answer).expect("answered");
+        answers.push(answer);
+    }
+    (rig, requests, answers)
+}
+
+/// Times `iters` requests (in batches of [`BATCH`] in flight) or their
+/// responses, whichever `time_requests` says; the other half runs untimed.
+fn run(
+    rig: &mut Rig,
+    requests: &[Vec<u8>],
+    answers: &[Vec<u8>],
+    iters: u64,
+    time_requests: bool,
+) -> Duration {
+    let mut total = Duration::ZERO;
+    let mut nodes = [0usize; BATCH];
+    let mut done = 0u64;
+    while done < iters {
+        let n = (iters - done).min(BATCH as u64) as usize;
+        let t0 = Instant::now();
+        for (i, req) in requests.iter().take(n).enumerate() {
+            let (node, bytes) = rig.request(req).expect("routes").expect("to a node");
+            black_box(bytes);
+            nodes[i] = node;
+        }
+        if time_requests {
+            total += t0.elapsed();
+        }
+        let t1 = Instant::now();
+        for (i, answer) in answers.iter().take(n).enumerate() {
+            black_box(rig.response(nodes[i], answer).expect("answered"));
+        }
+        if !time_requests {
+            total += t1.elapsed();
+        }
+        done += n as u64;
+    }
+    total
+}
+
+fn path(c: &mut Criterion) {
+    let mut g = c.benchmark_group("path");
+    g.throughput(Throughput::Elements(1));
+    for d in &DIALECTS {
+        let (mut rig, requests, answers) = setup(d);
+        g.bench_function(format!("{}_request", d.name), |b| {
+            b.iter_custom(|iters| run(&mut rig, &requests, &answers, iters, true))
+        });
+        g.bench_function(format!("{}_response", d.name), |b| {
+            b.iter_custom(|iters| run(&mut rig, &requests, &answers, iters, false))
+        });
+        let c = &rig.service.counters;
+        assert_eq!(c.declined_total(), 0, "{}: the bench declined", d.name);
+    }
+    g.finish();
+}
+
+criterion_group!(benches, path);
+criterion_main!(benches);

@@ -1,0 +1,222 @@
+//! The switch's per-message path in one process, without sockets, for the
+//! benchmarks and the allocation test: a real [`Service`] built from a
+//! config, whose node connections are channels the rig drains instead of
+//! TCP writers. A request goes the way a front reader sends it (frame cut →
+//! [`Service::on_request`]: validation, key, pick, stamp, correlator insert,
+//! node queue) and is then encoded as the node writer encodes it; a response
+//! goes the way a node reader sends it ([`Service::on_node_frame`]: validation,
+//! key, correlator take, health, client queue) and is encoded as the client
+//! writer encodes it. Only the sockets and the tasks around them are left out.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::mpsc;
+use tokio_util::codec::Decoder;
+
+use super::client::{ClientLink, InFlightLimit};
+use super::pool::ConnHandle;
+use super::service::Service;
+use super::writer::{Outbound, encode_into};
+use crate::iso8583::{MtiEncoding, Spec};
+use crate::ops::config::Config;
+use crate::wire::{Frame, FrameCodec, LengthPrefix};
+
+/// Queue depth of the rig's channels: the most requests a caller may leave
+/// unanswered at once.
+pub const RIG_QUEUE: usize = 4096;
+
+/// The read buffer's size. As in a reader, frames are cut off it and shared
+/// with the path (the correlator keeps each request); once it is used up it
+/// is reclaimed in place when no frame of it is alive, else replaced.
+pub const READ_BUFFER: usize = 64 * 1024;
+
+/// One service with channel-backed node connections and one client.
+pub struct Rig {
+    pub service: Arc<Service>,
+    client: ClientLink,
+    client_rx: mpsc::Receiver<Outbound>,
+    nodes: Vec<mpsc::Receiver<Outbound>>,
+    prefix: LengthPrefix,
+    codec: FrameCodec,
+    /// Bytes as a reader would have them after `read`, cut into frames.
+    inbound: BytesMut,
+    /// Bytes as a writer would write them.
+    outbound: BytesMut,
+}
+
+/// Why a rig could not be built or a message did not go through.
+#[derive(Debug, thiserror::Error)]
+pub enum RigError {
+    #[error("config: {0}")]
+    Config(String),
+    #[error("frame: {0}")]
+    Frame(String),
+    #[error("no frame came out where one was expected: {0}")]
+    Nothing(&'static str),
+}
+
+impl Rig {
+    /// The first service of `toml`, its nodes connected through channels.
+    pub fn new(toml: &str) -> Result<Rig, RigError> {
+        let cfg = Config::from_toml(toml).map_err(|e| RigError::Config(e.to_string()))?;
+        let svc_cfg = cfg
+            .services
+            .into_iter()
+            .next()
+            .ok_or(RigError::Config("no [[service]]".into()))?;
+        let spec: Spec = svc_cfg
+            .load_spec()
+            .map_err(|e| RigError::Config(e.to_string()))?;
+        let now = Instant::now();
+        let service = Arc::new(Service::new(svc_cfg, spec, now).map_err(RigError::Config)?);
+        let mut nodes = Vec::new();
+        for index in 0..service.pool.nodes().len() {
+            let (tx, rx) = mpsc::channel(RIG_QUEUE);
+            let handle = ConnHandle {
+                id: 1_000_000 + index as u64,
+                tx,
+            };
+            service.pool.set_conn(index, 0, Some(handle), now);
+            nodes.push(rx);
+        }
+        let (tx, client_rx) = mpsc::channel(RIG_QUEUE);
+        let client = ClientLink {
+            conn: service.next_conn_id(),
+            peer: SocketAddr::from(([127, 0, 0, 1], 40_000)),
+            tx,
+            in_flight: InFlightLimit::new(RIG_QUEUE),
+            source_in_flight: InFlightLimit::new(RIG_QUEUE),
+        };
+        let framing = service.spec.framing();
+        Ok(Rig {
+            client,
+            client_rx,
+            nodes,
+            prefix: framing.prefix,
+            codec: FrameCodec::new(framing.prefix, framing.max_frame),
+            inbound: BytesMut::with_capacity(READ_BUFFER),
+            outbound: BytesMut::with_capacity(64 * 1024),
+            service,
+        })
+    }
+
+    /// Nodes of the service.
+    pub fn nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// A request frame (length prefix included) from the client: routed and
+    /// encoded for its node. Returns the node it went to and the bytes its
+    /// writer would write (a switch-made decline goes to the client instead:
+    /// then `None`, and [`Rig::client_bytes`] has it).
+    pub fn request(&mut self, frame: &[u8]) -> Result<Option<(usize, &[u8])>, RigError> {
+        let payload = self.cut(frame)?;
+        self.service
+            .on_request(&self.client, payload, Instant::now());
+        for (node, rx) in self.nodes.iter_mut().enumerate() {
+            if let Ok(out) = rx.try_recv() {
+                self.outbound.clear();
+                encode_into(self.prefix, &out, &mut self.outbound)
+                    .map_err(|e| RigError::Frame(e.to_string()))?;
+                return Ok(Some((node, &self.outbound[..])));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A response frame from `node`: correlated and encoded for the client.
+    /// Returns the bytes the client's writer would write.
+    pub fn response(&mut self, node: usize, frame: &[u8]) -> Result<&[u8], RigError> {
+        let payload = self.cut(frame)?;
+        self.service
+            .on_node_frame(node, 1_000_000 + node as u64, payload, Instant::now());
+        self.client_bytes()?
+            .ok_or(RigError::Nothing("no answer queued for the client"))?;
+        Ok(&self.outbound[..])
+    }
+
+    /// The next frame queued for the client, encoded, if any.
+    pub fn client_bytes(&mut self) -> Result<Option<&[u8]>, RigError> {
+        let Ok(out) = self.client_rx.try_recv() else {
+            return Ok(None);
+        };
+        self.outbound.clear();
+        encode_into(self.prefix, &out, &mut self.outbound)
+            .map_err(|e| RigError::Frame(e.to_string()))?;
+        Ok(Some(&self.outbound[..]))
+    }
+
+    /// Cuts one frame the way a reader does: appended to the read buffer and
+    /// split off it by the frame codec.
+    fn cut(&mut self, frame: &[u8]) -> Result<Bytes, RigError> {
+        self.inbound.extend_from_slice(frame);
+        match self.codec.decode(&mut self.inbound) {
+            Ok(Some(Frame::Message(payload))) => Ok(payload),
+            Ok(Some(_)) => Err(RigError::Frame("not a message frame".into())),
+            Ok(None) => Err(RigError::Frame("incomplete frame".into())),
+            Err(e) => Err(RigError::Frame(e.to_string())),
+        }
+    }
+}
+
+/// A node's answer to `request` (a payload without its length prefix): the
+/// same message with the response MTI, as a channel node that echoes every
+/// field would send it. Built here, not by the switch's own decline code, so
+/// the rig does not answer with what it measures.
+pub fn echo_response(spec: &Spec, request: &[u8]) -> Option<Vec<u8>> {
+    let layout = spec.layout(request).ok()?;
+    let mut out = request.to_vec();
+    let at = layout.mti_at;
+    // The third MTI digit: 0 (request) → 1 (response). ASCII and EBCDIC
+    // digits keep the digit in the low nibble; BCD packs digits 3-4 in the
+    // second byte's high nibble.
+    match spec.mti_encoding() {
+        MtiEncoding::Bcd => *out.get_mut(at + 1)? |= 0x10,
+        MtiEncoding::Ascii | MtiEncoding::Ebcdic => *out.get_mut(at + 2)? |= 0x01,
+    }
+    Some(out)
+}
+
+/// `n` distinct 0200 purchases for `spec` (STANs 1..=n), each as a frame
+/// with its length prefix, and the rig's answers to them come from
+/// [`Rig::answer_frame`].
+pub fn purchase_frames(spec: &Spec, n: usize) -> Result<Vec<Vec<u8>>, RigError> {
+    let mut d = crate::iso8583::samples::purchase(spec);
+    (1..=n)
+        .map(|stan| {
+            d.set_text(11, format!("{:06}", stan % 1_000_000));
+            let payload = spec
+                .encode(&d)
+                .map_err(|e| RigError::Frame(e.to_string()))?;
+            frame(spec.framing().prefix, &payload)
+        })
+        .collect()
+}
+
+/// `payload` behind its length prefix.
+pub fn frame(prefix: LengthPrefix, payload: &[u8]) -> Result<Vec<u8>, RigError> {
+    let mut out = Vec::with_capacity(payload.len() + 4);
+    prefix
+        .encode(payload.len(), &mut out)
+        .map_err(|e| RigError::Frame(e.to_string()))?;
+    out.extend_from_slice(payload);
+    Ok(out)
+}
+
+impl Rig {
+    /// The frame a node sends back for the request frame it was written
+    /// (`node_bytes`, as [`Rig::request`] returned them).
+    pub fn answer_frame(&self, node_bytes: &[u8]) -> Result<Vec<u8>, RigError> {
+        let spec = &self.service.spec;
+        let at = self.prefix.len();
+        let payload = node_bytes
+            .get(at..)
+            .ok_or(RigError::Frame("shorter than its prefix".into()))?;
+        let answer =
+            echo_response(spec, payload).ok_or(RigError::Frame("request does not parse".into()))?;
+        frame(self.prefix, &answer)
+    }
+}
