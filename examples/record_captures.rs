@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use etherparse::{PacketBuilder, SlicedPacket, TransportSlice};
 use futures_util::StreamExt;
+use isoswitch::config::Config;
 use isoswitch::iso8583::{Spec, samples};
-use isoswitch::ops::config::Config;
 use isoswitch::ops::run::Switch;
 use isoswitch::sim::node::{NodeSim, NodeSimConfig, Originate};
 use isoswitch::wire::{Frame, FrameCodec};

@@ -163,12 +163,12 @@ pub fn config(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    crate::ops::config::host_port::resolve_ip_only();
-    let Ok(cfg) = crate::ops::config::Config::from_toml_with_env(text, std::iter::empty()) else {
+    crate::config::host_port::resolve_ip_only();
+    let Ok(cfg) = crate::config::Config::from_toml_with_env(text, std::iter::empty()) else {
         return;
     };
     let printed = toml::to_string_pretty(&cfg.effective()).expect("a valid config prints");
-    if let Err(e) = crate::ops::config::Config::from_toml_with_env(&printed, std::iter::empty()) {
+    if let Err(e) = crate::config::Config::from_toml_with_env(&printed, std::iter::empty()) {
         panic!("check prints a config that does not load: {e}\n{printed}");
     }
 }

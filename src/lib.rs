@@ -8,13 +8,16 @@
 //! - [`iso8583`]: pure spec-driven message layer: specs from `specs/*.toml`, a
 //!   zero-copy [`iso8583::Message`] view, full decode/encode and masking.
 //! - [`route`]: pure routing logic: balancers, node health, correlation.
+//! - [`config`]: the config file's types, loading and validation (pure data;
+//!   `link` reads it, so it sits below `link`).
 //! - [`link`]: tokio I/O: fronts, node connections, writer tasks, health checks.
-//! - [`ops`]: configuration and running services.
+//! - [`ops`]: running services: supervisor, admin API, metrics, reload.
 //! - [`sim`]: simulators (channel node, POS network controller, load generator).
 //! - [`cli`]: the `isoswitch` command line.
 
 pub mod capture;
 pub mod cli;
+pub mod config;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod iso8583;

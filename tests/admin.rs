@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use common::*;
 use isoswitch::cli::ctl::request;
+use isoswitch::config::{AdminConfig, Config};
 use isoswitch::iso8583::Spec;
 use isoswitch::ops::admin::{ConnectionView, Status};
-use isoswitch::ops::config::{AdminConfig, Config};
 use isoswitch::ops::run::Switch;
 use isoswitch::route::DeclineReason;
 use isoswitch::sim::nac::{self, NacReport, NacSimConfig};
@@ -873,7 +873,7 @@ async fn a_failed_start_leaves_nothing_listening() {
             .unwrap();
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let mut cfg = config("cup-pos", &[nodes[0].addr], "", "", "");
-        if let isoswitch::ops::config::FrontConfig::Listen(l) = &mut cfg.services[0].front {
+        if let isoswitch::config::FrontConfig::Listen(l) = &mut cfg.services[0].front {
             l.listen = front_addr;
         }
         let mut admin = admin_config("failed-start");

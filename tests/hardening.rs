@@ -447,7 +447,7 @@ async fn dual_stack_listener_admits_ipv4_clients_by_ipv4_rules() {
         let nodes = start_nodes(&spec, 1, Delay::NONE).await;
         let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
         let mut cfg = config("cup-pos", &addrs, "allow = [\"127.0.0.0/8\"]", "", "");
-        if let isoswitch::ops::config::FrontConfig::Listen(l) = &mut cfg.services[0].front {
+        if let isoswitch::config::FrontConfig::Listen(l) = &mut cfg.services[0].front {
             l.listen = "[::]:0".parse().unwrap();
         }
         let switch = start_switch(&cfg).await;

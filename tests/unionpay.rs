@@ -9,9 +9,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::*;
+use isoswitch::config::Config;
 use isoswitch::iso8583::Spec;
 use isoswitch::link::Service;
-use isoswitch::ops::config::Config;
 use isoswitch::ops::run::Switch;
 use isoswitch::sim::cups::{CupsSim, CupsSimConfig};
 use isoswitch::sim::node::{Delay, NodeSim, NodeSimConfig, Originate};

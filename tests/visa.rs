@@ -17,9 +17,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::*;
+use isoswitch::config::{Config, FrontConfig};
 use isoswitch::iso8583::Spec;
 use isoswitch::link::Service;
-use isoswitch::ops::config::{Config, FrontConfig};
 use isoswitch::ops::run::Switch;
 use isoswitch::sim::node::{Delay, NodeSim, NodeSimConfig, Originate};
 use isoswitch::sim::visa::{Dial, VisaReport, VisaSim, VisaSimConfig};

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use crate::ops::config::Config;
+use crate::config::Config;
 
 /// Loads, validates and prints `path`; warnings go to stderr.
 pub fn run(path: &Path) -> ExitCode {

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use super::decode::{DecodeArgs, Options, write_message};
 use crate::capture::read::{self, Connection};
+use crate::config::{Config, FrontConfig};
 use crate::iso8583::Spec;
-use crate::ops::config::{Config, FrontConfig};
 use crate::wire::Frame;
 
 /// What a pcap decode saw (also what the tshark check compares).

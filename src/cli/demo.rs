@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::config::{AdminConfig, Config, FrontConfig};
 use crate::iso8583::Spec;
 use crate::link::Service;
-use crate::ops::config::{AdminConfig, Config, FrontConfig};
 use crate::ops::run::Switch;
 use crate::route::DeclineReason;
 use crate::sim::cups::{CupsReport, CupsSim, CupsSimConfig};

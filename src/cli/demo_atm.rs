@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::config::Config;
 use crate::iso8583::Spec;
-use crate::ops::config::Config;
 use crate::ops::run::Switch;
 use crate::sim::load::{self, LoadConfig, LoadCounters, LoadReport};
 use crate::sim::node::{Delay, NodeOptions, NodeSim, NodeSimConfig};
@@ -42,7 +42,7 @@ impl AtmHosts {
             node.address = host.addr;
             hosts.push(host);
         }
-        if let crate::ops::config::FrontConfig::Listen(l) = &mut svc.front {
+        if let crate::config::FrontConfig::Listen(l) = &mut svc.front {
             l.listen = any;
         }
         Ok(Some(AtmHosts { hosts }))

@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use crate::config::Config;
 use crate::iso8583::Spec;
-use crate::ops::config::Config;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -215,7 +215,7 @@ pub fn main() -> ExitCode {
                 Err(e) => return fail(e),
             };
             if let Some(dir) = &capture {
-                crate::ops::config::CaptureConfig::apply_to_all(&mut cfg, dir, capture_clear);
+                crate::config::CaptureConfig::apply_to_all(&mut cfg, dir, capture_clear);
             }
             runtime_with(worker_threads, async move {
                 crate::ops::run::run_until_interrupted(

@@ -20,7 +20,7 @@ use super::service::Service;
 use super::timer::{ReadTimer, in_frame};
 use super::writer::run_coalescing_writer;
 use crate::capture::{Opened, Tapped};
-use crate::ops::config::ListenFront;
+use crate::config::ListenFront;
 use crate::wire::{Frame, FrameCodec};
 
 /// Connections open per source IP and in total, to enforce the front's limits.

@@ -20,8 +20,8 @@ use super::client::{ClientLink, InFlightLimit};
 use super::pool::ConnHandle;
 use super::service::Service;
 use super::writer::{Outbound, encode_into};
+use crate::config::Config;
 use crate::iso8583::{MtiEncoding, Spec};
-use crate::ops::config::Config;
 use crate::wire::{Frame, FrameCodec, LengthPrefix};
 
 /// Queue depth of the rig's channels: the most requests a caller may leave

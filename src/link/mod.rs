@@ -12,9 +12,11 @@ pub mod log_limit;
 pub mod netmgmt;
 pub mod node;
 pub mod oneconnect;
+pub mod outlinks;
 pub mod pool;
 pub mod service;
 pub mod simplex;
+pub mod supervisor;
 pub mod timer;
 pub mod writer;
 
@@ -24,9 +26,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::ops::supervisor::Supervisor;
+use crate::link::supervisor::Supervisor;
 
-use crate::ops::config::{CheckKind, FrontConfig};
+use crate::config::{CheckKind, FrontConfig};
 pub use service::Service;
 
 /// How often expired requests are swept and declined. Bounds how late a timeout
@@ -100,7 +102,7 @@ pub async fn start(service: Arc<Service>, sup: &Arc<Supervisor>) -> std::io::Res
 fn start_accept(
     sup: &Arc<Supervisor>,
     service: &Arc<Service>,
-    front: crate::ops::config::ListenFront,
+    front: crate::config::ListenFront,
     listener: tokio::net::TcpListener,
     addr: std::net::SocketAddr,
 ) {

@@ -11,9 +11,9 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 
-pub use super::simplex::NmKind;
+pub use super::outlinks::NmKind;
+use crate::config::{FrontConfig, NetworkConfig, ServiceConfig};
 use crate::iso8583::{Decoded, IsoError, Mti, Spec};
-use crate::ops::config::{FrontConfig, NetworkConfig, ServiceConfig};
 use crate::wire::{CupsHeader, HeaderKind, Tpdu, VisaHeader};
 
 /// A service's network-management requests, ready to stamp with a time and
@@ -268,8 +268,8 @@ fn hex(text: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use crate::iso8583::Message;
-    use crate::ops::config::Config;
 
     fn service(toml_extra: &str, spec: &str, front: &str) -> ServiceConfig {
         let toml = format!(

@@ -28,7 +28,7 @@ use super::client::ClientLink;
 use super::netmgmt::NmKind;
 use super::service::{Checked, Origin, Service};
 use super::writer::{Outbound, Patch, encode_into};
-use crate::ops::config::{FrontConfig, ListenMode, OneConnectConfig, ServiceConfig};
+use crate::config::{FrontConfig, ListenMode, OneConnectConfig, ServiceConfig};
 use crate::route::DeclineReason;
 use crate::route::oneconnect::{Lease, OneConnectSlots};
 use crate::wire::{Frame, FrameCodec};
@@ -601,7 +601,7 @@ async fn check_health(
     node: usize,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    use crate::ops::config::CheckKind;
+    use crate::config::CheckKind;
     let cfg = service.config.back.health.clone();
     if cfg.check == CheckKind::None {
         return;

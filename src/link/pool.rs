@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::writer::Outbound;
-use crate::ops::config::{BackConfig, NodeConfig};
+use crate::config::{BackConfig, NodeConfig};
 use crate::route::{
     AdminState, Balancer, BalancerConfig, EwmaConfig, NodeId, NodeState, NodeView, RuleSet,
     Transition,

@@ -14,13 +14,11 @@ use tokio::sync::{mpsc, oneshot};
 use super::client::{ClientLink, InFlightSlot};
 use super::log_limit::{LogKind, LogLimit, LogPeer};
 use super::netmgmt::NetworkTemplate;
+use super::outlinks::{NmKind, OutLinks};
 use super::pool::NodePool;
-use super::simplex::{NmKind, OutLinks};
 use super::writer::{Outbound, Patch};
+use crate::config::{BadMessagePolicy, FrontConfig, KeyPart, ServiceConfig, StampBy, TpduPolicy};
 use crate::iso8583::{Bitmap, FieldIndex, IsoError, Message, Mti, Spec};
-use crate::ops::config::{
-    BadMessagePolicy, FrontConfig, KeyPart, ServiceConfig, StampBy, TpduPolicy,
-};
 use crate::route::{
     Algorithm, CorrelateError, CorrelationKey, CorrelatorConfig, DeclineReason, Miss, MtiPattern,
     Shards, StampTable,
@@ -206,7 +204,7 @@ impl Service {
     pub fn new(config: ServiceConfig, spec: Spec, now: Instant) -> Result<Service, String> {
         let pool = NodePool::new(&config.name, &config.back, now)?;
         let key_parts = if config.correlation.key.is_empty() {
-            default_key(&spec)
+            crate::config::default_key(&spec)
         } else {
             config.correlation.key.clone()
         };
@@ -333,10 +331,7 @@ impl Service {
     /// `front` with its limits as last reloaded (connections in total and
     /// per source, in-flight shares): a new connection is admitted and given
     /// its share by these.
-    pub fn listen_limits(
-        &self,
-        front: &crate::ops::config::ListenFront,
-    ) -> crate::ops::config::ListenFront {
+    pub fn listen_limits(&self, front: &crate::config::ListenFront) -> crate::config::ListenFront {
         let mut front = front.clone();
         if let Some(l) = *self.listen_limits.lock().unwrap_or_else(|p| p.into_inner()) {
             l.apply(&mut front);
@@ -362,7 +357,7 @@ impl Service {
 
     /// Applies a reloaded listen front's limits to connections accepted from
     /// now on (those open keep the share they were given).
-    pub fn set_listen_limits(&self, front: &crate::ops::config::ListenFront) {
+    pub fn set_listen_limits(&self, front: &crate::config::ListenFront) {
         *self.listen_limits.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(ListenLimits::of(front));
     }
@@ -371,7 +366,7 @@ impl Service {
     /// keep the deadline they were given; what comes next uses the new ones.
     pub fn set_live(
         &self,
-        timeouts: &crate::ops::config::TimeoutConfig,
+        timeouts: &crate::config::TimeoutConfig,
         declines: crate::route::DeclineCodes,
     ) {
         self.request_timeout_ns
@@ -1260,26 +1255,6 @@ impl Service {
     }
 }
 
-/// The key that ties a response to its request when the config names none.
-pub fn default_key(spec: &Spec) -> Vec<KeyPart> {
-    let has = |id| spec.field(id).is_some();
-    if spec.envelope().tpdu {
-        // POS through a NAC: many NACs and uplinks share TPDU addresses, so the
-        // terminal ID and STAN make the key unique.
-        vec![KeyPart::Tpdu, KeyPart::Field(41), KeyPart::Field(11)]
-    } else if has(32) && has(33) {
-        // UnionPay: a request and its response share F7 + F11 + F32 + F33.
-        vec![
-            KeyPart::Field(7),
-            KeyPart::Field(11),
-            KeyPart::Field(32),
-            KeyPart::Field(33),
-        ]
-    } else {
-        vec![KeyPart::Field(11), KeyPart::Field(41)]
-    }
-}
-
 /// F37 as text (EBCDIC turned into ASCII), on the stack.
 fn f37_text(f37: &crate::iso8583::FieldRef<'_>) -> ([u8; 12], usize) {
     let mut text = [0u8; 12];
@@ -1368,7 +1343,7 @@ impl ListenLimits {
         "max_in_flight_per_source",
     ];
 
-    fn of(f: &crate::ops::config::ListenFront) -> ListenLimits {
+    fn of(f: &crate::config::ListenFront) -> ListenLimits {
         ListenLimits {
             max_connections: f.max_connections,
             max_per_source: f.max_per_source,
@@ -1377,7 +1352,7 @@ impl ListenLimits {
         }
     }
 
-    fn apply(self, f: &mut crate::ops::config::ListenFront) {
+    fn apply(self, f: &mut crate::config::ListenFront) {
         f.max_connections = self.max_connections;
         f.max_per_source = self.max_per_source;
         f.max_in_flight_per_connection = self.max_in_flight_per_connection;

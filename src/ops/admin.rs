@@ -23,8 +23,8 @@ use super::config::{AdminConfig, NodeConfig};
 use super::control::ControlError;
 use super::reload::ReloadError;
 use super::run::SwitchHandle;
+use crate::config::FrontConfig;
 use crate::link::Service;
-use crate::ops::config::FrontConfig;
 use crate::route::{AdminState, DeclineReason};
 
 /// The environment variable that holds the token when no `token_file` is set.

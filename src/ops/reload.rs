@@ -211,7 +211,7 @@ fn plan_service(
         health.timeout,
         svc.correlation.max_in_flight,
     );
-    if let crate::ops::config::FrontConfig::Listen(front) = &svc.front {
+    if let crate::config::FrontConfig::Listen(front) = &svc.front {
         service.set_listen_limits(front);
     }
     for n in &svc.back.nodes {

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use isoswitch::config::Config;
 use isoswitch::iso8583::Spec;
 use isoswitch::link::Service;
-use isoswitch::ops::config::Config;
 use isoswitch::ops::run::Switch;
 use isoswitch::sim::node::{Delay, NodeSim, NodeSimConfig};
 

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::config::{Config, FrontConfig};
 use crate::iso8583::Spec;
 use crate::link::Service;
-use crate::ops::config::{Config, FrontConfig};
 use crate::sim::node::{Delay, NodeSim, NodeSimConfig, NodeSimStats, Originate};
 use crate::sim::visa::{Dial, VisaSim, VisaSimConfig};
 

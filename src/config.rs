@@ -1055,7 +1055,7 @@ fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 pub const ENV_PREFIX: &str = "ISOSWITCH";
 
 /// The embedded default configuration (`src/ops/default.toml`).
-pub const DEFAULT_TOML: &str = include_str!("default.toml");
+pub const DEFAULT_TOML: &str = include_str!("ops/default.toml");
 
 impl Config {
     /// The embedded default: a POS service and a UnionPay service in front of
@@ -1123,7 +1123,7 @@ impl Config {
             if svc.correlation.key.is_empty()
                 && let Ok(spec) = svc.load_spec()
             {
-                svc.correlation.key = crate::link::service::default_key(&spec);
+                svc.correlation.key = default_key(&spec);
             }
             if let FrontConfig::Simplex(f) = &mut svc.front {
                 f.max_in_links = Some(f.max_in_links());
@@ -1430,6 +1430,26 @@ impl BackConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// The key that ties a response to its request when the config names none.
+pub fn default_key(spec: &Spec) -> Vec<KeyPart> {
+    let has = |id| spec.field(id).is_some();
+    if spec.envelope().tpdu {
+        // POS through a NAC: many NACs and uplinks share TPDU addresses, so the
+        // terminal ID and STAN make the key unique.
+        vec![KeyPart::Tpdu, KeyPart::Field(41), KeyPart::Field(11)]
+    } else if has(32) && has(33) {
+        // UnionPay: a request and its response share F7 + F11 + F32 + F33.
+        vec![
+            KeyPart::Field(7),
+            KeyPart::Field(11),
+            KeyPart::Field(32),
+            KeyPart::Field(33),
+        ]
+    } else {
+        vec![KeyPart::Field(11), KeyPart::Field(41)]
     }
 }
 
