@@ -12,6 +12,7 @@
 //! - [`ops`]: configuration and running services.
 //! - [`sim`]: simulators (channel node, POS network controller, load generator).
 //! - [`cli`]: the `isoswitch` command line.
+//! - [`util`]: the one PRNG and the one duration grammar, below every layer.
 
 pub mod capture;
 pub mod cli;
@@ -22,4 +23,5 @@ pub mod link;
 pub mod ops;
 pub mod route;
 pub mod sim;
+pub mod util;
 pub mod wire;
