@@ -48,7 +48,11 @@ fn read_hex(path: &Path) -> Vec<u8> {
         .filter(|l| !l.trim_start().starts_with('#'))
         .flat_map(|l| l.bytes().filter(u8::is_ascii_hexdigit))
         .collect();
-    assert!(digits.len().is_multiple_of(2), "{}: odd hex", path.display());
+    assert!(
+        digits.len().is_multiple_of(2),
+        "{}: odd hex",
+        path.display()
+    );
     digits
         .chunks(2)
         .map(|p| {
