@@ -12,6 +12,7 @@ use thiserror::Error;
 
 use crate::iso8583::Spec;
 use crate::route::{Algorithm, DeclineCodes, F37Stamp, HealthConfig, NodeId, RuleConfig, RuleSet};
+use crate::util::duration;
 
 /// Everything `isoswitch run` needs.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -230,24 +231,24 @@ pub struct ConnectFront {
     /// Duplex links kept up.
     pub links: usize,
     /// Send a keep-alive (a zero-length frame) on a link idle this long.
-    #[serde(default = "defaults::keepalive_idle", with = "humantime_serde")]
+    #[serde(default = "defaults::keepalive_idle", with = "duration")]
     pub keepalive_idle: Duration,
-    #[serde(default = "defaults::partial_frame_timeout", with = "humantime_serde")]
+    #[serde(default = "defaults::partial_frame_timeout", with = "duration")]
     pub partial_frame_timeout: Duration,
-    #[serde(default = "defaults::connect_timeout", with = "humantime_serde")]
+    #[serde(default = "defaults::connect_timeout", with = "duration")]
     pub connect_timeout: Duration,
-    #[serde(default = "defaults::reconnect_min", with = "humantime_serde")]
+    #[serde(default = "defaults::reconnect_min", with = "duration")]
     pub reconnect_min: Duration,
-    #[serde(default = "defaults::reconnect_max", with = "humantime_serde")]
+    #[serde(default = "defaults::reconnect_max", with = "duration")]
     pub reconnect_max: Duration,
     #[serde(default)]
     pub rebuild_group: bool,
     /// Sign-on on each link as it comes up; VISA links usually need none.
     #[serde(default = "defaults::no_sign_on")]
     pub sign_on: SignOn,
-    #[serde(default = "defaults::sign_on_retry", with = "humantime_serde")]
+    #[serde(default = "defaults::sign_on_retry", with = "duration")]
     pub sign_on_retry: Duration,
-    #[serde(default = "defaults::echo_interval", with = "humantime_serde")]
+    #[serde(default = "defaults::echo_interval", with = "duration")]
     pub echo_interval: Duration,
     #[serde(default = "defaults::yes")]
     pub answer_network_management: bool,
@@ -343,18 +344,18 @@ pub struct SimplexFront {
     #[serde(default)]
     pub allow: Vec<IpNet>,
     /// Send a keep-alive (`0000`) on an out link idle this long.
-    #[serde(default = "defaults::keepalive_idle", with = "humantime_serde")]
+    #[serde(default = "defaults::keepalive_idle", with = "duration")]
     pub keepalive_idle: Duration,
     /// Close an in link silent (not even a keep-alive) this long.
-    #[serde(default = "defaults::in_link_silence", with = "humantime_serde")]
+    #[serde(default = "defaults::in_link_silence", with = "duration")]
     pub in_link_silence: Duration,
-    #[serde(default = "defaults::partial_frame_timeout", with = "humantime_serde")]
+    #[serde(default = "defaults::partial_frame_timeout", with = "duration")]
     pub partial_frame_timeout: Duration,
-    #[serde(default = "defaults::connect_timeout", with = "humantime_serde")]
+    #[serde(default = "defaults::connect_timeout", with = "duration")]
     pub connect_timeout: Duration,
-    #[serde(default = "defaults::reconnect_min", with = "humantime_serde")]
+    #[serde(default = "defaults::reconnect_min", with = "duration")]
     pub reconnect_min: Duration,
-    #[serde(default = "defaults::reconnect_max", with = "humantime_serde")]
+    #[serde(default = "defaults::reconnect_max", with = "duration")]
     pub reconnect_max: Duration,
     /// When one out link breaks, close and rebuild every out link (some
     /// operators treat the links as a group).
@@ -365,10 +366,10 @@ pub struct SimplexFront {
     #[serde(default)]
     pub sign_on: SignOn,
     /// Resend an unanswered sign-on after this long.
-    #[serde(default = "defaults::sign_on_retry", with = "humantime_serde")]
+    #[serde(default = "defaults::sign_on_retry", with = "duration")]
     pub sign_on_retry: Duration,
     /// Send an echo test (0820 F70 301) on each out link this often; 0 = never.
-    #[serde(default = "defaults::echo_interval", with = "humantime_serde")]
+    #[serde(default = "defaults::echo_interval", with = "duration")]
     pub echo_interval: Duration,
     /// Answer the peer's network management (0820/0800) on an out link without
     /// the nodes; false forwards it to the nodes like any request.
@@ -422,10 +423,10 @@ pub struct ListenFront {
     #[serde(default)]
     pub allow: Vec<IpNet>,
     /// A client link silent this long is closed; keep-alives reset it. 0 = never.
-    #[serde(default = "defaults::idle_timeout", with = "humantime_serde")]
+    #[serde(default = "defaults::idle_timeout", with = "duration")]
     pub idle_timeout: Duration,
     /// A frame started but not finished within this time closes the link.
-    #[serde(default = "defaults::partial_frame_timeout", with = "humantime_serde")]
+    #[serde(default = "defaults::partial_frame_timeout", with = "duration")]
     pub partial_frame_timeout: Duration,
     /// What to do with a request that fails ingress validation (a frame whose
     /// length prefix is fine but whose message is not, or an MTI the service
@@ -472,7 +473,7 @@ pub enum ListenMode {
 #[serde(deny_unknown_fields)]
 pub struct OneConnectConfig {
     /// A pooled node connection unused this long is closed.
-    #[serde(default = "defaults::oneconnect_idle", with = "humantime_serde")]
+    #[serde(default = "defaults::oneconnect_idle", with = "duration")]
     pub idle_timeout: Duration,
 }
 
@@ -519,16 +520,16 @@ pub struct BackConfig {
     /// declined with the queue-full code.
     #[serde(default = "defaults::write_queue")]
     pub write_queue: usize,
-    #[serde(default = "defaults::connect_timeout", with = "humantime_serde")]
+    #[serde(default = "defaults::connect_timeout", with = "duration")]
     pub connect_timeout: Duration,
     /// A node that starts a frame must finish it within this, or its
     /// connection is closed (and what it carried declined).
-    #[serde(default = "defaults::partial_frame_timeout", with = "humantime_serde")]
+    #[serde(default = "defaults::partial_frame_timeout", with = "duration")]
     pub partial_frame_timeout: Duration,
     /// Reconnect backoff: starts here, doubles with jitter, up to `reconnect_max`.
-    #[serde(default = "defaults::reconnect_min", with = "humantime_serde")]
+    #[serde(default = "defaults::reconnect_min", with = "duration")]
     pub reconnect_min: Duration,
-    #[serde(default = "defaults::reconnect_max", with = "humantime_serde")]
+    #[serde(default = "defaults::reconnect_max", with = "duration")]
     pub reconnect_max: Duration,
     #[serde(default, deserialize_with = "HealthCheckConfig::deserialize_strict")]
     pub health: HealthCheckConfig,
@@ -564,9 +565,9 @@ pub struct NodeConfig {
 pub struct HealthCheckConfig {
     #[serde(default)]
     pub check: CheckKind,
-    #[serde(default = "defaults::check_interval", with = "humantime_serde")]
+    #[serde(default = "defaults::check_interval", with = "duration")]
     pub interval: Duration,
-    #[serde(default = "defaults::check_timeout", with = "humantime_serde")]
+    #[serde(default = "defaults::check_timeout", with = "duration")]
     pub timeout: Duration,
     /// Thresholds, ejection and slow start.
     #[serde(flatten)]
@@ -694,7 +695,7 @@ pub enum TpduPolicy {
 #[serde(deny_unknown_fields)]
 pub struct TimeoutConfig {
     /// A request unanswered this long is declined with the timeout code.
-    #[serde(default = "defaults::request_timeout", with = "humantime_serde")]
+    #[serde(default = "defaults::request_timeout", with = "duration")]
     pub request: Duration,
 }
 

@@ -14,6 +14,7 @@
 //! - [`ops`]: running services: supervisor, admin API, metrics, reload.
 //! - [`sim`]: simulators (channel node, POS network controller, load generator).
 //! - [`cli`]: the `isoswitch` command line.
+//! - [`util`]: the one PRNG and the one duration grammar, below every layer.
 
 pub mod capture;
 pub mod cli;
@@ -25,4 +26,5 @@ pub mod link;
 pub mod ops;
 pub mod route;
 pub mod sim;
+pub mod util;
 pub mod wire;

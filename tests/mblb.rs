@@ -707,7 +707,7 @@ async fn f37_stamp_is_written_in_the_fields_encoding() {
                     {
                         let m = Message::parse(&spec, p).unwrap();
                         let _ = seen.send(m.field(37).unwrap().map(|f| f.data().to_vec()));
-                        let resp = isoswitch::link::decline::respond(&spec, &m, "00").unwrap();
+                        let resp = isoswitch::sim::answer::answer(&spec, &m, "00").unwrap();
                         let _ = s.write_all(&RawClient::frame(&spec, &resp)).await;
                     }
                     if !matches!(s.read_buf(&mut buf).await, Ok(n) if n > 0) {

@@ -187,7 +187,7 @@ fn member_0820(spec: &Spec, stan: &str, f70: &str) -> Vec<u8> {
 }
 
 fn answer(msg: &Message<'_>, code: &str) -> Bytes {
-    isoswitch::link::decline::respond(msg.spec(), msg, code).unwrap()
+    isoswitch::sim::answer::answer(msg.spec(), msg, code).unwrap()
 }
 
 #[tokio::test]

@@ -415,7 +415,7 @@ impl HandPeer {
 /// UnionPay's approval of a member 0200; None for anything else.
 fn answer_0200(spec: &Spec, payload: bytes::Bytes) -> Option<bytes::Bytes> {
     let m = isoswitch::iso8583::Message::parse(spec, payload).ok()?;
-    (m.mti().as_str() == "0200").then(|| isoswitch::link::decline::respond(spec, &m, "00").unwrap())
+    (m.mti().as_str() == "0200").then(|| isoswitch::sim::answer::answer(spec, &m, "00").unwrap())
 }
 
 fn f70(m: &isoswitch::iso8583::Message) -> Vec<u8> {

@@ -28,7 +28,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "paper")]
     pub mix: Mix,
     /// Length of each measurement.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::util::duration::parse)]
     pub duration: Duration,
     /// Request rate of the fixed-rate run (the added-latency measurement).
     #[arg(long, default_value_t = 10_000.0)]

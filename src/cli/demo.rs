@@ -521,11 +521,9 @@ impl DemoFiles {
     fn new() -> Result<DemoFiles, String> {
         let dir = std::env::temp_dir();
         let pid = std::process::id();
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
+        let salt = crate::util::rng::entropy_seed();
         // A demo token, not a secret worth a CSPRNG: the listener is loopback.
-        let token_text = format!("demo-{pid:x}-{nanos:x}");
+        let token_text = format!("demo-{pid:x}-{salt:016x}");
         let token = dir.join(format!("isoswitch-demo-{pid}.token"));
         std::fs::write(&token, &token_text).map_err(|e| format!("{}: {e}", token.display()))?;
         Ok(DemoFiles {

@@ -32,10 +32,10 @@ pub struct LoadArgs {
     #[arg(long, default_value = "paper")]
     pub mix: Mix,
     /// How long to send.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::util::duration::parse)]
     pub duration: Duration,
     /// A request unanswered this long counts as a timeout.
-    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "3s", value_parser = crate::util::duration::parse)]
     pub timeout: Duration,
     /// Total requests per second (default: as fast as the windows allow).
     #[arg(long, value_parser = parse_rate)]
@@ -58,7 +58,7 @@ pub struct LoadArgs {
     #[arg(long, conflicts_with = "requests_per_round")]
     pub connection_per_request: bool,
     /// Pause after each answer (after each round with `--requests-per-round`).
-    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "0s", value_parser = crate::util::duration::parse)]
     pub think: Duration,
     /// MBLB profile: each client sends this many requests at once on its long
     /// connection and waits for all their answers before the next round (the

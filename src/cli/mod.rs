@@ -122,9 +122,9 @@ pub enum SimCommand {
         /// Total requests per second (default: as fast as answered).
         #[arg(long)]
         rate: Option<f64>,
-        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "10s", value_parser = crate::util::duration::parse)]
         duration: Duration,
-        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "3s", value_parser = crate::util::duration::parse)]
         timeout: Duration,
         /// First two digits of every terminal ID: tells NACs apart.
         #[arg(long, default_value_t = 1)]
@@ -150,12 +150,12 @@ pub enum SimCommand {
         /// Issuer requests per second UnionPay originates (default: none).
         #[arg(long)]
         rate: Option<f64>,
-        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "10s", value_parser = crate::util::duration::parse)]
         duration: Duration,
-        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "3s", value_parser = crate::util::duration::parse)]
         timeout: Duration,
         /// Keep-alive on an in link idle this long (0s = never).
-        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "30s", value_parser = crate::util::duration::parse)]
         keepalive_idle: Duration,
         /// Delay before answering a member request: `5ms` or `0..2s`.
         #[arg(long, default_value = "0ms")]
@@ -168,10 +168,10 @@ pub enum SimCommand {
         #[arg(long)]
         require_sign_on: bool,
         /// Wait this long before answering a sign-on.
-        #[arg(long, default_value = "0ms", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "0ms", value_parser = crate::util::duration::parse)]
         sign_on_delay: Duration,
         /// Close every out link at once this often (chaos).
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = crate::util::duration::parse)]
         drop_out_links_every: Option<Duration>,
         /// Print the report as one JSON object.
         #[arg(long)]

@@ -49,7 +49,7 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub rate: Option<f64>,
     /// Wait this long for each answer.
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::util::duration::parse)]
     pub timeout: Duration,
     /// Connections replayed at once.
     #[arg(long, default_value_t = 64)]

@@ -32,19 +32,19 @@ pub struct SimVisaArgs {
     #[arg(long, default_value = "0100,0200", value_delimiter = ',')]
     pub mti: Vec<String>,
     /// Longest time issuer requests are sent.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::util::duration::parse)]
     pub duration: Duration,
     /// A request unanswered this long counts as lost.
-    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "3s", value_parser = crate::util::duration::parse)]
     pub timeout: Duration,
     /// Send issuer requests without signing links on first.
     #[arg(long)]
     pub no_sign_on: bool,
     /// Echo test (0800 F70 301) on each link this often (0s = never).
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = crate::util::duration::parse)]
     pub echo_interval: Duration,
     /// Zero-length poll on a link idle this long (0s = never).
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::util::duration::parse)]
     pub keepalive_idle: Duration,
     /// Delay before answering a bank request: `5ms` or `0..2s`.
     #[arg(long, default_value = "0ms")]

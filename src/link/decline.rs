@@ -1,15 +1,10 @@
-//! Switch-made messages: declines built from a request, responses of the
-//! simulated node, and echo tests. Built through a full decode and encode: these
-//! are rare (a decline) or not on the switch's path (simulators), so clarity wins
-//! over zero-copy here.
+//! Switch-made declines, built from a request. Built through a full decode
+//! and encode: a decline is rare, so clarity wins over zero-copy here. (The
+//! simulators answer with their own builder, `sim::answer`, never this one.)
 
 use bytes::Bytes;
 
-use crate::iso8583::{IsoError, Message, Spec};
-
-/// Fields a simulated node never copies into a response: track data, PIN
-/// block, EMV data and MACs do not travel back to the acquirer.
-const NOT_ECHOED: [u16; 8] = [35, 36, 45, 52, 55, 64, 96, 128];
+use crate::iso8583::{IsoError, Spec};
 
 /// A switch-made response to `request`: response MTI, envelope turned around,
 /// the spec's echo fields copied, F39 = `code`. A malformed request is
@@ -23,23 +18,10 @@ pub fn build(spec: &Spec, request: &Bytes, code: [u8; 2]) -> Result<Bytes, IsoEr
     Ok(Bytes::from(spec.encode(&resp)?))
 }
 
-/// A node's response to `request`: everything [`build`] does, plus every other
-/// request field but the secret ones, as a channel node answers.
-pub fn respond(spec: &Spec, request: &Message<'_>, code: &str) -> Result<Bytes, IsoError> {
-    let req = request.decode()?;
-    let mut resp = spec.respond(&req, code)?;
-    for (id, value) in &req.fields {
-        if !NOT_ECHOED.contains(id) && !resp.has(*id) {
-            resp.set(*id, value.clone());
-        }
-    }
-    Ok(Bytes::from(spec.encode(&resp)?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::iso8583::samples;
+    use crate::iso8583::{Message, samples};
 
     #[test]
     fn decline_turns_the_request_around() {
@@ -55,19 +37,5 @@ mod tests {
             req.field(11).unwrap().unwrap().data()
         );
         assert!(msg.field(35).unwrap().is_none(), "track 2 is not echoed");
-    }
-
-    #[test]
-    fn node_response_echoes_all_but_secrets() {
-        let (spec, payload) = samples::cups_0200();
-        let req = Message::parse(&spec, Bytes::from(payload)).unwrap();
-        let resp = Message::parse(&spec, respond(&spec, &req, "00").unwrap()).unwrap();
-        assert_eq!(resp.mti().as_str(), "0210");
-        for id in [2, 3, 4, 7, 11, 32, 33, 37, 41] {
-            assert!(resp.has_field(id), "F{id} echoed");
-        }
-        for id in [35, 52, 128] {
-            assert!(!resp.has_field(id), "F{id} not echoed");
-        }
     }
 }

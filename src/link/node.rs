@@ -158,10 +158,7 @@ fn node_name(service: &Service, node: usize) -> String {
 }
 
 fn seed(node: usize, slot: usize) -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    t ^ ((node as u64) << 32) ^ (slot as u64) ^ 0x9E37_79B9_7F4A_7C15
+    crate::util::rng::entropy_seed() ^ ((node as u64) << 32) ^ (slot as u64)
 }
 
 /// Exponential backoff with full jitter in [d/2, d].
@@ -170,7 +167,7 @@ pub struct Backoff {
     min: Duration,
     max: Duration,
     current: Duration,
-    rng: u64,
+    rng: crate::util::Rng,
 }
 
 impl Backoff {
@@ -179,7 +176,7 @@ impl Backoff {
             min,
             max,
             current: min,
-            rng: seed | 1,
+            rng: crate::util::Rng::new(seed),
         }
     }
 
@@ -188,18 +185,10 @@ impl Backoff {
     }
 
     pub fn next_delay(&mut self) -> Duration {
-        // xorshift64: jitter only, no need for a crypto RNG.
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
         let d = self.current;
         let half = d / 2;
         let jitter_ns = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
-        let extra = if jitter_ns == 0 {
-            0
-        } else {
-            self.rng % jitter_ns
-        };
+        let extra = self.rng.below_u64(jitter_ns);
         self.current = (self.current * 2).min(self.max);
         half + Duration::from_nanos(extra)
     }

@@ -218,7 +218,7 @@ impl NodePool {
                 algorithm: back.algorithm,
                 min_active: back.min_active,
             },
-            seed(),
+            crate::util::rng::entropy_seed(),
             nodes.len(),
         );
         let views = Vec::with_capacity(nodes.len());
@@ -734,10 +734,4 @@ impl Node {
     pub fn outstanding(&self) -> usize {
         self.outstanding.load(Ordering::Relaxed)
     }
-}
-
-fn seed() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0x5EED, |d| d.as_nanos() as u64)
 }

@@ -11,12 +11,26 @@
 //!    down, else every pickable node. With one priority this is a no-op.
 //! 3. **Algorithm** ([`Algorithm`]) among what is left.
 //!
+//! **Slow start** works under every algorithm. A node coming back has a ramp
+//! ([`NodeView::ramp`], 10% → 100% over `slow_start`):
+//!
+//! - weighted, least outstanding and peak EWMA scale the node's weight by it
+//!   ([`NodeView::milli_weight`], so a node of weight 1 ramps too);
+//! - round robin, which ignores weights, skips a warming node at its turn
+//!   with probability 1 − ramp (drawn from the seeded RNG), so it takes about
+//!   `ramp / (ramp + n − 1)` of a pool of `n`;
+//! - sticky gives a warming node the share `ramp` of the keys it owns, the
+//!   others going where they would go without it. Which keys is fixed per
+//!   (node, key) by a hash, not drawn: a key moves back to the node once,
+//!   when the ramp passes it, and never flaps.
+//!
 //! A pick allocates nothing once the scratch buffers have grown to the pool
 //! size (done up front by [`Balancer::with_capacity`]). A pool has a handful
 //! of nodes, so picks are linear scans.
 
 use serde::{Deserialize, Serialize};
 
+use super::health::RAMP_FULL;
 use super::node::NodeView;
 use super::rng::{Rng, stable_hash};
 
@@ -37,8 +51,9 @@ pub enum Algorithm {
     PeakEwma,
     /// Rendezvous (highest random weight) hashing of the request's key (e.g.
     /// F41): a key stays on its node while that node is pickable, and losing a
-    /// node moves only its own keys. Weights are ignored so slow start does not
-    /// move keys. Without a key it falls back to round robin.
+    /// node moves only its own keys. Weights are ignored; a node in slow start
+    /// takes back a growing, fixed share of its keys. Without a key it falls
+    /// back to round robin.
     Sticky,
 }
 
@@ -138,7 +153,7 @@ impl Balancer {
             0 => return None,
             1 => self.scratch[0],
             _ => match (self.cfg.algorithm, key) {
-                (Algorithm::RoundRobin, _) | (Algorithm::Sticky, None) => self.round_robin(),
+                (Algorithm::RoundRobin, _) | (Algorithm::Sticky, None) => self.round_robin(nodes),
                 (Algorithm::Weighted, _) => self.smooth_weighted(nodes),
                 (Algorithm::LeastOutstanding, _) => self.least_outstanding(nodes),
                 (Algorithm::PeakEwma, _) => self.peak_ewma(nodes),
@@ -182,14 +197,30 @@ impl Balancer {
         }
     }
 
-    /// The first candidate after the last pick, wrapping.
-    fn round_robin(&self) -> usize {
-        let after = |&i: &usize| self.last.is_none_or(|last| i > last);
-        self.scratch
+    /// The first candidate after the last pick, wrapping, that takes its
+    /// turn: a node in slow start lets its turn pass with probability
+    /// 1 − ramp. If every candidate lets it pass, the first one takes it.
+    fn round_robin(&mut self, nodes: &[NodeView]) -> usize {
+        let n = self.scratch.len();
+        let start = self
+            .scratch
             .iter()
-            .copied()
-            .find(after)
-            .unwrap_or(self.scratch[0])
+            .position(|&i| self.last.is_none_or(|last| i > last))
+            .unwrap_or(0);
+        for k in 0..n {
+            let i = self.scratch[(start + k) % n];
+            if self.takes_turn(&nodes[i]) {
+                return i;
+            }
+        }
+        self.scratch[start]
+    }
+
+    /// Does `node` take its round-robin turn? Always unless warming; a
+    /// warming node with probability ramp. Draws only for warming nodes, so
+    /// a pool at full strength uses no randomness.
+    fn takes_turn(&mut self, node: &NodeView) -> bool {
+        !node.warming() || self.rng.below(usize::from(RAMP_FULL)) < usize::from(node.ramp)
     }
 
     fn smooth_weighted(&mut self, nodes: &[NodeView]) -> usize {
@@ -201,8 +232,8 @@ impl Balancer {
         let mut best = self.scratch[0];
         let mut best_current = i64::MIN;
         for &i in &self.scratch {
-            let w = i64::from(nodes[i].effective_weight);
-            total += w;
+            let w = i64::try_from(nodes[i].milli_weight()).unwrap_or(i64::MAX);
+            total = total.saturating_add(w);
             self.current[i] = self.current[i].saturating_add(w);
             if self.current[i] > best_current {
                 best = i;
@@ -224,11 +255,11 @@ impl Balancer {
         let mut best = self.scratch[start];
         for k in 1..n {
             let i = self.scratch[(start + k) % n];
-            // (o_i+1)/w_i < (o_b+1)/w_b, cross-multiplied (all fit in u64).
+            // (o_i+1)/w_i < (o_b+1)/w_b, cross-multiplied (all fit in u128).
             let lhs =
-                (u64::from(nodes[i].outstanding) + 1) * u64::from(nodes[best].effective_weight);
+                (u128::from(nodes[i].outstanding) + 1) * u128::from(nodes[best].milli_weight());
             let rhs =
-                (u64::from(nodes[best].outstanding) + 1) * u64::from(nodes[i].effective_weight);
+                (u128::from(nodes[best].outstanding) + 1) * u128::from(nodes[i].milli_weight());
             if lhs < rhs {
                 best = i;
             }
@@ -255,18 +286,37 @@ impl Balancer {
         let latency = node.latency.as_nanos() as f64;
         // An idle node decays towards zero latency; keep a floor of 1 ns so
         // outstanding requests still count.
-        latency.max(1.0) * (f64::from(node.outstanding) + 1.0)
-            / f64::from(node.effective_weight.max(1))
+        latency.max(1.0) * (f64::from(node.outstanding) + 1.0) / (node.milli_weight().max(1) as f64)
     }
 
+    /// The highest-scoring candidate for `key` that accepts it; a node in
+    /// slow start accepts only its ramp's share of keys. If none accepts (all
+    /// warming), the highest-scoring one.
     fn rendezvous(&self, nodes: &[NodeView], key: &[u8]) -> usize {
         // Node ids are distinct, so equal scores (a 2^-64 event) are the only
-        // tie; max_by_key then keeps the last, which is still deterministic.
-        self.scratch
-            .iter()
-            .copied()
-            .max_by_key(|&i| stable_hash(&[nodes[i].id.as_bytes(), key]))
-            .unwrap_or(self.scratch[0])
+        // tie; `>=` keeps the last, which is still deterministic.
+        let mut top: Option<(u64, usize)> = None;
+        let mut accepted: Option<(u64, usize)> = None;
+        for &i in &self.scratch {
+            let score = stable_hash(&[nodes[i].id.as_bytes(), key]);
+            if top.is_none_or(|(s, _)| score >= s) {
+                top = Some((score, i));
+            }
+            if Self::accepts_key(&nodes[i], key) && accepted.is_none_or(|(s, _)| score >= s) {
+                accepted = Some((score, i));
+            }
+        }
+        accepted.or(top).map_or(self.scratch[0], |(_, i)| i)
+    }
+
+    /// Does `node` take `key` at its ramp? A fixed draw per (node, key) in
+    /// 0..1000, so a key accepted at one ramp is accepted at every higher one.
+    fn accepts_key(node: &NodeView, key: &[u8]) -> bool {
+        if !node.warming() {
+            return true;
+        }
+        let draw = stable_hash(&[b"slow-start", node.id.as_bytes(), key]) % u64::from(RAMP_FULL);
+        draw < u64::from(node.ramp)
     }
 }
 
@@ -348,6 +398,142 @@ mod tests {
             assert_eq!(b.pick(&nodes, Some(b"k")), None);
             assert_eq!(b.pick_in(&nodes, &[0, 1, 99], Some(b"k")), None);
         }
+    }
+
+    /// Slow start, per algorithm: node 0 of four (all weight 1, the default)
+    /// is warming at `ramp`; its share of `picks` picks. For the algorithms
+    /// whose pick depends on load, requests are kept in flight (40, answered
+    /// oldest first) as a steady stream would.
+    fn warming_share(algorithm: Algorithm, ramp: u16, picks: usize) -> f64 {
+        let mut nodes = pool(&[1, 1, 1, 1]);
+        nodes[0].ramp = ramp;
+        let mut b = balancer(algorithm);
+        let mut in_flight = std::collections::VecDeque::new();
+        let mut hits = 0;
+        for k in 0..picks {
+            // Sticky: every pick a new key.
+            let key = (k as u64).to_be_bytes();
+            let i = b.pick(&nodes, Some(&key)).unwrap();
+            hits += usize::from(i == 0);
+            nodes[i].outstanding += 1;
+            in_flight.push_back(i);
+            if in_flight.len() > 40 {
+                let done = in_flight.pop_front().unwrap();
+                nodes[done].outstanding -= 1;
+            }
+        }
+        hits as f64 / picks as f64
+    }
+
+    /// The share a warming node should get among `n` = 4 equal nodes: its
+    /// ramp as a weight against three full ones.
+    fn expected_share(ramp: u16) -> f64 {
+        let f = f64::from(ramp) / f64::from(RAMP_FULL);
+        f / (f + 3.0)
+    }
+
+    #[test]
+    fn slow_start_ramps_under_every_algorithm() {
+        for algorithm in [
+            Algorithm::RoundRobin,
+            Algorithm::Weighted,
+            Algorithm::LeastOutstanding,
+            Algorithm::PeakEwma,
+        ] {
+            let mut last = 0.0;
+            for ramp in [100, 250, 500, 750, 1000] {
+                let share = warming_share(algorithm, ramp, 40_000);
+                let want = expected_share(ramp);
+                // Peak EWMA's two random choices follow the weights loosely.
+                let tolerance = if algorithm == Algorithm::PeakEwma {
+                    0.06
+                } else {
+                    0.02
+                };
+                assert!(
+                    (share - want).abs() < tolerance,
+                    "{algorithm:?} at ramp {ramp}: share {share:.3}, want {want:.3}"
+                );
+                assert!(share > last, "{algorithm:?}: the share grows with the ramp");
+                last = share;
+            }
+        }
+    }
+
+    #[test]
+    fn sticky_warming_node_takes_back_a_growing_share_of_its_keys() {
+        let keys: Vec<[u8; 8]> = (0..8000u64).map(|k| k.to_be_bytes()).collect();
+        let full = pool(&[1, 1, 1, 1]);
+        let mut b = balancer(Algorithm::Sticky);
+        let home: Vec<usize> = keys
+            .iter()
+            .map(|k| b.pick(&full, Some(k)).unwrap())
+            .collect();
+        // Where each key goes while node 0 is out altogether.
+        let mut out = full.clone();
+        out[0].eligible = false;
+        let away: Vec<usize> = keys
+            .iter()
+            .map(|k| b.pick(&out, Some(k)).unwrap())
+            .collect();
+        let owned = home.iter().filter(|&&h| h == 0).count();
+        assert!(owned > 1500, "node 0 owns about a quarter: {owned}");
+        let mut before: Vec<bool> = vec![false; keys.len()];
+        for ramp in [100, 250, 500, 750, 1000] {
+            let mut warming = full.clone();
+            warming[0].ramp = ramp;
+            let mut back = 0;
+            for (k, key) in keys.iter().enumerate() {
+                let got = b.pick(&warming, Some(key)).unwrap();
+                if home[k] == 0 {
+                    assert!(
+                        got == 0 || got == away[k],
+                        "key {k} goes home or where it went"
+                    );
+                    if got == 0 {
+                        back += 1;
+                    }
+                    assert!(!before[k] || got == 0, "key {k} came back and left again");
+                    before[k] = got == 0;
+                } else {
+                    assert_eq!(got, home[k], "key {k} of another node never moves");
+                }
+            }
+            let share = back as f64 / owned as f64;
+            let want = f64::from(ramp) / f64::from(RAMP_FULL);
+            assert!(
+                (share - want).abs() < 0.04,
+                "ramp {ramp}: {share:.3} of node 0's keys back, want {want:.3}"
+            );
+        }
+    }
+
+    #[test]
+    fn sticky_without_a_key_ramps_as_round_robin() {
+        let mut nodes = pool(&[1, 1, 1, 1]);
+        nodes[0].ramp = 250;
+        let mut b = balancer(Algorithm::Sticky);
+        let hits = (0..40_000)
+            .filter(|_| b.pick(&nodes, None) == Some(0))
+            .count();
+        let share = hits as f64 / 40_000.0;
+        assert!((share - expected_share(250)).abs() < 0.02, "{share}");
+    }
+
+    #[test]
+    fn a_lone_warming_node_takes_everything() {
+        let mut nodes = pool(&[1]);
+        nodes[0].ramp = 100;
+        for a in [Algorithm::RoundRobin, Algorithm::Sticky] {
+            let mut b = balancer(a);
+            assert!((0..100u8).all(|k| b.pick(&nodes, Some(&[k])) == Some(0)));
+        }
+        // Every candidate warming and letting its turn pass: one still takes it.
+        let mut all = pool(&[1, 1]);
+        all[0].ramp = 100;
+        all[1].ramp = 100;
+        let mut b = balancer(Algorithm::RoundRobin);
+        assert!((0..1000).all(|_| b.pick(&all, None).is_some()));
     }
 
     #[test]

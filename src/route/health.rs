@@ -14,8 +14,10 @@
 //!   last ejection ended.
 //!
 //! After it comes back (checks up again, ejection over, reconnected, or
-//! re-enabled from `Disabled`) its **slow start** begins: the effective weight
-//! ramps linearly from 10% to 100% of the configured weight over `slow_start`.
+//! re-enabled from `Disabled`) its **slow start** begins: its [`Health::ramp`]
+//! climbs linearly from 10% to 100% over `slow_start`, and with it the
+//! effective weight. Every balancing algorithm honours the ramp (see
+//! [`Balancer`](super::Balancer)).
 //!
 //! Time comes from the caller. Ejection ends by itself when its time passes;
 //! [`Health::poll`] reports that moment once, for logs and metrics.
@@ -24,6 +26,11 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+/// A slow-start ramp, in thousandths of a node's full share: where it starts
+/// (10%) and where it ends (100%, also the value of a node not warming).
+pub const RAMP_START: u16 = 100;
+pub const RAMP_FULL: u16 = 1000;
 
 /// What an operator set.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
@@ -246,6 +253,26 @@ impl Health {
     /// May a new request go to this node at `now`?
     pub fn eligible(&self, now: Instant) -> bool {
         self.admin == AdminState::Enabled && self.connected && self.check_up && !self.ejected(now)
+    }
+
+    /// Where the node is on its slow-start ramp at `now`, in thousandths:
+    /// from 100 when the ramp starts, linearly, to [`RAMP_FULL`] at its end
+    /// and whenever no ramp runs. Unlike [`Health::effective_weight`] it does
+    /// not round to whole weight units, so algorithms that ignore weights
+    /// (round robin, sticky) and nodes of weight 1 ramp too.
+    pub fn ramp(&self, now: Instant) -> u16 {
+        let (Some(from), window) = (self.ramp_from, self.cfg.slow_start) else {
+            return RAMP_FULL;
+        };
+        let elapsed = now.saturating_duration_since(from);
+        if window.is_zero() || elapsed >= window {
+            return RAMP_FULL;
+        }
+        let span = u128::from(RAMP_FULL - RAMP_START);
+        let gained = span * elapsed.as_nanos() / window.as_nanos();
+        RAMP_START
+            .saturating_add(u16::try_from(gained).unwrap_or(RAMP_FULL))
+            .min(RAMP_FULL)
     }
 
     /// The weight balancers use at `now`: 0 if not eligible, otherwise the
@@ -615,6 +642,41 @@ mod tests {
         assert_eq!(h.effective_weight(t0), 1);
         h.set_weight(0);
         assert_eq!(h.effective_weight(t0), 0);
+    }
+
+    #[test]
+    fn ramp_climbs_in_thousandths_whatever_the_weight() {
+        let cfg = HealthConfig {
+            fall: 1,
+            rise: 1,
+            slow_start: secs(10),
+            ..HealthConfig::default()
+        };
+        let t0 = Instant::now();
+        // Weight 1: the effective weight cannot show the ramp, the ramp does.
+        let mut h = live(cfg, 1, t0);
+        assert_eq!(h.ramp(t0), RAMP_FULL, "no ramp on first connection");
+        let _ = h.record_check(false, t0);
+        let _ = h.record_check(true, t0);
+        let at = |s: u64| h.ramp(t0 + secs(s));
+        assert_eq!(at(0), RAMP_START);
+        assert_eq!(at(1), 190);
+        assert_eq!(at(5), 550);
+        assert_eq!(at(10), RAMP_FULL);
+        assert_eq!(at(1000), RAMP_FULL);
+        assert_eq!(h.effective_weight(t0), 1);
+        let mut last = 0;
+        for ms in (0..=10_000).step_by(100) {
+            let r = h.ramp(t0 + Duration::from_millis(ms));
+            assert!(r >= last && (RAMP_START..=RAMP_FULL).contains(&r));
+            last = r;
+        }
+        // Slow start off: never warming.
+        h.set_config(HealthConfig {
+            slow_start: Duration::ZERO,
+            ..cfg
+        });
+        assert_eq!(h.ramp(t0), RAMP_FULL);
     }
 
     #[test]

@@ -66,11 +66,12 @@
 pub mod balancer;
 pub mod correlator;
 pub mod decline;
-mod duration;
+// Config durations in this layer use the crate's one grammar.
+use crate::util::duration;
 pub mod health;
 pub mod node;
 pub mod oneconnect;
-pub mod rng;
+pub use crate::util::rng;
 pub mod rules;
 pub mod stamp;
 

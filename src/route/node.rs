@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::health::{Health, HealthConfig, Transition};
+use super::health::{Health, HealthConfig, RAMP_FULL, Transition};
 
 /// Longest node id, in bytes.
 pub const NODE_ID_MAX: usize = 8;
@@ -212,6 +212,11 @@ pub struct NodeView {
     /// Weight after health and slow start ([`Health::effective_weight`]);
     /// 0 when the node must get no new request.
     pub effective_weight: u32,
+    /// Where the node is on its slow-start ramp, in thousandths
+    /// ([`Health::ramp`]): 100 when it starts, [`RAMP_FULL`] when it is not
+    /// warming. Every algorithm honours it, weights or not (see
+    /// [`Balancer`](super::Balancer)).
+    pub ramp: u16,
     /// Higher is preferred (see priority groups in [`Balancer`](super::Balancer)).
     pub priority: u32,
     /// Requests sent and neither answered nor declined yet.
@@ -229,12 +234,34 @@ impl NodeView {
         self.eligible && self.effective_weight > 0
     }
 
+    /// Is the node in slow start?
+    #[inline]
+    pub fn warming(&self) -> bool {
+        self.ramp < RAMP_FULL
+    }
+
+    /// The weight the weighted algorithms use, in thousandths of a weight
+    /// unit: the effective weight, and while warming the configured weight
+    /// scaled by the ramp (so a node of weight 1 ramps too: its integer
+    /// effective weight cannot go below 1), never above the effective weight
+    /// (which is 0 when the node is out).
+    #[inline]
+    pub fn milli_weight(&self) -> u64 {
+        let effective = u64::from(self.effective_weight) * u64::from(RAMP_FULL);
+        if self.warming() {
+            effective.min(u64::from(self.weight) * u64::from(self.ramp))
+        } else {
+            effective
+        }
+    }
+
     /// A healthy node with these figures (for tests and tools).
     pub fn healthy(id: NodeId, weight: u32, priority: u32) -> Self {
         Self {
             id,
             weight,
             effective_weight: weight,
+            ramp: RAMP_FULL,
             priority,
             outstanding: 0,
             latency: Duration::ZERO,
@@ -343,6 +370,7 @@ impl NodeState {
         let eligible = self.health.panic_eligible();
         NodeView {
             effective_weight: if eligible { self.health.weight() } else { 0 },
+            ramp: RAMP_FULL,
             eligible,
             ..self.view(now)
         }
@@ -354,6 +382,7 @@ impl NodeState {
             id: self.id,
             weight: self.health.weight(),
             effective_weight: self.health.effective_weight(now),
+            ramp: self.health.ramp(now),
             priority: self.priority,
             outstanding: self.outstanding,
             latency: self.latency.get(now),

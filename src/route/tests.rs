@@ -155,6 +155,7 @@ fn arb_view(n_ids: usize) -> impl Strategy<Value = Vec<NodeView>> {
                 id,
                 weight: w,
                 effective_weight: if eligible { w } else { 0 },
+                ramp: crate::route::health::RAMP_FULL,
                 priority: p,
                 outstanding: o,
                 latency: Duration::from_millis(lat),

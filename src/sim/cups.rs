@@ -31,8 +31,10 @@ use tokio::task::JoinSet;
 use tokio_util::codec::FramedRead;
 
 use crate::iso8583::{Decoded, Message, Mti, Spec, samples};
-use crate::link::writer::{Outbound, Patch, run_writer};
-use crate::sim::node::{Delay, seed};
+use crate::sim::answer::{self, response_mti};
+use crate::sim::node::Delay;
+use crate::sim::writer::{Outbound, Patch, run_writer};
+use crate::util::rng::{Rng, entropy_seed};
 use crate::wire::{Frame, FrameCodec};
 
 /// UnionPay's institution ID (header source of what it sends, F33).
@@ -285,7 +287,7 @@ impl CupsSim {
             next_in: AtomicUsize::new(0),
             next_link_id: AtomicU64::new(1),
             outstanding: Mutex::new(HashMap::new()),
-            stan: AtomicU32::new((seed() % 999_999) as u32 + 1),
+            stan: AtomicU32::new((entropy_seed() % 999_999) as u32 + 1),
             delayed: AtomicUsize::new(0),
             issuer,
             originating: std::sync::atomic::AtomicBool::new(true),
@@ -632,7 +634,7 @@ impl Shared {
                 d.set(id, v);
             }
         }
-        let response = d.mti.response()?;
+        let response = response_mti(d.mti)?;
         let payload = Bytes::from(spec.encode(&d).ok()?);
         let msg = Message::parse(spec, payload.clone()).ok()?;
         let k = key_of(&msg)?;
@@ -640,7 +642,7 @@ impl Shared {
     }
 
     /// A frame read on an out link.
-    fn on_out_link(self: &Arc<Shared>, payload: Bytes, rng: &mut u64) {
+    fn on_out_link(self: &Arc<Shared>, payload: Bytes, rng: &mut Rng) {
         let msg = match Message::parse(&self.spec, payload) {
             Ok(m) => m,
             Err(e) => {
@@ -667,7 +669,7 @@ impl Shared {
         if !network && !self.cfg.answer_member_requests {
             return;
         }
-        let response = match crate::link::decline::respond(&self.spec, &msg, "00") {
+        let response = match answer::answer(&self.spec, &msg, "00") {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!(error = %e, mti = %mti, "sim cups: cannot answer a request");
@@ -702,7 +704,7 @@ impl Shared {
             if !sign_on {
                 return None;
             }
-            crate::link::decline::respond(&self.spec, &msg, "00").ok()
+            answer::answer(&self.spec, &msg, "00").ok()
         });
         let Some(answer) = answer else {
             self.stats.unsigned_frames.fetch_add(1, Ordering::Relaxed);
@@ -865,7 +867,7 @@ async fn serve_out_link(
     }
     let framing = shared.spec.framing();
     let mut frames = FramedRead::new(stream, FrameCodec::new(framing.prefix, framing.max_frame));
-    let mut rng = seed();
+    let mut rng = Rng::from_entropy();
     let signed_on = Arc::new(std::sync::atomic::AtomicBool::new(
         !shared.cfg.require_sign_on,
     ));
@@ -1166,7 +1168,7 @@ impl IssuerTemplate {
             f37: ascii(37, 12)?,
             f32: data(32),
             f33: data(33),
-            response: mti.response().ok_or("0100 has no response MTI")?,
+            response: response_mti(mti).ok_or("0100 has no response MTI")?,
             payload,
         })
     }
@@ -1183,7 +1185,7 @@ fn deadline_after(timeout: Duration) -> Instant {
 /// The sample envelope turned around: from UnionPay to the member.
 fn from_cups_envelope(spec: &Spec) -> Vec<u8> {
     let mut env = samples::envelope(spec);
-    spec.swap_envelope(&mut env);
+    answer::turn_envelope(spec.envelope(), &mut env);
     env
 }
 

@@ -17,8 +17,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::FramedRead;
 
 use crate::iso8583::{Message, Spec};
-use crate::link::writer::{Outbound, Patch, run_writer};
-use crate::sim::node::next_u64;
+use crate::sim::writer::{Outbound, Patch, run_writer};
+use crate::util::Rng;
 use crate::wire::{Frame, FrameCodec};
 
 /// Request sizes.
@@ -415,7 +415,7 @@ struct SlotEnv {
 
 /// One request at a time; a client runs `in_flight` of these on one connection.
 async fn run_slot(env: SlotEnv, stop_at: Instant, pace: Option<Duration>, phase: Duration) {
-    let mut rng = env.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = Rng::new(env.seed);
     let mut stan = env.stan_base;
     let mut next_send = Instant::now() + phase;
     let total_share: u32 = env.templates.iter().map(|t| t.share).sum();
@@ -495,9 +495,9 @@ async fn run_slot(env: SlotEnv, stop_at: Instant, pace: Option<Duration>, phase:
 pub(crate) fn pick_template<'t>(
     templates: &'t [Template],
     total: u32,
-    rng: &mut u64,
+    rng: &mut Rng,
 ) -> &'t Template {
-    let mut x = (next_u64(rng) % u64::from(total.max(1))) as u32;
+    let mut x = rng.below_u64(u64::from(total.max(1))) as u32;
     for t in templates {
         if x < t.share {
             return t;

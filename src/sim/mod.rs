@@ -2,12 +2,14 @@
 //! simplex link set, VISA's side of duplex links and a load generator.
 //! They speak through real sockets and check what they get back.
 
+pub mod answer;
 pub mod cups;
 pub mod load;
 pub mod nac;
 pub mod node;
 pub mod profiles;
 pub mod visa;
+pub mod writer;
 
 use bytes::Bytes;
 

@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::FramedRead;
 
 use crate::iso8583::{Message, Spec};
-use crate::link::writer::{Outbound, Patch, run_writer};
+use crate::sim::writer::{Outbound, Patch, run_writer};
 use crate::wire::{Frame, FrameCodec, Tpdu};
 
 #[derive(Clone, Debug)]
@@ -226,6 +226,16 @@ struct Terminal {
     stan: u32,
 }
 
+/// The TPDU a host's answer to `sent` carries: the addresses trade places
+/// (written here, not taken from the switch's TPDU code: this is the check).
+fn answer_tpdu(sent: Tpdu) -> Tpdu {
+    Tpdu {
+        id: sent.id,
+        destination: sent.source,
+        source: sent.destination,
+    }
+}
+
 impl Terminal {
     fn new(nac: u8, index: usize) -> Terminal {
         // Source address: the terminal's line number as four BCD digits, as a NAC
@@ -279,7 +289,7 @@ async fn run_terminal(
             .waiting
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert((term.f41, stan), (term.tpdu.swapped(), done));
+            .insert((term.f41, stan), (answer_tpdu(term.tpdu), done));
         if uplink
             .tx
             .send(Outbound::Message(template.payload.clone(), patch))

@@ -19,7 +19,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 
 use crate::iso8583::{Message, Spec};
-use crate::link::writer::{Outbound, Patch, run_writer};
+use crate::sim::writer::{Outbound, Patch, run_writer};
+use crate::util::{Rng, duration};
 use crate::wire::{Frame, FrameCodec};
 
 /// How long the node waits before answering.
@@ -37,7 +38,7 @@ impl Delay {
 
     /// `5ms` (fixed) or `0..2s` / `10ms..200ms` (uniform range).
     pub fn parse(s: &str) -> Result<Delay, String> {
-        let one = |t: &str| humantime::parse_duration(t.trim()).map_err(|e| format!("`{t}`: {e}"));
+        let one = |t: &str| duration::parse(t).map_err(|e| e.to_string());
         match s.split_once("..") {
             Some((lo, hi)) => {
                 // `0..2s`: a bare number takes the unit of the other end.
@@ -67,12 +68,8 @@ impl Delay {
     }
 
     /// A uniformly random delay within the range.
-    pub fn sample(&self, rng: &mut u64) -> Duration {
-        if self.max <= self.min {
-            return self.min;
-        }
-        let span = u64::try_from((self.max - self.min).as_micros()).unwrap_or(u64::MAX);
-        self.min + Duration::from_micros(next_u64(rng) % span.saturating_add(1))
+    pub fn sample(&self, rng: &mut Rng) -> Duration {
+        rng.duration_between(self.min, self.max)
     }
 }
 
@@ -313,7 +310,7 @@ async fn serve_conn(
         id,
     };
     let mut frames = FramedRead::new(read, FrameCodec::new(prefix, spec.framing().max_frame));
-    let mut rng = seed();
+    let mut rng = Rng::from_entropy();
     loop {
         let frame = tokio::select! {
             f = frames.next() => f,
@@ -346,7 +343,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn handle(shared: &Shared, tx: &mpsc::Sender<Outbound>, payload: Bytes, rng: &mut u64) {
+fn handle(shared: &Shared, tx: &mpsc::Sender<Outbound>, payload: Bytes, rng: &mut Rng) {
     let (spec, cfg, stats) = (&*shared.spec, &shared.cfg, &*shared.stats);
     let Ok(msg) = Message::parse(spec, payload) else {
         stats.bad.fetch_add(1, Ordering::Relaxed);
@@ -357,7 +354,7 @@ fn handle(shared: &Shared, tx: &mpsc::Sender<Outbound>, payload: Bytes, rng: &mu
         return;
     }
     stats.requests.fetch_add(1, Ordering::Relaxed);
-    let Ok(response) = crate::link::decline::respond(spec, &msg, "00") else {
+    let Ok(response) = crate::sim::answer::answer(spec, &msg, "00") else {
         stats.bad.fetch_add(1, Ordering::Relaxed);
         return;
     };
@@ -372,7 +369,7 @@ fn handle(shared: &Shared, tx: &mpsc::Sender<Outbound>, payload: Bytes, rng: &mu
     } else {
         response
     };
-    if cfg.fail_rate > 0.0 && (next_u64(rng) as f64 / u64::MAX as f64) < cfg.fail_rate {
+    if cfg.fail_rate > 0.0 && rng.chance(cfg.fail_rate) {
         stats.unanswered.fetch_add(1, Ordering::Relaxed);
         return;
     }
@@ -506,23 +503,6 @@ impl NodeSim {
     }
 }
 
-/// A seed for simulation randomness, different per call.
-pub(crate) fn seed() -> u64 {
-    static COUNTER: AtomicU64 = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    (t ^ COUNTER.fetch_add(0x6A09_E667_F3BC_C909, Ordering::Relaxed)) | 1
-}
-
-/// xorshift64*: simulation randomness, not security.
-pub(crate) fn next_u64(state: &mut u64) -> u64 {
-    *state ^= *state >> 12;
-    *state ^= *state << 25;
-    *state ^= *state >> 27;
-    state.wrapping_mul(0x2545_F491_4F6C_DD1D)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -583,7 +563,7 @@ mod tests {
         );
         assert!(Delay::parse("2s..1s").is_err());
         assert!(Delay::parse("soon").is_err());
-        let mut rng = 7;
+        let mut rng = Rng::new(7);
         for _ in 0..100 {
             let d = r.sample(&mut rng);
             assert!(d >= r.min && d <= r.max);

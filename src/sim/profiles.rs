@@ -26,7 +26,8 @@ use super::load::{
     stan_bytes, stan_value,
 };
 use crate::iso8583::{Message, Spec};
-use crate::link::writer::{Outbound, Patch, encode_into, run_writer};
+use crate::sim::writer::{Outbound, Patch, frame_into, run_writer};
+use crate::util::Rng;
 use crate::wire::{Frame, FrameCodec};
 
 /// A request from a template with its F11 set to `stan`.
@@ -62,7 +63,7 @@ pub(crate) async fn run_atm(
     histogram: Arc<Mutex<Histogram<u64>>>,
     stop_at: Instant,
 ) {
-    let mut rng = ((client as u64) << 20 | 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = Rng::new((client as u64) << 20 | 1);
     let total_share: u32 = templates.iter().map(|t| t.share).sum();
     let step = cfg.clients.max(1) as u32;
     let mut stan = client as u32 % 1_000_000;
@@ -99,7 +100,7 @@ async fn one_request(
 ) {
     let prefix = spec.framing().prefix;
     let mut buf = BytesMut::new();
-    if encode_into(prefix, out, &mut buf).is_err() {
+    if frame_into(prefix, out, &mut buf).is_err() {
         return;
     }
     let (read, mut write) = stream.into_split();
@@ -185,7 +186,7 @@ pub(crate) async fn run_rounds(
         Arc::clone(&counters),
         stop_at + cfg.timeout,
     ));
-    let mut rng = ((client as u64) << 20 | 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = Rng::new((client as u64) << 20 | 3);
     let total_share: u32 = templates.iter().map(|t| t.share).sum();
     // Disjoint STANs per client and request of the round.
     let step = (cfg.clients.max(1) * per_round) as u32;

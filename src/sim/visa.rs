@@ -39,7 +39,9 @@ use tokio::task::JoinSet;
 use tokio_util::codec::{Encoder, FramedRead};
 
 use crate::iso8583::{Decoded, IsoError, Message, Mti, Spec};
-use crate::sim::node::{Delay, seed};
+use crate::sim::answer;
+use crate::sim::node::Delay;
+use crate::util::rng::{Rng, entropy_seed};
 use crate::wire::{Frame, FrameCodec, LengthPrefix, VisaHeader};
 
 /// VISA's station ID (source of what it sends), BCD.
@@ -73,8 +75,6 @@ const CLOSE_GRACE: Duration = Duration::from_secs(3);
 const STOP_GRACE: Duration = Duration::from_secs(2);
 /// Writes are batched up to this many bytes.
 const WRITE_BATCH: usize = 64 * 1024;
-/// Fields never copied into an answer: track data, PIN block, EMV data, MACs.
-const NOT_ECHOED: [u16; 8] = [35, 36, 45, 52, 55, 64, 96, 128];
 /// Fields of an issuer response that must equal the request's (with the MTI
 /// and F7 + F11, which find the request).
 const CHECKED: [u16; 4] = [4, 32, 37, 41];
@@ -373,7 +373,7 @@ impl VisaSim {
             next_link_id: AtomicU64::new(1),
             outstanding: Mutex::new(HashMap::new()),
             done: Mutex::new(Done::default()),
-            stan: AtomicU32::new((seed() % 999_999) as u32 + 1),
+            stan: AtomicU32::new((entropy_seed() % 999_999) as u32 + 1),
             next_mti: AtomicUsize::new(0),
             delayed: AtomicUsize::new(0),
             stamps: Mutex::new(BTreeMap::new()),
@@ -672,30 +672,19 @@ fn logical(msg: &Message<'_>, id: u16) -> Vec<u8> {
 }
 
 /// An answer to `request`, made the way an issuer (or VISA's network
-/// management) makes one: the response MTI, the header's station IDs swapped,
-/// every request field but the secret ones echoed, F38 (an approval code) on an
-/// approved financial answer, F39 = `code`.
+/// management) makes one: the simulators' answer ([`answer::response_fields`]:
+/// response MTI, station IDs swapped, every request field but the secret ones
+/// echoed, F39 = `code`), keeping the request's bitmap count, and F38 (an
+/// approval code) on an approved financial answer in place of any request F38.
 pub fn answer(spec: &Spec, request: &Message<'_>, code: &str) -> Result<Bytes, IsoError> {
-    let req: Decoded = request.decode()?;
-    let mti = req
-        .mti
-        .response()
-        .ok_or(IsoError::NotARequest { mti: req.mti })?;
-    let mut envelope = req.envelope.clone();
-    VisaHeader::swap_ids_in_place(&mut envelope);
-    let mut d = Decoded::new(envelope, mti);
-    d.bitmaps = req.bitmaps;
-    for (id, value) in &req.fields {
-        if !NOT_ECHOED.contains(id) && *id != 38 && *id != 39 {
-            d.set(*id, value.clone());
-        }
-    }
-    if code == "00" && !mti.is_network_management() && spec.field(38).is_some() {
+    let mut d = answer::response_fields(spec, request, code)?;
+    d.bitmaps = request.layout().bitmaps;
+    d.remove(38);
+    if code == "00" && !d.mti.is_network_management() && spec.field(38).is_some() {
         // An approval code: the last six digits of the STAN do.
-        let stan = req.get(11).and_then(|v| v.as_text()).unwrap_or("000000");
+        let stan = d.get(11).and_then(|v| v.as_text()).unwrap_or("000000");
         d.set_text(38, format!("{stan:0>6}"));
     }
-    d.set_text(39, code);
     spec.encode(&d).map(Bytes::from)
 }
 
@@ -806,7 +795,7 @@ impl Shared {
         else {
             return false;
         };
-        let Some(response) = mti.response() else {
+        let Some(response) = answer::response_mti(mti) else {
             return false;
         };
         let (mut d, key, stan) = self.fresh(mti);
@@ -863,7 +852,7 @@ impl Shared {
     fn send_network(&self, link: u64, kind: NmKind) -> bool {
         let net = self.spec.network();
         let mti = net.echo_mti.unwrap_or_else(|| mti(*b"0800"));
-        let Some(response) = mti.response() else {
+        let Some(response) = answer::response_mti(mti) else {
             return false;
         };
         let f70 = match kind {
@@ -899,7 +888,7 @@ impl Shared {
     }
 
     /// A message frame read on link `link`.
-    fn on_frame(self: &Arc<Shared>, link: u64, payload: Bytes, rng: &mut u64) {
+    fn on_frame(self: &Arc<Shared>, link: u64, payload: Bytes, rng: &mut Rng) {
         let msg = match Message::parse(&self.spec, payload) {
             Ok(m) => m,
             Err(e) => {
@@ -1002,7 +991,7 @@ impl Shared {
 
     /// A request from the bank's nodes (VISA as issuer): counted by its F37
     /// stamp and answered on another link.
-    fn on_bank_request(self: &Arc<Shared>, link: u64, msg: &Message<'_>, rng: &mut u64) {
+    fn on_bank_request(self: &Arc<Shared>, link: u64, msg: &Message<'_>, rng: &mut Rng) {
         self.stats.bank_requests.fetch_add(1, Ordering::Relaxed);
         if let Some((at, width)) = self.cfg.stamp {
             let f37 = logical(msg, 37);
@@ -1257,7 +1246,7 @@ async fn serve_link(shared: &Arc<Shared>, stream: TcpStream, shutdown: &mut watc
         last_sign_on = Some(Instant::now());
     }
     let mut frames = FramedRead::new(read, FrameCodec::new(framing.prefix, framing.max_frame));
-    let mut rng = seed();
+    let mut rng = Rng::from_entropy();
     // A frame begun must end within this (a stalled peer cannot hold a buffer).
     let partial_limit = cfg.timeout.max(Duration::from_secs(1));
     let mut partial_since: Option<Instant> = None;

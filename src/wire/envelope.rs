@@ -233,18 +233,18 @@ mod tests {
                 header: HeaderKind::Visa,
             },
         ];
-        let mut seed = 0x1234_5678u32;
+        let mut rng = crate::util::Rng::new(0x1234_5678);
         for len in 0..200 {
             let buf: Vec<u8> = (0..len)
                 .map(|_| {
-                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    let r = rng.next_u64();
                     // Bias towards the bytes that make headers look valid.
-                    match seed >> 29 {
+                    match r >> 61 {
                         0 => 0x2E,
                         1 => 0x16,
                         2 => 0x60,
                         3 => 0x80,
-                        _ => (seed >> 8) as u8,
+                        _ => r as u8,
                     }
                 })
                 .collect();
