@@ -142,6 +142,11 @@ pub enum SimCommand {
         /// The switch's in-link listener.
         #[arg(long)]
         connect: SocketAddr,
+        /// Another instance's in-link listener (repeatable): in links are
+        /// spread over `--connect` and these, member answers go out on any
+        /// of them, sign-on answers to the instance that asked.
+        #[arg(long)]
+        also_connect: Vec<SocketAddr>,
         /// In links to open (out links accepted: up to 4x this).
         #[arg(long, default_value_t = 2)]
         links: usize,
@@ -334,6 +339,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
         SimCommand::Cups {
             accept,
             connect,
+            also_connect,
             links,
             spec,
             rate,
@@ -368,6 +374,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                 require_sign_on,
                 sign_on_delay,
                 drop_out_links_every,
+                also_connect,
                 ..crate::sim::cups::CupsSimConfig::new(accept, connect, links)
             };
             runtime(async move {

@@ -133,13 +133,17 @@ pub struct NodeSimStats {
     pub foreign_responses: AtomicU64,
     /// Node-originated requests unanswered within their timeout.
     pub originated_unanswered: AtomicU64,
+    /// Responses to node-originated requests that came back on another
+    /// connection than their request left on (behind F37 stamping, often
+    /// another switch instance's): matched by STAN all the same.
+    pub originated_answered_elsewhere: AtomicU64,
 }
 
 /// One line of a node's counters, as `sim node` prints them on exit.
 pub fn summary(s: &NodeSimStats) -> String {
     let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
     format!(
-        "connections {} held {} peak {} requests {} answered {} unanswered {} bad {} | originated {} answered {} declined {} unanswered {} foreign {}",
+        "connections {} held {} peak {} requests {} answered {} unanswered {} bad {} | originated {} answered {} declined {} unanswered {} foreign {} elsewhere {}",
         get(&s.connections),
         get(&s.held),
         get(&s.peak_held),
@@ -152,6 +156,7 @@ pub fn summary(s: &NodeSimStats) -> String {
         get(&s.originated_declined),
         get(&s.originated_unanswered),
         get(&s.foreign_responses),
+        get(&s.originated_answered_elsewhere),
     )
 }
 
@@ -169,6 +174,7 @@ pub fn summary_json(s: &NodeSimStats) -> String {
         "originated_declined": get(&s.originated_declined),
         "originated_unanswered": get(&s.originated_unanswered),
         "foreign_responses": get(&s.foreign_responses),
+        "originated_answered_elsewhere": get(&s.originated_answered_elsewhere),
     })
     .to_string()
 }
@@ -236,8 +242,8 @@ struct Shared {
     stats: Arc<NodeSimStats>,
     /// Live connections, for node-originated requests.
     conns: Mutex<Vec<(u64, mpsc::Sender<Outbound>)>>,
-    /// Node-originated requests in flight: STAN → sent at.
-    outstanding: Mutex<HashMap<u32, Instant>>,
+    /// Node-originated requests in flight: STAN → sent at, on connection.
+    outstanding: Mutex<HashMap<u32, (Instant, u64)>>,
     /// Node-originated requests keep coming while this holds.
     originating: std::sync::atomic::AtomicBool,
     opts: NodeOptions,
@@ -320,7 +326,7 @@ async fn serve_conn(
             _ = shutdown.changed() => break,
         };
         match frame {
-            Some(Ok(Frame::Message(payload))) => handle(&shared, &tx, payload, &mut rng),
+            Some(Ok(Frame::Message(payload))) => handle(&shared, &tx, payload, &mut rng, id),
             Some(Ok(_)) => {}
             Some(Err(_)) | None => break,
         }
@@ -346,14 +352,20 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn handle(shared: &Shared, tx: &mpsc::Sender<Outbound>, payload: Bytes, rng: &mut u64) {
+fn handle(
+    shared: &Shared,
+    tx: &mpsc::Sender<Outbound>,
+    payload: Bytes,
+    rng: &mut u64,
+    conn: u64,
+) {
     let (spec, cfg, stats) = (&*shared.spec, &shared.cfg, &*shared.stats);
     let Ok(msg) = Message::parse(spec, payload) else {
         stats.bad.fetch_add(1, Ordering::Relaxed);
         return;
     };
     if msg.mti().is_response() {
-        originated_response(shared, &msg);
+        originated_response(shared, &msg, conn);
         return;
     }
     stats.requests.fetch_add(1, Ordering::Relaxed);
@@ -389,8 +401,9 @@ fn handle(shared: &Shared, tx: &mpsc::Sender<Outbound>, payload: Bytes, rng: &mu
     }
 }
 
-/// A response to a node-originated request: it must be one of ours.
-fn originated_response(shared: &Shared, msg: &Message<'_>) {
+/// A response to a node-originated request, read on connection `conn`: it
+/// must be one of ours, on whichever connection it comes.
+fn originated_response(shared: &Shared, msg: &Message<'_>, conn: u64) {
     let stats = &shared.stats;
     let stan = msg.field(11).ok().flatten().and_then(|f| {
         f.logical().try_fold(0u32, |n, d| {
@@ -398,9 +411,14 @@ fn originated_response(shared: &Shared, msg: &Message<'_>) {
         })
     });
     let mine = stan.and_then(|s| lock(&shared.outstanding).remove(&s));
-    if mine.is_none() {
+    let Some((_, sent_on)) = mine else {
         stats.foreign_responses.fetch_add(1, Ordering::Relaxed);
         return;
+    };
+    if sent_on != conn {
+        stats
+            .originated_answered_elsewhere
+            .fetch_add(1, Ordering::Relaxed);
     }
     let approved = msg
         .field(39)
@@ -442,13 +460,14 @@ async fn originate(shared: Arc<Shared>, o: Originate, mut shutdown: watch::Recei
         if !shared.originating.load(Ordering::Relaxed) {
             continue;
         }
-        let conn = {
+        let (conn_id, conn) = {
             let conns = lock(&shared.conns);
             if conns.is_empty() {
                 continue;
             }
             next_conn = next_conn.wrapping_add(1);
-            conns[next_conn % conns.len()].1.clone()
+            let (id, tx) = &conns[next_conn % conns.len()];
+            (*id, tx.clone())
         };
         counter = counter % 99_999 + 1;
         let stan = o.stan_base + counter;
@@ -466,7 +485,7 @@ async fn originate(shared: Arc<Shared>, o: Originate, mut shutdown: watch::Recei
         if patch.overwrite(f11.start, &encoded).is_err() {
             return;
         }
-        lock(&shared.outstanding).insert(stan, Instant::now());
+        lock(&shared.outstanding).insert(stan, (Instant::now(), conn_id));
         if conn
             .try_send(Outbound::Message(template.clone(), patch))
             .is_ok()
@@ -482,7 +501,7 @@ fn expire_originated(shared: &Shared, timeout: Duration) {
     let now = Instant::now();
     let mut out = lock(&shared.outstanding);
     let before = out.len();
-    out.retain(|_, sent| now.duration_since(*sent) < timeout);
+    out.retain(|_, (sent, _)| now.duration_since(*sent) < timeout);
     let expired = (before - out.len()) as u64;
     shared
         .stats
