@@ -515,6 +515,15 @@ impl NodeSim {
         self.shared.originating.store(false, Ordering::Relaxed);
     }
 
+    /// Sends node-originated requests again (after [`NodeSim::stop_originating`]).
+    pub fn start_originating(&self) {
+        self.shared.originating.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_originating(&self) -> bool {
+        self.shared.originating.load(Ordering::Relaxed)
+    }
+
     /// Node-originated requests still waiting for their response.
     pub fn outstanding(&self) -> usize {
         let s = &self.stats;
