@@ -588,6 +588,66 @@ mod tests {
         );
     }
 
+    /// Behind F37 stamping (and across switch instances) the answer to a
+    /// node-originated request comes back on whichever connection the
+    /// switch holds: matched by STAN all the same, counted as elsewhere; a
+    /// second answer is foreign.
+    #[tokio::test]
+    async fn an_originated_answer_on_another_connection_is_matched() {
+        use tokio::io::AsyncWriteExt;
+        tokio::time::timeout(Duration::from_secs(20), async {
+            let spec = Arc::new(Spec::builtin("cups").unwrap());
+            let mut cfg = NodeSimConfig::new("03");
+            cfg.originate = Some(Originate {
+                mti: "0200".into(),
+                rate: 20.0,
+                stan_base: 300_000,
+                timeout: Duration::from_secs(10),
+            });
+            let node = NodeSim::start("127.0.0.1:0".parse().unwrap(), spec.clone(), cfg)
+                .await
+                .unwrap();
+            let framing = spec.framing();
+            let mut conns = Vec::new();
+            for _ in 0..2 {
+                let s = TcpStream::connect(node.addr).await.unwrap();
+                let (r, w) = s.into_split();
+                conns.push((FramedRead::new(r, FrameCodec::new(framing.prefix, framing.max_frame)), w));
+            }
+            // The first originated request, on whichever connection it left.
+            let (request, came_on) = loop {
+                let (a, b) = conns.split_at_mut(1);
+                let got = tokio::select! {
+                    f = a[0].0.next() => (f, 0),
+                    f = b[0].0.next() => (f, 1),
+                };
+                if let (Some(Ok(Frame::Message(p))), i) = got {
+                    break (p, i);
+                }
+            };
+            let mut d = Message::parse(&spec, request).unwrap().decode().unwrap();
+            d.mti = d.mti.response().unwrap();
+            d.set_text(39, "00");
+            let answer = spec.encode(&d).unwrap();
+            let mut frame = bytes::BytesMut::new();
+            framing.prefix.encode(answer.len(), &mut frame).unwrap();
+            frame.extend_from_slice(&answer);
+            let other = &mut conns[1 - came_on].1;
+            other.write_all(&frame).await.unwrap();
+            other.write_all(&frame).await.unwrap();
+            let s = &node.stats;
+            while s.foreign_responses.load(Ordering::Relaxed) == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(s.originated_answered.load(Ordering::Relaxed), 1);
+            assert_eq!(s.originated_answered_elsewhere.load(Ordering::Relaxed), 1);
+            assert_eq!(s.foreign_responses.load(Ordering::Relaxed), 1, "the second answer");
+            node.stop().await;
+        })
+        .await
+        .expect("within the test's time limit");
+    }
+
     #[test]
     fn delay_forms() {
         assert_eq!(
