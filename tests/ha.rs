@@ -40,9 +40,7 @@ fn framed(spec: &Spec, payload: &[u8]) -> Vec<u8> {
 /// An out link from `host`, as a switch instance on that host opens it.
 async fn out_link(host: &str, to: SocketAddr) -> TcpStream {
     let socket = TcpSocket::new_v4().unwrap();
-    socket
-        .bind(format!("{host}:0").parse().unwrap())
-        .unwrap();
+    socket.bind(format!("{host}:0").parse().unwrap()).unwrap();
     socket.connect(to).await.unwrap()
 }
 
@@ -98,11 +96,8 @@ async fn cups_spreads_in_links_and_answers_across_instances() {
         let spec = spec();
         let a = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let b = TcpListener::bind("127.0.0.2:0").await.unwrap();
-        let mut cfg = CupsSimConfig::new(
-            "127.0.0.1:0".parse().unwrap(),
-            a.local_addr().unwrap(),
-            4,
-        );
+        let mut cfg =
+            CupsSimConfig::new("127.0.0.1:0".parse().unwrap(), a.local_addr().unwrap(), 4);
         cfg.also_connect = vec![b.local_addr().unwrap()];
         cfg.keepalive_idle = Duration::ZERO;
         let cups = CupsSim::start(Arc::clone(&spec), cfg).await.unwrap();

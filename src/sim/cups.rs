@@ -537,13 +537,12 @@ impl Shared {
     /// to the switch instance that asked, as UnionPay answers the front-end
     /// processor that signed a link on.
     fn send_in_to_host(&self, item: Outbound, host: Option<std::net::IpAddr>) -> bool {
-        let has_host = host.is_some_and(|h| lock(&self.in_links).iter().any(|l| l.host == h));
-        if has_host {
-            if let Some(h) = host {
-                return self.send_in_where(item, |l| l.host == h).is_some();
+        match host {
+            Some(h) if lock(&self.in_links).iter().any(|l| l.host == h) => {
+                self.send_in_where(item, |l| l.host == h).is_some()
             }
+            _ => self.send_in(item),
         }
-        self.send_in(item)
     }
 
     /// Queues `item` on the next live in link (round-robin) that `pick`
@@ -736,7 +735,11 @@ impl Shared {
         } else {
             self.cfg.delay.sample(rng)
         };
-        let to = if network { To::Host(from) } else { To::Any(from) };
+        let to = if network {
+            To::Host(from)
+        } else {
+            To::Any(from)
+        };
         if delay.is_zero() {
             self.deliver(response, answered, to);
         } else {
@@ -979,9 +982,7 @@ async fn serve_out_link(
                     shared.stats.unsigned_frames.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            Some(Some(Ok(Frame::Message(payload)))) => {
-                shared.on_out_link(payload, &mut rng, from)
-            }
+            Some(Some(Ok(Frame::Message(payload)))) => shared.on_out_link(payload, &mut rng, from),
             Some(Some(Ok(Frame::KeepAlive))) => {
                 shared
                     .stats

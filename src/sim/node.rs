@@ -352,13 +352,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn handle(
-    shared: &Shared,
-    tx: &mpsc::Sender<Outbound>,
-    payload: Bytes,
-    rng: &mut u64,
-    conn: u64,
-) {
+fn handle(shared: &Shared, tx: &mpsc::Sender<Outbound>, payload: Bytes, rng: &mut u64, conn: u64) {
     let (spec, cfg, stats) = (&*shared.spec, &shared.cfg, &*shared.stats);
     let Ok(msg) = Message::parse(spec, payload) else {
         stats.bad.fetch_add(1, Ordering::Relaxed);
@@ -612,7 +606,10 @@ mod tests {
             for _ in 0..2 {
                 let s = TcpStream::connect(node.addr).await.unwrap();
                 let (r, w) = s.into_split();
-                conns.push((FramedRead::new(r, FrameCodec::new(framing.prefix, framing.max_frame)), w));
+                conns.push((
+                    FramedRead::new(r, FrameCodec::new(framing.prefix, framing.max_frame)),
+                    w,
+                ));
             }
             // The first originated request, on whichever connection it left.
             let (request, came_on) = loop {
@@ -641,7 +638,11 @@ mod tests {
             }
             assert_eq!(s.originated_answered.load(Ordering::Relaxed), 1);
             assert_eq!(s.originated_answered_elsewhere.load(Ordering::Relaxed), 1);
-            assert_eq!(s.foreign_responses.load(Ordering::Relaxed), 1, "the second answer");
+            assert_eq!(
+                s.foreign_responses.load(Ordering::Relaxed),
+                1,
+                "the second answer"
+            );
             node.stop().await;
         })
         .await
