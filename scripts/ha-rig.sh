@@ -312,6 +312,8 @@ down_quiet() {
             [ -e "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null || true
         done
     fi
+    # Reap what this shell started (quietly: no "Killed" job notices).
+    wait 2>/dev/null || true
     sleep 0.2
     for h in client a b nodes cups lan; do
         ip netns del "$(ns "$h")" 2>/dev/null || true
