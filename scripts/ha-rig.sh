@@ -74,14 +74,17 @@ spawn() {
     # kill -INT / -9 reach it.
     ip netns exec "$(ns "$host")" "$@" >"$WORK/$name.out" 2>"$WORK/$name.log" &
     echo $! >"$WORK/pids/$name"
+    # Out of the job table: no "Killed" notice after the last line when
+    # `down` ends it. Its outcome is read from its report, not its status.
+    disown $!
 }
 pid_of() { cat "$WORK/pids/$1"; }
 
-# Waits for a PID to exit within $2 seconds; its exit status, or 124.
+# Waits for a PID to exit within $2 seconds; 124 if it did not.
 wait_exit() {
     local pid=$1 limit=$2 i
     for ((i = 0; i < limit * 10; i++)); do
-        kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null && return 0 || return $?; }
+        kill -0 "$pid" 2>/dev/null || return 0
         sleep 0.1
     done
     return 124
@@ -312,8 +315,6 @@ down_quiet() {
             [ -e "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null || true
         done
     fi
-    # Reap what this shell started (quietly: no "Killed" job notices).
-    wait 2>/dev/null || true
     sleep 0.2
     for h in client a b nodes cups lan; do
         ip netns del "$(ns "$h")" 2>/dev/null || true
@@ -361,6 +362,23 @@ unionpay_round() {
     [ -s "$WORK/$cups.out" ] || die "UnionPay ($cups) printed no report"
 }
 
+# A NAC on the VIP until epoch second $1. `sim nac` ends when its uplinks
+# die (its terminals stop on a dead uplink); like a NAC's uplink cards, the
+# loop then connects again, to whichever instance holds the VIP. Each run's
+# report is $WORK/nac-f<N>.out.
+nac_through_failover() {
+    local until=$1 i=0 left
+    while :; do
+        left=$(python3 -c "import sys, time; print(int(float(sys.argv[1]) - time.time()))" "$until")
+        [ "$left" -ge 2 ] || break
+        i=$((i + 1))
+        ip netns exec "$(ns client)" "$BIN" sim nac --connect "$VIP:7001" --uplinks 2 --terminals 20 \
+            --rate 200 --duration "${left}s" --timeout 1s --json >"$WORK/nac-f$i.out" 2>"$WORK/nac-f$i.log" || true
+        # Refused (the VIP is between instances): try again shortly.
+        [ -s "$WORK/nac-f$i.out" ] || sleep 0.1
+    done
+}
+
 check_unionpay() {
     local tag=$1 cups="$WORK/$2.out" node="$WORK/node-cups-03-$1.out"
     local sent answered mism unans orig oans foreign elsewhere
@@ -399,9 +417,12 @@ run_test() {
         || die "node 03 got no answer on another connection than its request's"
     log "F37 across instances: $a_to_b answers A-out -> B-in, $b_to_a answers B-out -> A-in"
 
-    log "phase 2: ATMs on the VIP ($ATM_CLIENTS clients), kill -9 of switch A"
+    log "phase 2: ATMs ($ATM_CLIENTS) and a NAC on the VIP, kill -9 of switch A"
     spawn atm client "$BIN" load --target "$VIP:7000" --spec cup-pos --clients "$ATM_CLIENTS" \
-        --connection-per-request --mix 250 --duration 9s --timeout 3s --json --quiet
+        --connection-per-request --mix 250 --duration 10s --timeout 3s --json --quiet
+    nac_through_failover "$(($(date +%s) + 10))" &
+    echo $! >"$WORK/pids/nac-loop"
+    disown $!
     # The clients' view of the VIP: a connect every 20 ms (200 ms timeout),
     # each change of outcome with its time.
     spawn probe client python3 -c "
@@ -453,6 +474,28 @@ else: sys.exit('no connect to the VIP succeeded after the kill')" "$t_kill" "$WO
     # connect to the VIP is refused (A) or served (B): nothing else is lost.
     [ "$lost" -le $((2 * ATM_CLIENTS)) ] || die "ATM: $lost lost, more than the $((2 * ATM_CLIENTS)) that can be in flight at the kill"
     [ "$answered" -eq $((sent - lost)) ] || die "ATM: answered $answered != sent $sent - lost $lost"
+    wait_exit "$(pid_of nac-loop)" 30 || die "the NAC runs did not end within 30 s"
+    local nac_line
+    nac_line=$(python3 -c "
+import glob, json, sys
+runs = []
+for f in sorted(glob.glob(sys.argv[1] + '/nac-f*.out')):
+    lines = open(f).read().split()
+    if lines:
+        runs.append(json.loads(lines[-1]))
+t = {k: sum(r[k] for r in runs) for k in ('sent', 'answered', 'declined', 'mismatched', 'unanswered')}
+print(len(runs), t['sent'], t['answered'], t['declined'], t['mismatched'], t['unanswered'], runs[-1]['answered'] if runs else 0)" "$WORK")
+    local fruns fsent fans fdecl fmism funans flast
+    read -r fruns fsent fans fdecl fmism funans flast <<<"$nac_line"
+    log "NAC through the failover: $fruns runs, sent $fsent answered $fans declined $fdecl unanswered $funans doubled/mismatched $fmism; last run answered $flast"
+    [ "$fmism" -eq 0 ] || die "NAC: $fmism answers doubled or mismatched"
+    [ "$fdecl" -eq 0 ] || die "NAC: $fdecl declined"
+    [ "$fruns" -ge 2 ] && [ "$flast" -gt 0 ] || die "NAC: no run through B after the failover"
+    # A terminal keeps one request in flight; on a dead uplink it loses that
+    # one, and the one or two it sends before its writer sees the socket
+    # fail (a write after the peer's FIN succeeds until the RST comes back).
+    [ "$funans" -le 60 ] || die "NAC: $funans unanswered, more than 3 per terminal"
+    [ "$fans" -eq $((fsent - funans)) ] || die "NAC: answered $fans != sent $fsent - lost $funans"
     local b_after
     b_after=$(service_field b atm "s['answered']")
     [ "$b_after" -gt 0 ] || die "B answered no ATM request"
@@ -475,7 +518,7 @@ else: sys.exit('no connect to the VIP succeeded after the kill')" "$t_kill" "$WO
     [ "$nsent" -gt 0 ] && [ "$nans" -eq "$nsent" ] || die "NAC through B: not every request answered"
 
     log "all phases passed in $(since "$t0" "$(now)") s"
-    echo "ha: failover $(since "$t_kill" "$t_first") s (VIP on B after $(since "$t_kill" "$t_vip") s); ATM sent $sent answered $answered (through B $b_after) lost-with-A $lost doubled $mism; UnionPay$UP_LINE B alone with 4+4 links signed on"
+    echo "ha: failover $(since "$t_kill" "$t_first") s (VIP on B after $(since "$t_kill" "$t_vip") s); ATM sent $sent answered $answered (through B $b_after) lost-with-A $lost doubled $mism; NAC sent $fsent answered $fans lost-with-A $funans doubled $fmism; UnionPay$UP_LINE B alone with 4+4 links signed on"
 }
 
 case "${1:-}" in
