@@ -102,6 +102,7 @@ wait_for() {
 
 api() { in_ns "$1" curl -sf -m 2 -H "Authorization: Bearer $ISOSWITCH_ADMIN_TOKEN" "http://$ADMIN$2"; }
 ready() { api "$1" /readyz >/dev/null; }
+api_post() { in_ns "$1" curl -sf -m 2 -X POST -H "Authorization: Bearer $ISOSWITCH_ADMIN_TOKEN" "http://$ADMIN$2" >/dev/null; }
 has_vip() { in_ns "$1" ip -4 addr show dev veth0 | grep -q "inet $VIP/"; }
 
 # One field of a service in /api/v1/status (python expression on `s`).
@@ -354,7 +355,21 @@ unionpay_round() {
         wait_for 3 sh -c "[ \"\$(ip netns exec $(ns "$h") curl -sf -m 1 -H 'Authorization: Bearer $ISOSWITCH_ADMIN_TOKEN' http://$ADMIN/api/v1/status | python3 -c \"import json,sys; s=next(x for x in json.load(sys.stdin)['services'] if x['name']=='unionpay'); print(next(n for n in s['nodes'] if n['id']=='03')['connections'])\")\" -ge 2 ]" \
             || die "switch $h did not connect to node 03 within 3 s"
     done
+    for h in "${SWITCHES[@]}"; do
+        # Back in service (a previous round drained it).
+        api_post "$h" /api/v1/services/unionpay/nodes/03/enable || die "switch $h: cannot enable node 03"
+    done
     sleep "$seconds"
+    # Stopped the way an operator stops a node: drained on every instance
+    # first, so no issuer request is in flight on it when it goes (the
+    # switch would decline those, correctly, and UnionPay count them).
+    for h in "${SWITCHES[@]}"; do
+        api_post "$h" /api/v1/services/unionpay/nodes/03/drain || die "switch $h: cannot drain node 03"
+    done
+    for h in "${SWITCHES[@]}"; do
+        wait_for 5 sh -c "[ \"\$(ip netns exec $(ns "$h") curl -sf -m 1 -H 'Authorization: Bearer $ISOSWITCH_ADMIN_TOKEN' http://$ADMIN/api/v1/status | python3 -c \"import json,sys; s=next(x for x in json.load(sys.stdin)['services'] if x['name']=='unionpay'); print(next(n for n in s['nodes'] if n['id']=='03')['in_flight'])\")\" -eq 0 ]" \
+            || die "switch $h: node 03 still has requests in flight 5 s after its drain"
+    done
     kill -INT "$(pid_of "node-cups-03-$tag")"
     wait_exit "$(pid_of "node-cups-03-$tag")" 20 || die "node 03 ($tag) did not stop within 20 s"
     kill -INT "$(pid_of "$cups")"

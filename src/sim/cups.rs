@@ -295,6 +295,7 @@ impl CupsSim {
             in_links: Mutex::new(Vec::new()),
             out_links: Mutex::new(Vec::new()),
             next_in: AtomicUsize::new(0),
+            next_answer: AtomicUsize::new(0),
             next_link_id: AtomicU64::new(1),
             outstanding: Mutex::new(HashMap::new()),
             stan: AtomicU32::new((seed() % 999_999) as u32 + 1),
@@ -429,6 +430,12 @@ struct Shared {
     out_links: Mutex<Vec<OutLink>>,
     /// Round-robin cursor over the in links.
     next_in: AtomicUsize,
+    /// Round-robin cursor of member answers alone: their in links then take
+    /// turns whatever else is sent, so with several switch instances the
+    /// answers to each instance's requests spread over all of them (on the
+    /// shared cursor the interleaving with other traffic could lock one
+    /// instance's answers onto its own in links).
+    next_answer: AtomicUsize,
     next_link_id: AtomicU64,
     /// Requests the simulator sent, by F7 + F11 + F32 + F33.
     outstanding: Mutex<HashMap<Key, Pending>>,
@@ -529,7 +536,7 @@ impl Shared {
 
     /// Queues `item` on the next live in link (round-robin) that can take it.
     fn send_in(&self, item: Outbound) -> bool {
-        self.send_in_where(item, |_| true).is_some()
+        self.send_in_where(item, &self.next_in, |_| true).is_some()
     }
 
     /// Queues `item` on the next live in link (round-robin) to `host`, or on
@@ -538,9 +545,9 @@ impl Shared {
     /// processor that signed a link on.
     fn send_in_to_host(&self, item: Outbound, host: Option<std::net::IpAddr>) -> bool {
         match host {
-            Some(h) if lock(&self.in_links).iter().any(|l| l.host == h) => {
-                self.send_in_where(item, |l| l.host == h).is_some()
-            }
+            Some(h) if lock(&self.in_links).iter().any(|l| l.host == h) => self
+                .send_in_where(item, &self.next_in, |l| l.host == h)
+                .is_some(),
             _ => self.send_in(item),
         }
     }
@@ -550,6 +557,7 @@ impl Shared {
     fn send_in_where(
         &self,
         mut item: Outbound,
+        cursor: &AtomicUsize,
         pick: impl Fn(&InLink) -> bool,
     ) -> Option<std::net::IpAddr> {
         let links = lock(&self.in_links);
@@ -557,7 +565,7 @@ impl Shared {
         if n == 0 {
             return None;
         }
-        let start = self.next_in.fetch_add(1, Ordering::Relaxed) % n;
+        let start = cursor.fetch_add(1, Ordering::Relaxed) % n;
         for k in 0..n {
             let link = &links[(start + k) % n];
             if !pick(link) {
@@ -792,7 +800,7 @@ impl Shared {
         let out = Outbound::message(response);
         let sent = match to {
             To::Host(host) => self.send_in_to_host(out, host),
-            To::Any(from) => match self.send_in_where(out, |_| true) {
+            To::Any(from) => match self.send_in_where(out, &self.next_answer, |_| true) {
                 Some(host) => {
                     if let Some(from) = from.filter(|f| *f != host) {
                         *lock(&self.stats.crossed)
