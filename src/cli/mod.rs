@@ -105,6 +105,11 @@ pub enum SimCommand {
         /// traffic to UnionPay through a simplex service).
         #[arg(long)]
         originate: Option<f64>,
+        /// Wait this long before the first node-originated request (lets
+        /// every switch instance connect first: a response routed by F37
+        /// needs a live connection from the instance it lands on).
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        originate_after: Duration,
         /// Print the final counters as one JSON object.
         #[arg(long)]
         json: bool,
@@ -142,6 +147,11 @@ pub enum SimCommand {
         /// The switch's in-link listener.
         #[arg(long)]
         connect: SocketAddr,
+        /// Another instance's in-link listener (repeatable): in links are
+        /// spread over `--connect` and these, member answers go out on any
+        /// of them, sign-on answers to the instance that asked.
+        #[arg(long)]
+        also_connect: Vec<SocketAddr>,
         /// In links to open (out links accepted: up to 4x this).
         #[arg(long, default_value_t = 2)]
         links: usize,
@@ -242,6 +252,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             fail_rate,
             no_key,
             originate,
+            originate_after,
             json,
         } => {
             let spec = match resolve_spec(&spec) {
@@ -275,7 +286,21 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                     .await
                     .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
                 eprintln!("sim node listening on {}", node.addr);
-                let _ = tokio::signal::ctrl_c().await;
+                let holding = !originate_after.is_zero();
+                if holding {
+                    node.stop_originating();
+                }
+                let ctrl_c = tokio::signal::ctrl_c();
+                tokio::pin!(ctrl_c);
+                if holding {
+                    tokio::select! {
+                        _ = tokio::time::sleep(originate_after) => node.start_originating(),
+                        _ = &mut ctrl_c => {}
+                    }
+                }
+                if !holding || node.is_originating() {
+                    let _ = ctrl_c.await;
+                }
                 // Stop originating, and let the answers to what was sent come
                 // back (each is answered or times out within 10 s).
                 node.stop_originating();
@@ -334,6 +359,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
         SimCommand::Cups {
             accept,
             connect,
+            also_connect,
             links,
             spec,
             rate,
@@ -368,6 +394,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                 require_sign_on,
                 sign_on_delay,
                 drop_out_links_every,
+                also_connect,
                 ..crate::sim::cups::CupsSimConfig::new(accept, connect, links)
             };
             runtime(async move {

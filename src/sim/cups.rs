@@ -17,7 +17,7 @@
 //! dropped; a length prefix that cannot be trusted closes that link only.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -65,6 +65,9 @@ pub struct CupsSimConfig {
     pub accept: SocketAddr,
     /// The switch's in-link listener it connects to.
     pub connect: SocketAddr,
+    /// More in-link listeners (other switch instances of the same member):
+    /// in link `i` goes to `[connect, also_connect..][i % n]`.
+    pub also_connect: Vec<SocketAddr>,
     /// In links it opens and keeps open; it accepts up to 4 x this out links.
     pub links: usize,
     /// Issuer requests per second it originates; `None` or 0 = none.
@@ -101,6 +104,7 @@ impl CupsSimConfig {
         CupsSimConfig {
             accept,
             connect,
+            also_connect: Vec::new(),
             links,
             rate: None,
             duration: Duration::from_secs(10),
@@ -174,6 +178,10 @@ pub struct CupsSimStats {
     pub sign_ons: AtomicU64,
     /// Times every out link was dropped at once (`drop_out_links_every`).
     pub out_link_drops: AtomicU64,
+    /// Answers to member requests written on an in link to another host than
+    /// the out link the request came on (another switch instance), by
+    /// `"from->to"` host pair.
+    pub crossed: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 /// What the simulated UnionPay saw.
@@ -196,6 +204,9 @@ pub struct CupsReport {
     pub unsigned_frames: u64,
     pub sign_ons: u64,
     pub out_link_drops: u64,
+    /// Member answers that went to another host than their request came
+    /// from, by `"from->to"` (see [`CupsSimStats::crossed`]).
+    pub crossed: std::collections::BTreeMap<String, u64>,
 }
 
 impl CupsReport {
@@ -219,6 +230,7 @@ impl CupsReport {
             unsigned_frames: get(&s.unsigned_frames),
             sign_ons: get(&s.sign_ons),
             out_link_drops: get(&s.out_link_drops),
+            crossed: lock(&s.crossed).clone(),
         }
     }
 }
@@ -285,6 +297,7 @@ impl CupsSim {
             in_links: Mutex::new(Vec::new()),
             out_links: Mutex::new(Vec::new()),
             next_in: AtomicUsize::new(0),
+            next_answer: AtomicUsize::new(0),
             next_link_id: AtomicU64::new(1),
             outstanding: Mutex::new(HashMap::new()),
             stan: AtomicU32::new((entropy_seed() % 999_999) as u32 + 1),
@@ -296,8 +309,12 @@ impl CupsSim {
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(accept_out_links(Arc::clone(&shared), listener, rx.clone()));
-        for _ in 0..shared.cfg.links {
-            tasks.spawn(keep_in_link(Arc::clone(&shared), rx.clone()));
+        let targets: Vec<SocketAddr> = std::iter::once(shared.cfg.connect)
+            .chain(shared.cfg.also_connect.iter().copied())
+            .collect();
+        for i in 0..shared.cfg.links {
+            let target = targets[i % targets.len()];
+            tasks.spawn(keep_in_link(Arc::clone(&shared), target, rx.clone()));
         }
         if shared.cfg.rate.is_some_and(|r| r > 0.0) {
             tasks.spawn(originate(Arc::clone(&shared), rx.clone()));
@@ -415,6 +432,12 @@ struct Shared {
     out_links: Mutex<Vec<OutLink>>,
     /// Round-robin cursor over the in links.
     next_in: AtomicUsize,
+    /// Round-robin cursor of member answers alone: their in links then take
+    /// turns whatever else is sent, so with several switch instances the
+    /// answers to each instance's requests spread over all of them (on the
+    /// shared cursor the interleaving with other traffic could lock one
+    /// instance's answers onto its own in links).
+    next_answer: AtomicUsize,
     next_link_id: AtomicU64,
     /// Requests the simulator sent, by F7 + F11 + F32 + F33.
     outstanding: Mutex<HashMap<Key, Pending>>,
@@ -431,6 +454,8 @@ struct Shared {
 /// A live in link, as senders see it.
 struct InLink {
     id: u64,
+    /// The switch host it connects to.
+    host: std::net::IpAddr,
     tx: mpsc::Sender<Outbound>,
     /// Microseconds since `Shared::base` of the last frame queued on it.
     last_sent: Arc<AtomicU64>,
@@ -445,6 +470,17 @@ struct OutLink {
 
 /// F7 + F11 + F32 + F33 of a request, each with its length.
 type Key = Vec<u8>;
+
+/// Which in links an answer may go out on.
+#[derive(Clone, Copy, Debug)]
+enum To {
+    /// One to this switch host if there is one (network management: the
+    /// instance that asked), else any.
+    Host(Option<IpAddr>),
+    /// Any (a member answer, as UnionPay sends them); the host its request
+    /// came from, for counting answers that crossed to another instance.
+    Any(Option<IpAddr>),
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -501,19 +537,46 @@ impl Shared {
     }
 
     /// Queues `item` on the next live in link (round-robin) that can take it.
-    fn send_in(&self, mut item: Outbound) -> bool {
+    fn send_in(&self, item: Outbound) -> bool {
+        self.send_in_where(item, &self.next_in, |_| true).is_some()
+    }
+
+    /// Queues `item` on the next live in link (round-robin) to `host`, or on
+    /// any in link if none goes there: network management answers go back
+    /// to the switch instance that asked, as UnionPay answers the front-end
+    /// processor that signed a link on.
+    fn send_in_to_host(&self, item: Outbound, host: Option<std::net::IpAddr>) -> bool {
+        match host {
+            Some(h) if lock(&self.in_links).iter().any(|l| l.host == h) => self
+                .send_in_where(item, &self.next_in, |l| l.host == h)
+                .is_some(),
+            _ => self.send_in(item),
+        }
+    }
+
+    /// Queues `item` on the next live in link (round-robin) that `pick`
+    /// allows and can take it; the host it went to.
+    fn send_in_where(
+        &self,
+        mut item: Outbound,
+        cursor: &AtomicUsize,
+        pick: impl Fn(&InLink) -> bool,
+    ) -> Option<std::net::IpAddr> {
         let links = lock(&self.in_links);
         let n = links.len();
         if n == 0 {
-            return false;
+            return None;
         }
-        let start = self.next_in.fetch_add(1, Ordering::Relaxed) % n;
+        let start = cursor.fetch_add(1, Ordering::Relaxed) % n;
         for k in 0..n {
             let link = &links[(start + k) % n];
+            if !pick(link) {
+                continue;
+            }
             match link.tx.try_send(item) {
                 Ok(()) => {
                     link.last_sent.store(self.now_micros(), Ordering::Relaxed);
-                    return true;
+                    return Some(link.host);
                 }
                 Err(
                     mpsc::error::TrySendError::Full(it) | mpsc::error::TrySendError::Closed(it),
@@ -522,7 +585,7 @@ impl Shared {
                 }
             }
         }
-        false
+        None
     }
 
     /// The next STAN, 1..=999999 then round again. A STAN that comes round
@@ -641,8 +704,8 @@ impl Shared {
         Some((payload, k, response))
     }
 
-    /// A frame read on an out link.
-    fn on_out_link(self: &Arc<Shared>, payload: Bytes, rng: &mut Rng) {
+    /// A frame read on an out link from switch host `from`.
+    fn on_out_link(self: &Arc<Shared>, payload: Bytes, rng: &mut Rng, from: Option<IpAddr>) {
         let msg = match Message::parse(&self.spec, payload) {
             Ok(m) => m,
             Err(e) => {
@@ -682,10 +745,15 @@ impl Shared {
         } else {
             self.cfg.delay.sample(rng)
         };
-        if delay.is_zero() {
-            self.deliver(response, answered);
+        let to = if network {
+            To::Host(from)
         } else {
-            self.deliver_later(response, delay);
+            To::Any(from)
+        };
+        if delay.is_zero() {
+            self.deliver(response, answered, to);
+        } else {
+            self.deliver_later(response, delay, to);
         }
     }
 
@@ -696,6 +764,7 @@ impl Shared {
         self: &Arc<Shared>,
         payload: Bytes,
         signed_on: &Arc<std::sync::atomic::AtomicBool>,
+        from: Option<IpAddr>,
     ) {
         let answer = Message::parse(&self.spec, payload).ok().and_then(|msg| {
             let sign_on = msg.mti().is_network_management()
@@ -724,13 +793,28 @@ impl Shared {
             // after reading it is read after this.
             signed_on.store(true, Ordering::Release);
             shared.stats.sign_ons.fetch_add(1, Ordering::Relaxed);
-            shared.deliver(answer, &shared.stats.network_answered);
+            shared.deliver(answer, &shared.stats.network_answered, To::Host(from));
         });
     }
 
     /// Writes a response on an in link and counts it under `answered`.
-    fn deliver(&self, response: Bytes, answered: &AtomicU64) {
-        let counter = if self.send_in(Outbound::message(response)) {
+    fn deliver(&self, response: Bytes, answered: &AtomicU64, to: To) {
+        let out = Outbound::message(response);
+        let sent = match to {
+            To::Host(host) => self.send_in_to_host(out, host),
+            To::Any(from) => match self.send_in_where(out, &self.next_answer, |_| true) {
+                Some(host) => {
+                    if let Some(from) = from.filter(|f| *f != host) {
+                        *lock(&self.stats.crossed)
+                            .entry(format!("{from}->{host}"))
+                            .or_default() += 1;
+                    }
+                    true
+                }
+                None => false,
+            },
+        };
+        let counter = if sent {
             answered
         } else {
             &self.stats.responses_unsent
@@ -738,7 +822,7 @@ impl Shared {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn deliver_later(self: &Arc<Shared>, response: Bytes, delay: Duration) {
+    fn deliver_later(self: &Arc<Shared>, response: Bytes, delay: Duration, to: To) {
         // Bounded: beyond MAX_DELAYED waiting answers, new ones are dropped.
         if self.delayed.fetch_add(1, Ordering::Relaxed) >= MAX_DELAYED {
             self.delayed.fetch_sub(1, Ordering::Relaxed);
@@ -754,7 +838,7 @@ impl Shared {
             };
             shared.delayed.fetch_sub(1, Ordering::Relaxed);
             if due {
-                shared.deliver(response, &shared.stats.member_requests_answered);
+                shared.deliver(response, &shared.stats.member_requests_answered, to);
             }
         });
     }
@@ -851,6 +935,8 @@ async fn serve_out_link(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
+    // The switch instance this out link comes from.
+    let from = stream.peer_addr().ok().map(|a| a.ip());
     let id = shared.next_link_id.fetch_add(1, Ordering::Relaxed);
     let close = Arc::new(Notify::new());
     {
@@ -901,12 +987,12 @@ async fn serve_out_link(
         match frame {
             Some(Some(Ok(_))) if !signed_on.load(Ordering::Acquire) => {
                 if let Some(Some(Ok(Frame::Message(payload)))) = frame {
-                    shared.before_sign_on(payload, &signed_on);
+                    shared.before_sign_on(payload, &signed_on, from);
                 } else {
                     shared.stats.unsigned_frames.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            Some(Some(Ok(Frame::Message(payload)))) => shared.on_out_link(payload, &mut rng),
+            Some(Some(Ok(Frame::Message(payload)))) => shared.on_out_link(payload, &mut rng, from),
             Some(Some(Ok(Frame::KeepAlive))) => {
                 shared
                     .stats
@@ -939,13 +1025,17 @@ async fn serve_out_link(
 
 /// Keeps one in link open: connects, serves it until it closes, waits a short
 /// backoff, connects again.
-async fn keep_in_link(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+async fn keep_in_link(
+    shared: Arc<Shared>,
+    target: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut backoff = RECONNECT_MIN;
     loop {
         if *shutdown.borrow() {
             return;
         }
-        let connect = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(shared.cfg.connect));
+        let connect = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target));
         let connected = tokio::select! {
             r = connect => r,
             _ = shutdown.changed() => return,
@@ -953,10 +1043,10 @@ async fn keep_in_link(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) 
         match connected {
             Ok(Ok(stream)) => {
                 backoff = RECONNECT_MIN;
-                serve_in_link(&shared, stream, &mut shutdown).await;
+                serve_in_link(&shared, stream, target.ip(), &mut shutdown).await;
             }
             Ok(Err(e)) => {
-                tracing::debug!(error = %e, connect = %shared.cfg.connect, "sim cups: in link connect failed");
+                tracing::debug!(error = %e, connect = %target, "sim cups: in link connect failed");
                 backoff = (backoff * 2).min(RECONNECT_MAX);
             }
             Err(_) => backoff = (backoff * 2).min(RECONNECT_MAX),
@@ -973,6 +1063,7 @@ async fn keep_in_link(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) 
 async fn serve_in_link(
     shared: &Arc<Shared>,
     stream: TcpStream,
+    host: IpAddr,
     shutdown: &mut watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
@@ -987,6 +1078,7 @@ async fn serve_in_link(
         let mut links = lock(&shared.in_links);
         links.push(InLink {
             id,
+            host,
             tx: tx.clone(),
             last_sent: Arc::clone(&last_sent),
             close: Arc::clone(&close),

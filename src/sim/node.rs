@@ -130,13 +130,17 @@ pub struct NodeSimStats {
     pub foreign_responses: AtomicU64,
     /// Node-originated requests unanswered within their timeout.
     pub originated_unanswered: AtomicU64,
+    /// Responses to node-originated requests that came back on another
+    /// connection than their request left on (behind F37 stamping, often
+    /// another switch instance's): matched by STAN all the same.
+    pub originated_answered_elsewhere: AtomicU64,
 }
 
 /// One line of a node's counters, as `sim node` prints them on exit.
 pub fn summary(s: &NodeSimStats) -> String {
     let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
     format!(
-        "connections {} held {} peak {} requests {} answered {} unanswered {} bad {} | originated {} answered {} declined {} unanswered {} foreign {}",
+        "connections {} held {} peak {} requests {} answered {} unanswered {} bad {} | originated {} answered {} declined {} unanswered {} foreign {} elsewhere {}",
         get(&s.connections),
         get(&s.held),
         get(&s.peak_held),
@@ -149,6 +153,7 @@ pub fn summary(s: &NodeSimStats) -> String {
         get(&s.originated_declined),
         get(&s.originated_unanswered),
         get(&s.foreign_responses),
+        get(&s.originated_answered_elsewhere),
     )
 }
 
@@ -166,6 +171,7 @@ pub fn summary_json(s: &NodeSimStats) -> String {
         "originated_declined": get(&s.originated_declined),
         "originated_unanswered": get(&s.originated_unanswered),
         "foreign_responses": get(&s.foreign_responses),
+        "originated_answered_elsewhere": get(&s.originated_answered_elsewhere),
     })
     .to_string()
 }
@@ -233,8 +239,8 @@ struct Shared {
     stats: Arc<NodeSimStats>,
     /// Live connections, for node-originated requests.
     conns: Mutex<Vec<(u64, mpsc::Sender<Outbound>)>>,
-    /// Node-originated requests in flight: STAN → sent at.
-    outstanding: Mutex<HashMap<u32, Instant>>,
+    /// Node-originated requests in flight: STAN → sent at, on connection.
+    outstanding: Mutex<HashMap<u32, (Instant, u64)>>,
     /// Node-originated requests keep coming while this holds.
     originating: std::sync::atomic::AtomicBool,
     opts: NodeOptions,
@@ -317,7 +323,7 @@ async fn serve_conn(
             _ = shutdown.changed() => break,
         };
         match frame {
-            Some(Ok(Frame::Message(payload))) => handle(&shared, &tx, payload, &mut rng),
+            Some(Ok(Frame::Message(payload))) => handle(&shared, &tx, payload, &mut rng, id),
             Some(Ok(_)) => {}
             Some(Err(_)) | None => break,
         }
@@ -343,14 +349,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn handle(shared: &Shared, tx: &mpsc::Sender<Outbound>, payload: Bytes, rng: &mut Rng) {
+fn handle(shared: &Shared, tx: &mpsc::Sender<Outbound>, payload: Bytes, rng: &mut Rng, conn: u64) {
     let (spec, cfg, stats) = (&*shared.spec, &shared.cfg, &*shared.stats);
     let Ok(msg) = Message::parse(spec, payload) else {
         stats.bad.fetch_add(1, Ordering::Relaxed);
         return;
     };
     if msg.mti().is_response() {
-        originated_response(shared, &msg);
+        originated_response(shared, &msg, conn);
         return;
     }
     stats.requests.fetch_add(1, Ordering::Relaxed);
@@ -386,8 +392,9 @@ fn handle(shared: &Shared, tx: &mpsc::Sender<Outbound>, payload: Bytes, rng: &mu
     }
 }
 
-/// A response to a node-originated request: it must be one of ours.
-fn originated_response(shared: &Shared, msg: &Message<'_>) {
+/// A response to a node-originated request, read on connection `conn`: it
+/// must be one of ours, on whichever connection it comes.
+fn originated_response(shared: &Shared, msg: &Message<'_>, conn: u64) {
     let stats = &shared.stats;
     let stan = msg.field(11).ok().flatten().and_then(|f| {
         f.logical().try_fold(0u32, |n, d| {
@@ -395,9 +402,14 @@ fn originated_response(shared: &Shared, msg: &Message<'_>) {
         })
     });
     let mine = stan.and_then(|s| lock(&shared.outstanding).remove(&s));
-    if mine.is_none() {
+    let Some((_, sent_on)) = mine else {
         stats.foreign_responses.fetch_add(1, Ordering::Relaxed);
         return;
+    };
+    if sent_on != conn {
+        stats
+            .originated_answered_elsewhere
+            .fetch_add(1, Ordering::Relaxed);
     }
     let approved = msg
         .field(39)
@@ -439,13 +451,14 @@ async fn originate(shared: Arc<Shared>, o: Originate, mut shutdown: watch::Recei
         if !shared.originating.load(Ordering::Relaxed) {
             continue;
         }
-        let conn = {
+        let (conn_id, conn) = {
             let conns = lock(&shared.conns);
             if conns.is_empty() {
                 continue;
             }
             next_conn = next_conn.wrapping_add(1);
-            conns[next_conn % conns.len()].1.clone()
+            let (id, tx) = &conns[next_conn % conns.len()];
+            (*id, tx.clone())
         };
         counter = counter % 99_999 + 1;
         let stan = o.stan_base + counter;
@@ -463,7 +476,7 @@ async fn originate(shared: Arc<Shared>, o: Originate, mut shutdown: watch::Recei
         if patch.overwrite(f11.start, &encoded).is_err() {
             return;
         }
-        lock(&shared.outstanding).insert(stan, Instant::now());
+        lock(&shared.outstanding).insert(stan, (Instant::now(), conn_id));
         if conn
             .try_send(Outbound::Message(template.clone(), patch))
             .is_ok()
@@ -479,7 +492,7 @@ fn expire_originated(shared: &Shared, timeout: Duration) {
     let now = Instant::now();
     let mut out = lock(&shared.outstanding);
     let before = out.len();
-    out.retain(|_, sent| now.duration_since(*sent) < timeout);
+    out.retain(|_, (sent, _)| now.duration_since(*sent) < timeout);
     let expired = (before - out.len()) as u64;
     shared
         .stats
@@ -491,6 +504,15 @@ impl NodeSim {
     /// Stops sending node-originated requests (answers keep coming).
     pub fn stop_originating(&self) {
         self.shared.originating.store(false, Ordering::Relaxed);
+    }
+
+    /// Sends node-originated requests again (after [`NodeSim::stop_originating`]).
+    pub fn start_originating(&self) {
+        self.shared.originating.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_originating(&self) -> bool {
+        self.shared.originating.load(Ordering::Relaxed)
     }
 
     /// Node-originated requests still waiting for their response.
@@ -538,6 +560,73 @@ mod tests {
             matches!(read, Ok(Ok(0)) | Ok(Err(_))),
             "closed at once, no late answer: {read:?}"
         );
+    }
+
+    /// Behind F37 stamping (and across switch instances) the answer to a
+    /// node-originated request comes back on whichever connection the
+    /// switch holds: matched by STAN all the same, counted as elsewhere; a
+    /// second answer is foreign.
+    #[tokio::test]
+    async fn an_originated_answer_on_another_connection_is_matched() {
+        use tokio::io::AsyncWriteExt;
+        tokio::time::timeout(Duration::from_secs(20), async {
+            let spec = Arc::new(Spec::builtin("cups").unwrap());
+            let mut cfg = NodeSimConfig::new("03");
+            cfg.originate = Some(Originate {
+                mti: "0200".into(),
+                rate: 20.0,
+                stan_base: 300_000,
+                timeout: Duration::from_secs(10),
+            });
+            let node = NodeSim::start("127.0.0.1:0".parse().unwrap(), spec.clone(), cfg)
+                .await
+                .unwrap();
+            let framing = spec.framing();
+            let mut conns = Vec::new();
+            for _ in 0..2 {
+                let s = TcpStream::connect(node.addr).await.unwrap();
+                let (r, w) = s.into_split();
+                conns.push((
+                    FramedRead::new(r, FrameCodec::new(framing.prefix, framing.max_frame)),
+                    w,
+                ));
+            }
+            // The first originated request, on whichever connection it left.
+            let (request, came_on) = loop {
+                let (a, b) = conns.split_at_mut(1);
+                let got = tokio::select! {
+                    f = a[0].0.next() => (f, 0),
+                    f = b[0].0.next() => (f, 1),
+                };
+                if let (Some(Ok(Frame::Message(p))), i) = got {
+                    break (p, i);
+                }
+            };
+            let mut d = Message::parse(&spec, request).unwrap().decode().unwrap();
+            d.mti = crate::sim::answer::response_mti(d.mti).unwrap();
+            d.set_text(39, "00");
+            let answer = spec.encode(&d).unwrap();
+            let mut frame = bytes::BytesMut::new();
+            framing.prefix.encode(answer.len(), &mut frame).unwrap();
+            frame.extend_from_slice(&answer);
+            let other = &mut conns[1 - came_on].1;
+            other.write_all(&frame).await.unwrap();
+            other.write_all(&frame).await.unwrap();
+            let s = &node.stats;
+            while s.foreign_responses.load(Ordering::Relaxed) == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(s.originated_answered.load(Ordering::Relaxed), 1);
+            assert_eq!(s.originated_answered_elsewhere.load(Ordering::Relaxed), 1);
+            assert_eq!(
+                s.foreign_responses.load(Ordering::Relaxed),
+                1,
+                "the second answer"
+            );
+            node.stop().await;
+        })
+        .await
+        .expect("within the test's time limit");
     }
 
     #[test]
