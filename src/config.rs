@@ -12,6 +12,7 @@ use thiserror::Error;
 
 use crate::iso8583::Spec;
 use crate::route::{Algorithm, DeclineCodes, F37Stamp, HealthConfig, NodeId, RuleConfig, RuleSet};
+pub use crate::route::{KeyPart, TpduPolicy, default_key};
 use crate::util::duration;
 
 /// Everything `isoswitch run` needs.
@@ -641,54 +642,6 @@ impl Default for CorrelationConfig {
             max_in_flight: defaults::max_in_flight(),
         }
     }
-}
-
-/// One part of a correlation key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum KeyPart {
-    /// The TPDU destination and source addresses, order-insensitive, so a host
-    /// that swaps them and one that echoes them both match.
-    Tpdu,
-    Field(u16),
-}
-
-impl TryFrom<String> for KeyPart {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
-        let t = s.trim();
-        if t.eq_ignore_ascii_case("tpdu") {
-            return Ok(KeyPart::Tpdu);
-        }
-        let digits = t.strip_prefix(['F', 'f']).unwrap_or(t);
-        match digits.parse::<u16>() {
-            Ok(n) if (2..=192).contains(&n) => Ok(KeyPart::Field(n)),
-            _ => Err(format!(
-                "`{s}` is not a key part: use `tpdu` or a field number 2..=192 such as `F11`"
-            )),
-        }
-    }
-}
-
-impl From<KeyPart> for String {
-    fn from(p: KeyPart) -> String {
-        match p {
-            KeyPart::Tpdu => "tpdu".into(),
-            KeyPart::Field(n) => format!("F{n}"),
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TpduPolicy {
-    /// The request's TPDU with destination and source swapped.
-    #[default]
-    Swap,
-    /// The request's TPDU unchanged.
-    Echo,
-    /// Whatever the node sent.
-    Node,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -1431,26 +1384,6 @@ impl BackConfig {
             ));
         }
         Ok(())
-    }
-}
-
-/// The key that ties a response to its request when the config names none.
-pub fn default_key(spec: &Spec) -> Vec<KeyPart> {
-    let has = |id| spec.field(id).is_some();
-    if spec.envelope().tpdu {
-        // POS through a NAC: many NACs and uplinks share TPDU addresses, so the
-        // terminal ID and STAN make the key unique.
-        vec![KeyPart::Tpdu, KeyPart::Field(41), KeyPart::Field(11)]
-    } else if has(32) && has(33) {
-        // UnionPay: a request and its response share F7 + F11 + F32 + F33.
-        vec![
-            KeyPart::Field(7),
-            KeyPart::Field(11),
-            KeyPart::Field(32),
-            KeyPart::Field(33),
-        ]
-    } else {
-        vec![KeyPart::Field(11), KeyPart::Field(41)]
     }
 }
 

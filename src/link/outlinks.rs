@@ -543,8 +543,6 @@ impl OutLinks {
     }
 }
 
-/// Spawns the out links and the in-link listener of a simplex front.
-
 /// Switch-made network management on out links.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NmKind {

@@ -17,50 +17,16 @@ use super::netmgmt::NetworkTemplate;
 use super::outlinks::{NmKind, OutLinks};
 use super::pool::NodePool;
 use super::writer::{Outbound, Patch};
-use crate::config::{BadMessagePolicy, FrontConfig, KeyPart, ServiceConfig, StampBy, TpduPolicy};
-use crate::iso8583::{Bitmap, FieldIndex, IsoError, Message, Mti, Spec};
+use crate::config::{BadMessagePolicy, FrontConfig, ServiceConfig, StampBy};
+use crate::iso8583::{Message, Spec};
 use crate::route::{
-    Algorithm, CorrelateError, CorrelationKey, CorrelatorConfig, DeclineReason, Miss, MtiPattern,
-    Shards, StampTable,
+    Algorithm, CorrelateError, CorrelationKey, CorrelatorConfig, DeclineReason, KeyError, Miss,
+    Router, RouterConfig, Shards, StampTable,
 };
-use crate::wire::Tpdu;
 
 /// Warnings of one kind about one peer written per second; the rest are
 /// counted and summed up in one line.
 const LOG_LINES_PER_SECOND: u32 = 5;
-
-/// Why a message failed ingress validation.
-#[derive(Debug, thiserror::Error)]
-pub enum Invalid {
-    /// It does not parse in full against the service's spec.
-    #[error(transparent)]
-    Malformed(#[from] IsoError),
-    /// A client may send only requests.
-    #[error("MTI {0} is not a request")]
-    NotARequest(Mti),
-    /// A request of a class the service does not route (`accept_mti`).
-    #[error("MTI {0} is not accepted by this service")]
-    NotAccepted(Mti),
-    /// A request with none of the fields of its correlation key (a frame
-    /// with a request MTI and nothing else, say) could not be told apart from
-    /// others when its answer comes back. (A key field may be absent, F33 from
-    /// a VISA request for one, as long as another is there.)
-    #[error("MTI {0} carries no field of the correlation key")]
-    NoKeyField(Mti),
-}
-
-/// A message that passed ingress validation, with its routing fields found
-/// in the same pass.
-pub struct Checked<'s> {
-    pub msg: Message<'s>,
-    pub index: FieldIndex,
-}
-
-impl Checked<'_> {
-    fn field(&self, id: u16) -> Option<crate::iso8583::FieldRef<'_>> {
-        self.msg.indexed(&self.index, id)
-    }
-}
 
 /// Where the answer to a request goes.
 #[derive(Debug)]
@@ -153,16 +119,15 @@ impl ServiceCounters {
     }
 }
 
+pub use crate::route::{Checked, Invalid};
+
 pub struct Service {
     pub config: ServiceConfig,
     pub spec: Arc<Spec>,
     pub pool: NodePool,
     correlator: Shards<Pending>,
-    key_parts: Vec<KeyPart>,
-    /// Fields read from every message, found while it is validated.
-    wanted: Bitmap,
-    /// Request MTIs routed (`accept_mti`); empty = every request.
-    accept_mti: Vec<MtiPattern>,
+    /// Validation, correlation keys, stamps: the service's routing decisions.
+    pub router: Router,
     /// Rate limits of per-message warnings.
     pub log_limit: LogLimit,
     /// The request timeout in nanoseconds, read per request; a reload changes
@@ -179,8 +144,6 @@ pub struct Service {
     check_timing: Mutex<(Duration, Duration)>,
     /// The switch's own network-management requests.
     network: NetworkTemplate,
-    /// Fields the directed rules look at (their text forms are needed per request).
-    rule_fields: Vec<u16>,
     pub counters: ServiceCounters,
     next_conn_id: AtomicU64,
     next_stan: AtomicU64,
@@ -203,30 +166,29 @@ pub struct Service {
 impl Service {
     pub fn new(config: ServiceConfig, spec: Spec, now: Instant) -> Result<Service, String> {
         let pool = NodePool::new(&config.name, &config.back, now)?;
-        let key_parts = if config.correlation.key.is_empty() {
-            crate::config::default_key(&spec)
-        } else {
-            config.correlation.key.clone()
-        };
         let correlator = Shards::new(CorrelatorConfig {
             capacity: config.correlation.max_in_flight,
             ..CorrelatorConfig::default()
         });
-        let mut rule_fields: Vec<u16> = config
-            .back
-            .rules
-            .iter()
-            .flat_map(|r| r.fields.iter().map(|f| f.field))
-            .collect();
-        rule_fields.sort_unstable();
-        rule_fields.dedup();
-        if rule_fields.len() > FieldTexts::MAX {
-            return Err(format!(
-                "directed rules look at {} distinct fields; at most {} are supported",
-                rule_fields.len(),
-                FieldTexts::MAX
-            ));
-        }
+        let spec = Arc::new(spec);
+        let router = Router::new(
+            RouterConfig {
+                key: config.correlation.key.clone(),
+                rule_fields: config
+                    .back
+                    .rules
+                    .iter()
+                    .flat_map(|r| r.fields.iter().map(|f| f.field))
+                    .collect(),
+                accept_mti: config.accept_mti.clone(),
+                f37_stamp: config.f37_stamp,
+                tpdu_on_response: config.correlation.tpdu_on_response,
+                sticky_field: (config.back.algorithm == Algorithm::Sticky)
+                    .then_some(config.back.sticky_field),
+            },
+            Arc::clone(&spec),
+        )
+        .map_err(|e| e.to_string())?;
         let stamps = match &config.f37_stamp {
             Some(stamp) => {
                 let ids = config.back.node_ids().map_err(|e| e.to_string())?;
@@ -242,38 +204,6 @@ impl Service {
                 now,
             ))
         });
-        let mut wanted = Bitmap::default();
-        let key_fields = key_parts.iter().filter_map(|p| match p {
-            KeyPart::Field(id) => Some(*id),
-            KeyPart::Tpdu => None,
-        });
-        // F11, F37, F39, F41, F70: STAN, stamp, response code, terminal and
-        // network-management code, read by routing, sign-on and logs.
-        for id in key_fields.chain(rule_fields.iter().copied()).chain([
-            11,
-            37,
-            39,
-            41,
-            70,
-            config.back.sticky_field,
-        ]) {
-            wanted.set(id);
-        }
-        let wanted_count = wanted.iter().count();
-        if wanted_count > FieldIndex::CAPACITY {
-            return Err(format!(
-                "correlation key, rules and routing read {wanted_count} distinct fields; at most {} are supported",
-                FieldIndex::CAPACITY
-            ));
-        }
-        let accept_mti = config
-            .accept_mti
-            .iter()
-            .map(|t| {
-                MtiPattern::parse(t)
-                    .ok_or_else(|| format!("accept_mti: `{t}` is not an MTI pattern"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
         let network = NetworkTemplate::for_service(&config, &spec).map_err(|e| e.to_string())?;
         let oneconnect = super::oneconnect::OneConnect::for_service(&config)?;
         let request_timeout_ns = AtomicU64::new(duration_ns(config.timeouts.request));
@@ -290,15 +220,12 @@ impl Service {
             decline_codes,
             oneconnect,
             network,
-            wanted,
-            accept_mti,
+            router,
             log_limit: LogLimit::new(LOG_LINES_PER_SECOND),
-            rule_fields,
             config,
-            spec: Arc::new(spec),
+            spec,
             pool,
             correlator,
-            key_parts,
             counters: ServiceCounters::default(),
             next_conn_id: AtomicU64::new(1),
             next_stan: AtomicU64::new(1),
@@ -411,55 +338,15 @@ impl Service {
     }
 
     /// Checks a message in full against the service's spec and finds its
-    /// routing fields, in one pass. Allocates nothing.
+    /// routing fields, in one pass (see [`Router::check`]).
     pub fn check<'s>(&'s self, payload: Bytes) -> Result<Checked<'s>, Invalid> {
-        let msg = Message::parse(&self.spec, payload)?;
-        let index = msg.index(&self.wanted)?;
-        Ok(Checked { msg, index })
-    }
-
-    /// [`Service::check`], plus what a request from a front must be: a request
-    /// of an MTI the service accepts.
-    fn check_request<'s>(&'s self, payload: Bytes) -> Result<Checked<'s>, Invalid> {
-        let checked = self.check(payload)?;
-        let mti = checked.msg.mti();
-        if !mti.is_request() {
-            return Err(Invalid::NotARequest(mti));
-        }
-        self.check_routable(&checked)?;
-        Ok(checked)
-    }
-
-    /// What a request must be to be routed: of an MTI the service accepts,
-    /// and carrying at least one field of its correlation key (network
-    /// management excepted).
-    fn check_routable(&self, req: &Checked<'_>) -> Result<(), Invalid> {
-        self.check_accepted(req)?;
-        let mti = req.msg.mti();
-        let has_key_field = self.key_parts.iter().any(|part| match part {
-            KeyPart::Field(id) => req.msg.has_field(*id),
-            KeyPart::Tpdu => false,
-        });
-        if !mti.is_network_management() && !has_key_field {
-            return Err(Invalid::NoKeyField(mti));
-        }
-        Ok(())
-    }
-
-    /// A request of an MTI the service accepts (`accept_mti`).
-    fn check_accepted(&self, req: &Checked<'_>) -> Result<(), Invalid> {
-        let mti = req.msg.mti();
-        let digits = mti.digits();
-        if !self.accept_mti.is_empty() && !self.accept_mti.iter().any(|p| p.matches(&digits)) {
-            return Err(Invalid::NotAccepted(mti));
-        }
-        Ok(())
+        self.router.check(payload)
     }
 
     /// A message payload from a front client. Returns false when the client
     /// must be closed (a bad request under the `close` policy).
     pub fn on_request(&self, client: &ClientLink, payload: Bytes, now: Instant) -> bool {
-        let checked = match self.check_request(payload.clone()) {
+        let checked = match self.router.check_request(payload.clone()) {
             Ok(c) => c,
             Err(why) => return self.bad_request(client, &payload, &why, now),
         };
@@ -573,8 +460,8 @@ impl Service {
         let refuse = |origin, reason| Err((origin, reason));
         let msg = &req.msg;
         let mti = msg.mti().digits();
-        let texts = FieldTexts::of(req, &self.rule_fields);
-        let sticky = self.sticky_key(req);
+        let texts = self.router.rule_texts(req);
+        let sticky = self.router.sticky_key(req);
         let (node, conn) = match self.pool.pick(&mti, |id| texts.get(id), sticky, now) {
             Ok(p) => p,
             Err(_) => return refuse(origin, DeclineReason::NoHealthyNode),
@@ -625,13 +512,6 @@ impl Service {
         }
     }
 
-    fn sticky_key<'m>(&self, req: &'m Checked<'_>) -> Option<&'m [u8]> {
-        if self.config.back.algorithm != Algorithm::Sticky {
-            return None;
-        }
-        req.field(self.config.back.sticky_field).map(|f| f.data())
-    }
-
     /// The F37 stamp of a request going to `node`. On a simplex front only
     /// node-originated requests are stamped: the peer's own requests keep their
     /// F37, which the peer matches its responses on.
@@ -643,51 +523,13 @@ impl Service {
     }
 
     fn f37_patch(&self, req: &Checked<'_>, node: usize) -> Result<Patch, String> {
-        let mut patch = Patch::default();
-        let Some(stamp) = &self.config.f37_stamp else {
-            return Ok(patch);
-        };
-        let f37 = req.field(37).ok_or("request has no F37 to stamp")?;
-        // Stamp the text form, then write it back in the field's encoding
-        // (EBCDIC on VISA), so node IDs are the same characters on every link.
-        let (mut window, len) = f37_text(&f37);
-        let id = &self.pool.nodes()[node].id;
-        stamp
-            .stamp(&mut window[..len], id)
-            .map_err(|e| e.to_string())?;
-        if f37.def().data == crate::iso8583::Data::Ebcdic {
-            for b in &mut window[..len] {
-                *b = crate::iso8583::ebcdic::from_ascii(*b);
-            }
-        }
-        patch
-            .overwrite(f37.range().start, &window[..len])
-            .map_err(|e| e.to_string())?;
-        Ok(patch)
+        let node = self.pool.node(node).ok_or("no such node")?;
+        self.router.f37_patch(req, &node.id)
     }
 
     /// The correlation key of a request or response.
-    fn key_of(&self, checked: &Checked<'_>) -> Result<CorrelationKey, String> {
-        let msg = &checked.msg;
-        // The message class (first two MTI digits) keeps a reversal or a network
-        // message apart from a purchase that shares its key fields.
-        let mti = msg.mti().digits();
-        let mut b = CorrelationKey::builder().push(&mti[..2]);
-        for part in &self.key_parts {
-            match part {
-                KeyPart::Tpdu => {
-                    let t = msg.tpdu().ok_or("no TPDU for the correlation key")?;
-                    // Order-insensitive, so swapped and echoed TPDUs both match.
-                    let (a, c) = (t.destination, t.source);
-                    let (lo, hi) = if a <= c { (a, c) } else { (c, a) };
-                    b = b.push(&lo).push(&hi);
-                }
-                KeyPart::Field(id) => {
-                    b = b.push(checked.field(*id).map_or(&[][..], |f| f.data()));
-                }
-            }
-        }
-        b.build().map_err(|e| e.to_string())
+    fn key_of(&self, checked: &Checked<'_>) -> Result<CorrelationKey, KeyError> {
+        self.router.key_of(checked)
     }
 
     /// A frame from a node connection.
@@ -810,21 +652,7 @@ impl Service {
 
     /// The TPDU edit for a response to `request`, by the service's policy.
     fn response_tpdu_patch(&self, request: &[u8]) -> Patch {
-        let mut patch = Patch::default();
-        if !self.spec.envelope().tpdu {
-            return patch;
-        }
-        let Ok(t) = Tpdu::parse(request) else {
-            return patch;
-        };
-        let tpdu = match self.config.correlation.tpdu_on_response {
-            TpduPolicy::Swap => t.swapped(),
-            TpduPolicy::Echo => t,
-            TpduPolicy::Node => return patch,
-        };
-        // Offset 0 and five bytes always fit a patch slot.
-        let _ = patch.overwrite(0, &tpdu.to_bytes());
-        patch
+        self.router.response_tpdu_patch(request)
     }
 
     /// Answers `origin` with a switch-made response to `request`. Returns
@@ -1037,7 +865,7 @@ impl Service {
     /// The node named by a message's F37 stamp.
     fn stamped_node(&self, checked: &Checked<'_>) -> Option<usize> {
         let f37 = checked.field(37)?;
-        let (text, len) = f37_text(&f37);
+        let (text, len) = crate::route::router::f37_text(&f37);
         self.stamps.as_ref()?.node_of(&text[..len])
     }
 
@@ -1075,7 +903,7 @@ impl Service {
             self.answer_network_request(&checked.msg);
             return;
         }
-        if let Err(e) = self.check_routable(&checked) {
+        if let Err(e) = self.router.check_routable(&checked) {
             self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
             if self
                 .log_limit
@@ -1201,7 +1029,7 @@ impl Service {
         if !mti.is_request() {
             return Err(Invalid::NotARequest(mti));
         }
-        self.check_accepted(&checked)
+        self.router.check_accepted(&checked)
     }
 
     pub(crate) fn oc_bad_request(
@@ -1235,8 +1063,8 @@ impl Service {
         usable: impl Fn(usize) -> bool,
     ) -> Result<usize, super::pool::PickError> {
         let mti = req.msg.mti().digits();
-        let texts = FieldTexts::of(req, &self.rule_fields);
-        let sticky = self.sticky_key(req);
+        let texts = self.router.rule_texts(req);
+        let sticky = self.router.sticky_key(req);
         self.pool
             .pick_where(&mti, |id| texts.get(id), sticky, now, usable)
     }
@@ -1249,23 +1077,13 @@ impl Service {
         usable: impl Fn(usize) -> bool,
     ) -> bool {
         let mti = req.msg.mti().digits();
-        let texts = FieldTexts::of(req, &self.rule_fields);
+        let texts = self.router.rule_texts(req);
         self.pool
             .any_eligible(&mti, |id| texts.get(id), now, usable)
     }
 }
 
 /// F37 as text (EBCDIC turned into ASCII), on the stack.
-fn f37_text(f37: &crate::iso8583::FieldRef<'_>) -> ([u8; 12], usize) {
-    let mut text = [0u8; 12];
-    let mut len = 0;
-    for (dst, b) in text.iter_mut().zip(f37.logical()) {
-        *dst = b;
-        len += 1;
-    }
-    (text, len)
-}
-
 /// MTI and the non-secret key fields of a message, for logs.
 fn summary(msg: &Message<'_>) -> String {
     let text = |id: u16| {
@@ -1282,47 +1100,6 @@ fn summary(msg: &Message<'_>) -> String {
         text(37),
         text(41)
     )
-}
-
-/// The text forms (ASCII digits for BCD, Latin-1 text) of the few fields that
-/// directed rules compare with prefixes, decoded onto the stack: no allocation
-/// per request.
-struct FieldTexts {
-    ids: [u16; FieldTexts::MAX],
-    texts: [[u8; FieldTexts::TEXT]; FieldTexts::MAX],
-    lens: [usize; FieldTexts::MAX],
-    n: usize,
-}
-
-impl FieldTexts {
-    const MAX: usize = 8;
-    /// Rule prefixes are short; longer values are compared on their first bytes.
-    const TEXT: usize = 32;
-
-    fn of(req: &Checked<'_>, ids: &[u16]) -> FieldTexts {
-        let mut t = FieldTexts {
-            ids: [0; Self::MAX],
-            texts: [[0; Self::TEXT]; Self::MAX],
-            lens: [0; Self::MAX],
-            n: 0,
-        };
-        for &id in ids.iter().take(Self::MAX) {
-            let Some(f) = req.field(id) else { continue };
-            let slot = t.n;
-            t.ids[slot] = id;
-            for (dst, b) in t.texts[slot].iter_mut().zip(f.logical()) {
-                *dst = b;
-                t.lens[slot] += 1;
-            }
-            t.n += 1;
-        }
-        t
-    }
-
-    fn get(&self, id: u16) -> Option<&[u8]> {
-        let i = self.ids[..self.n].iter().position(|&x| x == id)?;
-        Some(&self.texts[i][..self.lens[i]])
-    }
 }
 
 /// The limits of a listen front that a reload may change.

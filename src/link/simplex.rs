@@ -23,6 +23,7 @@ use crate::wire::{Frame, FrameCodec};
 
 pub use super::outlinks::*;
 
+/// Spawns the out links and the in-link listener of a simplex front.
 pub async fn start(
     service: Arc<Service>,
     front: SimplexFront,

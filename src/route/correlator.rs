@@ -267,8 +267,16 @@ const PREALLOCATE_MAX: usize = 1 << 16;
 
 impl<V> Correlator<V> {
     pub fn new(cfg: CorrelatorConfig) -> Self {
-        let pre = cfg.capacity.min(PREALLOCATE_MAX);
-        let recent_pre = cfg.recent_capacity.min(PREALLOCATE_MAX);
+        Self::with_reserve(
+            cfg,
+            cfg.capacity.min(PREALLOCATE_MAX),
+            cfg.recent_capacity.min(PREALLOCATE_MAX),
+        )
+    }
+
+    /// A table that reserves room for `pre` entries and `recent_pre`
+    /// recently declined keys up front (a shard reserves its share).
+    fn with_reserve(cfg: CorrelatorConfig, pre: usize, recent_pre: usize) -> Self {
         Self {
             cfg,
             index: HashMap::with_capacity_and_hasher(pre, KeyHasher::default()),
@@ -573,8 +581,14 @@ pub const SHARDS: usize = 16;
 
 impl<V> Shards<V> {
     pub fn new(cfg: CorrelatorConfig) -> Self {
+        // Each shard reserves its share of the table, not all of it.
+        let pre = cfg.capacity.min(PREALLOCATE_MAX).div_ceil(SHARDS);
+        let recent_pre = cfg.recent_capacity.min(PREALLOCATE_MAX).div_ceil(SHARDS);
         let shards = (0..SHARDS)
-            .map(|_| std::sync::Mutex::new(Correlator::new(Self::shard_config(cfg))))
+            .map(|_| {
+                let shard = Correlator::with_reserve(Self::shard_config(cfg), pre, recent_pre);
+                std::sync::Mutex::new(shard)
+            })
             .collect();
         Self {
             shards,

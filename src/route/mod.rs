@@ -72,6 +72,7 @@ pub mod health;
 pub mod node;
 pub mod oneconnect;
 pub use crate::util::rng;
+pub mod router;
 pub mod rules;
 pub mod stamp;
 
@@ -84,6 +85,10 @@ pub use decline::{DeclineCodes, DeclineReason, ResponseCode};
 pub use health::{AdminState, Health, HealthConfig, HealthConfigError, Transition};
 pub use node::{EwmaConfig, NodeId, NodeIdError, NodeState, NodeView, PeakEwma};
 pub use rng::Rng;
+pub use router::{
+    Checked, FieldTexts, Invalid, KeyError, KeyPart, Router, RouterConfig, RouterError, TpduPolicy,
+    default_key,
+};
 pub use rules::{FieldPrefix, MtiPattern, RuleConfig, RuleError, RuleSet};
 pub use stamp::{F37Stamp, StampError, StampTable};
 
