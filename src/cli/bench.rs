@@ -212,12 +212,14 @@ struct Row {
     cpu: Option<Cpu>,
 }
 
-/// The processes under test and where to reach them.
+/// The processes under test and where to reach them. Fields drop in order:
+/// the proxies go before the nodes, so that the switch does not log every
+/// node link closing.
 struct Rig {
-    _nodes: Vec<Proc>,
-    nodes: Vec<SocketAddr>,
     switch: (Proc, SocketAddr),
     haproxy: Option<(Proc, SocketAddr)>,
+    _nodes: Vec<Proc>,
+    nodes: Vec<SocketAddr>,
 }
 
 impl Rig {
@@ -393,10 +395,12 @@ fn print_header(
         ),
         None => println!("- CPUs: nothing pinned"),
     }
-    println!(
-        "- machine: {} CPU(s), load average at the start {load_average}",
-        std::thread::available_parallelism().map_or(0, |n| n.get())
-    );
+    // Not available_parallelism: this process may be pinned by now.
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| CpuSet::parse(&s).ok())
+        .map_or(0, |c| c.len());
+    println!("- machine: {online} CPU(s) online, load average at the start {load_average}");
     println!(
         "- CPU µs/msg: utime + stime of the proxy process (/proc/PID/stat) over the row / answers it carried (a message = a request and its answer)"
     );
@@ -643,10 +647,13 @@ fn print_ratios(s: &Summary, args: &BenchArgs) {
     }
 }
 
-/// System calls per message of each proxy at `--strace-rate`, counted by
-/// `strace -c -f -p` over one open-loop row. strace stops the traced process
-/// at every system call, so the row's latency and CPU mean nothing; the
-/// counts do (they are what the proxy asks of the kernel per message).
+/// System calls per message of each proxy at `--strace-rate`, counted over
+/// one open-loop row each by `perf stat` on the kernel's syscall tracepoints
+/// (when perf is installed) and by `strace -c -f -p`. strace stops the traced
+/// process twice at every system call: it slows the proxy, whose writes then
+/// batch more, so its counts per message run low when the proxy cannot keep
+/// the offered rate (the table says the rate it carried). perf counts in the
+/// kernel without stopping anyone.
 async fn strace_run(
     rig: &Rig,
     spec: &Arc<Spec>,
@@ -657,71 +664,108 @@ async fn strace_run(
     if !strace::available() {
         return Err("--strace: strace is not installed (apt-get install strace)".into());
     }
+    let perf = strace::perf_available();
+    if !perf {
+        eprintln!("perf not usable (linux-perf, perf_event_paranoid): strace counts only");
+    }
     let rate = args.strace_rate;
     let r = format!("{rate:.0}");
-    let mut traced = Vec::new();
-    let targets: Vec<Target> = rig
-        .targets()
-        .into_iter()
-        .filter(|t| *t != Target::Direct)
-        .collect();
-    for target in targets {
+    let mut counted: Vec<(Target, &str, LoadReport, strace::Counts)> = Vec::new();
+    for target in rig.targets().into_iter().filter(|t| *t != Target::Direct) {
         let Some((addr, Some(pid))) = rig.addr_pid(target) else {
             continue;
         };
-        let tracer = strace::Tracer::attach(pid, target.key()).await?;
-        let mut cfg = LoadConfig::new(addr);
-        cfg.clients = args.clients;
-        cfg.in_flight = args.in_flight;
-        cfg.mix = args.mix;
-        cfg.duration = window;
-        cfg.rate = Some(rate);
-        eprintln!("strace on {} at {r} req/s ...", target.label());
-        let report = load::run(spec.clone(), cfg, Arc::new(LoadCounters::default())).await;
-        let counts = tracer.finish().await?;
-        let report = report?;
-        traced.push((target, report, counts));
+        for tool in ["perf", "strace"]
+            .into_iter()
+            .filter(|t| perf || *t == "strace")
+        {
+            let mut cfg = LoadConfig::new(addr);
+            cfg.clients = args.clients;
+            cfg.in_flight = args.in_flight;
+            cfg.mix = args.mix;
+            cfg.duration = window;
+            cfg.rate = Some(rate);
+            eprintln!("{tool} on {} at {r} req/s ...", target.label());
+            let load = || load::run(spec.clone(), cfg, Arc::new(LoadCounters::default()));
+            let (report, counts) = if tool == "perf" {
+                let counter = strace::PerfCounter::attach(pid, target.key()).await?;
+                let report = load().await;
+                (report, counter.finish().await?)
+            } else {
+                let tracer = strace::Tracer::attach(pid, target.key()).await?;
+                let report = load().await;
+                (report, tracer.finish().await?)
+            };
+            counted.push((target, tool, report?, counts));
+        }
     }
+    print_syscalls(&counted, window, &r);
+    for (t, tool, rep, c) in &counted {
+        let key = if *tool == "perf" {
+            "syscalls_per_msg_perf"
+        } else {
+            "syscalls_per_msg_strace"
+        };
+        summary.lines.push((
+            format!("{key}.{}@{r}", t.key()),
+            format!("{:.2}", per_msg(c.total(), rep)),
+        ));
+    }
+    Ok(())
+}
+
+fn per_msg(n: u64, rep: &LoadReport) -> f64 {
+    n as f64 / (rep.answered + rep.declined).max(1) as f64
+}
+
+fn print_syscalls(
+    counted: &[(Target, &str, LoadReport, strace::Counts)],
+    window: Duration,
+    rate: &str,
+) {
     println!(
-        "\n## System calls per message (`strace -c -f -p PID`, {} s at {r} req/s offered)\n",
+        "\n## System calls per message ({} s at {rate} req/s offered; `perf stat` on the syscall tracepoints, `strace -c -f -p PID`)\n",
         window.as_secs_f64()
     );
     print!("| system call |");
-    for (t, _, _) in &traced {
-        print!(" {} |", t.key());
+    for (t, tool, _, _) in counted {
+        print!(" {} ({tool}) |", t.key());
     }
     println!();
-    println!("|---|{}", "---:|".repeat(traced.len()));
+    println!("|---|{}", "---:|".repeat(counted.len()));
     let mut names: Vec<&str> = Vec::new();
-    for (_, _, c) in &traced {
+    for (_, _, _, c) in counted {
         for (n, _) in &c.0 {
-            if !names.contains(&n.as_str()) {
+            if n != "all" && !names.contains(&n.as_str()) {
                 names.push(n);
             }
         }
     }
-    let per_msg = |n: u64, rep: &LoadReport| n as f64 / (rep.answered + rep.declined).max(1) as f64;
     for name in names {
         // Calls under one per 1,000 messages are timers and housekeeping.
-        if traced
+        if counted
             .iter()
-            .all(|(_, rep, c)| per_msg(c.get(name), rep) < 0.001)
+            .all(|(_, _, rep, c)| per_msg(c.get(name), rep) < 0.001)
         {
             continue;
         }
         print!("| `{name}` |");
-        for (_, rep, c) in &traced {
-            print!(" {:.3} |", per_msg(c.get(name), rep));
+        for (_, tool, rep, c) in counted {
+            if *tool == "perf" && !c.0.iter().any(|(n, _)| n == name) {
+                print!(" - |");
+            } else {
+                print!(" {:.3} |", per_msg(c.get(name), rep));
+            }
         }
         println!();
     }
     print!("| **all** |");
-    for (_, rep, c) in &traced {
+    for (_, _, rep, c) in counted {
         print!(" **{:.2}** |", per_msg(c.total(), rep));
     }
     println!();
-    print!("| messages answered (msg/s) |");
-    for (_, rep, _) in &traced {
+    print!("| messages answered (msg/s carried) |");
+    for (_, _, rep, _) in counted {
         print!(
             " {} ({:.0}) |",
             rep.answered + rep.declined,
@@ -729,13 +773,6 @@ async fn strace_run(
         );
     }
     println!();
-    for (t, rep, c) in &traced {
-        summary.lines.push((
-            format!("syscalls_per_msg.{}@{r}", t.key()),
-            format!("{:.2}", per_msg(c.total(), rep)),
-        ));
-    }
-    Ok(())
 }
 
 /// Waits until something accepts on `addr`, then gives the switch time to

@@ -1,5 +1,7 @@
 //! System calls per message: `strace -c -f -p PID` on a proxy while the load
-//! runs, its summary table read back and divided by the messages answered.
+//! runs, its summary table read back and divided by the messages answered;
+//! and the same counted in the kernel by `perf stat` on the syscall
+//! tracepoints, which does not stop the process at every call as strace does.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -12,8 +14,12 @@ use super::procs::TempFile;
 pub(crate) struct Counts(pub(crate) Vec<(String, u64)>);
 
 impl Counts {
+    /// Every call: perf's own count (`all`) when there is one, else the sum.
     pub(crate) fn total(&self) -> u64 {
-        self.0.iter().map(|(_, n)| n).sum()
+        match self.0.iter().find(|(n, _)| n == "all") {
+            Some((_, all)) => *all,
+            None => self.0.iter().map(|(_, n)| n).sum(),
+        }
     }
 
     pub(crate) fn get(&self, name: &str) -> u64 {
@@ -127,6 +133,120 @@ impl Drop for Tracer {
     }
 }
 
+/// The system calls `perf stat` counts one by one (when the kernel has their
+/// tracepoint), beside `raw_syscalls:sys_enter`, every call.
+const PERF_CALLS: [&str; 13] = [
+    "sendto",
+    "recvfrom",
+    "write",
+    "writev",
+    "sendmsg",
+    "read",
+    "readv",
+    "recvmsg",
+    "epoll_wait",
+    "epoll_pwait",
+    "futex",
+    "sched_yield",
+    "clock_gettime",
+];
+
+pub(crate) fn perf_available() -> bool {
+    Command::new("perf")
+        .args(["stat", "-e", "raw_syscalls:sys_enter", "--", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// `perf stat` counting a process's system calls until
+/// [`PerfCounter::finish`].
+pub(crate) struct PerfCounter {
+    child: Child,
+    out: TempFile,
+}
+
+impl PerfCounter {
+    pub(crate) async fn attach(pid: u32, label: &str) -> Result<PerfCounter, String> {
+        let out = TempFile::write(&format!("isoswitch-bench-perf-{label}"), "csv", "")?;
+        let mut events = vec!["raw_syscalls:sys_enter".to_string()];
+        events.extend(
+            PERF_CALLS
+                .iter()
+                .filter(|c| {
+                    Path::new(&format!(
+                        "/sys/kernel/tracing/events/syscalls/sys_enter_{c}"
+                    ))
+                    .exists()
+                })
+                .map(|c| format!("syscalls:sys_enter_{c}")),
+        );
+        let child = Command::new("perf")
+            .args(["stat", "-x", ",", "-o"])
+            .arg(&out.path)
+            .arg("-e")
+            .arg(events.join(","))
+            .arg("-p")
+            .arg(pid.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start perf: {e}"))?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(PerfCounter { child, out })
+    }
+
+    pub(crate) async fn finish(mut self) -> Result<Counts, String> {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-INT", &pid]).status();
+        for _ in 0..100 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                let text = std::fs::read_to_string(&self.out.path)
+                    .map_err(|e| format!("{}: {e}", self.out.path.display()))?;
+                let counts = parse_perf(&text);
+                if counts.0.is_empty() {
+                    return Err(format!("perf stat counted nothing: {}", text.trim()));
+                }
+                return Ok(counts);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        Err("perf stat did not stop within 5 s of SIGINT".into())
+    }
+}
+
+impl Drop for PerfCounter {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Reads `perf stat -x ,`: `count,unit,event,...` per line. Every call
+/// (`raw_syscalls:sys_enter`) is named `all`; the others by their call.
+pub(crate) fn parse_perf(text: &str) -> Counts {
+    Counts(
+        text.lines()
+            .filter_map(|line| {
+                let mut cols = line.split(',');
+                let count = cols.next()?.trim().parse::<u64>().ok()?;
+                let event = cols.nth(1)?.trim();
+                let name = if event == "raw_syscalls:sys_enter" {
+                    "all"
+                } else {
+                    event.strip_prefix("syscalls:sys_enter_")?
+                };
+                Some((name.to_string(), count))
+            })
+            .collect(),
+    )
+}
+
 fn read(path: &Path) -> Result<Counts, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let counts = parse_summary(&text);
@@ -160,6 +280,19 @@ mod tests {
         assert_eq!(c.get("total"), 0);
         assert_eq!(c.total(), 59_001);
         assert_eq!(c.0[0].0, "recvfrom", "largest first");
+    }
+
+    #[test]
+    fn perf_csv_reads_every_call_and_each_call() {
+        let text = "# started on Thu Dec  3 07:36:46 2026\n\n\
+                    148,,raw_syscalls:sys_enter,1463815,100.00,,\n\
+                    3,,syscalls:sys_enter_write,1463815,100.00,,\n\
+                    <not counted>,,syscalls:sys_enter_futex,0,100.00,,\n";
+        let c = parse_perf(text);
+        assert_eq!(c.get("all"), 148);
+        assert_eq!(c.get("write"), 3);
+        assert_eq!(c.get("futex"), 0);
+        assert_eq!(c.0.len(), 2);
     }
 
     #[test]
