@@ -39,7 +39,9 @@ apt_install() {
 
 apt_install haproxy haproxy || echo "bench.sh: the HAProxy row is skipped" >&2
 if command -v haproxy >/dev/null 2>&1; then
-    haproxy -v | head -n 1 >&2
+    # sed reads all of it: head would close the pipe early, and pipefail turn
+    # haproxy's SIGPIPE into the script's exit.
+    haproxy -v | sed -n 1p >&2
 fi
 for arg in "$@"; do
     if [ "$arg" = --strace ]; then
