@@ -1,23 +1,41 @@
-//! `isoswitch bench`: one run, same machine, same workload, nodes answering at
-//! once, measuring in turn (a) the load generator straight to one node, (b)
-//! HAProxy in TCP mode round robin over the nodes (when `haproxy` is on the PATH)
-//! and (c) isoswitch balancing per message over the same nodes, in its own
-//! process. Then the same at a fixed request rate, for the latency the switch
-//! adds.
+//! `isoswitch bench`: one run, same machine, same workload, measuring in turn
+//! (a) the load generator straight to one node, (b) HAProxy in TCP mode round
+//! robin over the nodes (when `haproxy` is on the PATH) and (c) isoswitch
+//! balancing per message over the same nodes.
+//!
+//! Every party but the load generator is a process of its own: the nodes
+//! (`isoswitch sim node`), the switch (`isoswitch run`) and HAProxy. Where
+//! `taskset` and two CPUs or more are available, the proxy under test (switch
+//! or HAProxy, both with the same thread count) runs on CPUs of its own and
+//! the load side (this process and the nodes) on the others, so that neither
+//! proxy shares a core with the traffic it is measured on.
+//!
+//! Rows: a saturation run (closed loop, every client's window full) and, at
+//! each offered rate, an open-loop run whose latency is corrected for
+//! coordinated omission ([`crate::sim::load`]). Throughput counts approved
+//! answers (F39 `00`) only; declines and errors have their own columns. The
+//! proxies' CPU per message comes from `/proc/PID/stat` over each row.
+//! `--strace` adds system calls per message under load.
+
+mod procs;
+mod strace;
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::iso8583::Spec;
 use crate::sim::load::{self, LoadConfig, LoadCounters, LoadReport, Mix};
-use crate::sim::node::{Delay, NodeSim, NodeSimConfig};
+
+use procs::{CpuSet, Pinning, Proc};
+pub(super) use procs::{TempFile, free_port};
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     #[arg(long, default_value = "cups")]
     pub spec: String,
+    /// Node simulators, each in its own process.
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
     #[arg(long, default_value_t = 50)]
@@ -27,27 +45,49 @@ pub struct BenchArgs {
     /// `paper` (80% 200-300 bytes, 20% 1,200-1,400) or a size in bytes.
     #[arg(long, default_value = "paper")]
     pub mix: Mix,
-    /// Length of each measurement.
+    /// Length of each measurement (row).
     #[arg(long, default_value = "10s", value_parser = crate::util::duration::parse)]
     pub duration: Duration,
-    /// Request rate of the fixed-rate run (the added-latency measurement).
-    #[arg(long, default_value_t = 10_000.0)]
-    pub rate: f64,
+    /// Offered rates of the open-loop rows, requests/s, comma-separated.
+    #[arg(long = "rate", value_delimiter = ',', default_values_t = [10_000.0, 30_000.0], value_parser = parse_rate)]
+    pub rates: Vec<f64>,
+    /// Leave out the saturation rows (closed loop, as fast as answered).
+    #[arg(long)]
+    pub no_saturation: bool,
     /// Skip HAProxy even if it is installed.
     #[arg(long)]
     pub no_haproxy: bool,
     /// Measure every row this many times, interleaved (a, b, c, a, b, c...),
-    /// and report the range: on a shared machine one run is not a number.
+    /// and report the median and range: on a shared machine one run is not a
+    /// number.
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
-    /// Worker threads of the switch process (`isoswitch run --worker-threads`;
-    /// default: its own default, one per core).
+    /// Worker threads of the switch, and HAProxy's `nbthread` (default: the
+    /// number of proxy CPUs when pinned, else the CPUs available).
     #[arg(long)]
     pub switch_threads: Option<usize>,
-    /// Worker threads of this process, which runs the nodes and the load
-    /// generator (default: one per core).
+    /// Worker threads of this process, the load generator (default: one per
+    /// CPU it may run on).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// CPUs of the proxy under test, a `taskset -c` list (`1`, `2-3`).
+    /// Default: the upper half of the CPUs this process may use.
+    #[arg(long)]
+    pub proxy_cpus: Option<String>,
+    /// CPUs of the load generator and the nodes. Default: the CPUs not given
+    /// to the proxy.
+    #[arg(long)]
+    pub load_cpus: Option<String>,
+    /// Pin nothing: every process may run on every CPU.
+    #[arg(long)]
+    pub no_pin: bool,
+    /// Also count the proxies' system calls per message: `strace -c -f -p`
+    /// for this long (default 10s) at `--strace-rate`.
+    #[arg(long, num_args = 0..=1, default_missing_value = "10s", value_parser = humantime::parse_duration)]
+    pub strace: Option<Duration>,
+    /// Offered rate of the `--strace` run, requests/s.
+    #[arg(long, default_value_t = 10_000.0, value_parser = parse_rate)]
+    pub strace_rate: f64,
     /// `throughput` (the rows above) or `paper`: the bank paper's Table 1
     /// (OneConnect) and Table 2 (MBLB) for isoswitch, HAProxy and direct to a
     /// node, `--duration` per row (the paper ran 5m).
@@ -58,13 +98,32 @@ pub struct BenchArgs {
     pub plot_dir: String,
 }
 
-/// One measured row.
-struct Row {
-    what: String,
-    report: LoadReport,
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!(
+            "`{s}`: use a positive number of requests per second"
+        )),
+    }
 }
 
 pub fn run(args: &BenchArgs) -> ExitCode {
+    let pinning = if args.scenario == "paper" {
+        None
+    } else {
+        match plan_pinning(args) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("isoswitch bench: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    };
+    // Before the runtime starts: its threads inherit the affinity.
+    if let Some(Err(e)) = pinning.as_ref().map(|p| procs::pin_self(&p.load)) {
+        eprintln!("isoswitch bench: {e}");
+        return ExitCode::FAILURE;
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = args.threads {
         builder.worker_threads(n.max(1));
@@ -76,7 +135,7 @@ pub fn run(args: &BenchArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(bench(args)) {
+    match rt.block_on(bench(args, pinning)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("isoswitch bench: {e}");
@@ -85,239 +144,648 @@ pub fn run(args: &BenchArgs) -> ExitCode {
     }
 }
 
-async fn bench(args: &BenchArgs) -> Result<(), String> {
+fn plan_pinning(args: &BenchArgs) -> Result<Option<Pinning>, String> {
+    if args.no_pin {
+        return Ok(None);
+    }
+    if !procs::taskset_available() {
+        eprintln!("taskset not found (util-linux): nothing is pinned");
+        return Ok(None);
+    }
+    let Some(allowed) = CpuSet::allowed() else {
+        eprintln!("cannot read Cpus_allowed_list: nothing is pinned");
+        return Ok(None);
+    };
+    let p = Pinning::choose(
+        &allowed,
+        args.proxy_cpus.as_deref(),
+        args.load_cpus.as_deref(),
+    )?;
+    if p.is_none() {
+        eprintln!("one CPU: nothing to pin apart");
+    }
+    Ok(p)
+}
+
+/// Who answers the load generator in a row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    Direct,
+    Haproxy,
+    Switch,
+}
+
+impl Target {
+    fn label(self) -> &'static str {
+        match self {
+            Target::Direct => "(a) direct to one node",
+            Target::Haproxy => "(b) haproxy tcp roundrobin",
+            Target::Switch => "(c) isoswitch per message",
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            Target::Direct => "direct",
+            Target::Haproxy => "haproxy",
+            Target::Switch => "switch",
+        }
+    }
+}
+
+/// CPU a proxy process spent over a row.
+#[derive(Clone, Copy, Debug)]
+struct Cpu {
+    /// Per message: one request and its answer through the proxy.
+    us_per_msg: f64,
+    /// Of one core, over the row.
+    percent: f64,
+}
+
+/// One measured row.
+struct Row {
+    target: Target,
+    /// Offered rate; `None` for saturation.
+    rate: Option<f64>,
+    repetition: usize,
+    report: LoadReport,
+    cpu: Option<Cpu>,
+}
+
+/// The processes under test and where to reach them. Fields drop in order:
+/// the proxies go before the nodes, so that the switch does not log every
+/// node link closing.
+struct Rig {
+    switch: (Proc, SocketAddr),
+    haproxy: Option<(Proc, SocketAddr)>,
+    _nodes: Vec<Proc>,
+    nodes: Vec<SocketAddr>,
+}
+
+impl Rig {
+    fn addr_pid(&self, t: Target) -> Option<(SocketAddr, Option<u32>)> {
+        match t {
+            Target::Direct => Some((self.nodes[0], None)),
+            Target::Switch => Some((self.switch.1, Some(self.switch.0.pid()))),
+            Target::Haproxy => self.haproxy.as_ref().map(|(p, a)| (*a, Some(p.pid()))),
+        }
+    }
+
+    fn targets(&self) -> Vec<Target> {
+        let mut t = vec![Target::Direct];
+        if self.haproxy.is_some() {
+            t.push(Target::Haproxy);
+        }
+        t.push(Target::Switch);
+        t
+    }
+}
+
+async fn bench(args: &BenchArgs, pinning: Option<Pinning>) -> Result<(), String> {
     if args.scenario == "paper" {
         return super::paper::run(args).await;
     }
     let spec = Arc::new(Spec::resolve(&args.spec).map_err(|e| e.to_string())?);
-    let mut nodes = Vec::new();
-    for i in 0..args.nodes.max(1) {
-        let cfg = NodeSimConfig {
-            id: format!("{:02}", i + 1),
-            delay: Delay::NONE,
-            fail_rate: 0.0,
-            originate: None,
-        };
-        let any: SocketAddr = "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?;
-        nodes.push(
-            NodeSim::start(any, spec.clone(), cfg)
-                .await
-                .map_err(|e| e.to_string())?,
+    let proxy_threads = args
+        .switch_threads
+        .or(pinning.as_ref().map(|p| p.proxy.len()))
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let load_average_start = procs::load_average();
+    let rig = start_rig(args, pinning.as_ref(), proxy_threads).await?;
+    print_header(
+        args,
+        pinning.as_ref(),
+        proxy_threads,
+        &rig,
+        &load_average_start,
+    );
+
+    let mut rows = Vec::new();
+    for rep in 0..args.repeat.max(1) {
+        let rates = std::iter::once(None)
+            .filter(|_| !args.no_saturation)
+            .chain(args.rates.iter().map(|r| Some(*r)));
+        for rate in rates {
+            for target in rig.targets() {
+                rows.push(measure(&rig, target, rate, rep, &spec, args).await?);
+            }
+        }
+    }
+    if !args.no_saturation {
+        println!(
+            "\n## Saturation (closed loop: {} clients x {} in flight, as fast as answered)\n",
+            args.clients, args.in_flight
+        );
+        print_table(rows.iter().filter(|r| r.rate.is_none()), args.repeat > 1);
+    }
+    for &rate in &args.rates {
+        println!(
+            "\n## Open loop at {rate:.0} req/s offered (latency corrected for coordinated omission)\n"
+        );
+        print_table(
+            rows.iter().filter(|r| r.rate == Some(rate)),
+            args.repeat > 1,
         );
     }
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let mut summary = Summary::from_rows(&rows, args);
+    print_ratios(&summary, args);
+    if let Some(window) = args.strace {
+        strace_run(&rig, &spec, args, window, &mut summary).await?;
+    }
+    println!("\n## Summary (medians; docs/capacity.md reads these lines)\n");
+    println!("```");
+    for (k, v) in &summary.lines {
+        println!("{k} = {v}");
+    }
+    println!("```");
+    println!(
+        "\nload average at the end: {} (at the start: {load_average_start})",
+        procs::load_average()
+    );
+    Ok(())
+}
+
+async fn start_rig(
+    args: &BenchArgs,
+    pinning: Option<&Pinning>,
+    proxy_threads: usize,
+) -> Result<Rig, String> {
+    let load_cpus = pinning.map(|p| &p.load);
+    let proxy_cpus = pinning.map(|p| &p.proxy);
+    let mut node_procs = Vec::new();
+    let mut nodes = Vec::new();
+    for i in 0..args.nodes.max(1) {
+        let (p, addr) = procs::start_node(&args.spec, &format!("{:02}", i + 1), load_cpus)?;
+        node_procs.push(p);
+        nodes.push(addr);
+    }
+    for &n in &nodes {
+        wait_accepting(n).await?;
+    }
+    let switch = procs::start_switch(&args.spec, &nodes, Some(proxy_threads), proxy_cpus)?;
+    wait_listening(switch.1).await?;
     let haproxy = if args.no_haproxy {
         None
-    } else {
-        Haproxy::start(&addrs).ok()
-    };
-    if haproxy.is_none() && !args.no_haproxy {
+    } else if !haproxy_installed() {
         eprintln!("haproxy not found on PATH: row (b) skipped (scripts/bench.sh installs it)");
-    }
-    let switch = SwitchProcess::start(&args.spec, &addrs, args.switch_threads)?;
-    wait_listening(switch.front).await?;
-    let haproxy = match haproxy {
-        Some(h) => match wait_listening(h.front).await {
-            Ok(()) => Some(h),
+        None
+    } else {
+        let (mut p, front) = procs::start_haproxy(&nodes, Some(proxy_threads), proxy_cpus)?;
+        match wait_listening(front).await {
+            Ok(()) if p.exited().is_none() => Some((p, front)),
+            Ok(()) => {
+                eprintln!("haproxy exited at start: row (b) skipped");
+                None
+            }
             Err(e) => {
                 eprintln!("haproxy did not start ({e}): row (b) skipped");
                 None
             }
-        },
-        None => None,
+        }
     };
+    Ok(Rig {
+        _nodes: node_procs,
+        nodes,
+        switch,
+        haproxy,
+    })
+}
+
+fn haproxy_installed() -> bool {
+    Command::new("haproxy")
+        .arg("-v")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn print_header(
+    args: &BenchArgs,
+    pinning: Option<&Pinning>,
+    proxy_threads: usize,
+    rig: &Rig,
+    load_average: &str,
+) {
+    println!("# isoswitch bench\n");
     println!(
-        "# isoswitch bench: spec {}, {} nodes answering at once, {} clients x {} in flight, mix {:?}, {} s per row, {} repetition(s); switch threads {}, bench threads {}",
+        "- load: spec {}, {} clients x {} in flight, mix {:?}, {} s per row, {} repetition(s), rows interleaved",
         args.spec,
-        addrs.len(),
         args.clients,
         args.in_flight,
         args.mix,
         args.duration.as_secs_f64(),
         args.repeat.max(1),
-        args.switch_threads
-            .map_or_else(|| "default".to_string(), |n| n.to_string()),
-        args.threads
-            .map_or_else(|| "default".to_string(), |n| n.to_string()),
     );
-    let repeat = args.repeat.max(1);
-    let tag = |what: &str, i: usize| {
-        if repeat > 1 {
-            format!("{what} #{}", i + 1)
+    println!(
+        "- processes: {} nodes (`isoswitch sim node`, one process each), the switch (`isoswitch run`, {proxy_threads} worker thread(s)), {}, the load generator (this process)",
+        rig.nodes.len(),
+        if rig.haproxy.is_some() {
+            format!("HAProxy (TCP mode, nbthread {proxy_threads})")
         } else {
-            what.to_string()
+            "no HAProxy".into()
         }
-    };
-    let mut rows = Vec::new();
-    let mut fixed = Vec::new();
-    let mut ratios = Vec::new();
-    for i in 0..repeat {
-        let a = measure(
-            &tag("(a) direct to one node", i),
-            addrs[0],
-            &spec,
-            args,
-            None,
-        )
-        .await?;
-        let b = match &haproxy {
-            Some(h) => Some(
-                measure(
-                    &tag("(b) haproxy tcp roundrobin", i),
-                    h.front,
-                    &spec,
-                    args,
-                    None,
-                )
-                .await?,
-            ),
-            None => None,
-        };
-        let c = measure(
-            &tag("(c) isoswitch per message", i),
-            switch.front,
-            &spec,
-            args,
-            None,
-        )
-        .await?;
-        let label = tag(&format!("(a) direct at {} req/s", args.rate), i);
-        let fa = measure(&label, addrs[0], &spec, args, Some(args.rate)).await?;
-        let fb = match &haproxy {
-            Some(h) => {
-                let label = tag(&format!("(b) haproxy at {} req/s", args.rate), i);
-                Some(measure(&label, h.front, &spec, args, Some(args.rate)).await?)
-            }
-            None => None,
-        };
-        let label = tag(&format!("(c) isoswitch at {} req/s", args.rate), i);
-        let fc = measure(&label, switch.front, &spec, args, Some(args.rate)).await?;
-        ratios.push(Ratios {
-            c_b: b.as_ref().map(|b| ratio(&c.report, &b.report)),
-            c_a: ratio(&c.report, &a.report),
-            added_p99_us: p99(&fc.report) - p99(&fa.report),
-            added_p99_haproxy_us: fb.as_ref().map(|fb| p99(&fb.report) - p99(&fa.report)),
-        });
-        rows.push(a);
-        rows.extend(b);
-        rows.push(c);
-        fixed.push(fa);
-        fixed.extend(fb);
-        fixed.push(fc);
+    );
+    match pinning {
+        Some(p) => println!(
+            "- CPUs (taskset): switch and HAProxy on {}, load generator and nodes on {}",
+            p.proxy.list(),
+            p.load.list()
+        ),
+        None => println!("- CPUs: nothing pinned"),
     }
-    print_table("Maximum throughput", &rows);
-    print_table("Fixed rate", &fixed);
-    print_summary(&ratios, args.rate);
-    drop(switch);
-    drop(haproxy);
-    for n in nodes {
-        n.stop().await;
-    }
-    Ok(())
+    // Not available_parallelism: this process may be pinned by now.
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| CpuSet::parse(&s).ok())
+        .map_or(0, |c| c.len());
+    println!("- machine: {online} CPU(s) online, load average at the start {load_average}");
+    println!(
+        "- CPU µs/msg: utime + stime of the proxy process (/proc/PID/stat) over the row / answers it carried (a message = a request and its answer)"
+    );
 }
 
 async fn measure(
-    what: &str,
-    target: SocketAddr,
+    rig: &Rig,
+    target: Target,
+    rate: Option<f64>,
+    repetition: usize,
     spec: &Arc<Spec>,
     args: &BenchArgs,
-    rate: Option<f64>,
 ) -> Result<Row, String> {
-    let mut cfg = LoadConfig::new(target);
+    let Some((addr, pid)) = rig.addr_pid(target) else {
+        return Err(format!("no {} in this run", target.key()));
+    };
+    let mut cfg = LoadConfig::new(addr);
     cfg.clients = args.clients;
     cfg.in_flight = args.in_flight;
     cfg.mix = args.mix;
     cfg.duration = args.duration;
     cfg.rate = rate;
-    eprintln!("measuring {what} ...");
+    eprintln!(
+        "measuring {} at {} ...",
+        target.label(),
+        rate.map_or("saturation".into(), |r| format!("{r:.0} req/s"))
+    );
+    let before = pid.and_then(procs::cpu_ticks);
     let report = load::run(spec.clone(), cfg, Arc::new(LoadCounters::default())).await?;
+    let after = pid.and_then(procs::cpu_ticks);
+    let cpu = match (before, after) {
+        (Some(b), Some(a)) => Some(cpu_use(
+            a.saturating_sub(b),
+            report.answered + report.declined,
+            report.elapsed,
+        )),
+        _ => None,
+    };
     Ok(Row {
-        what: what.to_string(),
+        target,
+        rate,
+        repetition,
         report,
+        cpu,
     })
 }
 
-fn print_table(title: &str, rows: &[Row]) {
-    println!("\n## {title}\n");
-    println!("| target | msg/s | p50 µs | p99 µs | p99.9 µs | timeouts | mismatches |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
-    for r in rows {
-        println!(
-            "| {} | {:.0} | {} | {} | {} | {} | {} |",
-            r.what,
-            r.report.throughput(),
-            r.report.percentile_us(0.5),
-            r.report.percentile_us(0.99),
-            r.report.percentile_us(0.999),
-            r.report.timeouts,
-            r.report.mismatches
-        );
+fn cpu_use(ticks: u64, messages: u64, elapsed: Duration) -> Cpu {
+    let seconds = ticks as f64 / procs::TICKS_PER_S;
+    Cpu {
+        us_per_msg: seconds * 1e6 / messages.max(1) as f64,
+        percent: seconds * 100.0 / elapsed.as_secs_f64().max(1e-9),
     }
 }
 
-/// What one repetition gives.
-struct Ratios {
-    c_b: Option<f64>,
-    c_a: f64,
-    added_p99_us: i64,
-    added_p99_haproxy_us: Option<i64>,
-}
-
-fn ratio(num: &LoadReport, den: &LoadReport) -> f64 {
-    num.throughput() / den.throughput().max(1e-9)
-}
-
-fn p99(r: &LoadReport) -> i64 {
-    i64::try_from(r.percentile_us(0.99)).unwrap_or(i64::MAX)
-}
-
-/// `median (min..max)` of the values, or the value alone.
-fn spread<T: Copy + PartialOrd + std::fmt::Display>(
-    mut v: Vec<T>,
-    show: fn(T) -> String,
-) -> String {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-    match (v.first(), v.get(v.len() / 2), v.last()) {
-        (Some(&lo), Some(&mid), Some(&hi)) if v.len() > 1 => {
-            format!("{} (range {} .. {})", show(mid), show(lo), show(hi))
-        }
-        (Some(&x), _, _) => show(x),
-        _ => "-".into(),
-    }
-}
-
-fn print_summary(ratios: &[Ratios], rate: f64) {
-    let two = |x: f64| format!("{x:.2}");
-    let us = |x: i64| format!("{x} µs");
-    println!();
-    let c_b: Vec<f64> = ratios.iter().filter_map(|r| r.c_b).collect();
-    if !c_b.is_empty() {
-        println!("c/b (isoswitch / haproxy) = {}", spread(c_b, two));
-    }
-    let c_a: Vec<f64> = ratios.iter().map(|r| r.c_a).collect();
-    println!("c/a (isoswitch / direct)  = {}", spread(c_a, two));
-    let added: Vec<i64> = ratios.iter().map(|r| r.added_p99_us).collect();
+fn print_table<'r>(rows: impl Iterator<Item = &'r Row>, numbered: bool) {
     println!(
-        "added p99 at {rate} req/s, isoswitch: {}",
-        spread(added, us)
+        "| target | sent/s | approved/s | declined | errors/timeouts | p50 µs | p99 µs | p99.9 µs | CPU µs/msg | CPU % of a core |"
     );
-    let added_b: Vec<i64> = ratios
-        .iter()
-        .filter_map(|r| r.added_p99_haproxy_us)
-        .collect();
-    if !added_b.is_empty() {
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let name = if numbered {
+            format!("{} #{}", r.target.label(), r.repetition + 1)
+        } else {
+            r.target.label().to_string()
+        };
+        let (cpu_msg, cpu_pct) = r.cpu.map_or(("-".into(), "-".into()), |c| {
+            (format!("{:.1}", c.us_per_msg), format!("{:.0}", c.percent))
+        });
+        let rep = &r.report;
         println!(
-            "added p99 at {rate} req/s, haproxy:   {}",
-            spread(added_b, us)
+            "| {name} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {cpu_msg} | {cpu_pct} |",
+            rep.sent_per_s(),
+            rep.approved_per_s(),
+            rep.declined,
+            rep.errors(),
+            rep.percentile_us(0.5),
+            rep.percentile_us(0.99),
+            rep.percentile_us(0.999),
         );
     }
 }
 
+/// The figures of a run, median over its repetitions, as `key = value`
+/// lines (printed last, read by docs/capacity.md), and the same figures as
+/// `median (range)` for the ratios section.
+struct Summary {
+    lines: Vec<(String, String)>,
+    spreads: Vec<(String, String)>,
+}
+
+impl Summary {
+    fn from_rows(rows: &[Row], args: &BenchArgs) -> Summary {
+        let mut s = Summary {
+            lines: Vec::new(),
+            spreads: Vec::new(),
+        };
+        let reps = args.repeat.max(1);
+        // Per repetition: a row's value, or None when the row is missing.
+        let per_rep = |target: Target, rate: Option<f64>, f: &dyn Fn(&Row) -> Option<f64>| {
+            (0..reps)
+                .map(|i| {
+                    rows.iter()
+                        .find(|r| r.target == target && r.rate == rate && r.repetition == i)
+                        .and_then(f)
+                })
+                .collect::<Vec<_>>()
+        };
+        let approved = |r: &Row| Some(r.report.approved_per_s());
+        let cpu = |r: &Row| r.cpu.map(|c| c.us_per_msg);
+        let p99 = |r: &Row| Some(r.report.percentile_us(0.99) as f64);
+        if !args.no_saturation {
+            for t in [Target::Direct, Target::Haproxy, Target::Switch] {
+                s.add(
+                    &format!("saturation_approved_per_s.{}", t.key()),
+                    &per_rep(t, None, &approved),
+                    0,
+                );
+            }
+            for t in [Target::Haproxy, Target::Switch] {
+                s.add(
+                    &format!("cpu_us_per_msg.{}@saturation", t.key()),
+                    &per_rep(t, None, &cpu),
+                    1,
+                );
+            }
+            let sw = per_rep(Target::Switch, None, &approved);
+            let ha = per_rep(Target::Haproxy, None, &approved);
+            let di = per_rep(Target::Direct, None, &approved);
+            s.add("ratio.saturation_switch_over_haproxy", &div(&sw, &ha), 2);
+            s.add("ratio.saturation_switch_over_direct", &div(&sw, &di), 2);
+        }
+        for &rate in &args.rates {
+            let at = Some(rate);
+            let r = format!("{rate:.0}");
+            let sw_cpu = per_rep(Target::Switch, at, &cpu);
+            let ha_cpu = per_rep(Target::Haproxy, at, &cpu);
+            s.add(&format!("cpu_us_per_msg.switch@{r}"), &sw_cpu, 1);
+            s.add(&format!("cpu_us_per_msg.haproxy@{r}"), &ha_cpu, 1);
+            s.add(
+                &format!("ratio.cpu_switch_over_haproxy@{r}"),
+                &div(&sw_cpu, &ha_cpu),
+                2,
+            );
+            let direct = per_rep(Target::Direct, at, &p99);
+            for t in [Target::Direct, Target::Haproxy, Target::Switch] {
+                s.add(&format!("p99_us.{}@{r}", t.key()), &per_rep(t, at, &p99), 0);
+            }
+            for t in [Target::Haproxy, Target::Switch] {
+                s.add(
+                    &format!("p99_added_us.{}@{r}", t.key()),
+                    &sub(&per_rep(t, at, &p99), &direct),
+                    0,
+                );
+            }
+        }
+        s
+    }
+
+    /// Adds a figure when every repetition has it.
+    fn add(&mut self, key: &str, values: &[Option<f64>], decimals: usize) {
+        let Some(mut v) = values.iter().copied().collect::<Option<Vec<f64>>>() else {
+            return;
+        };
+        if v.is_empty() {
+            return;
+        }
+        v.sort_by(f64::total_cmp);
+        let show = |x: f64| format!("{x:.decimals$}");
+        let median = v[v.len() / 2];
+        self.lines.push((key.to_string(), show(median)));
+        let spread = match (v.first(), v.last()) {
+            (Some(&lo), Some(&hi)) if v.len() > 1 => {
+                format!("{} (range {} .. {})", show(median), show(lo), show(hi))
+            }
+            _ => show(median),
+        };
+        self.spreads.push((key.to_string(), spread));
+    }
+
+    fn spread(&self, key: &str) -> Option<&str> {
+        self.spreads
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn div(a: &[Option<f64>], b: &[Option<f64>]) -> Vec<Option<f64>> {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| match (a, b) {
+            (Some(a), Some(b)) if *b > 0.0 => Some(a / b),
+            _ => None,
+        })
+        .collect()
+}
+
+fn sub(a: &[Option<f64>], b: &[Option<f64>]) -> Vec<Option<f64>> {
+    a.iter().zip(b).map(|(a, b)| Some((*a)? - (*b)?)).collect()
+}
+
+fn print_ratios(s: &Summary, args: &BenchArgs) {
+    println!("\n## Ratios (same run)\n");
+    let line = |what: &str, key: &str, goal: &str| {
+        if let Some(v) = s.spread(key) {
+            println!("- {what}: **{v}**{goal}");
+        }
+    };
+    for &rate in &args.rates {
+        let r = format!("{rate:.0}");
+        line(
+            &format!("switch CPU/msg ÷ HAProxy CPU/msg at {r} req/s"),
+            &format!("ratio.cpu_switch_over_haproxy@{r}"),
+            " (goal ≤ 0.5)",
+        );
+    }
+    line(
+        "saturation, switch ÷ HAProxy (approved/s)",
+        "ratio.saturation_switch_over_haproxy",
+        " (goal ≥ 1.5)",
+    );
+    line(
+        "saturation, switch ÷ direct (approved/s)",
+        "ratio.saturation_switch_over_direct",
+        " (goal ≥ 0.8)",
+    );
+    for &rate in &args.rates {
+        let r = format!("{rate:.0}");
+        line(
+            &format!("switch-added p99 at {r} req/s (switch p99 − direct p99)"),
+            &format!("p99_added_us.switch@{r}"),
+            if rate == 10_000.0 {
+                " µs (goal ≤ 300 µs)"
+            } else {
+                " µs"
+            },
+        );
+        line(
+            &format!("HAProxy-added p99 at {r} req/s"),
+            &format!("p99_added_us.haproxy@{r}"),
+            " µs",
+        );
+    }
+}
+
+/// System calls per message of each proxy at `--strace-rate`, counted over
+/// one open-loop row each by `perf stat` on the kernel's syscall tracepoints
+/// (when perf is installed) and by `strace -c -f -p`. strace stops the traced
+/// process twice at every system call: it slows the proxy, whose writes then
+/// batch more, so its counts per message run low when the proxy cannot keep
+/// the offered rate (the table says the rate it carried). perf counts in the
+/// kernel without stopping anyone.
+async fn strace_run(
+    rig: &Rig,
+    spec: &Arc<Spec>,
+    args: &BenchArgs,
+    window: Duration,
+    summary: &mut Summary,
+) -> Result<(), String> {
+    if !strace::available() {
+        return Err("--strace: strace is not installed (apt-get install strace)".into());
+    }
+    let perf = strace::perf_available();
+    if !perf {
+        eprintln!("perf not usable (linux-perf, perf_event_paranoid): strace counts only");
+    }
+    let rate = args.strace_rate;
+    let r = format!("{rate:.0}");
+    let mut counted: Vec<(Target, &str, LoadReport, strace::Counts)> = Vec::new();
+    for target in rig.targets().into_iter().filter(|t| *t != Target::Direct) {
+        let Some((addr, Some(pid))) = rig.addr_pid(target) else {
+            continue;
+        };
+        for tool in ["perf", "strace"]
+            .into_iter()
+            .filter(|t| perf || *t == "strace")
+        {
+            let mut cfg = LoadConfig::new(addr);
+            cfg.clients = args.clients;
+            cfg.in_flight = args.in_flight;
+            cfg.mix = args.mix;
+            cfg.duration = window;
+            cfg.rate = Some(rate);
+            eprintln!("{tool} on {} at {r} req/s ...", target.label());
+            let load = || load::run(spec.clone(), cfg, Arc::new(LoadCounters::default()));
+            let (report, counts) = if tool == "perf" {
+                let counter = strace::PerfCounter::attach(pid, target.key()).await?;
+                let report = load().await;
+                (report, counter.finish().await?)
+            } else {
+                let tracer = strace::Tracer::attach(pid, target.key()).await?;
+                let report = load().await;
+                (report, tracer.finish().await?)
+            };
+            counted.push((target, tool, report?, counts));
+        }
+    }
+    print_syscalls(&counted, window, &r);
+    for (t, tool, rep, c) in &counted {
+        let key = if *tool == "perf" {
+            "syscalls_per_msg_perf"
+        } else {
+            "syscalls_per_msg_strace"
+        };
+        summary.lines.push((
+            format!("{key}.{}@{r}", t.key()),
+            format!("{:.2}", per_msg(c.total(), rep)),
+        ));
+    }
+    Ok(())
+}
+
+fn per_msg(n: u64, rep: &LoadReport) -> f64 {
+    n as f64 / (rep.answered + rep.declined).max(1) as f64
+}
+
+fn print_syscalls(
+    counted: &[(Target, &str, LoadReport, strace::Counts)],
+    window: Duration,
+    rate: &str,
+) {
+    println!(
+        "\n## System calls per message ({} s at {rate} req/s offered; `perf stat` on the syscall tracepoints, `strace -c -f -p PID`)\n",
+        window.as_secs_f64()
+    );
+    print!("| system call |");
+    for (t, tool, _, _) in counted {
+        print!(" {} ({tool}) |", t.key());
+    }
+    println!();
+    println!("|---|{}", "---:|".repeat(counted.len()));
+    let mut names: Vec<&str> = Vec::new();
+    for (_, _, _, c) in counted {
+        for (n, _) in &c.0 {
+            if n != "all" && !names.contains(&n.as_str()) {
+                names.push(n);
+            }
+        }
+    }
+    for name in names {
+        // Calls under one per 1,000 messages are timers and housekeeping.
+        if counted
+            .iter()
+            .all(|(_, _, rep, c)| per_msg(c.get(name), rep) < 0.001)
+        {
+            continue;
+        }
+        print!("| `{name}` |");
+        for (_, tool, rep, c) in counted {
+            if *tool == "perf" && !c.0.iter().any(|(n, _)| n == name) {
+                print!(" - |");
+            } else {
+                print!(" {:.3} |", per_msg(c.get(name), rep));
+            }
+        }
+        println!();
+    }
+    print!("| **all** |");
+    for (_, _, rep, c) in counted {
+        print!(" **{:.2}** |", per_msg(c.total(), rep));
+    }
+    println!();
+    print!("| messages answered (msg/s carried) |");
+    for (_, _, rep, _) in counted {
+        print!(
+            " {} ({:.0}) |",
+            rep.answered + rep.declined,
+            rep.throughput()
+        );
+    }
+    println!();
+}
+
+/// Waits until something accepts on `addr`, then gives the switch time to
+/// open its node connections.
 pub(super) async fn wait_listening(addr: SocketAddr) -> Result<(), String> {
+    wait_accepting(addr).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    Ok(())
+}
+
+async fn wait_accepting(addr: SocketAddr) -> Result<(), String> {
     for _ in 0..200 {
         if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            // Give the switch time to open its node connections.
-            tokio::time::sleep(Duration::from_millis(500)).await;
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -325,124 +793,150 @@ pub(super) async fn wait_listening(addr: SocketAddr) -> Result<(), String> {
     Err(format!("nothing listens on {addr}"))
 }
 
-pub(super) fn free_port() -> Result<SocketAddr, String> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    l.local_addr().map_err(|e| e.to_string())
-}
-
-/// isoswitch in its own process, as HAProxy is.
-struct SwitchProcess {
-    child: Child,
-    front: SocketAddr,
-    _config: TempFile,
-}
-
-impl SwitchProcess {
-    fn start(
-        spec: &str,
-        nodes: &[SocketAddr],
-        threads: Option<usize>,
-    ) -> Result<SwitchProcess, String> {
-        let front = free_port()?;
-        let mut toml = format!(
-            "[[service]]\nname = \"bench\"\nspec = \"{spec}\"\n[service.front]\nkind = \"listen\"\nlisten = \"{front}\"\n\
-             [service.back]\nconnections_per_node = 2\n"
-        );
-        for (i, a) in nodes.iter().enumerate() {
-            toml.push_str(&format!(
-                "[[service.back.node]]\nid = \"{:02}\"\naddress = \"{a}\"\n",
-                i + 1
-            ));
-        }
-        let config = TempFile::write("isoswitch-bench", "toml", &toml)?;
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(exe);
-        cmd.args(["run", "--config"]).arg(&config.path);
-        if let Some(n) = threads {
-            cmd.arg("--worker-threads").arg(n.to_string());
-        }
-        let child = cmd
-            .env("ISOSWITCH_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot start the switch: {e}"))?;
-        Ok(SwitchProcess {
-            child,
-            front,
-            _config: config,
-        })
-    }
-}
-
-impl Drop for SwitchProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// HAProxy in TCP mode, round robin over the nodes: it balances connections,
-/// not messages.
+/// HAProxy for `--scenario paper`: default thread count, not pinned.
 pub(super) struct Haproxy {
-    child: Child,
+    proc: Proc,
     pub(super) front: SocketAddr,
-    _config: TempFile,
 }
 
 impl Haproxy {
     pub(super) fn pid(&self) -> u32 {
-        self.child.id()
+        self.proc.pid()
     }
 
     pub(super) fn start(nodes: &[SocketAddr]) -> Result<Haproxy, String> {
-        let front = free_port()?;
-        let mut cfg = format!(
-            // maxconn sizes HAProxy's file descriptor limit (about twice
-            // maxconn); 10000 asks for more than a default hard limit of 20000
-            // and HAProxy 2.6 then refuses to start.
-            "global\n  maxconn 4000\ndefaults\n  mode tcp\n  timeout connect 2s\n  timeout client 60s\n  timeout server 60s\n\
-             frontend f\n  bind {front}\n  default_backend b\nbackend b\n  balance roundrobin\n"
-        );
-        for (i, a) in nodes.iter().enumerate() {
-            cfg.push_str(&format!("  server n{i} {a}\n"));
+        let (proc, front) = procs::start_haproxy(nodes, None, None)?;
+        Ok(Haproxy { proc, front })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn args(argv: &[&str]) -> BenchArgs {
+        Cli::try_parse_from(std::iter::once("bench").chain(argv.iter().copied()))
+            .unwrap()
+            .bench
+    }
+
+    #[test]
+    fn defaults_offer_10k_and_30k_and_no_strace() {
+        let a = args(&[]);
+        assert_eq!(a.rates, vec![10_000.0, 30_000.0]);
+        assert_eq!(a.strace, None);
+        let a = args(&["--rate", "5000,20000", "--strace"]);
+        assert_eq!(a.rates, vec![5_000.0, 20_000.0]);
+        assert_eq!(a.strace, Some(Duration::from_secs(10)));
+        let a = args(&["--strace", "3s"]);
+        assert_eq!(a.strace, Some(Duration::from_secs(3)));
+        assert!(Cli::try_parse_from(["bench", "--rate", "0"]).is_err());
+    }
+
+    #[test]
+    fn cpu_per_message_is_process_time_over_answers() {
+        // 150 ticks = 1.5 s of CPU for 50,000 answers in 5 s.
+        let c = cpu_use(150, 50_000, Duration::from_secs(5));
+        assert!((c.us_per_msg - 30.0).abs() < 1e-9, "{}", c.us_per_msg);
+        assert!((c.percent - 30.0).abs() < 1e-9, "{}", c.percent);
+    }
+
+    fn row(
+        target: Target,
+        rate: Option<f64>,
+        repetition: usize,
+        answered: u64,
+        p99: u64,
+        cpu: f64,
+    ) -> Row {
+        let mut latency_us = hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).unwrap();
+        latency_us.record(p99).unwrap();
+        Row {
+            target,
+            rate,
+            repetition,
+            report: LoadReport {
+                requests: answered + 10,
+                answered,
+                declined: 10,
+                timeouts: 0,
+                mismatches: 0,
+                connections_lost: 0,
+                connects: 50,
+                connect_failures: 0,
+                elapsed: Duration::from_secs(1),
+                latency_us,
+            },
+            cpu: (target != Target::Direct).then_some(Cpu {
+                us_per_msg: cpu,
+                percent: 50.0,
+            }),
         }
-        let config = TempFile::write("isoswitch-bench-haproxy", "cfg", &cfg)?;
-        let child = Command::new("haproxy")
-            .arg("-f")
-            .arg(&config.path)
-            .arg("-q")
-            .stdout(Stdio::null())
-            .spawn()
-            .map_err(|e| e.to_string())?;
-        Ok(Haproxy {
-            child,
-            front,
-            _config: config,
-        })
     }
-}
 
-impl Drop for Haproxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    #[test]
+    fn summary_divides_within_a_repetition_and_takes_the_median() {
+        let a = args(&["--rate", "10000", "--repeat", "3"]);
+        let mut rows = Vec::new();
+        for (i, (sw, ha)) in [(20.0, 40.0), (30.0, 40.0), (45.0, 50.0)]
+            .iter()
+            .enumerate()
+        {
+            rows.push(row(Target::Direct, None, i, 100_000, 100, 0.0));
+            rows.push(row(Target::Haproxy, None, i, 50_000, 100, *ha));
+            rows.push(row(Target::Switch, None, i, 80_000, 100, *sw));
+            rows.push(row(Target::Direct, Some(10_000.0), i, 10_000, 200, 0.0));
+            rows.push(row(Target::Haproxy, Some(10_000.0), i, 10_000, 500, *ha));
+            rows.push(row(
+                Target::Switch,
+                Some(10_000.0),
+                i,
+                10_000,
+                400 + i as u64 * 100,
+                *sw,
+            ));
+        }
+        let s = Summary::from_rows(&rows, &a);
+        let get = |k: &str| {
+            s.lines
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("no {k} in {:?}", s.lines))
+        };
+        // Approved only: the 10 declines per row are not throughput.
+        assert_eq!(get("saturation_approved_per_s.switch"), "80000");
+        assert_eq!(get("ratio.saturation_switch_over_haproxy"), "1.60");
+        assert_eq!(get("ratio.saturation_switch_over_direct"), "0.80");
+        // Ratios 0.5, 0.75, 0.9: median 0.75.
+        assert_eq!(get("ratio.cpu_switch_over_haproxy@10000"), "0.75");
+        assert_eq!(
+            s.spread("ratio.cpu_switch_over_haproxy@10000"),
+            Some("0.75 (range 0.50 .. 0.90)")
+        );
+        assert_eq!(get("cpu_us_per_msg.switch@10000"), "30.0");
+        // Switch p99 400, 500, 600 µs against direct 200 µs.
+        assert_eq!(get("p99_added_us.switch@10000"), "300");
+        assert_eq!(get("p99_added_us.haproxy@10000"), "300");
     }
-}
 
-pub(super) struct TempFile {
-    pub(super) path: std::path::PathBuf,
-}
-
-impl TempFile {
-    pub(super) fn write(stem: &str, ext: &str, text: &str) -> Result<TempFile, String> {
-        let path = std::env::temp_dir().join(format!("{stem}-{}.{ext}", std::process::id()));
-        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(TempFile { path })
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+    #[test]
+    fn without_haproxy_its_ratios_are_left_out() {
+        let a = args(&["--rate", "10000", "--no-saturation"]);
+        let rows = vec![
+            row(Target::Direct, Some(10_000.0), 0, 10_000, 200, 0.0),
+            row(Target::Switch, Some(10_000.0), 0, 10_000, 300, 25.0),
+        ];
+        let s = Summary::from_rows(&rows, &a);
+        assert!(s.spread("ratio.cpu_switch_over_haproxy@10000").is_none());
+        assert_eq!(s.spread("p99_added_us.switch@10000"), Some("100"));
+        assert!(s.spread("ratio.saturation_switch_over_direct").is_none());
     }
 }

@@ -38,6 +38,8 @@ pub struct LoadArgs {
     #[arg(long, default_value = "3s", value_parser = crate::util::duration::parse)]
     pub timeout: Duration,
     /// Total requests per second (default: as fast as the windows allow).
+    /// Open loop: each of the clients x in-flight slots sends on its own
+    /// schedule, and latency is corrected for coordinated omission.
     #[arg(long, value_parser = parse_rate)]
     pub rate: Option<f64>,
     /// The MTI of the requests.

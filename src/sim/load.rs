@@ -123,8 +123,31 @@ pub struct LoadReport {
 }
 
 impl LoadReport {
+    /// Answers of any kind (approved and declined) per second.
     pub fn throughput(&self) -> f64 {
-        (self.answered + self.declined) as f64 / self.elapsed.as_secs_f64().max(1e-9)
+        self.per_s(self.answered + self.declined)
+    }
+
+    /// Approved answers (F39 `00`) per second: the work a payment system is
+    /// for. A proxy that declines fast would look fast in [`Self::throughput`].
+    pub fn approved_per_s(&self) -> f64 {
+        self.per_s(self.answered)
+    }
+
+    /// Requests sent per second: at a fixed rate, whether the offered rate
+    /// was held.
+    pub fn sent_per_s(&self) -> f64 {
+        self.per_s(self.requests)
+    }
+
+    /// Requests that got no usable answer: timeouts, answers matching no
+    /// request, connections lost or never made.
+    pub fn errors(&self) -> u64 {
+        self.timeouts + self.mismatches + self.connections_lost + self.connect_failures
+    }
+
+    fn per_s(&self, n: u64) -> f64 {
+        n as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
     pub fn connects_per_s(&self) -> f64 {
@@ -148,6 +171,8 @@ impl LoadReport {
             "connect_failures": self.connect_failures,
             "elapsed_s": self.elapsed.as_secs_f64(),
             "throughput_per_s": self.throughput(),
+            "approved_per_s": self.approved_per_s(),
+            "sent_per_s": self.sent_per_s(),
             "latency_us": {
                 "p50": self.percentile_us(0.50),
                 "p90": self.percentile_us(0.90),
@@ -180,8 +205,9 @@ impl std::fmt::Display for LoadReport {
         )?;
         write!(
             f,
-            "throughput {:.0} msg/s over {:.1} s  latency p50 {} µs  p90 {} µs  p99 {} µs  p99.9 {} µs  max {} µs",
+            "throughput {:.0} msg/s ({:.0} approved/s) over {:.1} s  latency p50 {} µs  p90 {} µs  p99 {} µs  p99.9 {} µs  max {} µs",
             self.throughput(),
+            self.approved_per_s(),
             self.elapsed.as_secs_f64(),
             self.percentile_us(0.50),
             self.percentile_us(0.90),
@@ -463,11 +489,11 @@ async fn run_slot(env: SlotEnv, stop_at: Instant, pace: Option<Duration>, phase:
                 let us = u64::try_from(sent_at.elapsed().as_micros())
                     .unwrap_or(u64::MAX)
                     .max(1);
-                let _ = env
-                    .histogram
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .record(us);
+                record_latency(
+                    &mut env.histogram.lock().unwrap_or_else(|p| p.into_inner()),
+                    us,
+                    pace,
+                );
                 match o {
                     Outcome::Answered => &env.counters.answered,
                     Outcome::Declined => &env.counters.declined,
@@ -490,6 +516,24 @@ async fn run_slot(env: SlotEnv, stop_at: Instant, pace: Option<Duration>, phase:
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Records one answer's latency, in µs. At a fixed rate (`pace` = the
+/// slot's period) a slot waiting on a slow answer does not send the requests
+/// its schedule holds meanwhile: measured alone, the stall would be one
+/// sample, and the requests it delayed would never be (coordinated omission).
+/// `record_correct` adds the samples those requests would have seen (the
+/// latency minus one period, minus two, ...), as an open-loop client sending
+/// on schedule would have measured. Latency is taken from the actual send, not
+/// the intended one: tokio's timer fires up to 1 ms late, which would add
+/// timer slack, not the target's latency, to every sample.
+pub(crate) fn record_latency(histogram: &mut Histogram<u64>, us: u64, pace: Option<Duration>) {
+    let interval = pace.map_or(0, |p| u64::try_from(p.as_micros()).unwrap_or(u64::MAX));
+    let _ = if interval > 0 {
+        histogram.record_correct(us, interval)
+    } else {
+        histogram.record(us)
+    };
 }
 
 pub(crate) fn pick_template<'t>(
@@ -587,6 +631,52 @@ mod tests {
         assert_eq!(stan_bytes(123_456).1, [0x12, 0x34, 0x56]);
         assert_eq!(stan_value(b"12a456"), None);
         assert_eq!(stan_value(&[0x1A, 0, 0]), None);
+    }
+
+    #[test]
+    fn a_stall_at_a_fixed_rate_counts_the_requests_it_held_back() {
+        // A slot with a 1 ms period stalled 10 ms on one answer: an open-loop
+        // client would have sent 9 more requests meanwhile, waiting 9, 8, ...
+        // 1 ms. They are in the histogram.
+        let mut h = new_histogram().unwrap();
+        for _ in 0..89 {
+            record_latency(&mut h, 100, Some(Duration::from_millis(1)));
+        }
+        record_latency(&mut h, 10_000, Some(Duration::from_millis(1)));
+        assert_eq!(h.len(), 89 + 10);
+        assert!(
+            h.value_at_quantile(0.95) >= 5_000,
+            "{}",
+            h.value_at_quantile(0.95)
+        );
+        // Closed loop (no period): one stall is one sample.
+        let mut h = new_histogram().unwrap();
+        for _ in 0..89 {
+            record_latency(&mut h, 100, None);
+        }
+        record_latency(&mut h, 10_000, None);
+        assert_eq!(h.len(), 90);
+        assert!(h.value_at_quantile(0.95) < 200);
+    }
+
+    #[test]
+    fn approved_rate_leaves_declines_out() {
+        let report = LoadReport {
+            requests: 120,
+            answered: 80,
+            declined: 30,
+            timeouts: 6,
+            mismatches: 1,
+            connections_lost: 2,
+            connects: 5,
+            connect_failures: 1,
+            elapsed: Duration::from_secs(2),
+            latency_us: new_histogram().unwrap(),
+        };
+        assert_eq!(report.approved_per_s(), 40.0);
+        assert_eq!(report.throughput(), 55.0);
+        assert_eq!(report.sent_per_s(), 60.0);
+        assert_eq!(report.errors(), 10);
     }
 
     #[test]

@@ -1,0 +1,75 @@
+//! `isoswitch bench` end to end, briefly: the binary starts its node
+//! processes and the switch, runs one open-loop row per target, and prints
+//! the tables and the summary lines docs/capacity.md is refreshed from.
+//! Structure only: no figure is compared with a speed.
+
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_prints_its_rows_and_summary_lines() {
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_isoswitch"))
+        .args([
+            "bench",
+            "--duration",
+            "1s",
+            "--rate",
+            "500",
+            "--no-saturation",
+            "--no-haproxy",
+            "--nodes",
+            "2",
+            "--clients",
+            "4",
+            "--in-flight",
+            "2",
+        ])
+        .env("ISOSWITCH_LOG", "error")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("bench ends within 60 s")
+        .expect("the isoswitch binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "status {:?}\nstdout {stdout}\nstderr {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("## Open loop at 500 req/s offered"),
+        "{stdout}"
+    );
+    let row = |label: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("| {label}")))
+            .unwrap_or_else(|| panic!("no `{label}` row in {stdout}"))
+            .split('|')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    for label in ["(a) direct to one node", "(c) isoswitch per message"] {
+        let cols = row(label);
+        // target, sent/s, approved/s, declined, errors/timeouts, p50, p99,
+        // p99.9, CPU µs/msg, CPU %.
+        assert_eq!(cols.len(), 10, "{cols:?}");
+        let approved: f64 = cols[2].parse().unwrap();
+        assert!(approved > 0.0, "{cols:?}");
+        assert_eq!(cols[3], "0", "declined: {cols:?}");
+        assert_eq!(cols[4], "0", "errors: {cols:?}");
+    }
+    // The switch's CPU per message is read from its process; direct has none.
+    assert_eq!(row("(a) direct to one node")[8], "-");
+    assert!(row("(c) isoswitch per message")[8].parse::<f64>().is_ok());
+    for key in [
+        "cpu_us_per_msg.switch@500 = ",
+        "p99_us.direct@500 = ",
+        "p99_added_us.switch@500 = ",
+    ] {
+        assert!(stdout.contains(key), "no `{key}` in {stdout}");
+    }
+}
