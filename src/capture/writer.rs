@@ -317,41 +317,68 @@ fn take_ready(
 /// The writer task: runs until `shutdown`, then records what is still queued,
 /// closes every connection and the file. Errors writing a file are logged
 /// (rate-limited); the events meanwhile are counted as dropped.
+///
+/// The work runs on a thread of its own (tokio's blocking pool): a direct
+/// write of a 1 MiB chunk waits for the device, and must not hold up a
+/// runtime worker and the connections queued on it. A panic there is raised
+/// here, for the supervisor.
 pub async fn run(
     service: Arc<Service>,
     cfg: WriterConfig,
+    rx: mpsc::Receiver<Event>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let worker = tokio::task::spawn_blocking(move || run_blocking(service, cfg, rx, shutdown));
+    if let Err(e) = worker.await
+        && e.is_panic()
+    {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+/// Whether the switch is stopping (a change, or the sender gone).
+fn stopping(s: &watch::Receiver<bool>) -> bool {
+    !matches!(s.has_changed(), Ok(false))
+}
+
+fn run_blocking(
+    service: Arc<Service>,
+    cfg: WriterConfig,
     mut rx: mpsc::Receiver<Event>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
     let mut recorder = match Recorder::new(Arc::clone(&service.spec), &cfg) {
         Ok(r) => r,
         Err(e) => {
             tracing::error!(service = service.name(), error = %e, "capture disabled: cannot use the capture directory");
             // Keep draining so that nothing waits on a full queue.
-            while rx.recv().await.is_some() {
-                service
-                    .counters
-                    .capture_dropped
-                    .fetch_add(1, Ordering::Relaxed);
+            while !stopping(&shutdown) {
+                std::thread::sleep(DRAIN_EVERY);
+                loop {
+                    match rx.try_recv() {
+                        Ok(_) => {
+                            service
+                                .counters
+                                .capture_dropped
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(mpsc::error::TryRecvError::Empty) => break,
+                        Err(mpsc::error::TryRecvError::Disconnected) => return,
+                    }
+                }
             }
             return;
         }
     };
     // The writer wakes on a timer and drains what queued meanwhile, rather
     // than on each event: a `try_send` to a receiver that is not waiting
-    // wakes no one, so the connections' reads and writes cause no task
-    // wake-ups (one per read or write otherwise: most of capture's cost).
-    let mut tick = tokio::time::interval(DRAIN_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // wakes no one, so the connections' reads and writes cause no wake-ups.
     let mut last_flush = std::time::Instant::now();
     let mut reported_drops = 0u64;
     let mut last_drop_log: Option<std::time::Instant> = None;
     let mut last_error_log: Option<std::time::Instant> = None;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.changed() => break,
-        }
+    while !stopping(&shutdown) {
+        std::thread::sleep(DRAIN_EVERY);
         loop {
             match rx.try_recv() {
                 Ok(ev) => {
