@@ -317,7 +317,7 @@ async fn unionpay_capture_replays_as_the_peer_through_the_switch() {
             unionpay_config,
             26290,
             Some(26291),
-            0,
+            17,
         ),
     )
     .await
@@ -328,7 +328,7 @@ async fn unionpay_capture_replays_as_the_peer_through_the_switch() {
 async fn visa_capture_replays_as_the_peer_through_the_switch() {
     tokio::time::timeout(
         TEST_TIMEOUT,
-        peer_through_switch("visa-base1", "visa.pcapng", visa_config, 26390, None, 0),
+        peer_through_switch("visa-base1", "visa.pcapng", visa_config, 26390, None, 14),
     )
     .await
     .expect("test timed out");
@@ -467,6 +467,54 @@ async fn record_writes_what_the_target_answered() {
         assert_clean("the recording", &report, 5);
         switch.stop().await;
         let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_replay_against_a_node_answering_differently_fails_the_cli() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let spec = spec("cups");
+        let node = answering_node(Arc::clone(&spec), "05").await;
+        // A free port for the CLI's --accept; the switch's out links retry
+        // until the CLI listens there.
+        let peer = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let switch = start_switch(&unionpay_config(peer, &[node], "")).await;
+        wait_connected(service(&switch), 1).await;
+        let target = front(&switch).to_string();
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_isoswitch"))
+                .args([
+                    "replay",
+                    fixture("unionpay.pcapng").to_str().unwrap(),
+                    "--spec",
+                    "cups",
+                    "--accept",
+                    &format!("26290={peer}"),
+                    "--server-port",
+                    "26291",
+                    "--target",
+                    &target,
+                ])
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stdout}{stderr}");
+        assert!(stdout.contains("replayed 17 "), "{stdout}{stderr}");
+        assert!(stdout.contains("differing 17"), "{stdout}{stderr}");
+        assert!(
+            stdout.contains("F39 captured \"00\" replayed \"05\""),
+            "{stdout}"
+        );
+        switch.stop().await;
     })
     .await
     .expect("test timed out");
