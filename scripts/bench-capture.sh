@@ -15,8 +15,12 @@ cd "$(dirname "$0")/.."
 rate=${1:-10000}
 duration=${2:-10s}
 repeat=${3:-3}
-cargo build --release --quiet
-bin=target/release/isoswitch
+# ISOSWITCH_BIN=<binary> measures that build instead of building this tree.
+bin=${ISOSWITCH_BIN:-}
+if [ -z "$bin" ]; then
+    cargo build --release --quiet
+    bin=target/release/isoswitch
+fi
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }

@@ -11,7 +11,7 @@ use bytes::BytesMut;
 use tokio::sync::{mpsc, watch};
 
 use super::file::{RotatingFiles, Rotation};
-use super::mask::{blank_payload, mask_payload};
+use super::mask::{MaskedFields, blank_payload, mask_payload_with};
 use super::tap::Event;
 use super::tcp::TcpFlow;
 use crate::iso8583::Spec;
@@ -91,6 +91,7 @@ struct Conn {
 /// Events to packets, for one service; separate from the task for tests.
 pub struct Recorder {
     spec: Arc<Spec>,
+    masked: MaskedFields,
     clear: bool,
     files: RotatingFiles,
     conns: HashMap<u64, Conn>,
@@ -101,6 +102,7 @@ pub struct Recorder {
 impl Recorder {
     pub fn new(spec: Arc<Spec>, cfg: &WriterConfig) -> Result<Recorder, super::file::FileError> {
         Ok(Recorder {
+            masked: MaskedFields::of(&spec),
             spec,
             clear: cfg.clear,
             files: RotatingFiles::new(cfg.rotation.clone())?,
@@ -112,6 +114,7 @@ impl Recorder {
     /// A recorder writing one file at `path` (`replay --record`).
     pub fn single_file(spec: Arc<Spec>, path: &std::path::Path, clear: bool) -> Recorder {
         Recorder {
+            masked: MaskedFields::of(&spec),
             spec,
             clear,
             files: RotatingFiles::single(path),
@@ -161,8 +164,14 @@ impl Recorder {
                 let d = &mut c.dirs[usize::from(from_client)];
                 if offset > d.next_offset {
                     // Events were dropped: leave a gap, as a lossy capture does.
-                    let (flushed, _) =
-                        take_ready(&self.spec, d, self.clear, true, &mut self.blanked);
+                    let (flushed, _) = take_ready(
+                        &self.spec,
+                        &self.masked,
+                        d,
+                        self.clear,
+                        true,
+                        &mut self.blanked,
+                    );
                     let gap = offset - d.next_offset;
                     let chunks = d.take_chunks(flushed.len());
                     let packets = packets(&mut c.flow, from_client, &flushed, &chunks);
@@ -177,7 +186,14 @@ impl Recorder {
                 d.next_offset = offset + bytes.len() as u64;
                 d.pending.extend_from_slice(&bytes);
                 d.chunks.push_back(bytes.len());
-                let (ready, _) = take_ready(&self.spec, d, self.clear, false, &mut self.blanked);
+                let (ready, _) = take_ready(
+                    &self.spec,
+                    &self.masked,
+                    d,
+                    self.clear,
+                    false,
+                    &mut self.blanked,
+                );
                 if !ready.is_empty() {
                     let chunks = d.take_chunks(ready.len());
                     let packets = packets(&mut c.flow, from_client, &ready, &chunks);
@@ -189,8 +205,14 @@ impl Recorder {
                     let mut packets = Vec::new();
                     for from_client in [true, false] {
                         let d = &mut c.dirs[usize::from(from_client)];
-                        let (rest, _) =
-                            take_ready(&self.spec, d, self.clear, true, &mut self.blanked);
+                        let (rest, _) = take_ready(
+                            &self.spec,
+                            &self.masked,
+                            d,
+                            self.clear,
+                            true,
+                            &mut self.blanked,
+                        );
                         let chunks = d.take_chunks(rest.len());
                         packets.extend(self::packets(&mut c.flow, from_client, &rest, &chunks));
                     }
@@ -273,6 +295,7 @@ impl Recorder {
 /// and the number of frames.
 fn take_ready(
     spec: &Spec,
+    masked: &MaskedFields,
     d: &mut Direction,
     clear: bool,
     all: bool,
@@ -289,7 +312,7 @@ fn take_ready(
                     let end = cut + f.consumed;
                     if !clear && !f.header.session_control && end > start {
                         let payload = &mut d.pending[start..end];
-                        if mask_payload(spec, payload).is_err() {
+                        if mask_payload_with(spec, masked, payload).is_err() {
                             blank_payload(payload);
                             *blanked += 1;
                         }
