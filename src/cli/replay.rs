@@ -1,6 +1,7 @@
 //! `isoswitch replay FILE --spec S --target HOST:PORT`: sends the client-side
 //! requests of a capture to a target and compares its answers with the
-//! captured ones. Exit status 1 on any difference, missing or unexpected answer.
+//! captured ones; with `--accept`, plays the peer (see [`crate::capture::peer`]).
+//! Exit status 1 on any difference, missing or unexpected answer.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -26,7 +27,13 @@ both its client and its node connections: --server-port picks which to replay \
 Answers are matched to requests by response MTI, F11 and F41, and compared \
 field by field after masking both sides like a capture; --ignore lists the fields \
 left out (default 7,37,38: transmission time, the F37 node stamp, the \
-authorization code).")]
+authorization code).
+
+With --accept PORT=ADDR replay plays the peer of a simplex (UnionPay) or \
+connect (VISA) front: it accepts on ADDR the connections the switch opens \
+(the captured connections to PORT), opens the connections to --server-port \
+at --target (in links), sends the peer's requests on each and matches the \
+answers on any link; the switch's own requests are answered, not compared.")]
 pub struct ReplayArgs {
     /// A pcap or pcapng capture.
     #[arg(value_name = "FILE")]
