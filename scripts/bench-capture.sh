@@ -6,13 +6,21 @@
 # request and answer).
 #
 #   scripts/bench-capture.sh [RATE] [DURATION] [REPEAT]   # default 10000 10s 3
+#
+# With ISOSWITCH_BASE=/path/to/an/older/isoswitch, each round also runs that
+# build with capture on ("on-base"): a before/after in the same run, on the
+# same loaded machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate=${1:-10000}
 duration=${2:-10s}
 repeat=${3:-3}
-cargo build --release --quiet
-bin=target/release/isoswitch
+# ISOSWITCH_BIN=<binary> measures that build instead of building this tree.
+bin=${ISOSWITCH_BIN:-}
+if [ -z "$bin" ]; then
+    cargo build --release --quiet
+    bin=target/release/isoswitch
+fi
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
@@ -46,10 +54,11 @@ TOML
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
-run_once() { # $1 = off|on
-    local args=() capdir="$work/cap-$RANDOM"
-    [ "$1" = on ] && args=(--capture "$capdir")
-    ISOSWITCH_LOG=warn $bin run --config "$work/bench.toml" "${args[@]}" >/dev/null 2>"$work/switch.log" &
+run_once() { # $1 = off|on|on-base
+    local args=() capdir="$work/cap-$RANDOM" sbin=$bin
+    [ "$1" != off ] && args=(--capture "$capdir")
+    [ "$1" = on-base ] && sbin=$ISOSWITCH_BASE
+    ISOSWITCH_LOG=warn $sbin run --config "$work/bench.toml" "${args[@]}" >/dev/null 2>"$work/switch.log" &
     local sw=$!
     sleep 1.5
     local before after
@@ -63,7 +72,7 @@ run_once() { # $1 = off|on
     local us
     us=$(python3 -c "print(round(($after-$before)/$tck/$answered*1e6, 2))")
     local note=""
-    if [ "$1" = on ]; then
+    if [ "$1" != off ]; then
         local messages
         # Files rotate at 64 MiB; each holds whole messages: sum them.
         messages=0
@@ -81,5 +90,6 @@ run_once() { # $1 = off|on
 
 for r in $(seq "$repeat"); do
     run_once off
+    [ -n "${ISOSWITCH_BASE:-}" ] && run_once on-base
     run_once on
 done

@@ -12,9 +12,11 @@ use std::time::Duration;
 
 use common::*;
 use futures_util::StreamExt;
+use isoswitch::capture::peer::{PeerLinks, replay_peer};
 use isoswitch::capture::read;
 use isoswitch::capture::replay::{DEFAULT_IGNORE, ReplayOptions, Report, replay};
 use isoswitch::iso8583::Spec;
+use isoswitch::ops::config::Config;
 use isoswitch::sim::node::Delay;
 use isoswitch::wire::{Frame, FrameCodec};
 use tokio::io::AsyncWriteExt;
@@ -194,6 +196,144 @@ async fn visa_node_side_replays_to_a_sim_node() {
     .expect("test timed out");
 }
 
+/// The UnionPay front of `unionpay.pcapng` (member and peer IDs, F37 stamp),
+/// its out links to `peer`, its in-link listener on a port of its own.
+fn unionpay_config(peer: SocketAddr, nodes: &[SocketAddr], capture: &str) -> Config {
+    service_config(
+        "cups",
+        &format!(
+            "kind = \"simplex\"\nconnect = \"{peer}\"\nlisten = \"127.0.0.1:0\"\nlinks = 8\n\
+             member_id = \"03105840\"\npeer_id = \"00010000\"\nkeepalive_idle = \"500ms\"\n\
+             echo_interval = \"1s\"\nsign_on = \"none\"\nreconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n"
+        ),
+        nodes,
+        capture,
+    )
+}
+
+/// The VISA front of `visa.pcapng`: two duplex links to `peer`.
+fn visa_config(peer: SocketAddr, nodes: &[SocketAddr], capture: &str) -> Config {
+    service_config(
+        "visa-base1",
+        &format!(
+            "kind = \"connect\"\nconnect = \"{peer}\"\nlinks = 2\nkeepalive_idle = \"500ms\"\nsign_on = \"none\"\n"
+        ),
+        nodes,
+        capture,
+    )
+}
+
+fn service_config(spec: &str, front: &str, nodes: &[SocketAddr], capture: &str) -> Config {
+    let mut toml = format!(
+        "[[service]]\nname = \"svc\"\nspec = \"{spec}\"\nf37_stamp = {{ offset = 10, width = 2 }}\n\
+         [service.front]\n{front}[service.back]\nconnections_per_node = 1\n"
+    );
+    for (i, addr) in nodes.iter().enumerate() {
+        toml.push_str(&format!(
+            "[[service.back.node]]\nid = \"{:02}\"\naddress = \"{addr}\"\n",
+            i + 1
+        ));
+    }
+    toml.push_str(capture);
+    Config::from_toml(&toml).unwrap_or_else(|e| panic!("config: {e}\n{toml}"))
+}
+
+type MakeConfig = fn(SocketAddr, &[SocketAddr], &str) -> Config;
+
+/// Replay plays the peer of `file` against a switch to sim nodes: it accepts
+/// the switch's connections to `accept_port` (out links, duplex links) and
+/// opens those to `connect_port` (in links) to the switch. Then the switch's
+/// own capture of that replay is played again against a second switch.
+async fn peer_through_switch(
+    spec_name: &str,
+    file: &str,
+    make: MakeConfig,
+    accept_port: u16,
+    connect_port: Option<u16>,
+    expected: usize,
+) {
+    let spec = spec(spec_name);
+    let dir = temp_dir(spec_name);
+    let capture = format!("[service.capture]\ndirectory = \"{}\"\n", dir.display());
+    let (first, own_ports) = play_peer(
+        &spec,
+        &fixture(file),
+        make,
+        &capture,
+        accept_port,
+        connect_port,
+    )
+    .await;
+    assert_clean(file, &first, expected);
+    assert_eq!(first.unanswered, 0, "{file}: {first}");
+    let own: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(own.len(), 1, "the switch wrote one capture");
+    let (second, _) = play_peer(&spec, &own[0], make, "", own_ports.0, own_ports.1).await;
+    assert_clean("the switch's capture of the replay", &second, expected);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One peer replay of `file` against a new switch; returns the report and
+/// the ports the switch's own capture shows for the peer's listener and the
+/// switch's in-link listener.
+async fn play_peer(
+    spec: &Arc<Spec>,
+    file: &Path,
+    make: MakeConfig,
+    capture: &str,
+    accept_port: u16,
+    connect_port: Option<u16>,
+) -> (Report, (u16, Option<u16>)) {
+    let nodes = start_nodes(spec, 2, Delay::NONE).await;
+    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let peer = listener.local_addr().unwrap();
+    let switch = start_switch(&make(peer, &addrs, capture)).await;
+    wait_connected(service(&switch), 1).await;
+    let packets = read::read_file(file).unwrap_or_else(|e| panic!("{e}"));
+    let conns = read::connections(&packets.segments);
+    let links = PeerLinks {
+        accept: vec![(accept_port, listener)],
+        connect: connect_port
+            .map(|p| vec![(p, front(&switch))])
+            .unwrap_or_default(),
+    };
+    let report = replay_peer(Arc::clone(spec), &conns, links, &options(front(&switch))).await;
+    let own = (peer.port(), connect_port.map(|_| front(&switch).port()));
+    switch.stop().await;
+    (report, own)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unionpay_capture_replays_as_the_peer_through_the_switch() {
+    tokio::time::timeout(
+        TEST_TIMEOUT,
+        peer_through_switch(
+            "cups",
+            "unionpay.pcapng",
+            unionpay_config,
+            26290,
+            Some(26291),
+            17,
+        ),
+    )
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn visa_capture_replays_as_the_peer_through_the_switch() {
+    tokio::time::timeout(
+        TEST_TIMEOUT,
+        peer_through_switch("visa-base1", "visa.pcapng", visa_config, 26390, None, 14),
+    )
+    .await
+    .expect("test timed out");
+}
+
 /// A node that answers every request with F39 = `code`, made by hand from
 /// the request (not with the switch's or the simulators' code).
 async fn answering_node(spec: Arc<Spec>, code: &'static str) -> SocketAddr {
@@ -327,6 +467,54 @@ async fn record_writes_what_the_target_answered() {
         assert_clean("the recording", &report, 5);
         switch.stop().await;
         let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_replay_against_a_node_answering_differently_fails_the_cli() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let spec = spec("cups");
+        let node = answering_node(Arc::clone(&spec), "05").await;
+        // A free port for the CLI's --accept; the switch's out links retry
+        // until the CLI listens there.
+        let peer = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let switch = start_switch(&unionpay_config(peer, &[node], "")).await;
+        wait_connected(service(&switch), 1).await;
+        let target = front(&switch).to_string();
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_isoswitch"))
+                .args([
+                    "replay",
+                    fixture("unionpay.pcapng").to_str().unwrap(),
+                    "--spec",
+                    "cups",
+                    "--accept",
+                    &format!("26290={peer}"),
+                    "--server-port",
+                    "26291",
+                    "--target",
+                    &target,
+                ])
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stdout}{stderr}");
+        assert!(stdout.contains("replayed 17 "), "{stdout}{stderr}");
+        assert!(stdout.contains("differing 17"), "{stdout}{stderr}");
+        assert!(
+            stdout.contains("F39 captured \"00\" replayed \"05\""),
+            "{stdout}"
+        );
+        switch.stop().await;
     })
     .await
     .expect("test timed out");

@@ -14,6 +14,7 @@
 
 pub mod file;
 pub mod mask;
+pub mod peer;
 pub mod read;
 pub mod replay;
 pub mod tap;

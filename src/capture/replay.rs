@@ -97,7 +97,41 @@ impl Report {
         self.differing == 0 && self.missing == 0 && self.unexpected == 0 && self.connect_errors == 0
     }
 
-    fn add(&mut self, other: Report) {
+    /// Counts one request's outcome, with a detail line for a difference.
+    pub(super) fn tally(&mut self, what: &str, outcome: Outcome) {
+        match outcome {
+            Outcome::Matched => self.matched += 1,
+            Outcome::Differs(diffs) => {
+                self.differing += 1;
+                let shown: Vec<String> = diffs
+                    .iter()
+                    .take(MAX_DIFFS)
+                    .map(|d| {
+                        let name = if d.field == 0 {
+                            "MTI".to_string()
+                        } else {
+                            format!("F{}", d.field)
+                        };
+                        format!("{name} captured {} replayed {}", d.captured, d.replayed)
+                    })
+                    .collect();
+                self.details
+                    .push(format!("{what}: differs: {}", shown.join("; ")));
+            }
+            Outcome::Missing => {
+                self.missing += 1;
+                self.details.push(format!("{what}: no answer"));
+            }
+            Outcome::Unexpected => {
+                self.unexpected += 1;
+                self.details
+                    .push(format!("{what}: answered, the capture has no answer"));
+            }
+            Outcome::Unanswered => self.unanswered += 1,
+        }
+    }
+
+    pub(super) fn add(&mut self, other: Report) {
         self.connections += other.connections;
         self.replayed += other.replayed;
         self.matched += other.matched;
@@ -154,13 +188,13 @@ struct Planned {
 
 /// The correlation key of the replay: response MTI, F11, F41.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct Key {
-    mti: Mti,
-    stan: String,
-    terminal: String,
+pub(super) struct Key {
+    pub(super) mti: Mti,
+    pub(super) stan: String,
+    pub(super) terminal: String,
 }
 
-fn key_of(spec: &Spec, payload: &[u8]) -> Option<(Key, bool)> {
+pub(super) fn key_of(spec: &Spec, payload: &[u8]) -> Option<(Key, bool)> {
     let d = spec.decode(payload).ok()?;
     let text = |id| {
         d.get(id)
@@ -270,28 +304,16 @@ pub async fn replay(
         .filter_map(|(_, p)| p.first().map(|r| r.at))
         .min()
         .unwrap_or_default();
-    let start = tokio::time::Instant::now();
+    let clock = Clock::new(origin, opts);
     let sem = Arc::new(tokio::sync::Semaphore::new(opts.concurrency.max(1)));
-    let pacer = opts.rate.filter(|r| *r > 0.0).map(|r| {
-        Arc::new(tokio::sync::Mutex::new(Pacer {
-            every: Duration::from_secs_f64(1.0 / r),
-            next: start,
-        }))
-    });
     let mut tasks = tokio::task::JoinSet::new();
     for (number, planned) in plans {
         let spec = Arc::clone(&spec);
         let opts = opts.clone();
         let sem = Arc::clone(&sem);
         let record = record.clone();
-        let pacer = pacer.clone();
+        let clock = clock.clone();
         tasks.spawn(async move {
-            let clock = Clock {
-                start,
-                origin,
-                speed: opts.speed.filter(|s| *s > 0.0),
-                pacer,
-            };
             if let Some(first) = planned.first() {
                 clock.wait_until(first.at).await;
             }
@@ -316,7 +338,9 @@ struct Pacer {
     next: tokio::time::Instant,
 }
 
-struct Clock {
+/// When to send: the captured timing scaled (`speed`) and/or a fixed rate.
+#[derive(Clone)]
+pub(super) struct Clock {
     start: tokio::time::Instant,
     origin: Duration,
     speed: Option<f64>,
@@ -324,8 +348,24 @@ struct Clock {
 }
 
 impl Clock {
+    /// A clock starting now, at the captured moment `origin`.
+    pub(super) fn new(origin: Duration, opts: &ReplayOptions) -> Clock {
+        let start = tokio::time::Instant::now();
+        Clock {
+            start,
+            origin,
+            speed: opts.speed.filter(|s| *s > 0.0),
+            pacer: opts.rate.filter(|r| *r > 0.0).map(|r| {
+                Arc::new(tokio::sync::Mutex::new(Pacer {
+                    every: Duration::from_secs_f64(1.0 / r),
+                    next: start,
+                }))
+            }),
+        }
+    }
+
     /// With `speed`: until the captured moment `at`, scaled.
-    async fn wait_until(&self, at: Duration) {
+    pub(super) async fn wait_until(&self, at: Duration) {
         if let Some(speed) = self.speed {
             let offset = at.saturating_sub(self.origin).div_f64(speed);
             tokio::time::sleep_until(self.start + offset).await;
@@ -333,7 +373,7 @@ impl Clock {
     }
 
     /// With `rate`: the next send slot.
-    async fn pace(&self) {
+    pub(super) async fn pace(&self) {
         if let Some(p) = &self.pacer {
             let slot = {
                 let mut p = p.lock().await;
@@ -444,43 +484,7 @@ async fn replay_connection(
     drop(rec);
     for (p, answer) in planned.iter().zip(got) {
         let outcome = compare(spec, p.expected.as_deref(), answer.as_deref(), &opts.ignore);
-        match &outcome {
-            Outcome::Matched => report.matched += 1,
-            Outcome::Differs(diffs) => {
-                report.differing += 1;
-                let shown: Vec<String> = diffs
-                    .iter()
-                    .take(MAX_DIFFS)
-                    .map(|d| {
-                        let name = if d.field == 0 {
-                            "MTI".to_string()
-                        } else {
-                            format!("F{}", d.field)
-                        };
-                        format!("{name} captured {} replayed {}", d.captured, d.replayed)
-                    })
-                    .collect();
-                report.details.push(format!(
-                    "connection {number} {}: differs: {}",
-                    p.label,
-                    shown.join("; ")
-                ));
-            }
-            Outcome::Missing => {
-                report.missing += 1;
-                report
-                    .details
-                    .push(format!("connection {number} {}: no answer", p.label));
-            }
-            Outcome::Unexpected => {
-                report.unexpected += 1;
-                report.details.push(format!(
-                    "connection {number} {}: answered, the capture has no answer",
-                    p.label
-                ));
-            }
-            Outcome::Unanswered => report.unanswered += 1,
-        }
+        report.tally(&format!("connection {number} {}", p.label), outcome);
     }
     report
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::SystemTime;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -143,7 +143,7 @@ impl ConnTap {
         }
     }
 
-    fn record(&self, from_client: bool, offset: u64, bytes: &[u8]) {
+    fn record(&self, from_client: bool, offset: u64, bytes: Bytes) {
         if self.0.lost.load(Ordering::Relaxed) {
             self.0
                 .service
@@ -156,7 +156,7 @@ impl ConnTap {
             conn: self.0.conn,
             from_client,
             offset,
-            bytes: Bytes::copy_from_slice(bytes),
+            bytes,
             at: SystemTime::now(),
         });
     }
@@ -201,6 +201,32 @@ struct DirTap {
     /// What this half reads (or writes) comes from the client.
     from_client: bool,
     offset: u64,
+    /// Where the copies for the writer are cut from (see [`DirTap::stage`]).
+    staging: BytesMut,
+    /// Size of the next staging block.
+    block: usize,
+}
+
+/// Staging blocks: the first of a direction, and the largest.
+const STAGING_MIN: usize = 2 * 1024;
+const STAGING_MAX: usize = 64 * 1024;
+
+impl DirTap {
+    /// A copy of `bytes` for the writer, cut from this direction's staging
+    /// block rather than allocated on its own: a copy per read or write,
+    /// allocated here and freed on the writer's thread, kept the allocator
+    /// taking fresh (zeroed) pages at 10k requests/s. Once the writer has
+    /// dropped every copy cut from a block, the block is reused in place; a
+    /// direction whose block is still in use gets a new one twice as large
+    /// (up to 64 KiB), so a busy link needs few.
+    fn stage(&mut self, bytes: &[u8]) -> Bytes {
+        if self.staging.capacity() < bytes.len() && !self.staging.try_reclaim(bytes.len()) {
+            self.block = (self.block * 2).clamp(STAGING_MIN, STAGING_MAX);
+            self.staging = BytesMut::with_capacity(self.block.max(bytes.len()));
+        }
+        self.staging.extend_from_slice(bytes);
+        self.staging.split().freeze()
+    }
 }
 
 impl<T> Tapped<T> {
@@ -221,6 +247,8 @@ impl<T> Tapped<T> {
                 from_client: from_client(t.0.opened),
                 conn: t.clone(),
                 offset: 0,
+                staging: BytesMut::new(),
+                block: 0,
             }),
         }
     }
@@ -229,7 +257,8 @@ impl<T> Tapped<T> {
         if let Some(t) = self.tap.as_mut()
             && !bytes.is_empty()
         {
-            t.conn.record(t.from_client, t.offset, bytes);
+            let copy = t.stage(bytes);
+            t.conn.record(t.from_client, t.offset, copy);
             t.offset += bytes.len() as u64;
         }
     }

@@ -1,11 +1,11 @@
 //! Synthetic Ethernet/IP/TCP packets for one captured connection, built with
-//! etherparse: the connection's real addresses and ports, a handshake, and
+//! etherparse's headers (TCP checksum left zero, see [`TcpFlow`]'s packets): the connection's real addresses and ports, a handshake, and
 //! sequence/acknowledgement numbers that advance with the bytes, so that
 //! Wireshark and tshark reassemble each direction as one stream.
 
 use std::net::{IpAddr, SocketAddr};
 
-use etherparse::PacketBuilder;
+use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header, Ipv6Header, TcpHeader};
 
 /// Largest TCP payload put in one synthetic packet (fits the IPv4 total length).
 pub const MAX_SEGMENT: usize = 65_000;
@@ -121,23 +121,60 @@ impl TcpFlow {
         } else {
             (self.server, self.client, SERVER_MAC, CLIENT_MAC)
         };
-        let eth = PacketBuilder::ethernet2(smac, dmac);
-        let ip = match (src.ip(), dst.ip()) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => eth.ipv4(s.octets(), d.octets(), TTL),
-            (s, d) => eth.ipv6(v6(s), v6(d), TTL),
+        let mut tcp = TcpHeader::new(src.port(), dst.port(), seq, WINDOW);
+        match flags {
+            Flags::Syn => tcp.syn = true,
+            Flags::SynAck => (tcp.syn, tcp.ack) = (true, true),
+            Flags::Ack => tcp.ack = true,
+            Flags::Data => (tcp.psh, tcp.ack) = (true, true),
+            Flags::Fin => (tcp.fin, tcp.ack) = (true, true),
+        }
+        if tcp.ack {
+            tcp.acknowledgment_number = ack;
+        }
+        // The TCP checksum stays zero: computing it over every payload cost
+        // more than the rest of the headers, and Wireshark and tshark do not
+        // check it by default (a zero checksum means "not computed"; the
+        // stream reassembles the same). The IPv4 header checksum is kept.
+        let tcp_len = tcp.header_len() + payload.len();
+        let mut out = Vec::with_capacity(14 + 40 + tcp_len);
+        let v4 = match (src.ip(), dst.ip()) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => Some((s.octets(), d.octets())),
+            _ => None,
         };
-        let tcp = ip.tcp(src.port(), dst.port(), seq, WINDOW);
-        let tcp = match flags {
-            Flags::Syn => tcp.syn(),
-            Flags::SynAck => tcp.syn().ack(ack),
-            Flags::Ack => tcp.ack(ack),
-            Flags::Data => tcp.psh().ack(ack),
-            Flags::Fin => tcp.fin().ack(ack),
+        let ether_type = if v4.is_some() {
+            EtherType::IPV4
+        } else {
+            EtherType::IPV6
         };
-        let mut out = Vec::with_capacity(tcp.size(payload.len()));
-        // Writing to a Vec only fails on a payload too long for IP, which
-        // MAX_SEGMENT rules out; an empty packet would be skipped by readers.
-        let _ = tcp.write(&mut out, payload);
+        let eth = Ethernet2Header {
+            source: smac,
+            destination: dmac,
+            ether_type,
+        };
+        out.extend_from_slice(&eth.to_bytes());
+        // Writing to a Vec cannot fail; MAX_SEGMENT keeps lengths in range.
+        match v4 {
+            Some((s, d)) => {
+                if let Ok(ip) = Ipv4Header::new(tcp_len as u16, TTL, IpNumber::TCP, s, d) {
+                    let _ = ip.write(&mut out);
+                }
+            }
+            None => {
+                let ip = Ipv6Header {
+                    traffic_class: 0,
+                    flow_label: Default::default(),
+                    payload_length: tcp_len as u16,
+                    next_header: IpNumber::TCP,
+                    hop_limit: TTL,
+                    source: v6(src.ip()),
+                    destination: v6(dst.ip()),
+                };
+                let _ = ip.write(&mut out);
+            }
+        }
+        let _ = tcp.write(&mut out);
+        out.extend_from_slice(payload);
         out
     }
 }

@@ -11,7 +11,7 @@ use bytes::BytesMut;
 use tokio::sync::{mpsc, watch};
 
 use super::file::{RotatingFiles, Rotation};
-use super::mask::{blank_payload, mask_payload};
+use super::mask::{MaskedFields, blank_payload, mask_payload_with};
 use super::tap::Event;
 use super::tcp::TcpFlow;
 use crate::iso8583::Spec;
@@ -91,6 +91,7 @@ struct Conn {
 /// Events to packets, for one service; separate from the task for tests.
 pub struct Recorder {
     spec: Arc<Spec>,
+    masked: MaskedFields,
     clear: bool,
     files: RotatingFiles,
     conns: HashMap<u64, Conn>,
@@ -101,6 +102,7 @@ pub struct Recorder {
 impl Recorder {
     pub fn new(spec: Arc<Spec>, cfg: &WriterConfig) -> Result<Recorder, super::file::FileError> {
         Ok(Recorder {
+            masked: MaskedFields::of(&spec),
             spec,
             clear: cfg.clear,
             files: RotatingFiles::new(cfg.rotation.clone())?,
@@ -112,6 +114,7 @@ impl Recorder {
     /// A recorder writing one file at `path` (`replay --record`).
     pub fn single_file(spec: Arc<Spec>, path: &std::path::Path, clear: bool) -> Recorder {
         Recorder {
+            masked: MaskedFields::of(&spec),
             spec,
             clear,
             files: RotatingFiles::single(path),
@@ -161,8 +164,14 @@ impl Recorder {
                 let d = &mut c.dirs[usize::from(from_client)];
                 if offset > d.next_offset {
                     // Events were dropped: leave a gap, as a lossy capture does.
-                    let (flushed, _) =
-                        take_ready(&self.spec, d, self.clear, true, &mut self.blanked);
+                    let (flushed, _) = take_ready(
+                        &self.spec,
+                        &self.masked,
+                        d,
+                        self.clear,
+                        true,
+                        &mut self.blanked,
+                    );
                     let gap = offset - d.next_offset;
                     let chunks = d.take_chunks(flushed.len());
                     let packets = packets(&mut c.flow, from_client, &flushed, &chunks);
@@ -177,7 +186,14 @@ impl Recorder {
                 d.next_offset = offset + bytes.len() as u64;
                 d.pending.extend_from_slice(&bytes);
                 d.chunks.push_back(bytes.len());
-                let (ready, _) = take_ready(&self.spec, d, self.clear, false, &mut self.blanked);
+                let (ready, _) = take_ready(
+                    &self.spec,
+                    &self.masked,
+                    d,
+                    self.clear,
+                    false,
+                    &mut self.blanked,
+                );
                 if !ready.is_empty() {
                     let chunks = d.take_chunks(ready.len());
                     let packets = packets(&mut c.flow, from_client, &ready, &chunks);
@@ -189,8 +205,14 @@ impl Recorder {
                     let mut packets = Vec::new();
                     for from_client in [true, false] {
                         let d = &mut c.dirs[usize::from(from_client)];
-                        let (rest, _) =
-                            take_ready(&self.spec, d, self.clear, true, &mut self.blanked);
+                        let (rest, _) = take_ready(
+                            &self.spec,
+                            &self.masked,
+                            d,
+                            self.clear,
+                            true,
+                            &mut self.blanked,
+                        );
                         let chunks = d.take_chunks(rest.len());
                         packets.extend(self::packets(&mut c.flow, from_client, &rest, &chunks));
                     }
@@ -273,6 +295,7 @@ impl Recorder {
 /// and the number of frames.
 fn take_ready(
     spec: &Spec,
+    masked: &MaskedFields,
     d: &mut Direction,
     clear: bool,
     all: bool,
@@ -289,7 +312,7 @@ fn take_ready(
                     let end = cut + f.consumed;
                     if !clear && !f.header.session_control && end > start {
                         let payload = &mut d.pending[start..end];
-                        if mask_payload(spec, payload).is_err() {
+                        if mask_payload_with(spec, masked, payload).is_err() {
                             blank_payload(payload);
                             *blanked += 1;
                         }
@@ -317,41 +340,68 @@ fn take_ready(
 /// The writer task: runs until `shutdown`, then records what is still queued,
 /// closes every connection and the file. Errors writing a file are logged
 /// (rate-limited); the events meanwhile are counted as dropped.
+///
+/// The work runs on a thread of its own (tokio's blocking pool): a direct
+/// write of a 1 MiB chunk waits for the device, and must not hold up a
+/// runtime worker and the connections queued on it. A panic there is raised
+/// here, for the supervisor.
 pub async fn run(
     service: Arc<Service>,
     cfg: WriterConfig,
+    rx: mpsc::Receiver<Event>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let worker = tokio::task::spawn_blocking(move || run_blocking(service, cfg, rx, shutdown));
+    if let Err(e) = worker.await
+        && e.is_panic()
+    {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+/// Whether the switch is stopping (a change, or the sender gone).
+fn stopping(s: &watch::Receiver<bool>) -> bool {
+    !matches!(s.has_changed(), Ok(false))
+}
+
+fn run_blocking(
+    service: Arc<Service>,
+    cfg: WriterConfig,
     mut rx: mpsc::Receiver<Event>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
     let mut recorder = match Recorder::new(Arc::clone(&service.spec), &cfg) {
         Ok(r) => r,
         Err(e) => {
             tracing::error!(service = service.name(), error = %e, "capture disabled: cannot use the capture directory");
             // Keep draining so that nothing waits on a full queue.
-            while rx.recv().await.is_some() {
-                service
-                    .counters
-                    .capture_dropped
-                    .fetch_add(1, Ordering::Relaxed);
+            while !stopping(&shutdown) {
+                std::thread::sleep(DRAIN_EVERY);
+                loop {
+                    match rx.try_recv() {
+                        Ok(_) => {
+                            service
+                                .counters
+                                .capture_dropped
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(mpsc::error::TryRecvError::Empty) => break,
+                        Err(mpsc::error::TryRecvError::Disconnected) => return,
+                    }
+                }
             }
             return;
         }
     };
     // The writer wakes on a timer and drains what queued meanwhile, rather
     // than on each event: a `try_send` to a receiver that is not waiting
-    // wakes no one, so the connections' reads and writes cause no task
-    // wake-ups (one per read or write otherwise: most of capture's cost).
-    let mut tick = tokio::time::interval(DRAIN_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // wakes no one, so the connections' reads and writes cause no wake-ups.
     let mut last_flush = std::time::Instant::now();
     let mut reported_drops = 0u64;
     let mut last_drop_log: Option<std::time::Instant> = None;
     let mut last_error_log: Option<std::time::Instant> = None;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.changed() => break,
-        }
+    while !stopping(&shutdown) {
+        std::thread::sleep(DRAIN_EVERY);
         loop {
             match rx.try_recv() {
                 Ok(ev) => {

@@ -83,7 +83,7 @@ pub struct BenchArgs {
     pub no_pin: bool,
     /// Also count the proxies' system calls per message: `strace -c -f -p`
     /// for this long (default 10s) at `--strace-rate`.
-    #[arg(long, num_args = 0..=1, default_missing_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, num_args = 0..=1, default_missing_value = "10s", value_parser = crate::util::duration::parse)]
     pub strace: Option<Duration>,
     /// Offered rate of the `--strace` run, requests/s.
     #[arg(long, default_value_t = 10_000.0, value_parser = parse_rate)]

@@ -108,7 +108,7 @@ pub enum SimCommand {
         /// Wait this long before the first node-originated request (lets
         /// every switch instance connect first: a response routed by F37
         /// needs a live connection from the instance it lands on).
-        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "0s", value_parser = crate::util::duration::parse)]
         originate_after: Duration,
         /// Print the final counters as one JSON object.
         #[arg(long)]

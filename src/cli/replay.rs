@@ -1,6 +1,7 @@
 //! `isoswitch replay FILE --spec S --target HOST:PORT`: sends the client-side
 //! requests of a capture to a target and compares its answers with the
-//! captured ones. Exit status 1 on any difference, missing or unexpected answer.
+//! captured ones; with `--accept`, plays the peer (see [`crate::capture::peer`]).
+//! Exit status 1 on any difference, missing or unexpected answer.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,6 +9,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::capture::peer;
 use crate::capture::read;
 use crate::capture::replay::{self, DEFAULT_IGNORE, ReplayOptions};
 use crate::capture::writer::Recorder;
@@ -25,7 +27,13 @@ both its client and its node connections: --server-port picks which to replay \
 Answers are matched to requests by response MTI, F11 and F41, and compared \
 field by field after masking both sides like a capture; --ignore lists the fields \
 left out (default 7,37,38: transmission time, the F37 node stamp, the \
-authorization code).")]
+authorization code).
+
+With --accept PORT=ADDR replay plays the peer of a simplex (UnionPay) or \
+connect (VISA) front: it accepts on ADDR the connections the switch opens \
+(the captured connections to PORT), opens the connections to --server-port \
+at --target (in links), sends the peer's requests on each and matches the \
+answers on any link; the switch's own requests are answered, not compared.")]
 pub struct ReplayArgs {
     /// A pcap or pcapng capture.
     #[arg(value_name = "FILE")]
@@ -33,9 +41,16 @@ pub struct ReplayArgs {
     /// The capture's dialect (built-in name or spec file).
     #[arg(long)]
     pub spec: String,
-    /// Where to send the requests: a switch front or a node.
-    #[arg(long)]
-    pub target: SocketAddr,
+    /// Where to send the requests: a switch front or a node (with --accept:
+    /// where to open the connections the peer opened, e.g. a simplex in-link
+    /// listener).
+    #[arg(long, required_unless_present = "accept")]
+    pub target: Option<SocketAddr>,
+    /// Play the peer (UnionPay, VISA): accept the connections the switch
+    /// opens, on ADDR, for the captured connections to server port PORT
+    /// (`PORT=ADDR`, repeatable), and match answers on every link.
+    #[arg(long, value_name = "PORT=ADDR", value_parser = parse_accept)]
+    pub accept: Vec<(u16, SocketAddr)>,
     /// Replay only connections whose server port in the capture is this.
     #[arg(long)]
     pub server_port: Option<u16>,
@@ -81,6 +96,12 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(&e),
     };
+    if !a.accept.is_empty() {
+        return run_peer(a, &spec, &packets.segments);
+    }
+    let Some(target) = a.target else {
+        return fail("--target is required without --accept");
+    };
     let record = a.record.as_ref().map(|path| {
         if a.record_clear {
             tracing::warn!(file = %path.display(), "--record in CLEAR: card data is written as it is");
@@ -88,7 +109,7 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         Arc::new(Mutex::new(Recorder::single_file(Arc::clone(&spec), path, a.record_clear)))
     });
     let opts = ReplayOptions {
-        target: a.target,
+        target,
         ignore: a.ignore.clone(),
         speed: a.speed,
         rate: a.rate,
@@ -123,6 +144,75 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         }
         ExitCode::FAILURE
     }
+}
+
+/// `--accept`: replay plays the peer, accepting the switch's connections on
+/// the given addresses and opening its own to `--target` (the captured
+/// connections to `--server-port`).
+fn run_peer(a: &ReplayArgs, spec: &Arc<Spec>, segments: &[read::Segment]) -> ExitCode {
+    if a.record.is_some() {
+        return fail("--record is not available with --accept");
+    }
+    let connect = match (a.server_port, a.target) {
+        (Some(p), Some(t)) => vec![(p, t)],
+        (None, None) => Vec::new(),
+        _ => return fail("with --accept, --server-port and --target go together"),
+    };
+    let conns = read::connections(segments);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&format!("cannot start the runtime: {e}")),
+    };
+    let opts = ReplayOptions {
+        target: connect
+            .first()
+            .map_or(SocketAddr::from(([127, 0, 0, 1], 0)), |c| c.1),
+        ignore: a.ignore.clone(),
+        speed: a.speed,
+        rate: a.rate,
+        timeout: a.timeout,
+        concurrency: a.concurrency,
+    };
+    let report = rt.block_on(async {
+        let mut accept = Vec::new();
+        for (port, addr) in &a.accept {
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => accept.push((*port, l)),
+                Err(e) => return Err(format!("cannot listen on {addr}: {e}")),
+            }
+        }
+        let links = peer::PeerLinks { accept, connect };
+        Ok(peer::replay_peer(Arc::clone(spec), &conns, links, &opts).await)
+    });
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => return fail(&e),
+    };
+    print!("{report}");
+    if report.is_clean() && report.replayed > 0 {
+        ExitCode::SUCCESS
+    } else {
+        if report.replayed == 0 {
+            eprintln!("isoswitch replay: nothing was replayed");
+        }
+        ExitCode::FAILURE
+    }
+}
+
+fn parse_accept(s: &str) -> Result<(u16, SocketAddr), String> {
+    let (port, addr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("--accept {s}: expected PORT=ADDR"))?;
+    let port = port
+        .parse()
+        .map_err(|e| format!("--accept {s}: port {port}: {e}"))?;
+    let addr = addr
+        .parse()
+        .map_err(|e| format!("--accept {s}: address {addr}: {e}"))?;
+    Ok((port, addr))
 }
 
 /// The connections to replay: those of `--server-port`, else all when their
