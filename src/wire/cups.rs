@@ -188,6 +188,7 @@ impl CupsHeader {
 /// nom parser (streaming) for a CUPS header: `Incomplete` until all 46 bytes
 /// are there, then the header-length byte must be 46 (a failure at offset 0
 /// naming it). The other fields are checked by [`CupsHeader::check`].
+#[inline]
 pub fn header(input: &[u8]) -> WireResult<'_, CupsHeader> {
     let (rest, raw) = array::<{ CupsHeader::LEN }>(input)?;
     if usize::from(raw[0]) != CupsHeader::LEN {

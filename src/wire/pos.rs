@@ -44,6 +44,7 @@ impl PosHeader {
 
 /// nom parser (streaming) for a POS header: `Incomplete` until all six bytes
 /// are there. Any six bytes are a header (the switch forwards it unchanged).
+#[inline]
 pub fn header(input: &[u8]) -> WireResult<'_, PosHeader> {
     let (rest, raw) = array::<{ PosHeader::LEN }>(input)?;
     Ok((rest, PosHeader(raw)))

@@ -71,6 +71,7 @@ impl Tpdu {
 /// until all five bytes are there, then the ID byte is checked (a failure at
 /// offset 0 naming it). Nothing is judged before the whole TPDU is in, so a
 /// prefix of any input is `Incomplete`, never an error the whole would not give.
+#[inline]
 pub fn tpdu(input: &[u8]) -> WireResult<'_, Tpdu> {
     let (rest, raw) = array::<{ Tpdu::LEN }>(input)?;
     if raw[0] != Tpdu::ID {

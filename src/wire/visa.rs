@@ -163,6 +163,7 @@ impl VisaReject {
 /// nom parser (streaming) for a VISA header: `Incomplete` until all 22 bytes
 /// are there, then the header-length byte must be 0x16 or 0x1A (a failure at
 /// offset 0 naming it).
+#[inline]
 pub fn header(input: &[u8]) -> WireResult<'_, VisaHeader> {
     let (rest, raw) = array::<{ VisaHeader::LEN }>(input)?;
     if usize::from(raw[0]) != VisaHeader::LEN && raw[0] != REJECT_HEADER_LEN {
@@ -177,6 +178,7 @@ pub fn header(input: &[u8]) -> WireResult<'_, VisaHeader> {
 
 /// nom parser (streaming) for the reject bitmap and reject code that follow a
 /// reject header. Any four bytes are accepted: they are reported, not judged.
+#[inline]
 pub fn reject_code(input: &[u8]) -> WireResult<'_, VisaReject> {
     let (rest, [b0, b1, c0, c1]) = array::<{ VisaHeader::REJECT_PART_LEN }>(input)?;
     Ok((
@@ -192,6 +194,7 @@ pub fn reject_code(input: &[u8]) -> WireResult<'_, VisaReject> {
 /// original body: the reject bitmap and code, then the original 22-byte header.
 /// Error offsets count from the start of `input` (the original header's
 /// length byte is offset 4).
+#[inline]
 pub fn rejected(input: &[u8]) -> WireResult<'_, (VisaReject, VisaHeader)> {
     let (rest, code) = reject_code(input)?;
     let (rest, original) =
