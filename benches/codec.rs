@@ -9,8 +9,14 @@ use std::hint::black_box;
 
 use bytes::{Bytes, BytesMut};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use isoswitch::iso8583::{Bitmap, Data, Decoded, Message, Spec, Unit, Value, samples, stamp};
-use isoswitch::wire::{Frame, FrameCodec, Tpdu};
+use isoswitch::iso8583::{
+    Bitmap, Data, Decoded, Message, Spec, Unit, Value, samples, stamp, validate_nom_form,
+};
+use isoswitch::wire::envelope::Rejected;
+use isoswitch::wire::visa::VisaReject;
+use isoswitch::wire::{
+    CupsHeader, Envelope, EnvelopeSpec, Frame, FrameCodec, Header, HeaderKind, Tpdu, VisaHeader,
+};
 use tokio_util::codec::{Decoder, Encoder};
 
 /// Frames in the stream the frame-decode bench cuts.
@@ -142,6 +148,10 @@ fn tpdu_swap(c: &mut Criterion) {
     g.bench_function("pos_swap_in_place", |b| {
         b.iter(|| Tpdu::swap_in_place(black_box(&mut buf)))
     });
+    // What `swap_in_place` did before, for the same-run comparison.
+    g.bench_function("pos_rotate_left_before", |b| {
+        b.iter(|| black_box(&mut buf)[1..5].rotate_left(2))
+    });
     g.finish();
 }
 
@@ -194,11 +204,246 @@ fn full_codec(c: &mut Criterion) {
     g.finish();
 }
 
+/// The payload (prefix cut off) of a one-frame fixture file.
+fn fixture_payload(hex: &str, prefix_len: usize) -> Vec<u8> {
+    let bytes: Vec<u8> = hex
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .flat_map(str::split_whitespace)
+        .map(|b| u8::from_str_radix(b, 16).expect("fixture hex"))
+        .collect();
+    bytes[prefix_len..].to_vec()
+}
+
+/// The envelope parsers: each header as nom parses it (`*/nom`), next to the
+/// hand slicing it replaced (`*/hand`, copied below as it was) in the same run.
+fn header_parse(c: &mut Criterion) {
+    let (_, cups) = samples::cups_0200();
+    let (_, pos) = samples::pos_0200();
+    let visa_spec = Spec::builtin("visa-base1").expect("visa-base1");
+    let visa = samples::purchase_payload(&visa_spec).expect("VISA sample");
+    let visa_reject = fixture_payload(include_str!("../fixtures/visa-base1/reject.hex"), 4);
+    let cups_reject = fixture_payload(include_str!("../fixtures/cups/reject.hex"), 4);
+    let spec = |header| EnvelopeSpec {
+        tpdu: false,
+        header,
+    };
+    let pos_env = EnvelopeSpec {
+        tpdu: true,
+        header: HeaderKind::Pos,
+    };
+
+    let mut g = c.benchmark_group("header_parse");
+    g.bench_function("tpdu/nom", |b| b.iter(|| Tpdu::parse(black_box(&pos))));
+    g.bench_function("tpdu/hand", |b| b.iter(|| hand::tpdu(black_box(&pos))));
+    g.bench_function("cups/nom", |b| {
+        b.iter(|| CupsHeader::parse(black_box(&cups)))
+    });
+    g.bench_function("cups/hand", |b| b.iter(|| hand::cups(black_box(&cups))));
+    g.bench_function("visa/nom", |b| {
+        b.iter(|| VisaHeader::parse(black_box(&visa)))
+    });
+    g.bench_function("visa/hand", |b| b.iter(|| hand::visa(black_box(&visa))));
+    for (name, env, payload) in [
+        ("envelope_pos", pos_env, &pos),
+        ("envelope_cups", spec(HeaderKind::Cups), &cups),
+        ("envelope_cups_reject", spec(HeaderKind::Cups), &cups_reject),
+        ("envelope_visa", spec(HeaderKind::Visa), &visa),
+        ("envelope_visa_reject", spec(HeaderKind::Visa), &visa_reject),
+    ] {
+        assert_eq!(env.parse(payload), hand::envelope(env, payload), "{name}");
+        g.bench_function(format!("{name}/nom"), |b| {
+            b.iter(|| env.parse(black_box(payload)))
+        });
+        g.bench_function(format!("{name}/hand"), |b| {
+            b.iter(|| hand::envelope(env, black_box(payload)))
+        });
+    }
+    g.finish();
+}
+
+/// The field walk over every field of a message, with the hand-written reads
+/// the switch uses (`Message::validate`) and with the same reads written with
+/// nom's primitives, in the same run.
+fn field_walk(c: &mut Criterion) {
+    let mut g = c.benchmark_group("field_walk");
+    let iso = Spec::builtin("iso87ascii").expect("iso87ascii");
+    let wide = iso
+        .encode(&sixty_four_fields(&iso))
+        .expect("64 fields encode");
+    let visa_spec = Spec::builtin("visa-base1").expect("visa-base1");
+    let visa = samples::purchase_payload(&visa_spec).expect("VISA sample");
+    let (cups_spec, cups) = samples::cups_0200();
+    let (pos_spec, pos) = samples::pos_0200();
+    for (name, spec, payload) in [
+        ("cups_0200", &cups_spec, cups),
+        ("pos_0200", &pos_spec, pos),
+        ("visa_0200", &visa_spec, visa),
+        ("iso87ascii_63_fields", &iso, wide),
+    ] {
+        let msg = Message::parse(spec, Bytes::from(payload)).expect("parses");
+        assert_eq!(msg.validate(), validate_nom_form(&msg), "{name}");
+        g.bench_function(format!("{name}/hand"), |b| {
+            b.iter(|| black_box(&msg).validate())
+        });
+        g.bench_function(format!("{name}/nom"), |b| {
+            b.iter(|| validate_nom_form(black_box(&msg)))
+        });
+    }
+    g.finish();
+}
+
+/// The header parsing as it was before the nom parsers (`git show
+/// 736f614:src/wire/`), kept here only as the benchmark's reference. The
+/// entry points are `inline(never)`, as the library's are to this crate, so
+/// both sides pay one call.
+mod hand {
+    use super::*;
+    use isoswitch::wire::{PosHeader, WireError};
+
+    fn truncated(what: &'static str, need: usize, have: usize) -> WireError {
+        WireError::Truncated {
+            what,
+            offset: 0,
+            need,
+            have,
+        }
+    }
+
+    #[inline(never)]
+    pub fn tpdu(input: &[u8]) -> Result<Tpdu, WireError> {
+        let bytes: &[u8; 5] = input
+            .get(..Tpdu::LEN)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| truncated("TPDU", Tpdu::LEN, input.len()))?;
+        if bytes[0] != Tpdu::ID {
+            return Err(WireError::BadEnvelope {
+                what: "TPDU",
+                offset: 0,
+                reason: format!("ID byte is {:#04x}, expected 0x60", bytes[0]),
+            });
+        }
+        Ok(Tpdu::from_bytes(*bytes))
+    }
+
+    pub fn pos(input: &[u8]) -> Result<PosHeader, WireError> {
+        let bytes: [u8; 6] = input
+            .get(..PosHeader::LEN)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| truncated("POS header", PosHeader::LEN, input.len()))?;
+        Ok(PosHeader(bytes))
+    }
+
+    #[inline(never)]
+    pub fn cups(input: &[u8]) -> Result<CupsHeader, WireError> {
+        let raw: [u8; CupsHeader::LEN] = input
+            .get(..CupsHeader::LEN)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| truncated("CUPS header", CupsHeader::LEN, input.len()))?;
+        if raw[0] as usize != CupsHeader::LEN {
+            return Err(WireError::BadEnvelope {
+                what: "CUPS header length",
+                offset: 0,
+                reason: format!("is {}, expected 46", raw[0]),
+            });
+        }
+        Ok(CupsHeader(raw))
+    }
+
+    #[inline(never)]
+    pub fn visa(input: &[u8]) -> Result<VisaHeader, WireError> {
+        let raw: [u8; VisaHeader::LEN] = input
+            .get(..VisaHeader::LEN)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| truncated("VISA header", VisaHeader::LEN, input.len()))?;
+        if raw[0] as usize != VisaHeader::LEN && raw[0] != 0x1A {
+            return Err(WireError::BadEnvelope {
+                what: "VISA header length",
+                offset: 0,
+                reason: format!("is {:#04x}, expected 0x16 or 0x1A", raw[0]),
+            });
+        }
+        Ok(VisaHeader(raw))
+    }
+
+    fn visa_reject(input: &[u8]) -> Result<VisaReject, WireError> {
+        match input {
+            [b0, b1, c0, c1, ..] => Ok(VisaReject {
+                bitmap: [*b0, *b1],
+                code: [*c0, *c1],
+            }),
+            _ => Err(truncated("VISA reject code", 4, input.len())),
+        }
+    }
+
+    #[inline(never)]
+    pub fn envelope(spec: EnvelopeSpec, payload: &[u8]) -> Result<Envelope, WireError> {
+        let mut at = 0;
+        let tpdu = if spec.tpdu {
+            let t = tpdu(payload)?;
+            at += Tpdu::LEN;
+            Some(t)
+        } else {
+            None
+        };
+        let rest = payload.get(at..).unwrap_or_default();
+        let shift = |e: WireError| e.shifted(at);
+        let (header, rejected, len) = match spec.header {
+            HeaderKind::None => (None, None, 0),
+            HeaderKind::Pos => (Some(Header::Pos(pos(rest).map_err(shift)?)), None, 6),
+            HeaderKind::Cups => {
+                let h = cups(rest).map_err(shift)?;
+                if !h.is_reject() {
+                    (Some(Header::Cups(h)), None, CupsHeader::LEN)
+                } else {
+                    let original = cups(&rest[CupsHeader::LEN..])
+                        .map_err(|e| e.shifted(at + CupsHeader::LEN))?;
+                    let rejected = Rejected {
+                        visa: None,
+                        original: Header::Cups(original),
+                    };
+                    (Some(Header::Cups(h)), Some(rejected), 2 * CupsHeader::LEN)
+                }
+            }
+            HeaderKind::Visa => {
+                let h = visa(rest).map_err(shift)?;
+                if !h.is_reject() {
+                    (Some(Header::Visa(h)), None, VisaHeader::LEN)
+                } else {
+                    let code_at = VisaHeader::LEN;
+                    let code =
+                        visa_reject(&rest[code_at..]).map_err(|e| e.shifted(at + code_at))?;
+                    let original_at = code_at + VisaHeader::REJECT_PART_LEN;
+                    let original =
+                        visa(&rest[original_at..]).map_err(|e| e.shifted(at + original_at))?;
+                    let rejected = Rejected {
+                        visa: Some(code),
+                        original: Header::Visa(original),
+                    };
+                    (
+                        Some(Header::Visa(h)),
+                        Some(rejected),
+                        original_at + VisaHeader::LEN,
+                    )
+                }
+            }
+        };
+        Ok(Envelope {
+            tpdu,
+            header,
+            rejected,
+            body_offset: at + len,
+        })
+    }
+}
+
 criterion_group!(
     benches,
     frame_decode,
     routing_view,
     validate_index,
+    header_parse,
+    field_walk,
     stamp_f37,
     tpdu_swap,
     full_codec

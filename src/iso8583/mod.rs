@@ -23,6 +23,9 @@ pub mod samples;
 mod spec;
 
 pub use codec::ebcdic;
+/// The field walk written with nom's primitives, for `benches/codec.rs`.
+#[doc(hidden)]
+pub use codec::nom_form::validate as validate_nom_form;
 pub use datetime::{civil_from_days, transmission_date_time};
 pub use decoded::{Decoded, ShownMessage, Value};
 pub use error::{IsoError, SpecError};

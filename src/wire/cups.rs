@@ -14,6 +14,7 @@
 //! | 41 | 5 | reject code, ASCII `00000` = accepted |
 
 use super::WireError;
+use super::part::{WireResult, array, bad, whole};
 
 /// Reject codes UnionPay puts in a rejected message's header.
 pub mod reject {
@@ -40,22 +41,13 @@ const REJECT: std::ops::Range<usize> = 41..46;
 impl CupsHeader {
     pub const LEN: usize = 46;
 
-    /// Parses the first 46 bytes of `input`. Only the header-length byte is checked
-    /// here, because without it the body cannot be found; everything else is for
-    /// [`CupsHeader::check`] so that a bad header can be answered with a reject.
+    /// Parses the first 46 bytes of `input` (a whole frame payload): a short
+    /// input is [`WireError::Truncated`]. The complete-mode form of [`header`].
+    /// Only the header-length byte is checked here, because without it the body
+    /// cannot be found; everything else is for [`CupsHeader::check`] so that a
+    /// bad header can be answered with a reject.
     pub fn parse(input: &[u8]) -> Result<CupsHeader, WireError> {
-        let raw: [u8; Self::LEN] = input
-            .get(..Self::LEN)
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| WireError::truncated("CUPS header", 0, Self::LEN, input.len()))?;
-        if raw[0] as usize != Self::LEN {
-            return Err(WireError::BadEnvelope {
-                what: "CUPS header length",
-                offset: 0,
-                reason: format!("is {}, expected 46", raw[0]),
-            });
-        }
-        Ok(CupsHeader(raw))
+        whole("CUPS header", Self::LEN, header, input)
     }
 
     /// A fresh header as the switch emits it: version 2, not a test message,
@@ -193,6 +185,22 @@ impl CupsHeader {
     }
 }
 
+/// nom parser (streaming) for a CUPS header: `Incomplete` until all 46 bytes
+/// are there, then the header-length byte must be 46 (a failure at offset 0
+/// naming it). The other fields are checked by [`CupsHeader::check`].
+#[inline]
+pub fn header(input: &[u8]) -> WireResult<'_, CupsHeader> {
+    let (rest, raw) = array::<{ CupsHeader::LEN }>(input)?;
+    if usize::from(raw[0]) != CupsHeader::LEN {
+        return Err(bad(
+            "CUPS header length",
+            0,
+            format!("is {}, expected 46", raw[0]),
+        ));
+    }
+    Ok((rest, CupsHeader(raw)))
+}
+
 impl std::fmt::Debug for CupsHeader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CupsHeader")
@@ -234,6 +242,7 @@ fn trimmed_id(raw: &[u8]) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn sample() -> CupsHeader {
         CupsHeader::new("00010000", "03105840", 146)
@@ -322,5 +331,67 @@ mod tests {
         assert_eq!(h.source_id(), "00010000");
         assert_eq!(h.total_length(), Some(1234));
         assert_eq!(&buf[46..], b"0200");
+    }
+
+    #[test]
+    fn streaming_header_split_everywhere() {
+        use crate::wire::part::split::check_every_split;
+        let mut wire = sample().0.to_vec();
+        wire.extend_from_slice(b"0200");
+        let (rest, h) = check_every_split(header, &wire).unwrap();
+        assert_eq!(rest, b"0200");
+        assert_eq!(h, sample());
+        // A wrong header length is judged once all 46 bytes are in, at offset 0.
+        wire[0] = 0x2F;
+        let err = check_every_split(header, &wire).unwrap_err();
+        assert!(matches!(
+            err,
+            nom::Err::Failure(WireError::BadEnvelope {
+                what: "CUPS header length",
+                offset: 0,
+                ..
+            })
+        ));
+        assert_eq!(
+            header(&wire[..45]),
+            Err(nom::Err::Incomplete(nom::Needed::new(1)))
+        );
+    }
+
+    /// Institution IDs as UnionPay writes them: 1 to 11 digits.
+    fn id() -> impl Strategy<Value = String> {
+        "[0-9]{1,11}"
+    }
+
+    proptest! {
+        #[test]
+        fn built_headers_round_trip(
+            destination in id(),
+            source in id(),
+            total in CupsHeader::LEN..=CupsHeader::LEN + MAX_BODY,
+            body: Vec<u8>,
+        ) {
+            let h = CupsHeader::new(&destination, &source, total);
+            let mut wire = h.0.to_vec();
+            wire.extend_from_slice(&body);
+            let parsed = CupsHeader::parse(&wire).unwrap();
+            prop_assert_eq!(parsed, h);
+            prop_assert_eq!(parsed.destination_id(), destination.as_str());
+            prop_assert_eq!(parsed.source_id(), source.as_str());
+            prop_assert_eq!(parsed.total_length(), Some(total));
+            prop_assert_eq!(parsed.check(total), None);
+            let (rest, streamed) = header(&wire).unwrap();
+            prop_assert_eq!(streamed, h);
+            prop_assert_eq!(rest, &body[..]);
+        }
+
+        /// Any 45 bytes after a 0x2E length byte are a header, kept byte for byte.
+        #[test]
+        fn raw_headers_round_trip(tail in proptest::collection::vec(any::<u8>(), 45)) {
+            let mut raw = [0u8; CupsHeader::LEN];
+            raw[0] = 0x2E;
+            raw[1..].copy_from_slice(&tail);
+            prop_assert_eq!(CupsHeader::parse(&raw), Ok(CupsHeader(raw)));
+        }
     }
 }

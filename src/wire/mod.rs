@@ -2,13 +2,16 @@
 //!
 //! - [`prefix`]: nom parsers for every length prefix the switch speaks.
 //! - [`codec`]: [`FrameCodec`], a tokio-util `Decoder`/`Encoder` on top of [`prefix`].
-//! - [`tpdu`], [`cups`], [`pos`], [`visa`]: the envelope parts that precede the MTI.
+//! - [`tpdu`], [`cups`], [`pos`], [`visa`]: the envelope parts that precede the MTI,
+//!   each a streaming nom parser (`Incomplete` on a short input) with a
+//!   whole-frame form (`Tpdu::parse`, ...) where a short input is `Truncated`.
 //! - [`envelope`]: parses the whole envelope of a frame as a spec describes it.
 
 pub mod codec;
 pub mod cups;
 pub mod envelope;
 mod error;
+mod part;
 pub mod patch;
 pub mod pos;
 pub mod prefix;
@@ -20,6 +23,7 @@ pub use codec::FrameError;
 pub use cups::CupsHeader;
 pub use envelope::{Envelope, EnvelopeSpec, Header, HeaderKind};
 pub use error::WireError;
+pub use part::WireResult;
 pub use patch::{Patch, PatchOverflow};
 pub use pos::PosHeader;
 pub use prefix::LengthPrefix;

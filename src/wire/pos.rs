@@ -1,6 +1,7 @@
 //! The 6-byte BCD header of UnionPay POS terminal messages (after the TPDU).
 
 use super::WireError;
+use super::part::{WireResult, array, whole};
 
 /// POS application header, e.g. `60 31 00 31 07 30`: application type (`60`, `61`
 /// for IC), software version, terminal status, processing requirement, software
@@ -11,12 +12,11 @@ pub struct PosHeader(pub [u8; 6]);
 impl PosHeader {
     pub const LEN: usize = 6;
 
+    /// Parses the first six bytes of `input` (a whole frame payload after the
+    /// TPDU): a short input is [`WireError::Truncated`]. The complete-mode form
+    /// of [`header`].
     pub fn parse(input: &[u8]) -> Result<PosHeader, WireError> {
-        let bytes: [u8; 6] = input
-            .get(..Self::LEN)
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| WireError::truncated("POS header", 0, Self::LEN, input.len()))?;
-        Ok(PosHeader(bytes))
+        whole("POS header", Self::LEN, header, input)
     }
 
     /// Application type: `0x60` for magnetic stripe, `0x61` for IC applications.
@@ -40,6 +40,14 @@ impl PosHeader {
     pub fn software_subversion(&self) -> [u8; 2] {
         [self.0[4], self.0[5]]
     }
+}
+
+/// nom parser (streaming) for a POS header: `Incomplete` until all six bytes
+/// are there. Any six bytes are a header (the switch forwards it unchanged).
+#[inline]
+pub fn header(input: &[u8]) -> WireResult<'_, PosHeader> {
+    let (rest, raw) = array::<{ PosHeader::LEN }>(input)?;
+    Ok((rest, PosHeader(raw)))
 }
 
 impl std::fmt::Display for PosHeader {
@@ -75,5 +83,14 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn streaming_header_split_everywhere() {
+        use crate::wire::part::split::check_every_split;
+        let wire = [0x60, 0x31, 0x00, 0x31, 0x07, 0x30, 0x02, 0x00];
+        let (rest, h) = check_every_split(header, &wire).unwrap();
+        assert_eq!(rest, &[0x02, 0x00]);
+        assert_eq!(PosHeader::parse(&wire), Ok(h));
     }
 }

@@ -267,8 +267,9 @@ pub fn split_frame(
     }))
 }
 
-// nom needs to build an error from its own error kinds; the streaming parsers used
-// here only ever report `Incomplete`, so this is a fallback that names the prefix.
+// nom needs to build an error from its own error kinds; the streaming `take` and
+// number parsers used here and by the envelope parts (src/wire/part.rs) only
+// ever report `Incomplete`, so this is a fallback; every real error is typed.
 impl ParseError<&[u8]> for WireError {
     fn from_error_kind(_input: &[u8], kind: ErrorKind) -> Self {
         WireError::BadEnvelope {
