@@ -19,7 +19,7 @@ repeat=${3:-3}
 bin=${ISOSWITCH_BIN:-}
 if [ -z "$bin" ]; then
     cargo build --release --quiet
-    bin=target/release/isoswitch
+    bin="${CARGO_TARGET_DIR:-target}/release/isoswitch"
 fi
 work=$(mktemp -d)
 pids=()

@@ -55,6 +55,6 @@ mkdir -p target
 out="target/bench-$(date -u +%Y%m%d-%H%M%S).md"
 {
     echo "<!-- $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), command: scripts/bench.sh $* -->"
-    ISOSWITCH_LOG=error target/release/isoswitch bench "$@"
+    ISOSWITCH_LOG=error "${CARGO_TARGET_DIR:-target}"/release/isoswitch bench "$@"
 } | tee "$out"
 echo "bench.sh: report kept in $out" >&2

@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 port=${1:-16000} rounds=${2:-6} clients=${3:-2000} seconds=${4:-3}
 cargo build --release --quiet
-bin=target/release/isoswitch
+bin="${CARGO_TARGET_DIR:-target}/release/isoswitch"
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
 "$bin" sim node --listen 127.0.0.1:17001 --spec cup-pos --id 01 >/dev/null 2>&1 & pids+=($!)

@@ -34,7 +34,7 @@ cd "$(dirname "$0")/.."
 
 P=${HA_PREFIX:-isoha}
 WORK=${HA_WORK:-/tmp/$P}
-BIN=${ISOSWITCH_BIN:-$PWD/target/debug/isoswitch}
+BIN=${ISOSWITCH_BIN:-${CARGO_TARGET_DIR:-$PWD/target}/debug/isoswitch}
 NET=10.209.0
 VIP=$NET.100
 declare -A IP=([client]=$NET.10 [a]=$NET.11 [b]=$NET.12 [nodes]=$NET.20 [cups]=$NET.30)

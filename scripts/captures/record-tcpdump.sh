@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 out=${1:-fixtures/captures/pos-tcpdump.pcap}
 command -v tcpdump >/dev/null || { echo "record-tcpdump: tcpdump is not installed (apt-get install tcpdump)" >&2; exit 1; }
 cargo build --quiet
-bin=target/debug/isoswitch
+bin="${CARGO_TARGET_DIR:-target}/debug/isoswitch"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT

@@ -13,4 +13,4 @@ if ! python3 -c "import iso8583" 2>/dev/null; then
     exit 1
 fi
 cargo build --locked --quiet --bin isoswitch
-python3 scripts/differential.py --messages 500 --isoswitch target/debug/isoswitch
+python3 scripts/differential.py --messages 500 --isoswitch "${CARGO_TARGET_DIR:-target}/debug/isoswitch"

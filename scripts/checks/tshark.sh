@@ -14,7 +14,7 @@ if ! command -v tshark >/dev/null; then
     exit 1
 fi
 cargo build --locked --quiet
-bin=target/debug/isoswitch
+bin="${CARGO_TARGET_DIR:-target}/debug/isoswitch"
 work=$(mktemp -d)
 pids=()
 cleanup() {

@@ -12,6 +12,7 @@ pub mod log_limit;
 pub mod netmgmt;
 pub mod node;
 pub mod oneconnect;
+pub mod oneconnect_pool;
 pub mod outlinks;
 pub mod pool;
 pub mod service;

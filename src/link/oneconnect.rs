@@ -12,89 +12,27 @@
 //! the pool clean. A connection whose request passed its deadline unanswered
 //! is closed, never reused (its late answer would reach the next client).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::codec::FramedRead;
 
 use super::client::ClientLink;
 use super::netmgmt::NmKind;
+use super::oneconnect_pool::{Carrying, PooledConn};
+pub use super::oneconnect_pool::{OneConnect, OneConnectCounters};
 use super::service::{Checked, Origin, Service};
 use super::writer::{Outbound, Patch, encode_into};
-use crate::config::{FrontConfig, ListenMode, OneConnectConfig, ServiceConfig};
 use crate::route::DeclineReason;
-use crate::route::oneconnect::{Lease, OneConnectSlots};
+use crate::route::oneconnect::Lease;
 use crate::wire::{Frame, FrameCodec};
-
-/// What a OneConnect pool did, beside the service's usual counters.
-#[derive(Debug, Default)]
-pub struct OneConnectCounters {
-    /// Node connections opened, and connects that failed.
-    pub opened: AtomicU64,
-    pub connect_failures: AtomicU64,
-    /// Requests sent on a connection an earlier request used.
-    pub reused: AtomicU64,
-    /// Requests that had to wait for a free connection, and those whose
-    /// deadline passed while waiting (declined `timeout`).
-    pub waited: AtomicU64,
-    pub wait_timeouts: AtomicU64,
-    /// Connections closed: idle too long, request past its deadline, broken
-    /// (closed by the node, unexpected bytes, write error).
-    pub closed_idle: AtomicU64,
-    pub closed_deadline: AtomicU64,
-    pub closed_broken: AtomicU64,
-    /// Answers that arrived after their client had gone: counted, dropped.
-    pub answers_dropped: AtomicU64,
-}
-
-/// A node connection of the pool while it is idle (or leased to a request).
-struct PooledConn {
-    node: usize,
-    frames: FramedRead<TcpStream, FrameCodec>,
-}
-
-impl PooledConn {
-    /// True if nothing arrived while the connection sat idle: not closed by the
-    /// node, no stray bytes (which would be taken for the next answer).
-    fn clean(&self) -> bool {
-        if !self.frames.read_buffer().is_empty() {
-            return false;
-        }
-        let mut probe = [0u8; 1];
-        matches!(
-            self.frames.get_ref().try_read(&mut probe),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
-        )
-    }
-}
-
-/// The pool of one service.
-pub struct OneConnect {
-    cfg: OneConnectConfig,
-    slots: Mutex<OneConnectSlots<PooledConn>>,
-    /// Signalled whenever a slot frees up, for requests waiting for one.
-    freed: Notify,
-    /// The request tasks; reaped by [`maintain`].
-    tasks: Mutex<JoinSet<()>>,
-    /// Requests being carried (a graceful stop waits for them).
-    carrying: AtomicUsize,
-}
-
-/// Counts a request as carried for as long as its task lives.
-struct Carrying(Arc<OneConnect>);
-
-impl Drop for Carrying {
-    fn drop(&mut self) {
-        self.0.carrying.fetch_sub(1, Ordering::Relaxed);
-    }
-}
 
 /// Why an exchange on a connection ended without an answer.
 enum Failed {
@@ -103,53 +41,6 @@ enum Failed {
 }
 
 impl OneConnect {
-    /// The pool of `config`'s service, if its front is in `oneconnect` mode.
-    pub fn for_service(config: &ServiceConfig) -> Result<Option<Arc<OneConnect>>, String> {
-        let FrontConfig::Listen(front) = &config.front else {
-            return Ok(None);
-        };
-        if front.mode != ListenMode::Oneconnect {
-            return Ok(None);
-        }
-        if front.oneconnect.idle_timeout.is_zero() {
-            return Err("front.oneconnect.idle_timeout: must be > 0".into());
-        }
-        Ok(Some(Arc::new(OneConnect {
-            cfg: front.oneconnect,
-            slots: Mutex::new(OneConnectSlots::new(
-                config.back.nodes.len(),
-                config.back.connections_per_node,
-            )),
-            freed: Notify::new(),
-            tasks: Mutex::new(JoinSet::new()),
-            carrying: AtomicUsize::new(0),
-        })))
-    }
-
-    fn slots(&self) -> std::sync::MutexGuard<'_, OneConnectSlots<PooledConn>> {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Connections of `node` open now (leased or idle).
-    pub fn open(&self, node: usize) -> usize {
-        self.slots().open(node)
-    }
-
-    /// Connections of `node` idle in the pool now.
-    pub fn idle(&self, node: usize) -> usize {
-        self.slots().idle(node)
-    }
-
-    /// Requests being carried now.
-    pub fn in_flight(&self) -> usize {
-        self.carrying.load(Ordering::Relaxed)
-    }
-
-    /// Request tasks not yet reaped.
-    pub fn tasks(&self) -> usize {
-        self.tasks.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
     /// The pool's part of a service's stats line: per node, connections open
     /// and idle; then what the pool did.
     pub fn stats_line(&self, service: &Service) -> String {

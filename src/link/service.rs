@@ -100,7 +100,7 @@ pub struct ServiceCounters {
     /// Simplex: the peer's network management answered by the switch.
     pub network_answered: AtomicU64,
     /// `listen` fronts in `oneconnect` mode: the pool's own counters.
-    pub oneconnect: super::oneconnect::OneConnectCounters,
+    pub oneconnect: super::oneconnect_pool::OneConnectCounters,
     /// Capture events dropped because the capture writer's queue was full
     /// (the capture then shows a gap; the message path never waits).
     pub capture_dropped: AtomicU64,
@@ -154,7 +154,7 @@ pub struct Service {
     /// The F37 node stamps, when configured.
     stamps: Option<StampTable>,
     /// `listen` fronts in `oneconnect` mode: the node connection pool.
-    pub oneconnect: Option<Arc<super::oneconnect::OneConnect>>,
+    pub oneconnect: Option<Arc<super::oneconnect_pool::OneConnect>>,
     /// Live connections, for the admin API's connection table.
     pub conns: Arc<super::conns::ConnTable>,
     /// pcapng capture of this service's connections, when on (set before the
@@ -205,7 +205,7 @@ impl Service {
             ))
         });
         let network = NetworkTemplate::for_service(&config, &spec).map_err(|e| e.to_string())?;
-        let oneconnect = super::oneconnect::OneConnect::for_service(&config)?;
+        let oneconnect = super::oneconnect_pool::OneConnect::for_service(&config)?;
         let request_timeout_ns = AtomicU64::new(duration_ns(config.timeouts.request));
         let decline_codes = Mutex::new(config.declines);
         let listen_limits = Mutex::new(match &config.front {

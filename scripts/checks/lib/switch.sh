@@ -9,7 +9,7 @@ free_port() {
 
 start_switch() {
     cargo build --locked --quiet
-    BIN=target/debug/isoswitch
+    BIN="${CARGO_TARGET_DIR:-target}/debug/isoswitch"
     WORK=$(mktemp -d)
     PIDS=()
     trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT
