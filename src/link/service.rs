@@ -228,7 +228,11 @@ impl Service {
             correlator,
             counters: ServiceCounters::default(),
             next_conn_id: AtomicU64::new(1),
-            next_stan: AtomicU64::new(1),
+            // Each instance starts its STANs somewhere else: two instances
+            // behind one address sign on to the same peer, and a sign-on
+            // answer that reaches the other instance must not match one of
+            // its own (docs/ha.md).
+            next_stan: AtomicU64::new(crate::util::rng::entropy_seed() % 999_999),
             draining: std::sync::atomic::AtomicBool::new(false),
             out_links,
             stamps,
@@ -1148,6 +1152,29 @@ mod tests {
     /// The fixed part of a request in flight, as docs/config.md states it
     /// (memory per request in flight): a key in the table and in the deadline
     /// index, the pending state and its origin. The request's bytes come on top.
+    #[test]
+    fn instances_start_their_stans_apart() {
+        let toml = "[[service]]\nname = \"up\"\nspec = \"cups\"\n\
+             [service.front]\nkind = \"listen\"\nlisten = \"127.0.0.1:0\"\n\
+             [[service.back.node]]\nid = \"01\"\naddress = \"127.0.0.1:9\"\n";
+        let cfg = crate::config::Config::from_toml(toml).expect("config");
+        let firsts: Vec<u32> = (0..3)
+            .map(|_| {
+                let spec = Spec::builtin("cups").expect("cups");
+                let svc =
+                    Service::new(cfg.services[0].clone(), spec, Instant::now()).expect("service");
+                let stan = svc.next_stan();
+                assert!((1..=999_999).contains(&stan));
+                assert_eq!(svc.next_stan(), stan % 999_999 + 1, "then one by one");
+                stan
+            })
+            .collect();
+        assert!(
+            firsts.windows(2).any(|w| w[0] != w[1]),
+            "three instances of one config start at the same STAN: {firsts:?}"
+        );
+    }
+
     #[test]
     fn fixed_memory_per_request_in_flight_is_as_documented() {
         let key = std::mem::size_of::<CorrelationKey>();
