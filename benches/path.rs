@@ -12,7 +12,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use isoswitch::link::inproc::{Rig, purchase_frames};
+use isoswitch::link::inproc::{Rig, purchase_frames, service_toml};
 
 /// Requests in flight per batch: distinct keys, answered after the batch.
 const BATCH: usize = 256;
@@ -41,25 +41,9 @@ const DIALECTS: [Dialect; 3] = [
     },
 ];
 
-fn toml(d: &Dialect) -> String {
-    let stamp = if d.stamp {
-        "f37_stamp = { offset = 10, width = 2 }\n"
-    } else {
-        ""
-    };
-    let mut t = format!(
-        "[[service]]\nname = \"path\"\nspec = \"{}\"\n{stamp}[service.front]\nkind = \"listen\"\nlisten = \"127.0.0.1:0\"\n",
-        d.spec
-    );
-    for n in 1..=3 {
-        t += &format!("[[service.back.node]]\nid = \"0{n}\"\naddress = \"127.0.0.1:9\"\n");
-    }
-    t
-}
-
 /// A warm rig, its request frames and the node's answers to them.
 fn setup(d: &Dialect) -> (Rig, Vec<Vec<u8>>, Vec<Vec<u8>>) {
-    let mut rig = Rig::new(&toml(d)).expect("rig");
+    let mut rig = Rig::new(&service_toml(d.spec, d.stamp)).expect("rig");
     let requests = purchase_frames(&rig.service.spec, BATCH).expect("frames");
     let mut answers = Vec::with_capacity(BATCH);
     for req in &requests {

@@ -8,7 +8,7 @@ use std::cell::Cell;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use isoswitch::link::inproc::{READ_BUFFER, Rig, purchase_frames};
+use isoswitch::link::inproc::{READ_BUFFER, Rig, purchase_frames, service_toml};
 
 struct Counting;
 
@@ -76,24 +76,6 @@ fn allocations(f: impl FnOnce()) -> usize {
 #[test]
 fn counter_sees_allocations() {
     assert!(allocations(|| drop(black_box(vec![1u8; 16]))) >= 1);
-}
-
-/// A listen service on `spec` in front of three nodes (never dialled: the
-/// rig gives them channels), with F37 stamped where the dialect has one.
-fn service_toml(spec: &str, stamp: bool) -> String {
-    let stamp = if stamp {
-        "f37_stamp = { offset = 10, width = 2 }\n"
-    } else {
-        ""
-    };
-    let mut toml = format!(
-        "[[service]]\nname = \"path\"\nspec = \"{spec}\"\n{stamp}\
-         [service.front]\nkind = \"listen\"\nlisten = \"127.0.0.1:0\"\n"
-    );
-    for n in 1..=3 {
-        toml += &format!("[[service.back.node]]\nid = \"0{n}\"\naddress = \"127.0.0.1:9\"\n");
-    }
-    toml
 }
 
 /// Drives request/response pairs through the switch's real per-message path

@@ -344,6 +344,22 @@ impl<V> Correlator<V> {
         via: u64,
         deadline: Instant,
     ) -> Result<(), Rejected<V>> {
+        self.insert_if(key, value, via, deadline, |table| {
+            table.index.len() < table.cfg.capacity
+        })
+    }
+
+    /// [`Correlator::insert`], with the capacity decided by `room`, asked
+    /// once the key is known not to be in flight (a sharded table counts its
+    /// capacity across shards).
+    fn insert_if(
+        &mut self,
+        key: CorrelationKey,
+        value: V,
+        via: u64,
+        deadline: Instant,
+        room: impl FnOnce(&Self) -> bool,
+    ) -> Result<(), Rejected<V>> {
         if self.index.contains_key(&key) {
             self.stats.duplicates += 1;
             return Err(Rejected {
@@ -351,7 +367,7 @@ impl<V> Correlator<V> {
                 value,
             });
         }
-        if self.index.len() >= self.cfg.capacity || self.slab.len() >= NIL as usize {
+        if self.slab.len() >= NIL as usize || !room(self) {
             self.stats.full += 1;
             return Err(Rejected {
                 error: CorrelateError::Full,
@@ -659,25 +675,16 @@ impl<V> Shards<V> {
         via: u64,
         deadline: Instant,
     ) -> Result<(), Rejected<V>> {
-        let mut shard = self.shard(&key);
-        if shard.contains(&key) {
-            // Duplicate is checked before capacity, as in one table.
-            return shard.insert(key, value, via, deadline);
-        }
         let cap = self.capacity.load(Ordering::Relaxed);
-        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= cap {
+        self.shard(&key).insert_if(key, value, via, deadline, |_| {
+            // Taken here, under the shard's lock, once the key is known new;
+            // given back by whatever takes the entry out.
+            if self.in_flight.fetch_add(1, Ordering::AcqRel) < cap {
+                return true;
+            }
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
-            shard.stats.full += 1;
-            return Err(Rejected {
-                error: CorrelateError::Full,
-                value,
-            });
-        }
-        let inserted = shard.insert(key, value, via, deadline);
-        if inserted.is_err() {
-            self.in_flight.fetch_sub(1, Ordering::AcqRel);
-        }
-        inserted
+            false
+        })
     }
 
     /// See [`Correlator::take`].

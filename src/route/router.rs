@@ -215,10 +215,6 @@ impl Router {
         &self.spec
     }
 
-    pub fn key_parts(&self) -> &[KeyPart] {
-        &self.key_parts
-    }
-
     /// Checks a message in full against the service's spec and finds its
     /// routing fields, in one pass. Allocates nothing.
     pub fn check<'s>(&'s self, payload: Bytes) -> Result<Checked<'s>, Invalid> {
@@ -297,11 +293,6 @@ impl Router {
     /// The text forms of the fields directed rules compare.
     pub fn rule_texts(&self, req: &Checked<'_>) -> FieldTexts {
         FieldTexts::of(req, &self.rule_fields)
-    }
-
-    /// Whether requests are stamped with their node's ID in F37.
-    pub fn stamps(&self) -> bool {
-        self.f37_stamp.is_some()
     }
 
     /// The F37 edit that stamps `node` into a request (none when stamping is
