@@ -17,7 +17,7 @@
 //! proxies' CPU per message comes from `/proc/PID/stat` over each row.
 //! `--strace` adds system calls per message under load.
 
-mod procs;
+pub(crate) mod procs;
 mod strace;
 
 use std::net::SocketAddr;
@@ -200,6 +200,11 @@ struct Cpu {
     us_per_msg: f64,
     /// Of one core, over the row.
     percent: f64,
+    /// Share of that CPU spent in user space (the rest is the kernel's:
+    /// system calls, TCP, wake-ups).
+    user_percent: f64,
+    /// Context switches of the proxy's threads per message.
+    switches_per_msg: f64,
 }
 
 /// One measured row.
@@ -428,12 +433,12 @@ async fn measure(
         target.label(),
         rate.map_or("saturation".into(), |r| format!("{r:.0} req/s"))
     );
-    let before = pid.and_then(procs::cpu_ticks);
+    let before = pid.and_then(procs::usage);
     let report = load::run(spec.clone(), cfg, Arc::new(LoadCounters::default())).await?;
-    let after = pid.and_then(procs::cpu_ticks);
+    let after = pid.and_then(procs::usage);
     let cpu = match (before, after) {
         (Some(b), Some(a)) => Some(cpu_use(
-            a.saturating_sub(b),
+            b.until(a),
             report.answered + report.declined,
             report.elapsed,
         )),
@@ -448,31 +453,41 @@ async fn measure(
     })
 }
 
-fn cpu_use(ticks: u64, messages: u64, elapsed: Duration) -> Cpu {
+fn cpu_use(spent: procs::Usage, messages: u64, elapsed: Duration) -> Cpu {
+    let ticks = spent.user + spent.system;
     let seconds = ticks as f64 / procs::TICKS_PER_S;
+    let messages = messages.max(1) as f64;
     Cpu {
-        us_per_msg: seconds * 1e6 / messages.max(1) as f64,
+        us_per_msg: seconds * 1e6 / messages,
         percent: seconds * 100.0 / elapsed.as_secs_f64().max(1e-9),
+        user_percent: spent.user as f64 * 100.0 / ticks.max(1) as f64,
+        switches_per_msg: spent.switches as f64 / messages,
     }
 }
 
 fn print_table<'r>(rows: impl Iterator<Item = &'r Row>, numbered: bool) {
     println!(
-        "| target | sent/s | approved/s | declined | errors/timeouts | p50 µs | p99 µs | p99.9 µs | CPU µs/msg | CPU % of a core |"
+        "| target | sent/s | approved/s | declined | errors/timeouts | p50 µs | p99 µs | p99.9 µs | CPU µs/msg | CPU % of a core | user % of it | ctx switches/msg |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let name = if numbered {
             format!("{} #{}", r.target.label(), r.repetition + 1)
         } else {
             r.target.label().to_string()
         };
-        let (cpu_msg, cpu_pct) = r.cpu.map_or(("-".into(), "-".into()), |c| {
-            (format!("{:.1}", c.us_per_msg), format!("{:.0}", c.percent))
-        });
+        let [cpu_msg, cpu_pct, user_pct, switches] =
+            r.cpu.map_or(["-", "-", "-", "-"].map(String::from), |c| {
+                [
+                    format!("{:.1}", c.us_per_msg),
+                    format!("{:.0}", c.percent),
+                    format!("{:.0}", c.user_percent),
+                    format!("{:.2}", c.switches_per_msg),
+                ]
+            });
         let rep = &r.report;
         println!(
-            "| {name} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {cpu_msg} | {cpu_pct} |",
+            "| {name} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {cpu_msg} | {cpu_pct} | {user_pct} | {switches} |",
             rep.sent_per_s(),
             rep.approved_per_s(),
             rep.declined,
@@ -843,9 +858,24 @@ mod tests {
     #[test]
     fn cpu_per_message_is_process_time_over_answers() {
         // 150 ticks = 1.5 s of CPU for 50,000 answers in 5 s.
-        let c = cpu_use(150, 50_000, Duration::from_secs(5));
+        let spent = procs::Usage {
+            user: 50,
+            system: 100,
+            switches: 25_000,
+        };
+        let c = cpu_use(spent, 50_000, Duration::from_secs(5));
         assert!((c.us_per_msg - 30.0).abs() < 1e-9, "{}", c.us_per_msg);
         assert!((c.percent - 30.0).abs() < 1e-9, "{}", c.percent);
+        assert!(
+            (c.user_percent - 100.0 / 3.0).abs() < 1e-9,
+            "{}",
+            c.user_percent
+        );
+        assert!(
+            (c.switches_per_msg - 0.5).abs() < 1e-9,
+            "{}",
+            c.switches_per_msg
+        );
     }
 
     fn row(
@@ -877,6 +907,8 @@ mod tests {
             cpu: (target != Target::Direct).then_some(Cpu {
                 us_per_msg: cpu,
                 percent: 50.0,
+                user_percent: 30.0,
+                switches_per_msg: 1.0,
             }),
         }
     }

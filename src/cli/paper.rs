@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
+use super::bench::procs::{self, cpu_ticks};
 use super::bench::{BenchArgs, Haproxy, TempFile, free_port, wait_listening};
 use crate::iso8583::Spec;
 use crate::sim::load::{self, LoadConfig, LoadCounters, LoadReport, Mix};
@@ -201,7 +202,8 @@ async fn measure(
     let elapsed = started.elapsed();
     let cpu = match (cpu_before, guard.pid()) {
         (Some(before), Some(pid)) => cpu_ticks(pid).map(|after| {
-            (after.saturating_sub(before)) as f64 / clock_ticks() / elapsed.as_secs_f64() * 100.0
+            (after.saturating_sub(before)) as f64 / procs::TICKS_PER_S / elapsed.as_secs_f64()
+                * 100.0
         }),
         _ => None,
     };
@@ -318,22 +320,6 @@ impl Drop for Proc {
     }
 }
 
-/// utime + stime of a process, in clock ticks.
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may contain spaces) in parens.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
-}
-
-/// Clock ticks per second (USER_HZ): 100 on Linux.
-fn clock_ticks() -> f64 {
-    100.0
-}
-
 fn which(tool: &str) -> bool {
     Command::new(tool)
         .arg("-v")
@@ -397,10 +383,5 @@ mod tests {
         assert_eq!(share(&[1, 1, 2]), "25% / 25% / 50%");
         assert_eq!(share(&[0, 0, 0]), "0% / 0% / 0%");
         assert_eq!(list(&[20, 3, 0]), "20 / 3 / 0");
-    }
-
-    #[test]
-    fn cpu_ticks_reads_this_process() {
-        assert!(cpu_ticks(std::process::id()).is_some());
     }
 }

@@ -149,12 +149,74 @@ pub(crate) fn cpu_ticks(pid: u32) -> Option<u64> {
 }
 
 fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+    let (utime, stime) = parse_user_system(stat)?;
+    Some(utime + stime)
+}
+
+/// utime and stime (clock ticks) from a `/proc/PID/stat` line.
+fn parse_user_system(stat: &str) -> Option<(u64, u64)> {
     // Fields after the command name, which may hold spaces and parentheses.
     let rest = stat.get(stat.rfind(')')? + 2..)?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
+    Some((utime, stime))
+}
+
+/// What a process spent, over all its threads: CPU in user space and in
+/// the kernel (clock ticks), and how often its threads were switched out
+/// (voluntarily: went to sleep waiting for I/O; or preempted). Per message,
+/// the switches count the wake-ups a proxy pays for, which no amount of
+/// user-space work saves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Usage {
+    pub user: u64,
+    pub system: u64,
+    pub switches: u64,
+}
+
+impl Usage {
+    /// What was spent between `self` (earlier) and `later`.
+    pub(crate) fn until(self, later: Usage) -> Usage {
+        Usage {
+            user: later.user.saturating_sub(self.user),
+            system: later.system.saturating_sub(self.system),
+            switches: later.switches.saturating_sub(self.switches),
+        }
+    }
+}
+
+/// [`Usage`] of process `pid` now. Threads that exited are in the process's
+/// CPU times but not in the switches (a proxy keeps its threads).
+pub(crate) fn usage(pid: u32) -> Option<Usage> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (user, system) = parse_user_system(&stat)?;
+    let mut switches = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        if let Ok(status) = std::fs::read_to_string(task.path().join("status")) {
+            switches += parse_switches(&status);
+        }
+    }
+    Some(Usage {
+        user,
+        system,
+        switches,
+    })
+}
+
+/// Voluntary + involuntary context switches from a `/proc/.../status`.
+fn parse_switches(status: &str) -> u64 {
+    status
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+        })
+        .filter_map(|v| v.trim().parse::<u64>().ok())
+        .sum()
 }
 
 /// Clock ticks per second of `/proc/PID/stat` (USER_HZ): 100 on Linux.
@@ -381,6 +443,28 @@ mod tests {
             .unwrap();
         assert_eq!((p.load.list(), p.proxy.list()), ("1".into(), "1".into()));
         assert!(Pinning::choose(&four, None, Some("1")).is_err());
+    }
+
+    #[test]
+    fn usage_sums_switches_over_threads() {
+        let status = "Name:\tx\nvoluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t7\n";
+        assert_eq!(parse_switches(status), 127);
+        assert_eq!(parse_switches("garbage"), 0);
+        let now = usage(std::process::id()).unwrap();
+        assert!(now.switches > 0, "this test's threads have slept: {now:?}");
+        let later = Usage {
+            user: now.user + 3,
+            system: now.system + 1,
+            switches: now.switches + 10,
+        };
+        assert_eq!(
+            now.until(later),
+            Usage {
+                user: 3,
+                system: 1,
+                switches: 10
+            }
+        );
     }
 
     #[test]
