@@ -697,7 +697,7 @@ impl FieldIndex {
         }
     }
 
-    fn span(&self, id: u16) -> Option<Span> {
+    pub(super) fn span(&self, id: u16) -> Option<Span> {
         let i = self.ids[..self.n as usize].iter().position(|&x| x == id)?;
         let (start, data, end, units) = self.spans[i];
         Some(Span {
@@ -724,12 +724,22 @@ impl Message<'_> {
     /// field lookup through the index is then free of errors.
     #[inline]
     pub fn index(&self, wanted: &Bitmap) -> Result<FieldIndex, IsoError> {
-        match self.index_fast(wanted) {
-            Some(index) => Ok(index),
-            // Something is wrong with this message: the careful walk finds
-            // what, and names the field and offset.
-            None => self.index_checked(wanted),
+        let mut index = FieldIndex::default();
+        self.index_into(wanted, &mut index)?;
+        Ok(index)
+    }
+
+    /// [`Message::index`] into an index the caller holds (the per-message
+    /// path keeps it beside the message instead of copying it there).
+    #[inline]
+    pub fn index_into(&self, wanted: &Bitmap, index: &mut FieldIndex) -> Result<(), IsoError> {
+        if self.index_fast(wanted, index) {
+            return Ok(());
         }
+        // Something is wrong with this message: the careful walk finds what,
+        // and names the field and offset.
+        *index = self.index_checked(wanted)?;
+        Ok(())
     }
 
     /// [`Message::index`] for a message that turns out sound, in the fewest
@@ -737,15 +747,20 @@ impl Message<'_> {
     /// dense step table (no definition read, no bounds check: the offset only
     /// grows, so one check that the last field ends at the payload's end
     /// covers them all); a variable field reads its prefix, checked.
-    /// `None` on anything [`Message::index_checked`] would refuse, and it
-    /// accepts nothing that walk refuses.
-    pub(super) fn index_fast(&self, wanted: &Bitmap) -> Option<FieldIndex> {
+    /// False on anything [`Message::index_checked`] would refuse (`index`
+    /// then holds nothing of use), and it accepts nothing that walk refuses.
+    pub(super) fn index_fast(&self, wanted: &Bitmap, index: &mut FieldIndex) -> bool {
+        self.walk_fast(wanted, index).is_some()
+    }
+
+    fn walk_fast(&self, wanted: &Bitmap, index: &mut FieldIndex) -> Option<()> {
         let payload: &[u8] = &self.payload;
         let len = payload.len();
         if u32::try_from(len).is_err() {
             return None;
         }
-        let mut index = FieldIndex::default();
+        // Only the first `n` entries are ever read: no need to clear the rest.
+        index.n = 0;
         let mut at = self.layout.fields_at;
         for w in 0..3 {
             let mut bits = self.layout.present.0[w];
@@ -780,7 +795,7 @@ impl Message<'_> {
             return None;
         }
         index.end = at;
-        Some(index)
+        Some(())
     }
 
     /// [`Message::index`] one field at a time, each checked as it is

@@ -235,8 +235,12 @@ impl Router {
         f: impl FnOnce(&Checked<'s>) -> R,
     ) -> Result<R, Invalid> {
         let msg = Message::parse(&self.spec, payload)?;
-        let index = msg.index(&self.wanted)?;
-        Ok(f(&Checked { msg, index }))
+        let mut checked = Checked {
+            msg,
+            index: FieldIndex::default(),
+        };
+        checked.msg.index_into(&self.wanted, &mut checked.index)?;
+        Ok(f(&checked))
     }
 
     /// [`Router::check_request`] in the style of [`Router::with_checked`].
