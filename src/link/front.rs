@@ -225,7 +225,9 @@ async fn serve_client(
             res = &mut writer => break Ended::Other(format!("writer ended: {res:?}")),
             _ = shutdown.changed() => break Ended::Other("shutdown".to_string()),
         };
-        timer.frame(Instant::now());
+        // One clock read per frame serves the timer and the request's timing.
+        let now = Instant::now();
+        timer.frame(now);
         registered.entry.received();
         match item {
             Some(Ok(Frame::Message(payload))) => {
@@ -235,9 +237,9 @@ async fn serve_client(
                         oc,
                         &client,
                         payload,
-                        Instant::now(),
+                        now,
                     ),
-                    None => service.on_request(&client, payload, Instant::now()),
+                    None => service.on_request(&client, payload, now),
                 };
                 if !keep {
                     break Ended::Other("bad request (on_bad_message = close)".into());

@@ -99,12 +99,14 @@ async fn run_connection(
     let why = loop {
         tokio::select! {
             item = frames.next() => {
-                timer.frame(Instant::now());
+                // One clock read per frame serves the timer and the answer's latency.
+                let now = Instant::now();
+                timer.frame(now);
                 if let Some(r) = &registered {
                     r.entry.received();
                 }
                 match item {
-                    Some(Ok(Frame::Message(payload))) => service.on_node_frame(node, id, payload, Instant::now()),
+                    Some(Ok(Frame::Message(payload))) => service.on_node_frame(node, id, payload, now),
                     Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => {}
                     Some(Err(e)) => break format!("bad frame: {e}"),
                     None => break "closed by node".to_string(),
