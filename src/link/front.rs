@@ -213,8 +213,16 @@ async fn serve_client(
         Instant::now(),
     );
     let mut tick = tokio::time::interval(timer.tick_period());
+    // Made once: a fresh `changed()` per frame would join and leave the
+    // watch's waiter list (a lock each way) for every message.
+    let stopping = shutdown.changed();
+    tokio::pin!(stopping);
     let why = loop {
+        // Frames first: when one is ready the other branches are not polled.
+        // A client cannot starve them: the socket's reads spend tokio's
+        // cooperative budget, and a spent budget reads as pending.
         let item = tokio::select! {
+            biased;
             item = frames.next() => item,
             _ = tick.tick() => {
                 match timer.check(in_frame(&frames), Instant::now()) {
@@ -223,7 +231,7 @@ async fn serve_client(
                 }
             }
             res = &mut writer => break Ended::Other(format!("writer ended: {res:?}")),
-            _ = shutdown.changed() => break Ended::Other("shutdown".to_string()),
+            _ = &mut stopping => break Ended::Other("shutdown".to_string()),
         };
         // One clock read per frame serves the timer and the request's timing.
         let now = Instant::now();

@@ -96,8 +96,12 @@ async fn run_connection(
         Instant::now(),
     );
     let mut tick = tokio::time::interval(timer.tick_period());
+    // Made once, and frames polled first: see `front::serve_client`.
+    let stopping = shutdown.changed();
+    tokio::pin!(stopping);
     let why = loop {
         tokio::select! {
+            biased;
             item = frames.next() => {
                 // One clock read per frame serves the timer and the answer's latency.
                 let now = Instant::now();
@@ -118,7 +122,7 @@ async fn run_connection(
                 }
             }
             res = &mut writer => break format!("writer ended: {res:?}"),
-            _ = shutdown.changed() => break "shutdown".to_string(),
+            _ = &mut stopping => break "shutdown".to_string(),
         }
     };
     writer.abort();
