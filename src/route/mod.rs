@@ -76,14 +76,16 @@ pub mod router;
 pub mod rules;
 pub mod stamp;
 
-pub use balancer::{Algorithm, Balancer, BalancerConfig};
+pub use balancer::{Algorithm, Balancer, BalancerConfig, SharedBalancer};
 pub use correlator::{
     CorrelateError, CorrelationKey, Correlator, CorrelatorConfig, CorrelatorStats, KeyBuilder,
     KeyHasher, KeyTooLong, Miss, Rejected, SHARDS, Shards,
 };
 pub use decline::{DeclineCodes, DeclineReason, ResponseCode};
-pub use health::{AdminState, Health, HealthConfig, HealthConfigError, Transition};
-pub use node::{EwmaConfig, NodeId, NodeIdError, NodeState, NodeView, PeakEwma};
+pub use health::{AdminState, Health, HealthConfig, HealthConfigError, Standing, Transition};
+pub use node::{
+    EwmaCell, EwmaConfig, NodeId, NodeIdError, NodeSnapshot, NodeState, NodeView, PeakEwma,
+};
 pub use rng::Rng;
 pub use router::{
     Checked, FieldTexts, Invalid, KeyError, KeyPart, Router, RouterConfig, RouterError, TpduPolicy,
