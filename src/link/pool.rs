@@ -136,7 +136,7 @@ pub const SPARE_NODE_SLOTS: usize = 64;
 /// nodes + [`SPARE_NODE_SLOTS`]): a slot is filled once and never moves, so
 /// `&Node` and node indices stay valid while nodes are added at runtime and
 /// the per-request path reads them without a lock. What changes about a node
-/// is published apart ([`NodePool::routes`]).
+/// is published apart (its `routes`).
 pub struct NodePool {
     /// The service's name, for logs.
     service: String,
