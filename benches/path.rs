@@ -11,7 +11,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group};
 use isoswitch::link::inproc::{Rig, purchase_frames, service_toml};
 
 /// Requests in flight per batch: distinct keys, answered after the batch.
@@ -108,5 +108,32 @@ fn path(c: &mut Criterion) {
     g.finish();
 }
 
+/// `PATH_IR_PAIRS=N`: no criterion; drives N request/response pairs of the
+/// dialect `PATH_IR_DIALECT` (default cups) through the warm rig and exits,
+/// for `scripts/path-ir.sh`, which counts the instructions of `Rig::request`
+/// and `Rig::response` under callgrind: a count that, unlike a time, the
+/// other processes on a shared machine do not move.
+fn count_pairs(pairs: u64) {
+    let name = std::env::var("PATH_IR_DIALECT").unwrap_or_else(|_| "cups".into());
+    let d = DIALECTS
+        .iter()
+        .find(|d| d.name == name)
+        .unwrap_or_else(|| panic!("PATH_IR_DIALECT: no dialect {name}"));
+    let (mut rig, requests, answers) = setup(d);
+    run(&mut rig, &requests, &answers, pairs, true);
+    assert_eq!(rig.service.counters.declined_total(), 0, "declined");
+}
+
 criterion_group!(benches, path);
-criterion_main!(benches);
+
+fn main() {
+    if let Some(pairs) = std::env::var("PATH_IR_PAIRS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        count_pairs(pairs);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -11,7 +11,7 @@ use super::codec::{self, Span, ebcdic};
 use super::error::IsoError;
 use super::mask::Shown;
 use super::mti::Mti;
-use super::spec::{BitmapEncoding, Data, FieldDef, MtiEncoding, Spec};
+use super::spec::{BitmapEncoding, Data, FieldDef, MtiEncoding, Spec, Step};
 use crate::wire::{CupsHeader, Envelope, HeaderKind, Tpdu, VisaHeader};
 
 /// Up to three bitmaps as 64-bit words (bit 63 of word 0 is field 1).
@@ -596,6 +596,7 @@ pub struct Message<'s> {
 impl<'s> Message<'s> {
     /// Parses the envelope, MTI and bitmaps of `payload` (a frame without its
     /// length prefix). Allocates nothing.
+    #[inline]
     pub fn parse(spec: &'s Spec, payload: Bytes) -> Result<Message<'s>, IsoError> {
         let layout = spec.layout(&payload)?;
         Ok(Message {
@@ -668,7 +669,7 @@ impl<'s> Message<'s> {
 /// The fields a service reads from every message, found in the same pass that
 /// checks the whole message ([`Message::index`]). A fixed-size table on the
 /// stack: no allocation per message.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FieldIndex {
     /// The ids recorded, and the span of each (`Span::end == 0` = absent).
     ids: [u16; FieldIndex::CAPACITY],
@@ -721,7 +722,70 @@ impl Message<'_> {
     ///
     /// A message that passes can be routed, answered and declined: every
     /// field lookup through the index is then free of errors.
+    #[inline]
     pub fn index(&self, wanted: &Bitmap) -> Result<FieldIndex, IsoError> {
+        match self.index_fast(wanted) {
+            Some(index) => Ok(index),
+            // Something is wrong with this message: the careful walk finds
+            // what, and names the field and offset.
+            None => self.index_checked(wanted),
+        }
+    }
+
+    /// [`Message::index`] for a message that turns out sound, in the fewest
+    /// steps: a fixed field moves the offset by its length from the spec's
+    /// dense step table (no definition read, no bounds check: the offset only
+    /// grows, so one check that the last field ends at the payload's end
+    /// covers them all); a variable field reads its prefix, checked.
+    /// `None` on anything [`Message::index_checked`] would refuse, and it
+    /// accepts nothing that walk refuses.
+    pub(super) fn index_fast(&self, wanted: &Bitmap) -> Option<FieldIndex> {
+        let payload: &[u8] = &self.payload;
+        let len = payload.len();
+        if u32::try_from(len).is_err() {
+            return None;
+        }
+        let mut index = FieldIndex::default();
+        let mut at = self.layout.fields_at;
+        for w in 0..3 {
+            let mut bits = self.layout.present.0[w];
+            while bits != 0 {
+                let lz = bits.leading_zeros();
+                bits &= !(1u64 << (63 - lz));
+                let id = (w as u32 * 64 + lz + 1) as u16;
+                let span = match self.spec.step(id) {
+                    Step::UNDEFINED => return None,
+                    Step::VARIABLE => codec::span(self.spec.field(id)?, payload, at).ok()?,
+                    fixed => {
+                        let start = at;
+                        at = at.checked_add(fixed as usize)?;
+                        if !wanted.bit(id) {
+                            continue;
+                        }
+                        Span {
+                            start,
+                            data: start,
+                            end: at,
+                            units: self.spec.field(id)?.length,
+                        }
+                    }
+                };
+                at = span.end;
+                if wanted.bit(id) {
+                    index.record(id, span);
+                }
+            }
+        }
+        if at != len {
+            return None;
+        }
+        index.end = at;
+        Some(index)
+    }
+
+    /// [`Message::index`] one field at a time, each checked as it is
+    /// crossed: the walk that explains a refusal.
+    pub(super) fn index_checked(&self, wanted: &Bitmap) -> Result<FieldIndex, IsoError> {
         let mut index = FieldIndex {
             end: self.layout.fields_at,
             ..FieldIndex::default()

@@ -341,6 +341,20 @@ pub struct Spec {
     fields: Vec<FieldDef>,
     /// `slot[id]` = index into `fields` + 1, or 0: no hashing on the hot path.
     slot: [u8; MAX_FIELD as usize + 1],
+    /// `step[id]`: how the routing walk crosses field `id` without reading
+    /// its definition ([`Step`]), dense so one cache line covers 16 fields.
+    step: [u32; MAX_FIELD as usize + 1],
+}
+
+/// What [`Spec::step`] says of a field: the bytes a fixed field spans, or
+/// one of these two markers.
+pub(crate) struct Step;
+
+impl Step {
+    /// No such field in this spec.
+    pub(crate) const UNDEFINED: u32 = u32::MAX;
+    /// A variable field: its length prefix must be read.
+    pub(crate) const VARIABLE: u32 = u32::MAX - 1;
 }
 
 /// The specs shipped in `specs/`, embedded at build time.
@@ -437,6 +451,15 @@ impl Spec {
         &self.fields
     }
 
+    /// How the routing walk crosses field `id` (see [`Step`]).
+    #[inline]
+    pub(crate) fn step(&self, id: u16) -> u32 {
+        self.step
+            .get(id as usize)
+            .copied()
+            .unwrap_or(Step::UNDEFINED)
+    }
+
     /// The definition of field `id`, by table lookup.
     #[inline]
     pub fn field(&self, id: u16) -> Option<&FieldDef> {
@@ -485,9 +508,17 @@ impl Spec {
             fields.push(def);
         }
         fields.sort_by_key(|d| d.id);
+        let mut step = [Step::UNDEFINED; MAX_FIELD as usize + 1];
         for (i, d) in fields.iter().enumerate() {
             // At most 191 fields (ids 2..=192), so the index fits a u8.
             slot[d.id as usize] = (i + 1) as u8;
+            step[d.id as usize] = match d.length_encoding {
+                Some(_) => Step::VARIABLE,
+                // A fixed field longer than a u32 could hold fails the walk's
+                // bounds check anyway; saturate below the markers.
+                None => u32::try_from(d.fixed_len)
+                    .map_or(Step::VARIABLE - 1, |n| n.min(Step::VARIABLE - 1)),
+            };
         }
 
         let n = file.network;
@@ -546,6 +577,7 @@ impl Spec {
             },
             fields,
             slot,
+            step,
         })
     }
 }

@@ -350,10 +350,23 @@ impl Service {
     /// A message payload from a front client. Returns false when the client
     /// must be closed (a bad request under the `close` policy).
     pub fn on_request(&self, client: &ClientLink, payload: Bytes, now: Instant) -> bool {
-        let checked = match self.router.check_request(payload.clone()) {
-            Ok(c) => c,
-            Err(why) => return self.bad_request(client, &payload, &why, now),
-        };
+        let routed = self.router.with_request(payload.clone(), |checked| {
+            self.route_request(client, checked, &payload, now)
+        });
+        match routed {
+            Ok(keep) => keep,
+            Err(why) => self.bad_request(client, &payload, &why, now),
+        }
+    }
+
+    /// A valid request from a client: within its fair share, accepted.
+    fn route_request(
+        &self,
+        client: &ClientLink,
+        checked: &Checked<'_>,
+        payload: &Bytes,
+        now: Instant,
+    ) -> bool {
         let Some(slot) = client.take_slot() else {
             // Over its fair share: this client alone must not fill the table.
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
@@ -369,7 +382,7 @@ impl Service {
                 tx: client.tx.clone(),
                 slot: None,
             };
-            self.decline(origin, &payload, DeclineReason::QueueFull);
+            self.decline(origin, payload, DeclineReason::QueueFull);
             return true;
         };
         let origin = Origin::Client {
@@ -377,7 +390,7 @@ impl Service {
             tx: client.tx.clone(),
             slot: Some(slot),
         };
-        self.accept_request(&checked, origin, now);
+        self.accept_request(checked, origin, now);
         true
     }
 
@@ -538,8 +551,11 @@ impl Service {
 
     /// A frame from a node connection.
     pub fn on_node_frame(&self, node: usize, conn: u64, payload: Bytes, now: Instant) {
-        let checked = match self.check(payload) {
-            Ok(c) => c,
+        let checked = self
+            .router
+            .with_checked(payload, |checked| self.on_node_message(node, checked, now));
+        match checked {
+            Ok(()) => {}
             Err(e) => {
                 // A response the client could not parse either: dropped, and
                 // its request times out (the node's own fault).
@@ -550,13 +566,17 @@ impl Service {
                 {
                     tracing::warn!(service = self.name(), node, conn, error = %e, "bad message from node; dropped");
                 }
-                return;
             }
-        };
+        }
+    }
+
+    /// A valid message from a node: a response to route back, or (on a
+    /// simplex service) a request of the node's own for the peer.
+    fn on_node_message(&self, node: usize, checked: &Checked<'_>, now: Instant) {
         let msg = &checked.msg;
         if msg.mti().is_request() {
             if self.out_links.is_some() {
-                self.forward_node_request(node, &checked);
+                self.forward_node_request(node, checked);
             } else {
                 self.counters.unexpected.fetch_add(1, Ordering::Relaxed);
                 if self
@@ -568,7 +588,7 @@ impl Service {
             }
             return;
         }
-        let key = match self.key_of(&checked) {
+        let key = match self.key_of(checked) {
             Ok(k) => k,
             Err(e) => {
                 self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);

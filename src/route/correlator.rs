@@ -36,6 +36,8 @@
 //! table into independently locked shards for the per-message path.
 
 use std::collections::{HashMap, VecDeque};
+
+use hashbrown::HashTable;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -122,17 +124,24 @@ pub struct KeyTooLong;
 impl KeyBuilder {
     /// Appends one part (may be empty, e.g. an absent optional field).
     pub fn push(mut self, part: &[u8]) -> Self {
+        self.append(part);
+        self
+    }
+
+    /// [`KeyBuilder::push`] in place: the per-request key is built where it
+    /// lies instead of moving its 66 bytes once per part.
+    #[inline]
+    pub fn append(&mut self, part: &[u8]) {
         let at = usize::from(self.key.len);
         let end = at + 1 + part.len();
         if self.overflow || end > KEY_MAX {
             self.overflow = true;
-            return self;
+            return;
         }
         // end <= 64, so part.len() < 64 fits a byte.
         self.key.bytes[at] = part.len() as u8;
         self.key.bytes[at + 1..end].copy_from_slice(part);
         self.key.len = end as u8;
-        self
     }
 
     pub fn build(self) -> Result<CorrelationKey, KeyTooLong> {
@@ -244,7 +253,11 @@ struct Recent {
 #[derive(Debug)]
 pub struct Correlator<V> {
     cfg: CorrelatorConfig,
-    index: HashMap<CorrelationKey, u32, KeyHasher>,
+    /// Slots by their key's hash; the key itself lives once, in the slab.
+    /// Hashed with `hasher`, which a sharded table shares across its shards
+    /// so a key is hashed once per operation (the shard and the slot).
+    index: HashTable<u32>,
+    hasher: KeyHasher,
     slab: Vec<Option<Entry<V>>>,
     free: Vec<u32>,
     head: u32,
@@ -262,6 +275,14 @@ pub struct Correlator<V> {
 /// process, so a peer cannot aim keys at one bucket.
 pub type KeyHasher = foldhash::fast::RandomState;
 
+/// The hash of the key in `slot`, for the index to move it when it grows.
+fn rehash<V>(slab: &[Option<Entry<V>>], hasher: &KeyHasher, slot: u32) -> u64 {
+    use std::hash::BuildHasher;
+    slab.get(slot as usize)
+        .and_then(Option::as_ref)
+        .map_or(0, |e| hasher.hash_one(&e.key))
+}
+
 /// Capacity reserved up front; beyond it the maps grow on demand.
 const PREALLOCATE_MAX: usize = 1 << 16;
 
@@ -271,15 +292,22 @@ impl<V> Correlator<V> {
             cfg,
             cfg.capacity.min(PREALLOCATE_MAX),
             cfg.recent_capacity.min(PREALLOCATE_MAX),
+            KeyHasher::default(),
         )
     }
 
     /// A table that reserves room for `pre` entries and `recent_pre`
     /// recently declined keys up front (a shard reserves its share).
-    fn with_reserve(cfg: CorrelatorConfig, pre: usize, recent_pre: usize) -> Self {
+    fn with_reserve(
+        cfg: CorrelatorConfig,
+        pre: usize,
+        recent_pre: usize,
+        hasher: KeyHasher,
+    ) -> Self {
         Self {
             cfg,
-            index: HashMap::with_capacity_and_hasher(pre, KeyHasher::default()),
+            index: HashTable::with_capacity(pre),
+            hasher,
             slab: Vec::with_capacity(pre),
             free: Vec::with_capacity(pre),
             head: NIL,
@@ -319,13 +347,30 @@ impl<V> Correlator<V> {
     }
 
     pub fn contains(&self, key: &CorrelationKey) -> bool {
-        self.index.contains_key(key)
+        self.find(self.hash(key), key).is_some()
     }
 
     /// The connection an in-flight request went out on.
     pub fn via(&self, key: &CorrelationKey) -> Option<u64> {
-        let &slot = self.index.get(key)?;
+        let slot = self.find(self.hash(key), key)?;
         self.entry(slot).map(|e| e.via)
+    }
+
+    fn hash(&self, key: &CorrelationKey) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one(key)
+    }
+
+    /// The slot holding `key`, whose hash is `hash`.
+    fn find(&self, hash: u64, key: &CorrelationKey) -> Option<u32> {
+        let slab = &self.slab;
+        self.index
+            .find(hash, |&slot| {
+                slab.get(slot as usize)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|e| e.key == *key)
+            })
+            .copied()
     }
 
     /// The earliest deadline in the table: when to call [`expire`](Self::expire) next.
@@ -344,7 +389,8 @@ impl<V> Correlator<V> {
         via: u64,
         deadline: Instant,
     ) -> Result<(), Rejected<V>> {
-        self.insert_if(key, value, via, deadline, |table| {
+        let hash = self.hash(&key);
+        self.insert_if(hash, key, value, via, deadline, |table| {
             table.index.len() < table.cfg.capacity
         })
     }
@@ -354,13 +400,14 @@ impl<V> Correlator<V> {
     /// capacity across shards).
     fn insert_if(
         &mut self,
+        hash: u64,
         key: CorrelationKey,
         value: V,
         via: u64,
         deadline: Instant,
         room: impl FnOnce(&Self) -> bool,
     ) -> Result<(), Rejected<V>> {
-        if self.index.contains_key(&key) {
+        if self.find(hash, &key).is_some() {
             self.stats.duplicates += 1;
             return Err(Rejected {
                 error: CorrelateError::Duplicate,
@@ -393,7 +440,9 @@ impl<V> Correlator<V> {
             }
         };
         self.link_by_deadline(slot, deadline);
-        self.index.insert(key, slot);
+        let (slab, hasher) = (&self.slab, &self.hasher);
+        self.index
+            .insert_unique(hash, slot, |&s| rehash(slab, hasher, s));
         self.stats.inserted += 1;
         Ok(())
     }
@@ -401,7 +450,11 @@ impl<V> Correlator<V> {
     /// A response arrived for `key`: removes and returns its request's value,
     /// or says whether the key is [`Miss::Late`] or [`Miss::Unknown`].
     pub fn take(&mut self, key: &CorrelationKey, now: Instant) -> Result<V, Miss> {
-        if let Some(value) = self.remove(key) {
+        self.take_hashed(self.hash(key), key, now)
+    }
+
+    fn take_hashed(&mut self, hash: u64, key: &CorrelationKey, now: Instant) -> Result<V, Miss> {
+        if let Some(value) = self.remove(hash, key) {
             self.stats.answered += 1;
             return Ok(value);
         }
@@ -420,7 +473,11 @@ impl<V> Correlator<V> {
     /// The switch declines `key` itself (e.g. its origin went away, or a
     /// node was disabled): removes it and remembers it as recently declined.
     pub fn cancel(&mut self, key: &CorrelationKey, now: Instant) -> Option<V> {
-        let value = self.remove(key)?;
+        self.cancel_hashed(self.hash(key), key, now)
+    }
+
+    fn cancel_hashed(&mut self, hash: u64, key: &CorrelationKey, now: Instant) -> Option<V> {
+        let value = self.remove(hash, key)?;
         self.stats.cancelled += 1;
         self.remember(*key, now);
         Some(value)
@@ -523,13 +580,19 @@ impl<V> Correlator<V> {
         }
     }
 
-    fn remove(&mut self, key: &CorrelationKey) -> Option<V> {
-        let &slot = self.index.get(key)?;
-        self.remove_slot(slot).map(|e| e.value)
+    fn remove(&mut self, hash: u64, key: &CorrelationKey) -> Option<V> {
+        let slot = self.find(hash, key)?;
+        self.remove_slot_hashed(hash, slot).map(|e| e.value)
     }
 
     /// Unlinks and frees `slot`, and forgets its key.
     fn remove_slot(&mut self, slot: u32) -> Option<Entry<V>> {
+        let hash = self.hash(&self.entry(slot)?.key);
+        self.remove_slot_hashed(hash, slot)
+    }
+
+    /// [`Correlator::remove_slot`] when the key's hash is known.
+    fn remove_slot_hashed(&mut self, hash: u64, slot: u32) -> Option<Entry<V>> {
         let e = self.slab.get_mut(slot as usize)?.take()?;
         match self.entry_mut(e.prev) {
             Some(p) => p.next = e.next,
@@ -539,7 +602,9 @@ impl<V> Correlator<V> {
             Some(n) => n.prev = e.prev,
             None => self.tail = e.prev,
         }
-        self.index.remove(&e.key);
+        if let Ok(indexed) = self.index.find_entry(hash, |&s| s == slot) {
+            indexed.remove();
+        }
         self.free.push(slot);
         Some(e)
     }
@@ -600,15 +665,21 @@ impl<V> Shards<V> {
         // Each shard reserves its share of the table, not all of it.
         let pre = cfg.capacity.min(PREALLOCATE_MAX).div_ceil(SHARDS);
         let recent_pre = cfg.recent_capacity.min(PREALLOCATE_MAX).div_ceil(SHARDS);
+        let hasher = KeyHasher::default();
         let shards = (0..SHARDS)
             .map(|_| {
-                let shard = Correlator::with_reserve(Self::shard_config(cfg), pre, recent_pre);
+                let shard = Correlator::with_reserve(
+                    Self::shard_config(cfg),
+                    pre,
+                    recent_pre,
+                    hasher.clone(),
+                );
                 std::sync::Mutex::new(shard)
             })
             .collect();
         Self {
             shards,
-            hasher: KeyHasher::default(),
+            hasher,
             in_flight: AtomicUsize::new(0),
             capacity: AtomicUsize::new(cfg.capacity),
         }
@@ -624,10 +695,15 @@ impl<V> Shards<V> {
         }
     }
 
-    fn shard(&self, key: &CorrelationKey) -> std::sync::MutexGuard<'_, Correlator<V>> {
+    /// The shard of `key`, and the key's hash, which the shard's index
+    /// uses too (the shards share the hasher): one hash per operation.
+    fn shard(&self, key: &CorrelationKey) -> (std::sync::MutexGuard<'_, Correlator<V>>, u64) {
         use std::hash::BuildHasher;
-        let i = (self.hasher.hash_one(key) as usize) & (SHARDS - 1);
-        lock(&self.shards[i])
+        let hash = self.hasher.hash_one(key);
+        // Bits the shard's index leaves alone pick the shard: hashbrown takes
+        // buckets from the low bits and its tags from the top seven.
+        let i = (hash >> 40) as usize & (SHARDS - 1);
+        (lock(&self.shards[i]), hash)
     }
 
     /// New limits (config reload); see [`Correlator::set_config`].
@@ -676,7 +752,8 @@ impl<V> Shards<V> {
         deadline: Instant,
     ) -> Result<(), Rejected<V>> {
         let cap = self.capacity.load(Ordering::Relaxed);
-        self.shard(&key).insert_if(key, value, via, deadline, |_| {
+        let (mut shard, hash) = self.shard(&key);
+        shard.insert_if(hash, key, value, via, deadline, |_| {
             // Taken here, under the shard's lock, once the key is known new;
             // given back by whatever takes the entry out.
             if self.in_flight.fetch_add(1, Ordering::AcqRel) < cap {
@@ -689,7 +766,9 @@ impl<V> Shards<V> {
 
     /// See [`Correlator::take`].
     pub fn take(&self, key: &CorrelationKey, now: Instant) -> Result<V, Miss> {
-        let taken = self.shard(key).take(key, now);
+        let (mut shard, hash) = self.shard(key);
+        let taken = shard.take_hashed(hash, key, now);
+        drop(shard);
         if taken.is_ok() {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
@@ -698,7 +777,9 @@ impl<V> Shards<V> {
 
     /// See [`Correlator::cancel`].
     pub fn cancel(&self, key: &CorrelationKey, now: Instant) -> Option<V> {
-        let taken = self.shard(key).cancel(key, now);
+        let (mut shard, hash) = self.shard(key);
+        let taken = shard.cancel_hashed(hash, key, now);
+        drop(shard);
         if taken.is_some() {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
