@@ -520,7 +520,7 @@ impl NodePool {
         views: &mut Vec<NodeView>,
         panic: bool,
     ) {
-        let latency_matters = self.balancer.config().algorithm == Algorithm::PeakEwma;
+        let latency_matters = self.latency_matters();
         views.clear();
         for (i, snapshot) in routes.iter().enumerate() {
             let (outstanding, latency) = match self.slot(i) {
@@ -542,6 +542,13 @@ impl NodePool {
                 snapshot.view(outstanding, latency, now)
             });
         }
+    }
+
+    /// Does the pool's algorithm read the latency estimate? Only peak EWMA
+    /// does: other pools neither publish it per answer nor read it per pick
+    /// (the status API reads it under the node's lock).
+    fn latency_matters(&self) -> bool {
+        self.balancer.config().algorithm == Algorithm::PeakEwma
     }
 
     /// Logs the end of a node's ejection once, from the first pick that sees
@@ -693,7 +700,9 @@ impl NodePool {
             // what picks read, but the latency estimate.
             state.record_outcome(ok, latency, now, true)
         };
-        n.latency.publish(state.ewma());
+        if self.latency_matters() {
+            n.latency.publish(state.ewma());
+        }
         drop(state);
         if t == Transition::EjectionCapped {
             n.counters.ejections_capped.fetch_add(1, Ordering::Relaxed);
@@ -1051,6 +1060,24 @@ mod tests {
             pool.released(0);
         }
         assert!((0..3).all(|i| pool.outstanding(i) == 0));
+    }
+
+    #[test]
+    fn peak_ewma_reads_the_latency_answers_publish() {
+        let t0 = Instant::now();
+        let (pool, _rx) = connected_pool("peak-ewma", &[1, 1], HealthConfig::default(), t0);
+        for _ in 0..5 {
+            pool.finished(0, true, Duration::from_millis(500), t0);
+            pool.finished(1, true, Duration::from_millis(1), t0);
+        }
+        // Two nodes: both are always the two choices; the fast one wins.
+        for _ in 0..100 {
+            let i = pick(&pool, t0).unwrap();
+            assert_eq!(i, 1);
+            pool.released(i);
+        }
+        let s = pool.status(0, t0).unwrap();
+        assert_eq!(s.latency, Duration::from_millis(500));
     }
 
     #[test]

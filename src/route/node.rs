@@ -245,7 +245,10 @@ impl EwmaCell {
     }
 
     fn since_epoch(&self, t: Instant) -> f64 {
-        t.saturating_duration_since(self.epoch).as_nanos() as f64
+        // In two f64 steps rather than through u128 nanoseconds: cheaper,
+        // and exact to the nanosecond for 104 days, to 1 ns in 2^53 beyond.
+        let d = t.saturating_duration_since(self.epoch);
+        d.as_secs() as f64 * 1e9 + f64::from(d.subsec_nanos())
     }
 
     /// Makes `ewma` what readers see. Called with the writers' lock held, so
