@@ -923,7 +923,10 @@ mod tests {
         let b = shared(Algorithm::RoundRobin, nodes.len());
         // 4 × 3000 picks over 3 eligible nodes: the CAS on the rotation makes
         // concurrent picks a serial sequence, so the split is exact.
-        assert_eq!(concurrent_counts(&b, &nodes, 4, 3000), [4000, 4000, 0, 4000]);
+        assert_eq!(
+            concurrent_counts(&b, &nodes, 4, 3000),
+            [4000, 4000, 0, 4000]
+        );
     }
 
     #[test]

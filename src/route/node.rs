@@ -598,7 +598,10 @@ mod tests {
             cell.publish(&e);
             for later in [0u64, 1, 7_000, 60_000] {
                 let t = now + Duration::from_millis(later);
-                assert!(close(cell.get_ns(t), e.get_ns(t)), "after {ms} ms, +{later} ms");
+                assert!(
+                    close(cell.get_ns(t), e.get_ns(t)),
+                    "after {ms} ms, +{later} ms"
+                );
             }
         }
         assert_eq!(cell.get(now), e.get(now));
@@ -646,7 +649,9 @@ mod tests {
         );
         let _ = n.health_mut().set_connected(true, t0);
         let _ = n.health_mut().set_connected(false, t0);
-        let _ = n.health_mut().set_connected(true, t0 + Duration::from_secs(1));
+        let _ = n
+            .health_mut()
+            .set_connected(true, t0 + Duration::from_secs(1));
         n.dispatched();
         let snap = n.snapshot();
         for s in [0u64, 1, 3, 11] {
