@@ -280,7 +280,7 @@ fn rehash<V>(slab: &[Option<Entry<V>>], hasher: &KeyHasher, slot: u32) -> u64 {
     use std::hash::BuildHasher;
     slab.get(slot as usize)
         .and_then(Option::as_ref)
-        .map_or(0, |e| hasher.hash_one(&e.key))
+        .map_or(0, |e| hasher.hash_one(e.key))
 }
 
 /// Capacity reserved up front; beyond it the maps grow on demand.
