@@ -1,17 +1,39 @@
 //! The node pool of a service: K shared duplex connections per channel node,
 //! health state and the balancer that picks a node for each request.
+//!
+//! Every request picks and every answer records its outcome, from whichever
+//! worker thread runs them, so neither takes a pool-wide lock:
+//!
+//! - **What a pick reads** is published: one [`NodeSnapshot`] per node (id,
+//!   priority, admin, connection, checks, ejection end, slow-start start) in
+//!   an `ArcSwap`, republished by the rare writers (connects, checks, admin,
+//!   ejections, reloads, runtime adds). An ejection running out and a ramp
+//!   climbing need no writer: the pick computes them from the snapshot and
+//!   `now`. Requests outstanding are one atomic per node, the latency
+//!   estimate an [`EwmaCell`] per node, the balancer's state atomics
+//!   ([`SharedBalancer`]).
+//! - **What an answer writes** is its own node's: health runs and the latency
+//!   estimate sit under a per-node lock, so answers from different nodes never
+//!   meet. Only an answer that ejects its node (rare by design) takes the
+//!   pool's publishing lock, which makes the `max_ejection_percent` check and
+//!   the ejection one step.
+//!
+//! Lock order, where two are held: a node's writer lock, then the pool's
+//! publishing lock. Neither is held across an await.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::sync::mpsc;
 
 use super::writer::Outbound;
 use crate::config::{BackConfig, NodeConfig};
 use crate::route::{
-    AdminState, Balancer, BalancerConfig, EwmaConfig, NodeId, NodeState, NodeView, RuleSet,
-    Transition,
+    AdminState, Algorithm, BalancerConfig, EwmaCell, EwmaConfig, NodeId, NodeSnapshot, NodeState,
+    NodeView, RuleSet, SharedBalancer, Transition,
 };
 
 /// A live connection to a node: where to queue frames for it.
@@ -85,21 +107,24 @@ impl LatencyHistogram {
 pub struct Node {
     pub config: NodeConfig,
     pub id: NodeId,
-    conns: Vec<Mutex<Option<ConnHandle>>>,
+    /// Read on every pick, written on connect and disconnect.
+    conns: Vec<ArcSwapOption<ConnHandle>>,
     next_conn: AtomicUsize,
-    /// Mirrors the balancer's count, readable without the pool lock.
+    /// Requests sent and not yet answered, declined or released.
     outstanding: AtomicUsize,
     pub counters: NodeCounters,
     /// Removed at runtime: a tombstone that keeps its index (correlator
     /// entries and stamps hold indices) and is never picked again.
     removed: AtomicBool,
-}
-
-/// What the balancer needs under one lock: health per node and the algorithm.
-struct PoolState {
-    nodes: Vec<NodeState>,
-    balancer: Balancer,
-    views: Vec<NodeView>,
+    /// This node's health runs and latency estimate, for its own writers
+    /// (answers, checks, admin, connection changes). The state's own
+    /// outstanding count is unused: `outstanding` above is the count.
+    writer: Mutex<NodeState>,
+    /// The latency estimate as picks read it, published under `writer`.
+    latency: EwmaCell,
+    /// An ejection whose end is still to be logged (see
+    /// [`NodePool::note_ejection_end`]).
+    ejection_end_due: AtomicBool,
 }
 
 /// Node slots beyond the configured nodes, for nodes added at runtime.
@@ -110,9 +135,8 @@ pub const SPARE_NODE_SLOTS: usize = 64;
 /// The nodes of a pool live in a slot table sized once at start (configured
 /// nodes + [`SPARE_NODE_SLOTS`]): a slot is filled once and never moves, so
 /// `&Node` and node indices stay valid while nodes are added at runtime and
-/// the per-request path reads them without a lock. (An `ArcSwap` of the node
-/// list would also be lock-free, but every reader would hold a guard instead
-/// of a plain reference, and every index user would have to re-check it.)
+/// the per-request path reads them without a lock. What changes about a node
+/// is published apart (its `routes`).
 pub struct NodePool {
     /// The service's name, for logs.
     service: String,
@@ -122,7 +146,16 @@ pub struct NodePool {
     /// Serialises adds (rare, operator-driven).
     adding: Mutex<()>,
     connections_per_node: usize,
-    state: Mutex<PoolState>,
+    /// What every pick reads of every node, index = node index; as long as
+    /// `len`. Replaced whole, under `publishing`, when a node's snapshot
+    /// changes.
+    routes: ArcSwap<Vec<NodeSnapshot>>,
+    /// Serialises republishing `routes`, and makes the ejection cap check and
+    /// the ejection one step. Taken by rare writers only.
+    publishing: Mutex<()>,
+    balancer: SharedBalancer,
+    /// Time origin of the nodes' latency cells.
+    epoch: Instant,
     rules: RuleSet,
     max_ejection_percent: u32,
     panic_mode: bool,
@@ -195,33 +228,61 @@ pub enum PickError {
     NoHealthyNode,
 }
 
+/// Per-thread scratch of a pick: the nodes' views, the candidates, the rule
+/// subset. Kept per worker thread so a pick allocates nothing once warm and
+/// shares no buffer with other threads.
+#[derive(Default)]
+struct PickScratch {
+    views: Vec<NodeView>,
+    candidates: Vec<usize>,
+    allowed: Vec<usize>,
+}
+
+thread_local! {
+    static SCRATCH: Cell<PickScratch> = const {
+        Cell::new(PickScratch {
+            views: Vec::new(),
+            candidates: Vec::new(),
+            allowed: Vec::new(),
+        })
+    };
+}
+
+/// Runs `f` with this thread's pick scratch. Re-entered (a closure of a pick
+/// that picks), the inner call gets fresh buffers.
+fn with_scratch<R>(f: impl FnOnce(&mut PickScratch) -> R) -> R {
+    let mut scratch = SCRATCH.try_with(Cell::take).unwrap_or_default();
+    let r = f(&mut scratch);
+    let _ = SCRATCH.try_with(|c| c.set(scratch));
+    r
+}
+
 impl NodePool {
     pub fn new(service: &str, back: &BackConfig, now: Instant) -> Result<NodePool, String> {
         let ids = back.node_ids().map_err(|e| e.to_string())?;
-        let mut nodes = Vec::with_capacity(back.nodes.len() + SPARE_NODE_SLOTS);
-        let mut states = Vec::with_capacity(back.nodes.len());
-        for (cfg, id) in back.nodes.iter().zip(ids.iter().copied()) {
-            let mut state = NodeState::new(
-                id,
-                cfg.weight,
-                cfg.priority,
-                back.health.state,
-                EwmaConfig::default(),
-            );
-            let _ = state.health_mut().set_admin(cfg.admin, now);
-            states.push(state);
-            nodes.push(Node::new(cfg.clone(), id, back.connections_per_node));
-        }
         let rules = RuleSet::compile(&back.rules, &ids).map_err(|e| e.to_string())?;
-        let balancer = Balancer::with_capacity(
+        let capacity = back.nodes.len() + SPARE_NODE_SLOTS;
+        let mut nodes = Vec::with_capacity(capacity);
+        let mut routes = Vec::with_capacity(capacity);
+        for (cfg, id) in back.nodes.iter().zip(ids.iter().copied()) {
+            let state = Self::node_state(id, cfg, back.health.state, now);
+            routes.push(state.snapshot());
+            nodes.push(Node::new(
+                cfg.clone(),
+                id,
+                back.connections_per_node,
+                state,
+                now,
+            ));
+        }
+        let balancer = SharedBalancer::new(
             BalancerConfig {
                 algorithm: back.algorithm,
                 min_active: back.min_active,
             },
             crate::util::rng::entropy_seed(),
-            nodes.len(),
+            capacity,
         );
-        let views = Vec::with_capacity(nodes.len());
         let len = nodes.len();
         let slots: Box<[OnceLock<Node>]> = nodes
             .into_iter()
@@ -234,17 +295,28 @@ impl NodePool {
             len: AtomicUsize::new(len),
             adding: Mutex::new(()),
             connections_per_node: back.connections_per_node,
-            state: Mutex::new(PoolState {
-                nodes: states,
-                balancer,
-                views,
-            }),
+            routes: ArcSwap::from_pointee(routes),
+            publishing: Mutex::new(()),
+            balancer,
+            epoch: now,
             rules,
             max_ejection_percent: back.health.state.max_ejection_percent,
             panic_mode: back.health.state.panic_mode,
             panic_picks: AtomicU64::new(0),
             in_panic: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// A node's state as configured, before any connection.
+    fn node_state(
+        id: NodeId,
+        cfg: &NodeConfig,
+        health: crate::route::HealthConfig,
+        now: Instant,
+    ) -> NodeState {
+        let mut state = NodeState::new(id, cfg.weight, cfg.priority, health, EwmaConfig::default());
+        let _ = state.health_mut().set_admin(cfg.admin, now);
+        state
     }
 
     /// Every node, tombstones of removed nodes included (index = node index).
@@ -257,6 +329,12 @@ impl NodePool {
 
     pub fn node(&self, index: usize) -> Option<&Node> {
         self.nodes().get(index)
+    }
+
+    /// A filled slot, whether or not `len` shows it yet (a pick may read a
+    /// published snapshot that already has it).
+    fn slot(&self, index: usize) -> Option<&Node> {
+        self.slots.get(index).and_then(OnceLock::get)
     }
 
     /// The index of the live (not removed) node with this ID.
@@ -283,26 +361,28 @@ impl NodePool {
         }
         let index = self.len.load(Ordering::Acquire);
         let slot = self.slots.get(index).ok_or(NodeChangeError::NoSlot)?;
-        let mut state = {
-            let st = self.lock_state();
-            let health = st.nodes.first().map(|n| *n.health().config());
-            drop(st);
-            NodeState::new(
-                id,
-                cfg.weight,
-                cfg.priority,
-                health.unwrap_or_default(),
-                EwmaConfig::default(),
-            )
-        };
-        let _ = state.health_mut().set_admin(cfg.admin, now);
-        let _ = slot.set(Node::new(cfg, id, self.connections_per_node));
-        // The balancer sees the node only once its state is in: a pick can
-        // never name a slot that is not filled.
-        let mut st = self.lock_state();
-        st.nodes.push(state);
+        let health = self
+            .node(0)
+            .map(|n| *n.lock_writer().health().config())
+            .unwrap_or_default();
+        let state = Self::node_state(id, &cfg, health, now);
+        let snapshot = state.snapshot();
+        let _ = slot.set(Node::new(
+            cfg,
+            id,
+            self.connections_per_node,
+            state,
+            self.epoch,
+        ));
+        // The balancer sees the node only once its slot is filled: a pick can
+        // never name a slot that is not.
+        let _publishing = self.lock_publishing();
+        let mut routes = Vec::with_capacity(self.slots.len());
+        routes.extend_from_slice(&self.routes.load());
+        routes.push(snapshot);
         self.len.store(index + 1, Ordering::Release);
-        drop(st);
+        self.routes.store(Arc::new(routes));
+        drop(_publishing);
         tracing::info!(service = %self.service, node = %id, index, "node added");
         Ok(index)
     }
@@ -313,9 +393,9 @@ impl NodePool {
         let n = self
             .node(index)
             .ok_or_else(|| NodeChangeError::NoSuchNode(index.to_string()))?;
-        let _ = self.lock_state().nodes[index]
-            .health_mut()
-            .set_admin(AdminState::Disabled, now);
+        let _ = self.update(index, n, |s| {
+            s.health_mut().set_admin(AdminState::Disabled, now)
+        });
         n.removed.store(true, Ordering::Release);
         tracing::info!(service = %self.service, node = %n.config.id, index, "node removed");
         Ok(())
@@ -334,25 +414,30 @@ impl NodePool {
 
     /// Weight and priority of a node (config reload).
     pub fn reconfigure(&self, index: usize, weight: u32, priority: u32) -> bool {
-        if self.node(index).is_none() {
+        let Some(n) = self.node(index) else {
             return false;
-        }
-        self.lock_state().nodes[index].reconfigure(weight, priority);
+        };
+        let _ = self.update(index, n, |s| {
+            s.reconfigure(weight, priority);
+            Transition::Unchanged
+        });
         true
     }
 
     /// New health thresholds for every node (config reload); states are kept.
     pub fn set_health_config(&self, cfg: crate::route::HealthConfig) {
-        for n in &mut self.lock_state().nodes {
-            n.health_mut().set_config(cfg);
+        for (index, n) in self.nodes().iter().enumerate() {
+            let _ = self.update(index, n, |s| {
+                s.health_mut().set_config(cfg);
+                Transition::Unchanged
+            });
         }
     }
 
-    /// What the status API shows of one node, read under the pool lock once.
+    /// What the status API shows of one node, read under its lock once.
     pub fn status(&self, index: usize, now: Instant) -> Option<NodeStatus> {
         let node = self.node(index)?;
-        let st = self.lock_state();
-        let s = st.nodes.get(index)?;
+        let s = node.lock_writer();
         let h = s.health();
         Some(NodeStatus {
             admin: h.admin(),
@@ -379,45 +464,108 @@ impl NodePool {
         now: Instant,
     ) -> Result<(usize, ConnHandle), PickError> {
         let subset = self.rules.select(mti, field);
-        let mut state = self.lock_state();
-        let PoolState {
-            nodes,
-            balancer,
-            views,
-        } = &mut *state;
-        views.clear();
-        views.extend(nodes.iter_mut().map(|n| {
-            let _ = n.health_mut().poll(now);
-            n.view(now)
-        }));
+        let index = with_scratch(|s| self.choose(subset, sticky_key, now, s))
+            .ok_or(PickError::NoHealthyNode)?;
+        let node = self.slot(index).ok_or(PickError::NoHealthyNode)?;
+        let conn = node.live_conn().ok_or(PickError::NoHealthyNode)?;
+        node.outstanding.fetch_add(1, Ordering::Relaxed);
+        node.counters.sent.fetch_add(1, Ordering::Relaxed);
+        Ok((index, conn))
+    }
+
+    /// The balancer's choice among the published nodes (within `subset`),
+    /// falling back to panic routing when no node is eligible.
+    fn choose(
+        &self,
+        subset: Option<&[usize]>,
+        key: Option<&[u8]>,
+        now: Instant,
+        s: &mut PickScratch,
+    ) -> Option<usize> {
+        let routes = self.routes.load();
+        self.fill_views(&routes, now, &mut s.views, false);
         let mut picked = match subset {
-            Some(allowed) => balancer.pick_in(views, allowed, sticky_key),
-            None => balancer.pick(views, sticky_key),
+            Some(allowed) => self
+                .balancer
+                .pick_in(&s.views, allowed, key, &mut s.candidates),
+            None => self.balancer.pick(&s.views, key, &mut s.candidates),
         };
-        let none_eligible = !views.iter().any(|v| v.eligible);
+        let none_eligible = !s.views.iter().any(|v| v.eligible);
         if picked.is_none() && none_eligible && self.panic_mode {
             // Every node failed its checks or was ejected at once: that says
             // more about the checks than about the nodes. Keep routing to the
             // nodes still connected rather than decline everything.
-            views.clear();
-            views.extend(nodes.iter().map(|n| n.panic_view(now)));
+            self.fill_views(&routes, now, &mut s.views, true);
             picked = match subset {
-                Some(allowed) => balancer.pick_in(views, allowed, sticky_key),
-                None => balancer.pick(views, sticky_key),
+                Some(allowed) => self
+                    .balancer
+                    .pick_in(&s.views, allowed, key, &mut s.candidates),
+                None => self.balancer.pick(&s.views, key, &mut s.candidates),
             };
             if picked.is_some() {
                 self.panic_picks.fetch_add(1, Ordering::Relaxed);
             }
         }
         self.note_panic(none_eligible && picked.is_some());
-        let index = picked.ok_or(PickError::NoHealthyNode)?;
-        let node = self.node(index).ok_or(PickError::NoHealthyNode)?;
-        let conn = node.live_conn().ok_or(PickError::NoHealthyNode)?;
-        nodes[index].dispatched();
-        drop(state);
-        node.outstanding.fetch_add(1, Ordering::Relaxed);
-        node.counters.sent.fetch_add(1, Ordering::Relaxed);
-        Ok((index, conn))
+        picked
+    }
+
+    /// The balancer's views of every published node at `now` (`panic`: as
+    /// panic routing sees them). Latency is read only where the algorithm
+    /// uses it.
+    fn fill_views(
+        &self,
+        routes: &[NodeSnapshot],
+        now: Instant,
+        views: &mut Vec<NodeView>,
+        panic: bool,
+    ) {
+        let latency_matters = self.latency_matters();
+        views.clear();
+        for (i, snapshot) in routes.iter().enumerate() {
+            let (outstanding, latency) = match self.slot(i) {
+                Some(n) => {
+                    self.note_ejection_end(n, snapshot, now);
+                    let latency = if latency_matters {
+                        n.latency.get(now)
+                    } else {
+                        Duration::ZERO
+                    };
+                    (n.outstanding_u32(), latency)
+                }
+                // A snapshot is published only after its slot is filled.
+                None => (0, Duration::ZERO),
+            };
+            views.push(if panic {
+                snapshot.panic_view(outstanding, latency, now)
+            } else {
+                snapshot.view(outstanding, latency, now)
+            });
+        }
+    }
+
+    /// Does the pool's algorithm read the latency estimate? Only peak EWMA
+    /// does: other pools neither publish it per answer nor read it per pick
+    /// (the status API reads it under the node's lock).
+    fn latency_matters(&self) -> bool {
+        self.balancer.config().algorithm == Algorithm::PeakEwma
+    }
+
+    /// Logs the end of a node's ejection once, from the first pick that sees
+    /// its time passed. (Eligibility does not wait for this: the pick computes
+    /// it from the snapshot.)
+    fn note_ejection_end(&self, n: &Node, snapshot: &NodeSnapshot, now: Instant) {
+        let over = snapshot
+            .standing
+            .ejected_until
+            .is_some_and(|until| now >= until);
+        if over
+            && n.ejection_end_due.load(Ordering::Relaxed)
+            && n.ejection_end_due.swap(false, Ordering::Relaxed)
+        {
+            let t = n.lock_writer().health_mut().poll(now);
+            self.log_transition(n, t);
+        }
     }
 
     /// As [`NodePool::pick`], among the nodes `usable` accepts, without asking
@@ -431,27 +579,24 @@ impl NodePool {
         now: Instant,
         usable: impl Fn(usize) -> bool,
     ) -> Result<usize, PickError> {
-        let allowed: Vec<usize> = match self.rules.select(mti, field) {
-            Some(subset) => subset.iter().copied().filter(|&i| usable(i)).collect(),
-            None => (0..self.nodes().len()).filter(|&i| usable(i)).collect(),
-        };
-        let mut state = self.lock_state();
-        let PoolState {
-            nodes,
-            balancer,
-            views,
-        } = &mut *state;
-        views.clear();
-        views.extend(nodes.iter_mut().map(|n| {
-            let _ = n.health_mut().poll(now);
-            n.view(now)
-        }));
-        let index = balancer
-            .pick_in(views, &allowed, sticky_key)
-            .ok_or(PickError::NoHealthyNode)?;
-        let node = self.node(index).ok_or(PickError::NoHealthyNode)?;
-        nodes[index].dispatched();
-        drop(state);
+        let subset = self.rules.select(mti, field);
+        let index = with_scratch(|s| {
+            s.allowed.clear();
+            match subset {
+                Some(subset) => s
+                    .allowed
+                    .extend(subset.iter().copied().filter(|&i| usable(i))),
+                None => s
+                    .allowed
+                    .extend((0..self.nodes().len()).filter(|&i| usable(i))),
+            }
+            let routes = self.routes.load();
+            self.fill_views(&routes, now, &mut s.views, false);
+            self.balancer
+                .pick_in(&s.views, &s.allowed, sticky_key, &mut s.candidates)
+        })
+        .ok_or(PickError::NoHealthyNode)?;
+        let node = self.slot(index).ok_or(PickError::NoHealthyNode)?;
         node.outstanding.fetch_add(1, Ordering::Relaxed);
         node.counters.sent.fetch_add(1, Ordering::Relaxed);
         Ok(index)
@@ -467,12 +612,11 @@ impl NodePool {
         usable: impl Fn(usize) -> bool,
     ) -> bool {
         let subset = self.rules.select(mti, field);
-        let state = self.lock_state();
-        let ok =
-            |i: usize| usable(i) && state.nodes.get(i).is_some_and(|n| n.health().eligible(now));
+        let routes = self.routes.load();
+        let ok = |i: usize| usable(i) && routes.get(i).is_some_and(|s| s.standing.eligible(now));
         match subset {
             Some(s) => s.iter().any(|&i| ok(i)),
-            None => (0..self.nodes().len()).any(ok),
+            None => (0..routes.len()).any(ok),
         }
     }
 
@@ -483,16 +627,43 @@ impl NodePool {
         let Some(n) = self.node(node) else {
             return;
         };
-        let t = self.lock_state().nodes[node]
-            .health_mut()
-            .set_connected(reachable, now);
+        let t = self.update(node, n, |s| s.health_mut().set_connected(reachable, now));
         self.log_transition(n, t);
     }
 
-    fn lock_state(&self) -> std::sync::MutexGuard<'_, PoolState> {
-        // A panic while holding the lock cannot leave the state half-written in a
-        // way that matters more than stopping routing would, so keep going.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock_publishing(&self) -> MutexGuard<'_, ()> {
+        // It guards no data of its own: a panic elsewhere cannot leave it
+        // inconsistent.
+        self.publishing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Changes node `index`'s state under its lock and republishes its
+    /// snapshot if that changed. For the rare writers.
+    fn update(
+        &self,
+        index: usize,
+        n: &Node,
+        change: impl FnOnce(&mut NodeState) -> Transition,
+    ) -> Transition {
+        let mut state = n.lock_writer();
+        let t = change(&mut state);
+        let _publishing = self.lock_publishing();
+        self.publish(index, state.snapshot());
+        t
+    }
+
+    /// Makes `snapshot` what picks read of node `index`. Called with the
+    /// node's lock and the publishing lock held, so snapshots land in the
+    /// order of the changes.
+    fn publish(&self, index: usize, snapshot: NodeSnapshot) {
+        let current = self.routes.load();
+        if current.get(index).is_none_or(|s| *s == snapshot) {
+            return;
+        }
+        let mut routes = Vec::with_capacity(self.slots.len());
+        routes.extend_from_slice(&current);
+        routes[index] = snapshot;
+        self.routes.store(Arc::new(routes));
     }
 
     /// A request to `node` ended: answered (`ok`), or declined for lack of an
@@ -502,9 +673,7 @@ impl NodePool {
         let Some(n) = self.node(node) else {
             return;
         };
-        let _ = n
-            .outstanding
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+        n.release();
         let counter = if ok {
             &n.counters.answered
         } else {
@@ -514,9 +683,26 @@ impl NodePool {
         if ok {
             n.counters.latency.observe(latency);
         }
-        let mut state = self.lock_state();
-        let may_eject = ok || self.may_eject_another(&state.nodes, now);
-        let t = state.nodes[node].record_outcome(ok, latency, now, may_eject);
+        let mut state = n.lock_writer();
+        let t = if state.health().would_eject(ok, now) {
+            // The cap check and the ejection in one step: two nodes failing
+            // at once cannot both pass a cap that has room for one.
+            let _publishing = self.lock_publishing();
+            let may_eject = self.may_eject_another(now);
+            let t = state.record_outcome(ok, latency, now, may_eject);
+            if matches!(t, Transition::Ejected { .. }) {
+                n.ejection_end_due.store(true, Ordering::Relaxed);
+            }
+            self.publish(node, state.snapshot());
+            t
+        } else {
+            // Neither an answer nor a failure short of the threshold changes
+            // what picks read, but the latency estimate.
+            state.record_outcome(ok, latency, now, true)
+        };
+        if self.latency_matters() {
+            n.latency.publish(state.ewma());
+        }
         drop(state);
         if t == Transition::EjectionCapped {
             n.counters.ejections_capped.fetch_add(1, Ordering::Relaxed);
@@ -531,31 +717,33 @@ impl NodePool {
         let Some(n) = self.node(node) else {
             return;
         };
-        let _ = n
-            .outstanding
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+        n.release();
         n.counters.declined.fetch_add(1, Ordering::Relaxed);
-        self.lock_state().nodes[node].released();
     }
 
     /// Whether one more node may be ejected: fewer than `max_ejection_percent`
-    /// of the pool is ejected now (one node always may be).
-    fn may_eject_another(&self, nodes: &[NodeState], now: Instant) -> bool {
+    /// of the pool is ejected now (one node always may be). Called under the
+    /// publishing lock, so it reads the latest snapshots.
+    fn may_eject_another(&self, now: Instant) -> bool {
+        let routes = self.routes.load();
         // Removed nodes (tombstones) are not part of the pool any more.
         let (mut members, mut ejected) = (0usize, 0usize);
-        for (i, n) in nodes.iter().enumerate() {
-            if self.node(i).is_some_and(|node| !node.is_removed()) {
+        for (i, s) in routes.iter().enumerate() {
+            if self.slot(i).is_some_and(|node| !node.is_removed()) {
                 members += 1;
-                ejected += usize::from(n.health().ejected(now));
+                ejected += usize::from(s.standing.ejected(now));
             }
         }
         let cap = (members * self.max_ejection_percent as usize / 100).max(1);
         ejected < cap
     }
 
-    /// Logs entering and leaving panic routing, once each.
+    /// Logs entering and leaving panic routing, once each. Reads before it
+    /// writes, so picks in steady state do not all write one cache line.
     fn note_panic(&self, in_panic: bool) {
-        if self.in_panic.swap(in_panic, Ordering::Relaxed) != in_panic {
+        if self.in_panic.load(Ordering::Relaxed) != in_panic
+            && self.in_panic.swap(in_panic, Ordering::Relaxed) != in_panic
+        {
             if in_panic {
                 tracing::warn!(service = %self.service, "no node is healthy: panic mode routes to every connected node");
             } else {
@@ -583,13 +771,9 @@ impl NodePool {
     /// A request picked for `node` never left (its queue was full or closed): no
     /// verdict on the node's health.
     pub fn released(&self, node: usize) {
-        let Some(n) = self.node(node) else {
-            return;
-        };
-        let _ = n
-            .outstanding
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
-        self.lock_state().nodes[node].released();
+        if let Some(n) = self.node(node) {
+            n.release();
+        }
     }
 
     /// An active check of `node` finished.
@@ -597,9 +781,7 @@ impl NodePool {
         let Some(n) = self.node(node) else {
             return;
         };
-        let t = self.lock_state().nodes[node]
-            .health_mut()
-            .record_check(ok, now);
+        let t = self.update(node, n, |s| s.health_mut().record_check(ok, now));
         self.log_transition(n, t);
     }
 
@@ -612,18 +794,16 @@ impl NodePool {
         if n.is_removed() && admin != AdminState::Disabled {
             return false;
         }
-        let t = self.lock_state().nodes[node]
-            .health_mut()
-            .set_admin(admin, now);
+        let t = self.update(node, n, |s| s.health_mut().set_admin(admin, now));
         self.log_transition(n, t);
         true
     }
 
     pub fn eligible(&self, node: usize, now: Instant) -> bool {
-        self.lock_state()
-            .nodes
+        self.routes
+            .load()
             .get(node)
-            .is_some_and(|n| n.health().eligible(now))
+            .is_some_and(|s| s.standing.eligible(now))
     }
 
     pub fn outstanding(&self, node: usize) -> usize {
@@ -637,12 +817,13 @@ impl NodePool {
             return;
         };
         if let Some(s) = n.conns.get(slot) {
-            *s.lock().unwrap_or_else(|p| p.into_inner()) = conn;
+            s.store(conn.map(Arc::new));
         }
-        let connected = n.live_conns() > 0;
-        let t = self.lock_state().nodes[node]
-            .health_mut()
-            .set_connected(connected, now);
+        // Counted under the node's lock: of two connections changing at once,
+        // the later to get the lock sees both.
+        let t = self.update(node, n, |s| {
+            s.health_mut().set_connected(n.live_conns() > 0, now)
+        });
         self.log_transition(n, t);
     }
 }
@@ -684,16 +865,42 @@ impl NodeStatus {
 }
 
 impl Node {
-    fn new(config: NodeConfig, id: NodeId, connections: usize) -> Node {
+    fn new(
+        config: NodeConfig,
+        id: NodeId,
+        connections: usize,
+        state: NodeState,
+        epoch: Instant,
+    ) -> Node {
         Node {
             config,
             id,
-            conns: (0..connections).map(|_| Mutex::new(None)).collect(),
+            conns: (0..connections).map(|_| ArcSwapOption::empty()).collect(),
             next_conn: AtomicUsize::new(0),
             outstanding: AtomicUsize::new(0),
             counters: NodeCounters::default(),
             removed: AtomicBool::new(false),
+            latency: EwmaCell::new(state.ewma(), epoch),
+            writer: Mutex::new(state),
+            ejection_end_due: AtomicBool::new(false),
         }
+    }
+
+    fn lock_writer(&self) -> MutexGuard<'_, NodeState> {
+        // A panic while holding the lock cannot leave the state half-written in a
+        // way that matters more than stopping routing would, so keep going.
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One request fewer outstanding (never below zero).
+    fn release(&self) {
+        let _ = self
+            .outstanding
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+    }
+
+    fn outstanding_u32(&self) -> u32 {
+        u32::try_from(self.outstanding.load(Ordering::Relaxed)).unwrap_or(u32::MAX)
     }
 
     pub fn is_removed(&self) -> bool {
@@ -706,7 +913,7 @@ impl Node {
         let start = self.next_conn.fetch_add(1, Ordering::Relaxed);
         (0..k).find_map(|i| {
             let slot = &self.conns[(start + i) % k];
-            slot.lock().unwrap_or_else(|p| p.into_inner()).clone()
+            slot.load().as_deref().cloned()
         })
     }
 
@@ -714,24 +921,273 @@ impl Node {
     pub fn live_conn_ids(&self) -> Vec<u64> {
         self.conns
             .iter()
-            .filter_map(|s| {
-                s.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .as_ref()
-                    .map(|c| c.id)
-            })
+            .filter_map(|s| s.load().as_ref().map(|c| c.id))
             .collect()
     }
 
     /// Connections currently up.
     pub fn live_conns(&self) -> usize {
-        self.conns
-            .iter()
-            .filter(|s| s.lock().unwrap_or_else(|p| p.into_inner()).is_some())
-            .count()
+        self.conns.iter().filter(|s| s.load().is_some()).count()
     }
 
     pub fn outstanding(&self) -> usize {
         self.outstanding.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Barrier;
+
+    use super::*;
+    use crate::route::HealthConfig;
+
+    const MTI: &[u8; 4] = b"0200";
+
+    fn no_fields(_: u16) -> Option<&'static [u8]> {
+        None
+    }
+
+    /// A pool of nodes `01`, `02`, ... with these weights, each with one
+    /// connection up (a channel nothing reads: picks only clone its sender).
+    fn connected_pool(
+        algorithm: &str,
+        weights: &[u32],
+        health: HealthConfig,
+        t0: Instant,
+    ) -> (NodePool, Vec<mpsc::Receiver<Outbound>>) {
+        let mut text = format!("algorithm = \"{algorithm}\"\nconnections_per_node = 1\n");
+        for (i, w) in weights.iter().enumerate() {
+            text += &format!(
+                "[[node]]\nid = \"{:02}\"\naddress = \"127.0.0.1:{}\"\nweight = {w}\n",
+                i + 1,
+                9000 + i
+            );
+        }
+        let mut back: BackConfig = toml::from_str(&text).unwrap();
+        back.health.state = health;
+        let pool = NodePool::new("test", &back, t0).unwrap();
+        let receivers = (0..weights.len()).map(|i| connect(&pool, i, t0)).collect();
+        (pool, receivers)
+    }
+
+    fn connect(pool: &NodePool, node: usize, now: Instant) -> mpsc::Receiver<Outbound> {
+        let (tx, rx) = mpsc::channel(1);
+        let id = 100 + node as u64;
+        pool.set_conn(node, 0, Some(ConnHandle { id, tx }), now);
+        rx
+    }
+
+    fn pick(pool: &NodePool, now: Instant) -> Option<usize> {
+        pool.pick(MTI, no_fields, None, now).ok().map(|(i, _)| i)
+    }
+
+    /// `threads` threads pick `rounds` × `batch` times each, holding `batch`
+    /// requests in flight and then finishing them (answered, declined without
+    /// verdict, released, in turn). Picks per node.
+    fn pick_and_finish_from_threads(
+        pool: &NodePool,
+        now: Instant,
+        threads: usize,
+        rounds: usize,
+        batch: usize,
+    ) -> Vec<usize> {
+        let n = pool.nodes().len();
+        let per: Vec<Vec<usize>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(move || {
+                        let mut counts = vec![0; n];
+                        let mut held = Vec::with_capacity(batch);
+                        for _ in 0..rounds {
+                            held.extend((0..batch).map(|_| pick(pool, now).unwrap()));
+                            for (k, i) in held.drain(..).enumerate() {
+                                counts[i] += 1;
+                                match k % 3 {
+                                    0 => pool.finished(i, true, Duration::from_millis(2), now),
+                                    1 => pool.finished_without_verdict(i),
+                                    _ => pool.released(i),
+                                }
+                            }
+                        }
+                        counts
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        (0..n).map(|i| per.iter().map(|c| c[i]).sum()).collect()
+    }
+
+    #[test]
+    fn picks_from_threads_rotate_exactly_and_outstanding_returns_to_zero() {
+        let t0 = Instant::now();
+        let (pool, _rx) = connected_pool("round-robin", &[1, 1, 1], HealthConfig::default(), t0);
+        assert!(pool.set_admin(1, AdminState::Disabled, t0));
+        let counts = pick_and_finish_from_threads(&pool, t0, 4, 30, 100);
+        assert_eq!(
+            counts,
+            [6000, 0, 6000],
+            "never the disabled node; exact split"
+        );
+        for (i, &picked) in counts.iter().enumerate() {
+            assert_eq!(pool.outstanding(i), 0, "node {i}");
+            let c = &pool.node(i).unwrap().counters;
+            assert_eq!(c.sent.load(Ordering::Relaxed), picked as u64);
+        }
+    }
+
+    #[test]
+    fn weighted_picks_from_threads_follow_the_weights() {
+        let t0 = Instant::now();
+        let (pool, _rx) = connected_pool("weighted", &[5, 1, 1], HealthConfig::default(), t0);
+        let counts = pick_and_finish_from_threads(&pool, t0, 4, 10, 700);
+        for (got, want) in counts.iter().zip([20_000usize, 4000, 4000]) {
+            assert!(got.abs_diff(want) <= 100, "{counts:?}");
+        }
+        assert!((0..3).all(|i| pool.outstanding(i) == 0));
+    }
+
+    #[test]
+    fn least_outstanding_from_threads_sees_the_live_counts() {
+        let t0 = Instant::now();
+        let (pool, _rx) =
+            connected_pool("least-outstanding", &[1, 1, 1], HealthConfig::default(), t0);
+        // Requests held open on node 0 steer the picks away from it.
+        for _ in 0..50 {
+            let i = pool
+                .pick_where(MTI, no_fields, None, t0, |i| i == 0)
+                .unwrap();
+            assert_eq!(i, 0);
+        }
+        let counts = pick_and_finish_from_threads(&pool, t0, 4, 10, 10);
+        assert!(counts[0] < counts[1] / 4, "{counts:?}");
+        for _ in 0..50 {
+            pool.released(0);
+        }
+        assert!((0..3).all(|i| pool.outstanding(i) == 0));
+    }
+
+    #[test]
+    fn peak_ewma_reads_the_latency_answers_publish() {
+        let t0 = Instant::now();
+        let (pool, _rx) = connected_pool("peak-ewma", &[1, 1], HealthConfig::default(), t0);
+        for _ in 0..5 {
+            pool.finished(0, true, Duration::from_millis(500), t0);
+            pool.finished(1, true, Duration::from_millis(1), t0);
+        }
+        // Two nodes: both are always the two choices; the fast one wins.
+        for _ in 0..100 {
+            let i = pick(&pool, t0).unwrap();
+            assert_eq!(i, 1);
+            pool.released(i);
+        }
+        let s = pool.status(0, t0).unwrap();
+        assert_eq!(s.latency, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn an_ejection_ends_and_the_ramp_climbs_by_time_alone() {
+        let health = HealthConfig {
+            ejection_threshold: 2,
+            base_ejection: Duration::from_secs(5),
+            slow_start: Duration::from_secs(10),
+            max_ejection_percent: 100,
+            ..HealthConfig::default()
+        };
+        let t0 = Instant::now();
+        let (pool, _rx) = connected_pool("round-robin", &[1, 1], health, t0);
+        pool.finished(0, false, Duration::from_secs(1), t0);
+        assert!(pool.eligible(0, t0));
+        pool.finished(0, false, Duration::from_secs(1), t0);
+        assert!(!pool.eligible(0, t0), "two timeouts eject it");
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert!((0..100).all(|_| pick(&pool, at(4)) == Some(1)));
+        // No writer ran since: the pick alone sees the ejection over, and the
+        // node ramping up from 10% of its share.
+        assert!(pool.eligible(0, at(5)));
+        let share = |now: Instant| {
+            (0..2000).filter(|_| pick(&pool, now) == Some(0)).count() as f64 / 2000.0
+        };
+        let early = share(at(5));
+        assert!(early > 0.02 && early < 0.2, "{early}");
+        let late = share(at(12));
+        assert!(late > early && late < 0.5, "{late}");
+        assert_eq!(share(at(15)), 0.5, "ramp over: an exact rotation");
+        let s = pool.status(0, at(15)).unwrap();
+        assert_eq!((s.state(), s.eligible), ("up", true));
+    }
+
+    #[test]
+    fn the_ejection_cap_holds_when_nodes_fail_at_once() {
+        let health = HealthConfig {
+            ejection_threshold: 1,
+            max_ejection_percent: 50,
+            ..HealthConfig::default()
+        };
+        let t0 = Instant::now();
+        for _ in 0..20 {
+            let (pool, _rx) = connected_pool("round-robin", &[1, 1, 1, 1], health, t0);
+            let start = Barrier::new(4);
+            std::thread::scope(|s| {
+                for i in 0..4 {
+                    let (pool, start) = (&pool, &start);
+                    s.spawn(move || {
+                        start.wait();
+                        pool.finished(i, false, Duration::from_secs(1), t0);
+                    });
+                }
+            });
+            let ejected = (0..4).filter(|&i| !pool.eligible(i, t0)).count();
+            let capped: u64 = pool
+                .nodes()
+                .iter()
+                .map(|n| n.counters.ejections_capped.load(Ordering::Relaxed))
+                .sum();
+            assert_eq!((ejected, capped), (2, 2), "half of four, however they race");
+        }
+    }
+
+    #[test]
+    fn a_node_added_at_runtime_joins_the_rotation() {
+        let t0 = Instant::now();
+        let (pool, _rx) = connected_pool("round-robin", &[1, 1], HealthConfig::default(), t0);
+        let cfg: NodeConfig = toml::from_str("id = \"03\"\naddress = \"127.0.0.1:9100\"").unwrap();
+        let index = pool.add_node(cfg.clone(), t0).unwrap();
+        assert_eq!(index, 2);
+        assert_eq!(
+            pool.add_node(cfg, t0),
+            Err(NodeChangeError::Exists("03".into()))
+        );
+        assert!(!pool.eligible(2, t0), "not connected yet");
+        assert!((0..20).all(|_| pick(&pool, t0) != Some(2)));
+        let _rx2 = connect(&pool, 2, t0);
+        let mut counts = [0; 3];
+        for _ in 0..300 {
+            counts[pick(&pool, t0).unwrap()] += 1;
+        }
+        assert_eq!(counts, [100, 100, 100]);
+        pool.remove_node(2, t0).unwrap();
+        assert!((0..20).all(|_| pick(&pool, t0) != Some(2)));
+    }
+
+    #[test]
+    fn panic_mode_routes_to_connected_nodes_when_none_is_eligible() {
+        let health = HealthConfig {
+            fall: 1,
+            ..HealthConfig::default()
+        };
+        let t0 = Instant::now();
+        let (pool, _rx) = connected_pool("round-robin", &[1, 1], health, t0);
+        pool.record_check(0, false, t0);
+        pool.record_check(1, false, t0);
+        assert!(!pool.in_panic());
+        assert!(pick(&pool, t0).is_some());
+        assert!(pool.in_panic());
+        assert_eq!(pool.panic_picks(), 1);
+        pool.record_check(1, true, t0);
+        pool.record_check(1, true, t0);
+        assert_eq!(pick(&pool, t0), Some(1));
+        assert!(!pool.in_panic());
     }
 }

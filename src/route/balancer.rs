@@ -27,12 +27,18 @@
 //! A pick allocates nothing once the scratch buffers have grown to the pool
 //! size (done up front by [`Balancer::with_capacity`]). A pool has a handful
 //! of nodes, so picks are linear scans.
+//!
+//! [`SharedBalancer`] is the same balancer for many threads at once: its
+//! state is atomics, so worker threads picking for one pool never wait on a
+//! lock (see its doc for what concurrency may and may not change).
 
 use serde::{Deserialize, Serialize};
 
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+
 use super::health::RAMP_FULL;
 use super::node::NodeView;
-use super::rng::{Rng, stable_hash};
+use super::rng::{SharedRng, stable_hash};
 
 /// The balancing algorithm of a pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
@@ -76,34 +82,62 @@ impl Default for BalancerConfig {
     }
 }
 
-/// Picks nodes; holds the per-algorithm state (round-robin position, smooth
-/// weighted counters, RNG) and scratch space.
-#[derive(Clone, Debug)]
-pub struct Balancer {
+/// Picks nodes for one pool from any number of threads at once, without a
+/// lock: the per-algorithm state lives in atomics.
+///
+/// - The rotation (round robin, tie-breaking, sticky without a key) is one
+///   atomic "last picked"; a round-robin pick commits its choice with a
+///   compare-and-swap and rescans if another thread moved it first, so
+///   concurrent picks form exactly the sequence some serial order would.
+/// - Smooth weighted round robin keeps one atomic `current` per node: a pick
+///   adds each candidate's weight and takes the total from the winner. The
+///   sum over the nodes stays zero whatever the interleaving, so a node's
+///   share follows its weight; only the order within a cycle can differ
+///   from the serial one.
+/// - The random draws (peak EWMA's two choices, slow start under round
+///   robin) come from one [`SharedRng`] stream.
+///
+/// Each caller brings its scratch space (candidate indices), so a pick
+/// allocates nothing once that has grown to the pool size. [`Balancer`] is
+/// the same with its scratch inside, for one owner.
+#[derive(Debug)]
+pub struct SharedBalancer {
     cfg: BalancerConfig,
-    /// Candidate indices of the current pick, ascending.
-    scratch: Vec<usize>,
-    /// Last node picked by rotation (round robin, ties, sticky fallback).
-    last: Option<usize>,
+    /// Last node picked by rotation; [`NONE`] before the first pick.
+    last: AtomicUsize,
     /// Smooth weighted round robin `current_weight` per node index.
-    current: Vec<i64>,
-    rng: Rng,
+    current: Box<[AtomicI64]>,
+    rng: SharedRng,
 }
 
-impl Balancer {
-    /// A balancer whose random choices are fixed by `seed`.
-    pub fn new(cfg: BalancerConfig, seed: u64) -> Self {
-        Self::with_capacity(cfg, seed, 0)
-    }
+/// No node picked yet.
+const NONE: usize = usize::MAX;
 
-    /// Same, with scratch space for `nodes` nodes so no pick allocates.
-    pub fn with_capacity(cfg: BalancerConfig, seed: u64, nodes: usize) -> Self {
+impl Clone for SharedBalancer {
+    fn clone(&self) -> Self {
+        Self {
+            cfg: self.cfg,
+            last: AtomicUsize::new(self.last.load(Ordering::Relaxed)),
+            current: self
+                .current
+                .iter()
+                .map(|c| AtomicI64::new(c.load(Ordering::Relaxed)))
+                .collect(),
+            rng: self.rng.clone(),
+        }
+    }
+}
+
+impl SharedBalancer {
+    /// A balancer for up to `nodes` node indices (indices past it still get
+    /// picked, but smooth weighted sees them with no memory), whose random
+    /// choices are fixed by `seed`.
+    pub fn new(cfg: BalancerConfig, seed: u64, nodes: usize) -> Self {
         Self {
             cfg,
-            scratch: Vec::with_capacity(nodes),
-            last: None,
-            current: vec![0; nodes],
-            rng: Rng::new(seed),
+            last: AtomicUsize::new(NONE),
+            current: (0..nodes).map(|_| AtomicI64::new(0)).collect(),
+            rng: SharedRng::new(seed),
         }
     }
 
@@ -111,150 +145,151 @@ impl Balancer {
         self.cfg
     }
 
+    /// How many node indices the weighted state covers.
+    pub fn capacity(&self) -> usize {
+        self.current.len()
+    }
+
     /// Forgets rotation and weighted state (after the node list changed).
-    pub fn reset(&mut self) {
-        self.last = None;
-        self.current.iter_mut().for_each(|c| *c = 0);
+    pub fn reset(&self) {
+        self.last.store(NONE, Ordering::Relaxed);
+        self.current
+            .iter()
+            .for_each(|c| c.store(0, Ordering::Relaxed));
     }
 
     /// Picks among all nodes. Returns an index into `nodes`, or `None` when no
     /// node is pickable. `key` is used by [`Algorithm::Sticky`] only.
-    pub fn pick(&mut self, nodes: &[NodeView], key: Option<&[u8]>) -> Option<usize> {
-        self.scratch.clear();
-        self.scratch
-            .extend((0..nodes.len()).filter(|&i| nodes[i].pickable()));
-        self.choose(nodes, key)
+    pub fn pick(
+        &self,
+        nodes: &[NodeView],
+        key: Option<&[u8]>,
+        scratch: &mut Vec<usize>,
+    ) -> Option<usize> {
+        scratch.clear();
+        scratch.extend((0..nodes.len()).filter(|&i| nodes[i].pickable()));
+        self.choose(nodes, key, scratch)
     }
 
     /// Picks among the nodes whose indices are in `allowed` (e.g. from
     /// [`RuleSet::select`](super::RuleSet::select)). Indices out of range and
     /// repeats are ignored.
     pub fn pick_in(
-        &mut self,
+        &self,
         nodes: &[NodeView],
         allowed: &[usize],
         key: Option<&[u8]>,
+        scratch: &mut Vec<usize>,
     ) -> Option<usize> {
-        self.scratch.clear();
-        self.scratch.extend(
+        scratch.clear();
+        scratch.extend(
             allowed
                 .iter()
                 .copied()
                 .filter(|&i| nodes.get(i).is_some_and(NodeView::pickable)),
         );
-        self.scratch.sort_unstable();
-        self.scratch.dedup();
-        self.choose(nodes, key)
+        scratch.sort_unstable();
+        scratch.dedup();
+        self.choose(nodes, key, scratch)
     }
 
-    fn choose(&mut self, nodes: &[NodeView], key: Option<&[u8]>) -> Option<usize> {
-        self.keep_priority_group(nodes);
-        let picked = match self.scratch.len() {
+    fn choose(
+        &self,
+        nodes: &[NodeView],
+        key: Option<&[u8]>,
+        scratch: &mut Vec<usize>,
+    ) -> Option<usize> {
+        keep_priority_group(nodes, scratch, self.cfg.min_active);
+        let candidates = &scratch[..];
+        let picked = match candidates.len() {
             0 => return None,
-            1 => self.scratch[0],
+            1 => candidates[0],
             _ => match (self.cfg.algorithm, key) {
-                (Algorithm::RoundRobin, _) | (Algorithm::Sticky, None) => self.round_robin(nodes),
-                (Algorithm::Weighted, _) => self.smooth_weighted(nodes),
-                (Algorithm::LeastOutstanding, _) => self.least_outstanding(nodes),
-                (Algorithm::PeakEwma, _) => self.peak_ewma(nodes),
-                (Algorithm::Sticky, Some(key)) => self.rendezvous(nodes, key),
+                (Algorithm::RoundRobin, _) | (Algorithm::Sticky, None) => {
+                    // Commits its own choice to `last`.
+                    return Some(self.round_robin(nodes, candidates));
+                }
+                (Algorithm::Weighted, _) => self.smooth_weighted(nodes, candidates),
+                (Algorithm::LeastOutstanding, _) => self.least_outstanding(nodes, candidates),
+                (Algorithm::PeakEwma, _) => self.peak_ewma(nodes, candidates),
+                (Algorithm::Sticky, Some(key)) => rendezvous(nodes, candidates, key),
             },
         };
-        self.last = Some(picked);
+        self.last.store(picked, Ordering::Relaxed);
         Some(picked)
     }
 
-    /// Narrows `scratch` to the highest priority group with at least
-    /// `min_active` members; leaves it whole if none has.
-    fn keep_priority_group(&mut self, nodes: &[NodeView]) {
-        let min_active = self.cfg.min_active.max(1);
-        // Exclusive upper bound on the priority being tried (u64: above any u32).
-        let mut ceiling = u64::from(u32::MAX) + 1;
-        loop {
-            let Some(p) = self
-                .scratch
-                .iter()
-                .map(|&i| nodes[i].priority)
-                .filter(|&p| u64::from(p) < ceiling)
-                .max()
-            else {
-                return; // no group qualifies: any pickable node
-            };
-            if ceiling > u64::from(u32::MAX) && self.scratch.iter().all(|&i| nodes[i].priority == p)
-            {
-                return; // a single group
-            }
-            let members = self
-                .scratch
-                .iter()
-                .filter(|&&i| nodes[i].priority == p)
-                .count();
-            if members >= min_active {
-                self.scratch.retain(|&i| nodes[i].priority == p);
-                return;
-            }
-            ceiling = u64::from(p);
-        }
+    /// Where the rotation starts after `last`: the first candidate above it,
+    /// wrapping.
+    fn rotation_start(candidates: &[usize], last: usize) -> usize {
+        candidates
+            .iter()
+            .position(|&i| last == NONE || i > last)
+            .unwrap_or(0)
     }
 
     /// The first candidate after the last pick, wrapping, that takes its
     /// turn: a node in slow start lets its turn pass with probability
     /// 1 − ramp. If every candidate lets it pass, the first one takes it.
-    fn round_robin(&mut self, nodes: &[NodeView]) -> usize {
-        let n = self.scratch.len();
-        let start = self
-            .scratch
-            .iter()
-            .position(|&i| self.last.is_none_or(|last| i > last))
-            .unwrap_or(0);
-        for k in 0..n {
-            let i = self.scratch[(start + k) % n];
-            if self.takes_turn(&nodes[i]) {
-                return i;
+    /// The pick moves `last` only if no other pick moved it meanwhile;
+    /// otherwise it starts over from where that one left it.
+    fn round_robin(&self, nodes: &[NodeView], candidates: &[usize]) -> usize {
+        let n = candidates.len();
+        let mut last = self.last.load(Ordering::Relaxed);
+        loop {
+            let start = Self::rotation_start(candidates, last);
+            let picked = (0..n)
+                .map(|k| candidates[(start + k) % n])
+                .find(|&i| self.takes_turn(&nodes[i]))
+                .unwrap_or(candidates[start]);
+            match self.last.compare_exchange_weak(
+                last,
+                picked,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return picked,
+                Err(moved) => last = moved,
             }
         }
-        self.scratch[start]
     }
 
     /// Does `node` take its round-robin turn? Always unless warming; a
     /// warming node with probability ramp. Draws only for warming nodes, so
     /// a pool at full strength uses no randomness.
-    fn takes_turn(&mut self, node: &NodeView) -> bool {
+    fn takes_turn(&self, node: &NodeView) -> bool {
         !node.warming() || self.rng.below(usize::from(RAMP_FULL)) < usize::from(node.ramp)
     }
 
-    fn smooth_weighted(&mut self, nodes: &[NodeView]) -> usize {
-        if self.current.len() != nodes.len() {
-            self.current.clear();
-            self.current.resize(nodes.len(), 0);
-        }
+    fn smooth_weighted(&self, nodes: &[NodeView], candidates: &[usize]) -> usize {
         let mut total: i64 = 0;
-        let mut best = self.scratch[0];
+        let mut best = candidates[0];
         let mut best_current = i64::MIN;
-        for &i in &self.scratch {
+        for &i in candidates {
             let w = i64::try_from(nodes[i].milli_weight()).unwrap_or(i64::MAX);
             total = total.saturating_add(w);
-            self.current[i] = self.current[i].saturating_add(w);
-            if self.current[i] > best_current {
+            let Some(current) = self.current.get(i) else {
+                continue;
+            };
+            let now = current.fetch_add(w, Ordering::Relaxed).saturating_add(w);
+            if now > best_current {
                 best = i;
-                best_current = self.current[i];
+                best_current = now;
             }
         }
-        self.current[best] = self.current[best].saturating_sub(total);
+        if let Some(current) = self.current.get(best) {
+            current.fetch_sub(total, Ordering::Relaxed);
+        }
         best
     }
 
-    fn least_outstanding(&self, nodes: &[NodeView]) -> usize {
+    fn least_outstanding(&self, nodes: &[NodeView], candidates: &[usize]) -> usize {
         // Scan in rotation order from after the last pick, so ties rotate.
-        let start = self
-            .scratch
-            .iter()
-            .position(|&i| self.last.is_none_or(|last| i > last))
-            .unwrap_or(0);
-        let n = self.scratch.len();
-        let mut best = self.scratch[start];
+        let start = Self::rotation_start(candidates, self.last.load(Ordering::Relaxed));
+        let n = candidates.len();
+        let mut best = candidates[start];
         for k in 1..n {
-            let i = self.scratch[(start + k) % n];
+            let i = candidates[(start + k) % n];
             // (o_i+1)/w_i < (o_b+1)/w_b, cross-multiplied (all fit in u128).
             let lhs =
                 (u128::from(nodes[i].outstanding) + 1) * u128::from(nodes[best].milli_weight());
@@ -267,56 +302,147 @@ impl Balancer {
         best
     }
 
-    fn peak_ewma(&mut self, nodes: &[NodeView]) -> usize {
-        let n = self.scratch.len();
+    fn peak_ewma(&self, nodes: &[NodeView], candidates: &[usize]) -> usize {
+        let n = candidates.len();
         let a = self.rng.below(n);
         let mut b = self.rng.below(n - 1);
         if b >= a {
             b += 1;
         }
-        let (a, b) = (self.scratch[a], self.scratch[b]);
-        if Self::ewma_cost(&nodes[a]) <= Self::ewma_cost(&nodes[b]) {
+        let (a, b) = (candidates[a], candidates[b]);
+        if ewma_cost(&nodes[a]) <= ewma_cost(&nodes[b]) {
             a
         } else {
             b
         }
     }
+}
 
-    fn ewma_cost(node: &NodeView) -> f64 {
-        let latency = node.latency.as_nanos() as f64;
-        // An idle node decays towards zero latency; keep a floor of 1 ns so
-        // outstanding requests still count.
-        latency.max(1.0) * (f64::from(node.outstanding) + 1.0) / (node.milli_weight().max(1) as f64)
+/// Narrows `candidates` to the highest priority group with at least
+/// `min_active` members; leaves it whole if none has.
+fn keep_priority_group(nodes: &[NodeView], candidates: &mut Vec<usize>, min_active: usize) {
+    let min_active = min_active.max(1);
+    // Exclusive upper bound on the priority being tried (u64: above any u32).
+    let mut ceiling = u64::from(u32::MAX) + 1;
+    loop {
+        let Some(p) = candidates
+            .iter()
+            .map(|&i| nodes[i].priority)
+            .filter(|&p| u64::from(p) < ceiling)
+            .max()
+        else {
+            return; // no group qualifies: any pickable node
+        };
+        if ceiling > u64::from(u32::MAX) && candidates.iter().all(|&i| nodes[i].priority == p) {
+            return; // a single group
+        }
+        let members = candidates
+            .iter()
+            .filter(|&&i| nodes[i].priority == p)
+            .count();
+        if members >= min_active {
+            candidates.retain(|&i| nodes[i].priority == p);
+            return;
+        }
+        ceiling = u64::from(p);
+    }
+}
+
+fn ewma_cost(node: &NodeView) -> f64 {
+    let latency = node.latency.as_nanos() as f64;
+    // An idle node decays towards zero latency; keep a floor of 1 ns so
+    // outstanding requests still count.
+    latency.max(1.0) * (f64::from(node.outstanding) + 1.0) / (node.milli_weight().max(1) as f64)
+}
+
+/// The highest-scoring candidate for `key` that accepts it; a node in slow
+/// start accepts only its ramp's share of keys. If none accepts (all
+/// warming), the highest-scoring one.
+fn rendezvous(nodes: &[NodeView], candidates: &[usize], key: &[u8]) -> usize {
+    // Node ids are distinct, so equal scores (a 2^-64 event) are the only
+    // tie; `>=` keeps the last, which is still deterministic.
+    let mut top: Option<(u64, usize)> = None;
+    let mut accepted: Option<(u64, usize)> = None;
+    for &i in candidates {
+        let score = stable_hash(&[nodes[i].id.as_bytes(), key]);
+        if top.is_none_or(|(s, _)| score >= s) {
+            top = Some((score, i));
+        }
+        if accepts_key(&nodes[i], key) && accepted.is_none_or(|(s, _)| score >= s) {
+            accepted = Some((score, i));
+        }
+    }
+    accepted.or(top).map_or(candidates[0], |(_, i)| i)
+}
+
+/// Does `node` take `key` at its ramp? A fixed draw per (node, key) in
+/// 0..1000, so a key accepted at one ramp is accepted at every higher one.
+fn accepts_key(node: &NodeView, key: &[u8]) -> bool {
+    if !node.warming() {
+        return true;
+    }
+    let draw = stable_hash(&[b"slow-start", node.id.as_bytes(), key]) % u64::from(RAMP_FULL);
+    draw < u64::from(node.ramp)
+}
+
+/// A [`SharedBalancer`] with its scratch space, for one owner (tests, tools,
+/// a single-threaded pool).
+#[derive(Clone, Debug)]
+pub struct Balancer {
+    shared: SharedBalancer,
+    /// Candidate indices of the current pick, ascending.
+    scratch: Vec<usize>,
+}
+
+impl Balancer {
+    /// A balancer whose random choices are fixed by `seed`.
+    pub fn new(cfg: BalancerConfig, seed: u64) -> Self {
+        Self::with_capacity(cfg, seed, 0)
     }
 
-    /// The highest-scoring candidate for `key` that accepts it; a node in
-    /// slow start accepts only its ramp's share of keys. If none accepts (all
-    /// warming), the highest-scoring one.
-    fn rendezvous(&self, nodes: &[NodeView], key: &[u8]) -> usize {
-        // Node ids are distinct, so equal scores (a 2^-64 event) are the only
-        // tie; `>=` keeps the last, which is still deterministic.
-        let mut top: Option<(u64, usize)> = None;
-        let mut accepted: Option<(u64, usize)> = None;
-        for &i in &self.scratch {
-            let score = stable_hash(&[nodes[i].id.as_bytes(), key]);
-            if top.is_none_or(|(s, _)| score >= s) {
-                top = Some((score, i));
-            }
-            if Self::accepts_key(&nodes[i], key) && accepted.is_none_or(|(s, _)| score >= s) {
-                accepted = Some((score, i));
-            }
+    /// Same, with scratch space for `nodes` nodes so no pick allocates.
+    pub fn with_capacity(cfg: BalancerConfig, seed: u64, nodes: usize) -> Self {
+        Self {
+            shared: SharedBalancer::new(cfg, seed, nodes),
+            scratch: Vec::with_capacity(nodes),
         }
-        accepted.or(top).map_or(self.scratch[0], |(_, i)| i)
     }
 
-    /// Does `node` take `key` at its ramp? A fixed draw per (node, key) in
-    /// 0..1000, so a key accepted at one ramp is accepted at every higher one.
-    fn accepts_key(node: &NodeView, key: &[u8]) -> bool {
-        if !node.warming() {
-            return true;
+    pub fn config(&self) -> BalancerConfig {
+        self.shared.cfg
+    }
+
+    /// Forgets rotation and weighted state (after the node list changed).
+    pub fn reset(&mut self) {
+        self.shared.reset();
+    }
+
+    /// Smooth weighted state sized to the pool: a pool of another size
+    /// starts its schedule over.
+    fn fit(&mut self, nodes: usize) {
+        if self.shared.cfg.algorithm == Algorithm::Weighted && self.shared.current.len() != nodes {
+            self.shared.current = (0..nodes).map(|_| AtomicI64::new(0)).collect();
         }
-        let draw = stable_hash(&[b"slow-start", node.id.as_bytes(), key]) % u64::from(RAMP_FULL);
-        draw < u64::from(node.ramp)
+    }
+
+    /// Picks among all nodes. Returns an index into `nodes`, or `None` when no
+    /// node is pickable. `key` is used by [`Algorithm::Sticky`] only.
+    pub fn pick(&mut self, nodes: &[NodeView], key: Option<&[u8]>) -> Option<usize> {
+        self.fit(nodes.len());
+        self.shared.pick(nodes, key, &mut self.scratch)
+    }
+
+    /// Picks among the nodes whose indices are in `allowed` (e.g. from
+    /// [`RuleSet::select`](super::RuleSet::select)). Indices out of range and
+    /// repeats are ignored.
+    pub fn pick_in(
+        &mut self,
+        nodes: &[NodeView],
+        allowed: &[usize],
+        key: Option<&[u8]>,
+    ) -> Option<usize> {
+        self.fit(nodes.len());
+        self.shared.pick_in(nodes, allowed, key, &mut self.scratch)
     }
 }
 
@@ -750,16 +876,148 @@ mod tests {
         assert_eq!(seq, [1, 3, 1, 3]);
     }
 
+    /// `threads` threads at once pick `per_thread` times each from one
+    /// shared balancer (sticky: every pick a new key); picks per node.
+    fn concurrent_counts(
+        b: &SharedBalancer,
+        nodes: &[NodeView],
+        threads: usize,
+        per_thread: usize,
+    ) -> Vec<usize> {
+        let per: Vec<Vec<usize>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    s.spawn(move || {
+                        let mut scratch = Vec::new();
+                        let mut c = vec![0; nodes.len()];
+                        for k in 0..per_thread {
+                            let key = ((t * per_thread + k) as u64).to_be_bytes();
+                            c[b.pick(nodes, Some(&key), &mut scratch).unwrap()] += 1;
+                        }
+                        c
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        (0..nodes.len())
+            .map(|i| per.iter().map(|c| c[i]).sum())
+            .collect()
+    }
+
+    fn shared(algorithm: Algorithm, nodes: usize) -> SharedBalancer {
+        SharedBalancer::new(
+            BalancerConfig {
+                algorithm,
+                min_active: 1,
+            },
+            0x5eed,
+            nodes,
+        )
+    }
+
+    #[test]
+    fn shared_round_robin_from_threads_is_an_exact_rotation() {
+        let mut nodes = pool(&[1, 1, 1, 1]);
+        nodes[2].eligible = false;
+        let b = shared(Algorithm::RoundRobin, nodes.len());
+        // 4 × 3000 picks over 3 eligible nodes: the CAS on the rotation makes
+        // concurrent picks a serial sequence, so the split is exact.
+        assert_eq!(
+            concurrent_counts(&b, &nodes, 4, 3000),
+            [4000, 4000, 0, 4000]
+        );
+    }
+
+    #[test]
+    fn shared_weighted_from_threads_keeps_the_weights() {
+        let mut nodes = pool(&[5, 1, 1, 3]);
+        nodes[3].eligible = false;
+        let b = shared(Algorithm::Weighted, nodes.len());
+        let c = concurrent_counts(&b, &nodes, 4, 7000);
+        assert_eq!(c[3], 0, "never the ineligible node");
+        // Each node's counter ends at (picks × weight − total × its picks),
+        // which the interleaving can push only a few rounds off: its share
+        // stays within a fraction of a percent of 5:1:1.
+        for (got, want) in c.iter().zip([20_000usize, 4000, 4000]) {
+            assert!(got.abs_diff(want) <= 100, "{c:?}");
+        }
+        // The counters are left where a serial schedule can carry on from.
+        let mut scratch = Vec::new();
+        let mut after = [0usize; 4];
+        for _ in 0..700 {
+            after[b.pick(&nodes, None, &mut scratch).unwrap()] += 1;
+        }
+        for (got, want) in after.iter().zip([500usize, 100, 100, 0]) {
+            assert!(got.abs_diff(want) <= 10, "{after:?}");
+        }
+    }
+
+    #[test]
+    fn shared_picks_from_threads_never_take_an_unpickable_node() {
+        let mut nodes = pool(&[2, 1, 1, 1, 1]);
+        nodes[1].eligible = false;
+        nodes[3].effective_weight = 0;
+        nodes[4].ramp = 300;
+        for a in [
+            Algorithm::RoundRobin,
+            Algorithm::Weighted,
+            Algorithm::LeastOutstanding,
+            Algorithm::PeakEwma,
+            Algorithm::Sticky,
+        ] {
+            let b = shared(a, nodes.len());
+            let c = concurrent_counts(&b, &nodes, 4, 2000);
+            assert_eq!((c[1], c[3]), (0, 0), "{a:?}: {c:?}");
+            assert_eq!(c.iter().sum::<usize>(), 8000, "{a:?}: every pick lands");
+            // (Least outstanding and peak EWMA see fixed views here, on
+            // which the warming node always costs more.)
+            if matches!(
+                a,
+                Algorithm::RoundRobin | Algorithm::Weighted | Algorithm::Sticky
+            ) {
+                assert!(c[0] > 0 && c[2] > 0 && c[4] > 0, "{a:?}: {c:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn shared_and_owned_balancers_pick_alike() {
+        let mut nodes = pool(&[3, 1, 2, 1]);
+        nodes[1].ramp = 400;
+        nodes[2].latency = Duration::from_millis(30);
+        for a in [
+            Algorithm::RoundRobin,
+            Algorithm::Weighted,
+            Algorithm::LeastOutstanding,
+            Algorithm::PeakEwma,
+            Algorithm::Sticky,
+        ] {
+            let mut owned = balancer(a);
+            let s = SharedBalancer::new(owned.config(), 0x5eed, nodes.len());
+            let mut scratch = Vec::new();
+            for k in 0..500u32 {
+                let key = k.to_be_bytes();
+                assert_eq!(
+                    owned.pick(&nodes, Some(&key)),
+                    s.pick(&nodes, Some(&key), &mut scratch),
+                    "{a:?} pick {k}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn picks_do_not_allocate_after_warm_up() {
         // Indirect check: the scratch buffers never grow past the pool size.
         let nodes = pool(&[3, 2, 1, 1, 1, 1, 1, 1]);
         let mut b = balancer(Algorithm::Weighted);
-        let cap = (b.scratch.capacity(), b.current.capacity());
+        b.pick(&nodes, None);
+        let cap = (b.scratch.capacity(), b.shared.capacity());
         for _ in 0..1000 {
             b.pick(&nodes, None);
             b.pick_in(&nodes, &[0, 2, 4], None);
         }
-        assert_eq!((b.scratch.capacity(), b.current.capacity()), cap);
+        assert_eq!((b.scratch.capacity(), b.shared.capacity()), cap);
     }
 }

@@ -162,6 +162,84 @@ pub enum Transition {
     Disconnected,
 }
 
+/// What routing needs of a node's [`Health`]: a `Copy` value that changes
+/// only on a transition (admin, connection, checks, ejection, reload), so an
+/// owner can publish it to every thread when it changes and let them read it
+/// without a lock. Time-based changes (an ejection running out, a slow-start
+/// ramp climbing) are computed from it and `now`, with no writer involved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Standing {
+    pub weight: u32,
+    pub admin: AdminState,
+    pub connected: bool,
+    pub check_up: bool,
+    /// End of the latest ejection (kept after it passes).
+    pub ejected_until: Option<Instant>,
+    /// Start of the latest slow-start ramp.
+    pub ramp_from: Option<Instant>,
+    /// Length of a slow-start ramp (from [`HealthConfig::slow_start`]).
+    pub slow_start: Duration,
+}
+
+impl Standing {
+    /// Is the node ejected at `now`?
+    #[inline]
+    pub fn ejected(&self, now: Instant) -> bool {
+        self.ejected_until.is_some_and(|until| now < until)
+    }
+
+    /// See [`Health::panic_eligible`].
+    #[inline]
+    pub fn panic_eligible(&self) -> bool {
+        self.admin == AdminState::Enabled && self.connected
+    }
+
+    /// See [`Health::eligible`].
+    #[inline]
+    pub fn eligible(&self, now: Instant) -> bool {
+        self.panic_eligible() && self.check_up && !self.ejected(now)
+    }
+
+    /// See [`Health::ramp`].
+    pub fn ramp(&self, now: Instant) -> u16 {
+        let (Some(from), window) = (self.ramp_from, self.slow_start) else {
+            return RAMP_FULL;
+        };
+        let elapsed = now.saturating_duration_since(from);
+        if window.is_zero() || elapsed >= window {
+            return RAMP_FULL;
+        }
+        let span = u128::from(RAMP_FULL - RAMP_START);
+        let gained = span * elapsed.as_nanos() / window.as_nanos();
+        RAMP_START
+            .saturating_add(u16::try_from(gained).unwrap_or(RAMP_FULL))
+            .min(RAMP_FULL)
+    }
+
+    /// See [`Health::effective_weight`].
+    pub fn effective_weight(&self, now: Instant) -> u32 {
+        if !self.eligible(now) || self.weight == 0 {
+            return 0;
+        }
+        let (Some(from), window) = (self.ramp_from, self.slow_start) else {
+            return self.weight;
+        };
+        let elapsed = now.saturating_duration_since(from);
+        if window.is_zero() || elapsed >= window {
+            return self.weight;
+        }
+        // weight × (0.1 + 0.9 × elapsed / window), rounded up, in integers.
+        let w = u128::from(self.weight);
+        let win = window.as_nanos();
+        let num = w * (win + 9 * elapsed.as_nanos());
+        let den = 10 * win;
+        let ramped = num.div_ceil(den);
+        u32::try_from(ramped)
+            .unwrap_or(self.weight)
+            .clamp(1, self.weight)
+    }
+}
+
 /// Health of one node. See the module doc.
 #[derive(Clone, Debug)]
 pub struct Health {
@@ -234,9 +312,22 @@ impl Health {
         self.check_up
     }
 
+    /// What routing reads of this node (see [`Standing`]).
+    pub fn standing(&self) -> Standing {
+        Standing {
+            weight: self.weight,
+            admin: self.admin,
+            connected: self.connected,
+            check_up: self.check_up,
+            ejected_until: self.ejected_until,
+            ramp_from: self.ramp_from,
+            slow_start: self.cfg.slow_start,
+        }
+    }
+
     /// Is the node ejected at `now`?
     pub fn ejected(&self, now: Instant) -> bool {
-        self.ejected_until.is_some_and(|until| now < until)
+        self.standing().ejected(now)
     }
 
     /// The end of the current ejection, if the node is ejected at `now`.
@@ -247,12 +338,12 @@ impl Health {
     /// May a new request go to this node when the pool is in panic (no node
     /// eligible)? Enabled and connected, whatever checks and ejection say.
     pub fn panic_eligible(&self) -> bool {
-        self.admin == AdminState::Enabled && self.connected
+        self.standing().panic_eligible()
     }
 
     /// May a new request go to this node at `now`?
     pub fn eligible(&self, now: Instant) -> bool {
-        self.admin == AdminState::Enabled && self.connected && self.check_up && !self.ejected(now)
+        self.standing().eligible(now)
     }
 
     /// Where the node is on its slow-start ramp at `now`, in thousandths:
@@ -261,43 +352,14 @@ impl Health {
     /// not round to whole weight units, so algorithms that ignore weights
     /// (round robin, sticky) and nodes of weight 1 ramp too.
     pub fn ramp(&self, now: Instant) -> u16 {
-        let (Some(from), window) = (self.ramp_from, self.cfg.slow_start) else {
-            return RAMP_FULL;
-        };
-        let elapsed = now.saturating_duration_since(from);
-        if window.is_zero() || elapsed >= window {
-            return RAMP_FULL;
-        }
-        let span = u128::from(RAMP_FULL - RAMP_START);
-        let gained = span * elapsed.as_nanos() / window.as_nanos();
-        RAMP_START
-            .saturating_add(u16::try_from(gained).unwrap_or(RAMP_FULL))
-            .min(RAMP_FULL)
+        self.standing().ramp(now)
     }
 
     /// The weight balancers use at `now`: 0 if not eligible, otherwise the
     /// configured weight, ramped from 10% (at least 1) to 100% during slow
     /// start.
     pub fn effective_weight(&self, now: Instant) -> u32 {
-        if !self.eligible(now) || self.weight == 0 {
-            return 0;
-        }
-        let (Some(from), window) = (self.ramp_from, self.cfg.slow_start) else {
-            return self.weight;
-        };
-        let elapsed = now.saturating_duration_since(from);
-        if window.is_zero() || elapsed >= window {
-            return self.weight;
-        }
-        // weight × (0.1 + 0.9 × elapsed / window), rounded up, in integers.
-        let w = u128::from(self.weight);
-        let win = window.as_nanos();
-        let num = w * (win + 9 * elapsed.as_nanos());
-        let den = 10 * win;
-        let ramped = num.div_ceil(den);
-        u32::try_from(ramped)
-            .unwrap_or(self.weight)
-            .clamp(1, self.weight)
+        self.standing().effective_weight(now)
     }
 
     /// Records one active check result.
@@ -353,6 +415,14 @@ impl Health {
             return Transition::EjectionCapped;
         }
         self.eject(now)
+    }
+
+    /// Would recording this outcome eject the node (were the pool's cap not
+    /// in the way)? Lets an owner take its ejection-cap lock only then.
+    pub fn would_eject(&self, ok: bool, now: Instant) -> bool {
+        !ok && !self.ejected(now)
+            && self.cfg.ejection_threshold != 0
+            && self.live_fail_run.saturating_add(1) >= self.cfg.ejection_threshold
     }
 
     fn eject(&mut self, now: Instant) -> Transition {
@@ -677,6 +747,53 @@ mod tests {
             ..cfg
         });
         assert_eq!(h.ramp(t0), RAMP_FULL);
+    }
+
+    #[test]
+    fn would_eject_foretells_record_response() {
+        let cfg = HealthConfig {
+            ejection_threshold: 3,
+            ..HealthConfig::default()
+        };
+        let t0 = Instant::now();
+        let mut h = live(cfg, 1, t0);
+        for _ in 0..2 {
+            assert!(!h.would_eject(false, t0));
+            assert_eq!(h.record_response(false, t0), Transition::Unchanged);
+        }
+        assert!(!h.would_eject(true, t0), "a success never ejects");
+        assert!(h.would_eject(false, t0));
+        let before = h.standing();
+        assert!(matches!(
+            h.record_response(false, t0),
+            Transition::Ejected { .. }
+        ));
+        assert_ne!(h.standing(), before, "an ejection changes the standing");
+        assert!(!h.would_eject(false, t0), "stragglers while ejected");
+        let off = HealthConfig {
+            ejection_threshold: 0,
+            ..cfg
+        };
+        assert!(!live(off, 1, t0).would_eject(false, t0));
+    }
+
+    #[test]
+    fn standing_changes_only_on_transitions() {
+        let t0 = Instant::now();
+        let mut h = live(HealthConfig::default(), 4, t0);
+        let s = h.standing();
+        // Runs of checks and answers below their thresholds leave it alone.
+        let _ = h.record_check(false, t0);
+        let _ = h.record_response(false, t0);
+        let _ = h.record_response(true, t0);
+        assert_eq!(h.standing(), s);
+        // Time alone moves what is computed from it, not the value.
+        let _ = h.set_connected(false, t0);
+        let _ = h.set_connected(true, t0 + secs(1));
+        let s = h.standing();
+        assert_eq!(s.effective_weight(t0 + secs(1)), 1);
+        assert_eq!(s.effective_weight(t0 + secs(11)), 4);
+        assert_eq!(h.standing(), s);
     }
 
     #[test]

@@ -17,6 +17,10 @@
 //!   (within the rule's subset), honouring priority groups, by the pool's
 //!   [`Algorithm`]: round robin, smooth weighted, least outstanding,
 //!   peak-EWMA power of two choices, or sticky rendezvous hashing.
+//!   A [`SharedBalancer`] is the same balancer for many threads at once: its
+//!   state is atomics, and each node's rarely changing part is a published
+//!   [`NodeSnapshot`] (its latency an [`EwmaCell`]), so a pool's picks and
+//!   answers take no pool-wide lock (`link::pool`).
 //! - [`stamp`]: for UnionPay/VISA links, an [`F37Stamp`] writes the node id
 //!   into F37 so any instance can route the answer back ([`StampTable`]).
 //! - [`correlator`]: the [`Correlator`] remembers each request in flight under
@@ -76,14 +80,16 @@ pub mod router;
 pub mod rules;
 pub mod stamp;
 
-pub use balancer::{Algorithm, Balancer, BalancerConfig};
+pub use balancer::{Algorithm, Balancer, BalancerConfig, SharedBalancer};
 pub use correlator::{
     CorrelateError, CorrelationKey, Correlator, CorrelatorConfig, CorrelatorStats, KeyBuilder,
     KeyHasher, KeyTooLong, Miss, Rejected, SHARDS, Shards,
 };
 pub use decline::{DeclineCodes, DeclineReason, ResponseCode};
-pub use health::{AdminState, Health, HealthConfig, HealthConfigError, Transition};
-pub use node::{EwmaConfig, NodeId, NodeIdError, NodeState, NodeView, PeakEwma};
+pub use health::{AdminState, Health, HealthConfig, HealthConfigError, Standing, Transition};
+pub use node::{
+    EwmaCell, EwmaConfig, NodeId, NodeIdError, NodeSnapshot, NodeState, NodeView, PeakEwma,
+};
 pub use rng::Rng;
 pub use router::{
     Checked, FieldTexts, Invalid, KeyError, KeyPart, Router, RouterConfig, RouterError, TpduPolicy,

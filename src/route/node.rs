@@ -6,15 +6,21 @@
 //!   outstanding requests, latency, [`Health`]), updated by the caller.
 //! - [`NodeView`]: a `Copy` snapshot of one node at one instant; balancers
 //!   read only these, so they need no clock of their own.
+//! - [`NodeSnapshot`] and [`EwmaCell`]: what a pool shared between threads
+//!   publishes of each node so that a pick reads it without a lock: the
+//!   rarely changing part (id, priority, [`Standing`]) as a value republished
+//!   on each transition, the latency estimate as an atomic updated per answer.
+//!   Requests outstanding are one atomic counter per node, kept by the pool.
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::health::{Health, HealthConfig, RAMP_FULL, Transition};
+use super::health::{Health, HealthConfig, RAMP_FULL, Standing, Transition};
 
 /// Longest node id, in bytes.
 pub const NODE_ID_MAX: usize = 8;
@@ -201,6 +207,77 @@ impl PeakEwma {
     }
 }
 
+/// A [`PeakEwma`] readable from any thread without a lock: its owner keeps
+/// the estimate (under whatever serialises its writers, one node's lock in a
+/// pool) and [`EwmaCell::publish`]es it after each update; readers get the
+/// estimate at their `now` as [`PeakEwma::get`] would.
+///
+/// An estimate `E` observed at `t` is worth `E·exp(−(now−t)/τ)` at `now`,
+/// that is `exp(K − now/τ)` with `K = ln E + t/τ`: one number, so the cell is
+/// one atomic and a reader can never see half of a publish. (`t` counts from
+/// the cell's epoch; after a year at τ = 1 s, `K` is about 3·10^7, which an
+/// f64 holds to 4·10^-9: the estimate stays exact to a few parts per billion.)
+#[derive(Debug)]
+pub struct EwmaCell {
+    /// `K` as f64 bits; `NEVER` until the first observation.
+    log_estimate: AtomicU64,
+    /// The estimate before any observation (it does not decay).
+    initial_ns: f64,
+    epoch: Instant,
+    decay_ns: f64,
+}
+
+impl EwmaCell {
+    /// A NaN that `ln` of a latency never yields.
+    const NEVER: u64 = u64::MAX;
+
+    /// A cell holding `ewma`, timing from `epoch` (times before it count as
+    /// `epoch`).
+    pub fn new(ewma: &PeakEwma, epoch: Instant) -> Self {
+        let cell = Self {
+            log_estimate: AtomicU64::new(Self::NEVER),
+            initial_ns: ewma.estimate_ns,
+            epoch,
+            decay_ns: ewma.decay_ns,
+        };
+        cell.publish(ewma);
+        cell
+    }
+
+    fn since_epoch(&self, t: Instant) -> f64 {
+        // In two f64 steps rather than through u128 nanoseconds: cheaper,
+        // and exact to the nanosecond for 104 days, to 1 ns in 2^53 beyond.
+        let d = t.saturating_duration_since(self.epoch);
+        d.as_secs() as f64 * 1e9 + f64::from(d.subsec_nanos())
+    }
+
+    /// Makes `ewma` what readers see. Called with the writers' lock held, so
+    /// publishes land in the order of the updates.
+    pub fn publish(&self, ewma: &PeakEwma) {
+        let bits = match ewma.updated {
+            Some(t) => (ewma.estimate_ns.ln() + self.since_epoch(t) / self.decay_ns).to_bits(),
+            None => Self::NEVER,
+        };
+        self.log_estimate.store(bits, Ordering::Relaxed);
+    }
+
+    /// The estimate at `now`, in nanoseconds. A `now` a little before the
+    /// last observation (another thread's clock read) sees it grown by
+    /// `exp(Δ/τ)`, a few parts per million for microseconds at τ = 10 s.
+    pub fn get_ns(&self, now: Instant) -> f64 {
+        let bits = self.log_estimate.load(Ordering::Relaxed);
+        if bits == Self::NEVER {
+            return self.initial_ns;
+        }
+        (f64::from_bits(bits) - self.since_epoch(now) / self.decay_ns).exp()
+    }
+
+    /// The estimate at `now`.
+    pub fn get(&self, now: Instant) -> Duration {
+        Duration::from_nanos(self.get_ns(now) as u64)
+    }
+}
+
 /// A snapshot of one node at one instant: what every balancer reads.
 ///
 /// A node's index is its position in the slice handed to the balancer.
@@ -266,6 +343,47 @@ impl NodeView {
             outstanding: 0,
             latency: Duration::ZERO,
             eligible: true,
+        }
+    }
+}
+
+/// What a pick reads of one node that only a transition changes: a `Copy`
+/// value a pool republishes when it changes (see [`Standing`]), from which
+/// [`NodeSnapshot::view`] computes everything time-based at `now`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeSnapshot {
+    pub id: NodeId,
+    pub priority: u32,
+    pub standing: Standing,
+}
+
+impl NodeSnapshot {
+    /// The view a balancer reads, at `now`, given the live figures kept apart
+    /// (requests outstanding, latency estimate).
+    #[inline]
+    pub fn view(&self, outstanding: u32, latency: Duration, now: Instant) -> NodeView {
+        NodeView {
+            id: self.id,
+            weight: self.standing.weight,
+            effective_weight: self.standing.effective_weight(now),
+            ramp: self.standing.ramp(now),
+            priority: self.priority,
+            outstanding,
+            latency,
+            eligible: self.standing.eligible(now),
+        }
+    }
+
+    /// The view while the pool is in panic (no node eligible): connected and
+    /// enabled nodes count as eligible at their full weight, whatever checks
+    /// and ejection say.
+    pub fn panic_view(&self, outstanding: u32, latency: Duration, now: Instant) -> NodeView {
+        let eligible = self.standing.panic_eligible();
+        NodeView {
+            effective_weight: if eligible { self.standing.weight } else { 0 },
+            ramp: RAMP_FULL,
+            eligible,
+            ..self.view(outstanding, latency, now)
         }
     }
 }
@@ -367,27 +485,28 @@ impl NodeState {
     /// eligible): connected and enabled nodes count as eligible at their full
     /// weight, whatever checks and ejection say.
     pub fn panic_view(&self, now: Instant) -> NodeView {
-        let eligible = self.health.panic_eligible();
-        NodeView {
-            effective_weight: if eligible { self.health.weight() } else { 0 },
-            ramp: RAMP_FULL,
-            eligible,
-            ..self.view(now)
-        }
+        self.snapshot()
+            .panic_view(self.outstanding, self.latency.get(now), now)
     }
 
     /// The snapshot the balancers read, evaluated at `now`.
     pub fn view(&self, now: Instant) -> NodeView {
-        NodeView {
+        self.snapshot()
+            .view(self.outstanding, self.latency.get(now), now)
+    }
+
+    /// The part of this node a shared pool publishes (see [`NodeSnapshot`]).
+    pub fn snapshot(&self) -> NodeSnapshot {
+        NodeSnapshot {
             id: self.id,
-            weight: self.health.weight(),
-            effective_weight: self.health.effective_weight(now),
-            ramp: self.health.ramp(now),
             priority: self.priority,
-            outstanding: self.outstanding,
-            latency: self.latency.get(now),
-            eligible: self.health.eligible(now),
+            standing: self.health.standing(),
         }
+    }
+
+    /// The latency estimate itself (to publish in an [`EwmaCell`]).
+    pub fn ewma(&self) -> &PeakEwma {
+        &self.latency
     }
 }
 
@@ -459,6 +578,88 @@ mod tests {
         });
         z.observe(Duration::from_millis(5), t0);
         assert!(z.get_ns(t0).is_finite());
+    }
+
+    #[test]
+    fn ewma_cell_reads_what_peak_ewma_says() {
+        let t0 = Instant::now();
+        let mut e = PeakEwma::new(EwmaConfig::default());
+        let cell = EwmaCell::new(&e, t0);
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * b.max(1.0);
+        assert!(close(cell.get_ns(t0), e.get_ns(t0)), "initial, no decay");
+        assert!(close(
+            cell.get_ns(t0 + Duration::from_secs(100)),
+            e.get_ns(t0 + Duration::from_secs(100))
+        ));
+        let mut now = t0;
+        for (k, ms) in [200u64, 10, 10, 80, 5].into_iter().enumerate() {
+            now += Duration::from_millis(300 * k as u64);
+            e.observe(Duration::from_millis(ms), now);
+            cell.publish(&e);
+            for later in [0u64, 1, 7_000, 60_000] {
+                let t = now + Duration::from_millis(later);
+                assert!(
+                    close(cell.get_ns(t), e.get_ns(t)),
+                    "after {ms} ms, +{later} ms"
+                );
+            }
+        }
+        assert_eq!(cell.get(now), e.get(now));
+    }
+
+    #[test]
+    fn ewma_cell_reads_whole_values_while_a_writer_publishes() {
+        // Two alternating states far apart: a reader sees one or the other,
+        // never a mix, however the threads interleave.
+        let t0 = Instant::now();
+        let mut slow = PeakEwma::new(EwmaConfig::default());
+        slow.observe(Duration::from_secs(1), t0 + Duration::from_secs(1));
+        let mut fast = PeakEwma::new(EwmaConfig::default());
+        fast.observe(Duration::from_micros(1), t0);
+        let cell = EwmaCell::new(&slow, t0);
+        let at = t0 + Duration::from_secs(1);
+        let (a, b) = (slow.get_ns(at), fast.get_ns(at));
+        let close = |x: f64, y: f64| (x - y).abs() <= 1e-6 * y;
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for k in 0..20_000 {
+                    cell.publish(if k % 2 == 0 { &fast } else { &slow });
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+            let mut reads = 0u64;
+            while !stop.load(Ordering::Relaxed) || reads < 1000 {
+                let v = cell.get_ns(at);
+                assert!(close(v, a) || close(v, b), "read {v}, want {a} or {b}");
+                reads += 1;
+            }
+        });
+    }
+
+    #[test]
+    fn snapshot_views_match_the_state() {
+        let t0 = Instant::now();
+        let mut n = NodeState::new(
+            "01".parse().unwrap(),
+            5,
+            2,
+            HealthConfig::default(),
+            EwmaConfig::default(),
+        );
+        let _ = n.health_mut().set_connected(true, t0);
+        let _ = n.health_mut().set_connected(false, t0);
+        let _ = n
+            .health_mut()
+            .set_connected(true, t0 + Duration::from_secs(1));
+        n.dispatched();
+        let snap = n.snapshot();
+        for s in [0u64, 1, 3, 11] {
+            let t = t0 + Duration::from_secs(s);
+            let latency = n.latency(t);
+            assert_eq!(snap.view(1, latency, t), n.view(t));
+            assert_eq!(snap.panic_view(1, latency, t), n.panic_view(t));
+        }
     }
 
     #[test]

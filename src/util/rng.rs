@@ -125,9 +125,58 @@ impl Rng {
     }
 }
 
+/// The same SplitMix64 stream as [`Rng`], drawn from any number of threads
+/// at once without a lock: SplitMix64's state only ever advances by a fixed
+/// step, so one atomic add hands each draw its own state. Seeded alike, the
+/// draws are those of an [`Rng`] (in whatever order the threads take them).
+#[derive(Debug)]
+pub struct SharedRng {
+    state: AtomicU64,
+}
+
+impl SharedRng {
+    pub fn new(seed: u64) -> Self {
+        Self {
+            state: AtomicU64::new(seed),
+        }
+    }
+
+    /// The next 64 random bits.
+    #[inline]
+    pub fn next_u64(&self) -> u64 {
+        mix64(
+            self.state
+                .fetch_add(GOLDEN, Ordering::Relaxed)
+                .wrapping_add(GOLDEN),
+        )
+    }
+
+    /// A number in `0..n`, as [`Rng::below`].
+    #[inline]
+    pub fn below(&self, n: usize) -> usize {
+        ((u128::from(self.next_u64()) * n as u128) >> 64) as usize
+    }
+}
+
+impl Clone for SharedRng {
+    fn clone(&self) -> Self {
+        Self::new(self.state.load(Ordering::Relaxed))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_rng_draws_the_same_stream() {
+        let mut a = Rng::new(7);
+        let b = SharedRng::new(7);
+        for n in [1usize, 2, 3, 10, 1000] {
+            assert_eq!(a.next_u64(), b.next_u64());
+            assert_eq!(a.below(n), b.below(n));
+        }
+    }
 
     #[test]
     fn same_seed_same_sequence() {
