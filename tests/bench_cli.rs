@@ -55,16 +55,24 @@ async fn bench_prints_its_rows_and_summary_lines() {
     for label in ["(a) direct to one node", "(c) isoswitch per message"] {
         let cols = row(label);
         // target, sent/s, approved/s, declined, errors/timeouts, p50, p99,
-        // p99.9, CPU µs/msg, CPU %.
-        assert_eq!(cols.len(), 10, "{cols:?}");
+        // p99.9, CPU µs/msg, CPU %, user % of it, context switches/msg.
+        assert_eq!(cols.len(), 12, "{cols:?}");
         let approved: f64 = cols[2].parse().unwrap();
         assert!(approved > 0.0, "{cols:?}");
         assert_eq!(cols[3], "0", "declined: {cols:?}");
         assert_eq!(cols[4], "0", "errors: {cols:?}");
     }
     // The switch's CPU per message is read from its process; direct has none.
-    assert_eq!(row("(a) direct to one node")[8], "-");
-    assert!(row("(c) isoswitch per message")[8].parse::<f64>().is_ok());
+    assert_eq!(row("(a) direct to one node")[8..], ["-", "-", "-", "-"]);
+    let switch = row("(c) isoswitch per message");
+    for (col, what) in [(8, "CPU µs/msg"), (10, "user %"), (11, "switches/msg")] {
+        let v: f64 = switch[col]
+            .parse()
+            .unwrap_or_else(|_| panic!("{what}: {switch:?}"));
+        assert!(v >= 0.0, "{what}: {switch:?}");
+    }
+    let user: f64 = switch[10].parse().unwrap();
+    assert!(user <= 100.0, "user share: {switch:?}");
     for key in [
         "cpu_us_per_msg.switch@500 = ",
         "p99_us.direct@500 = ",
