@@ -21,8 +21,11 @@ use crate::wire::prefix::split_frame;
 
 /// How often buffered packets reach the file and drops are reported.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
-/// How often the writer drains its queue.
-const DRAIN_EVERY: Duration = Duration::from_millis(10);
+/// How often the writer drains its queue and takes the connections' staged
+/// batches. Each pass wakes a thread (a visible cost on a virtual machine);
+/// the copies wait in their connection's batch meanwhile, never on the
+/// message path.
+const DRAIN_EVERY: Duration = Duration::from_millis(50);
 /// Dropped events are logged at most this often.
 const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -93,6 +96,28 @@ fn packets(
         pos = end;
     }
     out
+}
+
+/// Writes `bytes` as one packet per chunk (as it was read or written, with
+/// its time), built in the reused `packet`. The file was chosen before the
+/// sequence numbers moved ([`Recorder::data`]).
+fn write_chunks(
+    flow: &mut TcpFlow,
+    from_client: bool,
+    (bytes, chunks): (&[u8], &[(usize, SystemTime)]),
+    packet: &mut Vec<u8>,
+    files: &mut RotatingFiles,
+) -> Result<(), super::file::FileError> {
+    let mut pos = 0;
+    for &(c, at) in chunks {
+        let end = (pos + c).min(bytes.len());
+        for piece in bytes[pos..end].chunks(MAX_SEGMENT) {
+            flow.data_into(from_client, piece, packet);
+            files.write(at, packet)?;
+        }
+        pos = end;
+    }
+    Ok(())
 }
 
 struct Conn {
@@ -261,12 +286,15 @@ impl Recorder {
             );
             let gap = offset - d.next_offset;
             let chunks = d.take_chunks(flushed.len(), at);
-            let packets = packets(&mut c.flow, from_client, &flushed, &chunks);
-            c.flow.skip(from_client, gap);
             d.lost_sync = true;
-            for (at, p) in packets {
-                self.files.write(at, &p)?;
-            }
+            write_chunks(
+                &mut c.flow,
+                from_client,
+                (&flushed, &chunks),
+                &mut self.packet,
+                &mut self.files,
+            )?;
+            c.flow.skip(from_client, gap);
         }
         let Some(c) = self.conns.get_mut(&conn) else {
             return Ok(());
@@ -317,8 +345,13 @@ impl Recorder {
         );
         if !ready.is_empty() {
             let chunks = d.take_chunks(ready.len(), at);
-            let packets = packets(&mut c.flow, from_client, &ready, &chunks);
-            self.write_all(at, packets)?;
+            write_chunks(
+                &mut c.flow,
+                from_client,
+                (&ready, &chunks),
+                &mut self.packet,
+                &mut self.files,
+            )?;
         }
         Ok(())
     }
@@ -375,21 +408,6 @@ impl Recorder {
 
     pub fn files(&self) -> Vec<std::path::PathBuf> {
         self.files.files()
-    }
-
-    fn write_all(
-        &mut self,
-        at: SystemTime,
-        packets: Vec<(SystemTime, Vec<u8>)>,
-    ) -> Result<(), super::file::FileError> {
-        if packets.is_empty() {
-            return Ok(());
-        }
-        self.ensure_file(at)?;
-        for (at, p) in packets {
-            self.files.write(at, &p)?;
-        }
-        Ok(())
     }
 
     /// Opens the first or next file; a new file starts with the handshake of
