@@ -124,7 +124,9 @@ pub struct CaptureConfig {
     /// systems only: logged as a warning at start).
     #[serde(default)]
     pub clear: bool,
-    /// Capture events queued for the writer; past it they are dropped and counted.
+    /// Notices queued for the writer, and reads/writes a connection direction
+    /// stages between two passes of it; past either, copies are dropped and
+    /// counted.
     #[serde(default = "defaults::capture_queue")]
     pub queue: usize,
 }

@@ -2,9 +2,10 @@
 //!
 //! - Writing: each connection of a capturing service gets a [`ConnTap`]; its
 //!   reading and writing halves are wrapped in [`Tapped`], which copies what
-//!   was actually read or written into a bounded queue (never waiting: a full
-//!   queue drops and counts). One writer task per service ([`writer::run`])
-//!   masks the messages ([`mask`]), wraps the bytes in synthetic
+//!   was actually read or written into the connection's bounded [`Staged`]
+//!   batch (never waiting: past its bound a copy is dropped and counted) and
+//!   queues one notice per batch. One writer task per service
+//!   ([`writer::run`]) takes the batches, masks the messages ([`mask`]), wraps the bytes in synthetic
 //!   Ethernet/IP/TCP packets with the connection's real addresses ([`tcp`]) and
 //!   writes rotating pcapng files ([`file`]).
 //! - Reading: [`read`] takes pcap or pcapng (isoswitch, tcpdump, Wireshark),
@@ -21,4 +22,4 @@ pub mod tap;
 pub mod tcp;
 pub mod writer;
 
-pub use tap::{Capture, ConnTap, Event, Opened, Tapped};
+pub use tap::{Capture, ConnTap, Event, Opened, Staged, Tapped};

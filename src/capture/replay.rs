@@ -627,6 +627,7 @@ impl Rec {
                 client,
                 server,
                 at: SystemTime::now(),
+                staged: None,
             });
         }
         rec

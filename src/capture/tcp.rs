@@ -72,6 +72,18 @@ impl TcpFlow {
             .collect()
     }
 
+    /// One data packet for `payload` (at most [`MAX_SEGMENT`] bytes) built
+    /// into `out` (cleared first), so that a writer can reuse one buffer for
+    /// every packet. Returns where the payload starts in `out`.
+    pub fn data_into(&mut self, from_client: bool, payload: &[u8], out: &mut Vec<u8>) -> usize {
+        let payload = &payload[..payload.len().min(MAX_SEGMENT)];
+        let (seq, ack) = self.numbers(from_client);
+        out.clear();
+        self.packet_into(from_client, Flags::Data, seq, ack, payload, out);
+        self.advance(from_client, payload.len() as u32);
+        out.len() - payload.len()
+    }
+
     /// Bytes one side sent that the capture lost: the sequence number moves on
     /// without a packet, as a real capture that missed a segment.
     pub fn skip(&mut self, from_client: bool, len: u64) {
@@ -116,6 +128,20 @@ impl TcpFlow {
         ack: u32,
         payload: &[u8],
     ) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.packet_into(from_client, flags, seq, ack, payload, &mut out);
+        out
+    }
+
+    fn packet_into(
+        &self,
+        from_client: bool,
+        flags: Flags,
+        seq: u32,
+        ack: u32,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) {
         let (src, dst, smac, dmac) = if from_client {
             (self.client, self.server, CLIENT_MAC, SERVER_MAC)
         } else {
@@ -137,7 +163,7 @@ impl TcpFlow {
         // check it by default (a zero checksum means "not computed"; the
         // stream reassembles the same). The IPv4 header checksum is kept.
         let tcp_len = tcp.header_len() + payload.len();
-        let mut out = Vec::with_capacity(14 + 40 + tcp_len);
+        out.reserve(14 + 40 + tcp_len);
         let v4 = match (src.ip(), dst.ip()) {
             (IpAddr::V4(s), IpAddr::V4(d)) => Some((s.octets(), d.octets())),
             _ => None,
@@ -157,7 +183,7 @@ impl TcpFlow {
         match v4 {
             Some((s, d)) => {
                 if let Ok(ip) = Ipv4Header::new(tcp_len as u16, TTL, IpNumber::TCP, s, d) {
-                    let _ = ip.write(&mut out);
+                    let _ = ip.write(out);
                 }
             }
             None => {
@@ -170,12 +196,11 @@ impl TcpFlow {
                     source: v6(src.ip()),
                     destination: v6(dst.ip()),
                 };
-                let _ = ip.write(&mut out);
+                let _ = ip.write(out);
             }
         }
-        let _ = tcp.write(&mut out);
+        let _ = tcp.write(out);
         out.extend_from_slice(payload);
-        out
     }
 }
 
@@ -230,6 +255,20 @@ mod tests {
         assert_eq!(big.len(), 2);
         let fin = f.close();
         assert!(tcp(&fin[0]).3 && tcp(&fin[1]).3);
+    }
+
+    #[test]
+    fn a_packet_built_into_a_reused_buffer_is_the_same_packet() {
+        let c: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let s: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+        let (mut a, mut b) = (TcpFlow::new(c, s, 9), TcpFlow::new(c, s, 9));
+        let mut buf = vec![0xAA; 3];
+        for (from_client, payload) in [(true, &b"request"[..]), (false, b"answer"), (true, b"x")] {
+            let at = b.data_into(from_client, payload, &mut buf);
+            assert_eq!(a.data(from_client, payload), vec![buf.clone()]);
+            assert_eq!(&buf[at..], payload);
+        }
+        assert_eq!(a.close(), b.close(), "both flows moved on alike");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! runs off the message path; the taps only ever `try_send` to it.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
@@ -12,16 +13,19 @@ use tokio::sync::{mpsc, watch};
 
 use super::file::{RotatingFiles, Rotation};
 use super::mask::{MaskedFields, blank_payload, mask_payload_with};
-use super::tap::Event;
-use super::tcp::TcpFlow;
+use super::tap::{Batch, Event, Segment, Staged};
+use super::tcp::{MAX_SEGMENT, TcpFlow};
 use crate::iso8583::Spec;
 use crate::link::Service;
 use crate::wire::prefix::split_frame;
 
 /// How often buffered packets reach the file and drops are reported.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
-/// How often the writer drains its queue.
-const DRAIN_EVERY: Duration = Duration::from_millis(10);
+/// How often the writer drains its queue and takes the connections' staged
+/// batches. Each pass wakes a thread (a visible cost on a virtual machine);
+/// the copies wait in their connection's batch meanwhile, never on the
+/// message path.
+const DRAIN_EVERY: Duration = Duration::from_millis(50);
 /// Dropped events are logged at most this often.
 const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -46,25 +50,27 @@ struct Direction {
     /// Sizes of the reads/writes `pending` came in: the capture keeps the
     /// connection's real segmentation (a frame split across two reads shows
     /// as two segments).
-    chunks: std::collections::VecDeque<usize>,
+    /// With each, when it was read or written: a packet keeps its own time
+    /// even when it waits for the rest of its frame.
+    chunks: std::collections::VecDeque<(usize, SystemTime)>,
 }
 
 impl Direction {
     /// The sizes of the next `n` bytes as they came.
-    fn take_chunks(&mut self, n: usize) -> Vec<usize> {
+    fn take_chunks(&mut self, n: usize, now: SystemTime) -> Vec<(usize, SystemTime)> {
         let mut out = Vec::new();
         let mut left = n;
         while left > 0 {
-            let Some(c) = self.chunks.pop_front() else {
-                out.push(left);
+            let Some((c, at)) = self.chunks.pop_front() else {
+                out.push((left, now));
                 break;
             };
             if c > left {
-                self.chunks.push_front(c - left);
-                out.push(left);
+                self.chunks.push_front((c - left, at));
+                out.push((left, at));
                 break;
             }
-            out.push(c);
+            out.push((c, at));
             left -= c;
         }
         out
@@ -72,20 +78,78 @@ impl Direction {
 }
 
 /// Packets for `bytes`, one per original chunk.
-fn packets(flow: &mut TcpFlow, from_client: bool, bytes: &[u8], chunks: &[usize]) -> Vec<Vec<u8>> {
+fn packets(
+    flow: &mut TcpFlow,
+    from_client: bool,
+    bytes: &[u8],
+    chunks: &[(usize, SystemTime)],
+) -> Vec<(SystemTime, Vec<u8>)> {
     let mut out = Vec::new();
-    let mut at = 0;
-    for &c in chunks {
-        let end = (at + c).min(bytes.len());
-        out.extend(flow.data(from_client, &bytes[at..end]));
-        at = end;
+    let mut pos = 0;
+    for &(c, at) in chunks {
+        let end = (pos + c).min(bytes.len());
+        out.extend(
+            flow.data(from_client, &bytes[pos..end])
+                .into_iter()
+                .map(|p| (at, p)),
+        );
+        pos = end;
     }
     out
+}
+
+/// Writes `bytes` as one packet per chunk (as it was read or written, with
+/// its time), built in the reused `packet`. The file was chosen before the
+/// sequence numbers moved ([`Recorder::data`]).
+fn write_chunks(
+    flow: &mut TcpFlow,
+    from_client: bool,
+    (bytes, chunks): (&[u8], &[(usize, SystemTime)]),
+    packet: &mut Vec<u8>,
+    files: &mut RotatingFiles,
+) -> Result<(), super::file::FileError> {
+    let mut pos = 0;
+    for &(c, at) in chunks {
+        let end = (pos + c).min(bytes.len());
+        for piece in bytes[pos..end].chunks(MAX_SEGMENT) {
+            flow.data_into(from_client, piece, packet);
+            files.write(at, packet)?;
+        }
+        pos = end;
+    }
+    Ok(())
 }
 
 struct Conn {
     flow: TcpFlow,
     dirs: [Direction; 2],
+    /// Where the connection's taps stage their copies.
+    staged: Option<Arc<Staged>>,
+}
+
+/// The writer's connections by ID. The IDs are the switch's own sequence
+/// numbers (no input chooses them), so one multiply spreads them as well as
+/// SipHash, which was a visible share of the writer's time with a look-up
+/// per read or write.
+type ConnMap = HashMap<u64, Conn, BuildHasherDefault<ConnIdHasher>>;
+
+#[derive(Default)]
+struct ConnIdHasher(u64);
+
+impl Hasher for ConnIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(self.0.rotate_left(8) ^ u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 /// Events to packets, for one service; separate from the task for tests.
@@ -94,9 +158,13 @@ pub struct Recorder {
     masked: MaskedFields,
     clear: bool,
     files: RotatingFiles,
-    conns: HashMap<u64, Conn>,
+    conns: ConnMap,
     /// Messages that could not be read for masking and were blanked.
     pub blanked: u64,
+    /// Every data packet is built here, then written (no allocation per packet).
+    packet: Vec<u8>,
+    /// The frames found in the read or write at hand: `(start, end, masked)`.
+    frames: Vec<(usize, usize, bool)>,
 }
 
 impl Recorder {
@@ -106,8 +174,10 @@ impl Recorder {
             spec,
             clear: cfg.clear,
             files: RotatingFiles::new(cfg.rotation.clone())?,
-            conns: HashMap::new(),
+            conns: ConnMap::default(),
             blanked: 0,
+            packet: Vec::new(),
+            frames: Vec::new(),
         })
     }
 
@@ -118,8 +188,10 @@ impl Recorder {
             spec,
             clear,
             files: RotatingFiles::single(path),
-            conns: HashMap::new(),
+            conns: ConnMap::default(),
             blanked: 0,
+            packet: Vec::new(),
+            frames: Vec::new(),
         }
     }
 
@@ -131,6 +203,7 @@ impl Recorder {
                 client,
                 server,
                 at,
+                staged,
             } => {
                 let flow = TcpFlow::new(client, server, (conn as u32).wrapping_mul(0x0100_0193));
                 self.ensure_file(at)?;
@@ -142,6 +215,7 @@ impl Recorder {
                     Conn {
                         flow,
                         dirs: Default::default(),
+                        staged,
                     },
                 );
             }
@@ -151,83 +225,164 @@ impl Recorder {
                 offset,
                 bytes,
                 at,
-            } => {
-                if !self.conns.contains_key(&conn) {
-                    return Ok(());
-                }
-                // Rotate before the sequence numbers move: a new file's
-                // handshakes must start where this event's packets start.
-                self.ensure_file(at)?;
-                let Some(c) = self.conns.get_mut(&conn) else {
-                    return Ok(());
-                };
-                let d = &mut c.dirs[usize::from(from_client)];
-                if offset > d.next_offset {
-                    // Events were dropped: leave a gap, as a lossy capture does.
-                    let (flushed, _) = take_ready(
-                        &self.spec,
-                        &self.masked,
-                        d,
-                        self.clear,
-                        true,
-                        &mut self.blanked,
-                    );
-                    let gap = offset - d.next_offset;
-                    let chunks = d.take_chunks(flushed.len());
-                    let packets = packets(&mut c.flow, from_client, &flushed, &chunks);
-                    c.flow.skip(from_client, gap);
-                    d.lost_sync = true;
-                    self.write_all(at, packets)?;
-                }
-                let Some(c) = self.conns.get_mut(&conn) else {
-                    return Ok(());
-                };
-                let d = &mut c.dirs[usize::from(from_client)];
-                d.next_offset = offset + bytes.len() as u64;
-                d.pending.extend_from_slice(&bytes);
-                d.chunks.push_back(bytes.len());
-                let (ready, _) = take_ready(
-                    &self.spec,
-                    &self.masked,
-                    d,
-                    self.clear,
-                    false,
-                    &mut self.blanked,
-                );
-                if !ready.is_empty() {
-                    let chunks = d.take_chunks(ready.len());
-                    let packets = packets(&mut c.flow, from_client, &ready, &chunks);
-                    self.write_all(at, packets)?;
-                }
-            }
+            } => self.data(conn, from_client, offset, &bytes, at)?,
+            Event::Ready { conn } => self.take_staged(conn)?,
             Event::Close { conn, at } => {
-                if let Some(mut c) = self.conns.remove(&conn) {
-                    let mut packets = Vec::new();
-                    for from_client in [true, false] {
-                        let d = &mut c.dirs[usize::from(from_client)];
-                        let (rest, _) = take_ready(
-                            &self.spec,
-                            &self.masked,
-                            d,
-                            self.clear,
-                            true,
-                            &mut self.blanked,
-                        );
-                        let chunks = d.take_chunks(rest.len());
-                        packets.extend(self::packets(&mut c.flow, from_client, &rest, &chunks));
-                    }
-                    packets.extend(c.flow.close());
-                    // The last bytes and FINs stay in the file the connection
-                    // is in, even past its size: a file of FINs alone would
-                    // reassemble nothing.
-                    if !self.files.has_file() {
-                        self.files.rotate(at)?;
-                    }
-                    for p in packets {
-                        self.files.write(at, &p)?;
-                    }
-                }
+                self.take_staged(conn)?;
+                self.close(conn, at)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Writes what a connection's taps staged: both directions together, in
+    /// the order they happened, each read or write its own packet with its
+    /// own time.
+    fn take_staged(&mut self, conn: u64) -> Result<(), super::file::FileError> {
+        let Some(staged) = self.conns.get(&conn).and_then(|c| c.staged.clone()) else {
+            return Ok(());
+        };
+        let batch = staged.take();
+        let result = self.write_batch(conn, &batch);
+        staged.give_back(batch);
+        result
+    }
+
+    fn write_batch(&mut self, conn: u64, batch: &Batch) -> Result<(), super::file::FileError> {
+        for (from_client, seg, bytes) in in_time_order(batch) {
+            self.data(conn, from_client, seg.offset, bytes, seg.at)?;
+        }
+        Ok(())
+    }
+
+    /// One read or write of a connection.
+    fn data(
+        &mut self,
+        conn: u64,
+        from_client: bool,
+        offset: u64,
+        bytes: &[u8],
+        at: SystemTime,
+    ) -> Result<(), super::file::FileError> {
+        if !self.conns.contains_key(&conn) {
+            return Ok(());
+        }
+        // Rotate before the sequence numbers move: a new file's
+        // handshakes must start where this event's packets start.
+        self.ensure_file(at)?;
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return Ok(());
+        };
+        let d = &mut c.dirs[usize::from(from_client)];
+        if offset > d.next_offset {
+            // Events were dropped: leave a gap, as a lossy capture does.
+            let (flushed, _) = take_ready(
+                &self.spec,
+                &self.masked,
+                d,
+                self.clear,
+                true,
+                &mut self.blanked,
+            );
+            let gap = offset - d.next_offset;
+            let chunks = d.take_chunks(flushed.len(), at);
+            d.lost_sync = true;
+            write_chunks(
+                &mut c.flow,
+                from_client,
+                (&flushed, &chunks),
+                &mut self.packet,
+                &mut self.files,
+            )?;
+            c.flow.skip(from_client, gap);
+        }
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return Ok(());
+        };
+        let d = &mut c.dirs[usize::from(from_client)];
+        d.next_offset = offset + bytes.len() as u64;
+        // The usual case: nothing pending and the read or write holds whole
+        // frames. They are masked in the packet being built, with no copy
+        // kept in between.
+        if d.pending.is_empty() && !d.lost_sync {
+            let whole = whole_frames(&self.spec, bytes, &mut self.frames);
+            if let Some(cut) = whole.filter(|&n| n <= MAX_SEGMENT) {
+                if cut > 0 {
+                    let start = c
+                        .flow
+                        .data_into(from_client, &bytes[..cut], &mut self.packet);
+                    if !self.clear {
+                        let payload = &mut self.packet[start..];
+                        for &(from, to, masked) in &self.frames {
+                            if masked {
+                                mask_or_blank(
+                                    &self.spec,
+                                    &self.masked,
+                                    &mut payload[from..to],
+                                    &mut self.blanked,
+                                );
+                            }
+                        }
+                    }
+                    self.files.write(at, &self.packet)?;
+                }
+                if cut < bytes.len() {
+                    d.pending.extend_from_slice(&bytes[cut..]);
+                    d.chunks.push_back((bytes.len() - cut, at));
+                }
+                return Ok(());
+            }
+        }
+        d.pending.extend_from_slice(bytes);
+        d.chunks.push_back((bytes.len(), at));
+        let (ready, _) = take_ready(
+            &self.spec,
+            &self.masked,
+            d,
+            self.clear,
+            false,
+            &mut self.blanked,
+        );
+        if !ready.is_empty() {
+            let chunks = d.take_chunks(ready.len(), at);
+            write_chunks(
+                &mut c.flow,
+                from_client,
+                (&ready, &chunks),
+                &mut self.packet,
+                &mut self.files,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn close(&mut self, conn: u64, at: SystemTime) -> Result<(), super::file::FileError> {
+        let Some(mut c) = self.conns.remove(&conn) else {
+            return Ok(());
+        };
+        let mut packets = Vec::new();
+        for from_client in [true, false] {
+            let d = &mut c.dirs[usize::from(from_client)];
+            let (rest, _) = take_ready(
+                &self.spec,
+                &self.masked,
+                d,
+                self.clear,
+                true,
+                &mut self.blanked,
+            );
+            let chunks = d.take_chunks(rest.len(), at);
+            packets.extend(self::packets(&mut c.flow, from_client, &rest, &chunks));
+        }
+        packets.extend(c.flow.close().into_iter().map(|p| (at, p)));
+        // The last bytes and FINs stay in the file the connection
+        // is in, even past its size: a file of FINs alone would
+        // reassemble nothing.
+        if !self.files.has_file() {
+            self.files.rotate(at)?;
+        }
+        for (at, p) in packets {
+            self.files.write(at, &p)?;
         }
         Ok(())
     }
@@ -253,21 +408,6 @@ impl Recorder {
 
     pub fn files(&self) -> Vec<std::path::PathBuf> {
         self.files.files()
-    }
-
-    fn write_all(
-        &mut self,
-        at: SystemTime,
-        packets: Vec<Vec<u8>>,
-    ) -> Result<(), super::file::FileError> {
-        if packets.is_empty() {
-            return Ok(());
-        }
-        self.ensure_file(at)?;
-        for p in packets {
-            self.files.write(at, &p)?;
-        }
-        Ok(())
     }
 
     /// Opens the first or next file; a new file starts with the handshake of
@@ -311,11 +451,7 @@ fn take_ready(
                     let start = cut + framing.prefix.len();
                     let end = cut + f.consumed;
                     if !clear && !f.header.session_control && end > start {
-                        let payload = &mut d.pending[start..end];
-                        if mask_payload_with(spec, masked, payload).is_err() {
-                            blank_payload(payload);
-                            *blanked += 1;
-                        }
+                        mask_or_blank(spec, masked, &mut d.pending[start..end], blanked);
                     }
                     cut = end;
                     frames += 1;
@@ -335,6 +471,66 @@ fn take_ready(
         cut = d.pending.len();
     }
     (d.pending.split_to(cut), frames)
+}
+
+/// The segments of both directions of a batch, oldest first (a stable
+/// merge: each direction is already in order).
+fn in_time_order(batch: &Batch) -> impl Iterator<Item = (bool, &Segment, &[u8])> {
+    let [server, client] = &batch.dirs;
+    let (mut i, mut j, mut at_i, mut at_j) = (0, 0, 0usize, 0usize);
+    std::iter::from_fn(move || {
+        let next_client = match (client.segments.get(i), server.segments.get(j)) {
+            (Some(c), Some(s)) => c.at <= s.at,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => return None,
+        };
+        let (d, k, pos) = if next_client {
+            (client, &mut i, &mut at_i)
+        } else {
+            (server, &mut j, &mut at_j)
+        };
+        let seg = &d.segments[*k];
+        let end = (*pos + seg.len as usize).min(d.bytes.len());
+        let bytes = &d.bytes[(*pos).min(end)..end];
+        *k += 1;
+        *pos = end;
+        Some((next_client, seg, bytes))
+    })
+}
+
+/// How many bytes at the front of `bytes` are whole frames, each listed in
+/// `frames` as `(payload start, end, whether it is a message to mask)`; or
+/// `None` when a length prefix cannot be read (the caller then takes the
+/// slow path, which loses sync the same way as ever).
+fn whole_frames(
+    spec: &Spec,
+    bytes: &[u8],
+    frames: &mut Vec<(usize, usize, bool)>,
+) -> Option<usize> {
+    let framing = spec.framing();
+    frames.clear();
+    let mut cut = 0;
+    loop {
+        match split_frame(framing.prefix, &bytes[cut..], framing.max_frame) {
+            Ok(Some(f)) => {
+                let start = cut + framing.prefix.len();
+                let end = cut + f.consumed;
+                frames.push((start, end, !f.header.session_control && end > start));
+                cut = end;
+            }
+            Ok(None) => return Some(cut),
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Masks one message payload in place; one the spec cannot read is blanked.
+fn mask_or_blank(spec: &Spec, masked: &MaskedFields, payload: &mut [u8], blanked: &mut u64) {
+    if mask_payload_with(spec, masked, payload).is_err() {
+        blank_payload(payload);
+        *blanked += 1;
+    }
 }
 
 /// The writer task: runs until `shutdown`, then records what is still queued,
@@ -558,6 +754,7 @@ mod tests {
             client: "127.0.0.1:40000".parse().unwrap(),
             server: "127.0.0.1:5000".parse().unwrap(),
             at: SystemTime::now(),
+            staged: None,
         })
         .unwrap();
     }
@@ -627,6 +824,124 @@ mod tests {
             .payload
             .clone();
         assert!(after.iter().all(|&b| b == 0), "after a gap: blanked");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    const PAN: &[u8] = b"6222021234567890123";
+
+    fn ms(n: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_millis(n)
+    }
+
+    fn contains(hay: &[u8], needle: &[u8]) -> bool {
+        hay.windows(needle.len()).any(|w| w == needle)
+    }
+
+    #[test]
+    fn a_staged_batch_keeps_each_reads_packet_and_time_in_order_and_the_close_last() {
+        let dir = temp_dir("batch");
+        let spec = Spec::builtin("iso87ascii").unwrap();
+        let mut r = recorder(&dir, 1 << 20, 4);
+        let (a, b, answer) = (framed(&spec, 1), framed(&spec, 2), framed(&spec, 3));
+        assert!(contains(&a, PAN), "the sample carries the PAN");
+        let staged = Arc::new(Staged::new(64));
+        r.record(Event::Open {
+            conn: 3,
+            client: "127.0.0.1:40000".parse().unwrap(),
+            server: "127.0.0.1:5000".parse().unwrap(),
+            at: ms(0),
+            staged: Some(Arc::clone(&staged)),
+        })
+        .unwrap();
+        // A request split over two reads, an answer in between (by time),
+        // a second request whole.
+        staged.push(true, 0, &a[..10], ms(1));
+        staged.push(true, 10, &a[10..], ms(3));
+        staged.push(false, 0, &answer, ms(2));
+        staged.push(true, a.len() as u64, &b, ms(4));
+        r.record(Event::Ready { conn: 3 }).unwrap();
+        // Staged after the last `Ready`: the close takes it before the FINs.
+        staged.push(false, answer.len() as u64, &answer, ms(5));
+        r.record(Event::Close { conn: 3, at: ms(6) }).unwrap();
+        assert_eq!(r.open_connections(), 0);
+        r.finish().unwrap();
+
+        let files = super::super::file::list(&dir, "isoswitch-t").unwrap();
+        let p = read::read_file(&files[0]).unwrap();
+        let data: Vec<(u64, usize, bool)> = p
+            .segments
+            .iter()
+            .filter(|s| !s.payload.is_empty())
+            .map(|s| {
+                (
+                    s.at.as_millis() as u64,
+                    s.payload.len(),
+                    s.src.port() == 40000,
+                )
+            })
+            .collect();
+        // The first read of the split request waits for the rest of its
+        // frame (masking needs the whole message), so it follows the answer
+        // in the file, with its own time.
+        assert_eq!(
+            data,
+            [
+                (2, answer.len(), false),
+                (1, 10, true),
+                (3, a.len() - 10, true),
+                (4, b.len(), true),
+                (5, answer.len(), false),
+            ],
+            "one packet per read or write, each with its own time"
+        );
+        let last_data = p
+            .segments
+            .iter()
+            .rposition(|s| !s.payload.is_empty())
+            .unwrap();
+        let first_fin = p.segments.iter().position(|s| s.fin).unwrap();
+        assert!(
+            last_data < first_fin,
+            "the close comes after every staged byte"
+        );
+        let c = read::connections(&p.segments);
+        let (frames, cut) = read::frames(&spec, &c[0].to_server);
+        assert!(cut.is_none());
+        assert_eq!(frames.len(), 2);
+        assert_eq!(c[0].to_server.bytes.len(), a.len() + b.len());
+        let all: Vec<u8> = p.segments.iter().flat_map(|s| s.payload.clone()).collect();
+        assert!(
+            !contains(&all, PAN),
+            "masked on both paths (split and whole)"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_read_ending_inside_a_frame_writes_the_whole_frames_and_keeps_the_rest() {
+        let dir = temp_dir("partial");
+        let spec = Spec::builtin("iso87ascii").unwrap();
+        let mut r = recorder(&dir, 1 << 20, 4);
+        open(&mut r, 4);
+        let (a, b) = (framed(&spec, 1), framed(&spec, 2));
+        let both: Vec<u8> = a.iter().chain(&b).copied().collect();
+        let cut = a.len() + 7;
+        data(&mut r, 4, 0, &both[..cut]);
+        data(&mut r, 4, cut as u64, &both[cut..]);
+        r.finish().unwrap();
+        let files = super::super::file::list(&dir, "isoswitch-t").unwrap();
+        let p = read::read_file(&files[0]).unwrap();
+        let sizes: Vec<usize> = p
+            .segments
+            .iter()
+            .filter(|s| !s.payload.is_empty())
+            .map(|s| s.payload.len())
+            .collect();
+        assert_eq!(sizes, [a.len(), 7, b.len() - 7]);
+        let c = read::connections(&p.segments);
+        let (frames, cut) = read::frames(&spec, &c[0].to_server);
+        assert!(cut.is_none() && frames.len() == 2);
+        assert!(!contains(&c[0].to_server.bytes, PAN));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
