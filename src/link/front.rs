@@ -240,13 +240,7 @@ async fn serve_client(
         match item {
             Some(Ok(Frame::Message(payload))) => {
                 let keep = match &service.oneconnect {
-                    Some(oc) => super::oneconnect::on_request(
-                        &service,
-                        oc,
-                        &client,
-                        payload,
-                        now,
-                    ),
+                    Some(oc) => super::oneconnect::on_request(&service, oc, &client, payload, now),
                     None => service.on_request(&client, payload, now),
                 };
                 if !keep {
