@@ -451,6 +451,15 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// Every algorithm, for the tests that hold for all of them.
+    const ALGORITHMS: [Algorithm; 5] = [
+        Algorithm::RoundRobin,
+        Algorithm::Weighted,
+        Algorithm::LeastOutstanding,
+        Algorithm::PeakEwma,
+        Algorithm::Sticky,
+    ];
     use crate::route::node::NodeId;
 
     fn id(n: usize) -> NodeId {
@@ -513,13 +522,7 @@ mod tests {
         let mut nodes = pool(&[1, 1]);
         nodes[0].eligible = false;
         nodes[1].effective_weight = 0;
-        for a in [
-            Algorithm::RoundRobin,
-            Algorithm::Weighted,
-            Algorithm::LeastOutstanding,
-            Algorithm::PeakEwma,
-            Algorithm::Sticky,
-        ] {
+        for a in ALGORITHMS {
             let mut b = balancer(a);
             assert_eq!(b.pick(&nodes, Some(b"k")), None);
             assert_eq!(b.pick_in(&nodes, &[0, 1, 99], Some(b"k")), None);
@@ -855,13 +858,7 @@ mod tests {
     #[test]
     fn pick_in_restricts_to_the_subset() {
         let nodes = pool(&[1, 1, 1, 1]);
-        for a in [
-            Algorithm::RoundRobin,
-            Algorithm::Weighted,
-            Algorithm::LeastOutstanding,
-            Algorithm::PeakEwma,
-            Algorithm::Sticky,
-        ] {
+        for a in ALGORITHMS {
             let mut b = balancer(a);
             for i in 0..50u32 {
                 let key = i.to_be_bytes();
@@ -959,13 +956,7 @@ mod tests {
         nodes[1].eligible = false;
         nodes[3].effective_weight = 0;
         nodes[4].ramp = 300;
-        for a in [
-            Algorithm::RoundRobin,
-            Algorithm::Weighted,
-            Algorithm::LeastOutstanding,
-            Algorithm::PeakEwma,
-            Algorithm::Sticky,
-        ] {
+        for a in ALGORITHMS {
             let b = shared(a, nodes.len());
             let c = concurrent_counts(&b, &nodes, 4, 2000);
             assert_eq!((c[1], c[3]), (0, 0), "{a:?}: {c:?}");
@@ -986,13 +977,7 @@ mod tests {
         let mut nodes = pool(&[3, 1, 2, 1]);
         nodes[1].ramp = 400;
         nodes[2].latency = Duration::from_millis(30);
-        for a in [
-            Algorithm::RoundRobin,
-            Algorithm::Weighted,
-            Algorithm::LeastOutstanding,
-            Algorithm::PeakEwma,
-            Algorithm::Sticky,
-        ] {
+        for a in ALGORITHMS {
             let mut owned = balancer(a);
             let s = SharedBalancer::new(owned.config(), 0x5eed, nodes.len());
             let mut scratch = Vec::new();
