@@ -251,11 +251,7 @@ impl Router {
         f: impl FnOnce(&Checked<'s>) -> R,
     ) -> Result<R, Invalid> {
         self.with_checked(payload, |checked| {
-            let mti = checked.msg.mti();
-            if !mti.is_request() {
-                return Err(Invalid::NotARequest(mti));
-            }
-            self.check_routable(checked)?;
+            self.check_front_request(checked)?;
             Ok(f(checked))
         })?
     }
@@ -265,12 +261,18 @@ impl Router {
     #[inline]
     pub fn check_request<'s>(&'s self, payload: Bytes) -> Result<Checked<'s>, Invalid> {
         let checked = self.check(payload)?;
+        self.check_front_request(&checked)?;
+        Ok(checked)
+    }
+
+    /// What a checked message from a front must also be: a request the
+    /// service routes.
+    fn check_front_request(&self, checked: &Checked<'_>) -> Result<(), Invalid> {
         let mti = checked.msg.mti();
         if !mti.is_request() {
             return Err(Invalid::NotARequest(mti));
         }
-        self.check_routable(&checked)?;
-        Ok(checked)
+        self.check_routable(checked)
     }
 
     /// What a request must be to be routed: of an MTI the service accepts,
@@ -544,6 +546,28 @@ mod tests {
             r.check_request(encode(&r, &bare)),
             Err(Invalid::NoKeyField(_))
         ));
+        // The per-message path's borrowing form gives the same verdicts, and
+        // runs its closure only on a request it accepts.
+        for payload in [
+            q.clone(),
+            short_of(&q),
+            encode(&r, &answer_to(&req)),
+            encode(&r, &rev),
+            encode(&r, &bare),
+        ] {
+            let expected = r.check_request(payload.clone()).map(|c| r.key_of(&c).ok());
+            let mut ran = false;
+            let got = r.with_request(payload, |c| {
+                ran = true;
+                r.key_of(c).ok()
+            });
+            assert_eq!(format!("{got:?}"), format!("{expected:?}"));
+            assert_eq!(ran, got.is_ok());
+        }
+    }
+
+    fn short_of(q: &Bytes) -> Bytes {
+        q.slice(..q.len() - 3)
     }
 
     #[test]
