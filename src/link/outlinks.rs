@@ -405,24 +405,20 @@ impl OutLinks {
     /// Queues a frame on one given link, signed on or not: only the link's own
     /// sign-on goes this way. Returns the connection's generation.
     pub(super) fn send_on(&self, link: usize, out: Outbound) -> Option<u64> {
-        let slot = self.slot(link)?;
-        let ok = slot
-            .tx
-            .as_ref()
-            .is_some_and(|tx| tx.try_send(LinkFrame::own(out)).is_ok());
-        let generation = slot.generation;
-        drop(slot);
-        ok.then(|| {
-            self.sent_on(link);
-            generation
-        })
+        self.queue_on(link, out, false)
     }
 
     /// Queues a frame on one given link only if it is signed on (echoes,
     /// keep-alives, sign-off). Returns the connection's generation.
     pub(super) fn send_signed_on(&self, link: usize, out: Outbound) -> Option<u64> {
+        self.queue_on(link, out, true)
+    }
+
+    /// Both of the above: the sign-on test and the send under one look at the
+    /// slot, so the link cannot change between them.
+    fn queue_on(&self, link: usize, out: Outbound, signed_on_only: bool) -> Option<u64> {
         let slot = self.slot(link)?;
-        if !self.slot_usable(&slot) {
+        if signed_on_only && !self.slot_usable(&slot) {
             return None;
         }
         let ok = slot
