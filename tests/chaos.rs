@@ -314,21 +314,27 @@ async fn every_unionpay_out_link_dropped_at_once_under_load() {
         for node in &nodes {
             node.signal("INT");
         }
-        for (i, node) in nodes.into_iter().enumerate() {
-            let r = node.report().await;
-            eprintln!("node {i} across the drops: {r}");
-            assert!(n(&r, "originated") > 0, "node {i}: {r}");
-            assert_eq!(n(&r, "originated_unanswered"), 0, "node {i}: {r}");
-            assert_eq!(n(&r, "foreign_responses"), 0, "node {i}: {r}");
-            assert_eq!(
-                n(&r, "originated_answered") + n(&r, "originated_declined"),
-                n(&r, "originated"),
-                "node {i}: exactly once: {r}"
-            );
+        let mut node_reports = Vec::new();
+        for node in nodes {
+            node_reports.push(node.report().await);
         }
         cups.signal("INT");
         let report = cups.report().await;
+        // Every report first: a lost request is explained by both ends.
+        for (i, r) in node_reports.iter().enumerate() {
+            eprintln!("node {i} across the drops: {r}");
+        }
         eprintln!("UnionPay across the drops: {report}");
+        for (i, r) in node_reports.iter().enumerate() {
+            assert!(n(r, "originated") > 0, "node {i}: {r}");
+            assert_eq!(n(r, "originated_unanswered"), 0, "node {i}: {r}");
+            assert_eq!(n(r, "foreign_responses"), 0, "node {i}: {r}");
+            assert_eq!(
+                n(r, "originated_answered") + n(r, "originated_declined"),
+                n(r, "originated"),
+                "node {i}: exactly once: {r}"
+            );
+        }
         assert_eq!(n(&report, "unsigned_frames"), 0, "frames before sign-on: {report}");
         assert!(n(&report, "out_link_drops") >= 1, "{report}");
         assert!(n(&report, "sign_ons") >= 8, "{report}");

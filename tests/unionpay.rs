@@ -149,8 +149,6 @@ impl Rig {
         for n in &self.nodes {
             n.stop_originating();
         }
-        // A request already past the flag check is sent within one tick.
-        tokio::time::sleep(Duration::from_millis(100)).await;
         wait_until("node-originated requests settled", || {
             self.nodes.iter().all(|n| n.outstanding() == 0)
         })
@@ -823,8 +821,6 @@ async fn dropping_every_out_link_at_once_sends_nothing_before_sign_on() {
             n.stop_originating();
         }
         cups.stop_originating();
-        // A request already past the flag check is sent within one tick.
-        tokio::time::sleep(Duration::from_millis(100)).await;
         wait_until("node-originated requests settled", || {
             nodes.iter().all(|n| n.outstanding() == 0)
         })

@@ -303,9 +303,8 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                 }
                 // Stop originating, and let the answers to what was sent come
                 // back (each is answered or times out within 10 s).
+                // On return every request sent is counted as outstanding.
                 node.stop_originating();
-                // A request already past the flag check goes out within a tick.
-                tokio::time::sleep(Duration::from_millis(100)).await;
                 let settle = tokio::time::Instant::now() + Duration::from_secs(11);
                 while node.outstanding() > 0 && tokio::time::Instant::now() < settle {
                     tokio::time::sleep(Duration::from_millis(10)).await;

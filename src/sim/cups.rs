@@ -303,7 +303,7 @@ impl CupsSim {
             stan: AtomicU32::new((entropy_seed() % 999_999) as u32 + 1),
             delayed: AtomicUsize::new(0),
             issuer,
-            originating: std::sync::atomic::AtomicBool::new(true),
+            originating: super::OriginateGate::new(true),
             shutdown: rx.clone(),
             cfg,
         });
@@ -347,8 +347,9 @@ impl CupsSim {
     }
 
     /// Stops originating issuer requests (those sent still get their answers).
+    /// Every request sent before is in [`CupsSim::outstanding`] on return.
     pub fn stop_originating(&self) {
-        self.shared.originating.store(false, Ordering::Release);
+        self.shared.originating.close();
     }
 
     /// Issuer requests and echo tests awaiting a response.
@@ -446,8 +447,8 @@ struct Shared {
     /// Member responses waiting out their delay.
     delayed: AtomicUsize,
     issuer: Option<IssuerTemplate>,
-    /// Cleared by [`CupsSim::stop_originating`].
-    originating: std::sync::atomic::AtomicBool,
+    /// Closed by [`CupsSim::stop_originating`].
+    originating: super::OriginateGate,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -1164,20 +1165,25 @@ async fn originate(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
             _ = shutdown.changed() => return,
         }
         let now = Instant::now();
-        if stop_at.is_some_and(|s| now >= s) || !shared.originating.load(Ordering::Acquire) {
+        if stop_at.is_some_and(|s| now >= s) {
             return;
         }
         // One request at start, then as many as the rate owes by now.
         let due = (now.duration_since(start).as_secs_f64() * rate) as u64 + 1;
         let owed = due.saturating_sub(due_so_far).min(MAX_BURST);
         due_so_far = due;
-        for _ in 0..owed {
-            let counter = if shared.send_issuer_request() {
-                &shared.stats.sent
-            } else {
-                &shared.stats.unsent
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
+        let issued = shared.originating.issue(|| {
+            for _ in 0..owed {
+                let counter = if shared.send_issuer_request() {
+                    &shared.stats.sent
+                } else {
+                    &shared.stats.unsent
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        if issued.is_none() {
+            return;
         }
     }
 }

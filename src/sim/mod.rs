@@ -27,6 +27,48 @@ pub async fn join_within(tasks: &mut tokio::task::JoinSet<()>, grace: std::time:
     }
 }
 
+/// Whether a simulator originates requests. [`OriginateGate::close`] returns
+/// only once no request is part-way out, so whatever was issued is by then in
+/// the simulator's outstanding table: a caller that closes the gate and then
+/// waits for that table to empty cannot miss a request issued in between (and
+/// count it unanswered at the stop). Without the wait, a sender preempted
+/// between its check and its send issued one request after the close.
+#[derive(Debug)]
+pub struct OriginateGate {
+    open: std::sync::atomic::AtomicBool,
+    issuing: std::sync::Mutex<()>,
+}
+
+impl OriginateGate {
+    pub fn new(open: bool) -> OriginateGate {
+        OriginateGate {
+            open: std::sync::atomic::AtomicBool::new(open),
+            issuing: std::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.open.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    pub fn open(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Closes the gate and waits out an `issue` under way (a few microseconds:
+    /// issuing never awaits).
+    pub fn close(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::Release);
+        drop(self.issuing.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// Runs `issue` if the gate is open; a `close` meanwhile waits for it.
+    pub fn issue<R>(&self, issue: impl FnOnce() -> R) -> Option<R> {
+        let _issuing = self.issuing.lock().unwrap_or_else(|p| p.into_inner());
+        self.is_open().then(issue)
+    }
+}
+
 /// Fields of the generated load requests: what a switch routes on, plus PAN and
 /// amount; padding fields are added to reach a size.
 const LEAN_FIELDS: [u16; 16] = [2, 3, 4, 7, 11, 12, 13, 22, 25, 32, 33, 37, 41, 42, 49, 100];
@@ -121,5 +163,36 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A close while a request is being issued returns only after it: the
+    /// request is then counted, so a stop that waits for the outstanding
+    /// table to empty waits for it too. (With a flag alone, the issue could
+    /// finish after the close, and the stop counted it unanswered.)
+    #[test]
+    fn closing_the_gate_waits_for_the_request_under_way() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Barrier};
+        let gate = Arc::new(OriginateGate::new(true));
+        let counted = Arc::new(AtomicBool::new(false));
+        let entered = Arc::new(Barrier::new(2));
+        let issuer = {
+            let (gate, counted, entered) = (gate.clone(), counted.clone(), entered.clone());
+            std::thread::spawn(move || {
+                gate.issue(|| {
+                    entered.wait();
+                    // Long enough for the close below to be waiting.
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    counted.store(true, Ordering::SeqCst);
+                })
+            })
+        };
+        entered.wait();
+        gate.close();
+        assert!(counted.load(Ordering::SeqCst), "close returned mid-issue");
+        assert_eq!(issuer.join().unwrap(), Some(()));
+        assert_eq!(gate.issue(|| ()), None, "a closed gate issues nothing");
+        gate.open();
+        assert_eq!(gate.issue(|| 7), Some(7));
     }
 }

@@ -212,7 +212,7 @@ impl NodeSim {
             stats: Arc::clone(&stats),
             conns: Mutex::new(Vec::new()),
             outstanding: Mutex::new(HashMap::new()),
-            originating: std::sync::atomic::AtomicBool::new(true),
+            originating: super::OriginateGate::new(true),
             opts,
         });
         let task = tokio::spawn(accept_loop(listener, Arc::clone(&shared), rx));
@@ -241,8 +241,8 @@ struct Shared {
     conns: Mutex<Vec<(u64, mpsc::Sender<Outbound>)>>,
     /// Node-originated requests in flight: STAN → sent at, on connection.
     outstanding: Mutex<HashMap<u32, (Instant, u64)>>,
-    /// Node-originated requests keep coming while this holds.
-    originating: std::sync::atomic::AtomicBool,
+    /// Node-originated requests keep coming while this is open.
+    originating: super::OriginateGate,
     opts: NodeOptions,
 }
 
@@ -427,44 +427,68 @@ fn originated_response(shared: &Shared, msg: &Message<'_>, conn: u64) {
 /// Sends node-originated requests at a rate, round robin over the node's
 /// connections, and expires the unanswered.
 async fn originate(shared: Arc<Shared>, o: Originate, mut shutdown: watch::Receiver<bool>) {
-    let Ok(template) = crate::sim::sample_request(&shared.spec, &o.mti) else {
+    let Some(mut next) = Originator::new(&shared.spec, &o) else {
         return;
     };
-    let Ok(msg) = Message::parse(&shared.spec, template.clone()) else {
-        return;
-    };
-    let Some(f11) = msg.field(11).ok().flatten().map(|f| f.range()) else {
-        return;
-    };
-    let ascii = f11.len() == 6;
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / o.rate.max(0.01)));
     // A busy runtime delays ticks; it must not then fire a burst.
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut counter = 0u32;
-    let mut next_conn = 0usize;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = shutdown.changed() => return,
         }
         expire_originated(&shared, o.timeout);
-        if !shared.originating.load(Ordering::Relaxed) {
-            continue;
+        if shared.originating.issue(|| next.issue(&shared, &o)) == Some(Err(Unsendable)) {
+            return;
         }
+    }
+}
+
+/// The template's F11 cannot hold a STAN: origination stops.
+#[derive(Debug, PartialEq, Eq)]
+struct Unsendable;
+
+/// The next node-originated request: the template with its STAN.
+struct Originator {
+    template: Bytes,
+    f11: std::ops::Range<usize>,
+    /// F11 is six ASCII digits (else three BCD bytes).
+    ascii: bool,
+    counter: u32,
+    next_conn: usize,
+}
+
+impl Originator {
+    fn new(spec: &Spec, o: &Originate) -> Option<Originator> {
+        let template = crate::sim::sample_request(spec, &o.mti).ok()?;
+        let msg = Message::parse(spec, template.clone()).ok()?;
+        let f11 = msg.field(11).ok().flatten()?.range();
+        Some(Originator {
+            ascii: f11.len() == 6,
+            template,
+            f11,
+            counter: 0,
+            next_conn: 0,
+        })
+    }
+
+    /// Sends one request on the next connection, recorded as outstanding
+    /// before it leaves.
+    fn issue(&mut self, shared: &Shared, o: &Originate) -> Result<(), Unsendable> {
         let (conn_id, conn) = {
             let conns = lock(&shared.conns);
             if conns.is_empty() {
-                continue;
+                return Ok(());
             }
-            next_conn = next_conn.wrapping_add(1);
-            let (id, tx) = &conns[next_conn % conns.len()];
+            self.next_conn = self.next_conn.wrapping_add(1);
+            let (id, tx) = &conns[self.next_conn % conns.len()];
             (*id, tx.clone())
         };
-        counter = counter % 99_999 + 1;
-        let stan = o.stan_base + counter;
+        self.counter = self.counter % 99_999 + 1;
+        let stan = o.stan_base + self.counter;
         let digits = format!("{stan:06}");
-        let mut patch = Patch::default();
-        let encoded: Vec<u8> = if ascii {
+        let encoded: Vec<u8> = if self.ascii {
             digits.into_bytes()
         } else {
             digits
@@ -473,18 +497,20 @@ async fn originate(shared: Arc<Shared>, o: Originate, mut shutdown: watch::Recei
                 .map(|p| ((p[0] - b'0') << 4) | (p[1] - b'0'))
                 .collect()
         };
-        if patch.overwrite(f11.start, &encoded).is_err() {
-            return;
+        let mut patch = Patch::default();
+        if patch.overwrite(self.f11.start, &encoded).is_err() {
+            return Err(Unsendable);
         }
         lock(&shared.outstanding).insert(stan, (Instant::now(), conn_id));
         if conn
-            .try_send(Outbound::Message(template.clone(), patch))
+            .try_send(Outbound::Message(self.template.clone(), patch))
             .is_ok()
         {
             shared.stats.originated.fetch_add(1, Ordering::Relaxed);
         } else {
             lock(&shared.outstanding).remove(&stan);
         }
+        Ok(())
     }
 }
 
@@ -502,17 +528,18 @@ fn expire_originated(shared: &Shared, timeout: Duration) {
 
 impl NodeSim {
     /// Stops sending node-originated requests (answers keep coming).
+    /// Every request sent before is counted in [`NodeSim::outstanding`] on return.
     pub fn stop_originating(&self) {
-        self.shared.originating.store(false, Ordering::Relaxed);
+        self.shared.originating.close();
     }
 
     /// Sends node-originated requests again (after [`NodeSim::stop_originating`]).
     pub fn start_originating(&self) {
-        self.shared.originating.store(true, Ordering::Relaxed);
+        self.shared.originating.open();
     }
 
     pub fn is_originating(&self) -> bool {
-        self.shared.originating.load(Ordering::Relaxed)
+        self.shared.originating.is_open()
     }
 
     /// Node-originated requests still waiting for their response.
