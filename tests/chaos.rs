@@ -122,6 +122,36 @@ fn write_config(name: &str, toml: &str) -> PathBuf {
     path
 }
 
+/// An `[admin]` section listening on a free port (its /metrics needs no token).
+fn admin_toml(name: &str) -> (SocketAddr, String) {
+    let addr = free_addr();
+    let token = write_config(&format!("{name}-token"), "chaos-test-token\n");
+    let toml = format!(
+        "[admin]\nlisten = \"{addr}\"\ntoken_file = \"{}\"\n",
+        token.display()
+    );
+    (addr, toml)
+}
+
+/// The switch's /metrics lines whose name starts with one of `prefixes`.
+async fn metrics(admin: SocketAddr, prefixes: &[&str]) -> String {
+    let mut stream = TcpStream::connect(admin).await.expect("admin listener");
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("send GET");
+    let mut text = String::new();
+    stream
+        .read_to_string(&mut text)
+        .await
+        .expect("read /metrics");
+    text.lines()
+        .filter(|l| prefixes.iter().any(|p| l.starts_with(p)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// `n` node processes on `spec`, answering after `delay`, listening.
 async fn start_nodes(spec: &str, n: usize, delay: &str) -> (Vec<Proc>, Vec<SocketAddr>) {
     start_nodes_with(spec, n, delay, &[]).await
@@ -297,8 +327,9 @@ async fn every_unionpay_out_link_dropped_at_once_under_load() {
             ],
         );
         wait_listening(accept).await;
+        let (admin, admin_toml) = admin_toml("drop-switch");
         let toml = format!(
-            "[[service]]\nname = \"unionpay\"\nspec = \"cups\"\nf37_stamp = {{ offset = 10, width = 2 }}\n\
+            "{admin_toml}[[service]]\nname = \"unionpay\"\nspec = \"cups\"\nf37_stamp = {{ offset = 10, width = 2 }}\n\
              [service.front]\nkind = \"simplex\"\nconnect = \"{accept}\"\nlisten = \"{listen}\"\nlinks = 8\n\
              member_id = \"03105840\"\npeer_id = \"00010000\"\nkeepalive_idle = \"200ms\"\n\
              reconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\nsign_on = \"per-link\"\nsign_on_retry = \"300ms\"\n\
@@ -325,6 +356,12 @@ async fn every_unionpay_out_link_dropped_at_once_under_load() {
             eprintln!("node {i} across the drops: {r}");
         }
         eprintln!("UnionPay across the drops: {report}");
+        let seen = metrics(
+            admin,
+            &["isoswitch_service_", "isoswitch_link_set_waited"],
+        )
+        .await;
+        eprintln!("the switch's counters:\n{seen}");
         for (i, r) in node_reports.iter().enumerate() {
             assert!(n(r, "originated") > 0, "node {i}: {r}");
             assert_eq!(n(r, "originated_unanswered"), 0, "node {i}: {r}");

@@ -174,6 +174,34 @@ impl Collector for SwitchMetrics {
                 "isoswitch_service_panic_routed",
                 "Requests routed while no node was healthy (panic mode).",
             ),
+            counter(
+                "isoswitch_service_node_requests",
+                "Node-originated requests queued for the peer (simplex and connect fronts).",
+            ),
+            counter(
+                "isoswitch_service_node_requests_unsent",
+                "Node-originated requests declined at once: no out link could take them and the waiting queue was full.",
+            ),
+            counter(
+                "isoswitch_service_node_requests_expired",
+                "Node-originated requests dropped: no signed-on out link before their deadline.",
+            ),
+            counter(
+                "isoswitch_service_stamp_mismatches",
+                "Node-stamped F37 values that did not name the sending node.",
+            ),
+            counter(
+                "isoswitch_service_peer_responses",
+                "Peer responses routed to a node by their F37 stamp.",
+            ),
+            counter(
+                "isoswitch_service_unroutable_responses",
+                "Peer responses whose F37 stamp names no live node; dropped.",
+            ),
+            counter(
+                "isoswitch_service_network_answered",
+                "The peer's network management requests answered by the switch.",
+            ),
         ];
         let mut bytes = counter(
             "isoswitch_service_bytes",
@@ -209,7 +237,15 @@ impl Collector for SwitchMetrics {
                 "isoswitch_link_set_usable",
                 "Links up and signed on (able to carry traffic).",
             ),
+            gauge(
+                "isoswitch_link_set_waiting",
+                "Frames waiting for a usable out link.",
+            ),
         ];
+        let mut parked = counter(
+            "isoswitch_link_set_waited",
+            "Frames that waited for a usable out link, by outcome: sent, dropped at their deadline (answers), refused (waiting queue full).",
+        );
         let mut srv_counters: Vec<Family<u64>> = vec![
             counter("isoswitch_server_requests", "Requests sent to the node."),
             counter("isoswitch_server_responses", "Requests the node answered."),
@@ -276,6 +312,13 @@ impl Collector for SwitchMetrics {
                 c.over_share.load(Ordering::Relaxed),
                 c.undeclinable.load(Ordering::Relaxed),
                 s.pool.panic_picks(),
+                c.node_requests.load(Ordering::Relaxed),
+                c.node_requests_unsent.load(Ordering::Relaxed),
+                c.node_requests_expired.load(Ordering::Relaxed),
+                c.stamp_mismatches.load(Ordering::Relaxed),
+                c.peer_responses.load(Ordering::Relaxed),
+                c.unroutable_responses.load(Ordering::Relaxed),
+                c.network_answered.load(Ordering::Relaxed),
             ];
             for (f, v) in svc_counters.iter_mut().zip(values) {
                 f.samples.push((sl(), v));
@@ -327,8 +370,17 @@ impl Collector for SwitchMetrics {
             }
             if let Some(out) = &s.out_links {
                 let (up, usable) = out.up();
-                for (f, v) in links.iter_mut().zip([out.len(), up, usable]) {
+                for (f, v) in links.iter_mut().zip([out.len(), up, usable, out.waiting()]) {
                     f.samples.push((sl(), v as f64));
+                }
+                for (outcome, v) in [
+                    ("sent", &out.parked_sent),
+                    ("dropped", &out.parked_dropped),
+                    ("refused", &out.park_refused),
+                ] {
+                    let mut l = sl();
+                    l.push(("outcome", outcome.to_string()));
+                    parked.samples.push((l, v.load(Ordering::Relaxed)));
                 }
             }
             node_samples(
@@ -346,6 +398,7 @@ impl Collector for SwitchMetrics {
         encode_counters(&mut enc, &declines)?;
         encode_counters(&mut enc, &bad_requests)?;
         encode_counters(&mut enc, &bytes)?;
+        encode_counters(&mut enc, &parked)?;
         encode_gauges(&mut enc, &link_state)?;
         for f in svc_gauges.iter().chain([&conns]).chain(links.iter()) {
             encode_gauges(&mut enc, f)?;
