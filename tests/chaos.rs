@@ -52,6 +52,22 @@ impl Proc {
         self.child.id().expect("still running")
     }
 
+    /// Waits until the process has written `line` to its log (stderr).
+    async fn wait_logged(&self, line: &str) {
+        for _ in 0..1000 {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            if log.contains(line) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "{}: never logged {line:?} (see {})",
+            self.name,
+            self.log.display()
+        );
+    }
+
     /// Sends a signal by name (TERM, INT, KILL) with kill(1).
     fn signal(&self, sig: &str) {
         let ok = std::process::Command::new("kill")
@@ -176,8 +192,11 @@ async fn start_nodes_with(
         procs.push(Proc::spawn(&format!("node{id}"), &args));
         addrs.push(addr);
     }
-    for a in &addrs {
-        wait_listening(*a).await;
+    // Not by connecting: a node that originates requests would send some on
+    // a probe connection, where nothing reads them (they were lost, and the
+    // node counted them unanswered).
+    for p in &procs {
+        p.wait_logged("sim node listening on").await;
     }
     (procs, addrs)
 }
