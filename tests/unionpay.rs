@@ -143,12 +143,15 @@ impl Rig {
         service(&self.switch)
     }
 
-    /// Stops node-originated traffic, then waits until every node's own
-    /// requests are answered or timed out.
+    /// Stops every originator (the nodes, and UnionPay should its run still
+    /// be going on a slow machine), then waits until every request is
+    /// answered or timed out, so reports read after this cannot count a
+    /// request sent after the wait.
     async fn settle(&self) {
         for n in &self.nodes {
             n.stop_originating();
         }
+        self.cups.stop_originating();
         wait_until("node-originated requests settled", || {
             self.nodes.iter().all(|n| n.outstanding() == 0)
         })
