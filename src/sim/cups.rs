@@ -44,8 +44,6 @@ pub const CUPS_ID: &str = "00010000";
 const IN_LINK_QUEUE: usize = 4096;
 /// Requests (issuer requests and echo tests) awaiting a response, at most.
 const MAX_OUTSTANDING: usize = 100_000;
-/// Member requests waiting out their answer delay, at most.
-const MAX_DELAYED: usize = 10_000;
 /// Out links accepted beyond `links` x this are closed at once.
 const OUT_LINKS_PER_IN_LINK: usize = 4;
 /// Wait before reopening an in link the switch (or a test) closed.
@@ -301,7 +299,7 @@ impl CupsSim {
             next_link_id: AtomicU64::new(1),
             outstanding: Mutex::new(HashMap::new()),
             stan: AtomicU32::new((entropy_seed() % 999_999) as u32 + 1),
-            delayed: AtomicUsize::new(0),
+            delayed: Arc::default(),
             issuer,
             originating: super::OriginateGate::new(true),
             shutdown: rx.clone(),
@@ -445,7 +443,7 @@ struct Shared {
     /// Last STAN used (1..=999999).
     stan: AtomicU32,
     /// Member responses waiting out their delay.
-    delayed: AtomicUsize,
+    delayed: Arc<super::DelayedAnswers>,
     issuer: Option<IssuerTemplate>,
     /// Closed by [`CupsSim::stop_originating`].
     originating: super::OriginateGate,
@@ -824,24 +822,11 @@ impl Shared {
     }
 
     fn deliver_later(self: &Arc<Shared>, response: Bytes, delay: Duration, to: To) {
-        // Bounded: beyond MAX_DELAYED waiting answers, new ones are dropped.
-        if self.delayed.fetch_add(1, Ordering::Relaxed) >= MAX_DELAYED {
-            self.delayed.fetch_sub(1, Ordering::Relaxed);
-            self.stats.responses_unsent.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
         let shared = Arc::clone(self);
-        let mut shutdown = self.shutdown.clone();
-        tokio::spawn(async move {
-            let due = tokio::select! {
-                _ = tokio::time::sleep(delay) => true,
-                _ = shutdown.wait_for(|stop| *stop) => false,
-            };
-            shared.delayed.fetch_sub(1, Ordering::Relaxed);
-            if due {
-                shared.deliver(response, &shared.stats.member_requests_answered, to);
-            }
-        });
+        let send = move || shared.deliver(response, &shared.stats.member_requests_answered, to);
+        if !self.delayed.send_after(delay, self.shutdown.clone(), send) {
+            self.stats.responses_unsent.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// A response read on an out link: to an issuer request or an echo test.

@@ -27,6 +27,46 @@ pub async fn join_within(tasks: &mut tokio::task::JoinSet<()>, grace: std::time:
     }
 }
 
+/// Answers waiting out their delay, at most this many per simulator.
+pub const MAX_DELAYED: usize = 10_000;
+
+/// Answers a simulator sends after a delay: each waits in its own task, at
+/// most [`MAX_DELAYED`] at once, and none is sent once the simulator stops.
+#[derive(Debug, Default)]
+pub struct DelayedAnswers {
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl DelayedAnswers {
+    /// Runs `send` after `delay` unless `shutdown` turns true first. `false`
+    /// (nothing scheduled) when [`MAX_DELAYED`] answers are already waiting:
+    /// the caller counts the answer unsent.
+    pub fn send_after(
+        self: &std::sync::Arc<Self>,
+        delay: std::time::Duration,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+        send: impl FnOnce() + Send + 'static,
+    ) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.waiting.fetch_add(1, Ordering::Relaxed) >= MAX_DELAYED {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        let me = std::sync::Arc::clone(self);
+        tokio::spawn(async move {
+            let due = tokio::select! {
+                _ = tokio::time::sleep(delay) => true,
+                _ = shutdown.wait_for(|stop| *stop) => false,
+            };
+            me.waiting.fetch_sub(1, Ordering::Relaxed);
+            if due {
+                send();
+            }
+        });
+        true
+    }
+}
+
 /// Whether a simulator originates requests. [`OriginateGate::close`] returns
 /// only once no request is part-way out, so whatever was issued is by then in
 /// the simulator's outstanding table: a caller that closes the gate and then
@@ -194,5 +234,44 @@ mod tests {
         assert_eq!(gate.issue(|| ()), None, "a closed gate issues nothing");
         gate.open();
         assert_eq!(gate.issue(|| 7), Some(7));
+    }
+
+    /// Delayed answers are sent after their delay, not after a stop, and
+    /// past the bound nothing more is scheduled until one has gone.
+    #[tokio::test]
+    async fn delayed_answers_are_bounded_and_end_with_the_simulator() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::time::Duration;
+        let delayed = Arc::new(DelayedAnswers::default());
+        let sent = Arc::new(AtomicUsize::new(0));
+        let (stop, shutdown) = tokio::sync::watch::channel(false);
+        let count = || {
+            let sent = sent.clone();
+            move || {
+                sent.fetch_add(1, Ordering::SeqCst);
+            }
+        };
+        let hour = Duration::from_secs(3600);
+        // Bounded: the waits below would hang on a broken DelayedAnswers.
+        let run = async {
+            assert!(delayed.send_after(Duration::ZERO, shutdown.clone(), count()));
+            while sent.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            for _ in 0..MAX_DELAYED {
+                assert!(delayed.send_after(hour, shutdown.clone(), count()));
+            }
+            let over = delayed.send_after(Duration::ZERO, shutdown.clone(), count());
+            assert!(!over, "over the bound");
+            stop.send(true).unwrap();
+            while delayed.waiting.load(Ordering::SeqCst) > 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .expect("within 30 s");
+        assert_eq!(sent.load(Ordering::SeqCst), 1, "nothing after the stop");
     }
 }

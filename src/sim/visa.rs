@@ -56,8 +56,6 @@ const MAX_OUTSTANDING: usize = 100_000;
 /// Keys of requests already answered or expired, remembered to tell a second
 /// answer (or a late one) from an unknown one.
 const MAX_DONE: usize = 1_000_000;
-/// Answers to the bank waiting out their delay, at most.
-const MAX_DELAYED: usize = 10_000;
 /// Answers to the bank waiting for a link to come up, at most.
 const MAX_PARKED: usize = 10_000;
 /// Accepted links beyond `links` x this are closed at once.
@@ -375,7 +373,7 @@ impl VisaSim {
             done: Mutex::new(Done::default()),
             stan: AtomicU32::new((entropy_seed() % 999_999) as u32 + 1),
             next_mti: AtomicUsize::new(0),
-            delayed: AtomicUsize::new(0),
+            delayed: Arc::default(),
             stamps: Mutex::new(BTreeMap::new()),
             paused: AtomicBool::new(cfg.paused),
             parked: Mutex::new(VecDeque::new()),
@@ -561,7 +559,8 @@ struct Shared {
     /// Last STAN used (1..=999999).
     stan: AtomicU32,
     next_mti: AtomicUsize,
-    delayed: AtomicUsize,
+    /// Answers to the bank waiting out their delay.
+    delayed: Arc<super::DelayedAnswers>,
     stamps: Mutex<BTreeMap<String, u64>>,
     /// Issuer requests are held while this is set.
     paused: AtomicBool,
@@ -1081,24 +1080,11 @@ impl Shared {
     }
 
     fn deliver_later(self: &Arc<Shared>, came_on: u64, resp: Bytes, delay: Duration) {
-        // Bounded: beyond MAX_DELAYED waiting answers, new ones are dropped.
-        if self.delayed.fetch_add(1, Ordering::Relaxed) >= MAX_DELAYED {
-            self.delayed.fetch_sub(1, Ordering::Relaxed);
-            self.stats.answers_unsent.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
         let shared = Arc::clone(self);
-        let mut shutdown = self.shutdown.clone();
-        tokio::spawn(async move {
-            let due = tokio::select! {
-                _ = tokio::time::sleep(delay) => true,
-                _ = shutdown.wait_for(|stop| *stop) => false,
-            };
-            shared.delayed.fetch_sub(1, Ordering::Relaxed);
-            if due {
-                shared.deliver(came_on, &resp);
-            }
-        });
+        let send = move || shared.deliver(came_on, &resp);
+        if !self.delayed.send_after(delay, self.shutdown.clone(), send) {
+            self.stats.answers_unsent.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
