@@ -129,6 +129,9 @@ async fn sweep_waiting(service: Arc<Service>, mut shutdown: watch::Receiver<bool
     }
 }
 
+/// How long a dead out link's writer has to hand back its queue.
+const WRITER_STOP_GRACE: Duration = Duration::from_millis(500);
+
 async fn keep_out_link(
     service: Arc<Service>,
     front: LinkSet,
@@ -301,6 +304,8 @@ async fn run_out_link(
             }
         }
     }
+    // What is queued now: all a writer that never ends takes down with it.
+    let queued = tx.max_capacity() - tx.capacity();
     drop(tx);
     if end != OutLinkEnd::Shutdown {
         // The link is gone: frames not yet written go out on the other links.
@@ -308,11 +313,21 @@ async fn run_out_link(
     }
     let finished = match writer_done {
         Some(res) => Ok(res),
-        None => tokio::time::timeout(Duration::from_millis(500), &mut writer).await,
+        None => tokio::time::timeout(WRITER_STOP_GRACE, &mut writer).await,
     };
     match finished {
         Ok(Ok((_, mut rest))) => requeue(service, links, &mut rest),
-        _ => writer.abort(),
+        _ => {
+            writer.abort();
+            // Not silent: a socket the peer stopped reading held the writer
+            // in a write past the grace period.
+            tracing::warn!(
+                service = service.name(),
+                link,
+                queued,
+                "out link writer did not stop in time: the frames queued on it are lost"
+            );
+        }
     }
     end
 }
@@ -325,7 +340,7 @@ fn requeue(service: &Service, links: &OutLinks, rest: &mut mpsc::Receiver<LinkFr
     // Closed first: a sender still holding this queue now fails over to another
     // link instead of queueing a frame nobody will read.
     rest.close();
-    let mut moved = 0u64;
+    let (mut moved, mut refused) = (0u64, 0u64);
     let mut expired = Flushed::default();
     let now = Instant::now();
     while let Ok(frame) = rest.try_recv() {
@@ -339,11 +354,19 @@ fn requeue(service: &Service, links: &OutLinks, rest: &mut mpsc::Receiver<LinkFr
         if links.queue_frame(frame).is_ok() {
             moved += 1;
         } else {
-            service
-                .counters
-                .undeliverable
-                .fetch_add(1, Ordering::Relaxed);
+            refused += 1;
         }
+    }
+    if refused > 0 {
+        service
+            .counters
+            .undeliverable
+            .fetch_add(refused, Ordering::Relaxed);
+        tracing::warn!(
+            service = service.name(),
+            refused,
+            "frames of a dead out link dropped: the waiting queue is full"
+        );
     }
     links
         .parked_dropped
