@@ -34,6 +34,27 @@ async fn no_key_nodes(spec: &Arc<Spec>, n: usize, delay: Delay) -> Vec<NodeSim> 
 
 /// A purchase whose amount (F4) is `tag`: the node echoes F4, so the answer
 /// names its request even though F11, F41 and F37 come back blanked.
+/// One node that echoes no key, answering after `delay`, behind a
+/// oneconnect front with one connection to it, no health checks (an echo
+/// check would hold that connection itself) and a request timeout of
+/// `request_timeout`.
+async fn one_slow_node(
+    spec: &Arc<Spec>,
+    delay: &str,
+    request_timeout: &str,
+) -> (Vec<NodeSim>, isoswitch::ops::run::Switch) {
+    let nodes = no_key_nodes(spec, 1, Delay::parse(delay).expect("a delay")).await;
+    let cfg = config(
+        SPEC,
+        &[nodes[0].addr],
+        "mode = \"oneconnect\"",
+        "connections_per_node = 1\n[service.back.health]\ncheck = \"none\"",
+        &format!("timeouts = {{ request = \"{request_timeout}\" }}"),
+    );
+    let switch = start_switch(&cfg).await;
+    (nodes, switch)
+}
+
 fn purchase(spec: &Spec, tag: u64) -> Vec<u8> {
     let mut d = samples::purchase(spec);
     d.set_text(4, format!("{tag:012}"));
@@ -154,15 +175,7 @@ async fn atms_get_their_own_answers_from_nodes_that_echo_no_key() {
 async fn requests_wait_for_a_free_connection() {
     tokio::time::timeout(Duration::from_secs(30), async {
         let spec = spec(SPEC);
-        let nodes = no_key_nodes(&spec, 1, Delay::parse("20ms").unwrap()).await;
-        let cfg = config(
-            SPEC,
-            &[nodes[0].addr],
-            "mode = \"oneconnect\"",
-            "connections_per_node = 1\n[service.back.health]\ncheck = \"none\"",
-            "timeouts = { request = \"10s\" }",
-        );
-        let switch = start_switch(&cfg).await;
+        let (nodes, switch) = one_slow_node(&spec, "20ms", "10s").await;
         let addr = front(&switch);
         let mut tasks = tokio::task::JoinSet::new();
         for tag in 1..=8u64 {
@@ -187,15 +200,7 @@ async fn requests_wait_for_a_free_connection() {
 async fn an_orphan_answer_is_dropped_never_delivered_elsewhere() {
     tokio::time::timeout(Duration::from_secs(30), async {
         let spec = spec(SPEC);
-        let nodes = no_key_nodes(&spec, 1, Delay::parse("300ms").unwrap()).await;
-        let cfg = config(
-            SPEC,
-            &[nodes[0].addr],
-            "mode = \"oneconnect\"",
-            "connections_per_node = 1\n[service.back.health]\ncheck = \"none\"",
-            "timeouts = { request = \"10s\" }",
-        );
-        let switch = start_switch(&cfg).await;
+        let (nodes, switch) = one_slow_node(&spec, "300ms", "10s").await;
         let addr = front(&switch);
         let svc = service(&switch);
         let mut gone = RawClient::connect(addr, &spec).await;
@@ -234,16 +239,8 @@ async fn an_orphan_answer_is_dropped_never_delivered_elsewhere() {
 async fn a_connection_past_its_deadline_is_closed_not_reused() {
     tokio::time::timeout(Duration::from_secs(30), async {
         let spec = spec(SPEC);
-        let nodes = no_key_nodes(&spec, 1, Delay::parse("2s").unwrap()).await;
         // No echo checks: they would hold the one connection themselves.
-        let cfg = config(
-            SPEC,
-            &[nodes[0].addr],
-            "mode = \"oneconnect\"",
-            "connections_per_node = 1\n[service.back.health]\ncheck = \"none\"",
-            "timeouts = { request = \"200ms\" }",
-        );
-        let switch = start_switch(&cfg).await;
+        let (nodes, switch) = one_slow_node(&spec, "2s", "200ms").await;
         let addr = front(&switch);
         let svc = service(&switch);
         for tag in [1u64, 2] {
@@ -408,15 +405,7 @@ async fn load_rounds_profile_sends_whole_rounds_on_long_connections() {
 async fn a_graceful_stop_lets_carried_requests_finish() {
     tokio::time::timeout(Duration::from_secs(30), async {
         let spec = spec(SPEC);
-        let nodes = no_key_nodes(&spec, 1, Delay::parse("300ms").unwrap()).await;
-        let cfg = config(
-            SPEC,
-            &[nodes[0].addr],
-            "mode = \"oneconnect\"",
-            "connections_per_node = 1\n[service.back.health]\ncheck = \"none\"",
-            "timeouts = { request = \"5s\" }",
-        );
-        let switch = start_switch(&cfg).await;
+        let (nodes, switch) = one_slow_node(&spec, "300ms", "5s").await;
         let addr = front(&switch);
         let mut client = RawClient::connect(addr, &spec).await;
         client.send_raw(&purchase(&spec, 42)).await;
