@@ -98,6 +98,22 @@ async fn node_sim(spec: &Arc<Spec>, id: &str, delay: Delay) -> NodeSim {
         .expect("node starts")
 }
 
+/// `n` nodes answering after `delay` behind a `cup-pos` listen service with
+/// the admin API on (its token file named after `test`).
+async fn admin_rig(
+    spec: &Arc<Spec>,
+    n: usize,
+    delay: Delay,
+    test: &str,
+) -> (Vec<NodeSim>, isoswitch::ops::run::Switch) {
+    let nodes = start_nodes(spec, n, delay).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let mut cfg = config("cup-pos", &addrs, "", "", "");
+    cfg.admin = Some(admin_config(test));
+    let switch = start_switch(&cfg).await;
+    (nodes, switch)
+}
+
 fn nac_load(
     spec: &Arc<Spec>,
     target: SocketAddr,
@@ -143,11 +159,7 @@ async fn nodes_are_drained_disabled_enabled_added_and_removed_under_load() {
     tokio::time::timeout(TEST_LIMIT, async {
         let spec = spec("cup-pos");
         let delay = Delay::parse("50ms..150ms").unwrap();
-        let nodes = start_nodes(&spec, 3, delay).await;
-        let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-        let mut cfg = config("cup-pos", &addrs, "", "", "");
-        cfg.admin = Some(admin_config("control"));
-        let switch = start_switch(&cfg).await;
+        let (nodes, switch) = admin_rig(&spec, 3, delay, "control").await;
         let svc = service(&switch).clone();
         wait_connected(&svc, 2).await;
         let api = Api::of(&switch);
@@ -301,11 +313,7 @@ async fn nodes_are_drained_disabled_enabled_added_and_removed_under_load() {
 async fn tokens_and_bad_input_are_refused_with_the_reason() {
     tokio::time::timeout(TEST_LIMIT, async {
         let spec = spec("cup-pos");
-        let nodes = start_nodes(&spec, 2, Delay::NONE).await;
-        let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-        let mut cfg = config("cup-pos", &addrs, "", "", "");
-        cfg.admin = Some(admin_config("auth"));
-        let switch = start_switch(&cfg).await;
+        let (nodes, switch) = admin_rig(&spec, 2, Delay::NONE, "auth").await;
         wait_connected(service(&switch), 2).await;
         let api = Api::of(&switch);
         let guarded = [
@@ -724,11 +732,7 @@ async fn ctl_shows_tables_and_drains_a_node() {
     use isoswitch::cli::ctl::{CtlArgs, CtlCommand, execute};
     tokio::time::timeout(TEST_LIMIT, async {
         let spec = spec("cup-pos");
-        let nodes = start_nodes(&spec, 2, Delay::NONE).await;
-        let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-        let mut cfg = config("cup-pos", &addrs, "", "", "");
-        cfg.admin = Some(admin_config("ctl"));
-        let switch = start_switch(&cfg).await;
+        let (nodes, switch) = admin_rig(&spec, 2, Delay::NONE, "ctl").await;
         wait_connected(service(&switch), 2).await;
         let args = |command, json| CtlArgs {
             admin: Api::of(&switch).base,
