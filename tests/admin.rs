@@ -313,7 +313,7 @@ async fn nodes_are_drained_disabled_enabled_added_and_removed_under_load() {
 async fn tokens_and_bad_input_are_refused_with_the_reason() {
     tokio::time::timeout(TEST_LIMIT, async {
         let spec = spec("cup-pos");
-        let (nodes, switch) = admin_rig(&spec, 2, Delay::NONE, "auth").await;
+        let (_nodes, switch) = admin_rig(&spec, 2, Delay::NONE, "auth").await;
         wait_connected(service(&switch), 2).await;
         let api = Api::of(&switch);
         let guarded = [
@@ -732,7 +732,7 @@ async fn ctl_shows_tables_and_drains_a_node() {
     use isoswitch::cli::ctl::{CtlArgs, CtlCommand, execute};
     tokio::time::timeout(TEST_LIMIT, async {
         let spec = spec("cup-pos");
-        let (nodes, switch) = admin_rig(&spec, 2, Delay::NONE, "ctl").await;
+        let (_nodes, switch) = admin_rig(&spec, 2, Delay::NONE, "ctl").await;
         wait_connected(service(&switch), 2).await;
         let args = |command, json| CtlArgs {
             admin: Api::of(&switch).base,
