@@ -8,13 +8,15 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use byteorder::{BigEndian, ByteOrder, LittleEndian, WriteBytesExt};
+use std::borrow::Cow;
+
+use byteorder::{BigEndian, LittleEndian};
 use pcap_file::pcapng::PcapNgWriter;
 use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
 use pcap_file::pcapng::blocks::interface_description::{
     InterfaceDescriptionBlock, InterfaceDescriptionOption,
 };
-use pcap_file::pcapng::blocks::{ENHANCED_PACKET_BLOCK, PcapNgBlock};
+use pcap_file::pcapng::blocks::{ENHANCED_PACKET_BLOCK, PcapNgBlock, RawBlock};
 use pcap_file::{DataLink, Endianness};
 
 /// Where and how much to write.
@@ -159,6 +161,8 @@ pub struct RotatingFiles {
     sequence: u64,
     /// One file of this name, never rotated (`replay --record`).
     exact: Option<PathBuf>,
+    /// The body of the packet block being written (reused).
+    body: Vec<u8>,
 }
 
 impl RotatingFiles {
@@ -187,6 +191,7 @@ impl RotatingFiles {
             done: done.into(),
             sequence: 0,
             exact: None,
+            body: Vec::new(),
         })
     }
 
@@ -204,6 +209,7 @@ impl RotatingFiles {
             done: VecDeque::new(),
             sequence: 0,
             exact: Some(path.to_path_buf()),
+            body: Vec::new(),
         }
     }
 
@@ -277,22 +283,29 @@ impl RotatingFiles {
         };
         // pcap-file's `write_pcapng_block` serialises a block twice (once
         // into `io::sink()` to learn its length) in a dozen small writes to
-        // the file, and padding to 4 bytes again what the packet block
-        // already pads. Here its packet block serialisation goes straight
-        // into the file's buffer (no copy of the packet in between), inside
-        // the block's type and lengths as `RawBlock::write_to` writes them;
-        // the length comes from the same serialisation into `io::sink()`,
-        // which copies nothing.
-        let endianness = open.writer.section().endianness;
-        let file = open.writer.get_mut();
-        let written = match endianness {
-            Endianness::Little => write_packet_block::<LittleEndian>(&block, file),
-            Endianness::Big => write_packet_block::<BigEndian>(&block, file),
+        // the file: a visible share of the writer's time, once per packet.
+        // Its own packet block serialisation, done once into a reused
+        // buffer, then goes out as one raw block.
+        self.body.clear();
+        let serialised = match open.writer.section().endianness {
+            Endianness::Little => block.write_to::<LittleEndian, _>(&mut self.body),
+            Endianness::Big => block.write_to::<BigEndian, _>(&mut self.body),
         };
-        let len = written.map_err(|source| FileError::Io {
+        let pcap = |source| FileError::Pcap {
             path: open.path.clone(),
             source,
-        })?;
+        };
+        serialised.map_err(|e| pcap(pcap_file::PcapError::IoError(e)))?;
+        // Type, length, body (already padded to 4 bytes), length again.
+        let len = (self.body.len() + 12) as u32;
+        let raw = RawBlock {
+            type_: ENHANCED_PACKET_BLOCK,
+            initial_len: len,
+            body: Cow::Borrowed(&self.body),
+            trailer_len: len,
+        };
+        // (Counted here: `RawBlock::write_to` reports 6 bytes short.)
+        open.writer.write_raw_block(&raw).map_err(pcap)?;
         open.bytes += u64::from(len);
         Ok(())
     }
@@ -345,24 +358,6 @@ impl RotatingFiles {
             }
         }
     }
-}
-
-/// One Enhanced Packet Block, serialised by pcap-file, framed as
-/// pcap-file's `RawBlock::write_to` frames a block: type, total length, body
-/// (already padded to 4 bytes by the packet block), total length. Returns
-/// the total length.
-fn write_packet_block<B: ByteOrder>(
-    block: &EnhancedPacketBlock,
-    file: &mut CaptureFile,
-) -> std::io::Result<u32> {
-    let body = block.write_to::<B, _>(&mut std::io::sink())?;
-    let len = u32::try_from(body + 12)
-        .map_err(|_| std::io::Error::other("packet block longer than 4 GiB"))?;
-    file.write_u32::<B>(ENHANCED_PACKET_BLOCK)?;
-    file.write_u32::<B>(len)?;
-    block.write_to::<B, _>(file)?;
-    file.write_u32::<B>(len)?;
-    Ok(len)
 }
 
 fn is_ours(prefix: &str, name: &str) -> bool {
