@@ -28,9 +28,12 @@ use isoswitch::link::inproc::{Rig, purchase_frames, service_toml};
 /// 50 ms pass of the writer.
 const PAIRS: usize = 64;
 
+/// Frames, one per request.
+type Frames = Vec<Vec<u8>>;
+
 /// Request frames as the client sends them, as the switch sends them to
 /// the node (F37 stamped), and the node's answers.
-fn frames() -> (Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<Vec<u8>>) {
+fn frames() -> (Frames, Frames, Frames) {
     let mut rig = Rig::new(&service_toml("cups", true)).expect("rig");
     let requests = purchase_frames(&rig.service.spec, PAIRS).expect("frames");
     let (mut to_node, mut answers) = (Vec::new(), Vec::new());
@@ -51,9 +54,9 @@ struct Setup {
     staged: [Arc<Staged>; 2],
     /// Next stream offset per connection and direction.
     offsets: [[u64; 2]; 2],
-    requests: Vec<Vec<u8>>,
-    to_node: Vec<Vec<u8>>,
-    answers: Vec<Vec<u8>>,
+    requests: Frames,
+    to_node: Frames,
+    answers: Frames,
     clock: SystemTime,
 }
 
