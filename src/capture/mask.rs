@@ -4,7 +4,11 @@
 //! (the PAN keeps its first 6 and last 4), letters a fixed letter, binary data
 //! zero bytes. Separators (`=`, `^`, BCD `D`) and pad nibbles are kept.
 
-use crate::iso8583::{Align, Bitmap, Data, FieldDef, IsoError, Mask, Spec};
+use std::ops::Range;
+
+use crate::iso8583::{
+    Align, Bitmap, Data, FieldDef, IsoError, Layout, Mask, Spec, Step, field_span,
+};
 
 /// Fields masked whatever the spec says: PAN, track 1/2/3, PIN block, EMV data, MACs.
 pub const ALWAYS_MASKED: [u16; 8] = [2, 35, 36, 45, 52, 55, 64, 128];
@@ -84,27 +88,127 @@ pub fn mask_payload_with(
     let Some(last) = masked.last_in(&layout.present) else {
         return Ok(0);
     };
-    let mut inline: [Option<(&FieldDef, std::ops::Range<usize>, usize)>; SPANS_INLINE] =
-        [const { None }; SPANS_INLINE];
-    let mut more = Vec::new();
-    let mut n = 0;
-    spec.walk(&layout, payload, |def, span| {
-        if masked.contains(def.id) {
-            let found = (def, span.data..span.end, span.units);
-            match inline.get_mut(n) {
-                Some(slot) => *slot = Some(found),
-                None => more.push(found),
-            }
-            n += 1;
-        }
-        def.id < last
-    })?;
-    for (def, range, units) in inline.into_iter().flatten().chain(more) {
-        if let Some(data) = payload.get_mut(range) {
-            mask_field(def, data, units);
+    if let Some(n) = mask_fast(spec, masked, &layout, payload, last) {
+        return Ok(n);
+    }
+    // Something is wrong with this message: the checked walk finds what
+    // (and the caller blanks it), or masks what the fast walk would not
+    // vouch for.
+    let mut spans = Spans::new();
+    find_checked(spec, masked, &layout, payload, last, &mut spans)?;
+    Ok(spans.mask(payload))
+}
+
+/// The masked fields found in one message: `(definition, data range,
+/// units)`, on the stack up to [`SPANS_INLINE`].
+struct Spans<'s> {
+    inline: [Option<(&'s FieldDef, Range<usize>, usize)>; SPANS_INLINE],
+    more: Vec<(&'s FieldDef, Range<usize>, usize)>,
+    n: usize,
+}
+
+impl<'s> Spans<'s> {
+    fn new() -> Spans<'s> {
+        Spans {
+            inline: [const { None }; SPANS_INLINE],
+            more: Vec::new(),
+            n: 0,
         }
     }
-    Ok(n)
+
+    fn push(&mut self, def: &'s FieldDef, data: Range<usize>, units: usize) {
+        let found = (def, data, units);
+        match self.inline.get_mut(self.n) {
+            Some(slot) => *slot = Some(found),
+            None => self.more.push(found),
+        }
+        self.n += 1;
+    }
+
+    /// Masks every span found; returns how many.
+    fn mask(self, payload: &mut [u8]) -> usize {
+        for (def, range, units) in self.inline.into_iter().flatten().chain(self.more) {
+            if let Some(data) = payload.get_mut(range) {
+                mask_field(def, data, units);
+            }
+        }
+        self.n
+    }
+}
+
+/// Masks the fields up to `last`, crossing the fields before them in the
+/// fewest steps (as [`crate::iso8583::Message::index`] does): a fixed field
+/// moves the offset by its length from the spec's step table, with no
+/// definition read and no bounds check (the offset only grows, so one check
+/// that the last field crossed ends inside the payload covers them all); a
+/// variable field reads its prefix, checked. Each masked field is masked as
+/// it is crossed (masking changes data, never a length prefix), with no
+/// list of spans kept. `None` on anything the checked walk
+/// ([`find_checked`]) would refuse, perhaps with some fields masked already
+/// (the caller then walks again, checked: masking twice is masking once);
+/// otherwise it masks what the checked walk finds and returns how many.
+fn mask_fast(
+    spec: &Spec,
+    masked: &MaskedFields,
+    layout: &Layout,
+    payload: &mut [u8],
+    last: u16,
+) -> Option<usize> {
+    let mut at = layout.fields_at;
+    let mut n = 0;
+    for w in 0..3 {
+        let mut bits = layout.present.0[w];
+        while bits != 0 {
+            let lz = bits.leading_zeros();
+            let bit = 1u64 << (63 - lz);
+            bits &= !bit;
+            let id = (w as u32 * 64 + lz + 1) as u16;
+            let (data, end, units) = match spec.step(id) {
+                Step::UNDEFINED => return None,
+                Step::VARIABLE => {
+                    let span = field_span(spec.field(id)?, payload, at).ok()?;
+                    (span.data, span.end, Some(span.units))
+                }
+                fixed => (at, at.checked_add(fixed as usize)?, None),
+            };
+            at = end;
+            // The masked fields laid out as the bitmap: one AND per field.
+            if masked.as_bitmap.0[w] & bit != 0 {
+                let def = spec.field(id)?;
+                // A fixed field's units are its length (as `Spec::walk` says);
+                // one past the payload's end is refused here.
+                mask_field(
+                    def,
+                    payload.get_mut(data..end)?,
+                    units.unwrap_or(def.length),
+                );
+                n += 1;
+                if id >= last {
+                    // Every field crossed ends at or before `at`.
+                    return (at <= payload.len()).then_some(n);
+                }
+            }
+        }
+    }
+    (at <= payload.len()).then_some(n)
+}
+
+/// The masked fields up to `last`, each field checked as it is crossed
+/// ([`Spec::walk`]): the walk that names what is wrong with a message.
+fn find_checked<'s>(
+    spec: &'s Spec,
+    masked: &MaskedFields,
+    layout: &Layout,
+    payload: &[u8],
+    last: u16,
+    spans: &mut Spans<'s>,
+) -> Result<(), IsoError> {
+    spec.walk(layout, payload, |def, span| {
+        if masked.contains(def.id) {
+            spans.push(def, span.data..span.end, span.units);
+        }
+        def.id < last
+    })
 }
 
 /// Replaces every byte after the length prefix with a masked form when the
@@ -119,31 +223,35 @@ fn mask_field(def: &FieldDef, data: &mut [u8], units: usize) {
     match def.data {
         Data::Binary => data.fill(0),
         Data::Ascii => mask_chars(data, keep_pan, |b| match b {
-            b'0'..=b'9' => Some(DIGIT),
-            b'A'..=b'Z' | b'a'..=b'z' => Some(LETTER),
-            _ => None,
+            b'0'..=b'9' => DIGIT,
+            b'A'..=b'Z' | b'a'..=b'z' => LETTER,
+            _ => b,
         }),
         Data::Ebcdic => mask_chars(data, keep_pan, |b| match b {
-            0xF0..=0xF9 => Some(0xF0),
+            0xF0..=0xF9 => 0xF0,
             0xC1..=0xC9 | 0xD1..=0xD9 | 0xE2..=0xE9 | 0x81..=0x89 | 0x91..=0x99 | 0xA2..=0xA9 => {
-                Some(0xE7) // EBCDIC 'X'
+                0xE7 // EBCDIC 'X'
             }
-            _ => None,
+            _ => b,
         }),
         Data::Bcd => mask_bcd(def, data, units, keep_pan),
     }
 }
 
-/// Masks one-byte characters; a PAN keeps its first 6 and last 4 characters.
-fn mask_chars(data: &mut [u8], keep_pan: bool, masked: impl Fn(u8) -> Option<u8>) {
+/// Masks one-byte characters (`masked` maps each byte to what it becomes,
+/// itself when kept); a PAN keeps its first 6 and last 4 characters. The
+/// kept ends are cut off the slice rather than tested byte by byte, and the
+/// mapping is a select per byte, not a branch: this runs over every masked
+/// byte of every captured message.
+fn mask_chars(data: &mut [u8], keep_pan: bool, masked: impl Fn(u8) -> u8) {
     let n = data.len();
-    for (i, b) in data.iter_mut().enumerate() {
-        if keep_pan && n >= PAN_MIN && (i < 6 || i >= n - 4) {
-            continue;
-        }
-        if let Some(m) = masked(*b) {
-            *b = m;
-        }
+    let middle = if keep_pan && n >= PAN_MIN {
+        &mut data[6..n - 4]
+    } else {
+        data
+    };
+    for b in middle {
+        *b = masked(*b);
     }
 }
 
@@ -256,6 +364,131 @@ mod tests {
         }
         assert!(m.contains(2) && m.contains(52) && !m.contains(11));
         assert!(!m.contains(u16::MAX));
+    }
+
+    /// The masking as it was before the fast walk: every field checked as
+    /// it is crossed.
+    fn mask_checked_only(spec: &Spec, payload: &mut [u8]) -> Result<usize, IsoError> {
+        let masked = MaskedFields::of(spec);
+        let layout = spec.layout(payload)?;
+        let Some(last) = masked.last_in(&layout.present) else {
+            return Ok(0);
+        };
+        let mut spans = Spans::new();
+        find_checked(spec, &masked, &layout, payload, last, &mut spans)?;
+        Ok(spans.mask(payload))
+    }
+
+    /// Every builtin spec's sample messages, framed payloads without prefix.
+    fn samples_of_every_spec() -> Vec<(Spec, Vec<u8>)> {
+        let mut out = Vec::new();
+        for name in Spec::builtin_names() {
+            let spec = Spec::builtin(name).unwrap();
+            let mut payloads = vec![sample(&spec)];
+            payloads.extend(crate::iso8583::samples::purchase_payload(&spec));
+            payloads.extend(spec.encode(&crate::iso8583::samples::echo(&spec)));
+            for p in payloads.into_iter().filter(|p| !p.is_empty()) {
+                out.push((spec.clone(), p));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_fast_walk_masks_every_sample_as_the_checked_walk() {
+        let all = samples_of_every_spec();
+        assert!(all.len() >= 10, "samples of every spec: {}", all.len());
+        for (spec, p) in all {
+            let (mut fast, mut slow) = (p.clone(), p.clone());
+            let masked = MaskedFields::of(&spec);
+            let n = mask_payload_with(&spec, &masked, &mut fast).unwrap();
+            assert_eq!(
+                Ok(n),
+                mask_checked_only(&spec, &mut slow),
+                "{}",
+                spec.name()
+            );
+            assert_eq!(fast, slow, "{}", spec.name());
+            // And the fast walk itself vouched for it (no fall-back).
+            let layout = spec.layout(&p).unwrap();
+            let Some(last) = masked.last_in(&layout.present) else {
+                assert_eq!(n, 0, "{}: nothing to mask", spec.name());
+                continue;
+            };
+            let mut again = p.clone();
+            assert_eq!(
+                mask_fast(&spec, &masked, &layout, &mut again, last),
+                Some(n),
+                "{}",
+                spec.name()
+            );
+            assert_eq!(again, slow, "{}", spec.name());
+        }
+    }
+
+    proptest::proptest! {
+        /// Mangled messages (bytes changed, cut short, bytes added): the
+        /// fast walk masks exactly what the checked walk masks, and refuses
+        /// exactly what it refuses (a refused payload is blanked whole by
+        /// the writer, so what masking left in it does not matter).
+        #[test]
+        fn the_fast_walk_masks_mangled_messages_as_the_checked_walk(
+            which in 0usize..64,
+            changes in proptest::collection::vec((0usize..4096, proptest::num::u8::ANY), 0..4),
+            keep in proptest::option::of(0usize..4096),
+            extra in proptest::collection::vec(proptest::num::u8::ANY, 0..8),
+        ) {
+            let all = samples_of_every_spec();
+            let (spec, mut p) = all[which % all.len()].clone();
+            for (at, b) in changes {
+                let n = p.len();
+                p[at % n] = b;
+            }
+            if let Some(k) = keep {
+                p.truncate(k % (p.len() + 1));
+            }
+            p.extend(extra);
+            let (mut fast, mut slow) = (p.clone(), p);
+            let a = mask_payload_with(&spec, &MaskedFields::of(&spec), &mut fast).map_err(|e| e.to_string());
+            let b = mask_checked_only(&spec, &mut slow).map_err(|e| e.to_string());
+            let ok = a.is_ok();
+            proptest::prop_assert_eq!(a, b);
+            if ok {
+                proptest::prop_assert_eq!(fast, slow);
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Characters are masked as they were byte by byte: digits to `0`,
+        /// letters to `X` (EBCDIC alike), all else kept, and a PAN of 13+
+        /// characters keeps its first 6 and last 4.
+        #[test]
+        fn characters_mask_as_byte_by_byte(
+            data in proptest::collection::vec(proptest::num::u8::ANY, 0..40),
+            keep_pan: bool,
+        ) {
+            let n = data.len();
+            let kept = |i: usize| keep_pan && n >= PAN_MIN && (i < 6 || i >= n - 4);
+            let mut ascii = data.clone();
+            mask_chars(&mut ascii, keep_pan, |b| match b {
+                b'0'..=b'9' => DIGIT,
+                b'A'..=b'Z' | b'a'..=b'z' => LETTER,
+                _ => b,
+            });
+            for (i, (&was, &now)) in data.iter().zip(&ascii).enumerate() {
+                let expected = if kept(i) {
+                    was
+                } else if was.is_ascii_digit() {
+                    b'0'
+                } else if was.is_ascii_alphabetic() {
+                    b'X'
+                } else {
+                    was
+                };
+                proptest::prop_assert_eq!(now, expected, "byte {}", i);
+            }
+        }
     }
 
     #[test]

@@ -32,18 +32,52 @@ pub struct TcpFlow {
     pub server: SocketAddr,
     client_next: u32,
     server_next: u32,
+    /// The headers of a data packet from each side (`[from server, from
+    /// client]`), built once with etherparse: each data packet copies its
+    /// side's and patches the lengths, the IPv4 checksum and the sequence
+    /// numbers, rather than building the headers anew.
+    templates: [Template; 2],
 }
+
+/// Ethernet + IP + TCP headers of one side's data packets, as etherparse
+/// builds them for an empty payload and sequence numbers 0.
+#[derive(Clone, Debug)]
+struct Template {
+    bytes: [u8; TEMPLATE_MAX],
+    len: usize,
+    v4: bool,
+}
+
+/// Ethernet (14) + IPv6 (40) + TCP without options (20).
+const TEMPLATE_MAX: usize = 14 + 40 + 20;
+/// Where the IP header starts (after the Ethernet header).
+const IP_AT: usize = 14;
 
 impl TcpFlow {
     /// A flow whose initial sequence numbers come from `isn` (any value; the
     /// connection ID keeps them distinct between connections).
     pub fn new(client: SocketAddr, server: SocketAddr, isn: u32) -> TcpFlow {
-        TcpFlow {
+        let mut flow = TcpFlow {
             client: canonical(client),
             server: canonical(server),
             client_next: isn,
             server_next: isn.wrapping_mul(2_654_435_761).wrapping_add(1),
-        }
+            templates: [Template::EMPTY, Template::EMPTY],
+        };
+        flow.templates = [false, true].map(|from_client| flow.template(from_client));
+        flow
+    }
+
+    /// Etherparse's headers of a data packet from one side, with an empty
+    /// payload and sequence numbers 0.
+    fn template(&self, from_client: bool) -> Template {
+        let mut built = Vec::with_capacity(TEMPLATE_MAX);
+        self.packet_into(from_client, Flags::Data, 0, 0, &[], &mut built);
+        let mut t = Template::EMPTY;
+        t.len = built.len().min(TEMPLATE_MAX);
+        t.bytes[..t.len].copy_from_slice(&built[..t.len]);
+        t.v4 = self.client.is_ipv4() && self.server.is_ipv4();
+        t
     }
 
     /// SYN, SYN-ACK, ACK, ending at the current sequence numbers (so a
@@ -79,9 +113,10 @@ impl TcpFlow {
         let payload = &payload[..payload.len().min(MAX_SEGMENT)];
         let (seq, ack) = self.numbers(from_client);
         out.clear();
-        self.packet_into(from_client, Flags::Data, seq, ack, payload, out);
+        let start = self.templates[usize::from(from_client)].put(seq, ack, payload.len(), out);
+        out.extend_from_slice(payload);
         self.advance(from_client, payload.len() as u32);
-        out.len() - payload.len()
+        start
     }
 
     /// Bytes one side sent that the capture lost: the sequence number moves on
@@ -204,6 +239,47 @@ impl TcpFlow {
     }
 }
 
+impl Template {
+    const EMPTY: Template = Template {
+        bytes: [0; TEMPLATE_MAX],
+        len: 0,
+        v4: true,
+    };
+
+    /// Appends the headers of a data packet carrying `payload_len` bytes
+    /// (at most [`MAX_SEGMENT`]) at `seq`, acknowledging `ack`; returns
+    /// where the payload goes.
+    fn put(&self, seq: u32, ack: u32, payload_len: usize, out: &mut Vec<u8>) -> usize {
+        let at = out.len();
+        out.extend_from_slice(&self.bytes[..self.len]);
+        let h = &mut out[at..];
+        let (ip_len, tcp_at) = if self.v4 {
+            (20, IP_AT + 20)
+        } else {
+            (40, IP_AT + 40)
+        };
+        // The TCP header of a data packet has no options: 20 bytes.
+        let tcp_len = (20 + payload_len) as u16;
+        if self.v4 {
+            let total = tcp_len + ip_len as u16;
+            h[IP_AT + 2..IP_AT + 4].copy_from_slice(&total.to_be_bytes());
+            h[IP_AT + 10..IP_AT + 12].fill(0);
+            let sum = etherparse::checksum::Sum16BitWords::new()
+                .add_slice(&h[IP_AT..IP_AT + ip_len])
+                .ones_complement();
+            // Summed as native-endian words (etherparse's `calc_header_checksum`
+            // then swaps to big-endian for the wire): the native bytes are the
+            // wire bytes.
+            h[IP_AT + 10..IP_AT + 12].copy_from_slice(&sum.to_ne_bytes());
+        } else {
+            h[IP_AT + 4..IP_AT + 6].copy_from_slice(&tcp_len.to_be_bytes());
+        }
+        h[tcp_at + 4..tcp_at + 8].copy_from_slice(&seq.to_be_bytes());
+        h[tcp_at + 8..tcp_at + 12].copy_from_slice(&ack.to_be_bytes());
+        at + self.len
+    }
+}
+
 /// IPv4-mapped IPv6 addresses become IPv4, so both ends have one family.
 fn canonical(a: SocketAddr) -> SocketAddr {
     SocketAddr::new(a.ip().to_canonical(), a.port())
@@ -269,6 +345,69 @@ mod tests {
             assert_eq!(&buf[at..], payload);
         }
         assert_eq!(a.close(), b.close(), "both flows moved on alike");
+    }
+
+    /// The patched template is byte for byte the packet etherparse builds,
+    /// for both families, both sides, and sizes from empty to the largest.
+    #[test]
+    fn a_data_packet_from_the_template_is_etherparses_packet() {
+        let pairs = [
+            ("127.0.0.1:40000", "127.0.0.1:5000"),
+            ("10.1.2.3:65535", "192.168.200.7:1"),
+            ("[::1]:40000", "[::1]:5000"),
+            ("[2001:db8::1]:1234", "[fe80::2]:8583"),
+            ("[::ffff:127.0.0.1]:40000", "127.0.0.1:5000"),
+        ];
+        let numbers = [
+            (0u32, 0u32),
+            (1, 2),
+            (0x8000_0000, 0xFFFF_FFFF),
+            (0xDEAD_BEEF, 7),
+        ];
+        for (c, s) in pairs {
+            let flow = TcpFlow::new(c.parse().unwrap(), s.parse().unwrap(), 77);
+            for from_client in [true, false] {
+                for (seq, ack) in numbers {
+                    for n in [0, 1, 19, 1400, MAX_SEGMENT - 1, MAX_SEGMENT] {
+                        let payload: Vec<u8> = (0..n).map(|i| i as u8).collect();
+                        let mut expected = Vec::new();
+                        flow.packet_into(
+                            from_client,
+                            Flags::Data,
+                            seq,
+                            ack,
+                            &payload,
+                            &mut expected,
+                        );
+                        let mut got = vec![0xEE; 5];
+                        let at =
+                            flow.templates[usize::from(from_client)].put(seq, ack, n, &mut got);
+                        got.extend_from_slice(&payload);
+                        assert_eq!(&got[..5], &[0xEE; 5], "appended after what was there");
+                        assert_eq!(
+                            &got[5..],
+                            &expected[..],
+                            "{c} {s} {from_client} {seq} {ack} {n}"
+                        );
+                        assert_eq!(at, 5 + expected.len() - n, "the payload's place");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_template_keeps_the_ipv4_header_checksum_valid() {
+        let c: SocketAddr = "10.0.0.1:40000".parse().unwrap();
+        let s: SocketAddr = "10.0.0.2:5000".parse().unwrap();
+        let mut f = TcpFlow::new(c, s, 5);
+        let mut buf = Vec::new();
+        for n in [0usize, 3, 1000, MAX_SEGMENT] {
+            f.data_into(true, &vec![1u8; n], &mut buf);
+            let ip = etherparse::Ipv4HeaderSlice::from_slice(&buf[14..]).unwrap();
+            assert_eq!(ip.total_len() as usize, 40 + n);
+            assert_eq!(ip.header_checksum(), ip.to_header().calc_header_checksum());
+        }
     }
 
     #[test]

@@ -26,12 +26,16 @@ pub use codec::ebcdic;
 /// The field walk written with nom's primitives, for `benches/codec.rs`.
 #[doc(hidden)]
 pub use codec::nom_form::validate as validate_nom_form;
+/// For capture's masking walk (`crate::capture::mask`), which crosses fixed
+/// fields by the spec's step table as [`Message::index`] does.
+pub(crate) use codec::span as field_span;
 pub use datetime::{civil_from_days, transmission_date_time};
 pub use decoded::{Decoded, ShownMessage, Value};
 pub use error::{IsoError, SpecError};
 pub use mask::Shown;
 pub use message::{Bitmap, FieldIndex, FieldRef, Layout, Message, RoutingView, patch_fixed, stamp};
 pub use mti::Mti;
+pub(crate) use spec::Step;
 pub use spec::{
     Align, BitmapEncoding, BitmapSpec, Data, FieldDef, Format, Framing, LengthEncoding, MAX_FIELD,
     Mask, MtiEncoding, MtiSpec, Network, Spec, Unit,
