@@ -4,7 +4,7 @@
 //! write: each copy is appended, with its stream offset and time, to the
 //! connection's [`Staged`] batch (a short uncontended lock), and only the first
 //! copy into an empty batch queues a `Ready` for the writer, which takes the
-//! whole batch on its next pass (every 50 ms). A batch over its bound drops
+//! whole batch on its next pass (every 20 ms). A batch over its bound drops
 //! the copy and counts it (`ServiceCounters::capture_dropped`); the offsets
 //! make the drop a gap in the capture.
 

@@ -24,8 +24,10 @@ const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// How often the writer drains its queue and takes the connections' staged
 /// batches. Each pass wakes a thread (a visible cost on a virtual machine);
 /// the copies wait in their connection's batch meanwhile, never on the
-/// message path.
-const DRAIN_EVERY: Duration = Duration::from_millis(50);
+/// message path. 20 ms, not 50: smaller batches stay in cache between the
+/// taps' copies and the writer's read, which measured cheaper than the
+/// wake-ups they add (BENCHMARKS.md, capture, 3 December afternoon).
+const DRAIN_EVERY: Duration = Duration::from_millis(20);
 /// Dropped events are logged at most this often.
 const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
 
