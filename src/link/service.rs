@@ -647,18 +647,12 @@ impl Service {
         self.counters.answered.fetch_add(1, Ordering::Relaxed);
         let patch = self.response_tpdu_patch(&p.request);
         let out = Outbound::Message(response.payload().clone(), patch);
-        if tx.try_send(out).is_err() {
-            self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
-            if self
-                .log_limit
-                .allow(LogKind::Undeliverable, LogPeer::Service, now)
-            {
-                tracing::warn!(
-                    service = self.name(),
-                    conn,
-                    "client gone or not reading: response dropped"
-                );
-            }
+        if tx.try_send(out).is_err() && self.undeliverable(now) {
+            tracing::warn!(
+                service = self.name(),
+                conn,
+                "client gone or not reading: response dropped"
+            );
         }
     }
 
@@ -678,6 +672,14 @@ impl Service {
     }
 
     /// The TPDU edit for a response to `request`, by the service's policy.
+    /// Counts an answer that found no way out; whether to log it (at most
+    /// a few lines a second, the rest summed up).
+    fn undeliverable(&self, now: Instant) -> bool {
+        self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
+        self.log_limit
+            .allow(LogKind::Undeliverable, LogPeer::Service, now)
+    }
+
     fn response_tpdu_patch(&self, request: &[u8]) -> Patch {
         self.router.response_tpdu_patch(request)
     }

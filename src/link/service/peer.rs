@@ -25,17 +25,11 @@ impl Service {
             .out_links
             .as_ref()
             .is_some_and(|l| l.answer(out, now).is_ok());
-        if !sent {
-            self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
-            if self
-                .log_limit
-                .allow(LogKind::Undeliverable, LogPeer::Service, now)
-            {
-                tracing::warn!(
-                    service = self.name(),
-                    "no usable out link: answer to the peer dropped"
-                );
-            }
+        if !sent && self.undeliverable(now) {
+            tracing::warn!(
+                service = self.name(),
+                "no usable out link: answer to the peer dropped"
+            );
         }
         sent
     }
