@@ -107,3 +107,68 @@ async fn load_names_an_unreachable_target() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_list_spreads_the_clients_over_the_nodes() {
+    // Five clients over three nodes in turn: 2, 2 and 1 connections, and
+    // every node answers some of the load.
+    let spec = Arc::new(Spec::resolve("cups").unwrap());
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut nodes = Vec::new();
+    for id in ["01", "02", "03"] {
+        let node = NodeSim::start(any, spec.clone(), NodeSimConfig::new(id))
+            .await
+            .unwrap();
+        nodes.push(node);
+    }
+    let targets = nodes
+        .iter()
+        .map(|n| n.addr.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let args = [
+        "--target",
+        &targets,
+        "--spec",
+        "cups",
+        "--clients",
+        "5",
+        "--in-flight",
+        "1",
+        "--duration",
+        "500ms",
+        "--json",
+    ];
+    let out = tokio::time::timeout(std::time::Duration::from_secs(30), load(&args))
+        .await
+        .expect("the load run ends");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON report");
+    assert_eq!(report["connects"].as_u64(), Some(5), "{report}");
+    let connections: Vec<u64> = nodes
+        .iter()
+        .map(|n| {
+            n.stats
+                .connections
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .collect();
+    assert_eq!(connections, [2, 2, 1]);
+    let answered: u64 = nodes
+        .iter()
+        .map(|n| {
+            let a = n.stats.answered.load(std::sync::atomic::Ordering::Relaxed);
+            assert!(a > 0, "node {} answered nothing", n.addr);
+            a
+        })
+        .sum();
+    assert_eq!(Some(answered), report["requests"].as_u64(), "{report}");
+    for n in nodes {
+        n.stop().await;
+    }
+}

@@ -1,7 +1,8 @@
 //! `isoswitch bench`: one run, same machine, same workload, measuring in turn
-//! (a) the load generator straight to one node, (b) HAProxy in TCP mode round
-//! robin over the nodes (when `haproxy` is on the PATH) and (c) isoswitch
-//! balancing per message over the same nodes.
+//! (a) the load generator straight to one node, (a2) straight to every node,
+//! its clients spread over them in turn (the cluster without a balancer),
+//! (b) HAProxy in TCP mode round robin over the nodes (when `haproxy` is on
+//! the PATH) and (c) isoswitch balancing per message over the same nodes.
 //!
 //! Every party but the load generator is a process of its own: the nodes
 //! (`isoswitch sim node`), the switch (`isoswitch run`) and HAProxy. Where
@@ -171,6 +172,9 @@ fn plan_pinning(args: &BenchArgs) -> Result<Option<Pinning>, String> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Target {
     Direct,
+    /// The clients spread over every node in turn: the same cluster as the
+    /// proxies' rows, with no balancer between.
+    DirectAll,
     Haproxy,
     Switch,
 }
@@ -179,6 +183,7 @@ impl Target {
     fn label(self) -> &'static str {
         match self {
             Target::Direct => "(a) direct to one node",
+            Target::DirectAll => "(a2) direct, clients spread over the nodes",
             Target::Haproxy => "(b) haproxy tcp roundrobin",
             Target::Switch => "(c) isoswitch per message",
         }
@@ -187,11 +192,19 @@ impl Target {
     fn key(self) -> &'static str {
         match self {
             Target::Direct => "direct",
+            Target::DirectAll => "direct_all",
             Target::Haproxy => "haproxy",
             Target::Switch => "switch",
         }
     }
 }
+
+const ALL_TARGETS: [Target; 4] = [
+    Target::Direct,
+    Target::DirectAll,
+    Target::Haproxy,
+    Target::Switch,
+];
 
 /// CPU a proxy process spent over a row.
 #[derive(Clone, Copy, Debug)]
@@ -230,7 +243,7 @@ struct Rig {
 impl Rig {
     fn addr_pid(&self, t: Target) -> Option<(SocketAddr, Option<u32>)> {
         match t {
-            Target::Direct => Some((self.nodes[0], None)),
+            Target::Direct | Target::DirectAll => Some((self.nodes[0], None)),
             Target::Switch => Some((self.switch.1, Some(self.switch.0.pid()))),
             Target::Haproxy => self.haproxy.as_ref().map(|(p, a)| (*a, Some(p.pid()))),
         }
@@ -238,6 +251,9 @@ impl Rig {
 
     fn targets(&self) -> Vec<Target> {
         let mut t = vec![Target::Direct];
+        if self.nodes.len() > 1 {
+            t.push(Target::DirectAll);
+        }
         if self.haproxy.is_some() {
             t.push(Target::Haproxy);
         }
@@ -423,6 +439,9 @@ async fn measure(
         return Err(format!("no {} in this run", target.key()));
     };
     let mut cfg = LoadConfig::new(addr);
+    if target == Target::DirectAll {
+        cfg.spread = rig.nodes.iter().skip(1).copied().collect();
+    }
     cfg.clients = args.clients;
     cfg.in_flight = args.in_flight;
     cfg.mix = args.mix;
@@ -528,7 +547,7 @@ impl Summary {
         let cpu = |r: &Row| r.cpu.map(|c| c.us_per_msg);
         let p99 = |r: &Row| Some(r.report.percentile_us(0.99) as f64);
         if !args.no_saturation {
-            for t in [Target::Direct, Target::Haproxy, Target::Switch] {
+            for t in ALL_TARGETS {
                 s.add(
                     &format!("saturation_approved_per_s.{}", t.key()),
                     &per_rep(t, None, &approved),
@@ -547,6 +566,13 @@ impl Summary {
             let di = per_rep(Target::Direct, None, &approved);
             s.add("ratio.saturation_switch_over_haproxy", &div(&sw, &ha), 2);
             s.add("ratio.saturation_switch_over_direct", &div(&sw, &di), 2);
+            let da = per_rep(Target::DirectAll, None, &approved);
+            s.add("ratio.saturation_switch_over_direct_all", &div(&sw, &da), 2);
+            s.add(
+                "ratio.saturation_haproxy_over_direct_all",
+                &div(&ha, &da),
+                2,
+            );
         }
         for &rate in &args.rates {
             let at = Some(rate);
@@ -561,7 +587,7 @@ impl Summary {
                 2,
             );
             let direct = per_rep(Target::Direct, at, &p99);
-            for t in [Target::Direct, Target::Haproxy, Target::Switch] {
+            for t in ALL_TARGETS {
                 s.add(&format!("p99_us.{}@{r}", t.key()), &per_rep(t, at, &p99), 0);
             }
             for t in [Target::Haproxy, Target::Switch] {
@@ -639,9 +665,19 @@ fn print_ratios(s: &Summary, args: &BenchArgs) {
         " (goal ≥ 1.5)",
     );
     line(
-        "saturation, switch ÷ direct (approved/s)",
+        "saturation, switch ÷ direct to one node (approved/s)",
         "ratio.saturation_switch_over_direct",
         " (goal ≥ 0.8)",
+    );
+    line(
+        "saturation, switch ÷ direct with the clients spread over the nodes (approved/s)",
+        "ratio.saturation_switch_over_direct_all",
+        "",
+    );
+    line(
+        "saturation, HAProxy ÷ direct with the clients spread over the nodes (approved/s)",
+        "ratio.saturation_haproxy_over_direct_all",
+        "",
     );
     for &rate in &args.rates {
         let r = format!("{rate:.0}");
@@ -904,7 +940,7 @@ mod tests {
                 elapsed: Duration::from_secs(1),
                 latency_us,
             },
-            cpu: (target != Target::Direct).then_some(Cpu {
+            cpu: matches!(target, Target::Haproxy | Target::Switch).then_some(Cpu {
                 us_per_msg: cpu,
                 percent: 50.0,
                 user_percent: 30.0,
@@ -922,6 +958,7 @@ mod tests {
             .enumerate()
         {
             rows.push(row(Target::Direct, None, i, 100_000, 100, 0.0));
+            rows.push(row(Target::DirectAll, None, i, 64_000, 100, 0.0));
             rows.push(row(Target::Haproxy, None, i, 50_000, 100, *ha));
             rows.push(row(Target::Switch, None, i, 80_000, 100, *sw));
             rows.push(row(Target::Direct, Some(10_000.0), i, 10_000, 200, 0.0));
@@ -947,6 +984,8 @@ mod tests {
         assert_eq!(get("saturation_approved_per_s.switch"), "80000");
         assert_eq!(get("ratio.saturation_switch_over_haproxy"), "1.60");
         assert_eq!(get("ratio.saturation_switch_over_direct"), "0.80");
+        assert_eq!(get("ratio.saturation_switch_over_direct_all"), "1.25");
+        assert_eq!(get("ratio.saturation_haproxy_over_direct_all"), "0.78");
         // Ratios 0.5, 0.75, 0.9: median 0.75.
         assert_eq!(get("ratio.cpu_switch_over_haproxy@10000"), "0.75");
         assert_eq!(
@@ -970,5 +1009,9 @@ mod tests {
         assert!(s.spread("ratio.cpu_switch_over_haproxy@10000").is_none());
         assert_eq!(s.spread("p99_added_us.switch@10000"), Some("100"));
         assert!(s.spread("ratio.saturation_switch_over_direct").is_none());
+        assert!(
+            s.spread("ratio.saturation_switch_over_direct_all")
+                .is_none()
+        );
     }
 }

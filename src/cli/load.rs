@@ -16,9 +16,11 @@ use crate::sim::load::{self, LoadConfig, LoadCounters, LoadReport, Mix};
 
 #[derive(Debug, clap::Args)]
 pub struct LoadArgs {
-    /// Where to send the requests: the switch's front, a node, a proxy.
-    #[arg(long)]
-    pub target: SocketAddr,
+    /// Where to send the requests: the switch's front, a node, a proxy. A
+    /// comma-separated list spreads the clients over them in turn (straight
+    /// to a cluster's nodes, with no balancer between).
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub target: Vec<SocketAddr>,
     /// The dialect of the requests (a shipped spec name or a spec file).
     #[arg(long)]
     pub spec: String,
@@ -116,7 +118,12 @@ pub fn run(args: &LoadArgs) -> ExitCode {
 }
 
 async fn drive(spec: Arc<Spec>, args: &LoadArgs) -> Result<LoadReport, String> {
-    let mut cfg = LoadConfig::new(args.target);
+    let (first, spread) = args
+        .target
+        .split_first()
+        .ok_or("--target: no address given")?;
+    let mut cfg = LoadConfig::new(*first);
+    cfg.spread = spread.to_vec();
     cfg.clients = args.clients;
     cfg.in_flight = args.in_flight;
     cfg.mix = args.mix;

@@ -60,6 +60,9 @@ impl Mix {
 #[derive(Clone, Debug)]
 pub struct LoadConfig {
     pub target: SocketAddr,
+    /// Further targets: client `c` connects to the `c mod n`-th of `target`
+    /// and these, as clients spread over a cluster with no balancer between.
+    pub spread: Vec<SocketAddr>,
     pub clients: usize,
     pub in_flight: usize,
     pub mix: Mix,
@@ -82,9 +85,18 @@ pub struct LoadConfig {
 }
 
 impl LoadConfig {
+    /// Where client `client` connects: `target` and `spread` in turn.
+    pub fn target_of(&self, client: usize) -> SocketAddr {
+        match client % (self.spread.len() + 1) {
+            0 => self.target,
+            i => self.spread[i - 1],
+        }
+    }
+
     pub fn new(target: SocketAddr) -> LoadConfig {
         LoadConfig {
             target,
+            spread: Vec::new(),
             clients: 50,
             in_flight: 4,
             mix: Mix::Paper,
@@ -273,9 +285,10 @@ pub async fn run(
             ));
             continue;
         }
-        let stream = connect(&cfg)
+        let target = cfg.target_of(c);
+        let stream = connect(&cfg, target)
             .await
-            .map_err(|e| format!("cannot connect to {}: {e}", cfg.target))?;
+            .map_err(|e| format!("cannot connect to {target}: {e}"))?;
         counters.connects.fetch_add(1, Ordering::Relaxed);
         if let Some(n) = cfg.requests_per_round {
             clients.spawn(crate::sim::profiles::run_rounds(
@@ -325,9 +338,9 @@ fn new_histogram() -> Result<Histogram<u64>, String> {
     Histogram::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())
 }
 
-pub(crate) async fn connect(cfg: &LoadConfig) -> std::io::Result<TcpStream> {
+pub(crate) async fn connect(cfg: &LoadConfig, target: SocketAddr) -> std::io::Result<TcpStream> {
     let stream = match cfg.bind_ip {
-        None => TcpStream::connect(cfg.target).await?,
+        None => TcpStream::connect(target).await?,
         Some(ip) => {
             let socket = if ip.is_ipv4() {
                 TcpSocket::new_v4()?
@@ -335,7 +348,7 @@ pub(crate) async fn connect(cfg: &LoadConfig) -> std::io::Result<TcpStream> {
                 TcpSocket::new_v6()?
             };
             socket.bind(SocketAddr::new(ip, 0))?;
-            socket.connect(cfg.target).await?
+            socket.connect(target).await?
         }
     };
     stream.set_nodelay(true)?;
@@ -677,6 +690,21 @@ mod tests {
         assert_eq!(report.throughput(), 55.0);
         assert_eq!(report.sent_per_s(), 60.0);
         assert_eq!(report.errors(), 10);
+    }
+
+    #[test]
+    fn spread_clients_take_the_targets_in_turn() {
+        let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let b: SocketAddr = "127.0.0.1:2".parse().unwrap();
+        let c: SocketAddr = "127.0.0.1:3".parse().unwrap();
+        let mut cfg = LoadConfig::new(a);
+        assert_eq!(
+            (0..3).map(|i| cfg.target_of(i)).collect::<Vec<_>>(),
+            [a, a, a]
+        );
+        cfg.spread = vec![b, c];
+        let got: Vec<_> = (0..5).map(|i| cfg.target_of(i)).collect();
+        assert_eq!(got, [a, b, c, a, b]);
     }
 
     #[test]
