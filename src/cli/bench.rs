@@ -590,10 +590,16 @@ impl Summary {
             for t in ALL_TARGETS {
                 s.add(&format!("p99_us.{}@{r}", t.key()), &per_rep(t, at, &p99), 0);
             }
+            let direct_all = per_rep(Target::DirectAll, at, &p99);
             for t in [Target::Haproxy, Target::Switch] {
                 s.add(
                     &format!("p99_added_us.{}@{r}", t.key()),
                     &sub(&per_rep(t, at, &p99), &direct),
+                    0,
+                );
+                s.add(
+                    &format!("p99_added_over_direct_all_us.{}@{r}", t.key()),
+                    &sub(&per_rep(t, at, &p99), &direct_all),
                     0,
                 );
             }
@@ -693,6 +699,20 @@ fn print_ratios(s: &Summary, args: &BenchArgs) {
         line(
             &format!("HAProxy-added p99 at {r} req/s"),
             &format!("p99_added_us.haproxy@{r}"),
+            " µs",
+        );
+        line(
+            &format!(
+                "switch-added p99 at {r} req/s over direct with the clients spread over the nodes"
+            ),
+            &format!("p99_added_over_direct_all_us.switch@{r}"),
+            " µs",
+        );
+        line(
+            &format!(
+                "HAProxy-added p99 at {r} req/s over direct with the clients spread over the nodes"
+            ),
+            &format!("p99_added_over_direct_all_us.haproxy@{r}"),
             " µs",
         );
     }
@@ -962,6 +982,7 @@ mod tests {
             rows.push(row(Target::Haproxy, None, i, 50_000, 100, *ha));
             rows.push(row(Target::Switch, None, i, 80_000, 100, *sw));
             rows.push(row(Target::Direct, Some(10_000.0), i, 10_000, 200, 0.0));
+            rows.push(row(Target::DirectAll, Some(10_000.0), i, 10_000, 350, 0.0));
             rows.push(row(Target::Haproxy, Some(10_000.0), i, 10_000, 500, *ha));
             rows.push(row(
                 Target::Switch,
@@ -996,6 +1017,7 @@ mod tests {
         // Switch p99 400, 500, 600 µs against direct 200 µs.
         assert_eq!(get("p99_added_us.switch@10000"), "300");
         assert_eq!(get("p99_added_us.haproxy@10000"), "300");
+        assert_eq!(get("p99_added_over_direct_all_us.switch@10000"), "150");
     }
 
     #[test]
