@@ -214,6 +214,7 @@ impl NodeSim {
             outstanding: Mutex::new(HashMap::new()),
             originating: super::OriginateGate::new(true),
             opts,
+            delayed: Arc::default(),
         });
         let task = tokio::spawn(accept_loop(listener, Arc::clone(&shared), rx));
         Ok(NodeSim {
@@ -244,6 +245,8 @@ struct Shared {
     /// Node-originated requests keep coming while this is open.
     originating: super::OriginateGate,
     opts: NodeOptions,
+    /// Answers waiting out their delay (bounded, dropped at the stop).
+    delayed: Arc<super::DelayedAnswers>,
 }
 
 /// How a simulated node shapes its answers.
@@ -323,7 +326,9 @@ async fn serve_conn(
             _ = shutdown.changed() => break,
         };
         match frame {
-            Some(Ok(Frame::Message(payload))) => handle(&shared, &tx, payload, &mut rng, id),
+            Some(Ok(Frame::Message(payload))) => {
+                handle(&shared, &tx, payload, &mut rng, id, &shutdown)
+            }
             Some(Ok(_)) => {}
             Some(Err(_)) | None => break,
         }
@@ -349,7 +354,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn handle(shared: &Shared, tx: &mpsc::Sender<Outbound>, payload: Bytes, rng: &mut Rng, conn: u64) {
+fn handle(
+    shared: &Shared,
+    tx: &mpsc::Sender<Outbound>,
+    payload: Bytes,
+    rng: &mut Rng,
+    conn: u64,
+    shutdown: &watch::Receiver<bool>,
+) {
     let (spec, cfg, stats) = (&*shared.spec, &shared.cfg, &*shared.stats);
     let Ok(msg) = Message::parse(spec, payload) else {
         stats.bad.fetch_add(1, Ordering::Relaxed);
@@ -380,15 +392,19 @@ fn handle(shared: &Shared, tx: &mpsc::Sender<Outbound>, payload: Bytes, rng: &mu
         return;
     }
     let delay = cfg.delay.sample(rng);
-    stats.answered.fetch_add(1, Ordering::Relaxed);
     if delay.is_zero() {
+        stats.answered.fetch_add(1, Ordering::Relaxed);
         let _ = tx.try_send(Outbound::message(response));
+        return;
+    }
+    let tx = tx.clone();
+    // A full write queue drops the answer, as it does undelayed.
+    let send = move || drop(tx.try_send(Outbound::message(response)));
+    if shared.delayed.send_after(delay, shutdown.clone(), send) {
+        stats.answered.fetch_add(1, Ordering::Relaxed);
     } else {
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            let _ = tx.send(Outbound::message(response)).await;
-        });
+        // Past MAX_DELAYED answers waiting: the node is over its capacity.
+        stats.unanswered.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -587,6 +603,46 @@ mod tests {
             matches!(read, Ok(Ok(0)) | Ok(Err(_))),
             "closed at once, no late answer: {read:?}"
         );
+    }
+
+    /// Delayed answers are bounded: past MAX_DELAYED waiting, a request is
+    /// counted unanswered instead of holding one more task (it used to spawn
+    /// one per request without limit).
+    #[tokio::test]
+    async fn delayed_answers_past_the_cap_are_counted_unanswered() {
+        use tokio::io::AsyncWriteExt;
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let spec = Arc::new(Spec::builtin("cup-pos").unwrap());
+            let mut cfg = NodeSimConfig::new("01");
+            cfg.delay = Delay::parse("60s").unwrap();
+            let node = NodeSim::start("127.0.0.1:0".parse().unwrap(), spec.clone(), cfg)
+                .await
+                .unwrap();
+            let mut client = TcpStream::connect(node.addr).await.unwrap();
+            let request = crate::sim::sample_request(&spec, "0200").unwrap();
+            let over = 3;
+            let mut frames = bytes::BytesMut::new();
+            for _ in 0..super::super::MAX_DELAYED + over {
+                spec.framing()
+                    .prefix
+                    .encode(request.len(), &mut frames)
+                    .unwrap();
+                frames.extend_from_slice(&request);
+            }
+            client.write_all(&frames).await.unwrap();
+            let total = (super::super::MAX_DELAYED + over) as u64;
+            while node.stats.requests.load(Ordering::Relaxed) < total {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(node.stats.unanswered.load(Ordering::Relaxed), over as u64);
+            assert_eq!(
+                node.stats.answered.load(Ordering::Relaxed),
+                super::super::MAX_DELAYED as u64
+            );
+            node.stop().await;
+        })
+        .await
+        .expect("within the test's time");
     }
 
     /// Behind F37 stamping (and across switch instances) the answer to a
