@@ -99,6 +99,21 @@ pub fn mask_payload_with(
     Ok(spans.mask(payload))
 }
 
+/// [`mask_payload`] by the checked walk alone, without the fast step-table
+/// walk: what the fast walk must agree with wherever this succeeds (the
+/// proptests below and the `mask` fuzz target compare the two).
+#[doc(hidden)]
+pub fn mask_payload_checked(spec: &Spec, payload: &mut [u8]) -> Result<usize, IsoError> {
+    let masked = MaskedFields::of(spec);
+    let layout = spec.layout(payload)?;
+    let Some(last) = masked.last_in(&layout.present) else {
+        return Ok(0);
+    };
+    let mut spans = Spans::new();
+    find_checked(spec, &masked, &layout, payload, last, &mut spans)?;
+    Ok(spans.mask(payload))
+}
+
 /// The masked fields found in one message: `(definition, data range,
 /// units)`, on the stack up to [`SPANS_INLINE`].
 struct Spans<'s> {
@@ -369,14 +384,7 @@ mod tests {
     /// The masking as it was before the fast walk: every field checked as
     /// it is crossed.
     fn mask_checked_only(spec: &Spec, payload: &mut [u8]) -> Result<usize, IsoError> {
-        let masked = MaskedFields::of(spec);
-        let layout = spec.layout(payload)?;
-        let Some(last) = masked.last_in(&layout.present) else {
-            return Ok(0);
-        };
-        let mut spans = Spans::new();
-        find_checked(spec, &masked, &layout, payload, last, &mut spans)?;
-        Ok(spans.mask(payload))
+        mask_payload_checked(spec, payload)
     }
 
     /// Every builtin spec's sample messages, framed payloads without prefix.
