@@ -203,7 +203,11 @@ pub fn pcap(data: &[u8]) {
         }
     }
     let sent: usize = packets.segments.iter().map(|s| s.payload.len()).sum();
-    assert!(carried <= sent, "reassembly made up {} bytes", carried - sent);
+    assert!(
+        carried <= sent,
+        "reassembly made up {} bytes",
+        carried - sent
+    );
     for spec in specs() {
         check_frames(spec, &conns);
     }
@@ -247,7 +251,12 @@ fn check_frames(spec: &Spec, conns: &[Connection]) {
         }
     }
     let (timeline, problems) = read::timeline(spec, conns);
-    assert_eq!(timeline.len(), total, "{}: the timeline loses frames", spec.name());
+    assert_eq!(
+        timeline.len(),
+        total,
+        "{}: the timeline loses frames",
+        spec.name()
+    );
     assert!(
         timeline.windows(2).all(|w| w[0].at <= w[1].at),
         "{}: the timeline is out of time order",
@@ -264,7 +273,10 @@ fn check_cut(spec: &Spec, s: &Stream, frames: &[CapturedFrame], cut: Option<&Fra
     let prefix = spec.framing().prefix.len();
     let mut at = 0;
     for f in frames {
-        assert_eq!(f.offset, at, "{name}: a frame does not follow the one before");
+        assert_eq!(
+            f.offset, at,
+            "{name}: a frame does not follow the one before"
+        );
         let payload: &[u8] = match &f.frame {
             Frame::KeepAlive => &[],
             Frame::SessionControl(p) | Frame::Message(p) => p,
@@ -306,8 +318,16 @@ pub fn mask(data: &[u8]) {
     let name = spec.name();
     let a = mask_payload_with(spec, &MaskedFields::of(spec), &mut fast).map_err(|e| e.to_string());
     let b = mask_payload_checked(spec, &mut checked).map_err(|e| e.to_string());
-    assert_eq!(fast.len(), payload.len(), "{name}: masking changed the length");
-    assert_eq!(checked.len(), payload.len(), "{name}: masking changed the length");
+    assert_eq!(
+        fast.len(),
+        payload.len(),
+        "{name}: masking changed the length"
+    );
+    assert_eq!(
+        checked.len(),
+        payload.len(),
+        "{name}: masking changed the length"
+    );
     assert_eq!(a, b, "{name}: the fast walk and the checked walk disagree");
     if b.is_ok() {
         assert_eq!(fast, checked, "{name}: the fast walk masks other bytes");
@@ -318,7 +338,10 @@ pub fn mask(data: &[u8]) {
     if msg.validate().is_err() {
         return;
     }
-    assert!(a.is_ok(), "{name}: a message that parses is not masked: {a:?}");
+    assert!(
+        a.is_ok(),
+        "{name}: a message that parses is not masked: {a:?}"
+    );
     for id in msg.present().iter() {
         let Ok(Some(field)) = msg.field(id) else {
             panic!("{name}: field {id} of a valid message is not found");
