@@ -344,6 +344,13 @@ fn build_connection(number: usize, segs: &[&Segment]) -> Option<Connection> {
     let half = |src: SocketAddr| -> Vec<&Segment> {
         segs.iter().copied().filter(|s| s.src == src).collect()
     };
+    // A socket talking to itself: its two directions cannot be told apart,
+    // so every segment is the client's (rather than every byte twice).
+    let to_client = if server == client {
+        Stream::default()
+    } else {
+        reassemble(&half(server))
+    };
     Some(Connection {
         number,
         client,
@@ -351,7 +358,7 @@ fn build_connection(number: usize, segs: &[&Segment]) -> Option<Connection> {
         saw_syn: syn.is_some(),
         first_at: first.at,
         to_server: reassemble(&half(client)),
-        to_client: reassemble(&half(server)),
+        to_client,
     })
 }
 
@@ -631,6 +638,16 @@ mod tests {
                 other => panic!("{file}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_socket_talking_to_itself_carries_its_bytes_once() {
+        let mut s = seg(1, 0, b"abc");
+        s.dst = s.src;
+        let conns = connections(&[s]);
+        assert_eq!(conns.len(), 1);
+        assert_eq!(conns[0].to_server.bytes, b"abc");
+        assert!(conns[0].to_client.bytes.is_empty(), "not twice");
     }
 
     #[test]
