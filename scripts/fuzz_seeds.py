@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Builds the fuzz seed corpora (fuzz/seeds/<target>/) from fixtures/ and the
-example configs, in the input layout of each harness in src/fuzzing.rs."""
+"""Builds the fuzz seed corpora (fuzz/seeds/<target>/) from fixtures/ (frames,
+captures) and the example configs, in the input layout of each harness in src/fuzzing.rs."""
 import glob
 import os
 import sys
@@ -50,7 +50,13 @@ def main():
             sel = bytes([SPECS.index(spec)])
             write("headers", f"{name}-{i}", payload)
             write("message", f"{name}-{i}", sel + payload)
+            write("mask", f"{name}-{i}", sel + payload)
             write("decline", f"{name}-{i}", sel + b"96" + payload)
+    captures = glob.glob(os.path.join(ROOT, "fixtures", "**", "*.pcap"), recursive=True)
+    captures += glob.glob(os.path.join(ROOT, "fixtures", "**", "*.pcapng"), recursive=True)
+    for path in sorted(captures):
+        with open(path, "rb") as f:
+            write("pcap", os.path.basename(path), f.read())
     configs = glob.glob(os.path.join(ROOT, "examples", "*.toml"))
     configs.append(os.path.join(ROOT, "src", "ops", "default.toml"))
     for path in configs:

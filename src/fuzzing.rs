@@ -9,19 +9,24 @@ use std::sync::OnceLock;
 use bytes::{Bytes, BytesMut};
 use tokio_util::codec::Decoder;
 
-use crate::iso8583::{Message, Spec};
+use crate::capture::mask::{MaskedFields, mask_payload_checked, mask_payload_with};
+use crate::capture::read::{self, CapturedFrame, Connection, FrameCut, Stream};
+use crate::iso8583::{Align, Data, FieldDef, Message, Spec, Unit};
+use crate::wire::Frame;
 use crate::wire::{CupsHeader, FrameCodec, LengthPrefix, Tpdu, VisaHeader};
 
 /// A harness: arbitrary bytes in, a panic only for a broken promise.
 pub type Harness = fn(&[u8]);
 
 /// The fuzz targets, by name (the file names under `fuzz/fuzz_targets/`).
-pub const TARGETS: [(&str, Harness); 5] = [
+pub const TARGETS: [(&str, Harness); 7] = [
     ("frame_decoder", frame_decoder),
     ("headers", headers),
     ("message", message),
     ("decline", decline),
     ("config", config),
+    ("pcap", pcap),
+    ("mask", mask),
 ];
 
 const PREFIXES: [LengthPrefix; 6] = [
@@ -170,6 +175,223 @@ pub fn config(data: &[u8]) {
     let printed = toml::to_string_pretty(&cfg.effective()).expect("a valid config prints");
     if let Err(e) = crate::config::Config::from_toml_with_env(&printed, std::iter::empty()) {
         panic!("check prints a config that does not load: {e}\n{printed}");
+    }
+}
+
+/// The input as a pcap or pcapng file (`isoswitch decode --pcap`, `isoswitch
+/// replay`): read, grouped into connections, reassembled, and cut into frames
+/// under every builtin spec and under the guessed one. Invariants: every
+/// packet is a segment or skipped; reassembly's marks, gaps and frames lie
+/// within their stream, frames follow each other without a hole and hold the
+/// stream's bytes; the timeline holds every frame, in time order.
+pub fn pcap(data: &[u8]) {
+    let Ok(packets) = read::read_bytes("fuzz", data) else {
+        return;
+    };
+    assert_eq!(
+        packets.segments.len() + packets.skipped,
+        packets.packets,
+        "every packet is a segment or skipped"
+    );
+    let conns = read::connections(&packets.segments);
+    let mut carried = 0usize;
+    for (i, c) in conns.iter().enumerate() {
+        assert_eq!(c.number, i + 1, "connections are numbered 1, 2, ...");
+        for s in [&c.to_server, &c.to_client] {
+            check_stream(s);
+            carried += s.bytes.len();
+        }
+    }
+    let sent: usize = packets.segments.iter().map(|s| s.payload.len()).sum();
+    assert!(
+        carried <= sent,
+        "reassembly made up {} bytes",
+        carried - sent
+    );
+    for spec in specs() {
+        check_frames(spec, &conns);
+    }
+    if let Some(spec) = read::guess_spec(&conns) {
+        check_frames(&spec, &conns);
+    }
+}
+
+/// A reassembled direction: marks in order and within the bytes, the gap (if
+/// any) at the end of the bytes, `time_at` answers for every offset.
+fn check_stream(s: &Stream) {
+    let len = s.bytes.len();
+    assert!(
+        s.marks.windows(2).all(|w| w[0].0 <= w[1].0),
+        "marks out of order: {:?}",
+        s.marks
+    );
+    assert!(
+        s.marks.iter().all(|&(end, _)| end <= len),
+        "a mark past the {len} bytes: {:?}",
+        s.marks
+    );
+    assert!(s.gaps.len() <= 1, "reassembly stops at the first gap");
+    if let Some(&(offset, missing)) = s.gaps.first() {
+        assert_eq!(offset, len, "the gap is where the bytes stop");
+        assert!(missing > 0, "an empty gap");
+    }
+    for end in [0, 1, len / 2, len, len + 1] {
+        let _ = s.time_at(end);
+    }
+}
+
+/// Frames of every direction under `spec`, and the timeline.
+fn check_frames(spec: &Spec, conns: &[Connection]) {
+    let mut total = 0;
+    for c in conns {
+        for s in [&c.to_server, &c.to_client] {
+            let (frames, cut) = read::frames(spec, s);
+            check_cut(spec, s, &frames, cut.as_ref());
+            total += frames.len();
+        }
+    }
+    let (timeline, problems) = read::timeline(spec, conns);
+    assert_eq!(
+        timeline.len(),
+        total,
+        "{}: the timeline loses frames",
+        spec.name()
+    );
+    assert!(
+        timeline.windows(2).all(|w| w[0].at <= w[1].at),
+        "{}: the timeline is out of time order",
+        spec.name()
+    );
+    assert!(timeline.iter().all(|f| f.conn < conns.len()));
+    assert!(problems.iter().all(|p| p.conn < conns.len()));
+}
+
+/// Frames start at 0, each where the one before ended, and hold the stream's
+/// bytes after their prefix; the cut (if any) is where the last one ended.
+fn check_cut(spec: &Spec, s: &Stream, frames: &[CapturedFrame], cut: Option<&FrameCut>) {
+    let name = spec.name();
+    let prefix = spec.framing().prefix.len();
+    let mut at = 0;
+    for f in frames {
+        assert_eq!(
+            f.offset, at,
+            "{name}: a frame does not follow the one before"
+        );
+        let payload: &[u8] = match &f.frame {
+            Frame::KeepAlive => &[],
+            Frame::SessionControl(p) | Frame::Message(p) => p,
+        };
+        let end = at + prefix + payload.len();
+        assert!(
+            end <= s.bytes.len(),
+            "{name}: frame at {at} ends at {end}, past the {} bytes",
+            s.bytes.len()
+        );
+        assert_eq!(
+            &s.bytes[at + prefix..end],
+            payload,
+            "{name}: frame at {at} is not the stream's bytes"
+        );
+        at = end;
+    }
+    match cut {
+        None => assert_eq!(at, s.bytes.len(), "{name}: frames stop early without a cut"),
+        Some(FrameCut::Truncated { offset, left }) => {
+            assert_eq!(*offset, at, "{name}: the cut is not where the frames end");
+            assert_eq!(offset + left, s.bytes.len(), "{name}: the cut's length");
+            assert!(*left > 0);
+        }
+        Some(FrameCut::Untrusted(_)) => assert!(at < s.bytes.len(), "{name}: a cut past the end"),
+    }
+}
+
+/// Byte 0 picks the spec, the rest is a frame payload as the capture writer
+/// masks it (envelope + message, no length prefix). Invariants: the length
+/// never changes; the fast walk masks exactly as the checked walk and fails
+/// where it fails; a message that parses whole is masked, and no byte of a
+/// masked field (by the spec's field table) is left in clear.
+pub fn mask(data: &[u8]) {
+    let Some((spec, payload)) = pick_spec(data) else {
+        return;
+    };
+    let (mut fast, mut checked) = (payload.to_vec(), payload.to_vec());
+    let name = spec.name();
+    let a = mask_payload_with(spec, &MaskedFields::of(spec), &mut fast).map_err(|e| e.to_string());
+    let b = mask_payload_checked(spec, &mut checked).map_err(|e| e.to_string());
+    assert_eq!(
+        fast.len(),
+        payload.len(),
+        "{name}: masking changed the length"
+    );
+    assert_eq!(
+        checked.len(),
+        payload.len(),
+        "{name}: masking changed the length"
+    );
+    assert_eq!(a, b, "{name}: the fast walk and the checked walk disagree");
+    if b.is_ok() {
+        assert_eq!(fast, checked, "{name}: the fast walk masks other bytes");
+    }
+    let Ok(msg) = Message::parse(spec, Bytes::copy_from_slice(payload)) else {
+        return;
+    };
+    if msg.validate().is_err() {
+        return;
+    }
+    assert!(
+        a.is_ok(),
+        "{name}: a message that parses is not masked: {a:?}"
+    );
+    for id in msg.present().iter() {
+        let Ok(Some(field)) = msg.field(id) else {
+            panic!("{name}: field {id} of a valid message is not found");
+        };
+        let def = field.def();
+        if def.sensitive || crate::capture::mask::ALWAYS_MASKED.contains(&id) {
+            let after = &fast[field.range()];
+            assert!(
+                masked_in_full(def, field.data(), after, field.units()),
+                "{name}: field {id} is left in clear: {:02x?} -> {:02x?}",
+                field.data(),
+                after
+            );
+        }
+    }
+}
+
+/// Whether `after` (field `def` as masked, from `before`) keeps nothing in
+/// clear but what the masking rules allow: separators and pad nibbles, and a
+/// PAN's first 6 and last 4 digits.
+fn masked_in_full(def: &FieldDef, before: &[u8], after: &[u8], units: usize) -> bool {
+    if before.len() != after.len() {
+        return false;
+    }
+    let keep_pan = def.mask == crate::iso8583::Mask::Pan || def.id == 2;
+    let n = after.len();
+    let kept = |i: usize, count: usize| keep_pan && count >= 13 && (i < 6 || i >= count - 4);
+    match def.data {
+        Data::Binary => after.iter().all(|&b| b == 0),
+        Data::Ascii => after.iter().enumerate().all(|(i, &b)| {
+            kept(i, n) || !(b.is_ascii_alphanumeric() && b != b'0' && b != b'X')
+        }),
+        Data::Ebcdic => after.iter().enumerate().all(|(i, &b)| {
+            let digit = (0xF1..=0xF9).contains(&b);
+            let letter = matches!(b, 0xC1..=0xC9 | 0xD1..=0xD9 | 0xE2..=0xE9 | 0x81..=0x89 | 0x91..=0x99 | 0xA2..=0xA9);
+            kept(i, n) || !(digit || (letter && b != 0xE7))
+        }),
+        Data::Bcd => {
+            let nibbles = n * 2;
+            let digits = match def.unit {
+                Unit::Digits => units.min(nibbles),
+                _ => nibbles,
+            };
+            let lead = if def.align == Align::Right { nibbles - digits } else { 0 };
+            (0..digits).all(|d| {
+                let at = lead + d;
+                let nibble = (after[at / 2] >> if at % 2 == 0 { 4 } else { 0 }) & 0x0F;
+                kept(d, digits) || nibble == 0 || nibble > 9
+            })
+        }
     }
 }
 

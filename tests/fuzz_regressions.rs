@@ -1,7 +1,8 @@
 //! Replays every input the fuzzers found a crash with
 //! (`fixtures/fuzz-regressions/<target>/`, one raw file each) through the same
-//! harness (`isoswitch::fuzzing`), and every fixture frame stream through the
-//! frame and message harnesses, so a fixed crash stays fixed under plain
+//! harness (`isoswitch::fuzzing`), every fixture frame stream through the
+//! frame, message and mask harnesses and every fixture capture through the
+//! pcap harness, so a fixed crash stays fixed under plain
 //! `cargo test`.
 
 use std::path::Path;
@@ -93,10 +94,34 @@ fn fixtures_pass_the_fuzz_harnesses() {
                 let mut input = vec![index as u8];
                 input.extend_from_slice(frame.payload);
                 fuzzing::message(&input);
+                fuzzing::mask(&input);
                 fuzzing::headers(frame.payload);
             }
             checked += 1;
         }
     }
     assert!(checked >= 30, "only {checked} fixtures found");
+}
+
+/// The fixture captures as the pcap harness sees them: reassembly, framing
+/// and timeline invariants hold on real captures.
+#[test]
+fn fixture_captures_pass_the_pcap_harness() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/captures");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).unwrap().filter_map(Result::ok) {
+        let path = entry.path();
+        let ext = path.extension().and_then(|e| e.to_str());
+        if matches!(ext, Some("pcap" | "pcapng")) {
+            let data = std::fs::read(&path).unwrap();
+            assert!(
+                isoswitch::capture::read::read_bytes("fixture", &data).is_ok(),
+                "{} reads",
+                path.display()
+            );
+            fuzzing::pcap(&data);
+            checked += 1;
+        }
+    }
+    assert!(checked >= 6, "only {checked} captures found");
 }

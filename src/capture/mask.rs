@@ -7,7 +7,7 @@
 use std::ops::Range;
 
 use crate::iso8583::{
-    Align, Bitmap, Data, FieldDef, IsoError, Layout, Mask, Spec, Step, field_span,
+    Align, Bitmap, Data, FieldDef, IsoError, Layout, Mask, Spec, Step, Unit, field_span,
 };
 
 /// Fields masked whatever the spec says: PAN, track 1/2/3, PIN block, EMV data, MACs.
@@ -96,6 +96,21 @@ pub fn mask_payload_with(
     // vouch for.
     let mut spans = Spans::new();
     find_checked(spec, masked, &layout, payload, last, &mut spans)?;
+    Ok(spans.mask(payload))
+}
+
+/// [`mask_payload`] by the checked walk alone, without the fast step-table
+/// walk: what the fast walk must agree with wherever this succeeds (the
+/// proptests below and the `mask` fuzz target compare the two).
+#[doc(hidden)]
+pub fn mask_payload_checked(spec: &Spec, payload: &mut [u8]) -> Result<usize, IsoError> {
+    let masked = MaskedFields::of(spec);
+    let layout = spec.layout(payload)?;
+    let Some(last) = masked.last_in(&layout.present) else {
+        return Ok(0);
+    };
+    let mut spans = Spans::new();
+    find_checked(spec, &masked, &layout, payload, last, &mut spans)?;
     Ok(spans.mask(payload))
 }
 
@@ -259,7 +274,12 @@ fn mask_chars(data: &mut [u8], keep_pan: bool, masked: impl Fn(u8) -> u8) {
 /// non-digit nibbles (the track 2 separator `D`).
 fn mask_bcd(def: &FieldDef, data: &mut [u8], units: usize, keep_pan: bool) {
     let nibbles = data.len() * 2;
-    let digits = units.min(nibbles);
+    // Counted in bytes, a BCD field is two digits a byte with no pad nibble
+    // (as the codec reads it); `units` is then its bytes, not its digits.
+    let digits = match def.unit {
+        Unit::Digits => units.min(nibbles),
+        Unit::Bytes | Unit::Bits => nibbles,
+    };
     let lead = if def.align == Align::Right {
         nibbles - digits
     } else {
@@ -369,14 +389,7 @@ mod tests {
     /// The masking as it was before the fast walk: every field checked as
     /// it is crossed.
     fn mask_checked_only(spec: &Spec, payload: &mut [u8]) -> Result<usize, IsoError> {
-        let masked = MaskedFields::of(spec);
-        let layout = spec.layout(payload)?;
-        let Some(last) = masked.last_in(&layout.present) else {
-            return Ok(0);
-        };
-        let mut spans = Spans::new();
-        find_checked(spec, &masked, &layout, payload, last, &mut spans)?;
-        Ok(spans.mask(payload))
+        mask_payload_checked(spec, payload)
     }
 
     /// Every builtin spec's sample messages, framed payloads without prefix.
@@ -489,6 +502,29 @@ mod tests {
                 proptest::prop_assert_eq!(now, expected, "byte {}", i);
             }
         }
+    }
+
+    #[test]
+    fn bcd_counted_in_bytes_is_masked_in_every_digit() {
+        // cup-pos with track 2 counted in bytes (a custom spec may say so).
+        let toml = include_str!("../../specs/cup-pos.toml").replace(
+            "id = 35\nname = \"Track 2 data\"\nformat = \"llvar\"\nlength = 37\ndata = \"bcd\"\nalign = \"left\"\npad = \"F\"",
+            "id = 35\nname = \"Track 2 data\"\nformat = \"llvar\"\nlength = 19\ndata = \"bcd\"\nunit = \"bytes\"",
+        );
+        let spec = Spec::from_toml(&toml).unwrap();
+        assert_eq!(spec.field(35).unwrap().unit, Unit::Bytes);
+        let mut d = Decoded::new(
+            crate::iso8583::samples::envelope(&spec),
+            "0200".parse().unwrap(),
+        );
+        d.set_text(3, "000000");
+        d.set_text(11, "000123");
+        d.set_text(35, "6228480012345678901D2512101123456789");
+        let mut wire = spec.encode(&d).unwrap();
+        assert_eq!(mask_payload(&spec, &mut wire), Ok(1));
+        let after = spec.decode(&wire).unwrap();
+        let t2 = after.get(35).and_then(Value::as_text).unwrap();
+        assert_eq!(t2, "0000000000000000000D0000000000000000");
     }
 
     #[test]
