@@ -307,3 +307,34 @@ fn decode_pcap_reads_a_tcpdump_capture_and_masks_unless_revealed() {
     let revealed = String::from_utf8_lossy(&run(true).stdout).to_string();
     assert!(revealed.contains(PAN), "--reveal shows the PAN");
 }
+
+/// A capture whose writer was stopped mid-write (its last record cut short)
+/// is read up to the cut, with a note: it used to fail as a whole, so
+/// neither `decode --pcap` nor `replay` read any of it.
+#[test]
+fn decode_pcap_reads_a_capture_cut_short_up_to_the_cut() {
+    let whole = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/captures/pos-tcpdump.pcap"),
+    )
+    .unwrap();
+    let dir = std::env::temp_dir().join(format!("isoswitch-cut-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("cut.pcap");
+    std::fs::write(&file, &whole[..whole.len() - 3]).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_isoswitch"))
+        .args(["decode", "--pcap"])
+        .arg(&file)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("ends part-way into the record after packet 85"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("85 packets, 2 connections"), "{stderr}");
+    // The record cut off carried no message: all 48 are still there.
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 48);
+    let _ = std::fs::remove_dir_all(&dir);
+}

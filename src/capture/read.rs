@@ -62,6 +62,10 @@ pub struct Packets {
     /// Packets that are not TCP over IP (ARP, UDP, unsupported link types...).
     pub skipped: usize,
     pub segments: Vec<Segment>,
+    /// The file ends part-way into the record after this many packets, as a
+    /// capture does when its writer was stopped mid-write (tcpdump killed):
+    /// the packets before the cut are read, the partial record is not.
+    pub cut_after: Option<usize>,
 }
 
 /// Reads every TCP segment of a pcap or pcapng file.
@@ -75,6 +79,15 @@ pub fn read_file(path: &Path) -> Result<Packets, ReadError> {
             source,
         })?;
     read_bytes(&name, &data)
+}
+
+/// What to tell a user whose capture was cut short (see
+/// [`Packets::cut_after`]).
+pub fn cut_note(path: &Path, after: usize) -> String {
+    format!(
+        "{}: the file ends part-way into the record after packet {after} (a capture stopped mid-write?): the {after} packets before the cut are read",
+        path.display()
+    )
 }
 
 /// Reads every TCP segment of a pcap or pcapng image.
@@ -106,8 +119,15 @@ fn read_pcap(name: &str, data: &[u8]) -> Result<Packets, ReadError> {
     let link = parser.header().datalink;
     let mut out = Packets::default();
     while !rest.is_empty() {
+        let (next, p) = match parser.next_packet(rest) {
+            Ok(read) => read,
+            Err(PcapError::IncompleteBuffer) => {
+                out.cut_after = Some(out.packets);
+                break;
+            }
+            Err(e) => return Err(err(out.packets + 1, e)),
+        };
         out.packets += 1;
-        let (next, p) = parser.next_packet(rest).map_err(|e| err(out.packets, e))?;
         rest = next;
         match segment(link, p.timestamp, &p.data) {
             Some(s) => out.segments.push(s),
@@ -117,8 +137,9 @@ fn read_pcap(name: &str, data: &[u8]) -> Result<Packets, ReadError> {
     Ok(out)
 }
 
-/// A packet or block cut short by the end of the image: the end of file
-/// pcap-file's readers report for it.
+/// A file header cut short by the end of the image: the end of file
+/// pcap-file's readers report for it. (A packet or block cut short after the
+/// header is not an error: see [`Packets::cut_after`].)
 fn at_end(e: PcapError) -> PcapError {
     match e {
         PcapError::IncompleteBuffer => {
@@ -139,9 +160,14 @@ fn read_pcapng(name: &str, data: &[u8]) -> Result<Packets, ReadError> {
     // Per interface of the current section: link type and timestamp unit.
     let mut interfaces: Vec<(DataLink, TsUnit)> = Vec::new();
     while !rest.is_empty() {
-        let (next, block) = parser
-            .next_block(rest)
-            .map_err(|e| err(out.packets + 1, e))?;
+        let (next, block) = match parser.next_block(rest) {
+            Ok(read) => read,
+            Err(PcapError::IncompleteBuffer) => {
+                out.cut_after = Some(out.packets);
+                break;
+            }
+            Err(e) => return Err(err(out.packets + 1, e)),
+        };
         rest = next;
         match block {
             Block::SectionHeader(_) => interfaces.clear(),
@@ -620,23 +646,37 @@ mod tests {
     }
 
     #[test]
-    fn a_capture_cut_short_names_its_last_packet() {
+    fn a_capture_cut_short_keeps_the_packets_before_the_cut() {
         for file in ["pos-tcpdump.pcap", "unionpay.pcapng"] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("fixtures/captures")
                 .join(file);
-            let whole = std::fs::read(path).unwrap();
-            let packets = read_bytes(file, &whole).unwrap().packets;
-            match read_bytes(file, &whole[..whole.len() - 3]) {
-                Err(ReadError::Pcap { packet, source, .. }) => {
-                    assert_eq!(packet, packets, "{file}");
-                    assert!(
-                        matches!(source, pcap_file::PcapError::IoError(_)),
-                        "{file}: {source}"
-                    );
-                }
-                other => panic!("{file}: {other:?}"),
+            let whole_image = std::fs::read(path).unwrap();
+            let whole = read_bytes(file, &whole_image).unwrap();
+            assert_eq!(whole.cut_after, None, "{file}");
+            // The last record (a packet in both files) loses its last bytes.
+            let cut = read_bytes(file, &whole_image[..whole_image.len() - 3]).unwrap();
+            assert_eq!(cut.cut_after, Some(whole.packets - 1), "{file}");
+            assert_eq!(cut.packets, whole.packets - 1, "{file}");
+            assert_eq!(cut.segments.len() + cut.skipped, cut.packets, "{file}");
+            let kept = cut.segments.len();
+            for (a, b) in cut.segments.iter().zip(&whole.segments[..kept]) {
+                assert_eq!((a.seq, &a.payload), (b.seq, &b.payload), "{file}");
             }
+        }
+    }
+
+    #[test]
+    fn a_capture_cut_inside_its_file_header_is_an_error() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/captures/pos-tcpdump.pcap");
+        let image = std::fs::read(path).unwrap();
+        match read_bytes("short", &image[..10]) {
+            Err(ReadError::Pcap {
+                packet: 0, source, ..
+            }) => {
+                assert!(matches!(source, PcapError::IoError(_)), "{source}");
+            }
+            other => panic!("{other:?}"),
         }
     }
 

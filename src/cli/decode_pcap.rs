@@ -35,6 +35,9 @@ pub fn run(a: &DecodeArgs, path: &Path) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(&e.to_string()),
     };
+    if let Some(after) = packets.cut_after {
+        eprintln!("isoswitch decode: {}", read::cut_note(path, after));
+    }
     let conns = read::connections(&packets.segments);
     let specs = match ConnSpecs::new(a, &conns) {
         Ok(s) => s,

@@ -92,6 +92,9 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(&e.to_string()),
     };
+    if let Some(after) = packets.cut_after {
+        eprintln!("isoswitch replay: {}", read::cut_note(&a.file, after));
+    }
     let conns = match select(&spec, read::connections(&packets.segments), a.server_port) {
         Ok(c) => c,
         Err(e) => return fail(&e),
