@@ -18,7 +18,7 @@ secs=${1:-60}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(frame_decoder headers message decline config pcap mask)
+    targets=(frame_decoder headers message decline config pcap mask service)
 fi
 if ! command -v cargo-fuzz >/dev/null; then
     echo "fuzz.sh: cargo-fuzz is missing: cargo install cargo-fuzz" >&2

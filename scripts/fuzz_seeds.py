@@ -34,6 +34,10 @@ def write(target, name, data):
         f.write(data)
 
 
+# fuzzing::SERVICE_SPECS, by index (the dialect of the `service` target).
+SERVICE_SPECS = ["cups", "cups-unstamped", "cup-pos", "visa-base1", "iso87ascii"]
+
+
 def main():
     for path in sorted(glob.glob(os.path.join(ROOT, "fixtures", "*", "*.hex"))):
         spec = os.path.basename(os.path.dirname(path))
@@ -52,6 +56,14 @@ def main():
             write("message", f"{name}-{i}", sel + payload)
             write("mask", f"{name}-{i}", sel + payload)
             write("decline", f"{name}-{i}", sel + b"96" + payload)
+            if spec in SERVICE_SPECS and len(payload) < 256:
+                # The switch's path: the fixture message as a client request.
+                svc = bytes([SERVICE_SPECS.index(spec)])
+                write("service", f"{name}-{i}", svc + bytes([0, len(payload)]) + payload)
+    for i, spec in enumerate(SERVICE_SPECS):
+        # A valid purchase, the same one mangled at byte 20, and a stray
+        # node frame: each kind of step once.
+        write("service", f"{spec}-steps-{i}", bytes([i, 1, 1, 0, 1, 2, 20, 0xFF, 2, 3, 0x30, 0x32, 0x31]))
     captures = glob.glob(os.path.join(ROOT, "fixtures", "**", "*.pcap"), recursive=True)
     captures += glob.glob(os.path.join(ROOT, "fixtures", "**", "*.pcapng"), recursive=True)
     for path in sorted(captures):

@@ -19,7 +19,7 @@ use crate::wire::{CupsHeader, FrameCodec, LengthPrefix, Tpdu, VisaHeader};
 pub type Harness = fn(&[u8]);
 
 /// The fuzz targets, by name (the file names under `fuzz/fuzz_targets/`).
-pub const TARGETS: [(&str, Harness); 7] = [
+pub const TARGETS: [(&str, Harness); 8] = [
     ("frame_decoder", frame_decoder),
     ("headers", headers),
     ("message", message),
@@ -27,6 +27,7 @@ pub const TARGETS: [(&str, Harness); 7] = [
     ("config", config),
     ("pcap", pcap),
     ("mask", mask),
+    ("service", service),
 ];
 
 const PREFIXES: [LengthPrefix; 6] = [
@@ -398,4 +399,107 @@ fn masked_in_full(def: &FieldDef, before: &[u8], after: &[u8], units: usize) -> 
 fn pick_spec(data: &[u8]) -> Option<(&'static Spec, &[u8])> {
     let (sel, rest) = data.split_first()?;
     Some((&specs()[usize::from(*sel) % specs().len()], rest))
+}
+
+/// The dialects the `service` target drives the switch in, with the node ID
+/// stamped into F37 or not.
+const SERVICE_SPECS: [(&str, bool); 5] = [
+    ("cups", true),
+    ("cups", false),
+    ("cup-pos", false),
+    ("visa-base1", true),
+    ("iso87ascii", false),
+];
+
+/// The switch's real per-message path ([`crate::link::inproc::Rig`]: a real
+/// `Service`, its node links channels) driven by a script. Byte 0 picks the
+/// dialect; then steps of `[op, len, bytes...]` (`len` one byte):
+///
+/// - `op % 3 == 0`: `bytes` as a client request payload;
+/// - `op % 3 == 1`: a valid purchase with `bytes` XORed over it from offset
+///   `bytes[0]` (mostly well formed, wrong in a few places);
+/// - `op % 3 == 2`: `bytes` as a payload from node `op / 3 % 3`.
+///
+/// Invariants: no panic; no request gets more than one frame back; and, in a
+/// script with no node frames of its own, every request the switch forwarded
+/// gets exactly one frame back once its node echoes it.
+pub fn service(data: &[u8]) {
+    use crate::link::inproc::{Rig, frame, service_toml};
+    let Some((pick, mut script)) = data.split_first() else {
+        return;
+    };
+    let (spec, stamp) = SERVICE_SPECS[usize::from(*pick) % SERVICE_SPECS.len()];
+    let Ok(mut rig) = Rig::new(&service_toml(spec, stamp)) else {
+        panic!("the {spec} rig builds");
+    };
+    let prefix = rig.service.spec.framing().prefix;
+    let purchase = rig
+        .service
+        .spec
+        .encode(&crate::iso8583::samples::purchase(&rig.service.spec))
+        .unwrap_or_default();
+    let (mut requests, mut to_client, mut node_frames) = (0usize, 0usize, 0usize);
+    let mut forwarded: Vec<(usize, Vec<u8>)> = Vec::new();
+    while let [op, len, rest @ ..] = script {
+        let (op, len) = (*op, usize::from(*len).min(rest.len()));
+        let (bytes, next) = rest.split_at(len);
+        script = next;
+        let payload = match op % 3 {
+            0 => bytes.to_vec(),
+            1 => mangled(&purchase, bytes),
+            _ => {
+                node_frames += 1;
+                let node = usize::from(op / 3) % 3;
+                if let Ok(f) = frame(prefix, bytes) {
+                    // `response` takes the client's frame off its queue.
+                    to_client += usize::from(rig.response(node, &f).is_ok());
+                }
+                to_client += drain_client(&mut rig);
+                continue;
+            }
+        };
+        let Ok(f) = frame(prefix, &payload) else {
+            continue;
+        };
+        requests += 1;
+        if let Ok(Some((node, out))) = rig.request(&f) {
+            forwarded.push((node, out.to_vec()));
+        }
+        to_client += drain_client(&mut rig);
+    }
+    for (node, out) in &forwarded {
+        let Ok(answer) = rig.answer_frame(out) else {
+            panic!("a forwarded request parses as its node receives it");
+        };
+        let answered = rig.response(*node, &answer).is_ok();
+        to_client += usize::from(answered) + drain_client(&mut rig);
+        assert!(
+            answered || node_frames > 0,
+            "{spec}: a forwarded request's echo reached no client"
+        );
+    }
+    assert!(
+        to_client <= requests,
+        "{spec}: {to_client} frames to the client for {requests} requests"
+    );
+}
+
+/// `base` with `bytes[1..]` XORed over it from offset `bytes[0]`.
+fn mangled(base: &[u8], bytes: &[u8]) -> Vec<u8> {
+    let mut out = base.to_vec();
+    if let [at, xor @ ..] = bytes {
+        for (b, x) in out.iter_mut().skip(usize::from(*at)).zip(xor) {
+            *b ^= x;
+        }
+    }
+    out
+}
+
+/// Frames still queued for the client, drained and counted.
+fn drain_client(rig: &mut crate::link::inproc::Rig) -> usize {
+    let mut n = 0;
+    while let Ok(Some(_)) = rig.client_bytes() {
+        n += 1;
+    }
+    n
 }
