@@ -119,13 +119,8 @@ fn read_pcap(name: &str, data: &[u8]) -> Result<Packets, ReadError> {
     let link = parser.header().datalink;
     let mut out = Packets::default();
     while !rest.is_empty() {
-        let (next, p) = match parser.next_packet(rest) {
-            Ok(read) => read,
-            Err(PcapError::IncompleteBuffer) => {
-                out.cut_after = Some(out.packets);
-                break;
-            }
-            Err(e) => return Err(err(out.packets + 1, e)),
+        let Some((next, p)) = record(parser.next_packet(rest), &mut out, err)? else {
+            break;
         };
         out.packets += 1;
         rest = next;
@@ -135,6 +130,23 @@ fn read_pcap(name: &str, data: &[u8]) -> Result<Packets, ReadError> {
         }
     }
     Ok(out)
+}
+
+/// The next record, or `None` where the image ends part-way into one (noted
+/// in [`Packets::cut_after`]); any other failure names the packet.
+fn record<T>(
+    read: Result<T, PcapError>,
+    out: &mut Packets,
+    err: impl Fn(usize, PcapError) -> ReadError,
+) -> Result<Option<T>, ReadError> {
+    match read {
+        Ok(r) => Ok(Some(r)),
+        Err(PcapError::IncompleteBuffer) => {
+            out.cut_after = Some(out.packets);
+            Ok(None)
+        }
+        Err(e) => Err(err(out.packets + 1, e)),
+    }
 }
 
 /// A file header cut short by the end of the image: the end of file
@@ -160,13 +172,8 @@ fn read_pcapng(name: &str, data: &[u8]) -> Result<Packets, ReadError> {
     // Per interface of the current section: link type and timestamp unit.
     let mut interfaces: Vec<(DataLink, TsUnit)> = Vec::new();
     while !rest.is_empty() {
-        let (next, block) = match parser.next_block(rest) {
-            Ok(read) => read,
-            Err(PcapError::IncompleteBuffer) => {
-                out.cut_after = Some(out.packets);
-                break;
-            }
-            Err(e) => return Err(err(out.packets + 1, e)),
+        let Some((next, block)) = record(parser.next_block(rest), &mut out, err)? else {
+            break;
         };
         rest = next;
         match block {
