@@ -62,10 +62,10 @@ pub struct Packets {
     /// Packets that are not TCP over IP (ARP, UDP, unsupported link types...).
     pub skipped: usize,
     pub segments: Vec<Segment>,
-    /// The file ends part-way into the record after this many packets, as a
+    /// The file ends part-way into the record after its `packets`, as a
     /// capture does when its writer was stopped mid-write (tcpdump killed):
     /// the packets before the cut are read, the partial record is not.
-    pub cut_after: Option<usize>,
+    pub cut_short: bool,
 }
 
 /// Reads every TCP segment of a pcap or pcapng file.
@@ -81,8 +81,8 @@ pub fn read_file(path: &Path) -> Result<Packets, ReadError> {
     read_bytes(&name, &data)
 }
 
-/// What to tell a user whose capture was cut short (see
-/// [`Packets::cut_after`]).
+/// What to tell a user whose capture was cut short after `after` packets
+/// (see [`Packets::cut_short`]).
 pub fn cut_note(path: &Path, after: usize) -> String {
     format!(
         "{}: the file ends part-way into the record after packet {after} (a capture stopped mid-write?): the {after} packets before the cut are read",
@@ -133,7 +133,7 @@ fn read_pcap(name: &str, data: &[u8]) -> Result<Packets, ReadError> {
 }
 
 /// The next record, or `None` where the image ends part-way into one (noted
-/// in [`Packets::cut_after`]); any other failure names the packet.
+/// in [`Packets::cut_short`]); any other failure names the packet.
 fn record<T>(
     read: Result<T, PcapError>,
     out: &mut Packets,
@@ -142,7 +142,7 @@ fn record<T>(
     match read {
         Ok(r) => Ok(Some(r)),
         Err(PcapError::IncompleteBuffer) => {
-            out.cut_after = Some(out.packets);
+            out.cut_short = true;
             Ok(None)
         }
         Err(e) => Err(err(out.packets + 1, e)),
@@ -151,7 +151,7 @@ fn record<T>(
 
 /// A file header cut short by the end of the image: the end of file
 /// pcap-file's readers report for it. (A packet or block cut short after the
-/// header is not an error: see [`Packets::cut_after`].)
+/// header is not an error: see [`Packets::cut_short`].)
 fn at_end(e: PcapError) -> PcapError {
     match e {
         PcapError::IncompleteBuffer => {
@@ -660,10 +660,10 @@ mod tests {
                 .join(file);
             let whole_image = std::fs::read(path).unwrap();
             let whole = read_bytes(file, &whole_image).unwrap();
-            assert_eq!(whole.cut_after, None, "{file}");
+            assert!(!whole.cut_short, "{file}");
             // The last record (a packet in both files) loses its last bytes.
             let cut = read_bytes(file, &whole_image[..whole_image.len() - 3]).unwrap();
-            assert_eq!(cut.cut_after, Some(whole.packets - 1), "{file}");
+            assert!(cut.cut_short, "{file}");
             assert_eq!(cut.packets, whole.packets - 1, "{file}");
             assert_eq!(cut.segments.len() + cut.skipped, cut.packets, "{file}");
             let kept = cut.segments.len();

@@ -35,8 +35,11 @@ pub fn run(a: &DecodeArgs, path: &Path) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(&e.to_string()),
     };
-    if let Some(after) = packets.cut_after {
-        eprintln!("isoswitch decode: {}", read::cut_note(path, after));
+    if packets.cut_short {
+        eprintln!(
+            "isoswitch decode: {}",
+            read::cut_note(path, packets.packets)
+        );
     }
     let conns = read::connections(&packets.segments);
     let specs = match ConnSpecs::new(a, &conns) {

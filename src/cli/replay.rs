@@ -92,8 +92,11 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(&e.to_string()),
     };
-    if let Some(after) = packets.cut_after {
-        eprintln!("isoswitch replay: {}", read::cut_note(&a.file, after));
+    if packets.cut_short {
+        eprintln!(
+            "isoswitch replay: {}",
+            read::cut_note(&a.file, packets.packets)
+        );
     }
     let conns = match select(&spec, read::connections(&packets.segments), a.server_port) {
         Ok(c) => c,
