@@ -67,18 +67,18 @@ pub(crate) async fn run_atm(
     let total_share: u32 = templates.iter().map(|t| t.share).sum();
     let step = cfg.clients.max(1) as u32;
     let mut stan = client as u32 % 1_000_000;
+    let target = cfg.target_of(client);
     while Instant::now() < stop_at {
         stan = (stan + step) % 1_000_000;
-        let stream =
-            match tokio::time::timeout(cfg.timeout, connect(&cfg, cfg.target_of(client))).await {
-                Ok(Ok(s)) => s,
-                _ => {
-                    counters.connect_failures.fetch_add(1, Ordering::Relaxed);
-                    // Do not spin on a refusing target.
-                    tokio::time::sleep(cfg.think.max(Duration::from_millis(10))).await;
-                    continue;
-                }
-            };
+        let stream = match tokio::time::timeout(cfg.timeout, connect(&cfg, target)).await {
+            Ok(Ok(s)) => s,
+            _ => {
+                counters.connect_failures.fetch_add(1, Ordering::Relaxed);
+                // Do not spin on a refusing target.
+                tokio::time::sleep(cfg.think.max(Duration::from_millis(10))).await;
+                continue;
+            }
+        };
         counters.connects.fetch_add(1, Ordering::Relaxed);
         let t = pick_template(&templates, total_share, &mut rng);
         let Some(out) = request(t, stan) else { return };
