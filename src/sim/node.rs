@@ -572,27 +572,40 @@ impl NodeSim {
 mod tests {
     use super::*;
 
+    /// A cup-pos node that answers after `delay`.
+    async fn delayed_node(delay: &str) -> (Arc<Spec>, NodeSim) {
+        let spec = Arc::new(Spec::builtin("cup-pos").unwrap());
+        let mut cfg = NodeSimConfig::new("01");
+        cfg.delay = Delay::parse(delay).unwrap();
+        let node = NodeSim::start("127.0.0.1:0".parse().unwrap(), spec.clone(), cfg)
+            .await
+            .unwrap();
+        (spec, node)
+    }
+
+    /// `n` sample 0200s for `spec`, each behind its length prefix.
+    fn purchases(spec: &Spec, n: usize) -> bytes::BytesMut {
+        let request = crate::sim::sample_request(spec, "0200").unwrap();
+        let mut frames = bytes::BytesMut::new();
+        for _ in 0..n {
+            spec.framing()
+                .prefix
+                .encode(request.len(), &mut frames)
+                .unwrap();
+            frames.extend_from_slice(&request);
+        }
+        frames
+    }
+
     /// Stopping a node closes its connections at once, as a dying process
     /// does: answers it was still delaying are not sent (their tasks used to
     /// keep the writer, and so the connection, open until they had run).
     #[tokio::test]
     async fn stop_closes_every_connection_at_once() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let spec = Arc::new(Spec::builtin("cup-pos").unwrap());
-        let mut cfg = NodeSimConfig::new("01");
-        cfg.delay = Delay::parse("500ms").unwrap();
-        let node = NodeSim::start("127.0.0.1:0".parse().unwrap(), spec.clone(), cfg)
-            .await
-            .unwrap();
+        let (spec, node) = delayed_node("500ms").await;
         let mut client = TcpStream::connect(node.addr).await.unwrap();
-        let request = crate::sim::sample_request(&spec, "0200").unwrap();
-        let mut frame = bytes::BytesMut::new();
-        spec.framing()
-            .prefix
-            .encode(request.len(), &mut frame)
-            .unwrap();
-        frame.extend_from_slice(&request);
-        client.write_all(&frame).await.unwrap();
+        client.write_all(&purchases(&spec, 1)).await.unwrap();
         while node.stats.requests.load(Ordering::Relaxed) == 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -612,23 +625,10 @@ mod tests {
     async fn delayed_answers_past_the_cap_are_counted_unanswered() {
         use tokio::io::AsyncWriteExt;
         tokio::time::timeout(Duration::from_secs(30), async {
-            let spec = Arc::new(Spec::builtin("cup-pos").unwrap());
-            let mut cfg = NodeSimConfig::new("01");
-            cfg.delay = Delay::parse("60s").unwrap();
-            let node = NodeSim::start("127.0.0.1:0".parse().unwrap(), spec.clone(), cfg)
-                .await
-                .unwrap();
+            let (spec, node) = delayed_node("60s").await;
             let mut client = TcpStream::connect(node.addr).await.unwrap();
-            let request = crate::sim::sample_request(&spec, "0200").unwrap();
             let over = 3;
-            let mut frames = bytes::BytesMut::new();
-            for _ in 0..super::super::MAX_DELAYED + over {
-                spec.framing()
-                    .prefix
-                    .encode(request.len(), &mut frames)
-                    .unwrap();
-                frames.extend_from_slice(&request);
-            }
+            let frames = purchases(&spec, super::super::MAX_DELAYED + over);
             client.write_all(&frames).await.unwrap();
             let total = (super::super::MAX_DELAYED + over) as u64;
             while node.stats.requests.load(Ordering::Relaxed) < total {
