@@ -7,6 +7,7 @@
 #   scripts/bench.sh --duration 3s         # shorter rows
 #   scripts/bench.sh --rate 10000 --repeat 3
 #   scripts/bench.sh --strace              # + system calls per message: strace -c -f -p, 10 s at 10k req/s
+#   scripts/bench.sh --dwell               # + time inside each proxy, on the wire: tcpdump, 3 s at 10k req/s
 #   scripts/bench.sh --no-pin              # let every process run on every CPU
 #
 # Any `isoswitch bench` option passes through (`isoswitch bench --help`).
@@ -14,7 +15,7 @@
 # HAProxy (same thread count) on CPUs of their own with taskset, the load
 # generator and the nodes on the others.
 #
-# Installs HAProxy (and strace, with --strace) from Debian's packages when
+# Installs HAProxy (strace with --strace, tcpdump with --dwell) from Debian's packages when
 # missing (as root, with apt-get); without HAProxy its row is skipped. The
 # report is printed and kept in target/bench-<date>.md.
 set -euo pipefail
@@ -44,9 +45,12 @@ if command -v haproxy >/dev/null 2>&1; then
     haproxy -v | sed -n 1p >&2
 fi
 for arg in "$@"; do
-    if [ "$arg" = --strace ]; then
-        apt_install strace strace || { echo "bench.sh: --strace needs strace" >&2; exit 1; }
-    fi
+    case "$arg" in
+        --strace | --strace=*)
+            apt_install strace strace || { echo "bench.sh: --strace needs strace" >&2; exit 1; } ;;
+        --dwell | --dwell=*)
+            apt_install tcpdump tcpdump || { echo "bench.sh: --dwell needs tcpdump" >&2; exit 1; } ;;
+    esac
 done
 command -v taskset >/dev/null 2>&1 || echo "bench.sh: taskset (util-linux) not found: nothing is pinned" >&2
 

@@ -81,3 +81,80 @@ async fn bench_prints_its_rows_and_summary_lines() {
         assert!(stdout.contains(key), "no `{key}` in {stdout}");
     }
 }
+
+/// `--dwell`: tcpdump on the loopback while the load runs through the switch,
+/// each message's legs in and out of it matched by F11. Needs tcpdump and the
+/// right to capture (root in CI); without them the bench fails and says why,
+/// and so does this test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_times_each_message_inside_the_switch_on_the_wire() {
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_isoswitch"))
+        .args([
+            "bench",
+            "--duration",
+            "1s",
+            "--rate",
+            "500",
+            "--no-saturation",
+            "--no-haproxy",
+            "--nodes",
+            "2",
+            "--clients",
+            "4",
+            "--in-flight",
+            "2",
+            "--dwell",
+            "2s",
+            "--dwell-rate",
+            "500",
+        ])
+        .env("ISOSWITCH_LOG", "error")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(90), run)
+        .await
+        .expect("bench ends within 90 s")
+        .expect("the isoswitch binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "status {:?}\nstdout {stdout}\nstderr {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("## Time inside the proxy, on the wire (2 s at 500 req/s offered"),
+        "{stdout}"
+    );
+    let row: Vec<&str> = stdout
+        .lines()
+        .find(|l| l.starts_with("| (c) isoswitch per message |") && l.split('|').count() == 16)
+        .unwrap_or_else(|| panic!("no dwell row for the switch in {stdout}"))
+        .split('|')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    // proxy, sent/s, timed, not timed, dropped, request p50, p99, answer
+    // p50, p99, both p50, p90, p99, p99.9, max.
+    let num = |i: usize| -> f64 {
+        row[i]
+            .parse()
+            .unwrap_or_else(|_| panic!("column {i}: {row:?}"))
+    };
+    // About 1,000 messages were sent in 2 s; every one whose four legs fell
+    // inside the capture is timed (the capture starts before the load).
+    assert!(num(2) >= 900.0, "timed: {row:?}");
+    assert!(num(3) <= 10.0, "not timed: {row:?}");
+    assert_eq!(row[4], "0", "dropped: {row:?}");
+    // The sum of the legs is at least each leg, and the quantiles rise.
+    assert!(num(9) >= num(5).min(num(7)), "{row:?}");
+    assert!(num(9) <= num(10) && num(10) <= num(11) && num(11) <= num(12) && num(12) <= num(13));
+    assert!(num(9) > 0.0, "a message takes time in the switch: {row:?}");
+    for key in [
+        "dwell_p50_us.switch@500 = ",
+        "dwell_p99_us.switch@500 = ",
+        "dwell_p99_9_us.switch@500 = ",
+    ] {
+        assert!(stdout.contains(key), "no `{key}` in {stdout}");
+    }
+}

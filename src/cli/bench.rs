@@ -16,8 +16,10 @@
 //! coordinated omission ([`crate::sim::load`]). Throughput counts approved
 //! answers (F39 `00`) only; declines and errors have their own columns. The
 //! proxies' CPU per message comes from `/proc/PID/stat` over each row.
-//! `--strace` adds system calls per message under load.
+//! `--strace` adds system calls per message under load, `--dwell` the time
+//! each message spends inside each proxy, read off the wire.
 
+mod dwell;
 pub(crate) mod procs;
 mod strace;
 
@@ -89,6 +91,14 @@ pub struct BenchArgs {
     /// Offered rate of the `--strace` run, requests/s.
     #[arg(long, default_value_t = 10_000.0, value_parser = parse_rate)]
     pub strace_rate: f64,
+    /// Also time each message inside each proxy, on the wire: tcpdump on the
+    /// loopback for this long (default 3s) at `--dwell-rate`, every message's
+    /// legs in and out of the proxy matched by F11.
+    #[arg(long, num_args = 0..=1, default_missing_value = "3s", value_parser = crate::util::duration::parse)]
+    pub dwell: Option<Duration>,
+    /// Offered rate of the `--dwell` run, requests/s.
+    #[arg(long, default_value_t = 10_000.0, value_parser = parse_rate)]
+    pub dwell_rate: f64,
     /// `throughput` (the rows above) or `paper`: the bank paper's Table 1
     /// (OneConnect) and Table 2 (MBLB) for isoswitch, HAProxy and direct to a
     /// node, `--duration` per row (the paper ran 5m).
@@ -313,6 +323,9 @@ async fn bench(args: &BenchArgs, pinning: Option<Pinning>) -> Result<(), String>
     print_ratios(&summary, args);
     if let Some(window) = args.strace {
         strace_run(&rig, &spec, args, window, &mut summary).await?;
+    }
+    if let Some(window) = args.dwell {
+        dwell_run(&rig, &spec, args, window, &mut summary).await?;
     }
     println!("\n## Summary (medians; docs/capacity.md reads these lines)\n");
     println!("```");
@@ -783,6 +796,157 @@ async fn strace_run(
         ));
     }
     Ok(())
+}
+
+/// Time inside each proxy at `--dwell-rate`: one open-loop row per proxy per
+/// repetition (interleaved) with tcpdump on the loopback, each message's legs
+/// matched by F11 ([`dwell`]). tcpdump runs on the load side's CPUs, as this
+/// process does.
+async fn dwell_run(
+    rig: &Rig,
+    spec: &Arc<Spec>,
+    args: &BenchArgs,
+    window: Duration,
+    summary: &mut Summary,
+) -> Result<(), String> {
+    if !dwell::available() {
+        return Err("--dwell: tcpdump is not installed (apt-get install tcpdump)".into());
+    }
+    let rate = args.dwell_rate;
+    let r = format!("{rate:.0}");
+    let proxies: Vec<Target> = rig
+        .targets()
+        .into_iter()
+        .filter(|t| matches!(t, Target::Haproxy | Target::Switch))
+        .collect();
+    let mut timed: Vec<(Target, usize, LoadReport, dwell::Dwell, Option<u64>)> = Vec::new();
+    for rep in 0..args.repeat.max(1) {
+        for &target in &proxies {
+            let Some((front, _)) = rig.addr_pid(target) else {
+                continue;
+            };
+            let mut ports = vec![front.port()];
+            ports.extend(rig.nodes.iter().map(SocketAddr::port));
+            let mut cfg = LoadConfig::new(front);
+            cfg.clients = args.clients;
+            cfg.in_flight = args.in_flight;
+            cfg.mix = args.mix;
+            cfg.duration = window;
+            cfg.rate = Some(rate);
+            eprintln!("tcpdump on {} at {r} req/s ...", target.label());
+            let dump = dwell::Tcpdump::start(&ports, target.key()).await?;
+            let report = load::run(spec.clone(), cfg, Arc::new(LoadCounters::default())).await?;
+            let (packets, dropped) = dump.finish().await?;
+            let d = dwell::Dwell::measure(spec, &packets, front, &rig.nodes);
+            if d.problems > 0 {
+                eprintln!(
+                    "  {} direction(s) of the capture stop early (bytes not captured, or a frame cut): their later messages are not timed",
+                    d.problems
+                );
+            }
+            timed.push((target, rep, report, d, dropped));
+        }
+    }
+    print_dwell(&timed, window, &r);
+    let reps = args.repeat.max(1);
+    let per_rep = |t: Target, q: f64| {
+        (0..reps)
+            .map(|i| {
+                timed
+                    .iter()
+                    .find(|(tt, rep, ..)| *tt == t && *rep == i)
+                    .and_then(|(.., d, _)| dwell::quantile(&d.both, q))
+                    .map(|us| us as f64)
+            })
+            .collect::<Vec<_>>()
+    };
+    for t in &proxies {
+        for (q, name) in [(0.5, "p50"), (0.99, "p99"), (0.999, "p99_9")] {
+            summary.add(
+                &format!("dwell_{name}_us.{}@{r}", t.key()),
+                &per_rep(*t, q),
+                0,
+            );
+        }
+    }
+    let ratio = div(
+        &per_rep(Target::Switch, 0.99),
+        &per_rep(Target::Haproxy, 0.99),
+    );
+    summary.add(
+        &format!("ratio.dwell_p99_switch_over_haproxy@{r}"),
+        &ratio,
+        2,
+    );
+    println!();
+    for (what, key, goal) in [
+        (
+            format!(
+                "switch-added p99 on the wire at {r} req/s (time inside the switch, both legs)"
+            ),
+            format!("dwell_p99_us.switch@{r}"),
+            " µs (goal ≤ 300 µs)",
+        ),
+        (
+            format!("HAProxy-added p99 on the wire at {r} req/s"),
+            format!("dwell_p99_us.haproxy@{r}"),
+            " µs",
+        ),
+        (
+            format!("switch ÷ HAProxy, p99 inside the proxy at {r} req/s"),
+            format!("ratio.dwell_p99_switch_over_haproxy@{r}"),
+            "",
+        ),
+    ] {
+        if let Some(v) = summary.spread(&key) {
+            println!("- {what}: **{v}**{goal}");
+        }
+    }
+    Ok(())
+}
+
+fn print_dwell(
+    timed: &[(Target, usize, LoadReport, dwell::Dwell, Option<u64>)],
+    window: Duration,
+    rate: &str,
+) {
+    println!(
+        "\n## Time inside the proxy, on the wire ({} s at {rate} req/s offered; tcpdump on the loopback, legs matched by F11)\n",
+        window.as_secs_f64()
+    );
+    println!(
+        "Request leg: proxy → node minus client → proxy. Answer leg: proxy → client minus node → proxy. \
+         Both: their sum, what the proxy added to the round trip. µs.\n"
+    );
+    println!(
+        "| proxy | sent/s | messages timed | not timed | packets dropped | request p50 | request p99 | answer p50 | answer p99 | both p50 | both p90 | both p99 | both p99.9 | both max |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let many = timed.iter().any(|(_, rep, ..)| *rep > 0);
+    for (t, rep, report, d, dropped) in timed {
+        let q = |v: &[u64], q: f64| dwell::quantile(v, q).map_or("-".into(), |x| x.to_string());
+        let label = if many {
+            format!("{} #{}", t.label(), rep + 1)
+        } else {
+            t.label().to_string()
+        };
+        println!(
+            "| {label} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            report.sent_per_s(),
+            d.messages(),
+            d.unmatched,
+            dropped.map_or("-".into(), |n| n.to_string()),
+            q(&d.request, 0.5),
+            q(&d.request, 0.99),
+            q(&d.answer, 0.5),
+            q(&d.answer, 0.99),
+            q(&d.both, 0.5),
+            q(&d.both, 0.9),
+            q(&d.both, 0.99),
+            q(&d.both, 0.999),
+            q(&d.both, 1.0),
+        );
+    }
 }
 
 fn per_msg(n: u64, rep: &LoadReport) -> f64 {
