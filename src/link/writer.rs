@@ -81,8 +81,10 @@ where
 /// worker's run queue once, so that the readers that are ready run first and
 /// what they queue for this link goes out in the same write. The switch's
 /// links use this: under load it sends about a third fewer segments; with
-/// nothing else runnable the step costs one task poll, not a wait. (The simulators keep [`run_writer`], so
-/// that the benchmarks' reference client and nodes did not change with it.)
+/// nothing else runnable the step costs one task poll, not a wait. A link
+/// where the step stops gaining frames writes at once (`Pacing`). (The
+/// simulators keep [`run_writer`], so that the benchmarks' reference client
+/// and nodes did not change with it.)
 /// Counts what it writes into `conn` (the connection table's entry).
 pub async fn run_coalescing_writer<W>(
     w: W,
@@ -127,6 +129,7 @@ where
     T: WriterItem,
 {
     let mut buf = BytesMut::with_capacity(BATCH_BYTES);
+    let mut pacing = Pacing::default();
     loop {
         let first = match &mut stop {
             Some(stop) => tokio::select! {
@@ -139,11 +142,13 @@ where
         let Some(first) = first else { break };
         push(prefix, &first, &mut buf);
         let mut frames = 1 + drain(prefix, &mut rx, &mut buf);
-        if coalesce && buf.len() < BATCH_BYTES {
+        if coalesce && buf.len() < BATCH_BYTES && pacing.should_wait() {
             // Let the readers that are ready run first: under load they queue
             // more frames for this link, which then leave in the same write.
             to_back_of_queue().await;
-            frames += drain(prefix, &mut rx, &mut buf);
+            let gained = drain(prefix, &mut rx, &mut buf);
+            pacing.waited(gained);
+            frames += gained;
         }
         if let Err(e) = w.write_all(&buf).await {
             return (Err(e), rx);
@@ -154,6 +159,48 @@ where
         buf.clear();
     }
     (w.shutdown().await, rx)
+}
+
+/// Whether a coalescing writer waits behind the runnable readers before its
+/// next write. Waiting pays when other readers are ready with frames for
+/// this link; it costs the frame the time those readers take, which on bursty
+/// arrivals is most of its time in the switch (`isoswitch bench --dwell`). A
+/// client's link, with a few requests in flight, or a node link at a modest
+/// rate gains nothing from it. So a writer whose last [`FUTILE_WAITS`] waits
+/// in a row gained no frame writes at once, and waits once every
+/// [`PROBE_EVERY`] writes to notice the load coming back.
+#[derive(Debug, Default)]
+struct Pacing {
+    /// Waits in a row that gained no frame.
+    futile: u32,
+    /// Writes since the last probe, once waiting stopped paying.
+    since_probe: u32,
+}
+
+const FUTILE_WAITS: u32 = 8;
+const PROBE_EVERY: u32 = 16;
+
+impl Pacing {
+    fn should_wait(&mut self) -> bool {
+        if self.futile < FUTILE_WAITS {
+            return true;
+        }
+        self.since_probe += 1;
+        if self.since_probe >= PROBE_EVERY {
+            self.since_probe = 0;
+            return true;
+        }
+        false
+    }
+
+    /// After a wait: `gained` frames were queued meanwhile.
+    fn waited(&mut self, gained: u64) {
+        self.futile = if gained > 0 {
+            0
+        } else {
+            self.futile.saturating_add(1)
+        };
+    }
 }
 
 /// Lets the tasks already queued on this worker run before this one goes on:
@@ -205,6 +252,41 @@ fn push<T: WriterItem>(prefix: LengthPrefix, item: &T, buf: &mut BytesMut) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_writer_whose_waits_gain_nothing_writes_at_once_but_probes() {
+        let mut p = Pacing::default();
+        for _ in 0..FUTILE_WAITS {
+            assert!(p.should_wait());
+            p.waited(0);
+        }
+        // One write in PROBE_EVERY still waits; the rest go out at once.
+        let waits: Vec<bool> = (0..2 * PROBE_EVERY).map(|_| p.should_wait()).collect();
+        assert_eq!(waits.iter().filter(|w| **w).count(), 2, "{waits:?}");
+        assert!(waits[PROBE_EVERY as usize - 1]);
+    }
+
+    #[test]
+    fn a_probe_that_gains_a_frame_brings_the_waits_back() {
+        let mut p = Pacing::default();
+        for _ in 0..FUTILE_WAITS {
+            p.should_wait();
+            p.waited(0);
+        }
+        while !p.should_wait() {}
+        p.waited(3);
+        assert!((0..FUTILE_WAITS).all(|_| p.should_wait()));
+    }
+
+    #[test]
+    fn a_wait_that_gains_resets_the_streak() {
+        let mut p = Pacing::default();
+        for _ in 0..10 * FUTILE_WAITS {
+            assert!(p.should_wait());
+            // Gains now and then, never FUTILE_WAITS misses in a row.
+            p.waited(u64::from(p.futile == FUTILE_WAITS - 1));
+        }
+    }
 
     #[test]
     fn patch_applies_at_write_time() {
