@@ -77,12 +77,12 @@ where
     result
 }
 
-/// As [`run_writer`], but before each write it steps to the back of the
-/// worker's run queue once, so that the readers that are ready run first and
-/// what they queue for this link goes out in the same write. The switch's
-/// links use this: under load it sends about a third fewer segments; with
-/// nothing else runnable the step costs one task poll, not a wait. A link
-/// where the step stops gaining frames writes at once (`Pacing`). (The
+/// As [`run_writer`], but before each write it yields once, so that the
+/// readers that are ready run first and what they queue for this link goes
+/// out in the same write. The switch's links use this: under load it sends
+/// about a third fewer segments; with nothing else runnable the yield costs
+/// one scheduler pass and an I/O poll, not a wait. A link where the yields
+/// stop gaining frames writes at once (`Pacing`). (The
 /// simulators keep [`run_writer`], so that the benchmarks' reference client
 /// and nodes did not change with it.)
 /// Counts what it writes into `conn` (the connection table's entry).
@@ -145,7 +145,7 @@ where
         if coalesce && buf.len() < BATCH_BYTES && pacing.should_wait() {
             // Let the readers that are ready run first: under load they queue
             // more frames for this link, which then leave in the same write.
-            to_back_of_queue().await;
+            tokio::task::yield_now().await;
             let gained = drain(prefix, &mut rx, &mut buf);
             pacing.waited(gained);
             frames += gained;
@@ -161,12 +161,13 @@ where
     (w.shutdown().await, rx)
 }
 
-/// Whether a coalescing writer waits behind the runnable readers before its
-/// next write. Waiting pays when other readers are ready with frames for
-/// this link; it costs the frame the time those readers take, which on bursty
-/// arrivals is most of its time in the switch (`isoswitch bench --dwell`). A
-/// client's link, with a few requests in flight, or a node link at a modest
-/// rate gains nothing from it. So a writer whose last [`FUTILE_WAITS`] waits
+/// Whether a coalescing writer yields before its next write. The yield
+/// (`tokio::task::yield_now`) waits for the next I/O poll and runs every
+/// reader that is ready by then, so under load their frames for this link
+/// join the write. It costs the frame the time those readers take, which on
+/// bursty arrivals is most of its time in the switch (`isoswitch bench
+/// --dwell`), and a client's link, with a few requests in flight, or a node
+/// link at a modest rate gains nothing from it. So a writer whose last [`FUTILE_WAITS`] waits
 /// in a row gained no frame writes at once, and waits once every
 /// [`PROBE_EVERY`] writes to notice the load coming back.
 #[derive(Debug, Default)]
@@ -201,26 +202,6 @@ impl Pacing {
             self.futile.saturating_add(1)
         };
     }
-}
-
-/// Lets the tasks already queued on this worker run before this one goes on:
-/// it wakes itself and is pending once, which puts it at the back of the
-/// worker's run queue. Readers woken by the same I/O poll are in that queue,
-/// so what they forward to this link joins this write. `tokio::task::yield_now`
-/// instead waits for the next I/O poll and for every reader *that* poll
-/// wakes: on bursty arrivals a frame then waited for reads that came after
-/// it (`isoswitch bench --dwell` measured the switch's median time per
-/// message at about twice HAProxy's).
-fn to_back_of_queue() -> impl std::future::Future<Output = ()> {
-    let mut woken = false;
-    std::future::poll_fn(move |cx| {
-        if woken {
-            return std::task::Poll::Ready(());
-        }
-        woken = true;
-        cx.waker().wake_by_ref();
-        std::task::Poll::Pending
-    })
 }
 
 /// Appends what is already queued, up to the batch size. Returns how many
@@ -392,7 +373,7 @@ mod tests {
 
     /// The switch's runtime shape: one worker, whose LIFO slot runs a woken
     /// writer right after the reader that woke it. Three readers runnable at
-    /// once each queue a frame for the link: the writer steps behind them and
+    /// once each queue a frame for the link: the writer yields to them and
     /// sends the three in one write, not the first alone.
     #[test]
     fn frames_from_readers_runnable_together_leave_in_one_write() {
