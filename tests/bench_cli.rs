@@ -7,36 +7,7 @@ use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_prints_its_rows_and_summary_lines() {
-    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_isoswitch"))
-        .args([
-            "bench",
-            "--duration",
-            "1s",
-            "--rate",
-            "500",
-            "--no-saturation",
-            "--no-haproxy",
-            "--nodes",
-            "2",
-            "--clients",
-            "4",
-            "--in-flight",
-            "2",
-        ])
-        .env("ISOSWITCH_LOG", "error")
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("bench ends within 60 s")
-        .expect("the isoswitch binary runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "status {:?}\nstdout {stdout}\nstderr {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_bench(&[], Duration::from_secs(60)).await;
     assert!(
         stdout.contains("## Open loop at 500 req/s offered"),
         "{stdout}"
@@ -88,40 +59,11 @@ async fn bench_prints_its_rows_and_summary_lines() {
 /// and so does this test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_times_each_message_inside_the_switch_on_the_wire() {
-    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_isoswitch"))
-        .args([
-            "bench",
-            "--duration",
-            "1s",
-            "--rate",
-            "500",
-            "--no-saturation",
-            "--no-haproxy",
-            "--nodes",
-            "2",
-            "--clients",
-            "4",
-            "--in-flight",
-            "2",
-            "--dwell",
-            "2s",
-            "--dwell-rate",
-            "500",
-        ])
-        .env("ISOSWITCH_LOG", "error")
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(90), run)
-        .await
-        .expect("bench ends within 90 s")
-        .expect("the isoswitch binary runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "status {:?}\nstdout {stdout}\nstderr {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_bench(
+        &["--dwell", "2s", "--dwell-rate", "500"],
+        Duration::from_secs(90),
+    )
+    .await;
     assert!(
         stdout.contains("## Time inside the proxy, on the wire (2 s at 500 req/s offered"),
         "{stdout}"
@@ -157,4 +99,42 @@ async fn bench_times_each_message_inside_the_switch_on_the_wire() {
     ] {
         assert!(stdout.contains(key), "no `{key}` in {stdout}");
     }
+}
+
+/// Runs a brief bench (two nodes, four clients, 1 s rows at 500 req/s, no
+/// saturation, no HAProxy) with `extra` arguments; its stdout, once it
+/// succeeded within `limit`.
+async fn run_bench(extra: &[&str], limit: Duration) -> String {
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_isoswitch"))
+        .args([
+            "bench",
+            "--duration",
+            "1s",
+            "--rate",
+            "500",
+            "--no-saturation",
+            "--no-haproxy",
+            "--nodes",
+            "2",
+            "--clients",
+            "4",
+            "--in-flight",
+            "2",
+        ])
+        .args(extra)
+        .env("ISOSWITCH_LOG", "error")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(limit, run)
+        .await
+        .unwrap_or_else(|_| panic!("bench ends within {limit:?}"))
+        .expect("the isoswitch binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "status {:?}\nstdout {stdout}\nstderr {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }

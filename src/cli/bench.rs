@@ -440,6 +440,23 @@ fn print_header(
     );
 }
 
+/// The bench's workload (`--clients`, `--in-flight`, `--mix`) against `addr`
+/// for `duration`, at `rate` (open loop) or as fast as answered (`None`).
+fn load_config(
+    addr: SocketAddr,
+    args: &BenchArgs,
+    duration: Duration,
+    rate: Option<f64>,
+) -> LoadConfig {
+    let mut cfg = LoadConfig::new(addr);
+    cfg.clients = args.clients;
+    cfg.in_flight = args.in_flight;
+    cfg.mix = args.mix;
+    cfg.duration = duration;
+    cfg.rate = rate;
+    cfg
+}
+
 async fn measure(
     rig: &Rig,
     target: Target,
@@ -451,15 +468,10 @@ async fn measure(
     let Some((addr, pid)) = rig.addr_pid(target) else {
         return Err(format!("no {} in this run", target.key()));
     };
-    let mut cfg = LoadConfig::new(addr);
+    let mut cfg = load_config(addr, args, args.duration, rate);
     if target == Target::DirectAll {
         cfg.spread = rig.nodes.iter().skip(1).copied().collect();
     }
-    cfg.clients = args.clients;
-    cfg.in_flight = args.in_flight;
-    cfg.mix = args.mix;
-    cfg.duration = args.duration;
-    cfg.rate = rate;
     eprintln!(
         "measuring {} at {} ...",
         target.label(),
@@ -763,12 +775,7 @@ async fn strace_run(
             .into_iter()
             .filter(|t| perf || *t == "strace")
         {
-            let mut cfg = LoadConfig::new(addr);
-            cfg.clients = args.clients;
-            cfg.in_flight = args.in_flight;
-            cfg.mix = args.mix;
-            cfg.duration = window;
-            cfg.rate = Some(rate);
+            let cfg = load_config(addr, args, window, Some(rate));
             eprintln!("{tool} on {} at {r} req/s ...", target.label());
             let load = || load::run(spec.clone(), cfg, Arc::new(LoadCounters::default()));
             let (report, counts) = if tool == "perf" {
@@ -827,12 +834,7 @@ async fn dwell_run(
             };
             let mut ports = vec![front.port()];
             ports.extend(rig.nodes.iter().map(SocketAddr::port));
-            let mut cfg = LoadConfig::new(front);
-            cfg.clients = args.clients;
-            cfg.in_flight = args.in_flight;
-            cfg.mix = args.mix;
-            cfg.duration = window;
-            cfg.rate = Some(rate);
+            let cfg = load_config(front, args, window, Some(rate));
             eprintln!("tcpdump on {} at {r} req/s ...", target.label());
             let dump = dwell::Tcpdump::start(&ports, target.key()).await?;
             let report = load::run(spec.clone(), cfg, Arc::new(LoadCounters::default())).await?;
