@@ -82,9 +82,9 @@ where
 /// out in the same write. The switch's links use this: under load it sends
 /// about a third fewer segments; with nothing else runnable the yield costs
 /// one scheduler pass and an I/O poll, not a wait. A link where the yields
-/// stop gaining frames writes at once (`Pacing`). (The
-/// simulators keep [`run_writer`], so that the benchmarks' reference client
-/// and nodes did not change with it.)
+/// stop gaining frames writes at once (`Pacing`). (The simulators keep
+/// [`run_writer`], so that the benchmarks' reference client and nodes did
+/// not change with it.)
 /// Counts what it writes into `conn` (the connection table's entry).
 pub async fn run_coalescing_writer<W>(
     w: W,
@@ -167,9 +167,9 @@ where
 /// join the write. It costs the frame the time those readers take, which on
 /// bursty arrivals is most of its time in the switch (`isoswitch bench
 /// --dwell`), and a client's link, with a few requests in flight, or a node
-/// link at a modest rate gains nothing from it. So a writer whose last [`FUTILE_WAITS`] waits
-/// in a row gained no frame writes at once, and waits once every
-/// [`PROBE_EVERY`] writes to notice the load coming back.
+/// link at a modest rate gains nothing from it. So a writer whose last
+/// [`FUTILE_WAITS`] yields in a row gained no frame writes at once, and
+/// yields once every [`PROBE_EVERY`] writes to notice the load coming back.
 #[derive(Debug, Default)]
 struct Pacing {
     /// Waits in a row that gained no frame.
