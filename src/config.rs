@@ -563,7 +563,7 @@ pub struct NodeConfig {
 /// Active health checks and passive ejection. A flattened struct cannot use
 /// `deny_unknown_fields` (serde hands it only the keys it knows: typos were
 /// ignored), so `BackConfig` reads this through
-/// [`HealthCheckConfig::deserialize_strict`].
+/// `HealthCheckConfig::deserialize_strict`.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 pub struct HealthCheckConfig {
     #[serde(default)]

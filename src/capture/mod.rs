@@ -7,7 +7,7 @@
 //!   queues one notice per batch. One writer task per service
 //!   ([`writer::run`]) takes the batches, masks the messages ([`mask`]), wraps the bytes in synthetic
 //!   Ethernet/IP/TCP packets with the connection's real addresses ([`tcp`]) and
-//!   writes rotating pcapng files ([`file`]).
+//!   writes rotating pcapng files ([`mod@file`]).
 //! - Reading: [`read`] takes pcap or pcapng (isoswitch, tcpdump, Wireshark),
 //!   reassembles each TCP stream and cuts it into frames.
 //! - Replay: [`replay`] sends the client side of captured connections to a

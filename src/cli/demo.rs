@@ -1,7 +1,7 @@
 //! `isoswitch demo`: the whole switch on 127.0.0.1 in one process, on the
 //! embedded default config. A simulated POS network controller (2 uplinks,
 //! 200 terminals), a simulated UnionPay (8 in / 8 out links), a simulated
-//! VISA (2 duplex links, see [`visa`]) and ATMs through a OneConnect front
+//! VISA (2 duplex links, see `demo::visa`) and ATMs through a OneConnect front
 //! send traffic through the switch to three channel nodes. Through the admin
 //! API, as an operator would: node 02 is drained (and a VISA link dropped),
 //! node 01 disabled and re-enabled, a weight change is reloaded from the

@@ -1,6 +1,6 @@
 //! Rate limits for per-message warnings: one client sending garbage must not
 //! flood the log (and the disk, and the path that writes it). Per kind of
-//! event and per peer, the first [`LogLimit::per_second`] lines of a second
+//! event and per peer, the first `LogLimit::per_second` lines of a second
 //! are written; the rest are counted, and one line says how many were
 //! suppressed when the second is over.
 

@@ -14,8 +14,9 @@ pub enum Lease<C> {
     /// An idle connection, now leased: reuse it.
     Reuse(C),
     /// No idle connection but room for one more: open it. The slot is already
-    /// counted; report [`OneConnectSlots::opened`] or
-    /// [`OneConnectSlots::open_failed`].
+    /// counted: a connect that fails frees it with
+    /// [`OneConnectSlots::closed`], a connection done with its request goes
+    /// idle with [`OneConnectSlots::release`].
     Open,
 }
 

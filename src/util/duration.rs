@@ -9,7 +9,7 @@
 //! timeout is a bug waiting to happen. Errors quote the whole input.
 //! Command-line flags take `value_parser = crate::util::duration::parse`.
 //!
-//! [`format`] writes the shortest exact text in that grammar; config dumps
+//! [`format()`] writes the shortest exact text in that grammar; config dumps
 //! (`isoswitch check`) use it, so what they print loads back unchanged.
 
 use std::time::Duration;
