@@ -24,7 +24,7 @@ pub(crate) mod procs;
 mod strace;
 
 use std::net::SocketAddr;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -387,12 +387,7 @@ async fn start_rig(
 }
 
 fn haproxy_installed() -> bool {
-    Command::new("haproxy")
-        .arg("-v")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    procs::answers("haproxy", &["-v"])
 }
 
 fn print_header(

@@ -11,28 +11,22 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::capture::read::{self, Packets};
 use crate::iso8583::{Message, Spec};
 use crate::wire::Frame;
 
-use super::procs::TempFile;
+use super::procs::{Sidecar, TempFile};
 
 pub(crate) fn available() -> bool {
-    Command::new("tcpdump")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    super::procs::answers("tcpdump", &["--version"])
 }
 
 /// tcpdump on `lo`, keeping the segments that carry bytes on `ports`.
 pub(crate) struct Tcpdump {
-    child: Child,
+    tcpdump: Sidecar,
     out: TempFile,
     stderr: TempFile,
 }
@@ -57,10 +51,14 @@ impl Tcpdump {
             .stderr(err_file)
             .spawn()
             .map_err(|e| format!("cannot start tcpdump: {e}"))?;
-        let mut dump = Tcpdump { child, out, stderr };
+        let mut dump = Tcpdump {
+            tcpdump: Sidecar::new(child, "tcpdump"),
+            out,
+            stderr,
+        };
         // tcpdump says "listening on lo" once its filter is in place.
         for _ in 0..50 {
-            if let Ok(Some(status)) = dump.child.try_wait() {
+            if let Ok(Some(status)) = dump.tcpdump.child.try_wait() {
                 return Err(format!(
                     "tcpdump ended at once ({status}): {}",
                     dump.errors()
@@ -84,30 +82,11 @@ impl Tcpdump {
     /// Stops tcpdump (SIGINT: it flushes the file and prints its counts) and
     /// reads the capture; also the packets the kernel dropped, when it says.
     pub(crate) async fn finish(mut self) -> Result<(Packets, Option<u64>), String> {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-INT", &pid]).status();
-        for _ in 0..100 {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                let dropped = dropped(&self.errors());
-                return read_capture(&self.out.path).map(|p| (p, dropped));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Err("tcpdump did not stop within 5 s of SIGINT".into())
+        self.tcpdump.interrupt().await?;
+        let path = &self.out.path;
+        let packets = read::read_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok((packets, dropped(&self.errors())))
     }
-}
-
-impl Drop for Tcpdump {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn read_capture(path: &Path) -> Result<Packets, String> {
-    read::read_file(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// TCP on any of `ports`, segments with a payload only (pure ACKs are most

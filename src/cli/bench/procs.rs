@@ -106,13 +106,57 @@ impl Pinning {
     }
 }
 
-pub(crate) fn taskset_available() -> bool {
-    Command::new("taskset")
-        .arg("-V")
+/// Whether `program` is installed and usable: it runs with `args` and
+/// succeeds, its output thrown away.
+pub(crate) fn answers(program: &str, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+pub(crate) fn taskset_available() -> bool {
+    answers("taskset", &["-V"])
+}
+
+/// A tool run beside the load (strace, perf stat, tcpdump) that writes its
+/// result when interrupted. Killed if dropped while still running.
+pub(crate) struct Sidecar {
+    pub(crate) child: Child,
+    name: &'static str,
+}
+
+impl Sidecar {
+    pub(crate) fn new(child: Child, name: &'static str) -> Sidecar {
+        Sidecar { child, name }
+    }
+
+    /// SIGINT (the tool writes what it has and exits), then up to 5 s for it
+    /// to end; killed after that.
+    pub(crate) async fn interrupt(&mut self) -> Result<(), String> {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-INT", &pid]).status();
+        for _ in 0..100 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        Err(format!("{} did not stop within 5 s of SIGINT", self.name))
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 /// Pins this process (its threads started from now on inherit it) to `cpus`.

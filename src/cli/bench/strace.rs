@@ -4,10 +4,10 @@
 //! tracepoints, which does not stop the process at every call as strace does.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::procs::TempFile;
+use super::procs::{Sidecar, TempFile};
 
 /// Calls per system call name, from `strace -c`'s summary, largest first.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -60,18 +60,13 @@ pub(crate) fn parse_summary(text: &str) -> Counts {
 }
 
 pub(crate) fn available() -> bool {
-    Command::new("strace")
-        .arg("-V")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    super::procs::answers("strace", &["-V"])
 }
 
 /// strace attached to every thread of a process, counting its system calls
 /// until [`Tracer::finish`].
 pub(crate) struct Tracer {
-    child: Child,
+    strace: Sidecar,
     out: TempFile,
 }
 
@@ -87,10 +82,13 @@ impl Tracer {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| format!("cannot start strace: {e}"))?;
-        let mut tracer = Tracer { child, out };
+        let mut tracer = Tracer {
+            strace: Sidecar::new(child, "strace"),
+            out,
+        };
         // Attaching stops each thread once; give it time before the load.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        if let Ok(Some(status)) = tracer.child.try_wait() {
+        if let Ok(Some(status)) = tracer.strace.child.try_wait() {
             return Err(format!(
                 "strace -p {pid} ended at once ({status}): {}",
                 tracer.stderr()
@@ -102,7 +100,7 @@ impl Tracer {
     fn stderr(&mut self) -> String {
         use std::io::Read;
         let mut s = String::new();
-        if let Some(e) = self.child.stderr.as_mut() {
+        if let Some(e) = self.strace.child.stderr.as_mut() {
             let _ = e.read_to_string(&mut s);
         }
         s.trim().to_string()
@@ -110,26 +108,8 @@ impl Tracer {
 
     /// Detaches (SIGINT makes strace write its summary) and reads the counts.
     pub(crate) async fn finish(mut self) -> Result<Counts, String> {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-INT", &pid]).status();
-        for _ in 0..100 {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return read(&self.out.path);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        Err("strace did not stop within 5 s of SIGINT".into())
-    }
-}
-
-impl Drop for Tracer {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        self.strace.interrupt().await?;
+        read(&self.out.path)
     }
 }
 
@@ -152,18 +132,16 @@ const PERF_CALLS: [&str; 13] = [
 ];
 
 pub(crate) fn perf_available() -> bool {
-    Command::new("perf")
-        .args(["stat", "-e", "raw_syscalls:sys_enter", "--", "true"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    super::procs::answers(
+        "perf",
+        &["stat", "-e", "raw_syscalls:sys_enter", "--", "true"],
+    )
 }
 
 /// `perf stat` counting a process's system calls until
 /// [`PerfCounter::finish`].
 pub(crate) struct PerfCounter {
-    child: Child,
+    perf: Sidecar,
     out: TempFile,
 }
 
@@ -194,36 +172,21 @@ impl PerfCounter {
             .spawn()
             .map_err(|e| format!("cannot start perf: {e}"))?;
         tokio::time::sleep(Duration::from_millis(200)).await;
-        Ok(PerfCounter { child, out })
+        Ok(PerfCounter {
+            perf: Sidecar::new(child, "perf stat"),
+            out,
+        })
     }
 
     pub(crate) async fn finish(mut self) -> Result<Counts, String> {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-INT", &pid]).status();
-        for _ in 0..100 {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                let text = std::fs::read_to_string(&self.out.path)
-                    .map_err(|e| format!("{}: {e}", self.out.path.display()))?;
-                let counts = parse_perf(&text);
-                if counts.0.is_empty() {
-                    return Err(format!("perf stat counted nothing: {}", text.trim()));
-                }
-                return Ok(counts);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        self.perf.interrupt().await?;
+        let text = std::fs::read_to_string(&self.out.path)
+            .map_err(|e| format!("{}: {e}", self.out.path.display()))?;
+        let counts = parse_perf(&text);
+        if counts.0.is_empty() {
+            return Err(format!("perf stat counted nothing: {}", text.trim()));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        Err("perf stat did not stop within 5 s of SIGINT".into())
-    }
-}
-
-impl Drop for PerfCounter {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        Ok(counts)
     }
 }
 
