@@ -35,7 +35,7 @@ type Frames = Vec<Vec<u8>>;
 /// the node (F37 stamped), and the node's answers.
 fn frames() -> (Frames, Frames, Frames) {
     let mut rig = Rig::new(&service_toml("cups", true)).expect("rig");
-    let requests = purchase_frames(&rig.service.spec, PAIRS).expect("frames");
+    let requests = purchase_frames(rig.service.spec(), PAIRS).expect("frames");
     let (mut to_node, mut answers) = (Vec::new(), Vec::new());
     for req in &requests {
         let (node, bytes) = rig.request(req).expect("routes").expect("to a node");

@@ -44,7 +44,7 @@ const DIALECTS: [Dialect; 3] = [
 /// A warm rig, its request frames and the node's answers to them.
 fn setup(d: &Dialect) -> (Rig, Vec<Vec<u8>>, Vec<Vec<u8>>) {
     let mut rig = Rig::new(&service_toml(d.spec, d.stamp)).expect("rig");
-    let requests = purchase_frames(&rig.service.spec, BATCH).expect("frames");
+    let requests = purchase_frames(rig.service.spec(), BATCH).expect("frames");
     let mut answers = Vec::with_capacity(BATCH);
     for req in &requests {
         let (node, bytes) = rig.request(req).expect("routes").expect("to a node");

@@ -56,12 +56,12 @@ fn run(pool: &NodePool, threads: usize, iters: u64, now: Instant) -> Duration {
             s.spawn(move || {
                 start.wait();
                 for _ in 0..per_thread {
-                    let (node, conn) = pool
+                    let (picked, conn) = pool
                         .pick(b"0200", no_fields, None, now)
                         .expect("a node is up");
                     black_box(&conn);
                     drop(conn);
-                    pool.finished(node, true, Duration::from_micros(300), now);
+                    picked.finished(true, Duration::from_micros(300), now);
                 }
             });
         }

@@ -58,6 +58,11 @@ run_once() { # $1 = off|on|on-base
     local args=() capdir="$work/cap-$RANDOM" sbin=$bin
     [ "$1" != off ] && args=(--capture "$capdir")
     [ "$1" = on-base ] && sbin=$ISOSWITCH_BASE
+    # A fresh data directory per run (a base build older than --data-dir
+    # keeps no state and gets none).
+    if $sbin run --help | grep -q -- --data-dir; then
+        args+=(--data-dir "$work/data-$RANDOM")
+    fi
     ISOSWITCH_LOG=warn $sbin run --config "$work/bench.toml" "${args[@]}" >/dev/null 2>"$work/switch.log" &
     local sw=$!
     sleep 1.5

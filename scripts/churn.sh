@@ -13,10 +13,12 @@ port=${1:-16000} rounds=${2:-6} clients=${3:-2000} seconds=${4:-3}
 cargo build --release --quiet
 bin="${CARGO_TARGET_DIR:-target}/release/isoswitch"
 pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+# The switch's data directory: its own, gone at the end.
+data=$(mktemp -d)
+trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$data"' EXIT
 "$bin" sim node --listen 127.0.0.1:17001 --spec cup-pos --id 01 >/dev/null 2>&1 & pids+=($!)
 "$bin" sim node --listen 127.0.0.1:17002 --spec cup-pos --id 02 >/dev/null 2>&1 & pids+=($!)
-ISOSWITCH_LOG=error "$bin" run --config examples/atm-oneconnect.toml --stats-every 600 >/dev/null 2>&1 & switch=$!
+ISOSWITCH_LOG=error "$bin" run --config examples/atm-oneconnect.toml --data-dir "$data/switch" --stats-every 600 >/dev/null 2>&1 & switch=$!
 pids+=("$switch")
 sleep 1
 grep VmRSS "/proc/$switch/status"

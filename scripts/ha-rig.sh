@@ -102,7 +102,7 @@ wait_for() {
 
 api() { in_ns "$1" curl -sf -m 2 -H "Authorization: Bearer $ISOSWITCH_ADMIN_TOKEN" "http://$ADMIN$2"; }
 ready() { api "$1" /readyz >/dev/null; }
-api_post() { in_ns "$1" curl -sf -m 2 -X POST -H "Authorization: Bearer $ISOSWITCH_ADMIN_TOKEN" "http://$ADMIN$2" >/dev/null; }
+api_post() { in_ns "$1" curl -sf -m 2 -X POST -H "Authorization: Bearer $ISOSWITCH_ADMIN_TOKEN" -H "Content-Type: application/json" "http://$ADMIN$2" >/dev/null; }
 has_vip() { in_ns "$1" ip -4 addr show dev veth0 | grep -q "inet $VIP/"; }
 
 # One field of a service in /api/v1/status (python expression on `s`).
@@ -279,7 +279,9 @@ up() {
     log "isoswitch A and B"
     for h in a b; do
         switch_config "$h" >"$WORK/switch-$h.toml"
-        spawn "switch-$h" "$h" env ISOSWITCH_LOG=warn "$BIN" run --config "$WORK/switch-$h.toml"
+        # A data directory each: A and B share this filesystem, not their state.
+        rm -rf "$WORK/data-$h"
+        spawn "switch-$h" "$h" env ISOSWITCH_LOG=warn "$BIN" run --config "$WORK/switch-$h.toml" --data-dir "$WORK/data-$h"
     done
     for h in a b; do
         wait_for 20 in_ns "$h" curl -sf -m 1 "http://$ADMIN/healthz" \
@@ -329,8 +331,19 @@ down() {
     log "down: namespaces $P-* deleted"
 }
 
+# True when switch $1 holds $2 UnionPay in links and all its out links are
+# signed on.
+links_ready() {
+    local links in_up signed total
+    links=$(service_field "$1" unionpay "f\"{s['links']['in_links']} {s['links']['signed_on']} {s['links']['links']}\"") || return 1
+    read -r in_up signed total <<<"$links"
+    [ "$in_up" -ge "$2" ] && [ "$signed" -eq "$total" ]
+}
+
 # Starts UnionPay (8 in links: 4 to A, 4 to B) and waits until the switches
-# in `$@` report every service ready (links signed on).
+# in `$@` report every service ready (out links signed on) and hold their 4
+# in links: a round that starts earlier sends UnionPay's answers only to the
+# instances whose in links are up.
 start_cups() {
     local name=$1; shift
     spawn "$name" cups "$BIN" sim cups --accept "${IP[cups]}:9001" \
@@ -338,6 +351,7 @@ start_cups() {
         --rate 40 --duration 120s --require-sign-on --json
     for h in "$@"; do
         wait_for 20 ready "$h" || { api "$h" /api/v1/status >&2 || true; die "switch $h not ready with UnionPay up"; }
+        wait_for 20 links_ready "$h" 4 || { api "$h" /api/v1/status >&2 || true; die "switch $h: not 4 in links and every out link signed on"; }
     done
 }
 

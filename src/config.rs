@@ -11,9 +11,18 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::iso8583::Spec;
-use crate::route::{Algorithm, DeclineCodes, F37Stamp, HealthConfig, NodeId, RuleConfig, RuleSet};
+use crate::route::{
+    Algorithm, DeclineCodes, F37Stamp, HealthConfig, NODE_ID_MAX, NodeId, RuleConfig, RuleSet,
+};
 pub use crate::route::{KeyPart, TpduPolicy, default_key};
-use crate::util::duration;
+use crate::util::{duration, name};
+
+pub mod descriptors;
+pub mod integrity;
+
+pub use integrity::{
+    Advices, IntegrityConfig, LateApproval, SwitchMadePolicy, TimeoutConfig, TimeoutRule,
+};
 
 /// Everything `isoswitch run` needs.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -25,6 +34,16 @@ pub struct Config {
     /// The admin HTTP listener (API, metrics, status page); off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admin: Option<AdminConfig>,
+    /// Where the switch keeps what outlives a run (the operators' runtime
+    /// node changes). `isoswitch run` falls back to `$STATE_DIRECTORY`, then
+    /// `./isoswitch-data` (`ops::data_dir`); a switch started in process
+    /// without one keeps nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<PathBuf>,
+    /// `[store]`: where what the switch owes is kept (SQLite in the data dir
+    /// by default, PostgreSQL for a pair of instances; docs/store.md).
+    #[serde(default)]
+    pub store: crate::store::StoreConfig,
 }
 
 /// `[admin]`: the admin HTTP listener. See docs/config.md.
@@ -39,9 +58,76 @@ pub struct AdminConfig {
     /// start the listener.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
-    /// Paths served without the token (for probes and scrapers).
+    /// Read-only paths served to GET without the token (for probes and
+    /// scrapers): only [`AdminConfig::OPENABLE`] can be listed.
     #[serde(default = "defaults::admin_open_paths")]
     pub open_paths: Vec<String>,
+    /// Admin connections served at once; past it the listener stops
+    /// accepting (the kernel's backlog holds the rest). Also the admin's
+    /// share of the switch's file descriptors.
+    #[serde(default = "defaults::admin_max_connections")]
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers, counted from the
+    /// connection's start or the previous answer: also the idle limit of a
+    /// kept-alive connection.
+    #[serde(default = "defaults::admin_header_timeout", with = "duration")]
+    pub header_timeout: Duration,
+    /// Time for a whole request: its body, the work, and the client taking
+    /// the answer (a client that stops reading is cut after it).
+    #[serde(default = "defaults::admin_request_timeout", with = "duration")]
+    pub request_timeout: Duration,
+    /// Requests on one kept-alive connection; the last answer closes it.
+    #[serde(default = "defaults::admin_max_requests_per_connection")]
+    pub max_requests_per_connection: usize,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: defaults::admin_listen(),
+            token_file: None,
+            open_paths: defaults::admin_open_paths(),
+            max_connections: defaults::admin_max_connections(),
+            header_timeout: defaults::admin_header_timeout(),
+            request_timeout: defaults::admin_request_timeout(),
+            max_requests_per_connection: defaults::admin_max_requests_per_connection(),
+        }
+    }
+}
+
+impl AdminConfig {
+    /// The paths `open_paths` may list: read-only ones. Nothing that changes
+    /// the switch can be opened, and even these need the token for anything
+    /// but GET.
+    pub const OPENABLE: [&'static str; 4] = ["/healthz", "/readyz", "/metrics", "/"];
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (i, path) in self.open_paths.iter().enumerate() {
+            if !Self::OPENABLE.contains(&path.as_str()) {
+                return Err(invalid(
+                    format!("admin.open_paths[{i}]"),
+                    format!(
+                        "`{}` cannot be opened: only GET on {} can go without the token",
+                        path.escape_debug(),
+                        Self::OPENABLE.join(", ")
+                    ),
+                ));
+            }
+        }
+        if !(1..=65_536).contains(&self.max_connections) {
+            return Err(invalid("admin.max_connections", "must be within 1..=65536"));
+        }
+        if self.max_requests_per_connection == 0 {
+            return Err(invalid("admin.max_requests_per_connection", "must be > 0"));
+        }
+        if self.header_timeout.is_zero() {
+            return Err(invalid("admin.header_timeout", "must be > 0"));
+        }
+        if self.request_timeout.is_zero() {
+            return Err(invalid("admin.request_timeout", "must be > 0"));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -56,6 +142,10 @@ pub struct ServiceConfig {
     pub correlation: CorrelationConfig,
     #[serde(default)]
     pub timeouts: TimeoutConfig,
+    /// `[service.integrity]`: late approvals, advices, repeats, and whether
+    /// the switch may answer for a node at all.
+    #[serde(default)]
+    pub integrity: IntegrityConfig,
     /// F39 codes of switch-made responses, per reason.
     #[serde(default)]
     pub declines: DeclineCodes,
@@ -543,7 +633,7 @@ pub struct BackConfig {
     pub nodes: Vec<NodeConfig>,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
     /// Short ID, also the F37 stamp.
@@ -646,22 +736,6 @@ impl Default for CorrelationConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct TimeoutConfig {
-    /// A request unanswered this long is declined with the timeout code.
-    #[serde(default = "defaults::request_timeout", with = "duration")]
-    pub request: Duration,
-}
-
-impl Default for TimeoutConfig {
-    fn default() -> Self {
-        TimeoutConfig {
-            request: defaults::request_timeout(),
-        }
-    }
-}
-
 mod defaults {
     use std::time::Duration;
 
@@ -670,7 +744,19 @@ mod defaults {
     }
 
     pub fn admin_open_paths() -> Vec<String> {
-        vec!["/healthz".into(), "/metrics".into()]
+        vec!["/healthz".into(), "/readyz".into(), "/metrics".into()]
+    }
+    pub fn admin_max_connections() -> usize {
+        64
+    }
+    pub fn admin_header_timeout() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub fn admin_request_timeout() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn admin_max_requests_per_connection() -> usize {
+        100
     }
     pub fn capture_enabled() -> bool {
         true
@@ -741,9 +827,6 @@ mod defaults {
     }
     pub fn max_in_flight_per_source() -> usize {
         10_000
-    }
-    pub fn request_timeout() -> Duration {
-        Duration::from_secs(3)
     }
     pub fn keepalive_idle() -> Duration {
         Duration::from_secs(30)
@@ -1088,41 +1171,13 @@ impl Config {
         cfg
     }
 
-    /// File descriptors the switch may hold open at its limits: every client,
-    /// link and node connection, listeners, and a few for the process itself.
-    pub fn max_open_files(&self) -> u64 {
-        const PROCESS: u64 = 16;
-        let per_service = |svc: &ServiceConfig| -> u64 {
-            let front = match &svc.front {
-                FrontConfig::Listen(l) => l.max_connections as u64 + 1,
-                FrontConfig::Simplex(f) => (f.links + f.max_in_links()) as u64 + 1,
-                FrontConfig::Connect(f) => f.links as u64,
-            };
-            let checks = u64::from(svc.back.health.check == CheckKind::Tcp);
-            let back =
-                svc.back.nodes.len() as u64 * (svc.back.connections_per_node as u64 + checks);
-            front + back
-        };
-        PROCESS + self.services.iter().map(per_service).sum::<u64>()
-    }
-
-    /// A warning when the limits above exceed `open_file_limit` (the soft
-    /// RLIMIT_NOFILE): past it, accepts and connects fail with EMFILE.
-    pub fn open_files_warning(&self, open_file_limit: u64) -> Option<String> {
-        let need = self.max_open_files();
-        (need > open_file_limit).then(|| {
-            format!(
-                "at its limits (max_connections, links, nodes x connections_per_node) the switch \
-                 holds up to {need} open files, more than the open-file limit {open_file_limit} \
-                 (ulimit -n / LimitNOFILE): raise the limit or lower max_connections"
-            )
-        })
-    }
-
     /// Checks what serde cannot: references between keys, ranges, uniqueness.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.services.is_empty() {
             return Err(invalid("service", "no service is configured"));
+        }
+        if let Some(admin) = &self.admin {
+            admin.validate()?;
         }
         let mut names = std::collections::HashSet::new();
         for (i, svc) in self.services.iter().enumerate() {
@@ -1146,8 +1201,15 @@ impl ServiceConfig {
     }
 
     fn validate(&self, key: &str) -> Result<(), ConfigError> {
-        if self.name.is_empty() {
-            return Err(invalid(format!("{key}.name"), "must not be empty"));
+        if !name::is_safe_name(self.name.as_bytes(), name::NAME_MAX) {
+            return Err(invalid(
+                format!("{key}.name"),
+                format!(
+                    "`{}`: must be {}",
+                    self.name.escape_debug(),
+                    name::NAME_RULE
+                ),
+            ));
         }
         let spec = self
             .load_spec()
@@ -1172,9 +1234,8 @@ impl ServiceConfig {
                 ));
             }
         }
-        if self.timeouts.request.is_zero() {
-            return Err(invalid(format!("{key}.timeouts.request"), "must be > 0"));
-        }
+        self.timeouts.validate(&format!("{key}.timeouts"))?;
+        self.integrity.validate(&format!("{key}.integrity"))?;
         for (j, text) in self.accept_mti.iter().enumerate() {
             if crate::route::MtiPattern::parse(text).is_none() {
                 return Err(invalid(
@@ -1350,13 +1411,13 @@ impl BackConfig {
         let mut ids = std::collections::HashSet::new();
         for (i, node) in self.nodes.iter().enumerate() {
             let nkey = format!("{key}.node[{i}]");
-            if node.id.is_empty()
-                || node.id.len() > 8
-                || !node.id.bytes().all(|b| b.is_ascii_graphic())
-            {
+            if !name::is_safe_name(node.id.as_bytes(), NODE_ID_MAX) {
                 return Err(invalid(
                     format!("{nkey}.id"),
-                    "must be 1 to 8 printable ASCII characters",
+                    format!(
+                        "`{}`: must be 1 to {NODE_ID_MAX} characters, each a letter, a digit, `_`, `.` or `-`",
+                        node.id.escape_debug()
+                    ),
                 ));
             }
             if !ids.insert(node.id.as_str()) {
@@ -1456,6 +1517,47 @@ address = "127.0.0.1:7001"
         let unknown_key =
             MINIMAL.replace("[service.back]", "[service.back]\nconections_per_node = 2");
         assert!(error_of(&unknown_key).contains("conections_per_node"));
+    }
+
+    /// Names go unescaped into metrics labels, logs and URLs: a quote or
+    /// label syntax in one is refused at load, wherever it came from.
+    #[test]
+    fn names_outside_the_safe_alphabet_are_refused_with_the_key() {
+        let node = |id: &str| {
+            format!(
+                "{MINIMAL}[[service.back.node]]\nid = {}\naddress = \"127.0.0.1:7002\"\n",
+                toml::Value::String(id.into())
+            )
+        };
+        for bad in ["x\",y=\"z", "\"", "a b", "n/1", "123456789"] {
+            let err = error_of(&node(bad));
+            assert!(
+                err.starts_with("service[0].back.node[1].id: ")
+                    && err.contains("a letter, a digit"),
+                "{bad:?}: {err}"
+            );
+        }
+        for bad in ["x\",y=\"z", "po\"s", "", &"s".repeat(33)] {
+            let toml = MINIMAL.replace(
+                "name = \"pos\"",
+                &format!("name = {}", toml::Value::String(bad.into())),
+            );
+            let err = error_of(&toml);
+            assert!(err.starts_with("service[0].name: "), "{bad:?}: {err}");
+        }
+        let odd = MINIMAL
+            .replace("name = \"pos\"", "name = \"pos.east-1_a\"")
+            .replace("id = \"01\"", "id = \"n.1_a-b\"");
+        assert!(Config::from_toml(&odd).is_ok(), "`.`, `-` and `_` are fine");
+        let env = env_error_of(
+            MINIMAL,
+            &[("ISOSWITCH__SERVICE__0__BACK__NODE__0__ID", "x\",y=\"z")],
+        );
+        assert!(
+            env.contains("ISOSWITCH__SERVICE__0__BACK__NODE__0__ID")
+                && env.contains("service[0].back.node[0].id"),
+            "{env}"
+        );
     }
 
     #[test]
@@ -1767,17 +1869,39 @@ address = "127.0.0.1:7001"
         assert_eq!(toml::to_string_pretty(&again).unwrap(), text);
     }
 
+    /// Only read-only paths can be opened: a path that changes the switch in
+    /// `open_paths` is refused at load, named by its index.
     #[test]
-    fn open_file_limit_is_checked() {
-        let cfg = Config::from_toml_with_env(MINIMAL, env(&[])).unwrap();
-        // 1024 clients + listener + 1 node x 2 connections + 16.
-        assert_eq!(cfg.max_open_files(), 1024 + 1 + 2 + 16);
-        assert!(cfg.open_files_warning(1_000_000).is_none());
-        let warning = cfg.open_files_warning(1024).unwrap();
+    fn only_read_only_paths_can_be_opened() {
+        let with = |admin: &str| format!("[admin]\n{admin}\n{MINIMAL}");
+        let err = error_of(&with(
+            "open_paths = [\"/healthz\", \"/metrics\", \"/api/v1/reload\"]",
+        ));
         assert!(
-            warning.contains("1043") && warning.contains("1024"),
-            "{warning}"
+            err.starts_with("admin.open_paths[2]: `/api/v1/reload` cannot be opened"),
+            "{err}"
         );
+        let err = error_of(&with(
+            "open_paths = [\"/api/v1/services/pos/nodes/01/disable\"]",
+        ));
+        assert!(err.starts_with("admin.open_paths[0]: "), "{err}");
+        for bad in [
+            "max_connections = 0",
+            "header_timeout = \"0s\"",
+            "request_timeout = \"0s\"",
+            "max_requests_per_connection = 0",
+        ] {
+            let key = bad.split(' ').next().unwrap_or_default();
+            let err = error_of(&with(bad));
+            assert!(err.starts_with(&format!("admin.{key}: ")), "{err}");
+        }
+        let cfg = Config::from_toml_with_env(&with("open_paths = [\"/\"]"), env(&[])).unwrap();
+        assert_eq!(cfg.admin.unwrap().open_paths, ["/"]);
+        let cfg = Config::from_toml_with_env(&with(""), env(&[])).unwrap();
+        let admin = cfg.admin.clone().unwrap();
+        assert_eq!(admin, AdminConfig::default());
+        assert_eq!(admin.open_paths, ["/healthz", "/readyz", "/metrics"]);
+        assert_eq!(admin.max_connections, 64);
     }
 
     #[test]

@@ -348,7 +348,7 @@ pub fn mask(data: &[u8]) {
             panic!("{name}: field {id} of a valid message is not found");
         };
         let def = field.def();
-        if def.sensitive || crate::capture::mask::ALWAYS_MASKED.contains(&id) {
+        if crate::iso8583::is_sensitive(def) {
             let after = &fast[field.range()];
             assert!(
                 masked_in_full(def, field.data(), after, field.units()),
@@ -367,7 +367,7 @@ fn masked_in_full(def: &FieldDef, before: &[u8], after: &[u8], units: usize) -> 
     if before.len() != after.len() {
         return false;
     }
-    let keep_pan = def.mask == crate::iso8583::Mask::Pan || def.id == 2;
+    let keep_pan = crate::iso8583::mask_of(def) == crate::iso8583::Mask::Pan;
     let n = after.len();
     let kept = |i: usize, count: usize| keep_pan && count >= 13 && (i < 6 || i >= count - 4);
     match def.data {
@@ -432,11 +432,11 @@ pub fn service(data: &[u8]) {
     let Ok(mut rig) = Rig::new(&service_toml(spec, stamp)) else {
         panic!("the {spec} rig builds");
     };
-    let prefix = rig.service.spec.framing().prefix;
+    let prefix = rig.service.spec().framing().prefix;
     let purchase = rig
         .service
-        .spec
-        .encode(&crate::iso8583::samples::purchase(&rig.service.spec))
+        .spec()
+        .encode(&crate::iso8583::samples::purchase(rig.service.spec()))
         .unwrap_or_default();
     let (mut requests, mut to_client, mut node_frames) = (0usize, 0usize, 0usize);
     let mut forwarded: Vec<(usize, Vec<u8>)> = Vec::new();

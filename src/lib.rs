@@ -12,6 +12,8 @@
 //!   `link` reads it, so it sits below `link`).
 //! - [`link`]: tokio I/O: fronts, node connections, writer tasks, health checks.
 //! - [`ops`]: running services: supervisor, admin API, metrics, reload.
+//! - [`store`]: the durable store (store-and-forward queue, `meta`), SQLite or
+//!   PostgreSQL, written by one group-committing writer.
 //! - [`sim`]: simulators (channel node, POS network controller, load generator).
 //! - [`cli`]: the `isoswitch` command line.
 //! - [`util`]: the one PRNG and the one duration grammar, below every layer.
@@ -26,5 +28,6 @@ pub mod link;
 pub mod ops;
 pub mod route;
 pub mod sim;
+pub mod store;
 pub mod util;
 pub mod wire;

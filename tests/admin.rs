@@ -13,8 +13,8 @@ use common::*;
 use isoswitch::cli::ctl::request;
 use isoswitch::config::{AdminConfig, Config};
 use isoswitch::iso8583::Spec;
-use isoswitch::ops::admin::{ConnectionView, Status};
 use isoswitch::ops::run::Switch;
+use isoswitch::ops::status::{ConnectionView, Status};
 use isoswitch::route::DeclineReason;
 use isoswitch::sim::nac::{self, NacReport, NacSimConfig};
 use isoswitch::sim::node::{Delay, NodeSim, NodeSimConfig};
@@ -34,7 +34,7 @@ fn admin_config(test: &str) -> AdminConfig {
     AdminConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         token_file: Some(temp_file(&format!("{test}.token"), &format!("{TOKEN}\n"))),
-        open_paths: vec!["/healthz".into(), "/metrics".into()],
+        ..AdminConfig::default()
     }
 }
 
@@ -318,7 +318,8 @@ async fn tokens_and_bad_input_are_refused_with_the_reason() {
         let api = Api::of(&switch);
         let guarded = [
             ("GET", "/"),
-            ("GET", "/readyz"),
+            ("POST", "/readyz"),
+            ("DELETE", "/metrics"),
             ("GET", "/api/v1/status"),
             ("GET", "/api/v1/connections"),
             ("POST", "/api/v1/reload"),
@@ -335,7 +336,7 @@ async fn tokens_and_bad_input_are_refused_with_the_reason() {
                 assert!(body.contains("token"), "{body}");
             }
         }
-        for path in ["/healthz", "/metrics"] {
+        for path in ["/healthz", "/readyz", "/metrics"] {
             let (code, _) = request(&api.base, "GET", path, None, None).await.unwrap();
             assert_eq!(code, 200, "{path} is open");
         }
@@ -401,6 +402,186 @@ async fn tokens_and_bad_input_are_refused_with_the_reason() {
     .expect("test within its time limit");
 }
 
+/// Open paths are read-only: even a path that changes the switch listed in
+/// `open_paths` (config load refuses that; a config built in code does not
+/// pass through it) wants the token, and so does any method but GET on an
+/// open path. Every change wants `Content-Type: application/json` (415
+/// otherwise), body or not: a browser's cross-site form post cannot add a
+/// node or disable one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_paths_only_read_and_changes_want_json() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let spec = spec("cup-pos");
+        let nodes = start_nodes(&spec, 2, Delay::NONE).await;
+        let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+        let mut cfg = config("cup-pos", &addrs, "", "", "");
+        let mut admin = admin_config("open");
+        admin.open_paths = vec![
+            "/metrics".into(),
+            "/api/v1/services/svc/nodes/01/disable".into(),
+            "/api/v1/reload".into(),
+        ];
+        cfg.admin = Some(admin);
+        let switch = start_switch(&cfg).await;
+        wait_connected(service(&switch), 2).await;
+        let api = Api::of(&switch);
+        let addr = switch.admin_addr().unwrap();
+        let json = ("Content-Type", "application/json");
+        for (method, path) in [
+            ("POST", "/api/v1/services/svc/nodes/01/disable"),
+            ("POST", "/api/v1/reload"),
+            ("POST", "/metrics"),
+            ("PUT", "/metrics"),
+        ] {
+            let (code, body) = raw_http(addr, method, path, &[json], "").await;
+            assert_eq!(code, 401, "{method} {path} without the token: {body}");
+        }
+        let bearer = format!("Bearer {TOKEN}");
+        let auth = ("Authorization", bearer.as_str());
+        let disable = "/api/v1/services/svc/nodes/01/disable";
+        for headers in [vec![auth], vec![auth, ("Content-Type", "text/plain")]] {
+            let (code, body) = raw_http(addr, "POST", disable, &headers, "").await;
+            assert_eq!(code, 415, "{headers:?}: {body}");
+            assert!(body.contains("application/json"), "{body}");
+        }
+        // A cross-site form post: a JSON body sent as text/plain.
+        let node = r#"{"id": "66", "address": "127.0.0.1:6666"}"#;
+        for content_type in ["text/plain", "application/x-www-form-urlencoded"] {
+            let headers = [auth, ("Content-Type", content_type)];
+            let (code, body) =
+                raw_http(addr, "POST", "/api/v1/services/svc/nodes", &headers, node).await;
+            assert_eq!(code, 415, "{content_type}: {body}");
+        }
+        let (code, body) =
+            raw_http(addr, "DELETE", "/api/v1/services/svc/nodes/02", &[auth], "").await;
+        assert_eq!(code, 415, "{body}");
+        let status = api.status().await;
+        assert_eq!(status.services[0].nodes.len(), 2, "no node added");
+        assert!(
+            status.services[0].nodes.iter().all(|n| n.state == "up"),
+            "nothing changed: {status:?}"
+        );
+        // With both, the change applies (a charset parameter is fine).
+        let headers = [auth, ("Content-Type", "application/json; charset=utf-8")];
+        let (code, body) = raw_http(addr, "POST", disable, &headers, "").await;
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(api.status().await.services[0].nodes[0].state, "disabled");
+        // A node ID that would break a metrics label is refused.
+        let (code, body) = api
+            .call(
+                "POST",
+                "/api/v1/services/svc/nodes",
+                Some(r#"{"id": "x\",y=\"z", "address": "127.0.0.1:6666"}"#.into()),
+            )
+            .await;
+        assert_eq!(code, 400, "{body}");
+        assert!(body.contains("a letter, a digit"), "{body}");
+        switch.stop().await;
+    })
+    .await
+    .expect("test within its time limit");
+}
+
+/// Slow admin clients are cut: one that sends nothing after
+/// `header_timeout`, one that sends its body too slowly after
+/// `request_timeout` (503), and a kept-alive connection after
+/// `max_requests_per_connection` requests (the last answer says close).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_admin_clients_are_cut_and_keep_alive_is_capped() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tokio::time::timeout(TEST_LIMIT, async {
+        let spec = spec("cup-pos");
+        let nodes = start_nodes(&spec, 1, Delay::NONE).await;
+        let mut cfg = config("cup-pos", &[nodes[0].addr], "", "", "");
+        let mut admin = admin_config("slow");
+        admin.header_timeout = Duration::from_millis(300);
+        admin.request_timeout = Duration::from_millis(500);
+        admin.max_requests_per_connection = 2;
+        cfg.admin = Some(admin);
+        let switch = start_switch(&cfg).await;
+        let addr = switch.admin_addr().unwrap();
+        let read_all = |mut s: tokio::net::TcpStream| async move {
+            let mut text = Vec::new();
+            let _ = s.read_to_end(&mut text).await;
+            String::from_utf8_lossy(&text).into_owned()
+        };
+
+        let idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert_eq!(read_all(idle).await, "", "cut without an answer");
+
+        let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "POST /api/v1/services/svc/nodes HTTP/1.1\r\nHost: x\r\n\
+             Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n\
+             Content-Length: 100\r\n\r\n{{"
+        );
+        slow.write_all(head.as_bytes()).await.unwrap();
+        let answer = read_all(slow).await;
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(answer.contains("admin.request_timeout"), "{answer}");
+
+        let mut kept = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let get = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n".repeat(3);
+        kept.write_all(get.as_bytes()).await.unwrap();
+        let answer = read_all(kept).await;
+        assert_eq!(
+            answer.matches("HTTP/1.1 200").count(),
+            2,
+            "two answers, then the connection closes: {answer}"
+        );
+        assert!(answer.contains("connection: close"), "{answer}");
+        switch.stop().await;
+    })
+    .await
+    .expect("test within its time limit");
+}
+
+/// A node added through the API runs on the switch's runtime: when the
+/// admin thread ends (killed here, then restarted by the supervisor) the
+/// node keeps being served and the NAC loses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_added_through_the_api_outlives_the_admin_thread() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let spec = spec("cup-pos");
+        let delay = Delay::parse("1ms..5ms").unwrap();
+        let (_nodes, switch) = admin_rig(&spec, 2, delay, "outlive").await;
+        let svc = service(&switch).clone();
+        wait_connected(&svc, 2).await;
+        let api = Api::of(&switch);
+        let load = nac_load(&spec, front(&switch), 6);
+        let added = node_sim(&spec, "04", delay).await;
+        let body = format!("{{\"id\": \"04\", \"address\": \"{}\"}}", added.addr);
+        let (code, text) = api
+            .call("POST", "/api/v1/services/svc/nodes", Some(body))
+            .await;
+        assert_eq!(code, 201, "{text}");
+        api.node("01", "drain").await;
+        wait_until("node 04 takes traffic", || requests_of(&added) > 10).await;
+
+        let sup = Arc::clone(&switch.handle().supervisor);
+        assert_eq!(sup.kill("admin"), 1, "the admin thread's task");
+        wait_until("admin restarted", || sup.restarts() == 1).await;
+        let after_kill = requests_of(&added);
+        wait_until("node 04 still served", || {
+            requests_of(&added) > after_kill + 50
+        })
+        .await;
+        assert_eq!(
+            api.status().await.services[0].nodes[2].state,
+            "up",
+            "the restarted admin thread answers"
+        );
+        let report = load.await.unwrap();
+        assert_eq!(report.unanswered, 0, "{report}");
+        assert_eq!(report.declined, 0, "{report}");
+        assert_eq!(report.answered, report.sent, "{report}");
+        switch.stop().await;
+        added.stop().await;
+    })
+    .await
+    .expect("test within its time limit");
+}
+
 fn file_config(
     nodes: &[SocketAddr],
     weight_02: u32,
@@ -447,7 +628,10 @@ async fn reload_applies_a_weight_change_without_closing_links() {
         let api = Api::of(&switch);
         let load = nac_load(&spec, front(&switch), 4);
         wait_until("clients connected", || {
-            svc.conns.count(isoswitch::link::conns::ConnKind::Client) == 2
+            svc.links
+                .table
+                .count(isoswitch::link::conns::ConnKind::Client)
+                == 2
         })
         .await;
         let before = api.connection_ids().await;
@@ -533,9 +717,12 @@ async fn reload_applies_timeouts_and_decline_codes_live() {
         std::fs::write(&path, limited).unwrap();
         let body = api.ok("POST", "/api/v1/reload", None).await;
         assert!(body.contains("timeouts.request"), "{body}");
-        assert_eq!(svc.request_timeout(), Duration::from_millis(300));
         assert_eq!(
-            svc.check_timing(),
+            svc.live().timeouts.default_timeout().after,
+            Duration::from_millis(300)
+        );
+        assert_eq!(
+            (svc.live().check_interval, svc.live().check_timeout),
             (Duration::from_millis(700), Duration::from_millis(600)),
             "health-check timing from the next check"
         );
@@ -701,12 +888,16 @@ async fn reload_keeps_every_simplex_link() {
         switch.set_source(Some(path.clone()));
         let svc = service(&switch).clone();
         wait_connected(&svc, 2).await;
-        let links = svc.out_links.clone().unwrap();
+        let links = svc.side.out_links().cloned().unwrap();
         wait_until("4 out links signed on, 4 in links", || {
-            links.up() == (4, 4) && svc.conns.count(isoswitch::link::conns::ConnKind::InLink) == 4
+            links.up() == (4, 4) && svc.links.table.count(isoswitch::link::conns::ConnKind::InLink) == 4
         })
         .await;
         let api = Api::of(&switch);
+        let status: Status =
+            serde_json::from_str(&api.ok("GET", "/api/v1/status", None).await).unwrap();
+        let shown = status.services[0].links.as_ref().expect("a simplex front's links");
+        assert_eq!((shown.links, shown.signed_on, shown.in_links), (4, 4, 4));
         let before = api.connection_ids().await;
         assert_eq!(before.len(), 4 + 4 + 2 * 2, "{before:?}");
         std::fs::write(&path, text(5)).unwrap();
@@ -772,6 +963,52 @@ async fn ctl_shows_tables_and_drains_a_node() {
     .expect("test within its time limit");
 }
 
+/// `isoswitch ctl health`, the container image's HEALTHCHECK: no token on the
+/// open probe paths; `--ready` fails with the reason while no node can take
+/// traffic; an admin listener that is not there fails too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_health_probes_without_a_token() {
+    use isoswitch::cli::ctl::{CtlArgs, CtlCommand, execute};
+    tokio::time::timeout(TEST_LIMIT, async {
+        let spec = spec("cup-pos");
+        let (_nodes, switch) = admin_rig(&spec, 2, Delay::NONE, "health").await;
+        let api = Api::of(&switch);
+        let probe = |admin: &str, ready| CtlArgs {
+            admin: admin.to_string(),
+            json: false,
+            token: None,
+            command: CtlCommand::Health { ready },
+        };
+        assert_eq!(execute(&probe(&api.base, false)).await.unwrap(), "ok\n");
+        wait_connected(service(&switch), 2).await;
+        let ready = loop {
+            match execute(&probe(&api.base, true)).await {
+                Ok(text) => break text,
+                Err(e) => assert!(e.to_string().contains("HTTP 503"), "{e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(ready, "ready\n");
+        api.node("01", "disable").await;
+        api.node("02", "disable").await;
+        let err = execute(&probe(&api.base, true))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("HTTP 503") && err.contains("no healthy node"),
+            "{err}"
+        );
+        // Alive all the same: /healthz says the process answers, nothing more.
+        assert_eq!(execute(&probe(&api.base, false)).await.unwrap(), "ok\n");
+        let gone = format!("http://{}", switch.admin_addr().expect("admin listener"));
+        switch.stop().await;
+        assert!(execute(&probe(&gone, false)).await.is_err());
+    })
+    .await
+    .expect("test within its time limit");
+}
+
 /// `isoswitch run`: SIGHUP reloads the file (a weight change applies; an
 /// invalid file is refused and the switch runs on), SIGTERM stops it with
 /// exit status 0.
@@ -793,9 +1030,14 @@ async fn sighup_reloads_the_running_switch() {
             )
         };
         let path = temp_file("sighup.toml", &text(1));
+        let data_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("admin-sighup-{}.data", std::process::id()));
+        let _ = std::fs::remove_dir_all(&data_dir);
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_isoswitch"))
             .args(["run", "--config"])
             .arg(&path)
+            .arg("--data-dir")
+            .arg(&data_dir)
             .env("ISOSWITCH_LOG", "warn")
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
@@ -859,6 +1101,7 @@ async fn sighup_reloads_the_running_switch() {
             .unwrap();
         let status = child.wait().await.unwrap();
         assert!(status.success(), "{status}");
+        std::fs::remove_dir_all(&data_dir).expect("the switch made its data directory");
     })
     .await
     .expect("test within its time limit");

@@ -84,7 +84,7 @@ fn counter_sees_allocations() {
 fn allocations_per_pair(spec: &str, stamp: bool, pairs: usize) -> (usize, usize, usize) {
     const DISTINCT: usize = 256;
     let mut rig = Rig::new(&service_toml(spec, stamp)).expect("rig");
-    let requests = purchase_frames(&rig.service.spec, DISTINCT).expect("frames");
+    let requests = purchase_frames(rig.service.spec(), DISTINCT).expect("frames");
     // Warm up: the correlator, the queues and the buffers grow to their peak,
     // and each request's answer is made once, outside the count.
     let mut answers = Vec::with_capacity(DISTINCT);

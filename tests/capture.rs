@@ -4,7 +4,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::*;
@@ -99,9 +98,11 @@ async fn masked_capture_has_every_message_once_and_no_pan() {
         let answered = traffic(front(&switch), &spec, 12).await;
         assert_eq!(answered, 12);
         let dropped = service(&switch)
-            .counters
-            .capture_dropped
-            .load(Ordering::Relaxed);
+            .links
+            .capture
+            .as_ref()
+            .expect("capture on")
+            .dropped();
         switch.stop().await;
         assert_eq!(dropped, 0);
 
@@ -199,6 +200,44 @@ async fn masked_capture_has_every_message_once_and_no_pan() {
     .expect("test timed out");
 }
 
+/// Capture files hold client addresses, F14 and the like in clear (and all
+/// card data with `clear = true`): the directory the switch creates is the
+/// owner's alone (0700), and so is every file (0600), whatever the umask.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capture_files_and_their_directory_are_the_owners_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let dir = temp_dir("modes").join("new");
+        let spec = spec("cup-pos");
+        let (_nodes, switch) = rig(
+            &spec,
+            "cup-pos",
+            1,
+            Delay::NONE,
+            "",
+            "connections_per_node = 1",
+            &capture_toml(&dir, "clear = true"),
+        )
+        .await;
+        wait_connected(service(&switch), 1).await;
+        assert_eq!(traffic(front(&switch), &spec, 3).await, 3);
+        switch.stop().await;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700, "capture directory");
+        let files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|f| f.unwrap().path())
+            .collect();
+        assert!(!files.is_empty(), "a capture was written");
+        for f in &files {
+            assert_eq!(mode(f), 0o600, "{}", f.display());
+        }
+        let _ = std::fs::remove_dir_all(dir.parent().unwrap());
+    })
+    .await
+    .expect("test timed out");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clear_capture_needs_the_flag_and_keeps_the_pan() {
     tokio::time::timeout(TEST_TIMEOUT, async {
@@ -251,9 +290,11 @@ async fn a_full_capture_queue_drops_and_counts_but_every_request_is_answered() {
         }
         assert_eq!(answered, 200, "capture never holds the message path");
         let dropped = service(&switch)
-            .counters
-            .capture_dropped
-            .load(Ordering::Relaxed);
+            .links
+            .capture
+            .as_ref()
+            .expect("capture on")
+            .dropped();
         switch.stop().await;
         assert!(dropped > 0, "drops are counted");
         // What was written still reads (gaps and all) and holds no PAN.

@@ -7,212 +7,16 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use isoswitch::iso8583::{Message, Spec, samples};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
 
-const BIN: &str = env!("CARGO_BIN_EXE_isoswitch");
-
-/// One child process, killed (SIGKILL) when dropped, on every exit path.
-struct Proc {
-    name: String,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Proc {
-    /// Starts `isoswitch ARGS`; stderr goes to a log file (named in failures),
-    /// stdout is kept for the report.
-    fn spawn(name: &str, args: &[&str]) -> Proc {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let log = dir.join(format!("chaos-{name}-{}.log", std::process::id()));
-        let stderr = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(BIN)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("{name}: cannot start {BIN}: {e}"));
-        Proc {
-            name: name.into(),
-            child,
-            log,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id().expect("still running")
-    }
-
-    /// Waits until the process has written `line` to its log (stderr).
-    async fn wait_logged(&self, line: &str) {
-        for _ in 0..1000 {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            if log.contains(line) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!(
-            "{}: never logged {line:?} (see {})",
-            self.name,
-            self.log.display()
-        );
-    }
-
-    /// Sends a signal by name (TERM, INT, KILL) with kill(1).
-    fn signal(&self, sig: &str) {
-        let ok = std::process::Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.pid().to_string())
-            .status()
-            .expect("kill(1) runs")
-            .success();
-        assert!(ok, "{}: kill -{sig} failed", self.name);
-    }
-
-    /// SIGKILL, and reap it.
-    async fn kill9(&mut self) {
-        self.child.start_kill().expect("SIGKILL");
-        let _ = self.child.wait().await;
-    }
-
-    /// Waits for the process to exit by itself; returns its status and stdout.
-    async fn finish(mut self) -> (ExitStatus, String) {
-        let mut stdout = self.child.stdout.take().expect("stdout piped");
-        let mut out = String::new();
-        let (read, status) = tokio::join!(stdout.read_to_string(&mut out), self.child.wait());
-        read.expect("read stdout");
-        (status.expect("wait"), out)
-    }
-
-    /// The last line of stdout as JSON (the simulators' `--json` report).
-    async fn report(self) -> serde_json::Value {
-        let (name, log) = (self.name.clone(), self.log.clone());
-        let (status, out) = self.finish().await;
-        let line = out.lines().last().unwrap_or_default();
-        serde_json::from_str(line).unwrap_or_else(|e| {
-            panic!(
-                "{name} ({status}): no JSON report ({e}): {out:?}; log {}",
-                log.display()
-            )
-        })
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-    }
-}
-
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-}
-
-/// Waits until something accepts connections on `addr`.
-async fn wait_listening(addr: SocketAddr) {
-    for _ in 0..1000 {
-        if TcpStream::connect(addr).await.is_ok() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("nothing listens on {addr}");
-}
-
-fn write_config(name: &str, toml: &str) -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("chaos-{name}-{}.toml", std::process::id()));
-    std::fs::write(&path, toml).expect("write config");
-    path
-}
-
-/// An `[admin]` section listening on a free port (its /metrics needs no token).
-fn admin_toml(name: &str) -> (SocketAddr, String) {
-    let addr = free_addr();
-    let token = write_config(&format!("{name}-token"), "chaos-test-token\n");
-    let toml = format!(
-        "[admin]\nlisten = \"{addr}\"\ntoken_file = \"{}\"\n",
-        token.display()
-    );
-    (addr, toml)
-}
-
-/// The switch's /metrics lines whose name starts with one of `prefixes`.
-async fn metrics(admin: SocketAddr, prefixes: &[&str]) -> String {
-    let mut stream = TcpStream::connect(admin).await.expect("admin listener");
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .expect("send GET");
-    let mut text = String::new();
-    stream
-        .read_to_string(&mut text)
-        .await
-        .expect("read /metrics");
-    text.lines()
-        .filter(|l| prefixes.iter().any(|p| l.starts_with(p)))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// `n` node processes on `spec`, answering after `delay`, listening.
-async fn start_nodes(spec: &str, n: usize, delay: &str) -> (Vec<Proc>, Vec<SocketAddr>) {
-    start_nodes_with(spec, n, delay, &[]).await
-}
-
-/// [`start_nodes`] with extra `sim node` arguments.
-async fn start_nodes_with(
-    spec: &str,
-    n: usize,
-    delay: &str,
-    extra: &[&str],
-) -> (Vec<Proc>, Vec<SocketAddr>) {
-    let mut procs = Vec::new();
-    let mut addrs = Vec::new();
-    for i in 0..n {
-        let addr = free_addr();
-        let (a, id) = (addr.to_string(), format!("{:02}", i + 1));
-        let mut args = vec![
-            "sim", "node", "--listen", &a, "--spec", spec, "--id", &id, "--delay", delay,
-        ];
-        args.extend_from_slice(extra);
-        procs.push(Proc::spawn(&format!("node{id}"), &args));
-        addrs.push(addr);
-    }
-    // Not by connecting: a node that originates requests would send some on
-    // a probe connection, where nothing reads them (they were lost, and the
-    // node counted them unanswered).
-    for p in &procs {
-        p.wait_logged("sim node listening on").await;
-    }
-    (procs, addrs)
-}
-
-fn nodes_toml(addrs: &[SocketAddr]) -> String {
-    addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            format!(
-                "[[service.back.node]]\nid = \"{:02}\"\naddress = \"{a}\"\n",
-                i + 1
-            )
-        })
-        .collect()
-}
+#[path = "common/procs.rs"]
+mod procs;
+use procs::*;
 
 /// A POS service (`cup-pos`) listening on `listen`, in front of `nodes`.
 /// The shutdown decline gets its own code (`92`) so a test can tell it apart.
@@ -230,7 +34,19 @@ fn pos_config(listen: SocketAddr, nodes: &[SocketAddr], request_timeout: &str) -
 async fn start_switch(name: &str, toml: &str, listen: SocketAddr) -> Proc {
     let path = write_config(name, toml);
     let p = path.to_string_lossy().into_owned();
-    let switch = Proc::spawn(name, &["run", "--config", &p, "--stats-every", "1"]);
+    let data = data_dir(name);
+    let switch = Proc::spawn(
+        name,
+        &[
+            "run",
+            "--config",
+            &p,
+            "--data-dir",
+            &data,
+            "--stats-every",
+            "1",
+        ],
+    );
     wait_listening(listen).await;
     switch
 }
@@ -260,28 +76,6 @@ fn start_nac(name: &str, switch: SocketAddr, rate: u32, duration: &str) -> Proc 
             "--json",
         ],
     )
-}
-
-fn n(report: &serde_json::Value, key: &str) -> u64 {
-    report[key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("report has no {key}: {report}"))
-}
-
-/// Every request the NAC sent was answered exactly once (approved or declined).
-fn assert_exactly_once(report: &serde_json::Value) {
-    assert!(n(report, "sent") > 0, "{report}");
-    assert_eq!(
-        n(report, "mismatched"),
-        0,
-        "answered twice or wrongly: {report}"
-    );
-    assert_eq!(n(report, "unanswered"), 0, "{report}");
-    assert_eq!(
-        n(report, "answered") + n(report, "declined"),
-        n(report, "sent"),
-        "{report}"
-    );
 }
 
 /// The cases run one at a time: each drives several processes at full load,
@@ -357,7 +151,11 @@ async fn every_unionpay_out_link_dropped_at_once_under_load() {
         );
         let path = write_config("drop-switch", &toml);
         let p = path.to_string_lossy().into_owned();
-        let _switch = Proc::spawn("drop-switch", &["run", "--config", &p]);
+        let data = data_dir("drop-switch");
+        let _switch = Proc::spawn(
+            "drop-switch",
+            &["run", "--config", &p, "--data-dir", &data],
+        );
         tokio::time::sleep(Duration::from_millis(4000)).await;
         // The nodes stop originating and report once their requests are
         // settled, while UnionPay still runs; then UnionPay stops and reports.

@@ -119,7 +119,7 @@ async fn a_duplex_link_carries_nothing_before_its_sign_on() {
         let mut request = isoswitch::iso8583::samples::purchase(&spec);
         request.mti = "0100".parse().unwrap();
         peer.send_on(0, &spec, &spec.encode(&request).unwrap()).await;
-        let links = svc.out_links.as_ref().unwrap().clone();
+        let links = svc.side.out_links().unwrap().clone();
         wait_until("the node's answer waits for a signed-on link", || {
             links.waiting() == 1
         })

@@ -711,7 +711,7 @@ fn expected_fields(spec: &Spec, d: &Decoded, reveal: bool) -> BTreeMap<String, S
         .iter()
         .map(|(id, v)| {
             let def = spec.field(*id).expect("defined");
-            let s = if def.sensitive && !reveal {
+            let s = if isoswitch::iso8583::is_sensitive(def) && !reveal {
                 v.show(def).to_string()
             } else {
                 match v {
@@ -1077,6 +1077,63 @@ fn unknown_spec_and_missing_file_fail_cleanly() {
     assert!(err.contains("nope"), "{err}");
     let (_, err) = fails(&["decode", "--spec", "cups", "/no/such/file.hex"], None);
     assert!(err.contains("/no/such/file.hex"), "{err}");
+}
+
+/// A custom spec that forgets `sensitive` on every field (a copy of
+/// iso87ascii without the flags) still gets PAN, track 2 and the PIN block
+/// masked, with a warning naming what the spec leaves unflagged; `--reveal`
+/// stays the only way to see them.
+#[test]
+fn a_spec_without_sensitive_flags_still_masks_card_data() {
+    let builtin = include_str!("../specs/iso87ascii.toml");
+    let unflagged: String = builtin
+        .lines()
+        .filter(|l| !l.starts_with("sensitive") && !l.starts_with("mask"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("unflagged-{}.toml", std::process::id()));
+    std::fs::write(&path, unflagged).expect("write the spec");
+    let spec = Spec::builtin("iso87ascii").expect("builtin");
+    let payload = spec.encode(&purchase(&spec)).expect("encode");
+    let mut framed = Vec::new();
+    spec.framing()
+        .prefix
+        .encode(payload.len(), &mut framed)
+        .expect("prefix");
+    framed.extend_from_slice(&payload);
+    let hex: String = framed.iter().map(|b| format!("{b:02X}")).collect();
+    let spec_arg = path.to_str().expect("utf-8 path");
+    let track2 = "6222021234567890123D2812101123456789";
+    for json in [false, true] {
+        let mut args = vec!["decode", "--spec", spec_arg, "--hex", &hex];
+        if json {
+            args.push("--json");
+        }
+        let out = isoswitch(&args, None);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let shown = stdout(&out);
+        for secret in [PAN, track2, "2812101123456789", PIN_HEX] {
+            assert!(!shown.contains(secret), "{secret} in clear:\n{shown}");
+        }
+        assert!(
+            shown.contains(PAN_MASKED),
+            "the PAN masked as a PAN:\n{shown}"
+        );
+        let warning = stderr(&out);
+        for id in ["F2", "F35", "F52"] {
+            assert!(warning.contains(id), "warns about {id}: {warning}");
+        }
+        args.push("--reveal");
+        let revealed = stdout(&isoswitch(&args, None));
+        for secret in [PAN, track2, PIN_HEX] {
+            assert!(
+                revealed.contains(secret),
+                "--reveal shows {secret}:\n{revealed}"
+            );
+        }
+    }
+    let _ = std::fs::remove_file(&path);
 }
 
 // ---------------------------------------------------------------------------

@@ -1,21 +1,41 @@
 //! The README's first command: `isoswitch demo` runs the whole switch on the
-//! embedded default and ends with nothing lost and nothing doubled.
+//! embedded default and ends with nothing lost and nothing doubled, on a
+//! screen a person can read: the switch's log goes to a file the demo names.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
+
+/// `2026-12-04T09:38:12.231198Z  WARN isoswitch::link::node: ...`: a line of
+/// the switch's log (text format) rather than of the demo's narration.
+fn is_log_line(line: &str) -> bool {
+    let mut words = line.split_whitespace();
+    let stamp = words.next().unwrap_or("");
+    let level = words.next().unwrap_or("");
+    stamp.len() > 20
+        && stamp.as_bytes()[..4].iter().all(u8::is_ascii_digit)
+        && stamp.contains('T')
+        && ["TRACE", "DEBUG", "INFO", "WARN", "ERROR"].contains(&level)
+}
 
 #[test]
 fn demo_runs_to_a_clean_summary() {
-    let out = Command::new(env!("CARGO_BIN_EXE_isoswitch"))
+    // stdout and stderr into one file, in the order written, as a terminal
+    // shows them; the switch's default log level.
+    let screen_path =
+        std::env::temp_dir().join(format!("isoswitch-demo-test-{}.screen", std::process::id()));
+    let screen = std::fs::File::create(&screen_path).expect("screen file");
+    let status = Command::new(env!("CARGO_BIN_EXE_isoswitch"))
         .args(["demo", "--seconds", "6"])
-        .env("ISOSWITCH_LOG", "error")
-        .output()
+        .env_remove("ISOSWITCH_LOG")
+        .env_remove("ISOSWITCH_LOG_FORMAT")
+        .stdout(screen.try_clone().expect("screen file"))
+        .stderr(screen)
+        .stdin(Stdio::null())
+        .status()
         .expect("run the demo");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "demo failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = std::fs::read_to_string(&screen_path).expect("read the screen");
+    let _ = std::fs::remove_file(&screen_path);
+    assert!(status.success(), "demo failed:\n{stdout}");
+    assert_readable(&stdout);
     assert!(stdout.contains("draining node 02"), "{stdout}");
     assert!(stdout.contains("killing node 03"), "{stdout}");
     assert!(stdout.contains("disabling node 01"), "{stdout}");
@@ -59,6 +79,58 @@ fn demo_runs_to_a_clean_summary() {
         stdout.lines().filter(|l| l.starts_with("t=")).count(),
         6,
         "{stdout}"
+    );
+}
+
+/// Nothing but the demo's own lines on the screen: no log line anywhere, and
+/// under every status table header exactly the three node rows. The log is
+/// in the file named on the first line and again on the last, with the
+/// warnings node 03's death caused.
+fn assert_readable(screen: &str) {
+    let lines: Vec<&str> = screen.lines().collect();
+    let log_line = lines.iter().find(|l| is_log_line(l));
+    assert!(
+        log_line.is_none(),
+        "a log line on the screen: {log_line:?}\n{screen}"
+    );
+    let mut tables = 0;
+    for (i, line) in lines.iter().enumerate() {
+        if !line.starts_with("  NODE   ADDRESS") {
+            continue;
+        }
+        tables += 1;
+        let rows: Vec<&str> = lines[i + 1..]
+            .iter()
+            .take_while(|l| l.starts_with("  "))
+            .copied()
+            .collect();
+        assert_eq!(rows.len(), 3, "three node rows under line {i}:\n{screen}");
+        for (n, row) in rows.iter().enumerate() {
+            let id = format!("  {:02} ", n + 1);
+            assert!(
+                row.starts_with(&id) && row.contains("127.0.0.1:"),
+                "line {} is not node {:02}'s row: {row:?}\n{screen}",
+                i + 1 + n,
+                n + 1
+            );
+        }
+    }
+    // Five steps, four services each.
+    assert_eq!(tables, 20, "{screen}");
+    let named = |line: &str| {
+        line.strip_prefix("switch log: ")
+            .map(|rest| rest.split(" (").next().unwrap_or(rest).to_string())
+    };
+    let first = lines.first().and_then(|l| named(l));
+    let last = lines.last().and_then(|l| named(l));
+    let path = first.unwrap_or_else(|| panic!("the log file named first:\n{screen}"));
+    assert_eq!(last.as_deref(), Some(path.as_str()), "and last:\n{screen}");
+    let log = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        log.lines()
+            .any(|l| is_log_line(l) && l.contains(" WARN ") && l.contains("node=03")),
+        "node 03's warnings are in the log file:\n{log}"
     );
 }
 

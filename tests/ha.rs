@@ -121,9 +121,10 @@ async fn cups_spreads_in_links_and_answers_across_instances() {
             assert_eq!(host, "b", "a sign-on answer went to the other instance");
         }
 
-        // Member requests from B are answered on any in link: round robin
-        // over four in links, half of them A's.
-        let n = 8;
+        // Member requests from B are answered on any in link, drawn at random
+        // from four, half of them A's: 32 answers all on B's would be a
+        // 1-in-4-billion chance.
+        let n = 32;
         for i in 0..n {
             let stan = format!("{:06}", 200 + i);
             from_b
@@ -146,6 +147,59 @@ async fn cups_spreads_in_links_and_answers_across_instances() {
             report.crossed
         );
         assert_eq!(report.crossed.len(), 1, "{:?}", report.crossed);
+        cups.stop().await;
+    })
+    .await
+    .expect("within the test's time limit");
+}
+
+/// The HA rig's phase 1 failed about one run in four with no answer crossing
+/// either way: node 03 sends its requests round robin over its connections to
+/// A and B, and `sim cups` answered round robin over in links that had
+/// connected A, B, A, B. The two cycles locked in phase, so every answer went
+/// back to the instance its request came from. UnionPay's choice of in link
+/// owes nothing to where the request came from: answers must cross both ways
+/// whatever the order of the requests.
+#[tokio::test]
+async fn cups_answers_cross_both_ways_when_requests_alternate_instances() {
+    tokio::time::timeout(LIMIT, async {
+        let spec = spec();
+        let a = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let b = TcpListener::bind("127.0.0.2:0").await.unwrap();
+        let mut cfg =
+            CupsSimConfig::new("127.0.0.1:0".parse().unwrap(), a.local_addr().unwrap(), 4);
+        cfg.also_connect = vec![b.local_addr().unwrap()];
+        cfg.keepalive_idle = Duration::ZERO;
+        let cups = CupsSim::start(Arc::clone(&spec), cfg).await.unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        accept_in_links(Arc::clone(&spec), a, 2, "a", tx.clone()).await;
+        accept_in_links(Arc::clone(&spec), b, 2, "b", tx).await;
+        // Every in link registered before the first request.
+        while cups.report().in_links_up < 4 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+
+        let mut from_a = out_link("127.0.0.1", cups.accept_addr()).await;
+        let mut from_b = out_link("127.0.0.2", cups.accept_addr()).await;
+        let n = 64;
+        for i in 0..n {
+            let stan = format!("{:06}", 300 + i);
+            let link = if i % 2 == 0 { &mut from_a } else { &mut from_b };
+            link.write_all(&framed(&spec, &member_request(&spec, &stan)))
+                .await
+                .unwrap();
+            // One at a time, as node 03 sends them (25 ms apart).
+            rx.recv().await.unwrap();
+        }
+        let report = cups.report();
+        assert_eq!(report.member_requests_answered, n);
+        for way in ["127.0.0.1->127.0.0.2", "127.0.0.2->127.0.0.1"] {
+            assert!(
+                report.crossed.get(way).copied().unwrap_or(0) > 0,
+                "no answer crossed {way}: {:?}",
+                report.crossed
+            );
+        }
         cups.stop().await;
     })
     .await

@@ -326,7 +326,21 @@ async fn bad_clients_are_closed_and_others_are_unaffected() {
         fourth.closed_by_peer().await,
         "the fourth link from one source is refused"
     );
-    assert!(svc.counters.clients_refused.load(Ordering::Relaxed) >= 1);
+    let refused = svc
+        .counters
+        .refused(isoswitch::link::service::Refusal::TooManyFromSource);
+    assert!(refused >= 1);
+    // By reason in the metrics and the status, as operators see them.
+    let metrics = isoswitch::ops::metrics::render(switch.handle()).expect("metrics");
+    assert!(
+        metrics.contains(&format!(
+            "isoswitch_service_connections_refused_total{{service=\"svc\",reason=\"max_per_source\"}} {refused}"
+        )),
+        "{metrics}"
+    );
+    let status = isoswitch::ops::status::status_of(switch.handle());
+    assert_eq!(status.services[0].refused["max_per_source"], refused);
+    assert_eq!(status.services[0].refused["descriptors"], 0);
 
     let report = healthy.await.unwrap().unwrap();
     assert!(report.requests > 0);
@@ -595,7 +609,7 @@ async fn graceful_stop_answers_in_flight_and_declines_new_requests() {
     })
     .await;
     let stopping = tokio::spawn(switch.stop());
-    wait_until("draining", || svc.is_draining()).await;
+    wait_until("draining", || svc.links.is_draining()).await;
     let mut newcomer = RawClient::connect(target, &spec).await;
     assert!(
         newcomer.closed_by_peer().await,
@@ -732,5 +746,34 @@ async fn f37_stamp_is_written_in_the_fields_encoding() {
         isoswitch::iso8583::ebcdic::from_ascii(b'1'),
     ];
     assert_eq!(&stamped[10..12], &ebcdic_01, "node ID 01 in EBCDIC");
+    switch.stop().await;
+}
+
+/// A request the switch cannot stamp (it carries no F37) is declined after a
+/// node was picked for it; the node's outstanding count, which least-
+/// outstanding balances on and the in-flight gauges show, goes back to zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_f37_stamp_gives_the_pick_back() {
+    let spec = spec("iso87ascii");
+    let service_extra = "f37_stamp = { offset = 10, width = 2 }";
+    let back = "algorithm = \"least-outstanding\"\n[service.back.health]\ncheck = \"none\"";
+    let (_nodes, switch) = rig(&spec, "iso87ascii", 1, Delay::NONE, "", back, service_extra).await;
+    let svc = service(&switch);
+    wait_connected(svc, 2).await;
+    let mut request = isoswitch::iso8583::samples::purchase(&spec);
+    assert!(request.remove(37).is_some(), "the sample carries F37");
+    let request = spec.encode(&request).expect("encode");
+    let mut client = RawClient::connect(front(&switch), &spec).await;
+    for _ in 0..3 {
+        client.send_raw(&RawClient::frame(&spec, &request)).await;
+        let answer = client.recv().await.expect("a decline");
+        let answer = isoswitch::iso8583::Message::parse(&spec, answer).expect("parses");
+        assert_ne!(
+            answer.field(39).unwrap().unwrap().show().to_string(),
+            "00",
+            "declined"
+        );
+    }
+    assert_eq!(svc.pool.outstanding(0), 0, "picks given back");
     switch.stop().await;
 }

@@ -193,6 +193,31 @@ async fn requests_wait_for_a_free_connection() {
     .expect("test timed out");
 }
 
+/// `check = "none"` (ATM hosts that answer no echo) is a documented choice,
+/// not a fault: the pool serves ATMs and the switch keeps running. It used to
+/// end the pool's check tasks at once, which the supervisor took for a
+/// critical task dying, and `isoswitch run` exited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_health_checks_is_a_setting_not_a_fatal_error() {
+    use futures_util::FutureExt;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let spec = spec(SPEC);
+        let (_nodes, switch) = one_slow_node(&spec, "1ms", "5s").await;
+        let addr = front(&switch);
+        for tag in 1..=5u64 {
+            assert_eq!(
+                atm(addr, &spec, tag, Duration::from_secs(5)).await,
+                Outcome::Answered
+            );
+        }
+        let fatal = switch.handle().supervisor.fatal().now_or_never();
+        assert_eq!(fatal, None, "the switch must keep running");
+        switch.stop().await;
+    })
+    .await
+    .expect("test timed out");
+}
+
 /// A client that closes before its answer: the connection stays busy until
 /// the answer arrives, which is counted and dropped; the next client, waiting
 /// for that connection, gets its own answer, not the orphan.
@@ -290,8 +315,8 @@ async fn idle_pool_connections_close() {
         assert_eq!(
             switch.services[0]
                 .service
-                .oneconnect
-                .as_ref()
+                .side
+                .oneconnect()
                 .unwrap()
                 .open(0),
             0

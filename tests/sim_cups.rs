@@ -9,6 +9,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use isoswitch::iso8583::{Decoded, Message, Spec, samples};
 use isoswitch::sim::cups::{CUPS_ID, CupsSim, CupsSimConfig, run};
+use isoswitch::sim::ledger::LateApprovals;
 use isoswitch::sim::node::Delay;
 use isoswitch::wire::{CupsHeader, Frame, FrameCodec, Header};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -103,6 +104,24 @@ impl Member {
         }
     }
 
+    /// Answers (F39 00, on `out`) every message arriving until none has for
+    /// `quiet`; returns how many of each MTI came.
+    async fn answer_until_quiet(
+        &mut self,
+        out: &mut TcpStream,
+        quiet: Duration,
+    ) -> std::collections::BTreeMap<String, u64> {
+        let mut seen = std::collections::BTreeMap::new();
+        while let Ok(Some(ev)) = tokio::time::timeout(quiet, self.events.recv()).await {
+            if let Event::Frame(_, Frame::Message(p)) = ev {
+                let msg = Message::parse(&self.spec, p).unwrap();
+                *seen.entry(msg.mti().to_string()).or_default() += 1;
+                send(out, &answer(&msg, "00")).await;
+            }
+        }
+        seen
+    }
+
     /// Messages arriving until none has for `quiet`.
     async fn messages_until_quiet(&mut self, quiet: Duration) -> Vec<Bytes> {
         let mut out = Vec::new();
@@ -191,7 +210,7 @@ fn answer(msg: &Message<'_>, code: &str) -> Bytes {
 }
 
 #[tokio::test]
-async fn member_requests_answered_round_robin_on_in_links() {
+async fn member_requests_answered_on_any_in_link() {
     let mut member = Member::start().await;
     let spec = member.spec.clone();
     let sim = CupsSim::start(spec.clone(), member.config(2))
@@ -222,10 +241,21 @@ async fn member_requests_answered_round_robin_on_in_links() {
             assert!(!resp.has_field(secret), "F{secret} not echoed");
         }
     }
-    assert_ne!(link_a, link_b, "answers go round-robin over the in links");
+    // Each answer's in link is drawn at random: over 32 more answers both
+    // links carry some (all on one would be a 1-in-2-billion chance).
+    let mut used = [false; 2];
+    used[link_a] = true;
+    used[link_b] = true;
+    for i in 0..32 {
+        let stan = format!("{:06}", 200 + i);
+        send(&mut out1, &member_request(&spec, &stan, "NODE01000003")).await;
+        let (link, _) = member.message().await;
+        used[link] = true;
+    }
+    assert_eq!(used, [true, true], "answers spread over the in links");
     let report = sim.stop().await;
-    assert_eq!(report.member_requests, 2);
-    assert_eq!(report.member_requests_answered, 2);
+    assert_eq!(report.member_requests, 34);
+    assert_eq!(report.member_requests_answered, 34);
     assert_eq!(report.out_links_accepted, 2);
     assert_eq!(report.in_links_up, 2);
 }
@@ -535,4 +565,238 @@ async fn traffic_before_an_out_links_sign_on_is_refused() {
     let report = sim.stop().await;
     assert_eq!(report.member_requests, 1, "{report}");
     assert_eq!(report.sign_ons, 1, "{report}");
+}
+
+/// A reversal of the member request `original` as the switch writes it on
+/// an out link: the original's identifying fields, F39 a reason code, and
+/// F90 written out by hand (MTI, F11, F7, F32 and F33 in 11 digits each).
+fn member_reversal(spec: &Spec, original: &[u8], repeat: bool) -> Vec<u8> {
+    let msg = Message::parse(spec, Bytes::from(original.to_vec())).unwrap();
+    let f90 = format!(
+        "{}{}{}{:0>11}{:0>11}",
+        msg.mti(),
+        text(&msg, 11),
+        text(&msg, 7),
+        text(&msg, 32),
+        text(&msg, 33)
+    );
+    let mut d = msg.decode().unwrap();
+    d.retain(|id| [2, 3, 4, 7, 11, 12, 13, 32, 33, 37, 41, 42, 49].contains(&id));
+    d.mti = if repeat { "0421" } else { "0420" }.parse().unwrap();
+    d.set_text(39, "68");
+    d.set_text(90, f90);
+    spec.encode(&d).unwrap()
+}
+
+/// Member requests approved late are recorded; the member's reversals come
+/// on out links and are answered 0430 on an in link, the first of each
+/// chain left unanswered (`ignore_reversals` 1), and booked per chain: one
+/// for the late approval, one for a request UnionPay never saw. The
+/// member's key request (0820 F70 101) is answered at once, ahead of the
+/// late approval, and counted.
+#[tokio::test]
+async fn late_member_approvals_and_their_reversals_on_out_links() {
+    let mut member = Member::start().await;
+    let spec = member.spec.clone();
+    let mut cfg = member.config(2);
+    cfg.late = Some(LateApprovals {
+        share: 1.0,
+        by: Duration::from_millis(300),
+    });
+    cfg.ignore_reversals = 1;
+    let sim = CupsSim::start(spec.clone(), cfg).await.unwrap();
+    member.opened(2).await;
+    let mut out = out_link(&sim).await;
+    let late = member_request(&spec, "000701", "NODE07000001");
+    send(&mut out, &late).await;
+    send(&mut out, &member_0820(&spec, "000702", "101")).await;
+    let (_, key) = member.message().await;
+    let key = Message::parse(&spec, key).unwrap();
+    assert_eq!((key.mti().as_str(), text(&key, 70)), ("0830", "101".into()));
+    let (_, approval) = member.message().await;
+    let approval = Message::parse(&spec, approval).unwrap();
+    assert_eq!(
+        (approval.mti().as_str(), text(&approval, 11)),
+        ("0210", "000701".into())
+    );
+    assert_eq!(sim.report().reversals.late_approvals, 1);
+
+    let never_seen = member_request(&spec, "000703", "NODE07000003");
+    for original in [&late, &never_seen] {
+        send(&mut out, &member_reversal(&spec, original, false)).await;
+        send(&mut out, &member_reversal(&spec, original, true)).await;
+        let (_, answer) = member.message().await;
+        let answer = Message::parse(&spec, answer).unwrap();
+        let want = Message::parse(&spec, Bytes::from(original.clone())).unwrap();
+        assert_eq!(answer.mti().as_str(), "0430");
+        assert_eq!(text(&answer, 11), text(&want, 11));
+        assert_eq!(cups_header(&answer).source_id(), CUPS_ID);
+    }
+    let report = sim.stop().await;
+    let r = &report.reversals;
+    assert_eq!(
+        (r.received, r.repeats, r.ignored, r.answered),
+        (2, 2, 2, 2),
+        "{r:?}"
+    );
+    assert_eq!(
+        (r.chains, r.chains_late, r.chains_not_late),
+        (2, 1, 1),
+        "{r:?}"
+    );
+    assert_eq!((r.duplicate_chains, r.late_never_reversed), (0, 0), "{r:?}");
+    assert_eq!(
+        report.member_requests, 1,
+        "reversals are not member requests"
+    );
+    assert_eq!(report.member_key_requests.get("101"), Some(&1));
+}
+
+/// UnionPay's own advices go out on an in link and wait for their
+/// acknowledgement on an out link: an 0220 unacknowledged is repeated as
+/// 0221 (same F11), and the repeat's 0230 settles it; an 0420 reversal
+/// advice names in F90 the 0200 it reverses and carries F39 98; an advice
+/// never acknowledged is given up after its repeats.
+#[tokio::test]
+async fn own_advices_are_repeated_until_acknowledged() {
+    let mut member = Member::start().await;
+    let spec = member.spec.clone();
+    let mut cfg = member.config(1);
+    cfg.advice_mtis = vec!["0220".parse().unwrap(), "0420".parse().unwrap()];
+    cfg.advice_repeats = 1;
+    cfg.timeout = Duration::from_millis(300);
+    let sim = CupsSim::start(spec.clone(), cfg).await.unwrap();
+    member.opened(1).await;
+    let mut out = out_link(&sim).await;
+    let stats = sim.stats();
+
+    assert!(sim.send_advice());
+    let (_, advice) = member.message().await;
+    let advice = Message::parse(&spec, advice).unwrap();
+    assert_eq!(advice.mti().as_str(), "0220");
+    assert_eq!(cups_header(&advice).source_id(), CUPS_ID);
+    assert_eq!(text(&advice, 37).len(), 12);
+    for secret in [35, 52, 128] {
+        assert!(!advice.has_field(secret), "F{secret} in an advice");
+    }
+    let (_, repeat) = member.message().await;
+    let repeat = Message::parse(&spec, repeat).unwrap();
+    assert_eq!(repeat.mti().as_str(), "0221");
+    assert_eq!(text(&repeat, 11), text(&advice, 11));
+    send(&mut out, &answer(&repeat, "00")).await;
+    eventually("the repeat acknowledged", || {
+        load(&stats.advices_acknowledged) == 1
+    })
+    .await;
+
+    assert!(sim.send_advice());
+    let (_, reversal) = member.message().await;
+    let reversal = Message::parse(&spec, reversal).unwrap();
+    assert_eq!(reversal.mti().as_str(), "0420");
+    let f90 = format!(
+        "0200{}{}{:0>11}{:0>11}",
+        text(&reversal, 11),
+        text(&reversal, 7),
+        text(&reversal, 32),
+        text(&reversal, 33)
+    );
+    assert_eq!(text(&reversal, 90), f90);
+    assert_eq!(text(&reversal, 39), "98");
+    send(&mut out, &answer(&reversal, "00")).await;
+    eventually("the reversal advice acknowledged", || {
+        load(&stats.advices_acknowledged) == 2
+    })
+    .await;
+
+    assert!(sim.send_advice());
+    let (_, ignored) = member.message().await;
+    let (_, ignored_again) = member.message().await;
+    let ignored = Message::parse(&spec, ignored).unwrap();
+    let ignored_again = Message::parse(&spec, ignored_again).unwrap();
+    assert_eq!(
+        (ignored.mti().as_str(), ignored_again.mti().as_str()),
+        ("0220", "0221")
+    );
+    eventually("given up", || load(&stats.advices_unacknowledged) == 1).await;
+    let report = sim.stop().await;
+    assert_eq!(
+        (report.advices_sent, report.advice_repeats_sent),
+        (3, 2),
+        "{report}"
+    );
+    assert_eq!(report.advices_acknowledged, 2, "{report}");
+    assert_eq!(report.mismatched, 0, "{report}");
+}
+
+/// A key reset started by UnionPay (0800 F70 101) on an in link expects an
+/// 0810 on an out link: answered ones are counted with their F39, one never
+/// answered counts as unanswered after the timeout.
+#[tokio::test]
+async fn key_resets_expect_an_0810_on_an_out_link() {
+    let mut member = Member::start().await;
+    let spec = member.spec.clone();
+    let mut cfg = member.config(1);
+    cfg.timeout = Duration::from_millis(300);
+    let sim = CupsSim::start(spec.clone(), cfg).await.unwrap();
+    member.opened(1).await;
+    let mut out = out_link(&sim).await;
+    for code in ["00", "96"] {
+        assert!(sim.send_key_reset());
+        let (_, reset) = member.message().await;
+        let reset = Message::parse(&spec, reset).unwrap();
+        assert_eq!(
+            (reset.mti().as_str(), text(&reset, 70)),
+            ("0800", "101".into())
+        );
+        assert_eq!(cups_header(&reset).destination_id(), MEMBER_ID);
+        send(&mut out, &answer(&reset, code)).await;
+    }
+    let stats = sim.stats();
+    eventually("both answered", || load(&stats.key_resets_answered) == 2).await;
+    assert!(sim.send_key_reset());
+    eventually("the third unanswered", || {
+        load(&stats.key_resets_unanswered) == 1
+    })
+    .await;
+    let report = sim.stop().await;
+    assert_eq!(report.key_resets_sent, 3, "{report}");
+    let f39: Vec<(String, u64)> = report.key_reset_f39.into_iter().collect();
+    assert_eq!(f39, [("00".to_string(), 1), ("96".to_string(), 1)]);
+}
+
+/// At a rate, advices and key resets go out on their own; every one
+/// answered is settled, none is left.
+#[tokio::test]
+async fn paced_advices_and_key_resets_are_settled() {
+    let mut member = Member::start().await;
+    let spec = member.spec.clone();
+    let mut cfg = member.config(1);
+    cfg.advice_rate = Some(10.0);
+    cfg.key_reset_every = Some(Duration::from_millis(100));
+    cfg.duration = Duration::from_millis(350);
+    let sim = CupsSim::start(spec.clone(), cfg).await.unwrap();
+    member.opened(1).await;
+    let mut out = out_link(&sim).await;
+    // Both stop after the simulator's duration: quiet comes.
+    let seen = tokio::time::timeout(
+        Duration::from_secs(10),
+        member.answer_until_quiet(&mut out, Duration::from_millis(400)),
+    )
+    .await
+    .expect("quiet after the duration");
+    sim.stop_originating();
+    let report = sim.stop().await;
+    assert!(report.advices_sent >= 2, "{report}");
+    assert!(report.key_resets_sent >= 2, "{report}");
+    assert_eq!(seen.get("0220"), Some(&report.advices_sent));
+    assert_eq!(seen.get("0800"), Some(&report.key_resets_sent));
+    assert_eq!(report.advices_acknowledged, report.advices_sent, "{report}");
+    assert_eq!(
+        report.key_resets_answered, report.key_resets_sent,
+        "{report}"
+    );
+    assert_eq!(
+        report.advices_unacknowledged + report.key_resets_unanswered,
+        0
+    );
 }

@@ -85,7 +85,7 @@ fn cups_sim_config(
 }
 
 async fn wait_links_up(svc: &Service) {
-    let links = svc.out_links.as_ref().expect("a simplex front").clone();
+    let links = svc.side.out_links().expect("a simplex front").clone();
     wait_until("8 out links signed on and 8 in links up", || {
         links.up() == (LINKS, LINKS) && links.in_stats.open.load(Ordering::Relaxed) == LINKS
     })
@@ -129,6 +129,7 @@ impl Rig {
         wait_links_up(service(&switch)).await;
         let unsent_at_start = service(&switch)
             .counters
+            .peer
             .node_requests_unsent
             .load(Ordering::Relaxed);
         Rig {
@@ -186,7 +187,11 @@ fn assert_nodes_got_their_own(nodes: &[NodeSim], svc: &Service, unsent_at_start:
             "node {i}"
         );
     }
-    let unsent = svc.counters.node_requests_unsent.load(Ordering::Relaxed);
+    let unsent = svc
+        .counters
+        .peer
+        .node_requests_unsent
+        .load(Ordering::Relaxed);
     assert_eq!(
         declined, unsent,
         "the only declines: no out link signed on yet"
@@ -231,10 +236,10 @@ async fn responses_reach_their_node_and_issuer_requests_balance() {
         );
     }
     let c = &rig.svc().counters;
-    assert_eq!(c.unroutable_responses.load(Ordering::Relaxed), 0);
+    assert_eq!(c.peer.unroutable_responses.load(Ordering::Relaxed), 0);
     assert_eq!(
         c.declined_total(),
-        c.node_requests_unsent.load(Ordering::Relaxed),
+        c.peer.node_requests_unsent.load(Ordering::Relaxed),
         "declines only to node requests sent before sign-on"
     );
     rig.switch.stop().await;
@@ -256,7 +261,7 @@ async fn closing_links_mid_run_loses_nothing() {
     let report = rig.cups.report();
     assert_eq!(report.answered, report.sent, "{report}");
     assert_eq!(report.unanswered + report.mismatched, 0, "{report}");
-    let links = rig.svc().out_links.as_ref().unwrap();
+    let links = rig.svc().side.out_links().unwrap();
     let reconnects: u64 = links
         .stats
         .iter()
@@ -298,7 +303,7 @@ async fn killing_a_node_declines_its_in_flight_issuer_requests() {
 async fn keepalives_and_echo_are_handled_by_the_switch() {
     let rig = Rig::start(Delay::NONE, None, None, 1).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let links = rig.svc().out_links.as_ref().unwrap().clone();
+    let links = rig.svc().side.out_links().unwrap().clone();
     let ka_out: u64 = links
         .stats
         .iter()
@@ -319,7 +324,11 @@ async fn keepalives_and_echo_are_handled_by_the_switch() {
     })
     .await;
     assert_eq!(
-        rig.svc().counters.network_answered.load(Ordering::Relaxed),
+        rig.svc()
+            .counters
+            .peer
+            .network_answered
+            .load(Ordering::Relaxed),
         1
     );
     // Nodes see only the switch's own health echoes: nothing from UnionPay.
@@ -455,13 +464,19 @@ async fn sign_on_precedes_traffic_and_sign_off_ends_it() {
         assert_eq!(f70(&m), b"001");
         sign_ons.push(m.decode().unwrap());
     }
-    let links = svc.out_links.as_ref().unwrap().clone();
+    let links = svc.side.out_links().unwrap().clone();
     wait_until("node requests waiting while not signed on", || {
         links.waiting() > 0
     })
     .await;
     assert_eq!(links.up(), (2, 0), "up, not signed on");
-    assert_eq!(svc.counters.node_requests_unsent.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        svc.counters
+            .peer
+            .node_requests_unsent
+            .load(Ordering::Relaxed),
+        0
+    );
 
     // UnionPay acknowledges on an in link; traffic starts.
     for req in &sign_ons {
@@ -575,10 +590,10 @@ async fn either_instance_routes_a_response_to_the_stamping_node() {
     for sw in [&a, &b] {
         let c = &service(sw).counters;
         assert!(
-            c.peer_responses.load(Ordering::Relaxed) > 0,
+            c.peer.peer_responses.load(Ordering::Relaxed) > 0,
             "each instance routed responses"
         );
-        assert_eq!(c.unroutable_responses.load(Ordering::Relaxed), 0);
+        assert_eq!(c.peer.unroutable_responses.load(Ordering::Relaxed), 0);
     }
     a.stop().await;
     b.stop().await;
@@ -618,7 +633,7 @@ async fn answers_wait_for_an_out_link_instead_of_being_lost() {
         svc.counters.answered.load(Ordering::Relaxed) == 1
     })
     .await;
-    assert_eq!(svc.out_links.as_ref().unwrap().up().0, 0);
+    assert_eq!(svc.side.out_links().unwrap().up().0, 0);
 
     // UnionPay starts accepting: the first frame on a link is its sign-on,
     // and the parked answer waits for UnionPay's 0830.
@@ -636,7 +651,7 @@ async fn answers_wait_for_an_out_link_instead_of_being_lost() {
             "only sign-ons before the 0830"
         );
     }
-    assert_eq!(svc.out_links.as_ref().unwrap().waiting(), 1);
+    assert_eq!(svc.side.out_links().unwrap().waiting(), 1);
     let ack = spec
         .encode(&spec.respond(&sign_on.decode().unwrap(), "00").unwrap())
         .unwrap();
@@ -645,7 +660,8 @@ async fn answers_wait_for_an_out_link_instead_of_being_lost() {
     let m = isoswitch::iso8583::Message::parse(&spec, p).unwrap();
     assert_eq!(m.field(39).unwrap().unwrap().data(), b"00");
     assert_eq!(
-        svc.out_links
+        svc.side
+            .out_links()
             .as_ref()
             .unwrap()
             .parked_sent
@@ -679,7 +695,7 @@ async fn group_rebuild_and_in_link_silence() {
     .await
     .unwrap();
     let svc = service(&switch).clone();
-    let links = svc.out_links.as_ref().unwrap().clone();
+    let links = svc.side.out_links().unwrap().clone();
     let connects = || {
         links
             .stats
@@ -751,7 +767,7 @@ async fn node_stamps_are_checked_not_rewritten() {
         .unwrap();
     let svc = service(&switch).clone();
     wait_until("links signed on", || {
-        svc.out_links.as_ref().unwrap().up() == (2, 2)
+        svc.side.out_links().unwrap().up() == (2, 2)
     })
     .await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -770,16 +786,18 @@ async fn node_stamps_are_checked_not_rewritten() {
         "the correctly stamped node gets its answers"
     );
     assert_eq!(load(&good.originated_unanswered), 0);
-    // Node 34's requests were counted as mismatched, and their answers went
-    // where the stamp said: to node 12, which did not send them.
-    // (Every one of them is counted, sent or declined for want of a link.)
+    // Node 34's requests were counted as mismatched, and sent as they were
+    // (every one of them is counted, sent or declined for want of a link).
+    // This instance remembers who sent each, so the answers come back to
+    // node 34; an instance that did not send it would route by the stamp.
     let sent_ok = load(&bad.originated) - load(&bad.originated_declined);
     assert!(sent_ok > 0);
     assert_eq!(
-        svc.counters.stamp_mismatches.load(Ordering::Relaxed),
+        svc.counters.peer.stamp_mismatches.load(Ordering::Relaxed),
         load(&bad.originated)
     );
-    assert_eq!(load(&good.foreign_responses), sent_ok);
+    assert_eq!(load(&bad.originated_answered), sent_ok);
+    assert_eq!(load(&good.foreign_responses), 0);
     switch.stop().await;
     cups.stop().await;
 }
@@ -815,7 +833,7 @@ async fn dropping_every_out_link_at_once_sends_nothing_before_sign_on() {
             tokio::time::sleep(Duration::from_millis(700)).await;
             assert_eq!(cups.close_out_links(LINKS), LINKS);
             wait_until("every out link down or reconnecting", || {
-                svc.out_links.as_ref().unwrap().up().1 < LINKS
+                svc.side.out_links().unwrap().up().1 < LINKS
             })
             .await;
             wait_links_up(&svc).await;
@@ -850,7 +868,7 @@ async fn dropping_every_out_link_at_once_sends_nothing_before_sign_on() {
             assert_eq!(s.foreign_responses.load(Ordering::Relaxed), 0, "node {i}");
         }
         let c = &svc.counters;
-        assert_eq!(c.node_requests_expired.load(Ordering::Relaxed), 0);
+        assert_eq!(c.peer.node_requests_expired.load(Ordering::Relaxed), 0);
         assert_eq!(c.undeliverable.load(Ordering::Relaxed), 0);
         switch.stop().await;
         cups.stop().await;

@@ -85,7 +85,7 @@ fn connect_config(peer: SocketAddr, nodes: &[SocketAddr]) -> Config {
 
 /// Both sides agree every link is up and signed on.
 async fn wait_signed_on(svc: &Service, visa: &VisaSim) {
-    let links = svc.out_links.as_ref().expect("a connect front").clone();
+    let links = svc.side.out_links().expect("a connect front").clone();
     wait_until("every link up and signed on, both ways", || {
         links.up() == (LINKS, LINKS) && visa.links() == (LINKS, LINKS)
     })
@@ -138,7 +138,11 @@ async fn round_trips_each_way(n: u64, drops: Drops) {
     visa.resume();
     // Node requests sent before the switch's links were signed on were
     // declined at once (no link to carry them); none may be from here on.
-    let unsent_at_start = svc.counters.node_requests_unsent.load(Ordering::Relaxed);
+    let unsent_at_start = svc
+        .counters
+        .peer
+        .node_requests_unsent
+        .load(Ordering::Relaxed);
     let originated_at_start = originated(&nodes);
 
     // Each dropped link comes back (the switch dials again) and both sides
@@ -178,14 +182,14 @@ async fn round_trips_each_way(n: u64, drops: Drops) {
     }
     {
         let c = &svc.counters;
-        let l = svc.out_links.as_ref().unwrap();
+        let l = svc.side.out_links().unwrap();
         eprintln!(
             "switch: node_requests {} unsent {} undeliverable {} unroutable {} peer_responses {} parked_sent {} parked_dropped {} frames_in {}",
-            c.node_requests.load(Ordering::Relaxed),
-            c.node_requests_unsent.load(Ordering::Relaxed),
+            c.peer.node_requests.load(Ordering::Relaxed),
+            c.peer.node_requests_unsent.load(Ordering::Relaxed),
             c.undeliverable.load(Ordering::Relaxed),
-            c.unroutable_responses.load(Ordering::Relaxed),
-            c.peer_responses.load(Ordering::Relaxed),
+            c.peer.unroutable_responses.load(Ordering::Relaxed),
+            c.peer.peer_responses.load(Ordering::Relaxed),
             l.parked_sent.load(Ordering::Relaxed),
             l.parked_dropped.load(Ordering::Relaxed),
             l.in_stats.frames_in.load(Ordering::Relaxed),
@@ -232,7 +236,11 @@ async fn round_trips_each_way(n: u64, drops: Drops) {
     }
     // With every link gone for a moment, the nodes' requests meanwhile are
     // declined at once (no link to carry them): answered, not lost.
-    let unsent = svc.counters.node_requests_unsent.load(Ordering::Relaxed);
+    let unsent = svc
+        .counters
+        .peer
+        .node_requests_unsent
+        .load(Ordering::Relaxed);
     assert_eq!(declined, unsent, "a node's only declines: no link up");
     if drops == Drops::OneAtATime {
         assert_eq!(unsent, unsent_at_start, "always a link up after the start");
@@ -260,7 +268,7 @@ async fn round_trips_each_way(n: u64, drops: Drops) {
         report.sign_ons_approved >= LINKS as u64 + dropped,
         "{report}"
     );
-    let links = svc.out_links.as_ref().unwrap();
+    let links = svc.side.out_links().unwrap();
     assert!(
         links.sign_ons_acknowledged.load(Ordering::Relaxed) >= LINKS as u64 + dropped,
         "the switch signed the new links on"
@@ -270,7 +278,7 @@ async fn round_trips_each_way(n: u64, drops: Drops) {
     assert!(report.echo_answered > 0 && stats.bank_echoes.load(Ordering::Relaxed) > 0);
     let c = &svc.counters;
     for (what, v) in [
-        ("unroutable", &c.unroutable_responses),
+        ("unroutable", &c.peer.unroutable_responses),
         ("late", &c.late_responses),
         ("unknown", &c.unknown_responses),
         ("undeliverable", &c.undeliverable),

@@ -11,12 +11,13 @@ command -v tcpdump >/dev/null || { echo "record-tcpdump: tcpdump is not installe
 cargo build --quiet
 bin="${CARGO_TARGET_DIR:-target}/debug/isoswitch"
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+data=$(mktemp -d)   # the switch's data directory, gone at the end
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$data"; }
 trap cleanup EXIT
 for i in 1 2 3; do
   $bin sim node --listen 127.0.0.1:700$i --spec cup-pos --id 0$i >/dev/null 2>&1 & pids+=($!)
 done
-$bin run --config examples/pos-nac.toml >/dev/null 2>&1 & pids+=($!)
+$bin run --config examples/pos-nac.toml --data-dir "$data/switch" >/dev/null 2>&1 & pids+=($!)
 sleep 2
 tcpdump -i lo -w "$out" -U 'tcp port 6000' 2>/dev/null & tcpdump_pid=$!
 pids+=($tcpdump_pid)

@@ -14,7 +14,7 @@ source scripts/checks/lib/switch.sh
 start_switch
 nac_load 1s
 AUTH="Authorization: Bearer $ISOSWITCH_ADMIN_TOKEN"
-curl -sf -X POST -H "$AUTH" "http://$ADMIN/api/v1/services/pos/nodes/02/drain" >/dev/null
+curl -sf -X POST -H "$AUTH" -H "Content-Type: application/json" "http://$ADMIN/api/v1/services/pos/nodes/02/drain" >/dev/null
 browse() {
     timeout 60 "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-background-networking \
         --disable-component-update --disable-sync --no-first-run \

@@ -108,7 +108,7 @@ address = "127.0.0.1:26502"
 TOML
 $bin sim node --listen 127.0.0.1:26501 --spec cup-pos --id 01 >/dev/null 2>&1 & pids+=($!)
 $bin sim node --listen 127.0.0.1:26502 --spec cup-pos --id 02 >/dev/null 2>&1 & pids+=($!)
-$bin run --config "$work/pos.toml" --capture "$work/cap" >"$work/run.log" 2>&1 & switch=$!
+$bin run --config "$work/pos.toml" --data-dir "$work/data" --capture "$work/cap" >"$work/run.log" 2>&1 & switch=$!
 pids+=($switch)
 sleep 1
 $bin sim nac --connect 127.0.0.1:26500 --uplinks 2 --terminals 20 --rate 200 --duration 2s

@@ -81,19 +81,66 @@ pub struct CaptureFile {
     base: u64,
 }
 
+/// Capture files hold client addresses and the fields no spec masks (all of
+/// the card data with `clear = true`): the owner's alone, whatever the umask.
+const FILE_MODE: u32 = 0o600;
+/// A capture directory the switch creates.
+const DIR_MODE: u32 = 0o700;
+
+/// How a capture file's name is claimed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Claim {
+    /// A name nothing holds yet: a file, a symlink or anything else there is
+    /// an error (`create_new`), never followed or overwritten.
+    New,
+    /// The one file the operator named (`replay --record OUT`): replaced if
+    /// it is a regular file, refused if it is a symlink.
+    Replace,
+}
+
+/// Opens `path` for writing as the owner's alone, never through a symlink
+/// (O_NOFOLLOW), claimed as `claim` says.
+fn open_private(path: &Path, claim: Claim) -> std::io::Result<File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut options = std::fs::OpenOptions::new();
+    options
+        .write(true)
+        .mode(FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW);
+    match claim {
+        Claim::New => options.create_new(true),
+        Claim::Replace => options.create(true).truncate(true),
+    };
+    let file = options.open(path)?;
+    if claim == Claim::Replace {
+        // `mode` applies only to a file the open creates.
+        file.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))?;
+    }
+    Ok(file)
+}
+
+/// `path` opened again with O_DIRECT, if the file system takes it and the
+/// name still is `file` (not swapped for another file or a link since).
+fn reopen_direct(path: &Path, file: &File) -> Option<File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let direct = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT | libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    let (a, b) = (file.metadata().ok()?, direct.metadata().ok()?);
+    (a.dev() == b.dev() && a.ino() == b.ino()).then_some(direct)
+}
+
 impl CaptureFile {
-    /// Opens `path`, writing through `buf` when one is handed over (the
-    /// previous file's: see [`RotatingFiles`]) instead of a new one.
-    fn create(path: &Path, buf: Option<Vec<u8>>) -> std::io::Result<CaptureFile> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let tail = File::create(path)?;
-        let (direct, is_direct) = match std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-        {
-            Ok(f) => (f, true),
-            Err(_) => (tail.try_clone()?, false),
+    /// Opens `path` (see [`open_private`]), writing through `buf` when one
+    /// is handed over (the previous file's: see [`RotatingFiles`]) instead
+    /// of a new one.
+    fn create(path: &Path, claim: Claim, buf: Option<Vec<u8>>) -> std::io::Result<CaptureFile> {
+        let tail = open_private(path, claim)?;
+        let (direct, is_direct) = match reopen_direct(path, &tail) {
+            Some(f) => (f, true),
+            None => (tail.try_clone()?, false),
         };
         let buf = buf
             .filter(|b| b.len() == DIRECT_CHUNK + DIRECT_ALIGN)
@@ -183,9 +230,12 @@ pub struct RotatingFiles {
 impl RotatingFiles {
     /// Takes over the files a previous run left in the directory (same
     /// prefix), so the limits hold across restarts.
+    /// Files left readable by others are tightened to the owner's alone; a
+    /// directory it creates is the owner's alone (0700), and one that exists
+    /// open to others is reported.
     pub fn new(rotation: Rotation) -> Result<RotatingFiles, FileError> {
         let dir = &rotation.directory;
-        std::fs::create_dir_all(dir).map_err(|source| FileError::Io {
+        private_directory(dir).map_err(|source| FileError::Io {
             path: dir.clone(),
             source,
         })?;
@@ -198,6 +248,11 @@ impl RotatingFiles {
             .filter(|e| is_ours(&rotation.prefix, &e.file_name().to_string_lossy()))
             .filter_map(|e| Some((e.path(), e.metadata().ok()?.len())))
             .collect();
+        for (path, _) in &done {
+            if let Err(e) = tighten(path) {
+                tracing::warn!(file = %path.display(), error = %e, "cannot make a capture file private (0600)");
+            }
+        }
         // Names carry a UTC timestamp and a sequence number: name order is age order.
         done.sort();
         Ok(RotatingFiles {
@@ -244,20 +299,7 @@ impl RotatingFiles {
     /// oldest files beyond the limits.
     pub fn rotate(&mut self, now: SystemTime) -> Result<(), FileError> {
         self.finish_current()?;
-        self.sequence += 1;
-        let path = self.exact.clone().unwrap_or_else(|| {
-            self.rotation.directory.join(format!(
-                "{}-{}-{:04}.pcapng",
-                self.rotation.prefix,
-                utc_stamp(now),
-                self.sequence
-            ))
-        });
-        let file =
-            CaptureFile::create(&path, self.spare.take()).map_err(|source| FileError::Io {
-                path: path.clone(),
-                source,
-            })?;
+        let (path, file) = self.next_file(now)?;
         let pcap = |source| FileError::Pcap {
             path: path.clone(),
             source,
@@ -280,6 +322,38 @@ impl RotatingFiles {
         });
         self.enforce_limits();
         Ok(())
+    }
+
+    /// Claims the next file name. A name already taken (a file of a
+    /// previous run in the same second, or anything planted there) is left
+    /// alone and the next sequence number tried.
+    fn next_file(&mut self, now: SystemTime) -> Result<(PathBuf, CaptureFile), FileError> {
+        if let Some(path) = self.exact.clone() {
+            let file = CaptureFile::create(&path, Claim::Replace, self.spare.take());
+            return file
+                .map(|f| (path.clone(), f))
+                .map_err(|source| FileError::Io { path, source });
+        }
+        let mut skipped = 0;
+        loop {
+            self.sequence += 1;
+            let path = self.rotation.directory.join(format!(
+                "{}-{}-{:04}.pcapng",
+                self.rotation.prefix,
+                utc_stamp(now),
+                self.sequence
+            ));
+            match CaptureFile::create(&path, Claim::New, self.spare.take()) {
+                Ok(file) => return Ok((path, file)),
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AlreadyExists && skipped < NAMES_TRIED =>
+                {
+                    tracing::warn!(file = %path.display(), "capture file name taken: not touched, the next one used");
+                    skipped += 1;
+                }
+                Err(source) => return Err(FileError::Io { path, source }),
+            }
+        }
     }
 
     /// Whether a file is open.
@@ -397,6 +471,47 @@ impl RotatingFiles {
     }
 }
 
+/// Names taken in a row before a rotation gives up (the capture then stops
+/// with the error, as for any file it cannot create).
+const NAMES_TRIED: usize = 16;
+
+/// Creates `dir` (and its parents) as the owner's alone; warns when it
+/// exists and others may enter it (the files stay 0600; their names, which
+/// carry the service and the time, show).
+fn private_directory(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::metadata(dir) {
+        Ok(meta) => {
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                tracing::warn!(directory = %dir.display(), mode = %format!("{mode:o}"), "capture directory open to group or others: files are 0600, but their names show (chmod 700 it)");
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(DIR_MODE)
+            .create(dir),
+        Err(e) => Err(e),
+    }
+}
+
+/// Makes a capture file of a previous run the owner's alone, through the
+/// file itself (a symlink under its name is left alone).
+fn tighten(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    // Non-blocking: a FIFO under a capture file's name must not hang the start.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if meta.is_file() && meta.permissions().mode() & 0o077 != 0 {
+        file.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))?;
+    }
+    Ok(())
+}
+
 fn is_ours(prefix: &str, name: &str) -> bool {
     name.strip_prefix(prefix)
         .is_some_and(|rest| rest.starts_with('-') && rest.ends_with(".pcapng"))
@@ -448,6 +563,7 @@ mod tests {
     #[test]
     fn packet_blocks_are_byte_for_byte_what_pcap_file_writes_and_counted_whole() {
         let dir = std::env::temp_dir().join(format!("isoswitch-epb-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("t.pcapng");
         let at = SystemTime::UNIX_EPOCH + Duration::new(1_764_700_000, 123_456_789);
@@ -545,9 +661,10 @@ mod tests {
     #[test]
     fn direct_file_holds_every_byte_at_every_flush_and_at_the_end() {
         let dir = std::env::temp_dir().join(format!("isoswitch-direct-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("t.pcapng");
-        let mut f = CaptureFile::create(&path, None).unwrap();
+        let mut f = CaptureFile::create(&path, Claim::New, None).unwrap();
         let mut expected = Vec::new();
         // Odd sizes across more than one chunk, with flushes in between
         // (a flush leaves an unaligned tail that a later direct write covers).
@@ -577,6 +694,77 @@ mod tests {
         f.flush().unwrap();
         drop(f);
         assert_eq!(std::fs::read(&path).unwrap(), expected);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn rotation_in(dir: &Path) -> Rotation {
+        Rotation {
+            directory: dir.to_path_buf(),
+            prefix: "isoswitch-t".into(),
+            max_file_bytes: 1 << 30,
+            max_files: 10,
+            max_total_bytes: 1 << 40,
+        }
+    }
+
+    fn mode(path: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::symlink_metadata(path)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    }
+
+    /// A symlink planted where the next capture file goes is not followed:
+    /// its target keeps its bytes, the link stays a link, and the capture
+    /// goes on in a file of its own under the next name.
+    #[test]
+    fn a_symlink_at_the_next_file_name_is_not_followed() {
+        let dir = std::env::temp_dir().join(format!("isoswitch-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let target = dir.join("precious");
+        std::fs::write(&target, b"not a capture").unwrap();
+        let captures = dir.join("captures");
+        let mut files = RotatingFiles::new(rotation_in(&captures)).unwrap();
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_764_700_000);
+        let planted = captures.join("isoswitch-t-20251202T182640Z-0001.pcapng");
+        std::os::unix::fs::symlink(&target, &planted).unwrap();
+        files.rotate(at).unwrap();
+        files.write(at, b"packet").unwrap();
+        files.finish_current().unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"not a capture");
+        assert!(
+            std::fs::symlink_metadata(&planted)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        let written = files.files();
+        assert_eq!(written.len(), 1);
+        assert_ne!(written[0], planted);
+        assert_eq!(mode(&written[0]), 0o600);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Files a previous run left readable by others are tightened to the
+    /// owner's alone when a capture takes them over; a new directory is 0700.
+    #[test]
+    fn files_taken_over_are_tightened_and_new_directories_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("isoswitch-tight-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let captures = dir.join("a").join("b");
+        let files = RotatingFiles::new(rotation_in(&captures)).unwrap();
+        drop(files);
+        assert_eq!(mode(&captures), 0o700);
+        let old = captures.join("isoswitch-t-20251202T182640Z-0001.pcapng");
+        std::fs::write(&old, b"old").unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let files = RotatingFiles::new(rotation_in(&captures)).unwrap();
+        assert_eq!(files.files(), std::slice::from_ref(&old));
+        assert_eq!(mode(&old), 0o600);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

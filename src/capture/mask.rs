@@ -8,10 +8,8 @@ use std::ops::Range;
 
 use crate::iso8583::{
     Align, Bitmap, Data, FieldDef, IsoError, Layout, Mask, Spec, Step, Unit, field_span,
+    is_sensitive, mask_of,
 };
-
-/// Fields masked whatever the spec says: PAN, track 1/2/3, PIN block, EMV data, MACs.
-pub const ALWAYS_MASKED: [u16; 8] = [2, 35, 36, 45, 52, 55, 64, 128];
 
 /// The digit every masked digit becomes.
 const DIGIT: u8 = b'0';
@@ -20,9 +18,10 @@ const LETTER: u8 = b'X';
 /// Shortest PAN that keeps its first 6 and last 4 digits; shorter ones are masked whole.
 const PAN_MIN: usize = 13;
 
-/// Whether a capture masks field `def`.
+/// Whether a capture masks field `def`: exactly the fields display masks
+/// ([`is_sensitive`]), so a capture never keeps what `decode` would hide.
 pub fn is_masked(def: &FieldDef) -> bool {
-    def.sensitive || ALWAYS_MASKED.contains(&def.id)
+    is_sensitive(def)
 }
 
 /// Which fields of a spec a capture masks, by field ID: worked out once per
@@ -234,7 +233,7 @@ pub fn blank_payload(payload: &mut [u8]) {
 }
 
 fn mask_field(def: &FieldDef, data: &mut [u8], units: usize) {
-    let keep_pan = def.mask == Mask::Pan || def.id == 2;
+    let keep_pan = mask_of(def) == Mask::Pan;
     match def.data {
         Data::Binary => data.fill(0),
         Data::Ascii => mask_chars(data, keep_pan, |b| match b {

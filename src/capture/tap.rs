@@ -5,7 +5,7 @@
 //! connection's [`Staged`] batch (a short uncontended lock), and only the first
 //! copy into an empty batch queues a `Ready` for the writer, which takes the
 //! whole batch on its next pass (every 20 ms). A batch over its bound drops
-//! the copy and counts it (`ServiceCounters::capture_dropped`); the offsets
+//! the copy and counts it ([`Capture::dropped`]); the offsets
 //! make the drop a gap in the capture.
 
 use std::io;
@@ -20,8 +20,6 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
-
-use crate::link::Service;
 
 /// What the connection taps tell the capture writer.
 #[derive(Debug)]
@@ -197,29 +195,75 @@ impl Staged {
     }
 }
 
-/// A service's capture: the queue to its writer task. `Service::capture` is
-/// `None` when capture is off, and then no connection gets a tap.
+/// A service's capture: the queue to its writer task, and what the taps
+/// could not hand it. A service without capture has none, and then no
+/// connection gets a tap. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Capture(Arc<CaptureShared>);
+
 #[derive(Debug)]
-pub struct Capture {
+struct CaptureShared {
     tx: mpsc::Sender<Event>,
     next_conn: AtomicU64,
     /// The queue's size, also the most reads/writes a connection's direction
     /// stages for the writer.
     queue: usize,
+    /// Events dropped because the writer's queue or a batch was full (the
+    /// capture then shows a gap; the message path never waits).
+    dropped: AtomicU64,
 }
 
 impl Capture {
     /// A handle and the receiving end for [`super::writer::run`].
     pub fn channel(queue: usize) -> (Capture, mpsc::Receiver<Event>) {
         let (tx, rx) = mpsc::channel(queue.max(1));
-        (
-            Capture {
-                tx,
-                next_conn: AtomicU64::new(1),
-                queue: queue.max(1),
-            },
-            rx,
-        )
+        let shared = CaptureShared {
+            tx,
+            next_conn: AtomicU64::new(1),
+            queue: queue.max(1),
+            dropped: AtomicU64::new(0),
+        };
+        (Capture(Arc::new(shared)), rx)
+    }
+
+    /// Capture events dropped so far.
+    pub fn dropped(&self) -> u64 {
+        self.0.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Counts events the writer could not take (it counts its own losses here
+    /// too, so that one number says what the capture is missing).
+    pub fn count_dropped(&self, n: u64) {
+        self.0.dropped.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A tap for a new connection (`None` when its addresses cannot be read).
+    pub fn tap(&self, stream: &TcpStream, opened: Opened) -> Option<ConnTap> {
+        let (local, peer) = (stream.local_addr().ok()?, stream.peer_addr().ok()?);
+        let (client, server) = match opened {
+            Opened::ByPeer => (peer, local),
+            Opened::BySwitch => (local, peer),
+        };
+        let conn = self.0.next_conn.fetch_add(1, Ordering::Relaxed);
+        let staged = Arc::new(Staged::new(self.0.queue));
+        let tap = ConnTap(Arc::new(TapInner {
+            capture: Arc::clone(&self.0),
+            conn,
+            opened,
+            lost: AtomicBool::new(false),
+            staged: Arc::clone(&staged),
+        }));
+        let at = SystemTime::now();
+        if !tap.send(Event::Open {
+            conn,
+            client,
+            server,
+            at,
+            staged: Some(staged),
+        }) {
+            tap.0.lost.store(true, Ordering::Relaxed);
+        }
+        Some(tap)
     }
 }
 
@@ -247,7 +291,7 @@ impl std::fmt::Debug for ConnTap {
 }
 
 struct TapInner {
-    service: Arc<Service>,
+    capture: Arc<CaptureShared>,
     conn: u64,
     opened: Opened,
     /// The open event was dropped: the writer does not know this connection.
@@ -255,44 +299,9 @@ struct TapInner {
     staged: Arc<Staged>,
 }
 
-impl Service {
-    /// A tap for a new connection, or `None` when this service does not capture.
-    pub fn capture_tap(self: &Arc<Self>, stream: &TcpStream, opened: Opened) -> Option<ConnTap> {
-        let capture = self.capture.as_ref()?;
-        let (local, peer) = (stream.local_addr().ok()?, stream.peer_addr().ok()?);
-        let (client, server) = match opened {
-            Opened::ByPeer => (peer, local),
-            Opened::BySwitch => (local, peer),
-        };
-        let conn = capture.next_conn.fetch_add(1, Ordering::Relaxed);
-        let staged = Arc::new(Staged::new(capture.queue));
-        let tap = ConnTap(Arc::new(TapInner {
-            service: Arc::clone(self),
-            conn,
-            opened,
-            lost: AtomicBool::new(false),
-            staged: Arc::clone(&staged),
-        }));
-        let at = SystemTime::now();
-        if !tap.send(Event::Open {
-            conn,
-            client,
-            server,
-            at,
-            staged: Some(staged),
-        }) {
-            tap.0.lost.store(true, Ordering::Relaxed);
-        }
-        Some(tap)
-    }
-}
-
 impl ConnTap {
     fn send(&self, ev: Event) -> bool {
-        let Some(capture) = self.0.service.capture.as_ref() else {
-            return false;
-        };
-        match capture.tx.try_send(ev) {
+        match self.0.capture.tx.try_send(ev) {
             Ok(()) => true,
             Err(_) => {
                 self.dropped();
@@ -302,11 +311,7 @@ impl ConnTap {
     }
 
     fn dropped(&self) {
-        self.0
-            .service
-            .counters
-            .capture_dropped
-            .fetch_add(1, Ordering::Relaxed);
+        self.0.capture.dropped.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Stages the copy of one read or write; queues a `Ready` only for the
@@ -321,9 +326,7 @@ impl ConnTap {
             Pushed::Appended => {}
             Pushed::Full => self.dropped(),
             Pushed::NeedsReady => {
-                let Some(capture) = self.0.service.capture.as_ref() else {
-                    return;
-                };
+                let capture = &self.0.capture;
                 // A full queue loses no data here: the copy stays staged and
                 // the next one (or the close) brings it to the writer.
                 if capture
@@ -343,9 +346,7 @@ impl Drop for TapInner {
         if self.lost.load(Ordering::Relaxed) {
             return;
         }
-        let Some(capture) = self.service.capture.as_ref() else {
-            return;
-        };
+        let capture = &self.capture;
         let ev = Event::Close {
             conn: self.conn,
             at: SystemTime::now(),
@@ -456,7 +457,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tapped<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn at(ms: u64) -> SystemTime {
@@ -526,30 +527,22 @@ mod tests {
     async fn tapped_service(
         queue: usize,
     ) -> (
-        Arc<Service>,
+        Capture,
         mpsc::Receiver<Event>,
         ConnTap,
         (TcpStream, tokio::net::TcpListener),
     ) {
-        let toml = "[[service]]\nname = \"t\"\nspec = \"cups\"\n\
-             [service.front]\nkind = \"listen\"\nlisten = \"127.0.0.1:0\"\n\
-             [[service.back.node]]\nid = \"01\"\naddress = \"127.0.0.1:9\"\n";
-        let cfg = crate::config::Config::from_toml(toml).unwrap();
-        let spec = crate::iso8583::Spec::builtin("cups").unwrap();
-        let mut svc = Service::new(cfg.services[0].clone(), spec, Instant::now()).unwrap();
-        let (capture, rx) = Capture::channel(queue);
-        svc.capture = Some(capture);
-        let svc = Arc::new(svc);
+        let (svc, rx) = Capture::channel(queue);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
-        let tap = svc.capture_tap(&client, Opened::BySwitch).unwrap();
+        let tap = svc.tap(&client, Opened::BySwitch).unwrap();
         (svc, rx, tap, (client, listener))
     }
 
-    fn dropped(svc: &Service) -> u64 {
-        svc.counters.capture_dropped.load(Ordering::Relaxed)
+    fn dropped(svc: &Capture) -> u64 {
+        svc.dropped()
     }
 
     #[tokio::test]
@@ -557,7 +550,7 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), async {
             let (svc, mut rx, tap, (stream, _listener)) = tapped_service(2).await;
             // A second connection's open fills the queue of two.
-            let _other = svc.capture_tap(&stream, Opened::ByPeer).unwrap();
+            let _other = svc.tap(&stream, Opened::ByPeer).unwrap();
             let (inner, mut peer) = tokio::io::duplex(64);
             let mut w = Tapped::writer(inner, &Some(tap.clone()));
             // The first write's `Ready` finds the queue full.

@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use bytes::BytesMut;
@@ -13,10 +12,10 @@ use tokio::sync::{mpsc, watch};
 
 use super::file::{RotatingFiles, Rotation};
 use super::mask::{MaskedFields, blank_payload, mask_payload_with};
-use super::tap::{Batch, Event, Segment, Staged};
+use super::tap::{Batch, Capture, Event, Segment, Staged};
 use super::tcp::{MAX_SEGMENT, TcpFlow};
+use crate::config::ServiceConfig;
 use crate::iso8583::Spec;
-use crate::link::Service;
 use crate::wire::prefix::split_frame;
 
 /// How often buffered packets reach the file and drops are reported.
@@ -544,12 +543,16 @@ fn mask_or_blank(spec: &Spec, masked: &MaskedFields, payload: &mut [u8], blanked
 /// runtime worker and the connections queued on it. A panic there is raised
 /// here, for the supervisor.
 pub async fn run(
-    service: Arc<Service>,
+    service: Arc<str>,
+    spec: Arc<Spec>,
+    capture: Capture,
     cfg: WriterConfig,
     rx: mpsc::Receiver<Event>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let worker = tokio::task::spawn_blocking(move || run_blocking(service, cfg, rx, shutdown));
+    let worker = tokio::task::spawn_blocking(move || {
+        run_blocking(&service, spec, &capture, cfg, rx, shutdown)
+    });
     if let Err(e) = worker.await
         && e.is_panic()
     {
@@ -563,26 +566,23 @@ fn stopping(s: &watch::Receiver<bool>) -> bool {
 }
 
 fn run_blocking(
-    service: Arc<Service>,
+    service: &str,
+    spec: Arc<Spec>,
+    capture: &Capture,
     cfg: WriterConfig,
     mut rx: mpsc::Receiver<Event>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let mut recorder = match Recorder::new(Arc::clone(&service.spec), &cfg) {
+    let mut recorder = match Recorder::new(spec, &cfg) {
         Ok(r) => r,
         Err(e) => {
-            tracing::error!(service = service.name(), error = %e, "capture disabled: cannot use the capture directory");
+            tracing::error!(service, error = %e, "capture disabled: cannot use the capture directory");
             // Keep draining so that nothing waits on a full queue.
             while !stopping(&shutdown) {
                 std::thread::sleep(DRAIN_EVERY);
                 loop {
                     match rx.try_recv() {
-                        Ok(_) => {
-                            service
-                                .counters
-                                .capture_dropped
-                                .fetch_add(1, Ordering::Relaxed);
-                        }
+                        Ok(_) => capture.count_dropped(1),
                         Err(mpsc::error::TryRecvError::Empty) => break,
                         Err(mpsc::error::TryRecvError::Disconnected) => return,
                     }
@@ -604,13 +604,10 @@ fn run_blocking(
             match rx.try_recv() {
                 Ok(ev) => {
                     if let Err(e) = recorder.record(ev) {
-                        service
-                            .counters
-                            .capture_dropped
-                            .fetch_add(1, Ordering::Relaxed);
+                        capture.count_dropped(1);
                         if last_error_log.is_none_or(|t| t.elapsed() >= DROP_LOG_EVERY) {
                             last_error_log = Some(std::time::Instant::now());
-                            tracing::error!(service = service.name(), error = %e, "capture write failed");
+                            tracing::error!(service, error = %e, "capture write failed");
                         }
                     }
                 }
@@ -624,13 +621,13 @@ fn run_blocking(
         if last_flush.elapsed() >= FLUSH_EVERY {
             last_flush = std::time::Instant::now();
             if let Err(e) = recorder.flush() {
-                tracing::error!(service = service.name(), error = %e, "capture flush failed");
+                tracing::error!(service, error = %e, "capture flush failed");
             }
-            let drops = service.counters.capture_dropped.load(Ordering::Relaxed);
+            let drops = capture.dropped();
             if drops > reported_drops && last_drop_log.is_none_or(|t| t.elapsed() >= DROP_LOG_EVERY)
             {
                 tracing::warn!(
-                    service = service.name(),
+                    service,
                     dropped = drops - reported_drops,
                     total = drops,
                     "capture events dropped: the writer could not keep up"
@@ -644,37 +641,44 @@ fn run_blocking(
         let _ = recorder.record(ev);
     }
     if let Err(e) = recorder.finish() {
-        tracing::error!(service = service.name(), error = %e, "capture could not be closed cleanly");
+        tracing::error!(service, error = %e, "capture could not be closed cleanly");
     }
 }
 
-/// A capture set up on a service that has not started yet: the writer task
+/// A capture set up for a service that has not started yet: the writer task
 /// still to spawn.
 pub struct Pending {
+    service: Arc<str>,
+    spec: Arc<Spec>,
+    capture: Capture,
     cfg: WriterConfig,
     rx: mpsc::Receiver<Event>,
 }
 
-/// Turns capture on for `service` if its config asks for it (warning when in
-/// clear). Call before the service is shared; spawn [`Pending::run`] after.
-pub fn attach(service: &mut Service) -> Option<Pending> {
-    let cfg = service.config.capture.clone().filter(|c| c.enabled)?;
+/// The capture `config` asks for (warning when in clear), as the handle the
+/// service's connections take taps from and the writer still to spawn
+/// ([`Pending::run`]).
+pub fn open(config: &ServiceConfig, spec: Arc<Spec>) -> Option<(Capture, Pending)> {
+    let cfg = config.capture.clone().filter(|c| c.enabled)?;
     let (capture, rx) = super::Capture::channel(cfg.queue);
-    service.capture = Some(capture);
+    let service = config.name.as_str();
     if cfg.clear {
         tracing::warn!(
-            service = service.name(),
+            service,
             directory = %cfg.directory.display(),
             "capture in CLEAR: card numbers, track data, PIN blocks, EMV data and MACs are written as they are; test systems only"
         );
     } else {
-        tracing::info!(service = service.name(), directory = %cfg.directory.display(), "capture on (masked)");
+        tracing::info!(service, directory = %cfg.directory.display(), "capture on (masked)");
     }
-    Some(Pending {
+    let pending = Pending {
+        service: service.into(),
+        spec,
+        capture: capture.clone(),
         cfg: WriterConfig {
             rotation: Rotation {
                 directory: cfg.directory.clone(),
-                prefix: file_prefix(service.name()),
+                prefix: file_prefix(service),
                 max_file_bytes: cfg.max_file_bytes,
                 max_files: cfg.max_files,
                 max_total_bytes: cfg.max_total_bytes,
@@ -682,13 +686,22 @@ pub fn attach(service: &mut Service) -> Option<Pending> {
             clear: cfg.clear,
         },
         rx,
-    })
+    };
+    Some((capture, pending))
 }
 
 impl Pending {
     /// The writer task of the service.
-    pub async fn run(self, service: Arc<Service>, shutdown: watch::Receiver<bool>) {
-        run(service, self.cfg, self.rx, shutdown).await
+    pub async fn run(self, shutdown: watch::Receiver<bool>) {
+        run(
+            self.service,
+            self.spec,
+            self.capture,
+            self.cfg,
+            self.rx,
+            shutdown,
+        )
+        .await
     }
 }
 

@@ -20,6 +20,8 @@
 //! each message spends inside each proxy, read off the wire.
 
 mod dwell;
+mod paper;
+mod paper_plot;
 pub(crate) mod procs;
 mod strace;
 
@@ -32,7 +34,7 @@ use crate::iso8583::Spec;
 use crate::sim::load::{self, LoadConfig, LoadCounters, LoadReport, Mix};
 
 use procs::{CpuSet, Pinning, Proc};
-pub(super) use procs::{TempFile, free_port};
+pub(super) use procs::{SwitchFiles, free_port};
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -274,7 +276,7 @@ impl Rig {
 
 async fn bench(args: &BenchArgs, pinning: Option<Pinning>) -> Result<(), String> {
     if args.scenario == "paper" {
-        return super::paper::run(args).await;
+        return paper::run(args).await;
     }
     let spec = Arc::new(Spec::resolve(&args.spec).map_err(|e| e.to_string())?);
     let proxy_threads = args

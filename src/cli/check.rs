@@ -5,6 +5,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::config::Config;
+use crate::config::descriptors::{DescriptorNeed, open_file_limit};
 
 /// Loads, validates and prints `path`; warnings go to stderr.
 pub fn run(path: &Path) -> ExitCode {
@@ -22,9 +23,11 @@ pub fn run(path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    match rlimit::getrlimit(rlimit::Resource::NOFILE) {
-        Ok((soft, _hard)) => {
-            if let Some(warning) = cfg.open_files_warning(soft) {
+    // `run` raises the soft limit to the hard one: the hard one is the limit
+    // it will run under (here, as LimitNOFILE gives it under systemd).
+    match open_file_limit() {
+        Ok((_soft, hard)) => {
+            if let Some(warning) = DescriptorNeed::of(&cfg).warning(hard) {
                 eprintln!("warning: {warning}");
             }
         }

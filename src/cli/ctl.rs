@@ -7,7 +7,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 
-use crate::ops::admin::{ConnectionView, Status};
+use crate::ops::status::{ConnectionView, Status};
 
 #[derive(Debug, clap::Args)]
 pub struct CtlArgs {
@@ -51,6 +51,17 @@ pub enum CtlCommand {
     RemoveNode { service: String, node: String },
     /// Re-reads the config file the switch started with.
     Reload,
+    /// Probes /healthz (or /readyz): exit status 0 when it answers 200.
+    ///
+    /// /healthz: the process answers. /readyz: every service has a healthy
+    /// node and every link set is signed on; the reason is printed when not.
+    /// No token needed while those paths are open (admin.open_paths): the
+    /// container image's HEALTHCHECK, in an image without curl.
+    Health {
+        /// Probe /readyz instead of /healthz.
+        #[arg(long)]
+        ready: bool,
+    },
 }
 
 /// An HTTP error or an unreachable admin listener.
@@ -91,7 +102,9 @@ pub async fn request(
     if let Some(t) = token {
         req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
     }
-    if body.is_some() {
+    if body.is_some() || !matches!(method, "GET" | "HEAD") {
+        // The switch takes a change only as JSON, body or not (no browser can
+        // send that cross-site without asking first).
         req = req.header(hyper::header::CONTENT_TYPE, "application/json");
     }
     let req = req
@@ -166,6 +179,8 @@ pub async fn execute(args: &CtlArgs) -> Result<String, CtlError> {
             None,
         ),
         CtlCommand::Reload => ("POST", "/api/v1/reload".to_string(), None),
+        CtlCommand::Health { ready: false } => ("GET", "/healthz".to_string(), None),
+        CtlCommand::Health { ready: true } => ("GET", "/readyz".to_string(), None),
     };
     let (status, text) = request(&args.admin, method, &path, args.token.as_deref(), body).await?;
     if !(200..300).contains(&status) {
@@ -181,6 +196,12 @@ pub async fn execute(args: &CtlArgs) -> Result<String, CtlError> {
             let rows: Vec<ConnectionView> = serde_json::from_str(&text).map_err(parse_err)?;
             conns_table(&rows)
         }
+        CtlCommand::Reload => {
+            let report: crate::ops::reload::ReloadReport =
+                serde_json::from_str(&text).map_err(parse_err)?;
+            format!("{report}\n")
+        }
+        CtlCommand::Health { .. } => format!("{}\n", text.trim_end()),
         _ => format!("{text}\n"),
     })
 }
@@ -202,10 +223,19 @@ pub fn status_table(status: &Status) -> String {
             s.late_responses,
             s.clients
         ));
+        let refused: Vec<String> = s
+            .refused
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(why, n)| format!("{why} {n}"))
+            .collect();
+        if !refused.is_empty() {
+            out.push_str(&format!("  clients refused: {}\n", refused.join(", ")));
+        }
         if let Some(l) = &s.links {
             out.push_str(&format!(
-                "  links {}/{} up, {} signed on\n",
-                l.up, l.links, l.signed_on
+                "  links {}/{} up, {} signed on, {} in links\n",
+                l.up, l.links, l.signed_on, l.in_links
             ));
         }
         out.push_str(&format!(
@@ -273,4 +303,32 @@ fn conns_table(conns: &[ConnectionView]) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(refused: &str) -> Status {
+        let json = format!(
+            r#"{{"restarts": 0, "services": [{{"name": "atm", "front": "listen",
+            "front_address": "127.0.0.1:6000", "requests": 1, "answered": 1,
+            "declined": {{}}, "refused": {refused}, "in_flight": 0,
+            "late_responses": 0, "unknown_responses": 0, "bad_messages": 0,
+            "bad_frames": 0, "clients": 27, "nodes": []}}]}}"#
+        );
+        serde_json::from_str(&json).expect("a status")
+    }
+
+    #[test]
+    fn refused_clients_show_by_reason_only_when_there_are_some() {
+        let table = status(r#"{"descriptors": 73, "shutdown": 0}"#);
+        let table = status_table(&table);
+        assert!(
+            table.contains("clients refused: descriptors 73\n"),
+            "{table}"
+        );
+        let quiet = status_table(&status(r#"{"descriptors": 0}"#));
+        assert!(!quiet.contains("refused"), "{quiet}");
+    }
 }

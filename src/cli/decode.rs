@@ -11,6 +11,9 @@
 //! cannot be decoded (its frame boundary is known), and stops at a length prefix
 //! that cannot be trusted. Any error makes the exit status 1.
 
+/// `decode --pcap`: the messages of a capture file.
+mod pcap;
+
 use std::fmt;
 use std::io::{self, BufWriter, Read, Write};
 use std::path::PathBuf;
@@ -37,9 +40,10 @@ the bitmaps; every field with its payload offset, name, length and value. \
 frames are not messages and print nothing): \
 {\"mti\",\"tpdu\",\"header\",\"fields\":{\"2\":...}}, binary values as upper-case hex.
 
-Sensitive fields (PAN, track data, PIN block, EMV data, MACs) are masked: a PAN \
-shows its first 6 and last 4 digits, anything else only its length. --reveal \
-shows them in clear: test systems only.
+Sensitive fields are masked: those the spec flags, and PAN, track data, PIN \
+block, EMV data and MACs whatever the spec says (a spec that leaves them \
+unflagged gets a warning). A PAN shows its first 6 and last 4 digits, anything \
+else only its length. --reveal shows them in clear: test systems only.
 
 Exit status 1 if any frame or message cannot be decoded (after printing what \
 decoded before it).")]
@@ -188,15 +192,32 @@ fn hex_value(b: u8) -> Option<u8> {
     }
 }
 
+/// Says on stderr which always-sensitive fields `spec` leaves without the
+/// `sensitive` flag: they are masked all the same, but the spec is wrong.
+pub fn warn_unflagged(spec: &Spec) {
+    let missing = crate::iso8583::unflagged_sensitive(spec);
+    if missing.is_empty() {
+        return;
+    }
+    let list: Vec<String> = missing.iter().map(|id| format!("F{id}")).collect();
+    eprintln!(
+        "isoswitch decode: warning: spec `{}` does not flag {} sensitive; masked anyway \
+         (PAN, track data, PIN block, EMV data and MACs always are; --reveal shows them)",
+        spec.name(),
+        list.join(", ")
+    );
+}
+
 /// Runs `isoswitch decode`.
 pub fn run(a: &DecodeArgs) -> ExitCode {
     if let Some(path) = &a.pcap {
-        return super::decode_pcap::run(a, path);
+        return pcap::run(a, path);
     }
     let spec = match Spec::resolve(a.spec.as_deref().unwrap_or_default()) {
         Ok(s) => s,
         Err(e) => return fail(&e.to_string()),
     };
+    warn_unflagged(&spec);
     let input = match read_input(a) {
         Ok(bytes) => bytes,
         Err(msg) => return fail(&msg),
@@ -893,7 +914,7 @@ fn json_message(spec: &Spec, payload: &[u8], reveal: bool, out: &mut impl Write)
 /// upper-case hex; text as its characters (Latin-1), unescaped.
 fn json_value(field: &FieldRef<'_>, reveal: bool) -> String {
     let def = field.def();
-    if def.sensitive && !reveal {
+    if crate::iso8583::is_sensitive(def) && !reveal {
         return field.show().to_string();
     }
     match def.data {

@@ -40,6 +40,23 @@ const ISSUER_RATE: f64 = 150.0;
 const NODE_ORIGINATE_RATE: f64 = 20.0;
 
 pub fn run(args: &DemoArgs) -> ExitCode {
+    // The switch's own log (warnings when node 03 dies, sign-ons, reloads) goes
+    // to a file named up front and kept after the demo: on the terminal its
+    // lines would land between the rows of the tables a person is reading.
+    let log = match DemoLog::create() {
+        Ok(log) => log,
+        Err(e) => {
+            eprintln!("isoswitch demo: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("switch log: {} (kept after the demo)", log.path.display());
+    let code = run_logged(args);
+    println!("switch log: {}", log.path.display());
+    code
+}
+
+fn run_logged(args: &DemoArgs) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -190,8 +207,9 @@ async fn demo(seconds: u64) -> Result<bool, String> {
     cfg.admin = Some(AdminConfig {
         listen: "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?,
         token_file: Some(files.token.clone()),
-        open_paths: vec!["/healthz".into(), "/metrics".into()],
+        ..AdminConfig::default()
     });
+    cfg.data_dir = Some(files.data_dir.clone());
     files.write_config(&cfg)?;
     let switch = Switch::start(&cfg).await.map_err(|e| e.to_string())?;
     switch.set_source(Some(files.config.clone()));
@@ -374,7 +392,7 @@ async fn wait_ready(pos: &Service, unionpay: &Service) -> Result<(), String> {
         let nodes_up = [pos, unionpay]
             .iter()
             .all(|s| s.pool.nodes().iter().all(|n| n.live_conns() > 0));
-        let links = unionpay.out_links.as_ref().map_or((0, 0), |l| l.up());
+        let links = unionpay.side.out_links().map_or((0, 0), |l| l.up());
         if nodes_up && links.1 == 8 {
             return Ok(());
         }
@@ -404,7 +422,7 @@ impl Snapshot {
             }
             let c = &s.counters;
             messages +=
-                c.requests.load(Ordering::Relaxed) + c.node_requests.load(Ordering::Relaxed);
+                c.requests.load(Ordering::Relaxed) + c.peer.node_requests.load(Ordering::Relaxed);
         }
         Snapshot { per_node, messages }
     }
@@ -509,12 +527,48 @@ fn summary(
     lost == 0 && doubled == 0
 }
 
-/// The demo's token and config files (the config is what reload reads),
-/// removed when the demo ends.
+/// Where the switch's log goes during the demo: `isoswitch-demo-PID-SALT.log`
+/// in the temp directory, a new file private to the user (its lines are
+/// masked, but they are the switch's; never one someone else left there),
+/// kept for reading afterwards. Logging is set up for the demo's life and
+/// flushed when this is dropped.
+struct DemoLog {
+    path: std::path::PathBuf,
+    _flush: tracing_appender::non_blocking::WorkerGuard,
+}
+
+impl DemoLog {
+    fn create() -> Result<DemoLog, String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let salt = crate::util::rng::entropy_seed() & 0xff_ffff;
+        let path = std::env::temp_dir().join(format!(
+            "isoswitch-demo-{}-{salt:06x}.log",
+            std::process::id()
+        ));
+        let file = std::fs::OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        // INFO by default: the file tells the whole story (sign-ons, drains,
+        // the reload), which the screen only summarises.
+        let flush = super::init_logging("info", file, false);
+        Ok(DemoLog {
+            path,
+            _flush: flush,
+        })
+    }
+}
+
+/// The demo's token and config files (the config is what reload reads) and
+/// its data directory, fresh for every demo (a demo never inherits the
+/// runtime changes of another), removed when the demo ends.
 struct DemoFiles {
     token: std::path::PathBuf,
     token_text: String,
     config: std::path::PathBuf,
+    data_dir: std::path::PathBuf,
 }
 
 impl DemoFiles {
@@ -526,10 +580,16 @@ impl DemoFiles {
         let token_text = format!("demo-{pid:x}-{salt:016x}");
         let token = dir.join(format!("isoswitch-demo-{pid}.token"));
         std::fs::write(&token, &token_text).map_err(|e| format!("{}: {e}", token.display()))?;
+        // Its own salt: the name is visible to anyone who lists the temp dir.
+        let data_dir = dir.join(format!(
+            "isoswitch-demo-{pid}-{:016x}",
+            crate::util::rng::entropy_seed()
+        ));
         Ok(DemoFiles {
             token,
             token_text,
             config: dir.join(format!("isoswitch-demo-{pid}.toml")),
+            data_dir,
         })
     }
 
@@ -543,6 +603,7 @@ impl Drop for DemoFiles {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.token);
         let _ = std::fs::remove_file(&self.config);
+        let _ = std::fs::remove_dir_all(&self.data_dir);
     }
 }
 

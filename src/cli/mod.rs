@@ -4,12 +4,9 @@ pub mod bench;
 pub mod check;
 pub mod ctl;
 pub mod decode;
-pub mod decode_pcap;
 pub mod demo;
 pub mod demo_atm;
 pub mod load;
-pub mod paper;
-pub mod paper_plot;
 pub mod replay;
 pub mod sim_visa;
 
@@ -57,6 +54,11 @@ pub enum Command {
         /// With --capture: keep card data in clear (test systems only).
         #[arg(long, requires = "capture")]
         capture_clear: bool,
+        /// Where the switch keeps what outlives a run (the operators'
+        /// runtime node changes). Default: the config's `data_dir`, else
+        /// $STATE_DIRECTORY, else ./isoswitch-data.
+        #[arg(long, value_name = "DIR")]
+        data_dir: Option<PathBuf>,
     },
     /// Validate a config file and print it resolved (defaults filled in).
     Check {
@@ -110,6 +112,22 @@ pub enum SimCommand {
         /// needs a live connection from the instance it lands on).
         #[arg(long, default_value = "0s", value_parser = crate::util::duration::parse)]
         originate_after: Duration,
+        /// Share of approvals (0100/0200 answered 00) answered late, each
+        /// recorded: the switch should reverse every one (0..=1).
+        #[arg(long, default_value_t = 0.0)]
+        late_share: f64,
+        /// How much later than `--delay` a late approval is answered (past
+        /// the switch's timeout).
+        #[arg(long, default_value = "0s", value_parser = crate::util::duration::parse)]
+        late_by: Duration,
+        /// Leave the first N reversal messages of each chain unanswered, so
+        /// the switch repeats them as 0421.
+        #[arg(long, default_value_t = 0)]
+        ignore_reversals: u32,
+        /// Send an 0820 key request (F70 101) this often, on the node's
+        /// connections in turn; each answer must come back within 10 s.
+        #[arg(long, value_parser = crate::util::duration::parse)]
+        key_request_every: Option<Duration>,
         /// Print the final counters as one JSON object.
         #[arg(long)]
         json: bool,
@@ -134,6 +152,15 @@ pub enum SimCommand {
         /// First two digits of every terminal ID: tells NACs apart.
         #[arg(long, default_value_t = 1)]
         nac_id: u8,
+        /// Share of transactions sent as advices (0220, expecting 0230), 0..=1.
+        #[arg(long, default_value_t = 0.0)]
+        advice_share: f64,
+        /// Repeats (0221) of an advice unacknowledged within --timeout, at most.
+        #[arg(long, default_value_t = 3)]
+        advice_repeats: u32,
+        /// Each terminal signs in (0800) at its start and then this often.
+        #[arg(long, value_parser = crate::util::duration::parse)]
+        sign_in_every: Option<Duration>,
         /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
@@ -183,6 +210,29 @@ pub enum SimCommand {
         /// Close every out link at once this often (chaos).
         #[arg(long, value_parser = crate::util::duration::parse)]
         drop_out_links_every: Option<Duration>,
+        /// Share of member requests it approves answered late, each recorded:
+        /// the switch should reverse every one (0..=1).
+        #[arg(long, default_value_t = 0.0)]
+        late_share: f64,
+        /// How much later than `--delay` a late approval is answered.
+        #[arg(long, default_value = "0s", value_parser = crate::util::duration::parse)]
+        late_by: Duration,
+        /// Leave the first N reversal messages of each chain unanswered.
+        #[arg(long, default_value_t = 0)]
+        ignore_reversals: u32,
+        /// Advices of its own per second, on in links (acknowledgements are
+        /// expected on out links).
+        #[arg(long)]
+        advice_rate: Option<f64>,
+        /// MTI of those advices: 0120, 0220 or 0420 (repeatable: used in turn).
+        #[arg(long, default_values_t = vec!["0220".to_string()])]
+        advice_mti: Vec<String>,
+        /// Repeats (0221, 0421) of an advice unacknowledged within --timeout.
+        #[arg(long, default_value_t = 3)]
+        advice_repeats: u32,
+        /// Start a key reset (0800 F70 101) on an in link this often.
+        #[arg(long, value_parser = crate::util::duration::parse)]
+        key_reset_every: Option<Duration>,
         /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
@@ -195,12 +245,17 @@ pub enum SimCommand {
 /// Parses the arguments and runs the command.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The demo narrates its own events: only warnings and errors from the switch.
-    let _log_flush = init_logging(if matches!(cli.command, Command::Demo(_)) {
-        "warn"
-    } else {
-        "info"
-    });
+    use std::io::IsTerminal;
+    // The demo's screen is its own narration: it sends the switch's log to a
+    // file of its own (demo::run), never between the lines a person reads.
+    let _log_flush = match cli.command {
+        Command::Demo(_) => None,
+        _ => Some(init_logging(
+            "info",
+            std::io::stderr(),
+            std::io::stderr().is_terminal(),
+        )),
+    };
     match cli.command {
         Command::Decode(args) => decode::run(&args),
         Command::Ctl(args) => ctl::run(&args),
@@ -215,6 +270,7 @@ pub fn main() -> ExitCode {
             worker_threads,
             capture,
             capture_clear,
+            data_dir,
         } => {
             let loaded = match &config {
                 Some(path) => Config::load(path).map_err(|e| format!("{}: {e}", path.display())),
@@ -227,10 +283,18 @@ pub fn main() -> ExitCode {
             if let Some(dir) = &capture {
                 crate::config::CaptureConfig::apply_to_all(&mut cfg, dir, capture_clear);
             }
+            let state_directory = std::env::var(crate::ops::data_dir::STATE_DIRECTORY_ENV).ok();
+            let (data_dir, origin) = crate::ops::data_dir::resolve(
+                data_dir.as_deref(),
+                cfg.data_dir.as_deref(),
+                state_directory.as_deref(),
+            );
+            tracing::info!(data_dir = %data_dir.display(), from = origin.as_str(), "data directory");
             runtime_with(worker_threads, async move {
                 crate::ops::run::run_until_interrupted(
                     &cfg,
                     config.clone(),
+                    &data_dir,
                     Duration::from_secs(stats_every.max(1)),
                 )
                 .await
@@ -253,6 +317,10 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             no_key,
             originate,
             originate_after,
+            late_share,
+            late_by,
+            ignore_reversals,
+            key_request_every,
             json,
         } => {
             let spec = match resolve_spec(&spec) {
@@ -266,6 +334,12 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             if !(0.0..=1.0).contains(&fail_rate) {
                 return fail("--fail-rate must be within 0..=1".into());
             }
+            if !(0.0..=1.0).contains(&late_share) {
+                return fail("--late-share must be within 0..=1".into());
+            }
+            if key_request_every.is_some_and(|d| d.is_zero()) {
+                return fail("--key-request-every must be more than 0s".into());
+            }
             // Node IDs made of digits give disjoint STAN ranges: 01 → 100001..
             let stan_base = id.parse::<u32>().map_or(0, |n| (n % 10) * 100_000);
             let originate = originate.map(|rate| crate::sim::node::Originate {
@@ -274,6 +348,18 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                 stan_base,
                 timeout: Duration::from_secs(10),
             });
+            let finance = crate::sim::node::Finance {
+                late: (late_share > 0.0).then_some(crate::sim::ledger::LateApprovals {
+                    share: late_share,
+                    by: late_by,
+                }),
+                ignore_reversals,
+                key_requests: key_request_every.map(|every| crate::sim::node::KeyRequests {
+                    every,
+                    timeout: Duration::from_secs(10),
+                    stan_base,
+                }),
+            };
             let cfg = crate::sim::node::NodeSimConfig {
                 id,
                 delay,
@@ -282,9 +368,10 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             };
             runtime(async move {
                 let opts = crate::sim::node::NodeOptions { no_key };
-                let node = crate::sim::node::NodeSim::start_with(listen, spec, cfg, opts)
-                    .await
-                    .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+                let node =
+                    crate::sim::node::NodeSim::start_financial(listen, spec, cfg, opts, finance)
+                        .await
+                        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
                 eprintln!("sim node listening on {}", node.addr);
                 let holding = !originate_after.is_zero();
                 if holding {
@@ -302,7 +389,8 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                     let _ = ctrl_c.await;
                 }
                 // Stop originating, and let the answers to what was sent come
-                // back (each is answered or times out within 10 s).
+                // back (each is answered or times out within 10 s; key
+                // requests stop too, and expire within 10 s as well).
                 // On return every request sent is counted as outstanding.
                 node.stop_originating();
                 let settle = tokio::time::Instant::now() + Duration::from_secs(11);
@@ -329,11 +417,25 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             duration,
             timeout,
             nac_id,
+            advice_share,
+            advice_repeats,
+            sign_in_every,
             json,
         } => {
             let spec = match resolve_spec(&spec) {
                 Ok(s) => s,
                 Err(code) => return code,
+            };
+            if !(0.0..=1.0).contains(&advice_share) {
+                return fail("--advice-share must be within 0..=1".into());
+            }
+            if sign_in_every.is_some_and(|d| d.is_zero()) {
+                return fail("--sign-in-every must be more than 0s".into());
+            }
+            let traffic = crate::sim::nac::NacTraffic {
+                advice_share,
+                advice_repeats,
+                sign_in_every,
             };
             let cfg = crate::sim::nac::NacSimConfig {
                 target: connect,
@@ -345,12 +447,16 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                 timeout,
             };
             runtime(async move {
-                let report = crate::sim::nac::run(spec, cfg)
+                let counters = Arc::new(crate::sim::nac::NacCounters::default());
+                let report = crate::sim::nac::run_mixed(spec, cfg, traffic, counters)
                     .await
                     .map_err(|e| format!("cannot connect to {connect}: {e}"))?;
                 print_report(&report, json);
                 if report.mismatched > 0 || report.unanswered > 0 {
                     return Err("some requests were unanswered or mismatched".into());
+                }
+                if report.advices_unacknowledged > 0 || report.sign_ins_unanswered > 0 {
+                    return Err("some advices or sign-ins were never answered".into());
                 }
                 Ok(())
             })
@@ -370,6 +476,13 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             require_sign_on,
             sign_on_delay,
             drop_out_links_every,
+            late_share,
+            late_by,
+            ignore_reversals,
+            advice_rate,
+            advice_mti,
+            advice_repeats,
+            key_reset_every,
             json,
         } => {
             let spec = match resolve_spec(&spec) {
@@ -383,6 +496,22 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             if rate.is_some_and(|r| !(r.is_finite() && r >= 0.0)) {
                 return fail("--rate must be a non-negative number".into());
             }
+            if advice_rate.is_some_and(|r| !(r.is_finite() && r >= 0.0)) {
+                return fail("--advice-rate must be a non-negative number".into());
+            }
+            if !(0.0..=1.0).contains(&late_share) {
+                return fail("--late-share must be within 0..=1".into());
+            }
+            if key_reset_every.is_some_and(|d| d.is_zero()) {
+                return fail("--key-reset-every must be more than 0s".into());
+            }
+            let mut advice_mtis = Vec::new();
+            for text in &advice_mti {
+                match text.parse::<crate::iso8583::Mti>() {
+                    Ok(m) if crate::sim::cups::is_sendable_advice(m) => advice_mtis.push(m),
+                    _ => return fail(format!("--advice-mti `{text}`: 0120, 0220 or 0420")),
+                }
+            }
             let cfg = crate::sim::cups::CupsSimConfig {
                 rate,
                 duration,
@@ -394,6 +523,15 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                 sign_on_delay,
                 drop_out_links_every,
                 also_connect,
+                late: (late_share > 0.0).then_some(crate::sim::ledger::LateApprovals {
+                    share: late_share,
+                    by: late_by,
+                }),
+                ignore_reversals,
+                advice_rate,
+                advice_mtis,
+                advice_repeats,
+                key_reset_every,
                 ..crate::sim::cups::CupsSimConfig::new(accept, connect, links)
             };
             runtime(async move {
@@ -416,6 +554,9 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                 }
                 if report.mismatched > 0 || report.unanswered > 0 {
                     return Err("some requests were unanswered or mismatched".into());
+                }
+                if report.advices_unacknowledged > 0 || report.key_resets_unanswered > 0 {
+                    return Err("some advices or key resets were never answered".into());
                 }
                 Ok(())
             })
@@ -472,25 +613,27 @@ fn fail(msg: String) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// Sets up logging; the guard returned flushes lines still queued when it is
-/// dropped, at the end of `main`.
-fn init_logging(default_level: &str) -> tracing_appender::non_blocking::WorkerGuard {
+/// Sets up logging to `out` (stderr, or the demo's log file), in colour when
+/// `ansi`; the guard returned flushes lines still queued when it is dropped,
+/// at the end of the command.
+pub(crate) fn init_logging(
+    default_level: &str,
+    out: impl std::io::Write + Send + 'static,
+    ansi: bool,
+) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ISOSWITCH_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    use std::io::IsTerminal;
     // Log lines go through a bounded queue to a writer thread: a slow terminal
     // or disk never stalls the message path (lines past the queue are dropped
     // and the writer says how many).
-    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
+    let (writer, guard) = tracing_appender::non_blocking(out);
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer);
     // `ISOSWITCH_LOG_FORMAT=json`: one JSON object a line, for log shippers.
     let _ = match std::env::var("ISOSWITCH_LOG_FORMAT").as_deref() {
         Ok("json") => builder.json().try_init(),
-        _ => builder
-            .with_ansi(std::io::stderr().is_terminal())
-            .try_init(),
+        _ => builder.with_ansi(ansi).try_init(),
     };
     guard
 }

@@ -1,11 +1,41 @@
 //! Showing field values without leaking secrets: a sensitive field is masked per
 //! its spec (PAN: first 6 + last 4; anything else: its length only) unless the
 //! caller explicitly asks to reveal it.
+//!
+//! Which fields are sensitive is one rule, [`is_sensitive`], for everything
+//! that shows or keeps field data: display (`decode`, logs) and capture
+//! masking alike. A spec can add fields to it, never take any away.
 
 use std::fmt;
 
 use super::codec;
-use super::spec::{Data, FieldDef, Mask};
+use super::spec::{Data, FieldDef, Mask, Spec};
+
+/// Fields sensitive whatever a spec says: PAN (F2), track 2, 3 and 1 data
+/// (F35, F36, F45), PIN block (F52), EMV data (F55), MACs (F64, F128).
+pub const ALWAYS_SENSITIVE: [u16; 8] = [2, 35, 36, 45, 52, 55, 64, 128];
+
+/// Whether `def` is masked unless revealed: flagged `sensitive` by its spec,
+/// or one of [`ALWAYS_SENSITIVE`] (a custom spec that forgets the flag on its
+/// PAN still masks it).
+pub fn is_sensitive(def: &FieldDef) -> bool {
+    def.sensitive || ALWAYS_SENSITIVE.contains(&def.id)
+}
+
+/// How a sensitive field is masked: its spec's `mask`, and the PAN (F2)
+/// always as a PAN (first 6 and last 4 in clear).
+pub fn mask_of(def: &FieldDef) -> Mask {
+    if def.id == 2 { Mask::Pan } else { def.mask }
+}
+
+/// The fields of [`ALWAYS_SENSITIVE`] that `spec` defines without the
+/// `sensitive` flag (masked all the same; worth a warning to its author).
+pub fn unflagged_sensitive(spec: &Spec) -> Vec<u16> {
+    ALWAYS_SENSITIVE
+        .into_iter()
+        .filter(|&id| spec.field(id).is_some_and(|d| !d.sensitive))
+        .collect()
+}
 
 /// A field value ready for display, masked unless [`Shown::reveal`] was called.
 #[derive(Clone, Copy)]
@@ -66,7 +96,8 @@ impl<'a> Shown<'a> {
 
 impl fmt::Display for Shown<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let masked = self.def.sensitive && !self.reveal;
+        let masked = is_sensitive(self.def) && !self.reveal;
+        let mask = mask_of(self.def);
         match self.source {
             Source::Binary(bytes) => write_binary(f, bytes, masked),
             Source::Raw { data, .. } if self.def.data == Data::Binary => {
@@ -74,9 +105,9 @@ impl fmt::Display for Shown<'_> {
             }
             Source::Raw { data, units } => {
                 let it = codec::logical(self.def, data, units).map(char::from);
-                write_text(f, it, masked, self.def.mask)
+                write_text(f, it, masked, mask)
             }
-            Source::Text(s) => write_text(f, s.chars(), masked, self.def.mask),
+            Source::Text(s) => write_text(f, s.chars(), masked, mask),
         }
     }
 }

@@ -8,8 +8,10 @@
 //!   allocation on this path.
 //! - [`Decoded`]: full decode into ordered fields and [`Spec::encode`] back,
 //!   byte-identical for canonical input.
-//! - Masking: every `Display` / `Debug` of field data masks sensitive fields per
-//!   spec unless explicitly revealed ([`Shown::reveal`]).
+//! - Masking: every `Display` / `Debug` of field data masks sensitive fields
+//!   ([`is_sensitive`]: the spec's flag, and PAN, track data, PIN block, EMV
+//!   data and MACs whatever the spec says) unless explicitly revealed
+//!   ([`Shown::reveal`]).
 
 mod codec;
 mod datetime;
@@ -18,27 +20,28 @@ mod error;
 mod mask;
 mod message;
 mod mti;
+mod nom_form;
 #[doc(hidden)]
 pub mod samples;
 mod spec;
 
 pub use codec::ebcdic;
-/// The field walk written with nom's primitives, for `benches/codec.rs`.
-#[doc(hidden)]
-pub use codec::nom_form::validate as validate_nom_form;
 /// For capture's masking walk (`crate::capture::mask`), which crosses fixed
 /// fields by the spec's step table as [`Message::index`] does.
 pub(crate) use codec::span as field_span;
 pub use datetime::{civil_from_days, transmission_date_time};
 pub use decoded::{Decoded, ShownMessage, Value};
 pub use error::{IsoError, SpecError};
-pub use mask::Shown;
+pub use mask::{ALWAYS_SENSITIVE, Shown, is_sensitive, mask_of, unflagged_sensitive};
 pub use message::{Bitmap, FieldIndex, FieldRef, Layout, Message, RoutingView, patch_fixed, stamp};
 pub use mti::Mti;
+/// The field walk written with nom's primitives, for `benches/codec.rs`.
+#[doc(hidden)]
+pub use nom_form::validate as validate_nom_form;
 pub(crate) use spec::Step;
 pub use spec::{
-    Align, BitmapEncoding, BitmapSpec, Data, FieldDef, Format, Framing, LengthEncoding, MAX_FIELD,
-    Mask, MtiEncoding, MtiSpec, Network, Spec, Unit,
+    Align, BitmapEncoding, BitmapSpec, Data, FieldDef, Format, Framing, Integrity, LengthEncoding,
+    MAX_FIELD, Mask, MtiEncoding, MtiSpec, Network, Spec, Unit,
 };
 
 #[cfg(test)]

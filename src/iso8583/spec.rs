@@ -210,6 +210,53 @@ struct NetworkFile {
     echo_fields: Vec<u16>,
 }
 
+/// `[integrity]`: how the switch builds the messages it owes a host in this
+/// dialect: the reversal advice it sends for a late approval, and which F39
+/// codes approve.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Integrity {
+    /// MTI of a reversal advice (e.g. 0420; its repeats end in 1: 0421).
+    pub reversal_mti: Mti,
+    /// Fields copied from the original request into the reversal, where the
+    /// original has them (ascending).
+    pub reversal_fields: Vec<u16>,
+    /// F39 of the reversal: why the switch reverses (a late answer).
+    pub reversal_reason: String,
+    /// The field that carries the original data elements (F90: original MTI,
+    /// F11, F7, F32, F33), or none in a dialect without it.
+    pub original_data: Option<u16>,
+    /// F39 codes that approve (default `00`, `10`, `11`).
+    pub approval_codes: Vec<String>,
+}
+
+/// 0420, the reversal advice, checked at compile time.
+const REVERSAL_ADVICE: Mti = match Mti::new(*b"0420") {
+    Some(m) => m,
+    None => panic!("0420 is four digits"),
+};
+
+impl Default for Integrity {
+    fn default() -> Self {
+        Integrity {
+            reversal_mti: REVERSAL_ADVICE,
+            reversal_fields: vec![2, 3, 4, 7, 11, 12, 13, 22, 25, 32, 33, 37, 41, 42, 49],
+            reversal_reason: "68".into(),
+            original_data: Some(90),
+            approval_codes: vec!["00".into(), "10".into(), "11".into()],
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IntegrityFile {
+    reversal_mti: Option<String>,
+    reversal_fields: Option<Vec<u16>>,
+    reversal_reason: Option<String>,
+    original_data: Option<u16>,
+    approval_codes: Option<Vec<String>>,
+}
+
 /// `[defaults]`: values fields inherit unless they say otherwise.
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -247,6 +294,8 @@ struct SpecFile {
     bitmap: BitmapSpec,
     #[serde(default)]
     network: NetworkFile,
+    #[serde(default)]
+    integrity: IntegrityFile,
     #[serde(default)]
     defaults: Defaults,
     #[serde(rename = "field", default)]
@@ -338,6 +387,7 @@ pub struct Spec {
     mti: MtiSpec,
     bitmap: BitmapSpec,
     network: Network,
+    integrity: Integrity,
     fields: Vec<FieldDef>,
     /// `slot[id]` = index into `fields` + 1, or 0: no hashing on the hot path.
     slot: [u8; MAX_FIELD as usize + 1],
@@ -444,6 +494,10 @@ impl Spec {
 
     pub fn network(&self) -> &Network {
         &self.network
+    }
+
+    pub fn integrity(&self) -> &Integrity {
+        &self.integrity
     }
 
     /// All fields, ascending by id.
@@ -561,6 +615,14 @@ impl Spec {
             }
         }
 
+        let integrity = validate_integrity(&file.integrity, &slot).map_err(|(key, reason)| {
+            SpecError::BadKey {
+                spec: spec.clone(),
+                key,
+                reason,
+            }
+        })?;
+
         Ok(Spec {
             name: file.name,
             description: file.description,
@@ -575,11 +637,75 @@ impl Spec {
                 sign_off_f70: n.sign_off_f70,
                 echo_fields,
             },
+            integrity,
             fields,
             slot,
             step,
         })
     }
+}
+
+/// `[integrity]` checked against the fields the spec defines; absent keys
+/// take [`Integrity::default`]'s values.
+fn validate_integrity(
+    file: &IntegrityFile,
+    slot: &[u8; MAX_FIELD as usize + 1],
+) -> Result<Integrity, (&'static str, String)> {
+    let defined = |id: u16| slot.get(id as usize).copied().unwrap_or(0) != 0;
+    let mut out = Integrity::default();
+    if let Some(text) = &file.reversal_mti {
+        let mti: Mti = text
+            .parse()
+            .map_err(|e| ("integrity.reversal_mti", format!("{text:?}: {e}")))?;
+        if mti.class() != 4 || !mti.is_request() {
+            return Err((
+                "integrity.reversal_mti",
+                format!("{mti} is not a reversal request or advice (04x0)"),
+            ));
+        }
+        out.reversal_mti = mti;
+    }
+    if let Some(fields) = &file.reversal_fields {
+        let mut fields = fields.clone();
+        fields.sort_unstable();
+        fields.dedup();
+        out.reversal_fields = fields;
+    }
+    // A field this dialect does not define is simply never copied.
+    out.reversal_fields.retain(|&id| defined(id));
+    if let Some(reason) = &file.reversal_reason {
+        if reason.len() != 2 || !reason.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err((
+                "integrity.reversal_reason",
+                format!("{reason:?} is not a 2-character response code"),
+            ));
+        }
+        out.reversal_reason = reason.clone();
+    }
+    match file.original_data {
+        Some(0) => out.original_data = None,
+        Some(id) if !defined(id) => {
+            return Err((
+                "integrity.original_data",
+                format!("field {id} is not defined"),
+            ));
+        }
+        Some(id) => out.original_data = Some(id),
+        None => out.original_data = out.original_data.filter(|&id| defined(id)),
+    }
+    if let Some(codes) = &file.approval_codes {
+        if let Some(bad) = codes
+            .iter()
+            .find(|c| c.len() != 2 || !c.bytes().all(|b| b.is_ascii_alphanumeric()))
+        {
+            return Err((
+                "integrity.approval_codes",
+                format!("{bad:?} is not a 2-character response code"),
+            ));
+        }
+        out.approval_codes = codes.clone();
+    }
+    Ok(out)
 }
 
 fn validate_field(
@@ -757,10 +883,17 @@ encoding = "binary"
                 let def = spec.field(id).unwrap_or_else(|| panic!("{name}: F{id}"));
                 assert!(!def.name.is_empty());
             }
-            for id in [2, 35, 36, 45, 52, 55, 64, 96, 128] {
+            // Card data, account numbers, secrets and MACs, flagged in every
+            // shipped spec (so `decode` never warns about one).
+            for id in [2, 14, 34, 35, 36, 45, 52, 55, 64, 96, 102, 103, 128] {
                 assert!(spec.field(id).unwrap().sensitive, "{name}: F{id}");
             }
+            assert!(super::super::unflagged_sensitive(&spec).is_empty());
             assert_eq!(spec.field(2).unwrap().mask, Mask::Pan);
+            // UnionPay POS sign-in answers carry the working keys in F62.
+            if name == "cup-pos" {
+                assert!(spec.field(62).unwrap().sensitive, "{name}: F62");
+            }
             assert!(spec.network().echo_mti.is_some());
             assert!(!spec.network().echo_fields.is_empty());
         }

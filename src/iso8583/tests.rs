@@ -406,6 +406,51 @@ fn masking_hides_secrets_unless_revealed() {
     assert_eq!(f2, "622202*********0123");
 }
 
+/// A spec that flags nothing sensitive still masks PAN, track data, PIN
+/// block, EMV data and MACs, the PAN as a PAN: one rule, whatever the spec.
+#[test]
+fn always_sensitive_fields_are_masked_whatever_the_spec_says() {
+    let mut spec = samples::cups_0200().0;
+    let flagged = spec.fields().iter().filter(|d| d.sensitive).count();
+    assert!(flagged > 0);
+    let unflag = |def: &FieldDef| FieldDef {
+        sensitive: false,
+        mask: crate::iso8583::Mask::Full,
+        ..def.clone()
+    };
+    let f2 = unflag(spec.field(2).unwrap());
+    let f35 = unflag(spec.field(35).unwrap());
+    let f14 = unflag(spec.field(14).unwrap());
+    assert_eq!(
+        Value::text("6222021234567890123").show(&f2).to_string(),
+        "622202*********0123"
+    );
+    assert_eq!(
+        Value::text("6222021234567890123D2812")
+            .show(&f35)
+            .to_string(),
+        "[masked 24 chars]"
+    );
+    assert_eq!(
+        Value::text("2812").show(&f14).to_string(),
+        "2812",
+        "a spec's choice"
+    );
+    assert!(crate::iso8583::is_sensitive(&f2) && !crate::iso8583::is_sensitive(&f14));
+    assert!(crate::iso8583::unflagged_sensitive(&spec).is_empty());
+    spec = Spec::from_toml(
+        &include_str!("../../specs/iso87ascii.toml")
+            .replace("sensitive = true\n", "")
+            .replace("mask = \"pan\"\n", "")
+            .replace("mask = \"full\"\n", ""),
+    )
+    .unwrap();
+    assert_eq!(
+        crate::iso8583::unflagged_sensitive(&spec),
+        crate::iso8583::ALWAYS_SENSITIVE
+    );
+}
+
 #[test]
 fn decoded_setters_keep_order() {
     let mut d = Decoded::new(vec![], "0200".parse().unwrap());

@@ -10,62 +10,11 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::mpsc;
 
+pub use super::share::{InFlightLimit, InFlightSlot};
 use super::writer::Outbound;
-
-/// Requests in flight against a limit, shared by whoever counts against it.
-#[derive(Debug)]
-pub struct InFlightLimit {
-    now: AtomicUsize,
-    max: usize,
-}
-
-impl InFlightLimit {
-    pub fn new(max: usize) -> Arc<InFlightLimit> {
-        Arc::new(InFlightLimit {
-            now: AtomicUsize::new(0),
-            max,
-        })
-    }
-
-    /// Requests in flight now.
-    pub fn current(&self) -> usize {
-        self.now.load(Ordering::Relaxed)
-    }
-
-    /// Takes one place, unless the limit is reached.
-    fn take(&self) -> bool {
-        self.now
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
-                (n < self.max).then_some(n + 1)
-            })
-            .is_ok()
-    }
-
-    fn give_back(&self) {
-        let _ = self
-            .now
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| n.checked_sub(1));
-    }
-}
-
-/// One request's place under its connection's and its source's limits;
-/// given back when dropped.
-#[derive(Debug)]
-pub struct InFlightSlot {
-    conn: Arc<InFlightLimit>,
-    source: Arc<InFlightLimit>,
-}
-
-impl Drop for InFlightSlot {
-    fn drop(&mut self) {
-        self.conn.give_back();
-        self.source.give_back();
-    }
-}
 
 /// A client connection, handed to [`Service::on_request`](super::Service::on_request)
 /// with each of its requests.
@@ -87,17 +36,7 @@ impl ClientLink {
     /// A place for one more request in flight, or `None` when this connection
     /// or its source is at its limit.
     pub fn take_slot(&self) -> Option<InFlightSlot> {
-        if !self.in_flight.take() {
-            return None;
-        }
-        if !self.source_in_flight.take() {
-            self.in_flight.give_back();
-            return None;
-        }
-        Some(InFlightSlot {
-            conn: Arc::clone(&self.in_flight),
-            source: Arc::clone(&self.source_in_flight),
-        })
+        InFlightSlot::take(&self.in_flight, &self.source_in_flight)
     }
 }
 

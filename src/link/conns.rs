@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::io::{AsyncRead, ReadBuf};
 
-use super::client::InFlightLimit;
+use super::share::InFlightLimit;
 
 /// What a connection is to the switch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

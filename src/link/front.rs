@@ -13,10 +13,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 
+use super::budget::ClientPermit;
 use super::client::{ClientLink, InFlightLimit, canonical_peer};
 use super::conns::{ConnKind, Counted};
 use super::log_limit::{LogKind, LogPeer};
-use super::service::Service;
+use super::service::{Refusal, Service};
 use super::timer::{ReadTimer, in_frame};
 use super::writer::run_coalescing_writer;
 use crate::capture::{Opened, Tapped};
@@ -58,33 +59,64 @@ impl Drop for Admitted {
     }
 }
 
-/// Why a client was refused at accept.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Refused {
-    NotAllowed,
-    TooMany,
-    TooManyFromSource,
+/// Backoff of an accept loop whose accepts fail (EMFILE and friends): it
+/// must neither spin nor write a line every few milliseconds.
+pub(super) struct AcceptBackoff(std::time::Duration);
+
+impl AcceptBackoff {
+    const FIRST: std::time::Duration = std::time::Duration::from_millis(50);
+    const MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+    pub(super) fn new() -> AcceptBackoff {
+        AcceptBackoff(Self::FIRST)
+    }
+
+    /// An accept succeeded: the next failure backs off from the start.
+    pub(super) fn reset(&mut self) {
+        self.0 = Self::FIRST;
+    }
+
+    /// An accept failed: logs it (rate-limited) and waits, longer each time
+    /// in a row.
+    pub(super) async fn failed(&mut self, service: &Service, what: &str, e: &std::io::Error) {
+        if service
+            .links
+            .log_limit
+            .allow(LogKind::AcceptFailed, LogPeer::Service, Instant::now())
+        {
+            tracing::warn!(service = service.name(), error = %e, retry_in = ?self.0, "{what}: accept failed");
+        }
+        tokio::time::sleep(self.next()).await;
+    }
+
+    /// The wait after this failure; the next one waits twice as long, up to
+    /// a second.
+    fn next(&mut self) -> std::time::Duration {
+        let wait = self.0;
+        self.0 = (self.0 * 2).min(Self::MAX);
+        wait
+    }
 }
 
 fn admit(
     front: &ListenFront,
     table: &Arc<Mutex<Admission>>,
     ip: IpAddr,
-) -> Result<Admitted, Refused> {
+) -> Result<Admitted, Refusal> {
     let ip = ip.to_canonical();
     if !front.allow.is_empty() && !front.allow.iter().any(|net| net.contains(&ip)) {
-        return Err(Refused::NotAllowed);
+        return Err(Refusal::NotAllowed);
     }
     let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
     if t.total >= front.max_connections {
-        return Err(Refused::TooMany);
+        return Err(Refusal::TooMany);
     }
     let from_source = t.per_source.entry(ip).or_insert_with(|| Source {
         connections: 0,
         in_flight: InFlightLimit::new(front.max_in_flight_per_source),
     });
     if from_source.connections >= front.max_per_source {
-        return Err(Refused::TooManyFromSource);
+        return Err(Refusal::TooManyFromSource);
     }
     from_source.connections += 1;
     let source_in_flight = Arc::clone(&from_source.in_flight);
@@ -110,6 +142,7 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let table = Arc::new(Mutex::new(Admission::default()));
+    let mut backoff = AcceptBackoff::new();
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -118,25 +151,15 @@ pub async fn serve(
         let (stream, peer) = match accepted {
             Ok((stream, peer)) => (stream, canonical_peer(peer)),
             Err(e) => {
-                // EMFILE and friends: back off briefly instead of spinning.
-                tracing::warn!(service = service.name(), error = %e, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                backoff.failed(&service, "clients", &e).await;
                 continue;
             }
         };
-        if service.is_draining() {
-            // Shutting down: no new clients.
-            service
-                .counters
-                .clients_refused
-                .fetch_add(1, Ordering::Relaxed);
-            drop(stream);
-            continue;
-        }
+        backoff.reset();
         // Limits as last reloaded; the rest of the front is fixed.
-        let front = service.listen_limits(&front);
-        match admit(&front, &table, peer.ip()) {
-            Ok(slot) => {
+        let front = service.live().listen_front(&front);
+        match admission(&service, &front, &table, peer.ip()) {
+            Ok((slot, permit)) => {
                 service
                     .counters
                     .clients_accepted
@@ -147,23 +170,55 @@ pub async fn serve(
                 let source_in_flight = Arc::clone(&slot.source_in_flight);
                 tokio::spawn(async move {
                     serve_client(svc, f, stream, peer, source_in_flight, sd).await;
-                    drop(slot);
+                    drop((slot, permit));
                 });
             }
             Err(why) => {
-                service
-                    .counters
-                    .clients_refused
-                    .fetch_add(1, Ordering::Relaxed);
-                if service
-                    .log_limit
-                    .allow(LogKind::Refused, LogPeer::Ip(peer.ip()), Instant::now())
-                {
-                    tracing::warn!(service = service.name(), %peer, reason = ?why, "client refused");
-                }
+                // Closed at once: the descriptor the accept took comes back
+                // before the next accept.
                 drop(stream);
+                refused(&service, peer, why);
             }
         }
+    }
+}
+
+/// Whether a client may stay: the switch is not stopping, the front's limits
+/// admit it, and the process's client descriptor budget has room.
+fn admission(
+    service: &Service,
+    front: &ListenFront,
+    table: &Arc<Mutex<Admission>>,
+    ip: IpAddr,
+) -> Result<(Admitted, ClientPermit), Refusal> {
+    if service.links.is_draining() {
+        return Err(Refusal::Shutdown);
+    }
+    let slot = admit(front, table, ip)?;
+    let permit = service
+        .links
+        .budget()
+        .try_admit()
+        .ok_or(Refusal::Descriptors)?;
+    Ok((slot, permit))
+}
+
+/// Counts a refused client by reason and logs it (rate-limited).
+fn refused(service: &Service, peer: SocketAddr, why: Refusal) {
+    service.counters.clients_refused[why as usize].fetch_add(1, Ordering::Relaxed);
+    if why == Refusal::Shutdown
+        || !service
+            .links
+            .log_limit
+            .allow(LogKind::Refused, LogPeer::Ip(peer.ip()), Instant::now())
+    {
+        return;
+    }
+    if why == Refusal::Descriptors {
+        let budget = service.links.budget();
+        tracing::warn!(service = service.name(), %peer, open = budget.open(), budget = budget.limit(), "client refused: the clients' share of the open-file limit is in use (raise LimitNOFILE)");
+    } else {
+        tracing::warn!(service = service.name(), %peer, reason = why.as_str(), "client refused");
     }
 }
 
@@ -175,13 +230,14 @@ async fn serve_client(
     source_in_flight: Arc<InFlightLimit>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let conn = service.next_conn_id();
+    let conn = service.links.next_conn_id();
     let local = stream.local_addr().unwrap_or(peer);
     let registered = service
-        .conns
+        .links
+        .table
         .register(conn, ConnKind::Client, None, peer, local);
     let _ = stream.set_nodelay(true);
-    let tap = service.capture_tap(&stream, Opened::ByPeer);
+    let tap = service.links.tap(&stream, Opened::ByPeer);
     let (read, write) = stream.into_split();
     let read = Counted::new(
         Tapped::reader(read, &tap),
@@ -197,14 +253,14 @@ async fn serve_client(
         source_in_flight,
     };
     registered.entry.track_in_flight(&client.in_flight);
-    let prefix = service.spec.framing().prefix;
+    let prefix = service.spec().framing().prefix;
     let mut writer = tokio::spawn(run_coalescing_writer(
         write,
         prefix,
         rx,
         Some(Arc::clone(&registered.entry)),
     ));
-    let codec = FrameCodec::new(prefix, service.spec.framing().max_frame);
+    let codec = FrameCodec::new(prefix, service.spec().framing().max_frame);
     let mut frames = FramedRead::new(read, codec);
     tracing::debug!(service = service.name(), %peer, conn, "client connected");
     let mut timer = ReadTimer::new(
@@ -239,7 +295,7 @@ async fn serve_client(
         registered.entry.received();
         match item {
             Some(Ok(Frame::Message(payload))) => {
-                let keep = match &service.oneconnect {
+                let keep = match service.side.oneconnect() {
                     Some(oc) => super::oneconnect::on_request(&service, oc, &client, payload, now),
                     None => service.on_request(&client, payload, now),
                 };
@@ -265,7 +321,7 @@ async fn serve_client(
     let linger = match &why {
         // A client that closed its sending side may still be reading: every
         // answer in flight reaches it, until the last deadline has passed.
-        Ended::HalfClosed => service.request_timeout() + super::SWEEP_INTERVAL * 10,
+        Ended::HalfClosed => service.live().longest_timeout() + super::SWEEP_INTERVAL * 10,
         // Let queued answers (e.g. the decline for a bad request) flush briefly.
         Ended::Other(_) => std::time::Duration::from_millis(200),
     };
@@ -319,21 +375,42 @@ mod tests {
     }
 
     #[test]
+    fn failed_accepts_back_off_to_a_second_and_start_over_after_one_succeeds() {
+        let ms = std::time::Duration::from_millis;
+        let mut b = AcceptBackoff::new();
+        let waits: Vec<_> = (0..7).map(|_| b.next()).collect();
+        assert_eq!(
+            waits,
+            [
+                ms(50),
+                ms(100),
+                ms(200),
+                ms(400),
+                ms(800),
+                ms(1000),
+                ms(1000)
+            ]
+        );
+        b.reset();
+        assert_eq!(b.next(), ms(50));
+    }
+
+    #[test]
     fn admission_enforces_allow_list_and_limits() {
         let f = front(&["127.0.0.0/8"], 3, 2);
         let table = Arc::new(Mutex::new(Admission::default()));
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
         let lo2: IpAddr = "127.0.0.2".parse().unwrap();
         let outside: IpAddr = "10.1.2.3".parse().unwrap();
-        assert_eq!(admit(&f, &table, outside).err(), Some(Refused::NotAllowed));
+        assert_eq!(admit(&f, &table, outside).err(), Some(Refusal::NotAllowed));
         let a = admit(&f, &table, lo).unwrap();
         let _b = admit(&f, &table, lo).unwrap();
         assert_eq!(
             admit(&f, &table, lo).err(),
-            Some(Refused::TooManyFromSource)
+            Some(Refusal::TooManyFromSource)
         );
         let _c = admit(&f, &table, lo2).unwrap();
-        assert_eq!(admit(&f, &table, lo2).err(), Some(Refused::TooMany));
+        assert_eq!(admit(&f, &table, lo2).err(), Some(Refusal::TooMany));
         drop(a);
         assert!(admit(&f, &table, lo).is_ok());
     }

@@ -72,7 +72,9 @@ impl Rig {
             .load_spec()
             .map_err(|e| RigError::Config(e.to_string()))?;
         let now = Instant::now();
-        let service = Arc::new(Service::new(svc_cfg, spec, now).map_err(RigError::Config)?);
+        let service = Arc::new(
+            Service::new(svc_cfg, spec, now).map_err(|e| RigError::Config(e.to_string()))?,
+        );
         let mut nodes = Vec::new();
         for index in 0..service.pool.nodes().len() {
             let (tx, rx) = mpsc::channel(RIG_QUEUE);
@@ -85,13 +87,13 @@ impl Rig {
         }
         let (tx, client_rx) = mpsc::channel(RIG_QUEUE);
         let client = ClientLink {
-            conn: service.next_conn_id(),
+            conn: service.links.next_conn_id(),
             peer: SocketAddr::from(([127, 0, 0, 1], 40_000)),
             tx,
             in_flight: InFlightLimit::new(RIG_QUEUE),
             source_in_flight: InFlightLimit::new(RIG_QUEUE),
         };
-        let framing = service.spec.framing();
+        let framing = service.spec().framing();
         Ok(Rig {
             client,
             client_rx,
@@ -224,7 +226,7 @@ impl Rig {
     /// The frame a node sends back for the request frame it was written
     /// (`node_bytes`, as [`Rig::request`] returned them).
     pub fn answer_frame(&self, node_bytes: &[u8]) -> Result<Vec<u8>, RigError> {
-        let spec = &self.service.spec;
+        let spec = self.service.spec();
         let at = self.prefix.len();
         let payload = node_bytes
             .get(at..)

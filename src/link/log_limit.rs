@@ -26,6 +26,14 @@ pub enum LogKind {
     NodeConnect,
     /// A client refused at accept.
     Refused,
+    /// An admin request with a missing or wrong token.
+    AdminToken,
+    /// An admin connection that could not be accepted (e.g. out of files).
+    AdminAccept,
+    /// An accept that failed (out of descriptors, most often).
+    AcceptFailed,
+    /// A peer's in link refused (not allowed, or one too many).
+    InLinkRefused,
 }
 
 impl LogKind {
@@ -38,6 +46,10 @@ impl LogKind {
             LogKind::Undeliverable => "undeliverable answer",
             LogKind::NodeConnect => "node connect failure",
             LogKind::Refused => "client refused",
+            LogKind::AdminToken => "admin token refused",
+            LogKind::AdminAccept => "admin accept failure",
+            LogKind::AcceptFailed => "accept failed",
+            LogKind::InLinkRefused => "in link refused",
         }
     }
 }

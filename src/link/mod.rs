@@ -2,6 +2,7 @@
 //! reads frames, asks the service (and through it `route/`) where they go, and
 //! writes them.
 
+pub mod budget;
 pub mod client;
 pub mod conns;
 pub mod decline;
@@ -15,7 +16,9 @@ pub mod oneconnect;
 pub mod oneconnect_pool;
 pub mod outlinks;
 pub mod pool;
+pub mod saf;
 pub mod service;
+pub mod share;
 pub mod simplex;
 pub mod supervisor;
 pub mod timer;
@@ -75,15 +78,19 @@ pub async fn start(service: Arc<Service>, sup: &Arc<Supervisor>) -> std::io::Res
             addr
         }
     };
-    if let Some(oc) = &service.oneconnect {
+    if let Some(oc) = service.side.oneconnect() {
         // Connections open on demand, one request at a time each; the pool's
         // health checks and maintenance cannot restart one by one.
         let mut set = JoinSet::new();
         oneconnect::start(&service, oc, &mut set, &shutdown);
         sup.watch_set(format!("{name}/oneconnect"), set);
     } else {
-        for node in 0..service.pool.nodes().len() {
-            start_node(sup, &service, node);
+        // Nodes removed before the start (the operators' runtime state) stay
+        // unconnected.
+        for (node, n) in service.pool.nodes().iter().enumerate() {
+            if !n.is_removed() {
+                start_node(sup, &service, node);
+            }
         }
     }
     let svc = Arc::clone(&service);
@@ -166,7 +173,9 @@ async fn sweep(service: Arc<Service>, mut shutdown: watch::Receiver<bool>) {
                 service.expire(now, &mut scratch);
                 if now.saturating_duration_since(last_flush) >= Duration::from_secs(1) {
                     // Say how many warnings a burst that stopped suppressed.
-                    service.log_limit.flush(now);
+                    service.links.log_limit.flush(now);
+                    // Forget late and repeat records past their windows.
+                    service.made.sweep(now);
                     last_flush = now;
                 }
             }
@@ -192,14 +201,14 @@ async fn check_health(service: Arc<Service>, node: usize, mut shutdown: watch::R
     let Some(addr) = service.pool.node(node).map(|n| n.config.address) else {
         return;
     };
-    let mut tick = check_ticker(service.check_timing().0);
+    let mut tick = check_ticker((service.live().check_interval, service.live().check_timeout).0);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = shutdown.changed() => return,
         }
         // Interval and timeout as last reloaded.
-        let (interval, timeout) = service.check_timing();
+        let (interval, timeout) = (service.live().check_interval, service.live().check_timeout);
         if tick.period() != interval {
             tick = check_ticker(interval);
         }

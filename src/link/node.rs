@@ -55,10 +55,10 @@ async fn run_connection(
     stream: TcpStream,
     shutdown: &mut watch::Receiver<bool>,
 ) {
-    let id = service.next_conn_id();
+    let id = service.links.next_conn_id();
     let (peer, local) = (stream.peer_addr(), stream.local_addr());
     let registered = match (peer, local) {
-        (Ok(p), Ok(l)) => Some(service.conns.register(
+        (Ok(p), Ok(l)) => Some(service.links.table.register(
             id,
             super::conns::ConnKind::Node,
             Some(node_name(service, node)),
@@ -67,13 +67,13 @@ async fn run_connection(
         )),
         _ => None,
     };
-    let tap = service.capture_tap(&stream, Opened::BySwitch);
+    let tap = service.links.tap(&stream, Opened::BySwitch);
     let (read, write) = stream.into_split();
     let entry = registered.as_ref().map(|r| Arc::clone(&r.entry));
     let read = super::conns::Counted::new(Tapped::reader(read, &tap), entry.clone());
     let write = Tapped::writer(write, &tap);
     let (tx, rx) = mpsc::channel(service.config.back.write_queue);
-    let prefix = service.spec.framing().prefix;
+    let prefix = service.spec().framing().prefix;
     let mut writer = tokio::spawn(run_coalescing_writer(write, prefix, rx, entry));
     let handle = ConnHandle { id, tx };
     service
@@ -85,7 +85,7 @@ async fn run_connection(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     tracing::info!(service = service.name(), node = %node_name(service, node), slot, conn = id, "node connection up");
-    let codec = FrameCodec::new(prefix, service.spec.framing().max_frame);
+    let codec = FrameCodec::new(prefix, service.spec().framing().max_frame);
     let mut frames = FramedRead::new(read, codec);
     // A node that stalls inside a frame holds every response behind it: close
     // the connection (its requests are declined) instead of waiting. Nodes
@@ -149,6 +149,7 @@ fn connect_failed(service: &Service, node: usize, slot: usize, why: &str) {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     if service
+        .links
         .log_limit
         .allow(LogKind::NodeConnect, LogPeer::Node(node), Instant::now())
     {

@@ -28,7 +28,8 @@ use super::client::ClientLink;
 use super::netmgmt::NmKind;
 use super::oneconnect_pool::{Carrying, PooledConn};
 pub use super::oneconnect_pool::{OneConnect, OneConnectCounters};
-use super::service::{Checked, Origin, Service};
+use super::pool::Picked;
+use super::service::{Checked, Invalid, Origin, Service};
 use super::writer::{Outbound, Patch, encode_into};
 use crate::route::DeclineReason;
 use crate::route::oneconnect::Lease;
@@ -84,6 +85,9 @@ impl OneConnect {
 
 /// Starts the pool's background work: marks the nodes reachable (connections
 /// open on demand) and spawns [`maintain`] and, when configured, the checks.
+/// Every task spawned here runs until shutdown: the supervisor takes an
+/// earlier end for a crash, so a check that is not configured is not started
+/// (the check kind takes a restart to change).
 pub fn start(
     service: &Arc<Service>,
     oc: &Arc<OneConnect>,
@@ -91,8 +95,12 @@ pub fn start(
     shutdown: &watch::Receiver<bool>,
 ) {
     let now = Instant::now();
+    let checked = service.config.back.health.check != crate::config::CheckKind::None;
     for node in 0..service.pool.nodes().len() {
         service.pool.set_reachable(node, true, now);
+        if !checked {
+            continue;
+        }
         tasks.spawn(check_health(
             Arc::clone(service),
             Arc::clone(oc),
@@ -118,9 +126,10 @@ pub fn on_request(
 ) -> bool {
     // Validated in full like every request, but no key field is required:
     // the answer is the one the pool connection carries next.
-    if let Err(why) = service.oc_check_request(payload.clone()) {
-        return service.oc_bad_request(client, &payload, &why, now);
-    }
+    let mti = match check_request(service, payload.clone()) {
+        Ok(mti) => mti,
+        Err(why) => return service.bad_request(client, &payload, &why, now),
+    };
     service.counters.requests.fetch_add(1, Ordering::Relaxed);
     let Some(slot) = client.take_slot() else {
         service.counters.over_share.fetch_add(1, Ordering::Relaxed);
@@ -129,7 +138,7 @@ pub fn on_request(
             tx: client.tx.clone(),
             slot: None,
         };
-        service.oc_decline(origin, &payload, DeclineReason::QueueFull);
+        service.decline(origin, &payload, DeclineReason::QueueFull);
         return true;
     };
     let origin = Origin::Client {
@@ -137,11 +146,13 @@ pub fn on_request(
         tx: client.tx.clone(),
         slot: Some(slot),
     };
-    if service.is_draining() {
-        service.oc_decline(origin, &payload, DeclineReason::Shutdown);
+    if service.links.is_draining() {
+        service.decline(origin, &payload, DeclineReason::Shutdown);
         return true;
     }
-    let deadline = now + service.request_timeout();
+    // A timed-out request's pooled connection is closed, so its late answer
+    // is never read: the host's own timeout handling applies (docs/integrity.md).
+    let deadline = now + service.live().timeouts.of(&mti).after;
     oc.carrying.fetch_add(1, Ordering::Relaxed);
     let carrying = Carrying(Arc::clone(oc));
     let task = carry(
@@ -162,6 +173,48 @@ pub fn on_request(
     true
 }
 
+/// Ingress validation of a OneConnect request: no key field is required,
+/// since the answer is whatever the request's pool connection carries next.
+fn check_request(service: &Service, payload: Bytes) -> Result<[u8; 4], Invalid> {
+    let checked = service.check(payload)?;
+    let mti = checked.msg.mti();
+    if !mti.is_request() {
+        return Err(Invalid::NotARequest(mti));
+    }
+    service.router.check_accepted(&checked)?;
+    Ok(mti.digits())
+}
+
+/// Picks a node for `req` (rules, sticky key, algorithm) among those
+/// `usable` accepts, as the keyed path picks.
+fn pick<'s>(
+    service: &'s Service,
+    req: &Checked<'_>,
+    now: Instant,
+    usable: impl Fn(usize) -> bool,
+) -> Result<Picked<'s>, super::pool::PickError> {
+    let mti = req.msg.mti().digits();
+    let texts = service.router.rule_texts(req);
+    let sticky = service.router.sticky_key(req);
+    service
+        .pool
+        .pick_where(&mti, |id| texts.get(id), sticky, now, usable)
+}
+
+/// True if some node `usable` accepts could take `req` now.
+fn any_eligible(
+    service: &Service,
+    req: &Checked<'_>,
+    now: Instant,
+    usable: impl Fn(usize) -> bool,
+) -> bool {
+    let mti = req.msg.mti().digits();
+    let texts = service.router.rule_texts(req);
+    service
+        .pool
+        .any_eligible(&mti, |id| texts.get(id), now, usable)
+}
+
 /// Carries one request: a connection, the write, the one answer.
 async fn carry(
     service: Arc<Service>,
@@ -174,20 +227,21 @@ async fn carry(
     let Ok(msg) = service.check(request.clone()) else {
         return; // validated once already by on_request
     };
-    let (node, conn) = match lease(&service, &oc, &msg, deadline).await {
+    let (picked, conn) = match lease(&service, &oc, &msg, deadline).await {
         Ok(leased) => leased,
         Err(reason) => {
-            service.oc_decline(origin, &request, reason);
+            service.decline(origin, &request, reason);
             return;
         }
     };
-    let patch = match service.oc_stamp_patch(&msg, node) {
+    let node = picked.node();
+    let patch = match service.stamp_patch(&msg, node) {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!(service = service.name(), error = %e, "F37 stamp failed");
-            service.pool.released(node);
+            drop(picked);
             oc.release(node, conn);
-            service.oc_decline(origin, &request, DeclineReason::NoHealthyNode);
+            service.decline(origin, &request, DeclineReason::NoHealthyNode);
             return;
         }
     };
@@ -195,18 +249,14 @@ async fn carry(
     match exchange(&service, conn, &request, patch, expected, deadline).await {
         Ok((conn, response)) => {
             let now = Instant::now();
-            service
-                .pool
-                .finished(node, true, now.saturating_duration_since(start), now);
+            picked.finished(true, now.saturating_duration_since(start), now);
             service.counters.answered.fetch_add(1, Ordering::Relaxed);
             oc.release(node, conn);
             deliver(&service, &oc, origin, &request, response);
         }
         Err(failed) => {
             let now = Instant::now();
-            service
-                .pool
-                .finished(node, false, now.saturating_duration_since(start), now);
+            picked.finished(false, now.saturating_duration_since(start), now);
             let reason = match failed {
                 Failed::Deadline => {
                     oc.counters(&service)
@@ -223,7 +273,7 @@ async fn carry(
                 }
             };
             oc.close(&service, node);
-            service.oc_decline(origin, &request, reason);
+            service.decline(origin, &request, reason);
         }
     }
 }
@@ -239,7 +289,7 @@ fn deliver(service: &Service, oc: &OneConnect, origin: Origin, request: &[u8], r
     let Origin::Client { conn, tx, .. } = origin else {
         return;
     };
-    let patch = service.oc_response_patch(request);
+    let patch = service.router.response_tpdu_patch(request);
     if tx.try_send(Outbound::Message(response, patch)).is_err() {
         service
             .counters
@@ -258,12 +308,12 @@ fn deliver(service: &Service, oc: &OneConnect, origin: Origin, request: &[u8], r
 
 /// A connection for `msg` on a node the balancer picks among those with room,
 /// waiting for one to free up until `deadline`; else the decline reason.
-async fn lease(
-    service: &Service,
+async fn lease<'s>(
+    service: &'s Service,
     oc: &OneConnect,
     msg: &Checked<'_>,
     deadline: Instant,
-) -> Result<(usize, PooledConn), DeclineReason> {
+) -> Result<(Picked<'s>, PooledConn), DeclineReason> {
     let counters = oc.counters(service);
     // Nodes a connect failed to, for this request: try the others.
     let mut failed: Vec<usize> = Vec::new();
@@ -275,40 +325,44 @@ async fn lease(
         let now = Instant::now();
         let leased = {
             let mut slots = oc.slots();
-            let picked = service.oc_pick(msg, now, |n| !failed.contains(&n) && slots.has_room(n));
-            picked
-                .ok()
-                .and_then(|node| Some((node, slots.lease(node)?)))
+            let picked = pick(service, msg, now, |n| {
+                !failed.contains(&n) && slots.has_room(n)
+            });
+            // A pick the slots cannot lease for is dropped: given back.
+            picked.ok().and_then(|picked| {
+                let lease = slots.lease(picked.node())?;
+                Some((picked, lease))
+            })
         };
         match leased {
-            Some((node, Lease::Reuse(conn))) => {
+            Some((picked, Lease::Reuse(conn))) => {
                 if conn.clean() {
                     counters.reused.fetch_add(1, Ordering::Relaxed);
-                    return Ok((node, conn));
+                    return Ok((picked, conn));
                 }
                 // Closed by the node while idle, or stray bytes: never reuse.
-                drop(conn);
-                service.pool.released(node);
+                let node = picked.node();
+                drop((conn, picked));
                 counters.closed_broken.fetch_add(1, Ordering::Relaxed);
                 oc.close(service, node);
             }
-            Some((node, Lease::Open)) => match open(service, node, deadline).await {
+            Some((picked, Lease::Open)) => match open(service, picked.node(), deadline).await {
                 Ok(conn) => {
                     counters.opened.fetch_add(1, Ordering::Relaxed);
-                    return Ok((node, conn));
+                    return Ok((picked, conn));
                 }
                 Err(e) => {
+                    let node = picked.node();
                     counters.connect_failures.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(service = service.name(), node, error = %e, "oneconnect connect failed");
-                    let now = Instant::now();
-                    service.pool.finished(node, false, Duration::ZERO, now);
+                    picked.finished(false, Duration::ZERO, Instant::now());
                     oc.slots().closed(node);
                     oc.freed.notify_waiters();
                     failed.push(node);
                 }
             },
             None => {
-                if !service.oc_any_eligible(msg, now, |n| !failed.contains(&n)) {
+                if !any_eligible(service, msg, now, |n| !failed.contains(&n)) {
                     let reason = if failed.is_empty() {
                         DeclineReason::NoHealthyNode
                     } else {
@@ -349,7 +403,7 @@ async fn open(service: &Service, node: usize, deadline: Instant) -> std::io::Res
     if let Some(n) = service.pool.node(node) {
         n.counters.connects.fetch_add(1, Ordering::Relaxed);
     }
-    let framing = service.spec.framing();
+    let framing = service.spec().framing();
     Ok(PooledConn {
         node,
         frames: FramedRead::new(stream, FrameCodec::new(framing.prefix, framing.max_frame)),
@@ -377,7 +431,7 @@ async fn exchange(
     let until = tokio::time::Instant::from_std(deadline);
     let mut buf = BytesMut::new();
     encode_into(
-        service.spec.framing().prefix,
+        service.spec().framing().prefix,
         &Outbound::Message(request.clone(), patch),
         &mut buf,
     )
@@ -497,14 +551,15 @@ async fn check_health(
     if cfg.check == CheckKind::None {
         return;
     }
-    let mut tick = super::check_ticker(service.check_timing().0);
+    let mut tick =
+        super::check_ticker((service.live().check_interval, service.live().check_timeout).0);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = shutdown.changed() => return,
         }
         // Interval and timeout as last reloaded.
-        let (interval, timeout) = service.check_timing();
+        let (interval, timeout) = (service.live().check_interval, service.live().check_timeout);
         if tick.period() != interval {
             tick = super::check_ticker(interval);
         }
@@ -542,7 +597,11 @@ async fn echo(service: &Service, oc: &OneConnect, node: usize, deadline: Instant
             }
         },
     };
-    let Ok(payload) = service.network_request(NmKind::Echo, service.next_stan()) else {
+    let Ok(payload) =
+        service
+            .made
+            .network_request(service.spec(), NmKind::Echo, service.made.next_stan())
+    else {
         oc.release(node, conn);
         return Some(false);
     };

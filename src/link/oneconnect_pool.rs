@@ -77,9 +77,14 @@ impl Drop for Carrying {
     }
 }
 
+/// A OneConnect front whose pool connections would never idle out.
+#[derive(Debug, thiserror::Error)]
+#[error("front.oneconnect.idle_timeout: must be > 0")]
+pub struct IdleTimeoutZero;
+
 impl OneConnect {
     /// The pool of `config`'s service, if its front is in `oneconnect` mode.
-    pub fn for_service(config: &ServiceConfig) -> Result<Option<Arc<OneConnect>>, String> {
+    pub fn for_service(config: &ServiceConfig) -> Result<Option<Arc<OneConnect>>, IdleTimeoutZero> {
         let FrontConfig::Listen(front) = &config.front else {
             return Ok(None);
         };
@@ -87,7 +92,7 @@ impl OneConnect {
             return Ok(None);
         }
         if front.oneconnect.idle_timeout.is_zero() {
-            return Err("front.oneconnect.idle_timeout: must be > 0".into());
+            return Err(IdleTimeoutZero);
         }
         Ok(Some(Arc::new(OneConnect {
             cfg: front.oneconnect,

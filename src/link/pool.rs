@@ -221,6 +221,44 @@ pub enum NodeChangeError {
     NoSlot,
 }
 
+/// A node picked for one request, counted outstanding on it. Dropped, it
+/// gives the count back: every way a request can fail to leave (no stamp, a
+/// full table, a full queue) releases its pick without a line of its own.
+/// A request that leaves hands the pick to its in-flight entry
+/// ([`Picked::in_flight`]), or finishes it ([`Picked::finished`]).
+#[must_use = "a pick dropped at once is given back"]
+pub struct Picked<'p> {
+    pool: &'p NodePool,
+    node: usize,
+}
+
+impl Picked<'_> {
+    /// The node's index in the pool.
+    pub fn node(&self) -> usize {
+        self.node
+    }
+
+    /// The request is in flight: its entry (in the correlator) now owns the
+    /// outstanding count, and whoever takes the entry out finishes it.
+    pub fn in_flight(self) -> usize {
+        let node = self.node;
+        std::mem::forget(self);
+        node
+    }
+
+    /// The request ended: see [`NodePool::finished`].
+    pub fn finished(self, ok: bool, latency: Duration, now: Instant) {
+        let (pool, node) = (self.pool, self.in_flight());
+        pool.finished(node, ok, latency, now);
+    }
+}
+
+impl Drop for Picked<'_> {
+    fn drop(&mut self) {
+        self.pool.released(self.node);
+    }
+}
+
 /// Why no node could take a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PickError {
@@ -257,10 +295,19 @@ fn with_scratch<R>(f: impl FnOnce(&mut PickScratch) -> R) -> R {
     r
 }
 
+/// Why a node pool cannot be built from `[service.back]`.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error(transparent)]
+    Nodes(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Rules(#[from] crate::route::RuleError),
+}
+
 impl NodePool {
-    pub fn new(service: &str, back: &BackConfig, now: Instant) -> Result<NodePool, String> {
-        let ids = back.node_ids().map_err(|e| e.to_string())?;
-        let rules = RuleSet::compile(&back.rules, &ids).map_err(|e| e.to_string())?;
+    pub fn new(service: &str, back: &BackConfig, now: Instant) -> Result<NodePool, PoolError> {
+        let ids = back.node_ids()?;
+        let rules = RuleSet::compile(&back.rules, &ids)?;
         let capacity = back.nodes.len() + SPARE_NODE_SLOTS;
         let mut nodes = Vec::with_capacity(capacity);
         let mut routes = Vec::with_capacity(capacity);
@@ -454,23 +501,33 @@ impl NodePool {
     }
 
     /// Picks a node for a request and one of its live connections, and counts
-    /// the request as outstanding on it. `field` looks up request fields (text
-    /// form) for directed rules.
+    /// the request as outstanding on it until the [`Picked`] is given back or
+    /// handed on. `field` looks up request fields (text form) for directed
+    /// rules.
     pub fn pick<'f>(
         &self,
         mti: &[u8; 4],
         field: impl Fn(u16) -> Option<&'f [u8]>,
         sticky_key: Option<&[u8]>,
         now: Instant,
-    ) -> Result<(usize, ConnHandle), PickError> {
+    ) -> Result<(Picked<'_>, ConnHandle), PickError> {
         let subset = self.rules.select(mti, field);
         let index = with_scratch(|s| self.choose(subset, sticky_key, now, s))
             .ok_or(PickError::NoHealthyNode)?;
         let node = self.slot(index).ok_or(PickError::NoHealthyNode)?;
         let conn = node.live_conn().ok_or(PickError::NoHealthyNode)?;
+        Ok((self.picked(node, index), conn))
+    }
+
+    /// Counts a request outstanding on (and sent to) `node`, until the pick
+    /// is given back or handed on.
+    fn picked(&self, node: &Node, index: usize) -> Picked<'_> {
         node.outstanding.fetch_add(1, Ordering::Relaxed);
         node.counters.sent.fetch_add(1, Ordering::Relaxed);
-        Ok((index, conn))
+        Picked {
+            pool: self,
+            node: index,
+        }
     }
 
     /// The balancer's choice among the published nodes (within `subset`),
@@ -578,7 +635,7 @@ impl NodePool {
         sticky_key: Option<&[u8]>,
         now: Instant,
         usable: impl Fn(usize) -> bool,
-    ) -> Result<usize, PickError> {
+    ) -> Result<Picked<'_>, PickError> {
         let subset = self.rules.select(mti, field);
         let index = with_scratch(|s| {
             s.allowed.clear();
@@ -597,9 +654,7 @@ impl NodePool {
         })
         .ok_or(PickError::NoHealthyNode)?;
         let node = self.slot(index).ok_or(PickError::NoHealthyNode)?;
-        node.outstanding.fetch_add(1, Ordering::Relaxed);
-        node.counters.sent.fetch_add(1, Ordering::Relaxed);
-        Ok(index)
+        Ok(self.picked(node, index))
     }
 
     /// True if some node that `usable` accepts (within the rules' subset for
@@ -979,7 +1034,9 @@ mod tests {
     }
 
     fn pick(pool: &NodePool, now: Instant) -> Option<usize> {
-        pool.pick(MTI, no_fields, None, now).ok().map(|(i, _)| i)
+        pool.pick(MTI, no_fields, None, now)
+            .ok()
+            .map(|(picked, _)| picked.in_flight())
     }
 
     /// `threads` threads pick `rounds` × `batch` times each, holding `batch`
@@ -1038,6 +1095,27 @@ mod tests {
     }
 
     #[test]
+    fn a_pick_is_given_back_unless_handed_on() {
+        let t0 = Instant::now();
+        let (pool, _rx) = connected_pool("round-robin", &[1], HealthConfig::default(), t0);
+        let (picked, _conn) = pool.pick(MTI, no_fields, None, t0).unwrap();
+        assert_eq!(pool.outstanding(0), 1);
+        drop(picked);
+        assert_eq!(pool.outstanding(0), 0, "dropped: given back");
+        let (picked, _conn) = pool.pick(MTI, no_fields, None, t0).unwrap();
+        let node = picked.in_flight();
+        assert_eq!(pool.outstanding(node), 1, "in flight: the entry owns it");
+        pool.finished(node, true, Duration::from_millis(1), t0);
+        let picked = pool.pick_where(MTI, no_fields, None, t0, |_| true).unwrap();
+        picked.finished(false, Duration::ZERO, t0);
+        assert_eq!(pool.outstanding(0), 0);
+        let c = &pool.node(0).unwrap().counters;
+        assert_eq!(c.sent.load(Ordering::Relaxed), 3);
+        assert_eq!(c.answered.load(Ordering::Relaxed), 1);
+        assert_eq!(c.declined.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
     fn weighted_picks_from_threads_follow_the_weights() {
         let t0 = Instant::now();
         let (pool, _rx) = connected_pool("weighted", &[5, 1, 1], HealthConfig::default(), t0);
@@ -1055,10 +1133,10 @@ mod tests {
             connected_pool("least-outstanding", &[1, 1, 1], HealthConfig::default(), t0);
         // Requests held open on node 0 steer the picks away from it.
         for _ in 0..50 {
-            let i = pool
+            let picked = pool
                 .pick_where(MTI, no_fields, None, t0, |i| i == 0)
                 .unwrap();
-            assert_eq!(i, 0);
+            assert_eq!(picked.in_flight(), 0);
         }
         let counts = pick_and_finish_from_threads(&pool, t0, 4, 10, 10);
         assert!(counts[0] < counts[1] / 4, "{counts:?}");

@@ -3,33 +3,67 @@
 //! responses to [`Service::on_node_frame`]; a sweeper declines what expires.
 //! Every request accepted from a front gets exactly one answer: the correlator
 //! hands each entry out once, to a response, a timeout or a dead connection.
+//!
+//! The service is the routing core; around it, each in a file of its own:
+//! [`LiveSettings`] (what a reload changes, swapped whole), [`FrontSide`]
+//! (what the front kind adds: the OneConnect pool, or the [`peer`] side of a
+//! simplex or duplex front), [`Links`] (its connections and what admits
+//! them), [`SwitchMade`] (the switch's own messages) and [`ServiceCounters`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use super::client::{ClientLink, InFlightSlot};
-use super::log_limit::{LogKind, LogLimit, LogPeer};
-use super::netmgmt::NetworkTemplate;
-use super::outlinks::{NmKind, OutLinks};
+use super::log_limit::{LogKind, LogPeer};
+use super::netmgmt::{NetworkTemplate, TemplateError};
+use super::outlinks::NmKind;
 use super::pool::NodePool;
 use super::writer::{Outbound, Patch};
-use crate::config::{BadMessagePolicy, FrontConfig, ServiceConfig};
+use crate::config::{Advices, BadMessagePolicy, ConfigError, FrontConfig, ServiceConfig};
 use crate::iso8583::{Message, Spec};
+use crate::route::Router;
 use crate::route::{
-    Algorithm, CorrelateError, CorrelationKey, CorrelatorConfig, DeclineReason, KeyError, Miss,
-    Router, RouterConfig, Shards, StampTable,
+    Algorithm, CorrelateError, CorrelationKey, CorrelatorConfig, DeclineReason, Miss, OnTimeout,
+    RouterConfig, RouterError, Shards, StampError,
 };
 
-/// Warnings of one kind about one peer written per second; the rest are
-/// counted and summed up in one line.
-const LOG_LINES_PER_SECOND: u32 = 5;
+mod counters;
+mod links;
+mod live;
+mod made;
+mod owed;
+pub mod peer;
+mod side;
 
-/// The peer side of simplex and duplex fronts.
-mod peer;
+pub use counters::{PeerCounters, Refusal, ServiceCounters};
+pub use links::Links;
+pub use live::{ListenLimits, LiveSettings};
+pub use made::{IntegrityCounters, SafOutbox, SwitchMade};
+pub use owed::AnswerFrom;
+pub(crate) use owed::{record_attempt, record_dead};
+pub use side::{FrontSide, PeerSide};
+
+/// Why a service cannot be built from its config; each names its key.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Router(#[from] RouterError),
+    #[error(transparent)]
+    Stamp(#[from] StampError),
+    #[error(transparent)]
+    Network(#[from] TemplateError),
+    #[error(transparent)]
+    Pool(#[from] super::pool::PoolError),
+    #[error(transparent)]
+    OneConnect(#[from] super::oneconnect_pool::IdleTimeoutZero),
+}
 
 /// Where the answer to a request goes.
 #[derive(Debug)]
@@ -46,6 +80,16 @@ pub enum Origin {
     Peer,
     /// A switch-made health check waiting for its echo response.
     Check(oneshot::Sender<()>),
+    /// A message the switch owes (a reversal, a stored advice), sent from the
+    /// store-and-forward queue: its answer completes the store entry.
+    Owed {
+        id: crate::store::SafId,
+        attempt: u32,
+        expires_at: i64,
+    },
+    /// A node's own request to the peer (simplex and duplex fronts): the
+    /// peer's answer goes back to that node.
+    Node,
 }
 
 /// A request in flight, as the correlator keeps it.
@@ -56,120 +100,34 @@ pub struct Pending {
     pub request: Bytes,
     pub node: usize,
     pub sent_at: Instant,
-}
-
-/// Service-wide counters, readable at any time.
-#[derive(Debug, Default)]
-pub struct ServiceCounters {
-    pub requests: AtomicU64,
-    pub answered: AtomicU64,
-    pub declined: [AtomicU64; DeclineReason::ALL.len()],
-    pub late_responses: AtomicU64,
-    pub unknown_responses: AtomicU64,
-    /// Messages that failed ingress validation (from clients, nodes or the peer).
-    pub bad_messages: AtomicU64,
-    /// Bad requests from clients answered with the bad-message decline.
-    pub bad_declined: AtomicU64,
-    /// Bad requests from clients dropped (by policy, or too broken to answer).
-    pub bad_dropped: AtomicU64,
-    /// Client connections closed for a bad request (`on_bad_message = "close"`).
-    pub bad_closed: AtomicU64,
-    /// Requests declined because their client was over its in-flight share.
-    pub over_share: AtomicU64,
-    /// Declines that could not be built (the request was too broken).
-    pub undeclinable: AtomicU64,
-    pub bad_frames: AtomicU64,
-    pub undeliverable: AtomicU64,
-    pub unexpected: AtomicU64,
-    pub clients_accepted: AtomicU64,
-    /// Client connections that ended (for any reason).
-    pub clients_closed: AtomicU64,
-    pub clients_refused: AtomicU64,
-    pub keep_alives: AtomicU64,
-    /// Simplex: node-originated requests sent to the peer.
-    pub node_requests: AtomicU64,
-    /// Simplex: node-originated requests refused at once because no out link
-    /// could take them and the waiting queue was full (declined to the node).
-    pub node_requests_unsent: AtomicU64,
-    /// Simplex: node-originated requests dropped because no out link was
-    /// signed on (with room) before their deadline (`timeouts.request`).
-    pub node_requests_expired: AtomicU64,
-    /// Simplex: node-stamped F37 that did not name the sending node.
-    pub stamp_mismatches: AtomicU64,
-    /// Simplex: peer responses routed to a node by their F37 stamp.
-    pub peer_responses: AtomicU64,
-    /// Simplex: peer responses whose stamp names no node, or a node that is down.
-    pub unroutable_responses: AtomicU64,
-    /// Simplex: the peer's network management answered by the switch.
-    pub network_answered: AtomicU64,
-    /// `listen` fronts in `oneconnect` mode: the pool's own counters.
-    pub oneconnect: super::oneconnect_pool::OneConnectCounters,
-    /// Capture events dropped because the capture writer's queue was full
-    /// (the capture then shows a gap; the message path never waits).
-    pub capture_dropped: AtomicU64,
-}
-
-impl ServiceCounters {
-    pub fn declined(&self, reason: DeclineReason) -> u64 {
-        self.declined[reason as usize].load(Ordering::Relaxed)
-    }
-
-    pub fn declined_total(&self) -> u64 {
-        self.declined
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .sum()
-    }
+    /// What the switch does if no answer comes by the deadline.
+    pub on_timeout: OnTimeout,
 }
 
 pub use crate::route::{Checked, Invalid};
 
 pub struct Service {
     pub config: ServiceConfig,
-    pub spec: Arc<Spec>,
     pub pool: NodePool,
-    correlator: Shards<Pending>,
     /// Validation, correlation keys, stamps: the service's routing decisions.
     pub router: Router,
-    /// Rate limits of per-message warnings.
-    pub log_limit: LogLimit,
-    /// The request timeout in nanoseconds, read per request; a reload changes
-    /// it for the requests that come after.
-    request_timeout_ns: AtomicU64,
-    /// The F39 codes of switch-made answers; a reload changes them. Read only
-    /// when the switch declines.
-    decline_codes: Mutex<crate::route::DeclineCodes>,
-    /// A listen front's connection and in-flight limits, as last reloaded;
-    /// read once per accepted connection.
-    listen_limits: Mutex<Option<ListenLimits>>,
-    /// Active health checks' interval and timeout, as last reloaded; read
-    /// once per check.
-    check_timing: Mutex<(Duration, Duration)>,
-    /// The switch's own network-management requests.
-    network: NetworkTemplate,
+    /// Requests in flight, by correlation key.
+    pub(crate) in_flight: Shards<Pending>,
+    /// What a reload changes, read per request without a lock.
+    live: ArcSwap<LiveSettings>,
+    /// What the front kind adds: the OneConnect pool or the peer side.
+    pub side: FrontSide,
+    /// The service's connections and what admits them.
+    pub links: Links,
+    /// The switch's own messages.
+    pub made: SwitchMade,
     pub counters: ServiceCounters,
-    next_conn_id: AtomicU64,
-    next_stan: AtomicU64,
-    /// Shutting down: new requests are declined, answers still flow.
-    draining: std::sync::atomic::AtomicBool,
-    /// Simplex fronts: the out links every outbound frame can use.
-    pub out_links: Option<Arc<OutLinks>>,
-    /// The F37 node stamps, when configured.
-    stamps: Option<StampTable>,
-    /// `listen` fronts in `oneconnect` mode: the node connection pool.
-    pub oneconnect: Option<Arc<super::oneconnect_pool::OneConnect>>,
-    /// Live connections, for the admin API's connection table.
-    pub conns: Arc<super::conns::ConnTable>,
-    /// pcapng capture of this service's connections, when on (set before the
-    /// service starts; connections take taps with `Service::capture_tap`, in
-    /// `capture/tap.rs`).
-    pub capture: Option<crate::capture::Capture>,
 }
 
 impl Service {
-    pub fn new(config: ServiceConfig, spec: Spec, now: Instant) -> Result<Service, String> {
+    pub fn new(config: ServiceConfig, spec: Spec, now: Instant) -> Result<Service, ServiceError> {
         let pool = NodePool::new(&config.name, &config.back, now)?;
-        let correlator = Shards::new(CorrelatorConfig {
+        let in_flight = Shards::new(CorrelatorConfig {
             capacity: config.correlation.max_in_flight,
             ..CorrelatorConfig::default()
         });
@@ -190,57 +148,22 @@ impl Service {
                     .then_some(config.back.sticky_field),
             },
             Arc::clone(&spec),
-        )
-        .map_err(|e| e.to_string())?;
-        let stamps = match &config.f37_stamp {
-            Some(stamp) => {
-                let ids = config.back.node_ids().map_err(|e| e.to_string())?;
-                Some(StampTable::new(*stamp, &ids).map_err(|e| e.to_string())?)
-            }
-            None => None,
-        };
-        let out_links = config.front.link_set().map(|set| {
-            Arc::new(OutLinks::new(
-                set.links,
-                set.sign_on,
-                config.timeouts.request,
-                now,
-            ))
-        });
-        let network = NetworkTemplate::for_service(&config, &spec).map_err(|e| e.to_string())?;
-        let oneconnect = super::oneconnect_pool::OneConnect::for_service(&config)?;
-        let request_timeout_ns = AtomicU64::new(duration_ns(config.timeouts.request));
-        let decline_codes = Mutex::new(config.declines);
-        let listen_limits = Mutex::new(match &config.front {
-            FrontConfig::Listen(l) => Some(ListenLimits::of(l)),
-            _ => None,
-        });
-        let check_timing = Mutex::new((config.back.health.interval, config.back.health.timeout));
+        )?;
+        let made = SwitchMade::new(
+            NetworkTemplate::for_service(&config, &spec)?,
+            &config,
+            &spec,
+        );
         Ok(Service {
-            check_timing,
-            listen_limits,
-            request_timeout_ns,
-            decline_codes,
-            oneconnect,
-            network,
+            side: FrontSide::for_service(&config, now)?,
+            live: ArcSwap::from_pointee(LiveSettings::of(&config)?),
+            made,
             router,
-            log_limit: LogLimit::new(LOG_LINES_PER_SECOND),
+            links: Links::default(),
             config,
-            spec,
             pool,
-            correlator,
+            in_flight,
             counters: ServiceCounters::default(),
-            next_conn_id: AtomicU64::new(1),
-            // Each instance starts its STANs somewhere else: two instances
-            // behind one address sign on to the same peer, and a sign-on
-            // answer that reaches the other instance must not match one of
-            // its own (docs/ha.md).
-            next_stan: AtomicU64::new(crate::util::rng::entropy_seed() % 999_999),
-            draining: std::sync::atomic::AtomicBool::new(false),
-            out_links,
-            stamps,
-            conns: Arc::default(),
-            capture: None,
         })
     }
 
@@ -248,100 +171,44 @@ impl Service {
         &self.config.name
     }
 
-    /// How long a request waits for its node's answer before it is declined
-    /// (`timeouts.request`, as last reloaded).
-    pub fn request_timeout(&self) -> Duration {
-        Duration::from_nanos(self.request_timeout_ns.load(Ordering::Relaxed))
+    /// The service's dialect.
+    pub fn spec(&self) -> &Arc<Spec> {
+        self.router.spec()
     }
 
-    /// The F39 code of a switch-made answer (`declines`, as last reloaded).
-    pub fn decline_code(&self, reason: DeclineReason) -> [u8; 2] {
-        self.decline_codes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .code(reason)
+    /// The settings a reload changes, as they are now.
+    pub fn live(&self) -> arc_swap::Guard<Arc<LiveSettings>> {
+        self.live.load()
     }
 
-    /// `front` with its limits as last reloaded (connections in total and
-    /// per source, in-flight shares): a new connection is admitted and given
-    /// its share by these.
-    pub fn listen_limits(&self, front: &crate::config::ListenFront) -> crate::config::ListenFront {
-        let mut front = front.clone();
-        if let Some(l) = *self.listen_limits.lock().unwrap_or_else(|p| p.into_inner()) {
-            l.apply(&mut front);
-        }
-        front
-    }
-
-    /// The interval and timeout of active health checks, as last reloaded.
-    pub fn check_timing(&self) -> (Duration, Duration) {
-        *self.check_timing.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Applies reloaded health-check timing and the service's in-flight cap
-    /// (`correlation.max_in_flight`: requests in flight past a lower cap are
-    /// kept; new ones are declined until there is room).
-    pub fn set_checks_and_cap(&self, interval: Duration, timeout: Duration, max_in_flight: usize) {
-        *self.check_timing.lock().unwrap_or_else(|p| p.into_inner()) = (interval, timeout);
-        self.correlator.set_config(CorrelatorConfig {
-            capacity: max_in_flight,
+    /// Applies a reloaded config's live part: requests already in flight
+    /// keep the deadline they were given, connections already open the share
+    /// they were given; what comes next uses the new settings. A lower
+    /// `correlation.max_in_flight` keeps the requests in flight past it and
+    /// declines new ones until there is room.
+    pub fn reload_live(&self, config: &ServiceConfig) -> Result<(), ConfigError> {
+        self.live.store(Arc::new(LiveSettings::of(config)?));
+        self.in_flight.set_config(CorrelatorConfig {
+            capacity: config.correlation.max_in_flight,
             ..CorrelatorConfig::default()
         });
-    }
-
-    /// Applies a reloaded listen front's limits to connections accepted from
-    /// now on (those open keep the share they were given).
-    pub fn set_listen_limits(&self, front: &crate::config::ListenFront) {
-        *self.listen_limits.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(ListenLimits::of(front));
-    }
-
-    /// Applies reloaded `timeouts` and `declines`: requests already in flight
-    /// keep the deadline they were given; what comes next uses the new ones.
-    pub fn set_live(
-        &self,
-        timeouts: &crate::config::TimeoutConfig,
-        declines: crate::route::DeclineCodes,
-    ) {
-        self.request_timeout_ns
-            .store(duration_ns(timeouts.request), Ordering::Relaxed);
-        *self.decline_codes.lock().unwrap_or_else(|p| p.into_inner()) = declines;
-    }
-
-    /// A process-unique connection ID.
-    pub fn next_conn_id(&self) -> u64 {
-        self.next_conn_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Starts a graceful shutdown: from now on new requests get the `shutdown`
-    /// decline at once, while those in flight still get their node's answer.
-    pub fn begin_drain(&self) {
-        self.draining.store(true, Ordering::Relaxed);
-    }
-
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
+        Ok(())
     }
 
     /// Declines every request still in flight with the `shutdown` code (the
     /// end of a graceful shutdown). Returns how many.
     pub fn decline_all(&self, now: Instant) -> usize {
         let mut left = Vec::new();
-        self.correlator.drain(now, &mut left);
+        self.in_flight.drain(now, &mut left);
         let n = left.len();
-        for (_, p) in left {
-            self.fail(p, DeclineReason::Shutdown, now);
+        for (key, p) in left {
+            self.fail(&key, p, DeclineReason::Shutdown, now);
         }
         n
     }
 
-    /// A STAN for a switch-made message.
-    pub fn next_stan(&self) -> u32 {
-        (self.next_stan.fetch_add(1, Ordering::Relaxed) % 999_999 + 1) as u32
-    }
-
     pub fn in_flight(&self) -> usize {
-        self.correlator.len() + self.oneconnect.as_ref().map_or(0, |oc| oc.in_flight())
+        self.in_flight.len() + self.side.oneconnect().map_or(0, |oc| oc.in_flight())
     }
 
     /// Checks a message in full against the service's spec and finds its
@@ -375,6 +242,7 @@ impl Service {
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
             self.counters.over_share.fetch_add(1, Ordering::Relaxed);
             if self
+                .links
                 .log_limit
                 .allow(LogKind::OverShare, LogPeer::Ip(client.peer.ip()), now)
             {
@@ -400,7 +268,7 @@ impl Service {
     /// A request from a front that passed validation: balanced to a node, or
     /// declined.
     fn accept_request(&self, req: &Checked<'_>, origin: Origin, now: Instant) {
-        let key = match self.key_of(req) {
+        let key = match self.router.key_of(req) {
             Ok(k) => k,
             Err(e) => {
                 // Validation found every field; only a key too long for the
@@ -411,11 +279,23 @@ impl Service {
             }
         };
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
-        if self.is_draining() {
+        if self.links.is_draining() {
             self.decline(origin, req.msg.payload(), DeclineReason::Shutdown);
             return;
         }
-        if let Err((origin, reason)) = self.dispatch(req, key, origin, now) {
+        let mti = req.msg.mti();
+        if self.made.integrity.advices == Advices::StoreAndForward
+            && crate::route::integrity::is_advice(mti)
+            && mti.class() != 8
+        {
+            return owed::store_advice(self, req, origin);
+        }
+        // A repeat goes where its original went, never to another node.
+        let only = mti
+            .is_repeat()
+            .then(|| self.made.repeats.node_of(&key, now))
+            .flatten();
+        if let Err((origin, reason)) = self.dispatch(req, key, origin, only, now) {
             self.decline(origin, req.msg.payload(), reason);
         }
     }
@@ -423,7 +303,7 @@ impl Service {
     /// A request from a client that failed validation: counted, logged
     /// (masked, rate-limited) and handled by the front's `on_bad_message`
     /// policy. Never forwarded. Returns false when the client must be closed.
-    fn bad_request(
+    pub(crate) fn bad_request(
         &self,
         client: &ClientLink,
         payload: &Bytes,
@@ -438,6 +318,7 @@ impl Service {
             FrontConfig::Simplex(_) | FrontConfig::Connect(_) => BadMessagePolicy::Decline,
         };
         if self
+            .links
             .log_limit
             .allow(LogKind::BadMessage, LogPeer::Ip(client.peer.ip()), now)
         {
@@ -475,6 +356,7 @@ impl Service {
         req: &Checked<'_>,
         key: CorrelationKey,
         origin: Origin,
+        only: Option<usize>,
         now: Instant,
     ) -> Result<(), (Origin, DeclineReason)> {
         let refuse = |origin, reason| Err((origin, reason));
@@ -482,10 +364,35 @@ impl Service {
         let mti = msg.mti().digits();
         let texts = self.router.rule_texts(req);
         let sticky = self.router.sticky_key(req);
-        let (node, conn) = match self.pool.pick(&mti, |id| texts.get(id), sticky, now) {
+        // Every early return below drops `picked`, which gives the node's
+        // outstanding count back; only a request that left keeps it.
+        let picked = match only {
+            None => self.pool.pick(&mti, |id| texts.get(id), sticky, now),
+            Some(node) => {
+                let picked = self
+                    .pool
+                    .pick_where(&mti, |id| texts.get(id), sticky, now, |n| n == node)
+                    .and_then(|picked| {
+                        let conn = self
+                            .pool
+                            .node(picked.node())
+                            .and_then(|n| n.live_conn())
+                            .ok_or(super::pool::PickError::NoHealthyNode)?;
+                        Ok((picked, conn))
+                    });
+                let counter = match picked {
+                    Ok(_) => &self.made.counters.repeats_same_node,
+                    Err(_) => &self.made.counters.repeats_node_gone,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                picked
+            }
+        };
+        let (picked, conn) = match picked {
             Ok(p) => p,
             Err(_) => return refuse(origin, DeclineReason::NoHealthyNode),
         };
+        let node = picked.node();
         let patch = match self.stamp_patch(req, node) {
             Ok(p) => p,
             Err(e) => {
@@ -493,16 +400,17 @@ impl Service {
                 return refuse(origin, DeclineReason::NoHealthyNode);
             }
         };
-        let deadline = now + self.request_timeout();
+        let timeout = self.live().timeouts.of(&mti);
+        let deadline = now + timeout.after;
         let pending = Pending {
             origin,
             request: msg.payload().clone(),
             node,
             sent_at: now,
+            on_timeout: timeout.action,
         };
         // Register before sending, so a fast response always finds its entry.
-        if let Err(rejected) = self.correlator.insert(key, pending, conn.id, deadline) {
-            self.pool.released(node);
+        if let Err(rejected) = self.in_flight.insert(key, pending, conn.id, deadline) {
             let reason = match rejected.error {
                 CorrelateError::Duplicate => DeclineReason::Duplicate,
                 CorrelateError::Full => DeclineReason::QueueFull,
@@ -513,20 +421,23 @@ impl Service {
             .tx
             .try_send(Outbound::Message(msg.payload().clone(), patch))
         {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                picked.in_flight();
+                Ok(())
+            }
             Err(e) => {
                 let reason = match e {
                     mpsc::error::TrySendError::Full(_) => DeclineReason::QueueFull,
                     mpsc::error::TrySendError::Closed(_) => DeclineReason::NodeLost,
                 };
-                // Take it back; if it is already gone, someone else answered it.
-                let taken = self.correlator.cancel(&key, now);
-                match taken {
-                    Some(p) => {
-                        self.pool.released(node);
-                        refuse(p.origin, reason)
+                // Take it back; if it is already gone, someone else ended it
+                // (a timeout, a lost connection) and finished the pick.
+                match self.in_flight.cancel(&key, now) {
+                    Some(p) => refuse(p.origin, reason),
+                    None => {
+                        picked.in_flight();
+                        Ok(())
                     }
-                    None => Ok(()),
                 }
             }
         }
@@ -535,21 +446,16 @@ impl Service {
     /// The F37 stamp of a request going to `node`. On a simplex front only
     /// node-originated requests are stamped: the peer's own requests keep their
     /// F37, which the peer matches its responses on.
-    fn stamp_patch(&self, req: &Checked<'_>, node: usize) -> Result<Patch, String> {
+    pub(crate) fn stamp_patch(&self, req: &Checked<'_>, node: usize) -> Result<Patch, StampError> {
         if !matches!(self.config.front, FrontConfig::Listen(_)) {
             return Ok(Patch::default());
         }
         self.f37_patch(req, node)
     }
 
-    fn f37_patch(&self, req: &Checked<'_>, node: usize) -> Result<Patch, String> {
-        let node = self.pool.node(node).ok_or("no such node")?;
+    fn f37_patch(&self, req: &Checked<'_>, node: usize) -> Result<Patch, StampError> {
+        let node = self.pool.node(node).ok_or(StampError::UnknownNode(node))?;
         self.router.f37_patch(req, &node.id)
-    }
-
-    /// The correlation key of a request or response.
-    fn key_of(&self, checked: &Checked<'_>) -> Result<CorrelationKey, KeyError> {
-        self.router.key_of(checked)
     }
 
     /// A frame from a node connection.
@@ -564,6 +470,7 @@ impl Service {
                 // its request times out (the node's own fault).
                 self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
                 if self
+                    .links
                     .log_limit
                     .allow(LogKind::BadMessage, LogPeer::Node(node), now)
                 {
@@ -578,11 +485,12 @@ impl Service {
     fn on_node_message(&self, node: usize, checked: &Checked<'_>, now: Instant) {
         let msg = &checked.msg;
         if msg.mti().is_request() {
-            if self.out_links.is_some() {
-                self.forward_node_request(node, checked);
+            if let Some(peer) = self.peer() {
+                peer.forward_node_request(node, checked, now);
             } else {
                 self.counters.unexpected.fetch_add(1, Ordering::Relaxed);
                 if self
+                    .links
                     .log_limit
                     .allow(LogKind::StrayResponse, LogPeer::Node(node), now)
                 {
@@ -591,11 +499,12 @@ impl Service {
             }
             return;
         }
-        let key = match self.key_of(checked) {
+        let key = match self.router.key_of(checked) {
             Ok(k) => k,
             Err(e) => {
                 self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
                 if self
+                    .links
                     .log_limit
                     .allow(LogKind::BadMessage, LogPeer::Node(node), now)
                 {
@@ -604,16 +513,22 @@ impl Service {
                 return;
             }
         };
-        let taken = self.correlator.take(&key, now);
+        let taken = self.in_flight.take(&key, now);
         match taken {
-            Ok(p) => self.deliver(p, msg, now),
+            Ok(p) => self.deliver(&key, p, msg, now),
             Err(miss) => {
                 let counter = match miss {
                     Miss::Late => &self.counters.late_responses,
                     Miss::Unknown => &self.counters.unknown_responses,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
+                // The late answer to a request the switch answered for this
+                // node: reversed if it approves (docs/integrity.md).
+                if owed::late_answer(self, &key, msg, AnswerFrom::Node, now) {
+                    return;
+                }
                 if self
+                    .links
                     .log_limit
                     .allow(LogKind::StrayResponse, LogPeer::Node(node), now)
                 {
@@ -627,25 +542,46 @@ impl Service {
         }
     }
 
-    fn deliver(&self, p: Pending, response: &Message<'_>, now: Instant) {
-        let (conn, tx) = match p.origin {
+    /// The answer to an entry taken from the correlation table: to the client
+    /// or peer that asked, to the node whose own request it answers, or to
+    /// the store (an owed message, now acknowledged).
+    pub(crate) fn deliver(
+        &self,
+        key: &CorrelationKey,
+        p: Pending,
+        response: &Message<'_>,
+        now: Instant,
+    ) {
+        let Pending {
+            origin,
+            request,
+            node,
+            sent_at,
+            ..
+        } = p;
+        let (conn, tx) = match origin {
             Origin::Check(waiter) => {
                 let _ = waiter.send(());
                 return;
             }
+            Origin::Owed { id, .. } => return owed::delivered(self, id, response),
+            Origin::Node => {
+                if let Some(peer) = self.peer() {
+                    peer.answer_node(node, response);
+                }
+                return;
+            }
             Origin::Client { conn, tx, .. } => (conn, tx),
             Origin::Peer => {
-                let latency = now.saturating_duration_since(p.sent_at);
-                self.pool.finished(p.node, true, latency, now);
-                self.counters.answered.fetch_add(1, Ordering::Relaxed);
-                self.to_peer(Outbound::message(response.payload().clone()));
+                self.answered(key, node, sent_at, response, now);
+                if let Some(peer) = self.peer() {
+                    peer.answer(Outbound::message(response.payload().clone()));
+                }
                 return;
             }
         };
-        let latency = now.saturating_duration_since(p.sent_at);
-        self.pool.finished(p.node, true, latency, now);
-        self.counters.answered.fetch_add(1, Ordering::Relaxed);
-        let patch = self.response_tpdu_patch(&p.request);
+        self.answered(key, node, sent_at, response, now);
+        let patch = self.router.response_tpdu_patch(&request);
         let out = Outbound::Message(response.payload().clone(), patch);
         if tx.try_send(out).is_err() && self.undeliverable(now) {
             tracing::warn!(
@@ -656,17 +592,61 @@ impl Service {
         }
     }
 
-    /// A request that will get no node response: decline it (a health check's
-    /// waiter just sees its sender dropped, a failed check).
-    fn fail(&self, p: Pending, reason: DeclineReason, now: Instant) {
-        if matches!(p.origin, Origin::Check(_)) {
+    /// A node answered in time: its health, the counters, and the node a
+    /// repeat of this request will go to.
+    fn answered(
+        &self,
+        key: &CorrelationKey,
+        node: usize,
+        sent_at: Instant,
+        response: &Message<'_>,
+        now: Instant,
+    ) {
+        let latency = now.saturating_duration_since(sent_at);
+        self.pool.finished(node, true, latency, now);
+        self.counters.answered.fetch_add(1, Ordering::Relaxed);
+        if matches!(response.mti().class(), 1 | 2 | 4) {
+            self.made.repeats.record(key, node, now);
+        }
+    }
+
+    /// A request that will get no node response: the switch answers for the
+    /// node (or stays silent, `on_timeout = "silent"`) and remembers it, so
+    /// that a late approval is reversed. A health check's waiter just sees
+    /// its sender dropped (a failed check); an owed message waits for its
+    /// next attempt.
+    fn fail(&self, key: &CorrelationKey, p: Pending, reason: DeclineReason, now: Instant) {
+        match p.origin {
+            Origin::Check(_) => return,
+            Origin::Owed {
+                id,
+                attempt,
+                expires_at,
+            } => return owed::attempt_failed(self, id, attempt, expires_at, reason),
+            Origin::Node => {}
+            Origin::Client { .. } | Origin::Peer => {
+                if reason.counts_against_node() {
+                    let waited = now.saturating_duration_since(p.sent_at);
+                    self.pool.finished(p.node, false, waited, now);
+                } else {
+                    self.pool.finished_without_verdict(p.node);
+                }
+            }
+        }
+        let silent = reason == DeclineReason::Timeout && p.on_timeout == OnTimeout::Silent;
+        owed::answered_for_node(self, key, &p, reason, silent, now);
+        if silent {
+            self.made
+                .counters
+                .silent_timeouts
+                .fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if reason.counts_against_node() {
-            let waited = now.saturating_duration_since(p.sent_at);
-            self.pool.finished(p.node, false, waited, now);
-        } else {
-            self.pool.finished_without_verdict(p.node);
+        if matches!(p.origin, Origin::Node) {
+            if let Some(peer) = self.peer() {
+                peer.decline_to_node_request(p.node, &p.request, reason);
+            }
+            return;
         }
         self.decline(p.origin, &p.request, reason);
     }
@@ -676,29 +656,31 @@ impl Service {
     /// a few lines a second, the rest summed up).
     fn undeliverable(&self, now: Instant) -> bool {
         self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
-        self.log_limit
+        self.links
+            .log_limit
             .allow(LogKind::Undeliverable, LogPeer::Service, now)
-    }
-
-    fn response_tpdu_patch(&self, request: &[u8]) -> Patch {
-        self.router.response_tpdu_patch(request)
     }
 
     /// Answers `origin` with a switch-made response to `request`. Returns
     /// whether an answer was built and queued.
-    fn decline(&self, origin: Origin, request: &Bytes, reason: DeclineReason) -> bool {
-        if matches!(origin, Origin::Check(_)) {
-            // A health check's waiter sees its sender dropped: a failed check.
+    pub(crate) fn decline(&self, origin: Origin, request: &Bytes, reason: DeclineReason) -> bool {
+        if !matches!(origin, Origin::Client { .. } | Origin::Peer) {
+            // A health check's waiter sees its sender dropped: a failed
+            // check; owed messages and node requests have no one to answer.
             return false;
         }
-        let code = self.decline_code(reason);
-        let resp = match crate::link::decline::build(&self.spec, request, code) {
+        if !owed::may_answer(self, request) {
+            return false;
+        }
+        let code = self.live().decline_code(reason);
+        let resp = match crate::link::decline::build(self.spec(), request, code) {
             Ok(resp) => resp,
             Err(e) => {
                 // Only a request too broken to read its MTI gets here: every
                 // request routed passed validation first.
                 self.counters.undeclinable.fetch_add(1, Ordering::Relaxed);
                 if self
+                    .links
                     .log_limit
                     .allow(LogKind::BadMessage, LogPeer::Service, Instant::now())
                 {
@@ -710,25 +692,27 @@ impl Service {
         self.counters.declined[reason as usize].fetch_add(1, Ordering::Relaxed);
         match origin {
             Origin::Client { tx, .. } => {
-                let patch = self.response_tpdu_patch(request);
+                let patch = self.router.response_tpdu_patch(request);
                 if tx.try_send(Outbound::Message(resp, patch)).is_err() {
                     self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
                     return false;
                 }
                 true
             }
-            Origin::Peer => self.to_peer(Outbound::message(resp)),
-            Origin::Check(_) => false,
+            Origin::Peer => self
+                .peer()
+                .is_some_and(|p| p.answer(Outbound::message(resp))),
+            Origin::Check(_) | Origin::Owed { .. } | Origin::Node => false,
         }
     }
 
     /// Declines every request whose deadline has passed. Returns how many.
     pub fn expire(&self, now: Instant, scratch: &mut Vec<(CorrelationKey, Pending)>) -> usize {
         scratch.clear();
-        self.correlator.expire(now, scratch);
+        self.in_flight.expire(now, scratch);
         let n = scratch.len();
-        for (_, p) in scratch.drain(..) {
-            self.fail(p, DeclineReason::Timeout, now);
+        for (key, p) in scratch.drain(..) {
+            self.fail(&key, p, DeclineReason::Timeout, now);
         }
         n
     }
@@ -736,10 +720,10 @@ impl Service {
     /// A node connection died: decline what it carried.
     pub fn connection_lost(&self, conn: u64, now: Instant) -> usize {
         let mut lost = Vec::new();
-        self.correlator.take_via(conn, now, &mut lost);
+        self.in_flight.take_via(conn, now, &mut lost);
         let n = lost.len();
-        for (_, p) in lost {
-            self.fail(p, DeclineReason::NodeLost, now);
+        for (key, p) in lost {
+            self.fail(&key, p, DeclineReason::NodeLost, now);
         }
         n
     }
@@ -762,10 +746,10 @@ impl Service {
         {
             let mut gone = Vec::new();
             for conn in n.live_conn_ids() {
-                self.correlator.take_via(conn, now, &mut gone);
+                self.in_flight.take_via(conn, now, &mut gone);
             }
-            for (_, p) in gone {
-                self.fail(p, DeclineReason::Shutdown, now);
+            for (key, p) in gone {
+                self.fail(&key, p, DeclineReason::Shutdown, now);
             }
         }
         true
@@ -781,87 +765,26 @@ impl Service {
         timeout: Duration,
     ) -> Option<oneshot::Receiver<()>> {
         let conn = self.pool.node(node)?.live_conn()?;
-        let payload = self.network_request(NmKind::Echo, self.next_stan()).ok()?;
+        let stan = self.made.next_stan();
+        let payload = self
+            .made
+            .network_request(self.spec(), NmKind::Echo, stan)
+            .ok()?;
         let checked = self.check(payload.clone()).ok()?;
-        let key = self.key_of(&checked).ok()?;
+        let key = self.router.key_of(&checked).ok()?;
         let (tx, rx) = oneshot::channel();
         let pending = Pending {
             origin: Origin::Check(tx),
             request: payload.clone(),
             node,
             sent_at: now,
+            on_timeout: OnTimeout::Silent,
         };
-        self.correlator
+        self.in_flight
             .insert(key, pending, conn.id, now + timeout)
             .ok()?;
         conn.tx.try_send(Outbound::message(payload)).ok()?;
         Some(rx)
-    }
-}
-
-/// What the OneConnect pool (`link/oneconnect.rs`) uses of the per-message
-/// path, so that it validates, answers, declines and picks exactly as the
-/// keyed path does.
-impl Service {
-    /// Ingress validation of a OneConnect request: no key field is required,
-    /// since the answer is whatever the request's pool connection carries next.
-    pub(crate) fn oc_check_request(&self, payload: Bytes) -> Result<(), Invalid> {
-        let checked = self.check(payload)?;
-        let mti = checked.msg.mti();
-        if !mti.is_request() {
-            return Err(Invalid::NotARequest(mti));
-        }
-        self.router.check_accepted(&checked)
-    }
-
-    pub(crate) fn oc_bad_request(
-        &self,
-        client: &ClientLink,
-        payload: &Bytes,
-        why: &Invalid,
-        now: Instant,
-    ) -> bool {
-        self.bad_request(client, payload, why, now)
-    }
-
-    pub(crate) fn oc_decline(&self, origin: Origin, request: &Bytes, reason: DeclineReason) {
-        self.decline(origin, request, reason);
-    }
-
-    pub(crate) fn oc_response_patch(&self, request: &[u8]) -> Patch {
-        self.response_tpdu_patch(request)
-    }
-
-    pub(crate) fn oc_stamp_patch(&self, req: &Checked<'_>, node: usize) -> Result<Patch, String> {
-        self.stamp_patch(req, node)
-    }
-
-    /// Picks a node for `req` (rules, sticky key, algorithm) among those
-    /// `usable` accepts.
-    pub(crate) fn oc_pick(
-        &self,
-        req: &Checked<'_>,
-        now: Instant,
-        usable: impl Fn(usize) -> bool,
-    ) -> Result<usize, super::pool::PickError> {
-        let mti = req.msg.mti().digits();
-        let texts = self.router.rule_texts(req);
-        let sticky = self.router.sticky_key(req);
-        self.pool
-            .pick_where(&mti, |id| texts.get(id), sticky, now, usable)
-    }
-
-    /// True if some node `usable` accepts could take `req` now.
-    pub(crate) fn oc_any_eligible(
-        &self,
-        req: &Checked<'_>,
-        now: Instant,
-        usable: impl Fn(usize) -> bool,
-    ) -> bool {
-        let mti = req.msg.mti().digits();
-        let texts = self.router.rule_texts(req);
-        self.pool
-            .any_eligible(&mti, |id| texts.get(id), now, usable)
     }
 }
 
@@ -883,45 +806,6 @@ fn summary(msg: &Message<'_>) -> String {
     )
 }
 
-/// The limits of a listen front that a reload may change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ListenLimits {
-    pub max_connections: usize,
-    pub max_per_source: usize,
-    pub max_in_flight_per_connection: usize,
-    pub max_in_flight_per_source: usize,
-}
-
-impl ListenLimits {
-    /// The keys of `[service.front]` these are (reload compares the rest).
-    pub const KEYS: [&'static str; 4] = [
-        "max_connections",
-        "max_per_source",
-        "max_in_flight_per_connection",
-        "max_in_flight_per_source",
-    ];
-
-    fn of(f: &crate::config::ListenFront) -> ListenLimits {
-        ListenLimits {
-            max_connections: f.max_connections,
-            max_per_source: f.max_per_source,
-            max_in_flight_per_connection: f.max_in_flight_per_connection,
-            max_in_flight_per_source: f.max_in_flight_per_source,
-        }
-    }
-
-    fn apply(self, f: &mut crate::config::ListenFront) {
-        f.max_connections = self.max_connections;
-        f.max_per_source = self.max_per_source;
-        f.max_in_flight_per_connection = self.max_in_flight_per_connection;
-        f.max_in_flight_per_source = self.max_in_flight_per_source;
-    }
-}
-
-fn duration_ns(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -940,9 +824,9 @@ mod tests {
                 let spec = Spec::builtin("cups").expect("cups");
                 let svc =
                     Service::new(cfg.services[0].clone(), spec, Instant::now()).expect("service");
-                let stan = svc.next_stan();
+                let stan = svc.made.next_stan();
                 assert!((1..=999_999).contains(&stan));
-                assert_eq!(svc.next_stan(), stan % 999_999 + 1, "then one by one");
+                assert_eq!(svc.made.next_stan(), stan % 999_999 + 1, "then one by one");
                 stan
             })
             .collect();

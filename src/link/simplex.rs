@@ -13,6 +13,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 
+use super::log_limit::{LogKind, LogPeer};
 use super::node::Backoff;
 use super::service::Service;
 use super::timer::{ReadTimeout, ReadTimer, in_frame};
@@ -86,13 +87,14 @@ fn register_link(
     let (peer, local) = (stream.peer_addr().ok()?, stream.local_addr().ok()?);
     Some(
         service
-            .conns
-            .register(service.next_conn_id(), kind, None, peer, local),
+            .links
+            .table
+            .register(service.links.next_conn_id(), kind, None, peer, local),
     )
 }
 
 fn out_links(service: &Service) -> Option<&Arc<OutLinks>> {
-    service.out_links.as_ref()
+    service.side.out_links()
 }
 
 /// How often frames waiting for a signed-on out link are retried and expired.
@@ -115,6 +117,7 @@ async fn sweep_waiting(service: Arc<Service>, mut shutdown: watch::Receiver<bool
         if done.requests_expired > 0 {
             service
                 .counters
+                .peer
                 .node_requests_expired
                 .fetch_add(done.requests_expired, Ordering::Relaxed);
         }
@@ -211,13 +214,13 @@ async fn run_out_link(
     };
     let _ = stream.set_nodelay(true);
     let registered = register_link(service, &stream, super::conns::ConnKind::OutLink);
-    let tap = service.capture_tap(&stream, Opened::BySwitch);
+    let tap = service.links.tap(&stream, Opened::BySwitch);
     let (read, write) = stream.into_split();
     let entry = registered.as_ref().map(|r| Arc::clone(&r.entry));
     let read = super::conns::Counted::new(Tapped::reader(read, &tap), entry.clone());
     let write = Tapped::writer(write, &tap);
     let (tx, rx) = mpsc::channel(front.write_queue);
-    let prefix = service.spec.framing().prefix;
+    let prefix = service.spec().framing().prefix;
     let (stop_writer, stop_rx) = watch::channel(false);
     let mut writer = tokio::spawn(run_writer_until(write, prefix, rx, stop_rx, entry));
     // Nothing waiting goes out here: only once this connection is signed on.
@@ -225,7 +228,7 @@ async fn run_out_link(
     tracing::info!(service = service.name(), link, "out link up");
     let mut frames = FramedRead::new(
         read,
-        FrameCodec::new(prefix, service.spec.framing().max_frame),
+        FrameCodec::new(prefix, service.spec().framing().max_frame),
     );
     let tick_every =
         (front.keepalive_idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
@@ -248,12 +251,16 @@ async fn run_out_link(
                     }
                     Some(Ok(Frame::Message(p))) if front.duplex => {
                         links.in_stats.frames_in.fetch_add(1, Ordering::Relaxed);
-                        service.on_peer_frame(p, Instant::now());
+                        if let Some(peer) = service.peer() {
+                            peer.on_frame(p, Instant::now());
+                        }
                     }
                     Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => {}
                     Some(Ok(Frame::Message(p))) => {
                         links.stats[link].unexpected_in.fetch_add(1, Ordering::Relaxed);
-                        service.log_unexpected_on_out_link(link, p);
+                        if let Some(peer) = service.peer() {
+                            peer.log_unexpected_on_out_link(link, p);
+                        }
                     }
                     Some(Err(_)) | None => break OutLinkEnd::Broken,
                 }
@@ -295,7 +302,11 @@ async fn run_out_link(
     links.set_link(link, None);
     if end == OutLinkEnd::Shutdown && front.sign_on != SignOn::None && signed_on {
         // Sign off, and give the writer a moment to flush it.
-        match service.network_request(NmKind::SignOff, service.next_stan()) {
+        match service.made.network_request(
+            service.spec(),
+            NmKind::SignOff,
+            service.made.next_stan(),
+        ) {
             Ok(p) => {
                 let _ = tx.try_send(LinkFrame::own(Outbound::message(p)));
             }
@@ -373,6 +384,7 @@ fn requeue(service: &Service, links: &OutLinks, rest: &mut mpsc::Receiver<LinkFr
         .fetch_add(expired.answers_expired, Ordering::Relaxed);
     service
         .counters
+        .peer
         .node_requests_expired
         .fetch_add(expired.requests_expired, Ordering::Relaxed);
     if moved > 0 {
@@ -397,8 +409,8 @@ fn needs_sign_on(policy: SignOn, links: &OutLinks, link: usize) -> bool {
 }
 
 fn send_nm(service: &Service, links: &OutLinks, link: usize, kind: NmKind) {
-    let stan = service.next_stan();
-    match service.network_request(kind, stan) {
+    let stan = service.made.next_stan();
+    match service.made.network_request(service.spec(), kind, stan) {
         Ok(payload) => {
             // A sign-on is the one frame an unsigned link carries.
             let out = Outbound::message(payload);
@@ -426,20 +438,33 @@ async fn accept_in_links(
     let Some(links) = out_links(&service).cloned() else {
         return;
     };
+    let mut backoff = super::front::AcceptBackoff::new();
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = shutdown.changed() => return,
         };
-        let Ok((stream, peer)) = accepted else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                backoff.failed(&service, "in links", &e).await;
+                continue;
+            }
         };
+        backoff.reset();
         let allowed = front.allow.is_empty() || front.allow.iter().any(|n| n.contains(&peer.ip()));
         let open = links.in_stats.open.load(Ordering::Relaxed);
         if !allowed || open >= front.max_in_links() {
             links.in_stats.refused.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(service = service.name(), %peer, allowed, open, "in link refused");
+            // A peer retrying a link it may not have does so every few
+            // milliseconds: a line per attempt would flood the log.
+            if service.links.log_limit.allow(
+                LogKind::InLinkRefused,
+                LogPeer::Ip(peer.ip()),
+                Instant::now(),
+            ) {
+                tracing::warn!(service = service.name(), %peer, allowed, open, "in link refused");
+            }
             continue;
         }
         links.in_stats.accepted.fetch_add(1, Ordering::Relaxed);
@@ -466,13 +491,13 @@ async fn run_in_link(
     let Some(links) = out_links(service) else {
         return "no front".into();
     };
-    let prefix = service.spec.framing().prefix;
+    let prefix = service.spec().framing().prefix;
     let registered = register_link(service, &stream, super::conns::ConnKind::InLink);
-    let tap = service.capture_tap(&stream, Opened::ByPeer);
+    let tap = service.links.tap(&stream, Opened::ByPeer);
     let entry = registered.as_ref().map(|r| Arc::clone(&r.entry));
     let mut frames = FramedRead::new(
         super::conns::Counted::new(Tapped::reader(stream, &tap), entry),
-        FrameCodec::new(prefix, service.spec.framing().max_frame),
+        FrameCodec::new(prefix, service.spec().framing().max_frame),
     );
     let mut timer = ReadTimer::new(
         front.in_link_silence,
@@ -505,7 +530,9 @@ async fn run_in_link(
             }
             Some(Ok(Frame::Message(p))) => {
                 links.in_stats.frames_in.fetch_add(1, Ordering::Relaxed);
-                service.on_peer_frame(p, Instant::now());
+                if let Some(peer) = service.peer() {
+                    peer.on_frame(p, Instant::now());
+                }
             }
             Some(Ok(Frame::SessionControl(_))) => {}
             Some(Err(e)) => {
@@ -679,7 +706,7 @@ mod tests {
         let cfg = crate::config::Config::from_toml(toml).unwrap();
         let spec = crate::iso8583::Spec::builtin("cups").unwrap();
         let svc = Service::new(cfg.services[0].clone(), spec, Instant::now()).unwrap();
-        let links = svc.out_links.as_ref().unwrap();
+        let links = svc.side.out_links().unwrap();
         let t0 = Instant::now() - Duration::from_millis(100);
         let (tx, mut rest) = mpsc::channel(8);
         for (carry, n) in [
@@ -703,7 +730,10 @@ mod tests {
         .unwrap();
         requeue(&svc, links, &mut rest);
         assert_eq!(
-            svc.counters.node_requests_expired.load(Ordering::Relaxed),
+            svc.counters
+                .peer
+                .node_requests_expired
+                .load(Ordering::Relaxed),
             1
         );
         assert_eq!(links.parked_dropped.load(Ordering::Relaxed), 1);

@@ -6,6 +6,10 @@
 //! `isoswitch run` exits non-zero and the service manager restarts it. Nothing
 //! ends silently. Stopping uses the same tree: one cancellation token, scoped
 //! children (e.g. one per node, cancelled when the node is removed).
+//!
+//! Every task runs on the runtime the supervisor was built on (the switch's),
+//! whichever thread asks: the admin listener serves on a runtime of its own,
+//! and a node it adds must not live and die with that one.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -13,7 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::runtime::Handle;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio::task::{AbortHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -33,6 +39,9 @@ pub struct Supervisor {
     scopes: Mutex<HashMap<String, CancellationToken>>,
     restarts: AtomicU64,
     fatal: watch::Sender<Option<String>>,
+    /// The switch's runtime (`None` only when built outside any runtime:
+    /// tasks then go to whichever runtime spawns them).
+    runtime: Option<Handle>,
 }
 
 impl Default for Supervisor {
@@ -44,6 +53,7 @@ impl Default for Supervisor {
             scopes: Mutex::default(),
             restarts: AtomicU64::new(0),
             fatal: watch::channel(None).0,
+            runtime: Handle::try_current().ok(),
         }
     }
 }
@@ -51,6 +61,31 @@ impl Default for Supervisor {
 impl Supervisor {
     pub fn new() -> Arc<Supervisor> {
         Arc::new(Supervisor::default())
+    }
+
+    /// Runs `task` on the switch's runtime, from any thread or runtime (the
+    /// admin listener hands its changes over with this).
+    pub fn spawn<F>(&self, task: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match &self.runtime {
+            Some(rt) => rt.spawn(task),
+            None => tokio::spawn(task),
+        }
+    }
+
+    /// Runs `task` on the switch's runtime, tracked: [`Supervisor::stop`]
+    /// waits for it.
+    fn track<F>(&self, task: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        match &self.runtime {
+            Some(rt) => drop(self.tracker.spawn_on(task, rt)),
+            None => drop(self.tracker.spawn(task)),
+        }
     }
 
     /// A stop signal in the form the link tasks take (`true` = stop), fed by
@@ -88,7 +123,7 @@ impl Supervisor {
     /// A `watch` receiver that turns true when `token` is cancelled.
     pub fn watch_of(&self, token: CancellationToken) -> watch::Receiver<bool> {
         let (tx, rx) = watch::channel(token.is_cancelled());
-        self.tracker.spawn(async move {
+        self.track(async move {
             token.cancelled().await;
             let _ = tx.send(true);
         });
@@ -127,7 +162,7 @@ impl Supervisor {
         Fut: Future<Output = ()> + Send + 'static,
     {
         let sup = Arc::clone(self);
-        self.tracker.spawn(async move {
+        self.track(async move {
             let mut backoff = BACKOFF_MIN;
             loop {
                 let started = tokio::time::Instant::now();
@@ -161,7 +196,7 @@ impl Supervisor {
     /// set's): if one ends before the switch stops, the switch is fatal.
     pub fn watch_set(self: &Arc<Self>, name: String, mut set: JoinSet<()>) {
         let sup = Arc::clone(self);
-        self.tracker.spawn(async move {
+        self.track(async move {
             loop {
                 tokio::select! {
                     next = set.join_next() => match next {
@@ -307,6 +342,46 @@ mod tests {
             sup.stop(Duration::from_secs(5)).await;
             assert_eq!(sup.restarts(), 0);
         }
+    }
+
+    /// A task started from another runtime's thread (as the admin listener
+    /// adds a node) runs on the supervisor's runtime: it outlives the other.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tasks_started_from_another_runtime_outlive_it() {
+        let sup = Supervisor::new();
+        let go = Arc::new(tokio::sync::Notify::new());
+        let done = Arc::new(AtomicUsize::new(0));
+        let (s, g, d) = (Arc::clone(&sup), Arc::clone(&go), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let stop = s.token();
+                s.spawn_critical("svc/node/3/conn/0".into(), stop.clone(), move || {
+                    let (g, d, stop) = (Arc::clone(&g), Arc::clone(&d), stop.clone());
+                    async move {
+                        g.notified().await;
+                        d.fetch_add(1, Ordering::SeqCst);
+                        stop.cancelled().await;
+                    }
+                });
+            });
+            // The other runtime ends here, and every task it runs with it.
+        })
+        .join()
+        .unwrap();
+        go.notify_one();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while done.load(Ordering::SeqCst) == 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the task runs after the other runtime ended");
+        assert_eq!(sup.restarts(), 0);
+        sup.stop(Duration::from_secs(5)).await;
     }
 
     #[tokio::test]

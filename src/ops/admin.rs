@@ -1,47 +1,108 @@
 //! The admin HTTP listener (`[admin]`): health probes, Prometheus metrics, the
 //! status API and page, the connection table, runtime node control and
-//! reload. Every endpoint but the configured open paths (`/healthz` and
-//! `/metrics` by default) wants `Authorization: Bearer TOKEN`; a missing or
-//! wrong token gets 401, bad input 400 with the reason, as JSON
-//! `{"error": "..."}`.
+//! reload.
+//!
+//! **It cannot hurt card traffic.** It serves on a thread and runtime of its
+//! own, at most `admin.max_connections` connections at once (past the cap it
+//! stops accepting: the rest wait in the kernel and hold none of the switch's
+//! file descriptors), and cuts slow clients: headers within
+//! `header_timeout` (also the idle limit of a kept-alive connection), the
+//! whole request and its answer within `request_timeout`, at most
+//! `max_requests_per_connection` requests per connection, 2 MB of body
+//! (see [`super::admin_serve`]). A change (drain, disable, enable, add,
+//! remove, reload) runs on the switch's runtime, so what it starts (a node's
+//! connections, a reload's removals) belongs to the switch and not to this
+//! thread. Stopping the switch cuts every admin connection.
+//!
+//! **Access.** Every endpoint wants `Authorization: Bearer TOKEN` except GET
+//! on the configured open paths (`/healthz`, `/readyz` and `/metrics` by
+//! default; only those and `/` can be opened, see
+//! [`AdminConfig::OPENABLE`]). Every request that changes something (any
+//! method but GET and HEAD) wants the token and `Content-Type:
+//! application/json`, body or not, so a browser's cross-site "simple
+//! request" can never reach one. A missing or wrong token gets 401 (logged
+//! at WARN with the peer's address, rate-limited), a change without the JSON
+//! content type 415, bad input 400 with the reason, as JSON
+//! `{"error": "..."}`. Every change is logged at INFO with the peer's
+//! address and its outcome.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Request, State};
-use axum::http::{StatusCode, header};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Request, State};
+use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
 
-use super::config::{AdminConfig, NodeConfig};
+use super::admin_serve::{self, Limits};
 use super::control::ControlError;
+use super::control::SwitchHandle;
 use super::reload::ReloadError;
-use super::run::SwitchHandle;
-use crate::config::FrontConfig;
-use crate::link::Service;
-use crate::route::{AdminState, DeclineReason};
+use super::status::{connections_of, status_of};
+use crate::config::{AdminConfig, NodeConfig};
+use crate::link::log_limit::{LogKind, LogLimit, LogPeer};
+use crate::route::AdminState;
 
-/// The environment variable that holds the token when no `token_file` is set.
+/// The environment variable that holds the token when no `token_file` is set
+/// and no systemd credential is there.
 pub const TOKEN_ENV: &str = "ISOSWITCH_ADMIN_TOKEN";
+/// The largest request body read.
+pub const BODY_LIMIT: usize = 2 << 20;
+/// Refused-token lines per peer and second (and accept failures a
+/// second); the rest are counted.
+const REFUSALS_PER_SECOND: u32 = 5;
+
+/// Why the admin listener cannot start, naming the key.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("admin.token_file: {}: {source}", path.display())]
+    TokenFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "admin.token_file: set a token of at least 16 characters there, in the systemd credential {TOKEN_CREDENTIAL} or in {TOKEN_ENV}"
+    )]
+    NoToken,
+    #[error("admin.listen: {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// The systemd credential (`LoadCredential=admin-token:...`) read when no
+/// `token_file` is set: `$CREDENTIALS_DIRECTORY/admin-token`.
+pub const TOKEN_CREDENTIAL: &str = "admin-token";
 
 #[derive(Clone)]
 struct Admin {
     switch: SwitchHandle,
     token: Arc<str>,
     open_paths: Arc<[String]>,
+    /// Refused tokens, per peer (the accept loop shares it and flushes it).
+    log_limit: Arc<LogLimit>,
 }
 
-/// Reads the token: `token_file`'s first line, else `ISOSWITCH_ADMIN_TOKEN`.
-pub fn load_token(cfg: &AdminConfig) -> Result<String, String> {
-    let token = match &cfg.token_file {
+/// Reads the token: `token_file`'s first line, else the systemd credential's
+/// (`$CREDENTIALS_DIRECTORY/admin-token`, when it exists), else
+/// `ISOSWITCH_ADMIN_TOKEN`.
+pub fn load_token(cfg: &AdminConfig) -> Result<String, AdminError> {
+    let credential = std::env::var_os("CREDENTIALS_DIRECTORY")
+        .map(|dir| std::path::Path::new(&dir).join(TOKEN_CREDENTIAL))
+        .filter(|path| path.is_file());
+    let token = match cfg.token_file.as_ref().or(credential.as_ref()) {
         Some(path) => std::fs::read_to_string(path)
-            .map_err(|e| format!("admin.token_file: {}: {e}", path.display()))?
+            .map_err(|source| AdminError::TokenFile {
+                path: path.clone(),
+                source,
+            })?
             .lines()
             .next()
             .unwrap_or_default()
@@ -53,59 +114,55 @@ pub fn load_token(cfg: &AdminConfig) -> Result<String, String> {
             .to_string(),
     };
     if token.len() < 16 {
-        return Err(format!(
-            "admin.token_file: set a token of at least 16 characters there or in {TOKEN_ENV}"
-        ));
+        return Err(AdminError::NoToken);
     }
     Ok(token)
 }
 
-/// Binds the admin listener and serves it under the switch's supervisor.
-pub async fn start(cfg: &AdminConfig, switch: SwitchHandle) -> Result<SocketAddr, String> {
+/// Binds the admin listener and serves it on its own thread, under the
+/// switch's supervisor (restarted if the thread dies; stopped with the
+/// switch).
+pub async fn start(cfg: &AdminConfig, switch: SwitchHandle) -> Result<SocketAddr, AdminError> {
     let token = load_token(cfg)?;
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .map_err(|e| format!("admin.listen: {}: {e}", cfg.listen))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let admin = Admin {
-        switch: switch.clone(),
-        token: token.into(),
-        open_paths: cfg.open_paths.clone().into(),
+    let bind_error = |source| AdminError::Bind {
+        addr: cfg.listen,
+        source,
     };
-    let app = router(admin);
+    let listener = admin_serve::bind(cfg.listen).await.map_err(bind_error)?;
+    let addr = listener.local_addr().map_err(bind_error)?;
+    let limits = Limits::of(cfg);
+    let log_limit = Arc::new(LogLimit::new(REFUSALS_PER_SECOND));
+    let app = router(
+        Admin {
+            switch: switch.clone(),
+            token: token.into(),
+            open_paths: cfg.open_paths.clone().into(),
+            log_limit: Arc::clone(&log_limit),
+        },
+        limits.request_timeout,
+    );
     let sup = Arc::clone(&switch.supervisor);
-    let first = Arc::new(std::sync::Mutex::new(Some(listener)));
-    let stop = sup.shutdown();
+    let root = sup.token();
     sup.spawn_critical("admin".into(), sup.token(), move || {
-        let listener = first.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let (app, mut stop) = (app.clone(), stop.clone());
+        let thread = admin_serve::spawn_thread(
+            &listener,
+            app.clone(),
+            limits,
+            Arc::clone(&log_limit),
+            root.child_token(),
+        );
         async move {
-            let listener = match listener {
-                Some(l) => l,
-                None => match tokio::net::TcpListener::bind(addr).await {
-                    Ok(l) => l,
-                    Err(e) => {
-                        tracing::error!(%addr, error = %e, "admin: cannot listen again");
-                        return;
-                    }
-                },
-            };
-            let stopped = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(stopped)
-                .await
-            {
-                tracing::error!(error = %e, "admin listener failed");
+            match thread {
+                Ok(ended) => ended.await,
+                Err(e) => tracing::error!(error = %e, "admin: cannot start its thread"),
             }
         }
     });
-    tracing::info!(%addr, "admin listener up");
+    tracing::info!(%addr, max_connections = limits.max_connections, "admin listener up");
     Ok(addr)
 }
 
-fn router(admin: Admin) -> Router {
+fn router(admin: Admin, request_timeout: Duration) -> Router {
     Router::new()
         .route("/", get(status_page))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -128,24 +185,97 @@ fn router(admin: Admin) -> Router {
             admin.clone(),
             authorize,
         ))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn_with_state(
+            request_timeout,
+            within_request_timeout,
+        ))
         .with_state(admin)
 }
 
-/// 401 unless the request carries the token (open paths excepted).
+/// Cuts a request that takes longer than `admin.request_timeout` (a body
+/// sent byte by byte included). A change already handed to the switch
+/// carries on there.
+async fn within_request_timeout(
+    State(limit): State<Duration>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(answer) => answer,
+        Err(_) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not done within admin.request_timeout (a change already begun carries on)",
+        ),
+    }
+}
+
+/// Whether a request only reads.
+fn reads_only(method: &Method) -> bool {
+    method == Method::GET || method == Method::HEAD
+}
+
+/// GET on an open path goes through; anything else wants the token (401,
+/// logged); a change wants `Content-Type: application/json` too (415); a
+/// change is logged with its outcome.
 async fn authorize(State(admin): State<Admin>, req: Request, next: Next) -> Response {
-    if admin.open_paths.iter().any(|p| p == req.uri().path()) {
+    let reads = reads_only(req.method());
+    if reads && admin.open_paths.iter().any(|p| p == req.uri().path()) {
         return next.run(req).await;
     }
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0);
+    let shown = peer.map_or_else(|| "-".to_string(), |p| p.to_string());
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    match presented {
-        Some(t) if same(t.as_bytes(), admin.token.as_bytes()) => next.run(req).await,
-        Some(_) => unauthorized("wrong token"),
-        None => unauthorized("missing bearer token (Authorization: Bearer TOKEN)"),
+    let refused = match presented {
+        Some(t) if same(t.as_bytes(), admin.token.as_bytes()) => None,
+        Some(_) => Some("wrong token"),
+        None => Some("missing bearer token (Authorization: Bearer TOKEN)"),
+    };
+    if let Some(why) = refused {
+        let who = peer.map_or(LogPeer::Service, |p| LogPeer::Ip(p.ip()));
+        if admin
+            .log_limit
+            .allow(LogKind::AdminToken, who, Instant::now())
+        {
+            tracing::warn!(peer = %shown, method = %req.method(), path = ?req.uri().path(), why, "admin: token refused");
+        }
+        return unauthorized(why);
     }
+    if reads {
+        return next.run(req).await;
+    }
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let answer = if json_content_type(&req) {
+        next.run(req).await
+    } else {
+        error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "a change wants Content-Type: application/json (with or without a body)",
+        )
+    };
+    let outcome = answer
+        .extensions()
+        .get::<Outcome>()
+        .map_or("", |o| o.0.as_str());
+    tracing::info!(peer = %shown, %method, path = ?path, status = answer.status().as_u16(), outcome, "admin change");
+    answer
+}
+
+/// `Content-Type: application/json`, parameters (charset) allowed. A browser
+/// cannot send it cross-site without a preflight the listener never grants.
+fn json_content_type(req: &Request) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
 }
 
 /// Compares in time independent of where the inputs differ.
@@ -162,12 +292,45 @@ fn unauthorized(why: &str) -> Response {
     r
 }
 
+/// What a change did or why it was refused, for the INFO line.
+#[derive(Clone)]
+struct Outcome(String);
+
+fn with_outcome(mut r: Response, what: String) -> Response {
+    r.extensions_mut().insert(Outcome(what));
+    r
+}
+
 fn error(status: StatusCode, why: impl Into<String>) -> Response {
     #[derive(Serialize)]
     struct Body {
         error: String,
     }
-    (status, axum::Json(Body { error: why.into() })).into_response()
+    let why = why.into();
+    let r = (status, axum::Json(Body { error: why.clone() })).into_response();
+    with_outcome(r, why)
+}
+
+/// Runs a change on the switch's runtime: what it starts (a node's
+/// connections, a reload's removals) must live with the switch, not with
+/// the admin thread.
+async fn on_switch<F, Fut>(admin: &Admin, change: F) -> Response
+where
+    F: FnOnce(SwitchHandle) -> Fut,
+    Fut: std::future::Future<Output = Response> + Send + 'static,
+{
+    match admin
+        .switch
+        .supervisor
+        .spawn(change(admin.switch.clone()))
+        .await
+    {
+        Ok(answer) => answer,
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the change failed: {e}"),
+        ),
+    }
 }
 
 impl IntoResponse for ControlError {
@@ -176,6 +339,7 @@ impl IntoResponse for ControlError {
             ControlError::NoService(_) | ControlError::NoNode { .. } => StatusCode::NOT_FOUND,
             ControlError::Invalid(_) => StatusCode::BAD_REQUEST,
             ControlError::Conflict(_) | ControlError::RestartNeeded(_) => StatusCode::CONFLICT,
+            ControlError::NotSaved { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         };
         error(status, self.to_string())
     }
@@ -190,7 +354,7 @@ async fn readyz(State(admin): State<Admin>) -> Response {
         if !healthy {
             why.push(format!("service `{}`: no healthy node", s.name()));
         }
-        if let Some(out) = &s.out_links {
+        if let Some(out) = &s.side.out_links() {
             let (_, usable) = out.up();
             if usable < out.len() {
                 why.push(format!(
@@ -240,196 +404,8 @@ async fn metrics(State(admin): State<Admin>, headers: axum::http::HeaderMap) -> 
     }
 }
 
-/// `GET /api/v1/status`.
-#[derive(Debug, Serialize, serde::Deserialize)]
-pub struct Status {
-    pub services: Vec<ServiceStatus>,
-    /// Critical tasks restarted so far.
-    pub restarts: u64,
-}
-
-#[derive(Debug, Serialize, serde::Deserialize)]
-pub struct ServiceStatus {
-    pub name: String,
-    pub front: String,
-    pub front_address: String,
-    pub requests: u64,
-    pub answered: u64,
-    pub declined: std::collections::BTreeMap<String, u64>,
-    pub in_flight: usize,
-    pub late_responses: u64,
-    pub unknown_responses: u64,
-    pub bad_messages: u64,
-    pub bad_frames: u64,
-    pub clients: usize,
-    pub nodes: Vec<NodeStatusView>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub links: Option<LinksStatus>,
-}
-
-#[derive(Debug, Serialize, serde::Deserialize)]
-pub struct NodeStatusView {
-    pub id: String,
-    pub index: usize,
-    pub address: String,
-    /// up, down, draining, disabled, ejected, removed.
-    pub state: String,
-    pub admin: String,
-    pub weight: u32,
-    pub effective_weight: u32,
-    pub priority: u32,
-    pub connections: usize,
-    pub in_flight: usize,
-    pub sent: u64,
-    pub answered: u64,
-    pub failed: u64,
-    pub latency_ewma_ms: f64,
-    pub ejected: bool,
-}
-
-#[derive(Debug, Serialize, serde::Deserialize)]
-pub struct LinksStatus {
-    pub links: usize,
-    pub up: usize,
-    pub signed_on: usize,
-}
-
-/// The status of every service, as the API and the page show it.
-pub fn status_of(switch: &SwitchHandle) -> Status {
-    let now = Instant::now();
-    let services = switch
-        .services
-        .iter()
-        .map(|r| service_status(&r.service, r.front_addr, now))
-        .collect();
-    Status {
-        services,
-        restarts: switch.supervisor.restarts(),
-    }
-}
-
-fn service_status(s: &Service, front_addr: SocketAddr, now: Instant) -> ServiceStatus {
-    let c = &s.counters;
-    let nodes = s
-        .pool
-        .nodes()
-        .iter()
-        .enumerate()
-        .filter_map(|(index, n)| {
-            let st = s.pool.status(index, now)?;
-            Some(NodeStatusView {
-                id: n.config.id.clone(),
-                index,
-                address: n.config.address.to_string(),
-                state: st.state().into(),
-                admin: format!("{:?}", st.admin).to_lowercase(),
-                weight: st.weight,
-                effective_weight: st.effective_weight,
-                priority: st.priority,
-                connections: n.live_conns(),
-                in_flight: n.outstanding(),
-                sent: n.counters.sent.load(Ordering::Relaxed),
-                answered: n.counters.answered.load(Ordering::Relaxed),
-                failed: n.counters.declined.load(Ordering::Relaxed),
-                latency_ewma_ms: st.latency.as_secs_f64() * 1e3,
-                ejected: st.ejected,
-            })
-        })
-        .collect();
-    let links = s.out_links.as_ref().map(|out| {
-        let (up, signed_on) = out.up();
-        LinksStatus {
-            links: out.len(),
-            up,
-            signed_on,
-        }
-    });
-    ServiceStatus {
-        name: s.name().into(),
-        front: match &s.config.front {
-            FrontConfig::Listen(_) => "listen",
-            FrontConfig::Simplex(_) => "simplex",
-            FrontConfig::Connect(_) => "connect",
-        }
-        .into(),
-        front_address: front_addr.to_string(),
-        requests: c.requests.load(Ordering::Relaxed),
-        answered: c.answered.load(Ordering::Relaxed),
-        declined: DeclineReason::ALL
-            .iter()
-            .map(|&r| (r.as_str().to_string(), c.declined(r)))
-            .collect(),
-        in_flight: s.in_flight(),
-        late_responses: c.late_responses.load(Ordering::Relaxed),
-        unknown_responses: c.unknown_responses.load(Ordering::Relaxed),
-        bad_messages: c.bad_messages.load(Ordering::Relaxed),
-        bad_frames: c.bad_frames.load(Ordering::Relaxed),
-        clients: s.conns.count(crate::link::conns::ConnKind::Client),
-        nodes,
-        links,
-    }
-}
-
 async fn status(State(admin): State<Admin>) -> Response {
     axum::Json(status_of(&admin.switch)).into_response()
-}
-
-/// One row of `GET /api/v1/connections`.
-#[derive(Debug, Serialize, serde::Deserialize)]
-pub struct ConnectionView {
-    pub id: u64,
-    pub service: String,
-    pub kind: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub node: Option<String>,
-    pub peer: String,
-    pub local: String,
-    pub age_ms: u64,
-    pub messages_in: u64,
-    #[serde(default)]
-    pub messages_out: u64,
-    #[serde(default)]
-    pub bytes_in: u64,
-    #[serde(default)]
-    pub bytes_out: u64,
-    /// A client's requests in flight (absent for node and peer links).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub in_flight: Option<usize>,
-    pub idle_ms: u64,
-}
-
-pub fn connections_of(switch: &SwitchHandle) -> Vec<ConnectionView> {
-    let now = Instant::now();
-    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    switch
-        .services
-        .iter()
-        .flat_map(|r| {
-            let name = r.service.name().to_string();
-            r.service
-                .conns
-                .snapshot()
-                .into_iter()
-                .map(move |e| ConnectionView {
-                    id: e.id,
-                    service: name.clone(),
-                    kind: serde_json::to_value(e.kind)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_string))
-                        .unwrap_or_default(),
-                    node: e.node.clone(),
-                    peer: e.peer.to_string(),
-                    local: e.local.to_string(),
-                    age_ms: ms(now.saturating_duration_since(e.opened)),
-                    messages_in: e.messages_in(),
-                    messages_out: e.messages_out(),
-                    bytes_in: e.bytes_in(),
-                    bytes_out: e.bytes_out(),
-                    in_flight: e.in_flight(),
-                    idle_ms: ms(e.idle(now)),
-                })
-        })
-        .collect()
 }
 
 async fn connections(State(admin): State<Admin>) -> Response {
@@ -451,10 +427,13 @@ async fn node_action(
             );
         }
     };
-    match admin.switch.set_node_admin(&service, &node, state) {
-        Ok(()) => ok(format!("node `{node}` of `{service}`: {action}")),
-        Err(e) => e.into_response(),
-    }
+    on_switch(&admin, move |switch| async move {
+        match switch.set_node_admin(&service, &node, state).await {
+            Ok(()) => ok(format!("node `{node}` of `{service}`: {action}")),
+            Err(e) => e.into_response(),
+        }
+    })
+    .await
 }
 
 fn ok(what: String) -> Response {
@@ -462,7 +441,7 @@ fn ok(what: String) -> Response {
     struct Done {
         ok: String,
     }
-    axum::Json(Done { ok: what }).into_response()
+    with_outcome(axum::Json(Done { ok: what.clone() }).into_response(), what)
 }
 
 async fn add_node(
@@ -481,45 +460,58 @@ async fn add_node(
             );
         }
     };
-    let id = cfg.id.clone();
-    match admin.switch.add_node(&service, cfg) {
-        Ok(index) => (
-            StatusCode::CREATED,
-            ok(format!("node `{id}` added to `{service}` at index {index}")),
-        )
-            .into_response(),
-        Err(e) => e.into_response(),
-    }
+    on_switch(&admin, move |switch| async move {
+        let (id, address) = (cfg.id.clone(), cfg.address);
+        match switch.add_node(&service, cfg).await {
+            Ok(index) => {
+                let what =
+                    format!("node `{id}` at {address} added to `{service}` at index {index}");
+                (StatusCode::CREATED, ok(what)).into_response()
+            }
+            Err(e) => e.into_response(),
+        }
+    })
+    .await
 }
 
 async fn remove_node(
     State(admin): State<Admin>,
     Path((service, node)): Path<(String, String)>,
 ) -> Response {
-    match admin
-        .switch
-        .remove_node(&service, &node, Duration::from_secs(1))
-        .await
-    {
-        Ok(()) => ok(format!(
-            "node `{node}` drained and removed from `{service}`"
-        )),
-        Err(e) => e.into_response(),
-    }
+    on_switch(&admin, move |switch| async move {
+        match switch
+            .remove_node(&service, &node, Duration::from_secs(1))
+            .await
+        {
+            Ok(()) => ok(format!(
+                "node `{node}` drained and removed from `{service}`"
+            )),
+            Err(e) => e.into_response(),
+        }
+    })
+    .await
 }
 
 async fn reload(State(admin): State<Admin>) -> Response {
-    match super::reload::reload(&admin.switch).await {
-        Ok(report) => axum::Json(report).into_response(),
-        Err(e) => {
-            let status = match e {
-                ReloadError::Invalid(_) | ReloadError::NoSource => StatusCode::BAD_REQUEST,
-                ReloadError::RestartNeeded(_) => StatusCode::CONFLICT,
-                ReloadError::Apply(e) => return e.into_response(),
-            };
-            error(status, e.to_string())
+    on_switch(&admin, |switch| async move {
+        match super::reload::reload(&switch).await {
+            Ok(report) => {
+                let what = format!("reloaded: {report}");
+                with_outcome(axum::Json(report).into_response(), what)
+            }
+            Err(e) => {
+                let status = match e {
+                    ReloadError::Invalid(_) | ReloadError::NoSource => StatusCode::BAD_REQUEST,
+                    ReloadError::RestartNeeded(_) | ReloadError::Conflict(_) => {
+                        StatusCode::CONFLICT
+                    }
+                    ReloadError::Apply(e) => return e.into_response(),
+                };
+                error(status, e.to_string())
+            }
         }
-    }
+    })
+    .await
 }
 
 async fn status_page(State(admin): State<Admin>) -> Html<String> {

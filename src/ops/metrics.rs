@@ -13,7 +13,7 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use super::run::SwitchHandle;
+use super::control::SwitchHandle;
 use crate::link::Service;
 use crate::link::conns::ConnKind;
 use crate::route::DeclineReason;
@@ -61,6 +61,23 @@ pub fn to_prometheus_text(openmetrics: &str) -> String {
             None => out.push_str(line),
         }
         out.push('\n');
+    }
+    out
+}
+
+/// A label value as the exposition formats want it: the encoder writes
+/// values as given, so a `"`, `\\` or newline in one would end the label early
+/// (`server="x",y="z"`) or break the whole scrape. Config load and the API
+/// already refuse such names; this keeps the exposition sound regardless.
+fn label_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
     }
     out
 }
@@ -159,10 +176,6 @@ impl Collector for SwitchMetrics {
                 "Client connections accepted.",
             ),
             counter(
-                "isoswitch_service_connections_refused",
-                "Client connections refused (limits, allow list, shutdown).",
-            ),
-            counter(
                 "isoswitch_service_over_share",
                 "Requests declined because their client was over its in-flight share.",
             ),
@@ -218,6 +231,14 @@ impl Collector for SwitchMetrics {
         let mut declines = counter(
             "isoswitch_service_declines",
             "Requests the switch answered itself (F39 decline), by reason.",
+        );
+        let mut refused = counter(
+            "isoswitch_service_connections_refused",
+            "Client connections refused at accept, by reason: not_allowed (allow list), max_connections, max_per_source, shutdown, descriptors (the clients' share of the open-file limit is in use).",
+        );
+        let mut budget = gauge(
+            "isoswitch_client_descriptor_budget",
+            "Client connections the open-file limit leaves once node links, peer links, admin, captures and files are reserved (shared by every listen front).",
         );
         let mut svc_gauges: Vec<Family<f64>> = vec![gauge(
             "isoswitch_service_in_flight",
@@ -296,7 +317,7 @@ impl Collector for SwitchMetrics {
         let mut hist = Vec::new();
         for r in self.0.services.iter() {
             let s = &r.service;
-            let sl = || vec![("service", s.name().to_string())];
+            let sl = || vec![("service", label_value(s.name()))];
             let c = &s.counters;
             let values = [
                 c.requests.load(Ordering::Relaxed),
@@ -308,17 +329,16 @@ impl Collector for SwitchMetrics {
                 c.undeliverable.load(Ordering::Relaxed),
                 c.keep_alives.load(Ordering::Relaxed),
                 c.clients_accepted.load(Ordering::Relaxed),
-                c.clients_refused.load(Ordering::Relaxed),
                 c.over_share.load(Ordering::Relaxed),
                 c.undeclinable.load(Ordering::Relaxed),
                 s.pool.panic_picks(),
-                c.node_requests.load(Ordering::Relaxed),
-                c.node_requests_unsent.load(Ordering::Relaxed),
-                c.node_requests_expired.load(Ordering::Relaxed),
-                c.stamp_mismatches.load(Ordering::Relaxed),
-                c.peer_responses.load(Ordering::Relaxed),
-                c.unroutable_responses.load(Ordering::Relaxed),
-                c.network_answered.load(Ordering::Relaxed),
+                c.peer.node_requests.load(Ordering::Relaxed),
+                c.peer.node_requests_unsent.load(Ordering::Relaxed),
+                c.peer.node_requests_expired.load(Ordering::Relaxed),
+                c.peer.stamp_mismatches.load(Ordering::Relaxed),
+                c.peer.peer_responses.load(Ordering::Relaxed),
+                c.peer.unroutable_responses.load(Ordering::Relaxed),
+                c.peer.network_answered.load(Ordering::Relaxed),
             ];
             for (f, v) in svc_counters.iter_mut().zip(values) {
                 f.samples.push((sl(), v));
@@ -333,14 +353,14 @@ impl Collector for SwitchMetrics {
                 bad_requests.samples.push((l, v.load(Ordering::Relaxed)));
             }
             for (dir, v) in [
-                ("in", &s.conns.traffic.bytes_in),
-                ("out", &s.conns.traffic.bytes_out),
+                ("in", &s.links.table.traffic.bytes_in),
+                ("out", &s.links.table.traffic.bytes_out),
             ] {
                 let mut l = sl();
                 l.push(("direction", dir.to_string()));
                 bytes.samples.push((l, v.load(Ordering::Relaxed)));
             }
-            if let Some(out) = &s.out_links {
+            if let Some(out) = &s.side.out_links() {
                 for (link, st) in out.stats.iter().enumerate() {
                     let now_state = st.state().as_str();
                     for state in ["connecting", "up", "signed-on", "down"] {
@@ -351,6 +371,11 @@ impl Collector for SwitchMetrics {
                         link_state.samples.push((l, on));
                     }
                 }
+            }
+            for why in crate::link::service::Refusal::ALL {
+                let mut l = sl();
+                l.push(("reason", why.as_str().to_string()));
+                refused.samples.push((l, c.refused(why)));
             }
             for reason in DeclineReason::ALL {
                 let mut l = sl();
@@ -366,9 +391,9 @@ impl Collector for SwitchMetrics {
             ] {
                 let mut l = sl();
                 l.push(("kind", name.to_string()));
-                conns.samples.push((l, s.conns.count(kind) as f64));
+                conns.samples.push((l, s.links.table.count(kind) as f64));
             }
-            if let Some(out) = &s.out_links {
+            if let Some(out) = &s.side.out_links() {
                 let (up, usable) = out.up();
                 for (f, v) in links.iter_mut().zip([out.len(), up, usable, out.waiting()]) {
                     f.samples.push((sl(), v as f64));
@@ -392,10 +417,19 @@ impl Collector for SwitchMetrics {
                 &mut hist,
             );
         }
+        // One budget for the process: every service shares it.
+        if let Some(r) = self.0.services.first() {
+            let b = r.service.links.budget();
+            if b.limit() != usize::MAX {
+                budget.samples.push((Vec::new(), b.limit() as f64));
+            }
+        }
         for f in &svc_counters {
             encode_counters(&mut enc, f)?;
         }
         encode_counters(&mut enc, &declines)?;
+        encode_counters(&mut enc, &refused)?;
+        encode_gauges(&mut enc, &budget)?;
         encode_counters(&mut enc, &bad_requests)?;
         encode_counters(&mut enc, &bytes)?;
         encode_counters(&mut enc, &parked)?;
@@ -447,8 +481,8 @@ fn node_samples(
         };
         let nl = || {
             vec![
-                ("service", s.name().to_string()),
-                ("server", n.config.id.clone()),
+                ("service", label_value(s.name())),
+                ("server", label_value(&n.config.id)),
             ]
         };
         let c = &n.counters;
@@ -488,6 +522,13 @@ fn node_samples(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_values_cannot_leave_their_quotes() {
+        assert_eq!(label_value("n.1_a-b"), "n.1_a-b");
+        assert_eq!(label_value("x\",y=\"z"), "x\\\",y=\\\"z");
+        assert_eq!(label_value("a\\b\nc"), "a\\\\b\\nc");
+    }
 
     #[test]
     fn prometheus_text_names_counters_with_total_and_drops_eof() {

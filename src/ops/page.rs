@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::admin::Status;
+use super::status::Status;
 
 /// The page for `status`.
 pub fn render(status: &Status) -> String {
@@ -38,8 +38,8 @@ pub fn render(status: &Status) -> String {
         if let Some(l) = &s.links {
             let _ = write!(
                 h,
-                "<p>links: {} of {} up, {} signed on</p>",
-                l.up, l.links, l.signed_on
+                "<p>links: {} of {} up, {} signed on, {} in links</p>",
+                l.up, l.links, l.signed_on, l.in_links
             );
         }
         h.push_str(

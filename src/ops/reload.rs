@@ -4,23 +4,40 @@
 //! drain, address, weight, priority, admin state) and the health thresholds,
 //! without touching any link the change does not concern.
 //!
+//! A reload is all or nothing: every service is planned and every node change
+//! checked before the first is applied, so a refusal changes nothing. Reloads
+//! and the admin API's node changes take one lock ([`SwitchHandle::control`]):
+//! two reloads never interleave, and no API change lands in the middle of one.
+//!
+//! What operators changed through the API survives (`ops::runtime_state`):
+//! the nodes a reload aims for are the file's, with each runtime change laid
+//! over its node unless the file changed that node's entry since. The report
+//! names every runtime change kept and every one the file overrode.
+//!
 //! What applies live: the node pool, health thresholds and check timing,
-//! timeouts and decline codes (for the requests that come after the reload),
+//! timeouts (per MTI too) and decline codes (for the requests that come after
+//! the reload),
 //! `correlation.max_in_flight`, and a listen front's connection and in-flight
 //! limits (for the connections accepted after it). Keys read from the
 //! service's fixed config (the rest of the front, spec, the correlation key,
-//! write queues, balancing, rules, F37 stamp, the health check kind) are
-//! refused with "restart needed", named.
+//! write queues, balancing, rules, F37 stamp, the health check kind,
+//! `[service.integrity]`), `data_dir` and `[store]` are refused with "restart
+//! needed", named.
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::config::{Config, NodeConfig, ServiceConfig};
 use super::control::ControlError;
-use super::run::SwitchHandle;
+use super::control::SwitchHandle;
+use super::runtime_state::{Decision, NodeRecord, RuntimeChange, RuntimeStore, decide};
+use crate::config::{Config, NodeConfig, ServiceConfig};
+use crate::link::{self, Service};
 use crate::route::AdminState;
 
-/// Why a reload was refused; the old config keeps running.
+/// Why a reload was refused; the old config keeps running, untouched.
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
     #[error("no config file to reload (the switch runs a config given in memory)")]
@@ -29,27 +46,66 @@ pub enum ReloadError {
     Invalid(String),
     #[error("{0}: restart needed")]
     RestartNeeded(String),
+    /// The change conflicts with the running state (a node still being
+    /// removed, a service left without nodes).
+    #[error("{0}")]
+    Conflict(String),
     #[error("{0}")]
     Apply(#[from] ControlError),
 }
 
-/// What a reload changed, one line per change.
-#[derive(Debug, Default, serde::Serialize)]
+/// What a reload changed, one line per change, and what became of the
+/// operators' runtime changes.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct ReloadReport {
     pub changes: Vec<String>,
+    /// Runtime changes kept: the file did not change their node's entry.
+    #[serde(default)]
+    pub kept: Vec<RuntimeChange>,
+    /// Runtime changes the file overrode: it changed their node's entry.
+    #[serde(default)]
+    pub overridden: Vec<RuntimeChange>,
+    /// Why the runtime state could not be saved (the reload applied).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_saved: Option<String>,
 }
 
 impl fmt::Display for ReloadReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.changes.is_empty() {
-            return f.write_str("no change");
+            f.write_str("no change")?;
+        } else {
+            f.write_str(&self.changes.join("; "))?;
         }
-        f.write_str(&self.changes.join("; "))
+        let list = |items: &[RuntimeChange]| {
+            items
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        if !self.kept.is_empty() {
+            write!(f, "; runtime changes kept: {}", list(&self.kept))?;
+        }
+        if !self.overridden.is_empty() {
+            write!(
+                f,
+                "; runtime changes overridden by the file: {}",
+                list(&self.overridden)
+            )?;
+        }
+        if let Some(why) = &self.not_saved {
+            write!(f, "; runtime state not saved: {why}")?;
+        }
+        Ok(())
     }
 }
 
 /// Reloads from the file the switch was started with.
 pub async fn reload(handle: &SwitchHandle) -> Result<ReloadReport, ReloadError> {
+    // Taken before the file is read: of two reloads, the second reads the
+    // file after the first has applied it.
+    let mut control = handle.control.lock().await;
     let path = handle
         .source
         .lock()
@@ -58,33 +114,64 @@ pub async fn reload(handle: &SwitchHandle) -> Result<ReloadReport, ReloadError> 
         .ok_or(ReloadError::NoSource)?;
     let new = Config::load(&path)
         .map_err(|e| ReloadError::Invalid(format!("{}: {e}", path.display())))?;
-    apply(handle, new).await
+    apply_under(handle, &mut control, new).await
 }
 
 /// Applies a validated config to the running switch, or refuses it whole.
 pub async fn apply(handle: &SwitchHandle, new: Config) -> Result<ReloadReport, ReloadError> {
+    let mut control = handle.control.lock().await;
+    apply_under(handle, &mut control, new).await
+}
+
+async fn apply_under(
+    handle: &SwitchHandle,
+    control: &mut RuntimeStore,
+    new: Config,
+) -> Result<ReloadReport, ReloadError> {
     let old = handle
         .config
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
     check_live(&old, &new)?;
-    let mut report = ReloadReport::default();
-    let mut removals = Vec::new();
+    // Every service planned and checked before any is touched.
+    let mut plans = Vec::with_capacity(new.services.len());
     for svc in &new.services {
-        plan_service(handle, svc, &mut report, &mut removals)?;
+        let service = Arc::clone(&handle.running(&svc.name)?.service);
+        let removing = handle.removals_of(&svc.name);
+        let live = live_nodes(&service, &removing);
+        let plan = plan_nodes(
+            &svc.name,
+            &svc.back.nodes,
+            control.state.of(&svc.name),
+            &live,
+        )?;
+        check_plan(
+            &svc.name,
+            svc.f37_stamp.is_some(),
+            free_slots(&service),
+            &plan,
+        )?;
+        plans.push((service, plan));
+    }
+    let mut report = ReloadReport::default();
+    for (svc, (service, plan)) in new.services.iter().zip(plans) {
+        apply_live_settings(&service, svc, &mut report);
+        for step in plan.steps {
+            apply_step(Stage::Running(handle), &service, step, &mut report);
+        }
+        for c in &plan.overridden {
+            control.state.forget(&c.service, &c.node);
+        }
+        report.kept.extend(plan.kept);
+        report.overridden.extend(plan.overridden);
     }
     *handle.config.lock().unwrap_or_else(|p| p.into_inner()) = new;
-    for (service, node) in removals {
-        report
-            .changes
-            .push(format!("{service}: node {node} draining, then removed"));
-        let h = handle.clone();
-        tokio::spawn(async move {
-            if let Err(e) = h.remove_node(&service, &node, Duration::from_secs(1)).await {
-                tracing::error!(service, node, error = %e, "reload: node removal failed");
-            }
-        });
+    if !report.overridden.is_empty()
+        && let Err(e) = control.save().await
+    {
+        tracing::error!(error = %e, "reload: runtime state not saved");
+        report.not_saved = Some(e.to_string());
     }
     tracing::info!(%report, "config reloaded");
     Ok(report)
@@ -94,6 +181,13 @@ pub async fn apply(handle: &SwitchHandle, new: Config) -> Result<ReloadReport, R
 fn check_live(old: &Config, new: &Config) -> Result<(), ReloadError> {
     if old.admin != new.admin {
         return Err(ReloadError::RestartNeeded("admin".into()));
+    }
+    if old.data_dir != new.data_dir {
+        return Err(ReloadError::RestartNeeded("data_dir".into()));
+    }
+    let (a, b) = (&old.store, &new.store);
+    if (&a.url, a.queue, a.batch, &a.saf) != (&b.url, b.queue, b.batch, &b.saf) {
+        return Err(ReloadError::RestartNeeded("store".into()));
     }
     let names = |c: &Config| {
         c.services
@@ -122,7 +216,7 @@ fn check_live(old: &Config, new: &Config) -> Result<(), ReloadError> {
 fn fixed_part(svc: &ServiceConfig) -> Result<serde_json::Value, ReloadError> {
     let mut v = serde_json::to_value(svc).map_err(|e| ReloadError::Invalid(e.to_string()))?;
     if let Some(top) = v.as_object_mut() {
-        // Read per request from the running service (`Service::set_live`).
+        // Read per request from the running service (`Service::reload_live`).
         top.remove("timeouts");
         top.remove("declines");
         if let Some(c) = top.get_mut("correlation").and_then(|c| c.as_object_mut()) {
@@ -172,127 +266,510 @@ fn first_difference(a: &serde_json::Value, b: &serde_json::Value, at: &str) -> O
     }
 }
 
-/// Applies one service's node and health changes; queues removals.
-fn plan_service(
-    handle: &SwitchHandle,
-    svc: &ServiceConfig,
-    report: &mut ReloadReport,
-    removals: &mut Vec<(String, String)>,
-) -> Result<(), ReloadError> {
-    let running = handle.running(&svc.name)?;
-    let service = &running.service;
-    let pool = &service.pool;
-    let now = Instant::now();
-    let stamped = svc.f37_stamp.is_some();
-    // Refuse before changing anything.
-    for (i, n) in svc.back.nodes.iter().enumerate() {
-        let live = pool.index_of(n.id.as_bytes()).and_then(|x| pool.node(x));
-        let moved = live.is_some_and(|l| l.config.address != n.address);
-        if stamped && (live.is_none() || moved) {
-            return Err(ReloadError::RestartNeeded(format!(
-                "service `{}`: back.node[{i}] (`{}`) is new or moved, and the service stamps F37 with node IDs",
-                svc.name, n.id
-            )));
+/// A node of the running pool (tombstones left out), as a config entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveNode {
+    pub index: usize,
+    pub entry: NodeConfig,
+    /// Being drained away by an earlier removal.
+    pub removing: bool,
+}
+
+/// The running pool's nodes: address as configured, weight, priority and
+/// admin state as they are now.
+pub fn live_nodes(service: &Service, removing: &[usize]) -> Vec<LiveNode> {
+    service
+        .pool
+        .nodes()
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| !n.is_removed())
+        .filter_map(|(index, _)| {
+            Some(LiveNode {
+                index,
+                entry: super::control::runtime_entry(service, index)?,
+                removing: removing.contains(&index),
+            })
+        })
+        .collect()
+}
+
+/// Node slots left for nodes added or moved (indices are never reused).
+fn free_slots(service: &Service) -> usize {
+    (service.config.back.nodes.len() + link::pool::SPARE_NODE_SLOTS)
+        .saturating_sub(service.pool.nodes().len())
+}
+
+/// One change to a running pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    Add(NodeConfig),
+    /// Drain, then remove.
+    Remove {
+        index: usize,
+        id: String,
+    },
+    /// A new address is a new node: the old one drains away.
+    Move {
+        index: usize,
+        from: SocketAddr,
+        to: NodeConfig,
+    },
+    Reweigh {
+        index: usize,
+        id: String,
+        from: (u32, u32),
+        to: (u32, u32),
+    },
+    Admin {
+        index: usize,
+        id: String,
+        from: AdminState,
+        to: AdminState,
+    },
+}
+
+/// What a reload (or a start) does to one service's pool.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct NodePlan {
+    pub steps: Vec<Step>,
+    /// Nodes the service has afterwards.
+    pub nodes: usize,
+    pub kept: Vec<RuntimeChange>,
+    pub overridden: Vec<RuntimeChange>,
+}
+
+/// The nodes a service should have: the file's, with each runtime change
+/// laid over its node unless the file changed that node's entry since.
+fn wanted_nodes(
+    service: &str,
+    file: &[NodeConfig],
+    records: &BTreeMap<String, NodeRecord>,
+    plan: &mut NodePlan,
+) -> Vec<NodeConfig> {
+    let mut wanted = file.to_vec();
+    for (id, record) in records {
+        let entry = file.iter().find(|n| n.id == *id);
+        match decide(record, entry) {
+            Decision::Override => {
+                plan.overridden
+                    .push(RuntimeChange::overridden(service, id, record, entry));
+            }
+            Decision::Keep => {
+                plan.kept.push(RuntimeChange::kept(service, id, record));
+                wanted.retain(|n| n.id != *id);
+                wanted.extend(record.runtime.clone());
+            }
         }
     }
-    pool.set_health_config(svc.back.health.state);
-    if service.request_timeout() != svc.timeouts.request {
+    wanted
+}
+
+/// Plans one service: what it should have (see [`wanted_nodes`]) against
+/// what runs. Touches nothing.
+pub fn plan_nodes(
+    service: &str,
+    file: &[NodeConfig],
+    records: &BTreeMap<String, NodeRecord>,
+    live: &[LiveNode],
+) -> Result<NodePlan, ReloadError> {
+    let mut plan = NodePlan::default();
+    let wanted = wanted_nodes(service, file, records, &mut plan);
+    plan.nodes = wanted.len();
+    for want in &wanted {
+        let Some(l) = live.iter().find(|l| l.entry.id == want.id) else {
+            plan.steps.push(Step::Add(want.clone()));
+            continue;
+        };
+        if l.removing {
+            return Err(ReloadError::Conflict(format!(
+                "service `{service}`: node `{}` is still being removed; reload again once it is gone",
+                want.id
+            )));
+        }
+        let (index, id) = (l.index, want.id.clone());
+        if l.entry.address != want.address {
+            plan.steps.push(Step::Move {
+                index,
+                from: l.entry.address,
+                to: want.clone(),
+            });
+            continue;
+        }
+        let (from, to) = (
+            (l.entry.weight, l.entry.priority),
+            (want.weight, want.priority),
+        );
+        if from != to {
+            plan.steps.push(Step::Reweigh {
+                index,
+                id: id.clone(),
+                from,
+                to,
+            });
+        }
+        if l.entry.admin != want.admin {
+            plan.steps.push(Step::Admin {
+                index,
+                id,
+                from: l.entry.admin,
+                to: want.admin,
+            });
+        }
+    }
+    for l in live {
+        if !l.removing && !wanted.iter().any(|w| w.id == l.entry.id) {
+            plan.steps.push(Step::Remove {
+                index: l.index,
+                id: l.entry.id.clone(),
+            });
+        }
+    }
+    Ok(plan)
+}
+
+/// Refuses a plan the running service cannot take, before anything applies.
+pub fn check_plan(
+    service: &str,
+    stamped: bool,
+    free_slots: usize,
+    plan: &NodePlan,
+) -> Result<(), ReloadError> {
+    if plan.nodes == 0 {
+        return Err(ReloadError::Conflict(format!(
+            "service `{service}` would be left without a node"
+        )));
+    }
+    let mut new_slots = 0;
+    for step in &plan.steps {
+        let (cfg, weight) = match step {
+            Step::Add(cfg) | Step::Move { to: cfg, .. } => (Some(cfg), cfg.weight),
+            Step::Reweigh { to, .. } => (None, to.0),
+            _ => continue,
+        };
+        if weight == 0 {
+            return Err(ReloadError::Invalid(format!(
+                "service `{service}`: a node's weight must be at least 1"
+            )));
+        }
+        let Some(cfg) = cfg else { continue };
+        if stamped {
+            // The F37 stamp table is fixed at start (stamps route responses
+            // statelessly, across switch instances).
+            return Err(ReloadError::RestartNeeded(format!(
+                "service `{service}`: node `{}` is new or moved, and the service stamps F37 with node IDs",
+                cfg.id
+            )));
+        }
+        cfg.id
+            .parse::<crate::route::NodeId>()
+            .map_err(|e| ReloadError::Invalid(format!("service `{service}`: node id: {e}")))?;
+        new_slots += 1;
+    }
+    if new_slots > free_slots {
+        return Err(ReloadError::RestartNeeded(format!(
+            "service `{service}`: {new_slots} nodes to add, {free_slots} free node slots ({} runtime adds per process)",
+            link::pool::SPARE_NODE_SLOTS
+        )));
+    }
+    Ok(())
+}
+
+/// Timeouts, decline codes, health thresholds and timing, the in-flight cap
+/// and a listen front's limits: set whatever they were.
+fn apply_live_settings(service: &Service, svc: &ServiceConfig, report: &mut ReloadReport) {
+    service.pool.set_health_config(svc.back.health.state);
+    if service.live().timeouts.default_timeout().after != svc.timeouts.request {
         report.changes.push(format!(
             "{}: timeouts.request {:?} -> {:?}",
             svc.name,
-            service.request_timeout(),
+            service.live().timeouts.default_timeout().after,
             svc.timeouts.request
         ));
     }
-    service.set_live(&svc.timeouts, svc.declines);
-    let health = &svc.back.health;
-    service.set_checks_and_cap(
-        health.interval,
-        health.timeout,
-        svc.correlation.max_in_flight,
-    );
-    if let crate::config::FrontConfig::Listen(front) = &svc.front {
-        service.set_listen_limits(front);
+    // The file was validated whole before anything applied (patterns of
+    // `timeouts.by_mti` included), so this cannot fail; if it did, the old
+    // settings stay.
+    if let Err(e) = service.reload_live(svc) {
+        tracing::error!(service = %svc.name, error = %e, "reload: live settings kept as they were");
     }
-    for n in &svc.back.nodes {
-        match pool.index_of(n.id.as_bytes()) {
-            None => {
-                handle.add_node(&svc.name, n.clone())?;
-                report
-                    .changes
-                    .push(format!("{}: node {} added", svc.name, n.id));
-            }
-            Some(index) => {
-                let live = pool.node(index).map(|l| l.config.clone());
-                match live {
-                    Some(l) if l.address != n.address => {
-                        // A new address is a new node: the old one drains away.
-                        report.changes.push(format!(
-                            "{}: node {} moves {} -> {}",
-                            svc.name, n.id, l.address, n.address
-                        ));
-                        replace_node(handle, &svc.name, index, n.clone())?;
-                    }
-                    _ => update_node(handle, &svc.name, index, n, now, report)?,
-                }
-            }
-        }
-    }
-    for n in pool.nodes().iter().filter(|n| !n.is_removed()) {
-        if !svc.back.nodes.iter().any(|c| c.id == n.config.id) {
-            removals.push((svc.name.clone(), n.config.id.clone()));
-        }
-    }
-    Ok(())
 }
 
-fn update_node(
-    handle: &SwitchHandle,
-    service: &str,
-    index: usize,
-    n: &NodeConfig,
-    now: Instant,
-    report: &mut ReloadReport,
-) -> Result<(), ReloadError> {
-    let svc = &handle.running(service)?.service;
-    let Some(st) = svc.pool.status(index, now) else {
-        return Ok(());
-    };
-    if st.weight != n.weight || st.priority != n.priority {
-        svc.pool.reconfigure(index, n.weight, n.priority);
-        report.changes.push(format!(
-            "{service}: node {} weight {} -> {}, priority {} -> {}",
-            n.id, st.weight, n.weight, st.priority, n.priority
-        ));
-    }
-    if st.admin != n.admin {
-        handle.set_node_admin(service, &n.id, n.admin)?;
-        report.changes.push(format!(
-            "{service}: node {} admin {:?} -> {:?}",
-            n.id, st.admin, n.admin
-        ));
-    }
-    Ok(())
+/// Where a plan is applied: to a pool about to start (no connection yet), or
+/// to a running switch.
+#[derive(Clone, Copy)]
+pub enum Stage<'a> {
+    Starting,
+    Running(&'a SwitchHandle),
 }
 
-/// A node whose address changed: the old entry drains and is removed in the
-/// background; the new one takes its ID at once.
-fn replace_node(
-    handle: &SwitchHandle,
-    service: &str,
-    old: usize,
-    cfg: NodeConfig,
-) -> Result<(), ReloadError> {
-    let svc = std::sync::Arc::clone(&handle.running(service)?.service);
-    svc.set_node_admin(old, AdminState::Drain, Instant::now());
-    svc.pool
-        .remove_node_later(old)
+/// Applies one planned step. A checked plan does not fail here; if a step
+/// still does, it is logged and reported, and the others apply.
+pub fn apply_step(stage: Stage<'_>, service: &Arc<Service>, step: Step, report: &mut ReloadReport) {
+    let name = service.name().to_string();
+    let now = Instant::now();
+    match step {
+        Step::Add(cfg) => {
+            let id = cfg.id.clone();
+            match add(stage, service, cfg) {
+                Ok(()) => report.changes.push(format!("{name}: node {id} added")),
+                Err(e) => failed(report, &name, &id, "add", &e.to_string()),
+            }
+        }
+        Step::Remove { index, id } => {
+            remove(stage, service, index);
+            report.changes.push(match stage {
+                Stage::Starting => format!("{name}: node {id} removed"),
+                Stage::Running(_) => format!("{name}: node {id} draining, then removed"),
+            });
+        }
+        Step::Move { index, from, to } => {
+            let id = to.id.clone();
+            let line = format!("{name}: node {id} moves {from} -> {}", to.address);
+            // The old entry drains, frees the ID at once, and goes.
+            service.set_node_admin(index, AdminState::Drain, now);
+            if let Err(e) = service.pool.remove_node_later(index) {
+                return failed(report, &name, &id, "move", &e.to_string());
+            }
+            remove(stage, service, index);
+            match add(stage, service, to) {
+                Ok(()) => report.changes.push(line),
+                Err(e) => failed(report, &name, &id, "move", &e.to_string()),
+            }
+        }
+        Step::Reweigh {
+            index,
+            id,
+            from,
+            to,
+        } => {
+            service.pool.reconfigure(index, to.0, to.1);
+            report.changes.push(format!(
+                "{name}: node {id} weight {} -> {}, priority {} -> {}",
+                from.0, to.0, from.1, to.1
+            ));
+        }
+        Step::Admin {
+            index,
+            id,
+            from,
+            to,
+        } => {
+            service.set_node_admin(index, to, now);
+            report
+                .changes
+                .push(format!("{name}: node {id} admin {from:?} -> {to:?}"));
+        }
+    }
+}
+
+fn failed(report: &mut ReloadReport, service: &str, node: &str, what: &str, why: &str) {
+    tracing::error!(service, node, error = %why, "{what} failed after the plan was checked");
+    report
+        .changes
+        .push(format!("{service}: node {node} {what} FAILED: {why}"));
+}
+
+/// Adds a node; on a running switch, starts its connections (at start,
+/// `link::start` starts every node).
+fn add(stage: Stage<'_>, service: &Arc<Service>, cfg: NodeConfig) -> Result<(), ControlError> {
+    let index = service
+        .pool
+        .add_node(cfg, Instant::now())
         .map_err(|e| ControlError::Conflict(e.to_string()))?;
-    handle.add_node(service, cfg)?;
-    let (h, service) = (handle.clone(), service.to_string());
-    tokio::spawn(async move {
-        h.finish_removal(&service, old, Duration::from_secs(1))
-            .await
-    });
+    if let Stage::Running(handle) = stage {
+        link::start_node(&handle.supervisor, service, index);
+    }
     Ok(())
+}
+
+/// Removes a node: at once before the start, after a drain on a running
+/// switch.
+fn remove(stage: Stage<'_>, service: &Arc<Service>, index: usize) {
+    match stage {
+        Stage::Starting => {
+            let _ = service.pool.remove_node(index, Instant::now());
+        }
+        Stage::Running(handle) => {
+            service.set_node_admin(index, AdminState::Drain, Instant::now());
+            let (h, name) = (handle.clone(), service.name().to_string());
+            h.begin_removal(&name, index);
+            tokio::spawn(async move {
+                h.finish_removal(&name, index, Duration::from_secs(1)).await;
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str, port: u16) -> NodeConfig {
+        NodeConfig {
+            id: id.into(),
+            address: format!("127.0.0.1:{port}").parse().unwrap(),
+            weight: 1,
+            priority: 0,
+            admin: AdminState::Enabled,
+        }
+    }
+
+    fn live(entries: &[NodeConfig]) -> Vec<LiveNode> {
+        entries
+            .iter()
+            .enumerate()
+            .map(|(index, e)| LiveNode {
+                index,
+                entry: e.clone(),
+                removing: false,
+            })
+            .collect()
+    }
+
+    fn record(file: Option<NodeConfig>, runtime: Option<NodeConfig>) -> NodeRecord {
+        NodeRecord {
+            file,
+            runtime,
+            changed_at: String::new(),
+        }
+    }
+
+    fn drained(n: &NodeConfig) -> NodeConfig {
+        NodeConfig {
+            admin: AdminState::Drain,
+            ..n.clone()
+        }
+    }
+
+    #[test]
+    fn an_unchanged_file_keeps_every_runtime_change() {
+        let file = vec![node("01", 7001), node("02", 7002)];
+        let added = node("04", 7004);
+        let records = BTreeMap::from([
+            (
+                "02".to_string(),
+                record(Some(file[1].clone()), Some(drained(&file[1]))),
+            ),
+            ("04".to_string(), record(None, Some(added.clone()))),
+        ]);
+        // Running: 02 drained, 04 added.
+        let running = live(&[file[0].clone(), drained(&file[1]), added]);
+        let plan = plan_nodes("pos", &file, &records, &running).unwrap();
+        assert_eq!(plan.steps, vec![], "nothing to do: {plan:?}");
+        assert_eq!(plan.nodes, 3);
+        let kept: Vec<String> = plan.kept.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            kept,
+            [
+                "pos: node 02 drain",
+                "pos: node 04 added at 127.0.0.1:7004 weight 1 priority 0 enabled"
+            ]
+        );
+        assert!(plan.overridden.is_empty());
+    }
+
+    #[test]
+    fn a_file_change_to_the_node_overrides_its_runtime_change() {
+        let before = vec![node("01", 7001), node("02", 7002)];
+        let records = BTreeMap::from([(
+            "02".to_string(),
+            record(Some(before[1].clone()), Some(drained(&before[1]))),
+        )]);
+        let running = live(&[before[0].clone(), drained(&before[1])]);
+        let mut after = before.clone();
+        after[1].weight = 4;
+        let plan = plan_nodes("pos", &after, &records, &running).unwrap();
+        assert_eq!(
+            plan.steps,
+            vec![
+                Step::Reweigh {
+                    index: 1,
+                    id: "02".into(),
+                    from: (1, 0),
+                    to: (4, 0)
+                },
+                Step::Admin {
+                    index: 1,
+                    id: "02".into(),
+                    from: AdminState::Drain,
+                    to: AdminState::Enabled
+                },
+            ]
+        );
+        assert_eq!(
+            plan.overridden[0].to_string(),
+            "pos: node 02 drain (file: weight 1 -> 4)"
+        );
+        assert!(plan.kept.is_empty());
+    }
+
+    #[test]
+    fn a_node_removed_at_runtime_stays_removed_and_one_added_by_the_file_overrides() {
+        let file = vec![node("01", 7001), node("02", 7002), node("03", 7003)];
+        let records = BTreeMap::from([
+            ("03".to_string(), record(Some(file[2].clone()), None)),
+            ("04".to_string(), record(None, Some(node("04", 7004)))),
+        ]);
+        let running = live(&[file[0].clone(), file[1].clone(), node("04", 7004)]);
+        // The file now lists 04 itself, at another address.
+        let mut now = file.clone();
+        now.push(node("04", 7104));
+        let plan = plan_nodes("pos", &now, &records, &running).unwrap();
+        assert_eq!(
+            plan.steps,
+            vec![Step::Move {
+                index: 2,
+                from: "127.0.0.1:7004".parse().unwrap(),
+                to: node("04", 7104)
+            }]
+        );
+        assert_eq!(plan.kept[0].to_string(), "pos: node 03 removed");
+        assert_eq!(
+            plan.overridden[0].to_string(),
+            "pos: node 04 added at 127.0.0.1:7004 weight 1 priority 0 enabled (file: now has it at 127.0.0.1:7104 weight 1 priority 0 enabled)"
+        );
+    }
+
+    #[test]
+    fn nodes_the_file_drops_are_removed_and_a_node_still_going_blocks() {
+        let file = vec![node("01", 7001)];
+        let running = live(&[node("01", 7001), node("02", 7002)]);
+        let plan = plan_nodes("pos", &file, &BTreeMap::new(), &running).unwrap();
+        assert_eq!(
+            plan.steps,
+            vec![Step::Remove {
+                index: 1,
+                id: "02".into()
+            }]
+        );
+        let mut going = running.clone();
+        going[0].removing = true;
+        let err = plan_nodes("pos", &file, &BTreeMap::new(), &going).unwrap_err();
+        assert!(matches!(err, ReloadError::Conflict(_)), "{err}");
+    }
+
+    #[test]
+    fn a_plan_is_checked_whole_before_anything_applies() {
+        let add = |id: &str, port| NodePlan {
+            steps: vec![Step::Add(node(id, port))],
+            nodes: 2,
+            ..NodePlan::default()
+        };
+        check_plan("pos", false, 1, &add("04", 7004)).unwrap();
+        let err = check_plan("cups", true, 1, &add("04", 7004)).unwrap_err();
+        assert!(
+            matches!(&err, ReloadError::RestartNeeded(m) if m.contains("stamps F37")),
+            "{err}"
+        );
+        let err = check_plan("pos", false, 0, &add("04", 7004)).unwrap_err();
+        assert!(matches!(err, ReloadError::RestartNeeded(_)), "{err}");
+        let err = check_plan("pos", false, 1, &add("0 x", 7004)).unwrap_err();
+        assert!(matches!(err, ReloadError::Invalid(_)), "{err}");
+        let empty = NodePlan::default();
+        assert!(matches!(
+            check_plan("pos", false, 1, &empty),
+            Err(ReloadError::Conflict(_))
+        ));
+    }
 }

@@ -6,11 +6,18 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::config::Config;
-use super::supervisor::Supervisor;
+use super::control::SwitchHandle;
+use super::data_dir::{DataDir, DataDirError};
+use super::reload::{self, ReloadReport, Stage};
+use super::runtime_state::{RuntimeStore, StateFile, StateFileError};
+use crate::config::Config;
+use crate::config::descriptors::{DescriptorNeed, open_file_limit, raise_open_file_limit};
+use crate::link::budget::ClientBudget;
+use crate::link::service::SafOutbox;
+use crate::link::supervisor::Supervisor;
 use crate::link::{self, Running, Service};
 
 /// Services started from one config.
@@ -18,18 +25,10 @@ pub struct Switch {
     pub services: Vec<Running>,
     handle: SwitchHandle,
     admin_addr: Option<SocketAddr>,
-}
-
-/// What the admin API and reload act on: the running services, the task
-/// supervisor and the config they run. Cheap to clone.
-#[derive(Clone)]
-pub struct SwitchHandle {
-    pub services: Arc<[Running]>,
-    pub supervisor: Arc<Supervisor>,
-    /// The config the services run now (reload replaces it).
-    pub config: Arc<Mutex<Config>>,
-    /// The file reload reads; `None` for a config given in memory.
-    pub source: Arc<Mutex<Option<PathBuf>>>,
+    /// Held (locked) for the switch's life.
+    data_dir: Option<DataDir>,
+    /// What the switch owes, kept durably; closed when it stops.
+    store: Option<crate::store::Store>,
 }
 
 /// Errors starting a switch, naming the service.
@@ -43,7 +42,17 @@ pub enum StartError {
         source: std::io::Error,
     },
     #[error("admin: {0}")]
-    Admin(String),
+    Admin(#[from] super::admin::AdminError),
+    #[error(transparent)]
+    DataDir(#[from] DataDirError),
+    #[error("runtime state: {0}")]
+    RuntimeState(#[from] StateFileError),
+    /// A recorded runtime change the service cannot take.
+    #[error("runtime state: {path}: {reason}; remove it to start from the config file alone")]
+    RuntimeChange { path: String, reason: String },
+    /// The store of what the switch owes could not be opened.
+    #[error("store: {0}")]
+    Store(#[from] crate::store::StoreError),
     /// A critical task ended and could not be restarted in place.
     #[error("stopped: {0}")]
     Fatal(String),
@@ -51,11 +60,36 @@ pub enum StartError {
 
 impl Switch {
     /// Starts every service of `config`, and the admin listener if configured.
-    /// On error, whatever was started is stopped again.
+    /// The runtime state is kept in `config.data_dir`, or, without one, for
+    /// this run only. On error, whatever was started is stopped again.
     pub async fn start(config: &Config) -> Result<Switch, StartError> {
+        Self::start_in(config, config.data_dir.as_deref()).await
+    }
+
+    /// [`Switch::start`] with the data directory given (`isoswitch run`
+    /// resolves it from the flag, the config and the environment). The
+    /// operators' runtime changes recorded there apply before any node
+    /// connects, by the rule reload follows.
+    pub async fn start_in(config: &Config, data_dir: Option<&Path>) -> Result<Switch, StartError> {
+        let data_dir = data_dir.map(DataDir::open).transpose()?;
+        let store = match &data_dir {
+            Some(dir) => {
+                let file = StateFile::in_dir(dir.path());
+                RuntimeStore {
+                    state: file.load()?,
+                    file: Some(file),
+                }
+            }
+            None => RuntimeStore::default(),
+        };
+        let owed = open_store(config, data_dir.as_ref().map(DataDir::path)).await?;
         let supervisor = Supervisor::new();
-        match Self::start_under(config, &supervisor).await {
-            Ok(switch) => Ok(switch),
+        match Self::start_under(config, &supervisor, store, owed.clone()).await {
+            Ok(mut switch) => {
+                switch.data_dir = data_dir;
+                switch.store = owed;
+                Ok(switch)
+            }
             Err(e) => {
                 supervisor.stop(Duration::from_secs(2)).await;
                 Err(e)
@@ -66,30 +100,48 @@ impl Switch {
     async fn start_under(
         config: &Config,
         supervisor: &Arc<Supervisor>,
+        mut store: RuntimeStore,
+        owed: Option<crate::store::Store>,
     ) -> Result<Switch, StartError> {
+        let outbox =
+            owed.map(|store| (store, instance_name(), Arc::new(tokio::sync::Notify::new())));
         let supervisor = Arc::clone(supervisor);
+        let budget = client_budget(config);
         let mut services = Vec::new();
+        let mut runtime = ReloadReport::default();
         for svc in &config.services {
             let spec = svc.load_spec().map_err(|e| StartError::Service {
                 service: svc.name.clone(),
                 reason: e.to_string(),
             })?;
-            let mut service =
-                Service::new(svc.clone(), spec, Instant::now()).map_err(|reason| {
-                    StartError::Service {
-                        service: svc.name.clone(),
-                        reason,
-                    }
-                })?;
-            let capture = crate::capture::writer::attach(&mut service);
-            let service = Arc::new(service);
-            if let Some(capture) = capture {
+            let mut service = Service::new(svc.clone(), spec, Instant::now()).map_err(|e| {
+                StartError::Service {
+                    service: svc.name.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
+            service.links.set_budget(Arc::clone(&budget));
+            if let Some((store, owner, wake)) = &outbox {
+                service.made.set_saf(SafOutbox {
+                    store: store.clone(),
+                    owner: owner.clone(),
+                    policy: config.store.saf.clone(),
+                    wake: Arc::clone(wake),
+                });
+            } else if svc.integrity.late_approval == crate::config::LateApproval::Reverse {
+                tracing::warn!(service = %svc.name, "no store (no data_dir, no [store]): late approvals will be logged and counted, not reversed");
+            }
+            let capture = crate::capture::writer::open(svc, Arc::clone(service.spec()));
+            if let Some((capture, writer)) = capture {
+                service.links.capture = Some(capture);
                 // One writer per service, owned by the supervisor: it cannot
                 // restart (it owns the files), so an early end is fatal.
                 let mut set = tokio::task::JoinSet::new();
-                set.spawn(capture.run(Arc::clone(&service), supervisor.shutdown()));
+                set.spawn(writer.run(supervisor.shutdown()));
                 supervisor.watch_set(format!("{}/capture", svc.name), set);
             }
+            let service = Arc::new(service);
+            apply_runtime_state(&service, svc, &mut store, &mut runtime)?;
             let running =
                 link::start(service, &supervisor)
                     .await
@@ -100,11 +152,29 @@ impl Switch {
             tracing::info!(service = %svc.name, front = %running.front_addr, "service started");
             services.push(running);
         }
+        let gone = forget_services_not_in(config, &mut store);
+        if (gone || !runtime.overridden.is_empty())
+            && let Err(e) = store.save().await
+        {
+            tracing::error!(error = %e, "runtime state not saved");
+        }
+        if outbox.is_some() {
+            // One delivery loop for every service of this instance: the
+            // store's leases do not know services.
+            let owing: Vec<Arc<Service>> =
+                services.iter().map(|r| Arc::clone(&r.service)).collect();
+            let stop = supervisor.shutdown();
+            supervisor.spawn_critical("saf".into(), supervisor.token(), move || {
+                link::saf::run(owing.clone(), stop.clone())
+            });
+        }
         let handle = SwitchHandle {
             services: services.clone().into(),
             supervisor,
             config: Arc::new(Mutex::new(config.clone())),
             source: Arc::default(),
+            control: Arc::new(tokio::sync::Mutex::new(store)),
+            removing: Arc::default(),
         };
         let admin_addr = match &config.admin {
             Some(admin) => Some(
@@ -118,7 +188,14 @@ impl Switch {
             services,
             handle,
             admin_addr,
+            data_dir: None,
+            store: None,
         })
+    }
+
+    /// The data directory this switch holds, if it has one.
+    pub fn data_dir(&self) -> Option<&Path> {
+        self.data_dir.as_ref().map(DataDir::path)
     }
 
     /// The admin listener's address, when one is configured.
@@ -151,7 +228,7 @@ impl Switch {
         let grace = self
             .services
             .iter()
-            .map(|r| r.service.request_timeout())
+            .map(|r| r.service.live().longest_timeout())
             .max()
             .unwrap_or_default();
         self.stop_within(grace).await;
@@ -160,7 +237,7 @@ impl Switch {
     /// [`Switch::stop`] with an explicit grace period.
     pub async fn stop_within(self, grace: Duration) {
         for r in &self.services {
-            r.service.begin_drain();
+            r.service.links.begin_drain();
         }
         let deadline = tokio::time::Instant::now() + grace;
         while self.services.iter().any(|r| r.service.in_flight() > 0)
@@ -182,6 +259,11 @@ impl Switch {
         // Let the writers flush the last answers before the links close.
         tokio::time::sleep(Duration::from_millis(100)).await;
         self.handle.supervisor.stop(Duration::from_secs(2)).await;
+        if let Some(store) = self.store.clone()
+            && let Err(e) = store.close().await
+        {
+            tracing::warn!(error = %e, "store not closed cleanly (what it acknowledged is durable)");
+        }
     }
 }
 
@@ -191,6 +273,134 @@ impl Drop for Switch {
     fn drop(&mut self) {
         self.handle.supervisor.cancel();
     }
+}
+
+/// The clients' share of the open-file limit the process runs under now:
+/// what is left once node links, peer links, admin, captures and files are
+/// reserved (`config::descriptors`). Shared by every listen front.
+fn client_budget(config: &Config) -> Arc<ClientBudget> {
+    let need = DescriptorNeed::of(config);
+    match open_file_limit() {
+        Ok((soft, _)) => {
+            let clients = need.client_budget(soft);
+            tracing::info!(
+                open_file_limit = soft,
+                reserved = need.reserved(),
+                clients,
+                "descriptor budget"
+            );
+            ClientBudget::new(usize::try_from(clients).unwrap_or(usize::MAX))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the open-file limit: clients limited by max_connections only");
+            ClientBudget::unlimited()
+        }
+    }
+}
+
+/// What `isoswitch run` does about descriptors before it starts: raises the
+/// soft open-file limit to the hard one, and warns as `check` does when the
+/// config's limits exceed it.
+pub fn prepare_open_file_limit(config: &Config) {
+    match raise_open_file_limit() {
+        Ok(limit) => {
+            if let Some(warning) = DescriptorNeed::of(config).warning(limit) {
+                tracing::warn!("{warning}");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
+}
+
+/// Lays the recorded runtime changes over a service about to start (no node
+/// connected yet): the ones its file entry still matches are kept, the others
+/// dropped, both logged.
+fn apply_runtime_state(
+    service: &Arc<Service>,
+    svc: &crate::config::ServiceConfig,
+    store: &mut RuntimeStore,
+    report: &mut ReloadReport,
+) -> Result<(), StartError> {
+    let refused = |e: reload::ReloadError| StartError::RuntimeChange {
+        path: store
+            .file
+            .as_ref()
+            .map_or_else(String::new, |f| f.path().display().to_string()),
+        reason: e.to_string(),
+    };
+    let live = reload::live_nodes(service, &[]);
+    let plan = reload::plan_nodes(&svc.name, &svc.back.nodes, store.state.of(&svc.name), &live)
+        .map_err(refused)?;
+    let free = link::pool::SPARE_NODE_SLOTS;
+    reload::check_plan(&svc.name, svc.f37_stamp.is_some(), free, &plan).map_err(refused)?;
+    for step in plan.steps {
+        reload::apply_step(Stage::Starting, service, step, report);
+    }
+    for c in &plan.kept {
+        tracing::warn!(change = %c, "runtime change kept (made through the admin API; its node's entry in the config file is unchanged)");
+    }
+    for c in &plan.overridden {
+        tracing::warn!(change = %c, "runtime change dropped: the config file changed its node's entry");
+        store.state.forget(&c.service, &c.node);
+    }
+    report.kept.extend(plan.kept);
+    report.overridden.extend(plan.overridden);
+    Ok(())
+}
+
+/// Drops the runtime changes of services the config no longer has (a
+/// service renamed or removed, then a restart). True if there were any.
+fn forget_services_not_in(config: &Config, store: &mut RuntimeStore) -> bool {
+    let before = store.state.services.len();
+    store.state.services.retain(|service, records| {
+        let known = config.services.iter().any(|s| s.name == *service);
+        if !known {
+            tracing::warn!(
+                service,
+                nodes = records.len(),
+                "runtime changes dropped: the config file has no such service"
+            );
+        }
+        known
+    });
+    store.state.services.len() != before
+}
+
+/// Opens the store of what the switch owes: where `[store]` says, else
+/// SQLite in the data dir; none without either (a switch started in process
+/// for a test).
+async fn open_store(
+    config: &Config,
+    data_dir: Option<&Path>,
+) -> Result<Option<crate::store::Store>, StartError> {
+    let dir = match (data_dir, &config.store.url) {
+        (Some(dir), _) => dir.to_path_buf(),
+        (None, Some(_)) => PathBuf::from("."),
+        (None, None) => return Ok(None),
+    };
+    let store = crate::store::Store::open(&config.store, &dir).await?;
+    tracing::info!(store = ?store.location(), "store open");
+    Ok(Some(store))
+}
+
+/// This instance's name in the store's leases: host, process and start time,
+/// so that a restarted process is a new owner and its predecessor's leases
+/// simply run out.
+fn instance_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let host = if rc == 0 {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "isoswitch".to_string()
+    };
+    format!(
+        "{host}/{}/{}",
+        std::process::id(),
+        crate::store::saf::now_millis()
+    )
 }
 
 /// One line of counters for a service.
@@ -210,8 +420,8 @@ pub fn stats_line(service: &Service) -> String {
         })
         .collect();
     let oneconnect = service
-        .oneconnect
-        .as_ref()
+        .side
+        .oneconnect()
         .map_or_else(String::new, |oc| oc.stats_line(service));
     format!(
         "{} requests {} answered {} declined {} in_flight {} late {} unknown {} bad {} nodes [{}]{oneconnect}",
@@ -231,9 +441,11 @@ pub fn stats_line(service: &Service) -> String {
 pub async fn run_until_interrupted(
     config: &Config,
     source: Option<PathBuf>,
+    data_dir: &Path,
     stats_every: Duration,
 ) -> Result<(), StartError> {
-    let switch = Switch::start(config).await?;
+    prepare_open_file_limit(config);
+    let switch = Switch::start_in(config, Some(data_dir)).await?;
     switch.set_source(source);
     let mut tick = tokio::time::interval(stats_every);
     tick.tick().await;

@@ -73,12 +73,14 @@ pub mod decline;
 // Config durations in this layer use the crate's one grammar.
 use crate::util::duration;
 pub mod health;
+pub mod integrity;
 pub mod node;
 pub mod oneconnect;
 pub use crate::util::rng;
 pub mod router;
 pub mod rules;
 pub mod stamp;
+pub mod timeouts;
 
 pub use balancer::{Algorithm, Balancer, BalancerConfig, SharedBalancer};
 pub use correlator::{
@@ -88,7 +90,8 @@ pub use correlator::{
 pub use decline::{DeclineCodes, DeclineReason, ResponseCode};
 pub use health::{AdminState, Health, HealthConfig, HealthConfigError, Standing, Transition};
 pub use node::{
-    EwmaCell, EwmaConfig, NodeId, NodeIdError, NodeSnapshot, NodeState, NodeView, PeakEwma,
+    EwmaCell, EwmaConfig, NODE_ID_MAX, NodeId, NodeIdError, NodeSnapshot, NodeState, NodeView,
+    PeakEwma,
 };
 pub use rng::Rng;
 pub use router::{
@@ -97,6 +100,7 @@ pub use router::{
 };
 pub use rules::{FieldPrefix, MtiPattern, RuleConfig, RuleError, RuleSet};
 pub use stamp::{F37Stamp, StampError, StampTable};
+pub use timeouts::{OnTimeout, Timeout, TimeoutPolicy};
 
 #[cfg(test)]
 mod tests;

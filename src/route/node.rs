@@ -25,8 +25,9 @@ use super::health::{Health, HealthConfig, RAMP_FULL, Standing, Transition};
 /// Longest node id, in bytes.
 pub const NODE_ID_MAX: usize = 8;
 
-/// A node id as written in config: 1 to [`NODE_ID_MAX`] printable, non-space
-/// ASCII bytes. Stored inline, so it is `Copy` and never allocates.
+/// A node id as written in config: 1 to [`NODE_ID_MAX`] bytes, each a letter,
+/// a digit, `_`, `.` or `-` (the name rule of [`crate::util::name`]: an ID
+/// goes unescaped into metrics labels, logs and URLs). Stored inline, so it is `Copy` and never allocates.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct NodeId {
@@ -42,8 +43,8 @@ pub enum NodeIdError {
     Empty,
     #[error("node id `{0}` is longer than {NODE_ID_MAX} bytes")]
     TooLong(String),
-    #[error("node id `{0}` holds a byte that is not printable ASCII (or is a space)")]
-    NotPrintable(String),
+    #[error("node id `{0}` holds a character other than a letter, a digit, `_`, `.` or `-`")]
+    BadChar(String),
 }
 
 impl NodeId {
@@ -56,8 +57,8 @@ impl NodeId {
         if id.len() > NODE_ID_MAX {
             return Err(NodeIdError::TooLong(shown()));
         }
-        if !id.iter().all(u8::is_ascii_graphic) {
-            return Err(NodeIdError::NotPrintable(shown()));
+        if !id.iter().all(|&b| crate::util::name::is_name_byte(b)) {
+            return Err(NodeIdError::BadChar(shown()));
         }
         let mut bytes = [0u8; NODE_ID_MAX];
         bytes[..id.len()].copy_from_slice(id);
@@ -75,7 +76,7 @@ impl NodeId {
 
     /// The id as text (always ASCII).
     pub fn as_str(&self) -> &str {
-        // Only printable ASCII gets in, so this never fails; fall back rather than panic.
+        // Only ASCII gets in, so this never fails; fall back rather than panic.
         std::str::from_utf8(self.as_bytes()).unwrap_or("?")
     }
 
@@ -525,14 +526,14 @@ mod tests {
             NodeId::new(b"123456789"),
             Err(NodeIdError::TooLong(_))
         ));
-        assert!(matches!(
-            NodeId::new(b"a b"),
-            Err(NodeIdError::NotPrintable(_))
-        ));
-        assert!(matches!(
-            NodeId::new(&[0xff]),
-            Err(NodeIdError::NotPrintable(_))
-        ));
+        for bad in [&b"a b"[..], b"x\",y=\"z", b"\"", b"a\\b", &[0xff]] {
+            assert!(
+                matches!(NodeId::new(bad), Err(NodeIdError::BadChar(_))),
+                "{}",
+                bad.escape_ascii()
+            );
+        }
+        assert!(NodeId::new(b"n.1_a-b").is_ok());
         assert!(NodeId::new(b"node-001").is_ok());
         assert!(NodeId::new(b"01").unwrap() < NodeId::new(b"02").unwrap());
         assert!(NodeId::new(b"1").unwrap() < NodeId::new(b"10").unwrap());

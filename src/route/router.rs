@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::{CorrelationKey, F37Stamp, KeyTooLong, MtiPattern, NodeId};
+use super::{CorrelationKey, F37Stamp, KeyTooLong, MtiPattern, NodeId, StampError};
 use crate::iso8583::{Bitmap, FieldIndex, IsoError, Message, Mti, Spec};
 use crate::wire::{Patch, Tpdu};
 
@@ -341,24 +341,20 @@ impl Router {
     /// off). The text form is stamped, then written back in the field's
     /// encoding (EBCDIC on VISA), so node IDs are the same characters on
     /// every link.
-    pub fn f37_patch(&self, req: &Checked<'_>, node: &NodeId) -> Result<Patch, String> {
+    pub fn f37_patch(&self, req: &Checked<'_>, node: &NodeId) -> Result<Patch, StampError> {
         let mut patch = Patch::default();
         let Some(stamp) = &self.f37_stamp else {
             return Ok(patch);
         };
-        let f37 = req.field(37).ok_or("request has no F37 to stamp")?;
+        let f37 = req.field(37).ok_or(StampError::NoF37)?;
         let (mut window, len) = f37_text(&f37);
-        stamp
-            .stamp(&mut window[..len], node)
-            .map_err(|e| e.to_string())?;
+        stamp.stamp(&mut window[..len], node)?;
         if f37.def().data == crate::iso8583::Data::Ebcdic {
             for b in &mut window[..len] {
                 *b = crate::iso8583::ebcdic::from_ascii(*b);
             }
         }
-        patch
-            .overwrite(f37.range().start, &window[..len])
-            .map_err(|e| e.to_string())?;
+        patch.overwrite(f37.range().start, &window[..len])?;
         Ok(patch)
     }
 

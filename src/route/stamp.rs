@@ -43,6 +43,10 @@ pub enum StampError {
     FieldTooShort { len: usize, need: usize },
     #[error("no node with index {0} in the stamp table")]
     UnknownNode(usize),
+    #[error("request has no F37 to stamp")]
+    NoF37,
+    #[error("f37 stamp: {0}")]
+    Patch(#[from] crate::wire::PatchOverflow),
 }
 
 impl F37Stamp {

@@ -4,8 +4,8 @@
 //! The simulators are the test oracles of the switch, so they must not answer
 //! with the switch's code: a bug in the switch's decline or envelope handling
 //! would then sit in the peer that is meant to catch it. Everything that makes
-//! a response a response is written here from the wire formats
-//! (`WIRE.md`), not taken from `link/` or `route/`, nor from the helpers the
+//! a response a response is written here from the wire formats (the
+//! specs and `docs/specs.md`), not taken from `link/` or `route/`, nor from the helpers the
 //! switch's declines use (`Spec::respond`, `Spec::swap_envelope`,
 //! `Mti::response`, the header types' swap functions): the response MTI, which
 //! fields come back, F39, and the envelope turned around (TPDU addresses, CUPS

@@ -1,9 +1,11 @@
-//! `isoswitch sim cups`: UnionPay's side of a split simplex link set (WIRE.md §1).
+//! `isoswitch sim cups`: UnionPay's side of a split simplex link set.
 //!
 //! - **Out links** (the member writes, UnionPay reads): the simulator listens on
 //!   `accept` and reads whatever the switch sends. `0820` network management and
-//!   member requests are answered, and the answers go out **on an in link**
-//!   chosen round-robin, never on the connection the request came in on.
+//!   member requests are answered, and the answers go out **on an in link**,
+//!   never on the connection the request came in on: a member answer on an in
+//!   link drawn at random, a network-management answer on an in link of the
+//!   switch instance that asked.
 //!   Responses to the simulator's own requests are matched by F7 + F11 + F32 +
 //!   F33 against what is outstanding.
 //! - **In links** (UnionPay writes, the member reads): the simulator opens `links`
@@ -12,47 +14,58 @@
 //!   for `keepalive_idle`, and originates issuer requests (`0100`) and echo tests
 //!   (`0820` F70 `301`) on them.
 //!
+//! As the oracle of a financial switch's store and forward, it also
+//!
+//! - answers a share of the member requests it approves late and records
+//!   them; reads the member's reversals (`0420`/`0421`) on out links,
+//!   answers `0430` on an in link and books them per chain against those
+//!   late approvals, as `sim node` does ([`crate::sim::ledger`]); acknowledges
+//!   the member's advices (`0120`/`0220`) and counts their repeats;
+//! - sends advices of its own (`0220`, or `0420` reversal advices) on in
+//!   links at `advice_rate`, expects the `0230`/`0430` on an out link and
+//!   repeats an unacknowledged one (`0221`/`0421`) after `timeout`;
+//! - starts key resets (`0800` F70 `101`) every `key_reset_every`, expects the
+//!   `0810` on an out link and counts its F39; and answers the member's key
+//!   requests (`0820` F70 `1xx`) with `0830`, as any network management.
+//!
 //! Every queue and table is bounded, every wait has a deadline, and nothing read
 //! from a socket can make it panic: a frame that does not parse is counted and
 //! dropped; a length prefix that cannot be trusted closes that link only.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::StreamExt;
-use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tokio_util::codec::FramedRead;
+
+mod links;
+mod report;
+mod saf;
+
+pub use report::{CupsReport, CupsSimStats};
+
+use links::{InLink, OutLink, To, accept_out_links, close_links, drop_out_links, keep_in_link};
 
 use crate::iso8583::{Decoded, Message, Mti, Spec, samples};
 use crate::sim::answer::{self, response_mti};
+use crate::sim::ledger::{LateApprovals, is_advice, is_approvable, is_key_management, is_reversal};
 use crate::sim::node::Delay;
-use crate::sim::writer::{Outbound, Patch, run_writer};
+use crate::sim::original::OriginalKey;
+use crate::sim::peer::{Outstanding, Pacer, deadline_after};
+use crate::sim::writer::{Outbound, Patch};
 use crate::util::rng::{Rng, entropy_seed};
-use crate::wire::{Frame, FrameCodec};
 
 /// UnionPay's institution ID (header source of what it sends, F33).
 pub const CUPS_ID: &str = "00010000";
 
 /// Frames queued per in link before senders see it as full.
 const IN_LINK_QUEUE: usize = 4096;
-/// Requests (issuer requests and echo tests) awaiting a response, at most.
-const MAX_OUTSTANDING: usize = 100_000;
 /// Out links accepted beyond `links` x this are closed at once.
 const OUT_LINKS_PER_IN_LINK: usize = 4;
-/// Wait before reopening an in link the switch (or a test) closed.
-const RECONNECT_MIN: Duration = Duration::from_millis(100);
-/// Longest wait between failed connection attempts.
-const RECONNECT_MAX: Duration = Duration::from_secs(2);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Issuer requests sent in one pacing tick at most (a late tick does not burst).
-const MAX_BURST: u64 = 1000;
 /// How long `stop` waits for tasks before aborting them.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
@@ -93,6 +106,33 @@ pub struct CupsSimConfig {
     pub sign_on_delay: Duration,
     /// Closes every out link at once this often (chaos: all links lost).
     pub drop_out_links_every: Option<Duration>,
+    /// A share of the member requests it approves answered late, each
+    /// recorded: the switch should reverse them.
+    pub late: Option<LateApprovals>,
+    /// Leave the first this many reversal messages of each chain unanswered.
+    pub ignore_reversals: u32,
+    /// Advices of its own per second (`None` or 0 = none).
+    pub advice_rate: Option<f64>,
+    /// MTIs of those advices, used in turn: `0120`, `0220` (the purchase's
+    /// fields) or `0420` (a reversal advice: F90 names an `0200` of
+    /// UnionPay's, F39 `98`, issuer not answering).
+    pub advice_mtis: Vec<Mti>,
+    /// Repeats (`0221`, `0421`) of an advice unacknowledged within
+    /// `timeout`, at most.
+    pub advice_repeats: u32,
+    /// Starts a key reset (`0800` F70 `101`) this often, for `duration`.
+    pub key_reset_every: Option<Duration>,
+}
+
+/// The MTI of UnionPay's advices unless told otherwise.
+pub const ADVICE_MTI: Mti = match Mti::new(*b"0220") {
+    Some(m) => m,
+    None => unreachable!(),
+};
+
+/// Whether `mti` is an advice UnionPay can send: `0120`, `0220`, `0420`.
+pub fn is_sendable_advice(mti: Mti) -> bool {
+    matches!(mti.class(), 1 | 2 | 4) && mti.function() == 2 && mti.origin() == 0
 }
 
 impl CupsSimConfig {
@@ -113,151 +153,13 @@ impl CupsSimConfig {
             require_sign_on: false,
             sign_on_delay: Duration::ZERO,
             drop_out_links_every: None,
+            late: None,
+            ignore_reversals: 0,
+            advice_rate: None,
+            advice_mtis: vec![ADVICE_MTI],
+            advice_repeats: 3,
+            key_reset_every: None,
         }
-    }
-}
-
-/// Counters a test can read while the simulator runs.
-#[derive(Debug, Default)]
-pub struct CupsSimStats {
-    /// Issuer requests written on an in link.
-    pub sent: AtomicU64,
-    /// Issuer requests not sent: no live in link, every queue full, or too many
-    /// outstanding.
-    pub unsent: AtomicU64,
-    /// Responses to issuer requests with F39 `00`.
-    pub answered: AtomicU64,
-    /// Responses to issuer requests with another F39.
-    pub declined: AtomicU64,
-    /// Responses matching nothing outstanding (unknown, or answered already) or
-    /// with the wrong MTI.
-    pub mismatched: AtomicU64,
-    /// Issuer requests without a response within `timeout`.
-    pub unanswered: AtomicU64,
-    /// Member requests (not network management) read on out links.
-    pub member_requests: AtomicU64,
-    /// Member requests whose response was written on an in link.
-    pub member_requests_answered: AtomicU64,
-    /// Network-management requests (`0820`, `0800`) read on out links.
-    pub network_requests: AtomicU64,
-    /// Their responses (`0830`, `0810`) written on an in link.
-    pub network_answered: AtomicU64,
-    /// Responses (to member or network requests) dropped: no live in link, or
-    /// every in-link queue full, or too many waiting out their delay.
-    pub responses_unsent: AtomicU64,
-    /// `0000` frames read on any link.
-    pub keepalives_received: AtomicU64,
-    /// `0000` frames written on idle in links.
-    pub keepalives_sent: AtomicU64,
-    /// `0820` echo tests written on an in link.
-    pub echo_sent: AtomicU64,
-    /// `0830`s read on an out link matching an echo test.
-    pub echo_answered: AtomicU64,
-    /// Echo tests without an `0830` within `timeout`.
-    pub echo_unanswered: AtomicU64,
-    /// In-link connections made.
-    pub in_links_opened: AtomicU64,
-    /// In links live now.
-    pub in_links_up: AtomicU64,
-    /// Out-link connections accepted (and kept).
-    pub out_links_accepted: AtomicU64,
-    /// Out links live now.
-    pub out_links_up: AtomicU64,
-    /// Out links closed at once because too many were open.
-    pub out_links_refused: AtomicU64,
-    /// Frames that did not parse, or prefixes that could not be trusted.
-    pub bad_frames: AtomicU64,
-    /// Message frames the switch wrote on an in link (it should only read them).
-    pub unexpected_on_in_links: AtomicU64,
-    /// Frames read on an out link before its sign-on (`require_sign_on`):
-    /// refused, never answered.
-    pub unsigned_frames: AtomicU64,
-    /// Sign-on 0820s answered (`require_sign_on`).
-    pub sign_ons: AtomicU64,
-    /// Times every out link was dropped at once (`drop_out_links_every`).
-    pub out_link_drops: AtomicU64,
-    /// Answers to member requests written on an in link to another host than
-    /// the out link the request came on (another switch instance), by
-    /// `"from->to"` host pair.
-    pub crossed: Mutex<std::collections::BTreeMap<String, u64>>,
-}
-
-/// What the simulated UnionPay saw.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct CupsReport {
-    pub sent: u64,
-    pub answered: u64,
-    pub declined: u64,
-    pub mismatched: u64,
-    pub unanswered: u64,
-    pub unsent: u64,
-    pub member_requests: u64,
-    pub member_requests_answered: u64,
-    pub keepalives_received: u64,
-    pub echo_sent: u64,
-    pub echo_answered: u64,
-    pub in_links_up: u64,
-    pub out_links_accepted: u64,
-    pub bad_frames: u64,
-    pub unsigned_frames: u64,
-    pub sign_ons: u64,
-    pub out_link_drops: u64,
-    /// Member answers that went to another host than their request came
-    /// from, by `"from->to"` (see [`CupsSimStats::crossed`]).
-    pub crossed: std::collections::BTreeMap<String, u64>,
-}
-
-impl CupsReport {
-    fn from_stats(s: &CupsSimStats) -> CupsReport {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        CupsReport {
-            sent: get(&s.sent),
-            answered: get(&s.answered),
-            declined: get(&s.declined),
-            mismatched: get(&s.mismatched),
-            unanswered: get(&s.unanswered),
-            unsent: get(&s.unsent),
-            member_requests: get(&s.member_requests),
-            member_requests_answered: get(&s.member_requests_answered),
-            keepalives_received: get(&s.keepalives_received),
-            echo_sent: get(&s.echo_sent),
-            echo_answered: get(&s.echo_answered),
-            in_links_up: get(&s.in_links_up),
-            out_links_accepted: get(&s.out_links_accepted),
-            bad_frames: get(&s.bad_frames),
-            unsigned_frames: get(&s.unsigned_frames),
-            sign_ons: get(&s.sign_ons),
-            out_link_drops: get(&s.out_link_drops),
-            crossed: lock(&s.crossed).clone(),
-        }
-    }
-}
-
-impl std::fmt::Display for CupsReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "sent {} answered {} declined {} mismatched {} unanswered {} unsent {} \
-             member_requests {} member_requests_answered {} keepalives_received {} \
-             echo_sent {} echo_answered {} in_links_up {} out_links_accepted {} bad_frames {} \
-             unsigned_frames {} sign_ons {}",
-            self.sent,
-            self.answered,
-            self.declined,
-            self.mismatched,
-            self.unanswered,
-            self.unsent,
-            self.member_requests,
-            self.member_requests_answered,
-            self.keepalives_received,
-            self.echo_sent,
-            self.echo_answered,
-            self.in_links_up,
-            self.out_links_accepted,
-            self.bad_frames,
-            self.unsigned_frames,
-            self.sign_ons
-        )
     }
 }
 
@@ -295,10 +197,10 @@ impl CupsSim {
             in_links: Mutex::new(Vec::new()),
             out_links: Mutex::new(Vec::new()),
             next_in: AtomicUsize::new(0),
-            next_answer: AtomicUsize::new(0),
             next_link_id: AtomicU64::new(1),
-            outstanding: Mutex::new(HashMap::new()),
+            outstanding: Outstanding::default(),
             stan: AtomicU32::new((entropy_seed() % 999_999) as u32 + 1),
+            next_advice: AtomicUsize::new(0),
             delayed: Arc::default(),
             issuer,
             originating: super::OriginateGate::new(true),
@@ -314,13 +216,24 @@ impl CupsSim {
             let target = targets[i % targets.len()];
             tasks.spawn(keep_in_link(Arc::clone(&shared), target, rx.clone()));
         }
-        if shared.cfg.rate.is_some_and(|r| r > 0.0) {
-            tasks.spawn(originate(Arc::clone(&shared), rx.clone()));
+        for (rate, what) in [
+            (shared.cfg.rate, Originated::Issuer),
+            (shared.cfg.advice_rate, Originated::Advice),
+        ] {
+            if let Some(rate) = rate.filter(|r| *r > 0.0) {
+                tasks.spawn(originate(Arc::clone(&shared), rate, what, rx.clone()));
+            }
+        }
+        if let Some(every) = shared.cfg.key_reset_every.filter(|d| !d.is_zero()) {
+            tasks.spawn(reset_keys(Arc::clone(&shared), every, rx.clone()));
         }
         if let Some(every) = shared.cfg.drop_out_links_every.filter(|d| !d.is_zero()) {
             tasks.spawn(drop_out_links(Arc::clone(&shared), every, rx.clone()));
         }
-        tasks.spawn(sweep(Arc::clone(&shared), rx));
+        let (expiring, timeout) = (Arc::clone(&shared), shared.cfg.timeout);
+        tasks.spawn(crate::sim::peer::sweep(timeout, rx, move |now| {
+            expiring.expire(now)
+        }));
         tracing::info!(accept = %accept_addr, connect = %shared.cfg.connect, links = shared.cfg.links, "sim cups started");
         Ok(CupsSim {
             shared,
@@ -352,13 +265,27 @@ impl CupsSim {
 
     /// Issuer requests and echo tests awaiting a response.
     pub fn outstanding(&self) -> usize {
-        lock(&self.shared.outstanding).len()
+        self.shared.outstanding.len()
     }
 
     /// Sends an `0820` echo test (F70 `301`) on a live in link; the switch's
     /// `0830` is expected on an out link. `false` if no in link could take it.
     pub fn send_echo(&self) -> bool {
         self.shared.send_echo()
+    }
+
+    /// Sends one advice of its own now (the next of `advice_mtis`) on a live
+    /// in link; its acknowledgement is expected on an out link, and it is
+    /// repeated after `timeout` (`advice_repeats` times at most). `false`
+    /// if no in link could take it.
+    pub fn send_advice(&self) -> bool {
+        self.shared.send_advice()
+    }
+
+    /// Starts a key reset now: `0800` F70 `101` on a live in link, the
+    /// `0810` expected on an out link. `false` if no in link could take it.
+    pub fn send_key_reset(&self) -> bool {
+        self.shared.send_key_reset()
     }
 
     /// Closes up to `n` live in links (oldest first), as a broken line would; each
@@ -380,11 +307,7 @@ impl CupsSim {
         let up = self.shared.stats.in_links_up.load(Ordering::Relaxed);
         let _ = self.shutdown.send(true);
         super::join_within(&mut self.tasks, STOP_GRACE).await;
-        let left: Vec<Pending> = lock(&self.shared.outstanding)
-            .drain()
-            .map(|(_, p)| p)
-            .collect();
-        for p in left {
+        for (_, p) in self.shared.outstanding.drain() {
             self.shared.count_expired(&p);
         }
         CupsReport {
@@ -408,12 +331,20 @@ pub async fn run_until(
     stop: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<CupsReport> {
     let (duration, timeout) = (cfg.duration, cfg.timeout);
+    // An advice can be sent 1 + advice_repeats times, a timeout each.
+    let settle = if cfg.advice_rate.is_some_and(|r| r > 0.0) {
+        timeout.saturating_mul(cfg.advice_repeats.saturating_add(1))
+    } else {
+        timeout
+    };
     let sim = CupsSim::start(spec, cfg).await?;
     tokio::select! {
         _ = tokio::time::sleep(duration) => {}
-        _ = stop => sim.stop_originating(),
+        _ = stop => {}
     }
-    let deadline = deadline_after(timeout);
+    // Key resets and advices stop too; what was sent gets its answers.
+    sim.stop_originating();
+    let deadline = deadline_after(settle);
     while sim.outstanding() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -431,17 +362,13 @@ struct Shared {
     out_links: Mutex<Vec<OutLink>>,
     /// Round-robin cursor over the in links.
     next_in: AtomicUsize,
-    /// Round-robin cursor of member answers alone: their in links then take
-    /// turns whatever else is sent, so with several switch instances the
-    /// answers to each instance's requests spread over all of them (on the
-    /// shared cursor the interleaving with other traffic could lock one
-    /// instance's answers onto its own in links).
-    next_answer: AtomicUsize,
     next_link_id: AtomicU64,
     /// Requests the simulator sent, by F7 + F11 + F32 + F33.
-    outstanding: Mutex<HashMap<Key, Pending>>,
+    outstanding: Outstanding<Key, Pending>,
     /// Last STAN used (1..=999999).
     stan: AtomicU32,
+    /// Turn of the next advice in `cfg.advice_mtis`.
+    next_advice: AtomicUsize,
     /// Member responses waiting out their delay.
     delayed: Arc<super::DelayedAnswers>,
     issuer: Option<IssuerTemplate>,
@@ -450,63 +377,35 @@ struct Shared {
     shutdown: watch::Receiver<bool>,
 }
 
-/// A live in link, as senders see it.
-struct InLink {
-    id: u64,
-    /// The switch host it connects to.
-    host: std::net::IpAddr,
-    tx: mpsc::Sender<Outbound>,
-    /// Microseconds since `Shared::base` of the last frame queued on it.
-    last_sent: Arc<AtomicU64>,
-    close: Arc<Notify>,
-}
-
-/// A live out link, as `close_out_links` sees it.
-struct OutLink {
-    id: u64,
-    close: Arc<Notify>,
-}
-
 /// F7 + F11 + F32 + F33 of a request, each with its length.
 type Key = Vec<u8>;
 
-/// Which in links an answer may go out on.
-#[derive(Clone, Copy, Debug)]
-enum To {
-    /// One to this switch host if there is one (network management: the
-    /// instance that asked), else any.
-    Host(Option<IpAddr>),
-    /// Any (a member answer, as UnionPay sends them); the host its request
-    /// came from, for counting answers that crossed to another instance.
-    Any(Option<IpAddr>),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Kind {
     Issuer,
     Echo,
+    /// An advice of UnionPay's: its repeat, and how many repeats are left.
+    Advice {
+        repeat: Bytes,
+        repeats_left: u32,
+    },
+    KeyReset,
 }
 
+/// Which counter an answer written on an in link goes to.
 #[derive(Clone, Copy, Debug)]
+enum Tally {
+    Member,
+    Network,
+    Reversal,
+    Advice,
+}
+
+#[derive(Clone, Debug)]
 struct Pending {
     kind: Kind,
     /// The MTI its response must carry.
     response: Mti,
-    deadline: Instant,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn close_links<T>(links: &Mutex<Vec<T>>, n: usize, close: impl Fn(&T) -> &Arc<Notify>) -> usize {
-    let links = lock(links);
-    let mut closed = 0;
-    for l in links.iter().take(n) {
-        close(l).notify_one();
-        closed += 1;
-    }
-    closed
 }
 
 fn key(f7: &[u8], f11: &[u8], f32: &[u8], f33: &[u8]) -> Key {
@@ -531,62 +430,6 @@ fn key_of(msg: &Message<'_>) -> Option<Key> {
 }
 
 impl Shared {
-    fn now_micros(&self) -> u64 {
-        u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX)
-    }
-
-    /// Queues `item` on the next live in link (round-robin) that can take it.
-    fn send_in(&self, item: Outbound) -> bool {
-        self.send_in_where(item, &self.next_in, |_| true).is_some()
-    }
-
-    /// Queues `item` on the next live in link (round-robin) to `host`, or on
-    /// any in link if none goes there: network management answers go back
-    /// to the switch instance that asked, as UnionPay answers the front-end
-    /// processor that signed a link on.
-    fn send_in_to_host(&self, item: Outbound, host: Option<std::net::IpAddr>) -> bool {
-        match host {
-            Some(h) if lock(&self.in_links).iter().any(|l| l.host == h) => self
-                .send_in_where(item, &self.next_in, |l| l.host == h)
-                .is_some(),
-            _ => self.send_in(item),
-        }
-    }
-
-    /// Queues `item` on the next live in link (round-robin) that `pick`
-    /// allows and can take it; the host it went to.
-    fn send_in_where(
-        &self,
-        mut item: Outbound,
-        cursor: &AtomicUsize,
-        pick: impl Fn(&InLink) -> bool,
-    ) -> Option<std::net::IpAddr> {
-        let links = lock(&self.in_links);
-        let n = links.len();
-        if n == 0 {
-            return None;
-        }
-        let start = cursor.fetch_add(1, Ordering::Relaxed) % n;
-        for k in 0..n {
-            let link = &links[(start + k) % n];
-            if !pick(link) {
-                continue;
-            }
-            match link.tx.try_send(item) {
-                Ok(()) => {
-                    link.last_sent.store(self.now_micros(), Ordering::Relaxed);
-                    return Some(link.host);
-                }
-                Err(
-                    mpsc::error::TrySendError::Full(it) | mpsc::error::TrySendError::Closed(it),
-                ) => {
-                    item = it;
-                }
-            }
-        }
-        None
-    }
-
     /// The next STAN, 1..=999999 then round again. A STAN that comes round
     /// while its last use is still outstanding is refused by [`Shared::expect`].
     fn next_stan(&self) -> [u8; 6] {
@@ -601,25 +444,12 @@ impl Shared {
         out
     }
 
-    /// Registers a request as outstanding; `false` if the table is full or the
-    /// key is taken (the STAN wrapped within one timeout).
-    fn expect(&self, key: Key, pending: Pending) -> bool {
-        let mut out = lock(&self.outstanding);
-        if out.len() >= MAX_OUTSTANDING || out.contains_key(&key) {
-            return false;
-        }
-        out.insert(key, pending);
-        true
-    }
-
-    fn forget(&self, key: &Key) {
-        lock(&self.outstanding).remove(key);
-    }
-
     fn count_expired(&self, p: &Pending) {
         let c = match p.kind {
             Kind::Issuer => &self.stats.unanswered,
             Kind::Echo => &self.stats.echo_unanswered,
+            Kind::Advice { .. } => &self.stats.advices_unacknowledged,
+            Kind::KeyReset => &self.stats.key_resets_unanswered,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }
@@ -642,48 +472,65 @@ impl Shared {
             return false;
         }
         let k = key(&f7, &f11, &t.f32, &t.f33);
-        let pending = Pending {
-            kind: Kind::Issuer,
-            response: t.response,
-            deadline: deadline_after(self.cfg.timeout),
-        };
-        if !self.expect(k.clone(), pending) {
-            return false;
-        }
-        if self.send_in(Outbound::Message(t.payload.clone(), patch)) {
-            true
-        } else {
-            self.forget(&k);
-            false
-        }
+        let out = Outbound::Message(t.payload.clone(), patch);
+        self.send_expected(out, k, Kind::Issuer, t.response)
     }
 
     fn send_echo(&self) -> bool {
-        let Some((payload, k, response)) = self.echo_request() else {
-            return false;
-        };
-        let pending = Pending {
-            kind: Kind::Echo,
-            response,
-            deadline: deadline_after(self.cfg.timeout),
-        };
-        if !self.expect(k.clone(), pending) {
-            return false;
-        }
-        if self.send_in(Outbound::message(payload)) {
+        let sent = self
+            .network_request(None, None)
+            .is_some_and(|(payload, k, response)| {
+                self.send_expected(Outbound::message(payload), k, Kind::Echo, response)
+            });
+        if sent {
             self.stats.echo_sent.fetch_add(1, Ordering::Relaxed);
-            true
-        } else {
-            self.forget(&k);
-            false
         }
+        sent
     }
 
-    /// An `0820` echo test from UnionPay: F7, F11, F33, F53, F70 `301`, F100.
-    fn echo_request(&self) -> Option<(Bytes, Key, Mti)> {
+    /// A key reset started by UnionPay: `0800` F70 `101`, the `0810`
+    /// expected on an out link.
+    fn send_key_reset(&self) -> bool {
+        let sent = self
+            .network_request(Mti::new(*b"0800"), Some("101"))
+            .is_some_and(|(payload, k, response)| {
+                self.send_expected(Outbound::message(payload), k, Kind::KeyReset, response)
+            });
+        if sent {
+            self.stats.key_resets_sent.fetch_add(1, Ordering::Relaxed);
+        }
+        sent
+    }
+
+    /// Registers a request of UnionPay's as outstanding and writes it on an
+    /// in link; `false` (and forgotten) when no in link takes it.
+    fn send_expected(&self, out: Outbound, k: Key, kind: Kind, response: Mti) -> bool {
+        let pending = Pending { kind, response };
+        if !self
+            .outstanding
+            .expect(k.clone(), pending, self.cfg.timeout)
+        {
+            return false;
+        }
+        let sent = self.send_in(out);
+        if !sent {
+            self.outstanding.forget(&k);
+        }
+        sent
+    }
+
+    /// Network management from UnionPay: the spec's echo test (`0820` F70
+    /// `301`: F7, F11, F33, F53, F100), or that with another MTI and F70.
+    fn network_request(&self, mti: Option<Mti>, f70: Option<&str>) -> Option<(Bytes, Key, Mti)> {
         let spec = &*self.spec;
         let mut d = samples::echo(spec);
         d.envelope = from_cups_envelope(spec);
+        if let Some(mti) = mti {
+            d.mti = mti;
+        }
+        if let Some(f70) = f70 {
+            d.set_text(70, f70);
+        }
         let f7 = transmission_time();
         let f11 = self.next_stan();
         for (id, text) in [(7, &f7[..]), (11, &f11[..])] {
@@ -718,14 +565,25 @@ impl Shared {
             self.on_response(&msg);
             return;
         }
+        if is_reversal(mti) {
+            self.on_reversal(&msg, rng, from);
+            return;
+        }
+        if is_advice(mti) {
+            self.on_member_advice(&msg, rng, from);
+            return;
+        }
         let network = mti.is_network_management();
-        let (received, answered) = if network {
-            (&self.stats.network_requests, &self.stats.network_answered)
+        if network && let Ok(Some(f70)) = msg.field(70) {
+            let f70: Vec<u8> = f70.logical().collect();
+            if is_key_management(&f70) {
+                self.stats.member_key_requests.add(&f70);
+            }
+        }
+        let received = if network {
+            &self.stats.network_requests
         } else {
-            (
-                &self.stats.member_requests,
-                &self.stats.member_requests_answered,
-            )
+            &self.stats.member_requests
         };
         received.fetch_add(1, Ordering::Relaxed);
         if !network && !self.cfg.answer_member_requests {
@@ -739,94 +597,24 @@ impl Shared {
                 return;
             }
         };
-        let delay = if network {
-            Duration::ZERO
-        } else {
-            self.cfg.delay.sample(rng)
-        };
-        let to = if network {
-            To::Host(from)
-        } else {
-            To::Any(from)
-        };
-        if delay.is_zero() {
-            self.deliver(response, answered, to);
-        } else {
-            self.deliver_later(response, delay, to);
-        }
-    }
-
-    /// A frame on an out link that has not signed on: its sign-on 0820 is
-    /// answered (after `sign_on_delay`) and signs the link on; anything else is
-    /// refused and counted.
-    fn before_sign_on(
-        self: &Arc<Shared>,
-        payload: Bytes,
-        signed_on: &Arc<std::sync::atomic::AtomicBool>,
-        from: Option<IpAddr>,
-    ) {
-        let answer = Message::parse(&self.spec, payload).ok().and_then(|msg| {
-            let sign_on = msg.mti().is_network_management()
-                && msg.mti().is_request()
-                && matches!(msg.field(70), Ok(Some(f)) if f.eq_logical(b"001"));
-            if !sign_on {
-                return None;
-            }
-            answer::answer(&self.spec, &msg, "00").ok()
-        });
-        let Some(answer) = answer else {
-            self.stats.unsigned_frames.fetch_add(1, Ordering::Relaxed);
+        if network {
+            self.deliver(response, Tally::Network, To::Host(from), None);
             return;
-        };
-        self.stats.network_requests.fetch_add(1, Ordering::Relaxed);
-        let shared = Arc::clone(self);
-        let signed_on = Arc::clone(signed_on);
-        let delay = self.cfg.sign_on_delay;
-        let mut shutdown = self.shutdown.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = shutdown.wait_for(|stop| *stop) => return,
-            }
-            // Signed on before the 0830 leaves: whatever the switch writes
-            // after reading it is read after this.
-            signed_on.store(true, Ordering::Release);
-            shared.stats.sign_ons.fetch_add(1, Ordering::Relaxed);
-            shared.deliver(answer, &shared.stats.network_answered, To::Host(from));
-        });
-    }
-
-    /// Writes a response on an in link and counts it under `answered`.
-    fn deliver(&self, response: Bytes, answered: &AtomicU64, to: To) {
-        let out = Outbound::message(response);
-        let sent = match to {
-            To::Host(host) => self.send_in_to_host(out, host),
-            To::Any(from) => match self.send_in_where(out, &self.next_answer, |_| true) {
-                Some(host) => {
-                    if let Some(from) = from.filter(|f| *f != host) {
-                        *lock(&self.stats.crossed)
-                            .entry(format!("{from}->{host}"))
-                            .or_default() += 1;
-                    }
-                    true
-                }
-                None => false,
-            },
-        };
-        let counter = if sent {
-            answered
-        } else {
-            &self.stats.responses_unsent
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn deliver_later(self: &Arc<Shared>, response: Bytes, delay: Duration, to: To) {
-        let shared = Arc::clone(self);
-        let send = move || shared.deliver(response, &shared.stats.member_requests_answered, to);
-        if !self.delayed.send_after(delay, self.shutdown.clone(), send) {
-            self.stats.responses_unsent.fetch_add(1, Ordering::Relaxed);
         }
+        // A late approval is one the simulator can name (and so record).
+        let late = match &self.cfg.late {
+            Some(late) if is_approvable(mti) && self.stats.reversals.has_room() => late
+                .draw(rng)
+                .and_then(|by| Some((by, OriginalKey::of_message(&msg).ok()?))),
+            _ => None,
+        };
+        let (extra, approved_late) = late.map_or((Duration::ZERO, None), |(by, k)| (by, Some(k)));
+        let delay = self.cfg.delay.sample(rng) + extra;
+        let to = To::Any {
+            from,
+            draw: rng.next_u64(),
+        };
+        self.deliver_after(response, delay, Tally::Member, to, approved_late);
     }
 
     /// A response read on an out link: to an issuer request or an echo test.
@@ -835,17 +623,19 @@ impl Shared {
             self.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let found = {
-            let mut out = lock(&self.outstanding);
-            match out.get(&k) {
-                Some(p) if p.response == msg.mti() => out.remove(&k),
-                _ => None,
-            }
-        };
+        let found = self.outstanding.take_if(&k, |p| p.response == msg.mti());
         let stats = &self.stats;
         let counter = match found.map(|p| p.kind) {
             None => &stats.mismatched,
             Some(Kind::Echo) => &stats.echo_answered,
+            Some(Kind::Advice { .. }) => &stats.advices_acknowledged,
+            Some(Kind::KeyReset) => {
+                match msg.field(39) {
+                    Ok(Some(f)) => stats.key_reset_f39.add(&f.logical().collect::<Vec<u8>>()),
+                    _ => stats.key_reset_f39.add(b"none"),
+                }
+                &stats.key_resets_answered
+            }
             Some(Kind::Issuer) => {
                 let approved = matches!(msg.field(39), Ok(Some(f)) if f.eq_logical(b"00"));
                 if approved {
@@ -858,348 +648,100 @@ impl Shared {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Expires outstanding requests past their deadline.
+    /// Expires outstanding requests past their deadline; an advice with
+    /// repeats left is repeated instead, with a new deadline.
     fn expire(&self, now: Instant) {
-        let expired: Vec<Pending> = {
-            let mut out = lock(&self.outstanding);
-            let mut gone = Vec::new();
-            out.retain(|_, p| {
-                let keep = p.deadline > now;
-                if !keep {
-                    gone.push(*p);
-                }
-                keep
-            });
-            gone
-        };
-        for p in &expired {
-            self.count_expired(p);
+        for (k, p) in self.outstanding.expired(now) {
+            match p.kind {
+                Kind::Advice {
+                    repeat,
+                    repeats_left,
+                } if repeats_left > 0 => self.repeat_advice(k, repeat, repeats_left, p.response),
+                _ => self.count_expired(&p),
+            }
         }
     }
 }
 
-/// Accepts the switch's out links and reads each until it closes.
-async fn accept_out_links(
-    shared: Arc<Shared>,
-    listener: TcpListener,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut conns = JoinSet::new();
-    let max = shared
-        .cfg
-        .links
-        .max(1)
-        .saturating_mul(OUT_LINKS_PER_IN_LINK);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, peer)) = accepted else {
-                    // Out of descriptors or similar: do not spin.
-                    tokio::time::sleep(RECONNECT_MIN).await;
-                    continue;
-                };
-                if lock(&shared.out_links).len() >= max {
-                    shared.stats.out_links_refused.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%peer, max, "sim cups: out link refused, too many open");
-                    drop(stream);
-                    continue;
-                }
-                conns.spawn(serve_out_link(Arc::clone(&shared), stream, shutdown.clone()));
-            }
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            _ = shutdown.changed() => break,
-        }
-    }
-    conns.abort_all();
-    while conns.join_next().await.is_some() {}
+/// What UnionPay originates at a rate.
+#[derive(Clone, Copy, Debug)]
+enum Originated {
+    Issuer,
+    Advice,
 }
 
-/// Reads one out link: UnionPay never writes on it.
-async fn serve_out_link(
-    shared: Arc<Shared>,
-    stream: TcpStream,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let _ = stream.set_nodelay(true);
-    // The switch instance this out link comes from.
-    let from = stream.peer_addr().ok().map(|a| a.ip());
-    let id = shared.next_link_id.fetch_add(1, Ordering::Relaxed);
-    let close = Arc::new(Notify::new());
-    {
-        let mut links = lock(&shared.out_links);
-        links.push(OutLink {
-            id,
-            close: Arc::clone(&close),
-        });
-        shared
-            .stats
-            .out_links_accepted
-            .fetch_add(1, Ordering::Relaxed);
-        shared.stats.out_links_up.fetch_add(1, Ordering::Relaxed);
-    }
-    let framing = shared.spec.framing();
-    let mut frames = FramedRead::new(stream, FrameCodec::new(framing.prefix, framing.max_frame));
-    let mut rng = Rng::from_entropy();
-    let signed_on = Arc::new(std::sync::atomic::AtomicBool::new(
-        !shared.cfg.require_sign_on,
-    ));
-    // A frame begun must end within this (a stalled peer cannot hold a buffer).
-    let partial_limit = shared.cfg.timeout.max(Duration::from_secs(1));
-    let mut closing = false;
-    loop {
-        let partial = frames.decoder().in_frame() || !frames.read_buffer().is_empty();
-        let next = async {
-            if partial {
-                tokio::time::timeout(partial_limit, frames.next())
-                    .await
-                    .ok()
-            } else {
-                Some(frames.next().await)
-            }
-        };
-        let frame = tokio::select! {
-            f = next => f,
-            _ = close.notified(), if !closing => {
-                // A graceful close: half-close our side and keep reading until the
-                // switch closes too, so nothing it already wrote is lost.
-                closing = true;
-                let _ = frames.get_mut().shutdown().await;
-                lock(&shared.out_links).retain(|l| l.id != id);
-                shared.stats.out_links_up.fetch_sub(1, Ordering::Relaxed);
-                continue;
-            }
-            _ = shutdown.changed() => break,
-        };
-        match frame {
-            Some(Some(Ok(_))) if !signed_on.load(Ordering::Acquire) => {
-                if let Some(Some(Ok(Frame::Message(payload)))) = frame {
-                    shared.before_sign_on(payload, &signed_on, from);
+impl Originated {
+    /// Sends one; counted sent or unsent.
+    fn send(self, shared: &Shared) {
+        let stats = &shared.stats;
+        match self {
+            Originated::Issuer => {
+                let counter = if shared.send_issuer_request() {
+                    &stats.sent
                 } else {
-                    shared.stats.unsigned_frames.fetch_add(1, Ordering::Relaxed);
-                }
+                    &stats.unsent
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
             }
-            Some(Some(Ok(Frame::Message(payload)))) => shared.on_out_link(payload, &mut rng, from),
-            Some(Some(Ok(Frame::KeepAlive))) => {
-                shared
-                    .stats
-                    .keepalives_received
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            Some(Some(Ok(Frame::SessionControl(_)))) => {
-                shared.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
-            }
-            Some(Some(Err(e))) => {
-                // The prefix cannot be trusted: this link only is closed.
-                tracing::debug!(error = %e, "sim cups: out link closed on a bad frame");
-                shared.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
-                break;
-            }
-            Some(None) => break,
-            None => {
-                tracing::debug!("sim cups: out link closed, a partial frame stalled");
-                shared.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
-                break;
-            }
-        }
-    }
-    if !closing {
-        let mut links = lock(&shared.out_links);
-        links.retain(|l| l.id != id);
-        shared.stats.out_links_up.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Keeps one in link open: connects, serves it until it closes, waits a short
-/// backoff, connects again.
-async fn keep_in_link(
-    shared: Arc<Shared>,
-    target: SocketAddr,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut backoff = RECONNECT_MIN;
-    loop {
-        if *shutdown.borrow() {
-            return;
-        }
-        let connect = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target));
-        let connected = tokio::select! {
-            r = connect => r,
-            _ = shutdown.changed() => return,
-        };
-        match connected {
-            Ok(Ok(stream)) => {
-                backoff = RECONNECT_MIN;
-                serve_in_link(&shared, stream, target.ip(), &mut shutdown).await;
-            }
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, connect = %target, "sim cups: in link connect failed");
-                backoff = (backoff * 2).min(RECONNECT_MAX);
-            }
-            Err(_) => backoff = (backoff * 2).min(RECONNECT_MAX),
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = shutdown.changed() => return,
+            Originated::Advice => drop(shared.send_advice()),
         }
     }
 }
 
-/// Serves one connected in link until it closes, is closed on demand, or the
-/// simulator stops.
-async fn serve_in_link(
-    shared: &Arc<Shared>,
-    stream: TcpStream,
-    host: IpAddr,
-    shutdown: &mut watch::Receiver<bool>,
-) {
-    let _ = stream.set_nodelay(true);
-    let (read, write) = stream.into_split();
-    let framing = shared.spec.framing();
-    let (tx, rx) = mpsc::channel(IN_LINK_QUEUE);
-    let mut writer = tokio::spawn(run_writer(write, framing.prefix, rx));
-    let id = shared.next_link_id.fetch_add(1, Ordering::Relaxed);
-    let close = Arc::new(Notify::new());
-    let last_sent = Arc::new(AtomicU64::new(shared.now_micros()));
-    {
-        let mut links = lock(&shared.in_links);
-        links.push(InLink {
-            id,
-            host,
-            tx: tx.clone(),
-            last_sent: Arc::clone(&last_sent),
-            close: Arc::clone(&close),
-        });
-        shared.stats.in_links_opened.fetch_add(1, Ordering::Relaxed);
-        shared.stats.in_links_up.fetch_add(1, Ordering::Relaxed);
-    }
-    let mut frames = FramedRead::new(read, FrameCodec::new(framing.prefix, framing.max_frame));
-    let idle = shared.cfg.keepalive_idle;
-    let mut closing = false;
-    loop {
-        let keepalive_due = (!idle.is_zero())
-            .then(|| shared.base + Duration::from_micros(last_sent.load(Ordering::Relaxed)) + idle);
-        let keepalive = async {
-            match keepalive_due {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = keepalive => {
-                let now = shared.now_micros();
-                let last = last_sent.load(Ordering::Relaxed);
-                let idle_us = u64::try_from(idle.as_micros()).unwrap_or(u64::MAX);
-                if now.saturating_sub(last) >= idle_us {
-                    // A full queue is traffic enough: no keep-alive needed.
-                    if tx.try_send(Outbound::KeepAlive).is_ok() {
-                        shared.stats.keepalives_sent.fetch_add(1, Ordering::Relaxed);
-                    }
-                    last_sent.store(now, Ordering::Relaxed);
-                }
-            }
-            frame = frames.next() => match frame {
-                Some(Ok(Frame::KeepAlive)) => {
-                    shared.stats.keepalives_received.fetch_add(1, Ordering::Relaxed);
-                }
-                Some(Ok(_)) => {
-                    shared.stats.unexpected_on_in_links.fetch_add(1, Ordering::Relaxed);
-                }
-                Some(Err(_)) => {
-                    shared.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
-                    break;
-                }
-                None => break,
-            },
-            _ = &mut writer => break,
-            _ = close.notified() => {
-                closing = true;
-                break;
-            }
-            _ = shutdown.changed() => break,
-        }
-    }
-    {
-        let mut links = lock(&shared.in_links);
-        links.retain(|l| l.id != id);
-        shared.stats.in_links_up.fetch_sub(1, Ordering::Relaxed);
-    }
-    if closing && !writer.is_finished() {
-        // A graceful close on demand: no new frames, flush what is queued,
-        // then FIN (the writer shuts the write half down when its queue closes).
-        drop(tx);
-        let _ = tokio::time::timeout(Duration::from_secs(1), &mut writer).await;
-    }
-    writer.abort();
-}
-
-/// Sends issuer requests at `rate` for `duration`.
-async fn originate(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let rate = shared.cfg.rate.unwrap_or(0.0);
-    if !(rate > 0.0 && rate.is_finite()) {
-        return;
-    }
-    let start = Instant::now();
-    let stop_at = start.checked_add(shared.cfg.duration);
-    let period = Duration::from_secs_f64((1.0 / rate).clamp(0.001, 3600.0));
-    let mut tick = tokio::time::interval(period);
+/// Starts a key reset every `every` for `duration` (none once origination
+/// stops).
+async fn reset_keys(shared: Arc<Shared>, every: Duration, mut shutdown: watch::Receiver<bool>) {
+    let stop_at = shared.base.checked_add(shared.cfg.duration);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut due_so_far: u64 = 0;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        if stop_at.is_some_and(|s| Instant::now() >= s) {
+            return;
+        }
+        if shared
+            .originating
+            .issue(|| shared.send_key_reset())
+            .is_none()
+        {
+            return;
+        }
+    }
+}
+
+/// Sends `what` at `rate` a second for `duration`.
+async fn originate(
+    shared: Arc<Shared>,
+    rate: f64,
+    what: Originated,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let Some(mut pacer) = Pacer::new(rate) else {
+        return;
+    };
+    let stop_at = Instant::now().checked_add(shared.cfg.duration);
+    let mut issued = 0;
+    loop {
+        tokio::select! {
+            _ = pacer.tick() => {}
             _ = shutdown.changed() => return,
         }
         let now = Instant::now();
         if stop_at.is_some_and(|s| now >= s) {
             return;
         }
-        // One request at start, then as many as the rate owes by now.
-        let due = (now.duration_since(start).as_secs_f64() * rate) as u64 + 1;
-        let owed = due.saturating_sub(due_so_far).min(MAX_BURST);
-        due_so_far = due;
-        let issued = shared.originating.issue(|| {
+        let owed = pacer.owed(now, issued);
+        issued += owed;
+        let gate_open = shared.originating.issue(|| {
             for _ in 0..owed {
-                let counter = if shared.send_issuer_request() {
-                    &shared.stats.sent
-                } else {
-                    &shared.stats.unsent
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
+                what.send(&shared);
             }
         });
-        if issued.is_none() {
+        if gate_open.is_none() {
             return;
-        }
-    }
-}
-
-/// Closes every out link at once, every `every`, as a lost line to all of
-/// them would.
-async fn drop_out_links(shared: Arc<Shared>, every: Duration, mut shutdown: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                let n = close_links(&shared.out_links, usize::MAX, |l| &l.close);
-                shared.stats.out_link_drops.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(closed = n, "sim cups: every out link dropped");
-            }
-            _ = shutdown.changed() => return,
-        }
-    }
-}
-
-/// Counts requests unanswered past their deadline.
-async fn sweep(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let every =
-        (shared.cfg.timeout / 4).clamp(Duration::from_millis(5), Duration::from_millis(100));
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => shared.expire(Instant::now()),
-            _ = shutdown.changed() => return,
         }
     }
 }
@@ -1255,14 +797,6 @@ impl IssuerTemplate {
             payload,
         })
     }
-}
-
-/// `timeout` from now; a timeout too long for the clock means a year.
-fn deadline_after(timeout: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(timeout)
-        .or_else(|| now.checked_add(Duration::from_secs(365 * 86_400)))
-        .unwrap_or(now)
 }
 
 /// The sample envelope turned around: from UnionPay to the member.

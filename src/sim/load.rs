@@ -3,6 +3,9 @@
 //! seeds' message-size mix, checking that every response matches a request it
 //! sent on that connection, exactly once.
 
+/// The paper's two client profiles: ATMs and rounds of in-flight requests.
+mod profiles;
+
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -274,7 +277,7 @@ pub async fn run(
     let mut clients = tokio::task::JoinSet::new();
     for c in 0..cfg.clients {
         if cfg.connection_per_request {
-            clients.spawn(crate::sim::profiles::run_atm(
+            clients.spawn(profiles::run_atm(
                 c,
                 Arc::clone(&spec),
                 Arc::clone(&templates),
@@ -291,7 +294,7 @@ pub async fn run(
             .map_err(|e| format!("cannot connect to {target}: {e}"))?;
         counters.connects.fetch_add(1, Ordering::Relaxed);
         if let Some(n) = cfg.requests_per_round {
-            clients.spawn(crate::sim::profiles::run_rounds(
+            clients.spawn(profiles::run_rounds(
                 c,
                 n,
                 stream,

@@ -4,10 +4,12 @@
 
 pub mod answer;
 pub mod cups;
+pub mod ledger;
 pub mod load;
 pub mod nac;
 pub mod node;
-pub mod profiles;
+pub mod original;
+pub mod peer;
 pub mod visa;
 pub mod writer;
 
@@ -175,7 +177,7 @@ fn padding_fields(spec: &Spec) -> impl Iterator<Item = (u16, &FieldDef)> {
     [48, 62, 63, 61, 57, 58, 59]
         .into_iter()
         .filter_map(|id| spec.field(id).map(|d| (id, d)))
-        .filter(|(_, d)| !d.is_fixed() && !d.sensitive)
+        .filter(|(_, d)| !d.is_fixed() && !crate::iso8583::is_sensitive(d))
 }
 
 fn padding(def: &FieldDef, len: usize) -> Value {

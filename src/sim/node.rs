@@ -5,10 +5,21 @@
 //! VISA header IDs swapped; answers echo tests the same way. With a delay range it
 //! answers after a uniformly random delay; with a fail rate it leaves that share
 //! of requests unanswered (so the switch's timeouts are exercised).
+//!
+//! It is also the oracle of a financial switch's store and forward
+//! ([`Finance`]): it answers a share of its approvals late (past the switch's
+//! timeout) and records them; it answers reversals (`0420`/`0421`) with
+//! `0430` and books them per chain against those late approvals (see
+//! [`crate::sim::ledger`]), leaving the first few of each chain unanswered on
+//! demand; it acknowledges advices (`0120`/`0220` → `0130`/`0230`) and counts
+//! their repeats and duplicates; it answers key exchange and counts key
+//! resets by F70; it sends key requests of its own (`0820` F70 `101`); and
+//! it counts repeated requests (`0201`...) and whether it had answered the
+//! first.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,7 +29,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 
-use crate::iso8583::{Message, Spec};
+use crate::iso8583::{Message, Mti, Spec, samples};
+use crate::sim::ledger::{
+    AdviceBook, Answered, CodeCounts, LateApprovals, ReversalBook, is_advice, is_approvable,
+    is_key_management, is_repeated_request, is_reversal,
+};
+use crate::sim::original::OriginalKey;
 use crate::sim::writer::{Outbound, Patch, run_writer};
 use crate::util::{Rng, duration};
 use crate::wire::{Frame, FrameCodec};
@@ -95,6 +111,33 @@ impl NodeSimConfig {
     }
 }
 
+/// What a node does for a financial switch's store and forward, beyond
+/// answering: all off by default.
+#[derive(Clone, Debug, Default)]
+pub struct Finance {
+    /// A share of approvals answered late, each recorded.
+    pub late: Option<LateApprovals>,
+    /// Leave the first this many reversal messages of each chain unanswered
+    /// (so the switch has to repeat them as `0421`).
+    pub ignore_reversals: u32,
+    /// Key requests the node sends itself.
+    pub key_requests: Option<KeyRequests>,
+}
+
+/// Node-originated key requests: an `0820` F70 `101` (with F7 and F11, no
+/// F37) every `every`, on the node's connections in turn; the `0830` must
+/// come back to this node, matched by F11 + F7. Held while origination is
+/// stopped ([`NodeSim::stop_originating`]), as originated requests are.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyRequests {
+    pub every: Duration,
+    /// A key request unanswered this long counts as unanswered.
+    pub timeout: Duration,
+    /// The node's STANs are `stan_base + 1 ..= stan_base + 99_999`, shared
+    /// with its originated requests.
+    pub stan_base: u32,
+}
+
 /// Node-originated requests: sent round robin over the node's connections; each
 /// response must come back to this node (its STANs are its own).
 #[derive(Clone, Debug)]
@@ -116,6 +159,9 @@ pub struct NodeSimStats {
     /// Connections open now, and the most open at once.
     pub held: AtomicU64,
     pub peak_held: AtomicU64,
+    /// Requests (network management among them; reversals and advices are
+    /// in their own books), those answered, and those left unanswered
+    /// (`fail_rate`, or any answer past the node's capacity).
     pub requests: AtomicU64,
     pub answered: AtomicU64,
     pub unanswered: AtomicU64,
@@ -134,13 +180,29 @@ pub struct NodeSimStats {
     /// connection than their request left on (behind F37 stamping, often
     /// another switch instance's): matched by STAN all the same.
     pub originated_answered_elsewhere: AtomicU64,
+    /// Late approvals and the reversals that came for them, per chain.
+    pub reversals: ReversalBook,
+    /// Advices acknowledged, their repeats and duplicates.
+    pub advices: AdviceBook,
+    /// Key-management requests received (network management with F70
+    /// `1xx`), by F70; answered `0810` / `0830` F39 `00` like any other.
+    pub key_resets: CodeCounts,
+    /// Key requests this node sent ([`KeyRequests`]), the answers that came
+    /// back to it, and those that never came.
+    pub key_requests_sent: AtomicU64,
+    pub key_requests_answered: AtomicU64,
+    pub key_requests_unanswered: AtomicU64,
+    /// Requests with a repeat MTI (`0101`, `0201`, `0401`), and of those the
+    /// repeats of a request the node had already answered.
+    pub repeat_requests: AtomicU64,
+    pub repeats_of_answered: AtomicU64,
 }
 
 /// One line of a node's counters, as `sim node` prints them on exit.
 pub fn summary(s: &NodeSimStats) -> String {
     let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
     format!(
-        "connections {} held {} peak {} requests {} answered {} unanswered {} bad {} | originated {} answered {} declined {} unanswered {} foreign {} elsewhere {}",
+        "connections {} held {} peak {} requests {} answered {} unanswered {} bad {} | originated {} answered {} declined {} unanswered {} foreign {} elsewhere {} | {} | {} | key resets {:?} key requests {}/{} unanswered {} | repeats {} of answered {}",
         get(&s.connections),
         get(&s.held),
         get(&s.peak_held),
@@ -154,6 +216,14 @@ pub fn summary(s: &NodeSimStats) -> String {
         get(&s.originated_unanswered),
         get(&s.foreign_responses),
         get(&s.originated_answered_elsewhere),
+        s.reversals.report(),
+        s.advices.report(),
+        s.key_resets.snapshot(),
+        get(&s.key_requests_answered),
+        get(&s.key_requests_sent),
+        get(&s.key_requests_unanswered),
+        get(&s.repeat_requests),
+        get(&s.repeats_of_answered),
     )
 }
 
@@ -172,6 +242,16 @@ pub fn summary_json(s: &NodeSimStats) -> String {
         "originated_unanswered": get(&s.originated_unanswered),
         "foreign_responses": get(&s.foreign_responses),
         "originated_answered_elsewhere": get(&s.originated_answered_elsewhere),
+        "reversals": s.reversals.report(),
+        "advices": s.advices.report(),
+        "key_resets": s.key_resets.snapshot(),
+        "key_requests": {
+            "sent": get(&s.key_requests_sent),
+            "answered": get(&s.key_requests_answered),
+            "unanswered": get(&s.key_requests_unanswered),
+        },
+        "repeat_requests": get(&s.repeat_requests),
+        "repeats_of_answered": get(&s.repeats_of_answered),
     })
     .to_string()
 }
@@ -202,6 +282,18 @@ impl NodeSim {
         cfg: NodeSimConfig,
         opts: NodeOptions,
     ) -> std::io::Result<NodeSim> {
+        Self::start_financial(addr, spec, cfg, opts, Finance::default()).await
+    }
+
+    /// As [`NodeSim::start_with`], with the store-and-forward oracle of
+    /// `finance`.
+    pub async fn start_financial(
+        addr: SocketAddr,
+        spec: Arc<Spec>,
+        cfg: NodeSimConfig,
+        opts: NodeOptions,
+        finance: Finance,
+    ) -> std::io::Result<NodeSim> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let stats = Arc::new(NodeSimStats::default());
@@ -215,6 +307,11 @@ impl NodeSim {
             originating: super::OriginateGate::new(true),
             opts,
             delayed: Arc::default(),
+            finance,
+            answered_keys: Answered::new(REMEMBERED_ANSWERS),
+            key_requests: Mutex::new(HashMap::new()),
+            stan_counter: AtomicU32::new(0),
+            next_key_conn: AtomicUsize::new(0),
         });
         let task = tokio::spawn(accept_loop(listener, Arc::clone(&shared), rx));
         Ok(NodeSim {
@@ -247,7 +344,20 @@ struct Shared {
     opts: NodeOptions,
     /// Answers waiting out their delay (bounded, dropped at the stop).
     delayed: Arc<super::DelayedAnswers>,
+    finance: Finance,
+    /// Requests answered lately, to tell what a repeat repeats.
+    answered_keys: Answered,
+    /// Key requests in flight: (F11, F7) → sent at.
+    key_requests: Mutex<HashMap<(u32, [u8; 10]), Instant>>,
+    /// The last STAN counter used (1..=99_999), by originated requests and
+    /// key requests alike.
+    stan_counter: AtomicU32,
+    /// Round-robin cursor of key requests over the connections.
+    next_key_conn: AtomicUsize,
 }
+
+/// Answered requests remembered to classify repeats.
+const REMEMBERED_ANSWERS: usize = 65_536;
 
 /// How a simulated node shapes its answers.
 #[derive(Clone, Copy, Debug, Default)]
@@ -278,6 +388,9 @@ async fn accept_loop(
     let mut conns = tokio::task::JoinSet::new();
     if let Some(o) = shared.cfg.originate.clone() {
         conns.spawn(originate(Arc::clone(&shared), o, shutdown.clone()));
+    }
+    if let Some(k) = shared.finance.key_requests {
+        conns.spawn(request_keys(Arc::clone(&shared), k, shutdown.clone()));
     }
     let mut next_id = 0u64;
     loop {
@@ -355,56 +468,225 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn handle(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     tx: &mpsc::Sender<Outbound>,
     payload: Bytes,
     rng: &mut Rng,
     conn: u64,
     shutdown: &watch::Receiver<bool>,
 ) {
-    let (spec, cfg, stats) = (&*shared.spec, &shared.cfg, &*shared.stats);
-    let Ok(msg) = Message::parse(spec, payload) else {
+    let stats = &*shared.stats;
+    let Ok(msg) = Message::parse(&shared.spec, payload) else {
         stats.bad.fetch_add(1, Ordering::Relaxed);
         return;
     };
-    if msg.mti().is_response() {
-        originated_response(shared, &msg, conn);
+    let mti = msg.mti();
+    if mti.is_response() {
+        if mti.is_network_management() {
+            key_request_response(shared, &msg);
+        } else {
+            originated_response(shared, &msg, conn);
+        }
         return;
     }
-    stats.requests.fetch_add(1, Ordering::Relaxed);
-    let Ok(response) = crate::sim::answer::answer(spec, &msg, "00") else {
-        stats.bad.fetch_add(1, Ordering::Relaxed);
-        return;
+    let plan = if is_reversal(mti) {
+        shared.on_reversal(&msg)
+    } else if is_advice(mti) {
+        shared.on_advice(&msg)
+    } else {
+        shared.on_request(&msg, rng)
     };
-    let response = if shared.opts.no_key {
-        match blank_keys(spec, response) {
-            Some(r) => r,
-            None => {
-                stats.bad.fetch_add(1, Ordering::Relaxed);
-                return;
+    let Some(plan) = plan else { return };
+    let tally = plan.tally;
+    let scheduled = respond(shared, tx, &msg, plan, rng, shutdown);
+    match (tally, scheduled) {
+        (_, None) => {}
+        (Tally::Request, Some(true)) => drop(stats.answered.fetch_add(1, Ordering::Relaxed)),
+        (Tally::Reversal, Some(true)) => stats.reversals.answered(),
+        (Tally::Advice, Some(true)) => stats.advices.answered(),
+        // Past MAX_DELAYED answers waiting: the node is over its capacity.
+        (_, Some(false)) => drop(stats.unanswered.fetch_add(1, Ordering::Relaxed)),
+    }
+}
+
+/// How the node answers one message.
+struct Plan {
+    /// F39 of the answer.
+    code: &'static str,
+    /// Added to the normal delay (a late approval).
+    extra: Duration,
+    /// What the node records as the answer leaves.
+    on_sent: OnSent,
+    tally: Tally,
+}
+
+impl Plan {
+    fn answer(code: &'static str, tally: Tally) -> Plan {
+        Plan {
+            code,
+            extra: Duration::ZERO,
+            on_sent: OnSent::Nothing,
+            tally,
+        }
+    }
+}
+
+/// Recorded when an answer is written: before the switch can have it, so
+/// before any repeat or reversal of it can come back.
+enum OnSent {
+    Nothing,
+    /// An answer to a request that may be repeated.
+    Answered(OriginalKey),
+    /// A late approval: answered, and to be reversed.
+    ApprovedLate(OriginalKey),
+}
+
+/// Which counter an answer scheduled goes to.
+#[derive(Clone, Copy)]
+enum Tally {
+    Request,
+    Reversal,
+    Advice,
+}
+
+/// Builds the answer to `msg` per `plan` and sends it after the node's
+/// delay (plus the plan's extra). `None` when the answer cannot be built
+/// (counted bad), else whether it was sent or scheduled.
+fn respond(
+    shared: &Arc<Shared>,
+    tx: &mpsc::Sender<Outbound>,
+    msg: &Message<'_>,
+    plan: Plan,
+    rng: &mut Rng,
+    shutdown: &watch::Receiver<bool>,
+) -> Option<bool> {
+    let spec = &*shared.spec;
+    let built = crate::sim::answer::answer(spec, msg, plan.code)
+        .ok()
+        .and_then(|r| {
+            if shared.opts.no_key {
+                blank_keys(spec, r)
+            } else {
+                Some(r)
+            }
+        });
+    let Some(response) = built else {
+        shared.stats.bad.fetch_add(1, Ordering::Relaxed);
+        return None;
+    };
+    let delay = shared.cfg.delay.sample(rng) + plan.extra;
+    let on_sent = plan.on_sent;
+    if delay.is_zero() {
+        shared.sent(on_sent);
+        let _ = tx.try_send(Outbound::message(response));
+        return Some(true);
+    }
+    let (me, tx) = (Arc::clone(shared), tx.clone());
+    // A full write queue drops the answer, as it does undelayed.
+    let send = move || {
+        me.sent(on_sent);
+        drop(tx.try_send(Outbound::message(response)));
+    };
+    Some(shared.delayed.send_after(delay, shutdown.clone(), send))
+}
+
+impl Shared {
+    /// A request (not a reversal or advice): counted, maybe left unanswered
+    /// (`fail_rate`), maybe approved late.
+    fn on_request(&self, msg: &Message<'_>, rng: &mut Rng) -> Option<Plan> {
+        let stats = &*self.stats;
+        stats.requests.fetch_add(1, Ordering::Relaxed);
+        let mti = msg.mti();
+        // Requests that can be repeated (0100, 0200, 0400 and their
+        // repeats) are remembered as answered, to classify repeats.
+        let key = (mti.function() == 0 && matches!(mti.class(), 1 | 2 | 4))
+            .then(|| OriginalKey::of_message(msg).ok())
+            .flatten();
+        if is_repeated_request(mti) {
+            stats.repeat_requests.fetch_add(1, Ordering::Relaxed);
+            if key.as_ref().is_some_and(|k| self.answered_keys.contains(k)) {
+                stats.repeats_of_answered.fetch_add(1, Ordering::Relaxed);
             }
         }
-    } else {
-        response
-    };
-    if cfg.fail_rate > 0.0 && rng.chance(cfg.fail_rate) {
-        stats.unanswered.fetch_add(1, Ordering::Relaxed);
-        return;
+        if mti.is_network_management()
+            && let Ok(Some(f70)) = msg.field(70)
+        {
+            let f70: Vec<u8> = f70.logical().collect();
+            if is_key_management(&f70) {
+                stats.key_resets.add(&f70);
+            }
+        }
+        let fail_rate = self.cfg.fail_rate;
+        if fail_rate > 0.0 && rng.chance(fail_rate) {
+            stats.unanswered.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let mut plan = Plan::answer("00", Tally::Request);
+        let late = match (&self.finance.late, &key) {
+            (Some(late), Some(_)) if is_approvable(mti) && stats.reversals.has_room() => {
+                late.draw(rng)
+            }
+            _ => None,
+        };
+        plan.on_sent = match (late, key) {
+            (Some(by), Some(k)) => {
+                plan.extra = by;
+                OnSent::ApprovedLate(k)
+            }
+            (_, Some(k)) => OnSent::Answered(k),
+            (_, None) => OnSent::Nothing,
+        };
+        Some(plan)
     }
-    let delay = cfg.delay.sample(rng);
-    if delay.is_zero() {
-        stats.answered.fetch_add(1, Ordering::Relaxed);
-        let _ = tx.try_send(Outbound::message(response));
-        return;
+
+    /// A reversal (`0420`/`0421`): booked in its chain and answered `0430`,
+    /// unless it is one of the first `ignore_reversals` of its chain. One
+    /// whose F90 names no original is answered F39 `30` (format error).
+    fn on_reversal(&self, msg: &Message<'_>) -> Option<Plan> {
+        let book = &self.stats.reversals;
+        let Ok(original) = OriginalKey::of_reversal(msg) else {
+            book.unreadable();
+            return Some(Plan::answer("30", Tally::Reversal));
+        };
+        let place = book.reversal(original, msg.mti().is_repeat());
+        if place <= self.finance.ignore_reversals {
+            book.ignored();
+            return None;
+        }
+        Some(Plan::answer("00", Tally::Reversal))
     }
-    let tx = tx.clone();
-    // A full write queue drops the answer, as it does undelayed.
-    let send = move || drop(tx.try_send(Outbound::message(response)));
-    if shared.delayed.send_after(delay, shutdown.clone(), send) {
-        stats.answered.fetch_add(1, Ordering::Relaxed);
-    } else {
-        // Past MAX_DELAYED answers waiting: the node is over its capacity.
-        stats.unanswered.fetch_add(1, Ordering::Relaxed);
+
+    /// An advice (`0120`/`0220`, or a repeat): booked and acknowledged.
+    fn on_advice(&self, msg: &Message<'_>) -> Option<Plan> {
+        let Ok(key) = OriginalKey::of_message(msg) else {
+            self.stats.bad.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        self.stats.advices.advice(key, msg.mti().is_repeat());
+        Some(Plan::answer("00", Tally::Advice))
+    }
+
+    /// What is recorded as an answer leaves.
+    fn sent(&self, on_sent: OnSent) {
+        match on_sent {
+            OnSent::Nothing => {}
+            OnSent::Answered(key) => self.answered_keys.remember(key),
+            OnSent::ApprovedLate(key) => {
+                self.answered_keys.remember(key.clone());
+                self.stats.reversals.approved_late(key);
+            }
+        }
+    }
+
+    /// The node's next STAN, `base + 1 ..= base + 99_999` in turn.
+    fn next_stan(&self, base: u32) -> u32 {
+        let counter = self
+            .stan_counter
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                Some(c % 99_999 + 1)
+            })
+            .map_or(1, |prev| prev % 99_999 + 1);
+        base + counter
     }
 }
 
@@ -440,6 +722,101 @@ fn originated_response(shared: &Shared, msg: &Message<'_>, conn: u64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
+/// An `0810`/`0830`: the answer to one of the node's key requests, matched by
+/// F11 + F7, on whichever connection it comes.
+fn key_request_response(shared: &Shared, msg: &Message<'_>) {
+    let stats = &shared.stats;
+    let mine = key_request_key(msg).and_then(|k| lock(&shared.key_requests).remove(&k));
+    let counter = if mine.is_some() {
+        &stats.key_requests_answered
+    } else {
+        &stats.foreign_responses
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// F11 and F7 of a key request or its answer.
+fn key_request_key(msg: &Message<'_>) -> Option<(u32, [u8; 10])> {
+    let logical = |id: u16| -> Option<Vec<u8>> {
+        let f: Vec<u8> = msg.field(id).ok().flatten()?.logical().collect();
+        f.iter().all(u8::is_ascii_digit).then_some(f)
+    };
+    let stan = std::str::from_utf8(&logical(11)?).ok()?.parse().ok()?;
+    Some((stan, logical(7)?.try_into().ok()?))
+}
+
+/// Sends a key request every `k.every` on the node's connections in turn,
+/// and expires the unanswered.
+async fn request_keys(shared: Arc<Shared>, k: KeyRequests, mut shutdown: watch::Receiver<bool>) {
+    let every = k.every.max(Duration::from_millis(1));
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sweep = tokio::time::interval(
+        (k.timeout / 4).clamp(Duration::from_millis(5), Duration::from_millis(100)),
+    );
+    loop {
+        tokio::select! {
+            // Held, like originated requests, while origination is stopped.
+            _ = tick.tick() => drop(shared.originating.issue(|| send_key_request(&shared, &k))),
+            _ = sweep.tick() => expire_key_requests(&shared, k.timeout),
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// One `0820` F70 `101` with F7 now and the node's next STAN, no F37.
+fn send_key_request(shared: &Shared, k: &KeyRequests) {
+    let conn = {
+        let conns = lock(&shared.conns);
+        if conns.is_empty() {
+            return;
+        }
+        let turn = shared.next_key_conn.fetch_add(1, Ordering::Relaxed);
+        conns[turn % conns.len()].1.clone()
+    };
+    let spec = &*shared.spec;
+    let stan = shared.next_stan(k.stan_base);
+    let f7 = crate::iso8583::transmission_date_time(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    );
+    let mut d = samples::echo(spec);
+    d.mti = Mti::new(*b"0820").unwrap_or(d.mti);
+    d.remove(37);
+    d.set_text(7, String::from_utf8_lossy(&f7));
+    d.set_text(11, format!("{stan:06}"));
+    d.set_text(70, "101");
+    let Ok(payload) = spec.encode(&d) else {
+        shared.stats.bad.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    lock(&shared.key_requests).insert((stan, f7), Instant::now());
+    if conn
+        .try_send(Outbound::message(Bytes::from(payload)))
+        .is_ok()
+    {
+        shared
+            .stats
+            .key_requests_sent
+            .fetch_add(1, Ordering::Relaxed);
+    } else {
+        lock(&shared.key_requests).remove(&(stan, f7));
+    }
+}
+
+fn expire_key_requests(shared: &Shared, timeout: Duration) {
+    let now = Instant::now();
+    let mut out = lock(&shared.key_requests);
+    let before = out.len();
+    out.retain(|_, sent| now.duration_since(*sent) < timeout);
+    let expired = (before - out.len()) as u64;
+    shared
+        .stats
+        .key_requests_unanswered
+        .fetch_add(expired, Ordering::Relaxed);
+}
+
 /// Sends node-originated requests at a rate, round robin over the node's
 /// connections, and expires the unanswered.
 async fn originate(shared: Arc<Shared>, o: Originate, mut shutdown: watch::Receiver<bool>) {
@@ -471,7 +848,6 @@ struct Originator {
     f11: std::ops::Range<usize>,
     /// F11 is six ASCII digits (else three BCD bytes).
     ascii: bool,
-    counter: u32,
     next_conn: usize,
 }
 
@@ -484,7 +860,6 @@ impl Originator {
             ascii: f11.len() == 6,
             template,
             f11,
-            counter: 0,
             next_conn: 0,
         })
     }
@@ -501,8 +876,7 @@ impl Originator {
             let (id, tx) = &conns[self.next_conn % conns.len()];
             (*id, tx.clone())
         };
-        self.counter = self.counter % 99_999 + 1;
-        let stan = o.stan_base + self.counter;
+        let stan = shared.next_stan(o.stan_base);
         let digits = format!("{stan:06}");
         let encoded: Vec<u8> = if self.ascii {
             digits.into_bytes()
@@ -558,13 +932,15 @@ impl NodeSim {
         self.shared.originating.is_open()
     }
 
-    /// Node-originated requests still waiting for their response.
+    /// Node-originated requests (key requests among them) still waiting for
+    /// their response.
     pub fn outstanding(&self) -> usize {
         let s = &self.stats;
         let done = s.originated_answered.load(Ordering::Relaxed)
             + s.originated_declined.load(Ordering::Relaxed)
             + s.originated_unanswered.load(Ordering::Relaxed);
-        s.originated.load(Ordering::Relaxed).saturating_sub(done) as usize
+        let originated = s.originated.load(Ordering::Relaxed).saturating_sub(done) as usize;
+        originated + lock(&self.shared.key_requests).len()
     }
 }
 

@@ -1,4 +1,4 @@
-//! `isoswitch sim visa`: VISA's side of BASE I style duplex links (WIRE.md §3).
+//! `isoswitch sim visa`: VISA's side of BASE I style duplex links.
 //!
 //! Every link carries both directions. The simulator
 //!
@@ -26,23 +26,27 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt;
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, mpsc, watch};
+use bytes::Bytes;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tokio_util::codec::{Encoder, FramedRead};
+
+mod links;
+mod report;
+
+pub use report::{VisaReport, VisaSimStats};
+
+use links::{LinkHandle, accept_links, keep_link};
 
 use crate::iso8583::{Decoded, IsoError, Message, Mti, Spec};
 use crate::sim::answer;
 use crate::sim::node::Delay;
+use crate::sim::peer::{Outstanding, Pacer, deadline_after, lock};
 use crate::util::rng::{Rng, entropy_seed};
-use crate::wire::{Frame, FrameCodec, LengthPrefix, VisaHeader};
+use crate::wire::VisaHeader;
 
 /// VISA's station ID (source of what it sends), BCD.
 pub const VISA_STATION: [u8; 3] = [0x00, 0x00, 0x01];
@@ -51,8 +55,6 @@ pub const BANK_STATION: [u8; 3] = [0x45, 0x67, 0x89];
 
 /// Frames queued per link before senders move on to another link.
 const LINK_QUEUE: usize = 4096;
-/// Requests (issuer requests, sign-ons, echo tests) awaiting a response, at most.
-const MAX_OUTSTANDING: usize = 100_000;
 /// Keys of requests already answered or expired, remembered to tell a second
 /// answer (or a late one) from an unknown one.
 const MAX_DONE: usize = 1_000_000;
@@ -62,17 +64,10 @@ const MAX_PARKED: usize = 10_000;
 const ACCEPT_FACTOR: usize = 4;
 /// Distinct F37 stamps counted in the report, at most.
 const MAX_STAMPS: usize = 256;
-const RECONNECT_MIN: Duration = Duration::from_millis(100);
-const RECONNECT_MAX: Duration = Duration::from_secs(2);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Issuer requests sent in one pacing tick at most (a late tick does not burst).
-const MAX_BURST: u64 = 1000;
 /// How long a link closed on demand waits for the bank to close its side.
 const CLOSE_GRACE: Duration = Duration::from_secs(3);
 /// How long `stop` waits for tasks before aborting them.
 const STOP_GRACE: Duration = Duration::from_secs(2);
-/// Writes are batched up to this many bytes.
-const WRITE_BATCH: usize = 64 * 1024;
 /// Fields of an issuer response that must equal the request's (with the MTI
 /// and F7 + F11, which find the request).
 const CHECKED: [u16; 4] = [4, 32, 37, 41];
@@ -155,198 +150,6 @@ fn mti(digits: [u8; 4]) -> Mti {
     Mti::new(digits).unwrap_or_else(|| unreachable!("four ASCII digits"))
 }
 
-/// Counters a test can read while the simulator runs.
-#[derive(Debug, Default)]
-pub struct VisaSimStats {
-    /// Issuer requests written on a link.
-    pub issuer_sent: AtomicU64,
-    /// Their answers with F39 `00`, and with another F39.
-    pub issuer_approved: AtomicU64,
-    pub issuer_declined: AtomicU64,
-    /// Issuer requests without an answer within `timeout`.
-    pub issuer_unanswered: AtomicU64,
-    /// Answers found by F7 + F11 whose MTI, F4, F32, F37 or F41 differ.
-    pub wrong_key: AtomicU64,
-    /// A second answer to a request already answered.
-    pub doubled: AtomicU64,
-    /// An answer to a request that had expired.
-    pub late: AtomicU64,
-    /// An answer matching nothing ever sent.
-    pub unknown: AtomicU64,
-    /// Requests from the bank's nodes (not network management).
-    pub bank_requests: AtomicU64,
-    /// Their answers written, and how many of those on another link.
-    pub bank_answered: AtomicU64,
-    pub bank_answered_on_other_link: AtomicU64,
-    /// Answers to the bank that found no link up and waited for one.
-    pub answers_parked: AtomicU64,
-    /// Answers to the bank dropped: every queue full, too many parked, or
-    /// parked longer than `timeout`.
-    pub answers_unsent: AtomicU64,
-    /// The bank's `0800`s, by kind, and the `0810`s written for them.
-    pub network_requests: AtomicU64,
-    pub bank_sign_ons: AtomicU64,
-    pub bank_sign_offs: AtomicU64,
-    pub bank_echoes: AtomicU64,
-    pub network_answered: AtomicU64,
-    /// The bank's `0800`s read on a link being dropped with no link up: left
-    /// unanswered, as the exchange belongs to a link that is gone.
-    pub network_link_gone: AtomicU64,
-    /// Our sign-ons written, approved, and answered with another F39.
-    pub sign_ons_sent: AtomicU64,
-    pub sign_ons_approved: AtomicU64,
-    pub sign_ons_refused: AtomicU64,
-    /// Our echo tests written, answered, and unanswered within `timeout`.
-    pub echo_sent: AtomicU64,
-    pub echo_answered: AtomicU64,
-    pub echo_unanswered: AtomicU64,
-    pub keepalives_received: AtomicU64,
-    pub keepalives_sent: AtomicU64,
-    /// Links opened (dialled or accepted), up now, refused at accept, and
-    /// closed on demand ([`VisaSim::close_links`]).
-    pub links_opened: AtomicU64,
-    pub links_up: AtomicU64,
-    pub links_refused: AtomicU64,
-    pub links_dropped: AtomicU64,
-    /// Frames that did not parse, prefixes that could not be trusted, stalled
-    /// partial frames.
-    pub bad_frames: AtomicU64,
-    /// Reject messages (header bit 0x80) received.
-    pub rejects: AtomicU64,
-}
-
-/// What the simulated VISA saw. `lost` and `doubled` are the verdict: a run is
-/// clean when both are zero.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct VisaReport {
-    pub issuer_sent: u64,
-    pub issuer_approved: u64,
-    pub issuer_declined: u64,
-    pub issuer_unanswered: u64,
-    pub wrong_key: u64,
-    pub doubled: u64,
-    pub late: u64,
-    pub unknown: u64,
-    pub bank_requests: u64,
-    pub bank_answered: u64,
-    pub bank_answered_on_other_link: u64,
-    pub answers_parked: u64,
-    pub answers_unsent: u64,
-    pub network_requests: u64,
-    pub network_answered: u64,
-    pub sign_ons_sent: u64,
-    pub sign_ons_approved: u64,
-    pub echo_sent: u64,
-    pub echo_answered: u64,
-    pub keepalives_received: u64,
-    pub links_opened: u64,
-    pub links_up: u64,
-    pub links_dropped: u64,
-    pub bad_frames: u64,
-    pub rejects: u64,
-    /// Bank requests per F37 stamp (the node ID the switch wrote).
-    pub stamps: BTreeMap<String, u64>,
-}
-
-impl VisaReport {
-    fn from_stats(s: &VisaSimStats, stamps: BTreeMap<String, u64>) -> VisaReport {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        VisaReport {
-            issuer_sent: get(&s.issuer_sent),
-            issuer_approved: get(&s.issuer_approved),
-            issuer_declined: get(&s.issuer_declined),
-            issuer_unanswered: get(&s.issuer_unanswered),
-            wrong_key: get(&s.wrong_key),
-            doubled: get(&s.doubled),
-            late: get(&s.late),
-            unknown: get(&s.unknown),
-            bank_requests: get(&s.bank_requests),
-            bank_answered: get(&s.bank_answered),
-            bank_answered_on_other_link: get(&s.bank_answered_on_other_link),
-            answers_parked: get(&s.answers_parked),
-            answers_unsent: get(&s.answers_unsent),
-            network_requests: get(&s.network_requests),
-            network_answered: get(&s.network_answered),
-            sign_ons_sent: get(&s.sign_ons_sent),
-            sign_ons_approved: get(&s.sign_ons_approved),
-            echo_sent: get(&s.echo_sent),
-            echo_answered: get(&s.echo_answered),
-            keepalives_received: get(&s.keepalives_received),
-            links_opened: get(&s.links_opened),
-            links_up: get(&s.links_up),
-            links_dropped: get(&s.links_dropped),
-            bad_frames: get(&s.bad_frames),
-            rejects: get(&s.rejects),
-            stamps,
-        }
-    }
-
-    /// Issuer requests that got no answer.
-    pub fn lost(&self) -> u64 {
-        self.issuer_unanswered
-    }
-
-    /// Answers that should not have come: second, crossed (wrong key) or
-    /// matching nothing sent.
-    pub fn doubled_or_crossed(&self) -> u64 {
-        self.doubled + self.wrong_key + self.unknown
-    }
-
-    /// Nothing lost, nothing doubled or crossed.
-    pub fn is_clean(&self) -> bool {
-        self.lost() == 0 && self.doubled_or_crossed() == 0
-    }
-
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-    }
-}
-
-impl std::fmt::Display for VisaReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "issuer sent {} approved {} declined {} unanswered {} wrong_key {} doubled {} late {} unknown {} \
-             | bank requests {} answered {} (on another link {}) parked {} unsent {} \
-             | network {} answered {} | sign-ons {}/{} echo {}/{} \
-             | links opened {} up {} dropped {} | bad_frames {} rejects {}",
-            self.issuer_sent,
-            self.issuer_approved,
-            self.issuer_declined,
-            self.issuer_unanswered,
-            self.wrong_key,
-            self.doubled,
-            self.late,
-            self.unknown,
-            self.bank_requests,
-            self.bank_answered,
-            self.bank_answered_on_other_link,
-            self.answers_parked,
-            self.answers_unsent,
-            self.network_requests,
-            self.network_answered,
-            self.sign_ons_approved,
-            self.sign_ons_sent,
-            self.echo_answered,
-            self.echo_sent,
-            self.links_opened,
-            self.links_up,
-            self.links_dropped,
-            self.bad_frames,
-            self.rejects,
-        )?;
-        if !self.stamps.is_empty() {
-            let s: Vec<String> = self
-                .stamps
-                .iter()
-                .map(|(k, v)| format!("{k}:{v}"))
-                .collect();
-            write!(f, " | stamps {}", s.join(" "))?;
-        }
-        Ok(())
-    }
-}
-
 /// A running simulated VISA.
 pub struct VisaSim {
     shared: Arc<Shared>,
@@ -369,7 +172,7 @@ impl VisaSim {
             links: Mutex::new(Vec::new()),
             next_link: AtomicUsize::new(0),
             next_link_id: AtomicU64::new(1),
-            outstanding: Mutex::new(HashMap::new()),
+            outstanding: Outstanding::default(),
             done: Mutex::new(Done::default()),
             stan: AtomicU32::new((entropy_seed() % 999_999) as u32 + 1),
             next_mti: AtomicUsize::new(0),
@@ -398,7 +201,10 @@ impl VisaSim {
         if shared.cfg.rate.is_some_and(|r| r > 0.0) {
             tasks.spawn(originate(Arc::clone(&shared), rx.clone()));
         }
-        tasks.spawn(sweep(Arc::clone(&shared), rx));
+        let (expiring, timeout) = (Arc::clone(&shared), shared.cfg.timeout);
+        tasks.spawn(crate::sim::peer::sweep(timeout, rx, move |now| {
+            expiring.expire(now)
+        }));
         tracing::info!(dial = ?shared.cfg.dial, links = shared.cfg.links, "sim visa started");
         Ok(VisaSim {
             shared,
@@ -424,7 +230,7 @@ impl VisaSim {
 
     /// Requests (issuer, sign-on, echo) awaiting their answer.
     pub fn outstanding(&self) -> usize {
-        lock(&self.shared.outstanding).len()
+        self.shared.outstanding.len()
     }
 
     /// Links up, and of those signed on (ours to send issuer requests on).
@@ -489,12 +295,8 @@ impl VisaSim {
         let up = self.shared.stats.links_up.load(Ordering::Relaxed);
         let _ = self.shutdown.send(true);
         super::join_within(&mut self.tasks, STOP_GRACE).await;
-        let left: Vec<Pending> = lock(&self.shared.outstanding)
-            .drain()
-            .map(|(_, p)| p)
-            .collect();
-        for p in &left {
-            self.shared.count_expired(p);
+        for (_, p) in self.shared.outstanding.drain() {
+            self.shared.count_expired(&p);
         }
         VisaReport {
             links_up: up,
@@ -554,7 +356,7 @@ struct Shared {
     next_link: AtomicUsize,
     next_link_id: AtomicU64,
     /// Requests sent, by F7 + F11.
-    outstanding: Mutex<HashMap<Key, Pending>>,
+    outstanding: Outstanding<Key, Pending>,
     done: Mutex<Done>,
     /// Last STAN used (1..=999999).
     stan: AtomicU32,
@@ -568,23 +370,6 @@ struct Shared {
     /// link the request came on, the answer.
     parked: Mutex<VecDeque<(Instant, u64, Bytes)>>,
     shutdown: watch::Receiver<bool>,
-}
-
-/// A frame for a link's writer.
-#[derive(Debug)]
-enum Out {
-    Message(Bytes),
-    Poll,
-}
-
-/// A live link, as senders see it.
-struct LinkHandle {
-    id: u64,
-    tx: mpsc::Sender<Out>,
-    signed_on: Arc<AtomicBool>,
-    /// Microseconds since `Shared::base` of the last frame queued on it.
-    last_sent: Arc<AtomicU64>,
-    close: Arc<Notify>,
 }
 
 /// F7 (10 digits) and F11 (6 digits) as one number.
@@ -607,7 +392,6 @@ enum Kind {
 struct Pending {
     kind: Kind,
     response: Mti,
-    deadline: Instant,
 }
 
 /// Keys of requests answered or expired, oldest first out.
@@ -635,18 +419,6 @@ impl Done {
 enum NmKind {
     SignOn,
     Echo,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// `timeout` from now; a timeout too long for the clock means a year.
-fn deadline_after(timeout: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(timeout)
-        .or_else(|| now.checked_add(Duration::from_secs(365 * 86_400)))
-        .unwrap_or(now)
 }
 
 /// The digits of a numeric field's logical value, as a number.
@@ -688,10 +460,6 @@ pub fn answer(spec: &Spec, request: &Message<'_>, code: &str) -> Result<Bytes, I
 }
 
 impl Shared {
-    fn now_micros(&self) -> u64 {
-        u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX)
-    }
-
     /// The next STAN, 1..=999999 then round again.
     fn next_stan(&self) -> u32 {
         self.stan
@@ -699,43 +467,6 @@ impl Shared {
                 Some(s % 999_999 + 1)
             })
             .map_or(1, |prev| prev % 999_999 + 1)
-    }
-
-    /// Queues `payload` on one link chosen by `pick` among the live ones, in
-    /// round-robin order; a full queue moves on. Returns the link's ID.
-    fn send_where(&self, payload: &Bytes, pick: impl Fn(&LinkHandle) -> bool) -> Option<u64> {
-        let links = lock(&self.links);
-        let n = links.len();
-        if n == 0 {
-            return None;
-        }
-        let start = self.next_link.fetch_add(1, Ordering::Relaxed) % n;
-        for k in 0..n {
-            let link = &links[(start + k) % n];
-            if !pick(link) {
-                continue;
-            }
-            if link.tx.try_send(Out::Message(payload.clone())).is_ok() {
-                link.last_sent.store(self.now_micros(), Ordering::Relaxed);
-                return Some(link.id);
-            }
-        }
-        None
-    }
-
-    /// Registers a request as outstanding; `false` if the table is full or the
-    /// key is taken (the STAN came round within one timeout).
-    fn expect(&self, key: Key, pending: Pending) -> bool {
-        let mut out = lock(&self.outstanding);
-        if out.len() >= MAX_OUTSTANDING || out.contains_key(&key) {
-            return false;
-        }
-        out.insert(key, pending);
-        true
-    }
-
-    fn forget(&self, key: Key) {
-        lock(&self.outstanding).remove(&key);
     }
 
     fn count_expired(&self, p: &Pending) {
@@ -749,17 +480,7 @@ impl Shared {
     }
 
     fn expire(&self, now: Instant) {
-        let expired: Vec<(Key, Pending)> = {
-            let mut out = lock(&self.outstanding);
-            let keys: Vec<Key> = out
-                .iter()
-                .filter(|(_, p)| p.deadline <= now)
-                .map(|(k, _)| *k)
-                .collect();
-            keys.into_iter()
-                .filter_map(|k| out.remove(&k).map(|p| (k, p)))
-                .collect()
-        };
+        let expired = self.outstanding.expired(now);
         let mut done = lock(&self.done);
         for (k, p) in &expired {
             done.insert(*k, false);
@@ -830,21 +551,33 @@ impl Shared {
         let pending = Pending {
             kind: Kind::Issuer { echoed },
             response,
-            deadline: deadline_after(self.cfg.timeout),
         };
-        if !self.expect(key, pending) {
+        let sent = self.send_expected(&payload, key, pending, |l| {
+            l.signed_on.load(Ordering::Relaxed)
+        });
+        if sent {
+            self.stats.issuer_sent.fetch_add(1, Ordering::Relaxed);
+        }
+        sent
+    }
+
+    /// Registers a request as outstanding and writes it on a link `pick`
+    /// allows; `false` (and forgotten) when none takes it.
+    fn send_expected(
+        &self,
+        payload: &Bytes,
+        key: Key,
+        pending: Pending,
+        pick: impl Fn(&LinkHandle) -> bool,
+    ) -> bool {
+        if !self.outstanding.expect(key, pending, self.cfg.timeout) {
             return false;
         }
-        match self.send_where(&payload, |l| l.signed_on.load(Ordering::Relaxed)) {
-            Some(_) => {
-                self.stats.issuer_sent.fetch_add(1, Ordering::Relaxed);
-                true
-            }
-            None => {
-                self.forget(key);
-                false
-            }
+        let sent = self.send_where(payload, pick).is_some();
+        if !sent {
+            self.outstanding.forget(&key);
         }
+        sent
     }
 
     /// A sign-on or echo test (`0800` with F70) on link `link`.
@@ -869,13 +602,8 @@ impl Shared {
                 NmKind::Echo => Kind::Echo,
             },
             response,
-            deadline: deadline_after(self.cfg.timeout),
         };
-        if !self.expect(key, pending) {
-            return false;
-        }
-        if self.send_where(&payload, |l| l.id == link).is_none() {
-            self.forget(key);
+        if !self.send_expected(&payload, key, pending, |l| l.id == link) {
             return false;
         }
         let sent = match kind {
@@ -916,7 +644,7 @@ impl Shared {
             stats.unknown.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let found = lock(&self.outstanding).remove(&key);
+        let found = self.outstanding.take(&key);
         let Some(p) = found else {
             let counter = match lock(&self.done).keys.get(&key) {
                 Some(true) => &stats.doubled,
@@ -1021,338 +749,19 @@ impl Shared {
             self.deliver_later(link, resp, delay);
         }
     }
-
-    /// Writes an answer to the bank on a link other than `came_on` (on that
-    /// one only when it is the only link up). With no link up it waits for
-    /// one ([`Shared::flush_parked`]), as a peer holds answers over a
-    /// reconnect.
-    fn deliver(&self, came_on: u64, resp: &Bytes) {
-        if self.try_deliver(came_on, resp) {
-            return;
-        }
-        {
-            // Under the parked lock (then the links lock): a link coming up
-            // now flushes after this, so nothing parked is left behind.
-            let mut parked = lock(&self.parked);
-            if lock(&self.links).is_empty() {
-                let counter = if parked.len() < MAX_PARKED {
-                    parked.push_back((Instant::now(), came_on, resp.clone()));
-                    &self.stats.answers_parked
-                } else {
-                    &self.stats.answers_unsent
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-        }
-        // A link is up (every queue was full, or it just came up): once more.
-        if !self.try_deliver(came_on, resp) {
-            self.stats.answers_unsent.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn try_deliver(&self, came_on: u64, resp: &Bytes) -> bool {
-        let stats = &self.stats;
-        let sent = self
-            .send_where(resp, |l| l.id != came_on)
-            .or_else(|| self.send_where(resp, |l| l.id == came_on));
-        let Some(on) = sent else {
-            return false;
-        };
-        stats.bank_answered.fetch_add(1, Ordering::Relaxed);
-        if on != came_on {
-            stats
-                .bank_answered_on_other_link
-                .fetch_add(1, Ordering::Relaxed);
-        }
-        true
-    }
-
-    /// A link came up: the parked answers still worth sending go out; those
-    /// older than `timeout` (the bank has given up on them) are dropped.
-    fn flush_parked(&self) {
-        let parked: Vec<_> = lock(&self.parked).drain(..).collect();
-        for (at, came_on, resp) in parked {
-            if at.elapsed() > self.cfg.timeout || !self.try_deliver(came_on, &resp) {
-                self.stats.answers_unsent.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-
-    fn deliver_later(self: &Arc<Shared>, came_on: u64, resp: Bytes, delay: Duration) {
-        let shared = Arc::clone(self);
-        let send = move || shared.deliver(came_on, &resp);
-        if !self.delayed.send_after(delay, self.shutdown.clone(), send) {
-            self.stats.answers_unsent.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Writes a link's frames, batching what is queued; on the queue's end it
-/// shuts the write half down (a FIN: the bank reads what was sent, then EOF).
-async fn write_link(
-    mut w: OwnedWriteHalf,
-    prefix: LengthPrefix,
-    max_frame: usize,
-    mut rx: mpsc::Receiver<Out>,
-) -> std::io::Result<()> {
-    let mut codec = FrameCodec::new(prefix, max_frame);
-    let mut buf = BytesMut::with_capacity(WRITE_BATCH);
-    while let Some(first) = rx.recv().await {
-        let mut next = Some(first);
-        while let Some(out) = next.take() {
-            let frame = match out {
-                Out::Message(p) => Frame::Message(p),
-                Out::Poll => Frame::KeepAlive,
-            };
-            if let Err(e) = codec.encode(frame, &mut buf) {
-                // Only an oversized payload fails here: it is ours, so a bug.
-                tracing::error!(error = %e, "sim visa: a frame could not be written");
-            }
-            if buf.len() < WRITE_BATCH {
-                next = rx.try_recv().ok();
-            }
-        }
-        w.write_all(&buf).await?;
-        buf.clear();
-    }
-    w.shutdown().await
-}
-
-/// Accepts the bank's links and serves each until it closes.
-async fn accept_links(
-    shared: Arc<Shared>,
-    listener: TcpListener,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut conns = JoinSet::new();
-    let max = shared.cfg.links.max(1).saturating_mul(ACCEPT_FACTOR);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, peer)) = accepted else {
-                    // Out of descriptors or similar: do not spin.
-                    tokio::time::sleep(RECONNECT_MIN).await;
-                    continue;
-                };
-                if conns.len() >= max {
-                    shared.stats.links_refused.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%peer, max, "sim visa: link refused, too many open");
-                    drop(stream);
-                    continue;
-                }
-                let (s, mut sd) = (Arc::clone(&shared), shutdown.clone());
-                conns.spawn(async move { serve_link(&s, stream, &mut sd).await });
-            }
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            _ = shutdown.changed() => break,
-        }
-    }
-    // Each link task saw the same shutdown: let them finish their close.
-    super::join_within(&mut conns, STOP_GRACE).await;
-}
-
-/// Keeps one dialled link up: connects, serves it until it closes, waits a
-/// short backoff, connects again.
-async fn keep_link(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let Dial::Connect(addr) = shared.cfg.dial else {
-        return;
-    };
-    let mut backoff = RECONNECT_MIN;
-    loop {
-        if *shutdown.borrow() {
-            return;
-        }
-        let connect = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr));
-        let connected = tokio::select! {
-            r = connect => r,
-            _ = shutdown.changed() => return,
-        };
-        match connected {
-            Ok(Ok(stream)) => {
-                backoff = RECONNECT_MIN;
-                serve_link(&shared, stream, &mut shutdown).await;
-            }
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, %addr, "sim visa: connect failed");
-                backoff = (backoff * 2).min(RECONNECT_MAX);
-            }
-            Err(_) => backoff = (backoff * 2).min(RECONNECT_MAX),
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = shutdown.changed() => return,
-        }
-    }
-}
-
-/// Why a link's read loop ended.
-#[derive(Debug, PartialEq, Eq)]
-enum LinkEnd {
-    Closed,
-    Broken,
-    Shutdown,
-}
-
-/// Serves one link until it closes, is dropped on demand, or the simulator
-/// stops: reads and dispatches frames; signs on, polls and echoes on time.
-async fn serve_link(shared: &Arc<Shared>, stream: TcpStream, shutdown: &mut watch::Receiver<bool>) {
-    let _ = stream.set_nodelay(true);
-    let (read, write) = stream.into_split();
-    let framing = shared.spec.framing();
-    let (tx, rx) = mpsc::channel(LINK_QUEUE);
-    let mut writer = tokio::spawn(write_link(write, framing.prefix, framing.max_frame, rx));
-    let id = shared.next_link_id.fetch_add(1, Ordering::Relaxed);
-    let close = Arc::new(Notify::new());
-    let signed_on = Arc::new(AtomicBool::new(!shared.cfg.sign_on));
-    let last_sent = Arc::new(AtomicU64::new(shared.now_micros()));
-    lock(&shared.links).push(LinkHandle {
-        id,
-        tx,
-        signed_on: Arc::clone(&signed_on),
-        last_sent: Arc::clone(&last_sent),
-        close: Arc::clone(&close),
-    });
-    let stats = &shared.stats;
-    stats.links_opened.fetch_add(1, Ordering::Relaxed);
-    stats.links_up.fetch_add(1, Ordering::Relaxed);
-    shared.flush_parked();
-    let unregister = || {
-        let mut links = lock(&shared.links);
-        let before = links.len();
-        links.retain(|l| l.id != id);
-        if links.len() < before {
-            stats.links_up.fetch_sub(1, Ordering::Relaxed);
-        }
-    };
-    let cfg = &shared.cfg;
-    let mut last_sign_on = None;
-    let mut last_echo = Instant::now();
-    if cfg.sign_on && shared.send_network(id, NmKind::SignOn) {
-        last_sign_on = Some(Instant::now());
-    }
-    let mut frames = FramedRead::new(read, FrameCodec::new(framing.prefix, framing.max_frame));
-    let mut rng = Rng::from_entropy();
-    // A frame begun must end within this (a stalled peer cannot hold a buffer).
-    let partial_limit = cfg.timeout.max(Duration::from_secs(1));
-    let mut partial_since: Option<Instant> = None;
-    let mut closing_since: Option<Instant> = None;
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let end = loop {
-        tokio::select! {
-            frame = frames.next() => match frame {
-                Some(Ok(Frame::Message(p))) => shared.on_frame(id, p, &mut rng),
-                Some(Ok(Frame::KeepAlive)) => {
-                    stats.keepalives_received.fetch_add(1, Ordering::Relaxed);
-                }
-                // Session control is link-level and carries no message.
-                Some(Ok(Frame::SessionControl(_))) => {}
-                Some(Err(e)) => {
-                    tracing::debug!(error = %e, "sim visa: link closed on a bad frame");
-                    stats.bad_frames.fetch_add(1, Ordering::Relaxed);
-                    break LinkEnd::Broken;
-                }
-                None => break LinkEnd::Closed,
-            },
-            _ = tick.tick() => {
-                let now = Instant::now();
-                let partial = frames.decoder().in_frame() || !frames.read_buffer().is_empty();
-                match (partial, partial_since) {
-                    (false, _) => partial_since = None,
-                    (true, None) => partial_since = Some(now),
-                    (true, Some(t)) if now.duration_since(t) > partial_limit => {
-                        stats.bad_frames.fetch_add(1, Ordering::Relaxed);
-                        break LinkEnd::Broken;
-                    }
-                    (true, Some(_)) => {}
-                }
-                if let Some(t) = closing_since {
-                    if now.duration_since(t) > CLOSE_GRACE {
-                        break LinkEnd::Closed;
-                    }
-                    continue;
-                }
-                on_tick(shared, id, &signed_on, &last_sent, &mut last_sign_on, &mut last_echo, now);
-            }
-            res = &mut writer, if closing_since.is_none() => {
-                tracing::debug!(result = ?res, "sim visa: link writer ended");
-                break LinkEnd::Broken;
-            }
-            _ = close.notified(), if closing_since.is_none() => {
-                // A graceful drop: no new frames, the queue flushes, then FIN;
-                // keep reading until the bank closes its side too.
-                closing_since = Some(Instant::now());
-                stats.links_dropped.fetch_add(1, Ordering::Relaxed);
-                unregister();
-            }
-            _ = shutdown.changed() => break LinkEnd::Shutdown,
-        }
-    };
-    unregister();
-    if end != LinkEnd::Broken && !writer.is_finished() {
-        let _ = tokio::time::timeout(Duration::from_secs(1), &mut writer).await;
-    }
-    writer.abort();
-    tracing::debug!(link = id, end = ?end, "sim visa: link down");
-}
-
-/// Link housekeeping: poll when idle, retry an unanswered sign-on, echo.
-fn on_tick(
-    shared: &Shared,
-    id: u64,
-    signed_on: &AtomicBool,
-    last_sent: &AtomicU64,
-    last_sign_on: &mut Option<Instant>,
-    last_echo: &mut Instant,
-    now: Instant,
-) {
-    let cfg = &shared.cfg;
-    let idle = cfg.keepalive_idle;
-    if !idle.is_zero() {
-        let since = shared
-            .now_micros()
-            .saturating_sub(last_sent.load(Ordering::Relaxed));
-        if Duration::from_micros(since) >= idle {
-            let links = lock(&shared.links);
-            if let Some(l) = links.iter().find(|l| l.id == id)
-                && l.tx.try_send(Out::Poll).is_ok()
-            {
-                shared.stats.keepalives_sent.fetch_add(1, Ordering::Relaxed);
-            }
-            last_sent.store(shared.now_micros(), Ordering::Relaxed);
-        }
-    }
-    if cfg.sign_on
-        && !signed_on.load(Ordering::Relaxed)
-        && last_sign_on.is_none_or(|t| now.duration_since(t) >= cfg.sign_on_retry)
-    {
-        *last_sign_on = Some(now);
-        shared.send_network(id, NmKind::SignOn);
-    }
-    if !cfg.echo_interval.is_zero() && now.duration_since(*last_echo) >= cfg.echo_interval {
-        *last_echo = now;
-        shared.send_network(id, NmKind::Echo);
-    }
 }
 
 /// Sends issuer requests at `rate` until `count` are sent or `duration` has
 /// passed. Requests no link can take wait for one (they are not dropped).
 async fn originate(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let rate = shared.cfg.rate.unwrap_or(0.0);
-    if !(rate > 0.0 && rate.is_finite()) {
+    let Some(mut pacer) = shared.cfg.rate.and_then(Pacer::new) else {
         return;
-    }
+    };
     let stop_at = shared.base.checked_add(shared.cfg.duration);
-    // The pacing restarts after a pause: when, and how many were sent by then.
-    let mut paced_from: Option<(Instant, u64)> = None;
     let limit = shared.cfg.count.unwrap_or(u64::MAX);
-    let period = Duration::from_secs_f64((1.0 / rate).clamp(0.001, 3600.0));
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = tick.tick() => {}
+            _ = pacer.tick() => {}
             _ = shutdown.changed() => return,
         }
         let now = Instant::now();
@@ -1361,31 +770,14 @@ async fn originate(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
             return;
         }
         if shared.paused.load(Ordering::Relaxed) {
-            paced_from = None;
+            pacer.restart();
             continue;
         }
-        let (start, sent_before) = *paced_from.get_or_insert((now, sent));
-        // One request at start, then as many as the rate owes by now.
-        let owed = (now.duration_since(start).as_secs_f64() * rate) as u64 + 1;
-        let due = sent_before.saturating_add(owed).min(limit);
-        for _ in 0..due.saturating_sub(sent).min(MAX_BURST) {
+        let owed = pacer.owed(now, sent).min(limit - sent);
+        for _ in 0..owed {
             if !shared.send_issuer_request() {
                 break;
             }
-        }
-    }
-}
-
-/// Counts requests unanswered past their deadline.
-async fn sweep(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let every =
-        (shared.cfg.timeout / 4).clamp(Duration::from_millis(5), Duration::from_millis(100));
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => shared.expire(Instant::now()),
-            _ = shutdown.changed() => return,
         }
     }
 }

@@ -7,7 +7,11 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
 
+# SERVICE (default pos) and NODE_IDS (default "01 02 03") name the service
+# and its nodes.
 start_switch() {
+    SERVICE=${SERVICE:-pos}
+    NODE_IDS=${NODE_IDS:-01 02 03}
     cargo build --locked --quiet
     BIN="${CARGO_TARGET_DIR:-target}/debug/isoswitch"
     WORK=$(mktemp -d)
@@ -19,18 +23,18 @@ start_switch() {
     {
         # The status page is read-only: open it like the probes, so a browser
         # can load it without a header.
-        printf '[admin]\nlisten = "%s"\nopen_paths = ["/healthz", "/metrics", "/"]\n' "$ADMIN"
-        printf '[[service]]\nname = "pos"\nspec = "cup-pos"\n'
+        printf '[admin]\nlisten = "%s"\nopen_paths = ["/healthz", "/readyz", "/metrics", "/"]\n' "$ADMIN"
+        printf '[[service]]\nname = "%s"\nspec = "cup-pos"\n' "$SERVICE"
         printf '[service.front]\nkind = "listen"\nlisten = "%s"\n[service.back]\n' "$FRONT"
     } > "$WORK/switch.toml"
-    for id in 01 02 03; do
+    for id in $NODE_IDS; do
         local port
         port=$(free_port)
         "$BIN" sim node --listen "127.0.0.1:$port" --spec cup-pos --id "$id" --delay 1ms..5ms 2>>"$WORK/nodes.log" &
         PIDS+=($!)
         printf '[[service.back.node]]\nid = "%s"\naddress = "127.0.0.1:%s"\n' "$id" "$port" >> "$WORK/switch.toml"
     done
-    "$BIN" run --config "$WORK/switch.toml" 2>"$WORK/switch.log" &
+    "$BIN" run --config "$WORK/switch.toml" --data-dir "$WORK/data" 2>"$WORK/switch.log" &
     PIDS+=($!)
     for _ in $(seq 100); do
         curl -sf "http://$ADMIN/healthz" >/dev/null 2>&1 && break
@@ -38,7 +42,7 @@ start_switch() {
     done
     curl -sf "http://$ADMIN/healthz" >/dev/null || { cat "$WORK/switch.log"; echo "FAIL: the switch did not start"; exit 1; }
     for _ in $(seq 100); do
-        curl -sf -H "Authorization: Bearer $ISOSWITCH_ADMIN_TOKEN" "http://$ADMIN/readyz" >/dev/null 2>&1 && break
+        curl -sf "http://$ADMIN/readyz" >/dev/null 2>&1 && break
         sleep 0.1
     done
 }

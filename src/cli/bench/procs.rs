@@ -282,7 +282,13 @@ pub(crate) fn free_port() -> Result<SocketAddr, String> {
 /// A child killed and reaped when dropped.
 pub(crate) struct Proc {
     child: Child,
-    _config: Option<TempFile>,
+    _files: Option<ProcFiles>,
+}
+
+/// What a child reads from disk, removed when it is gone.
+enum ProcFiles {
+    Config { _file: TempFile },
+    Switch { _files: SwitchFiles },
 }
 
 impl Proc {
@@ -321,7 +327,7 @@ pub(crate) fn start_node(
     Ok((
         Proc {
             child,
-            _config: None,
+            _files: None,
         },
         listen,
     ))
@@ -351,10 +357,10 @@ pub(crate) fn start_switch(
     cpus: Option<&CpuSet>,
 ) -> Result<(Proc, SocketAddr), String> {
     let front = free_port()?;
-    let config = TempFile::write("isoswitch-bench", "toml", &switch_toml(spec, front, nodes))?;
+    let files = SwitchFiles::write("isoswitch-bench", &switch_toml(spec, front, nodes))?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = command(&exe, cpus);
-    cmd.args(["run", "--config"]).arg(&config.path);
+    files.run_args(&mut cmd);
     if let Some(n) = threads {
         cmd.arg("--worker-threads").arg(n.to_string());
     }
@@ -366,7 +372,7 @@ pub(crate) fn start_switch(
     Ok((
         Proc {
             child,
-            _config: Some(config),
+            _files: Some(ProcFiles::Switch { _files: files }),
         },
         front,
     ))
@@ -418,7 +424,7 @@ pub(crate) fn start_haproxy(
     Ok((
         Proc {
             child,
-            _config: Some(config),
+            _files: Some(ProcFiles::Config { _file: config }),
         },
         front,
     ))
@@ -439,6 +445,40 @@ impl TempFile {
 impl Drop for TempFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// An `isoswitch run` child's config file and a data directory of its own
+/// (the switch creates it): no run inherits another's runtime state, and
+/// nothing is written where the bench was started. Both removed when dropped.
+pub(crate) struct SwitchFiles {
+    config: TempFile,
+    data_dir: std::path::PathBuf,
+}
+
+impl SwitchFiles {
+    pub(crate) fn write(stem: &str, toml: &str) -> Result<SwitchFiles, String> {
+        let data_dir = std::env::temp_dir().join(format!("{stem}-{}.data", std::process::id()));
+        // A directory left by a run that was killed: start afresh.
+        let _ = std::fs::remove_dir_all(&data_dir);
+        Ok(SwitchFiles {
+            config: TempFile::write(stem, "toml", toml)?,
+            data_dir,
+        })
+    }
+
+    /// `run --config FILE --data-dir DIR`.
+    pub(crate) fn run_args(&self, cmd: &mut Command) {
+        cmd.args(["run", "--config"])
+            .arg(&self.config.path)
+            .arg("--data-dir")
+            .arg(&self.data_dir);
+    }
+}
+
+impl Drop for SwitchFiles {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.data_dir);
     }
 }
 

@@ -94,9 +94,9 @@ impl VisaScenario {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let nodes_up = svc.pool.nodes().iter().all(|n| n.live_conns() > 0);
-            let links = svc.out_links.as_ref().map_or((0, 0), |l| l.up());
+            let links = svc.side.out_links().map_or((0, 0), |l| l.up());
             let ours = self.sim.links();
-            let want = svc.out_links.as_ref().map_or(0, |l| l.len());
+            let want = svc.side.out_links().map_or(0, |l| l.len());
             if nodes_up && links.1 == want && ours == (want, want) {
                 self.sim.resume();
                 return Ok(());

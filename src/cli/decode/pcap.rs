@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::decode::{DecodeArgs, Options, write_message};
+use super::{DecodeArgs, Options, write_message};
 use crate::capture::read::{self, Connection};
 use crate::config::{Config, FrontConfig};
 use crate::iso8583::Spec;
@@ -108,6 +108,12 @@ impl ConnSpecs {
         } else {
             None
         };
+        let mut names = std::collections::HashSet::new();
+        for spec in fixed.iter().chain(by_port.values()).chain(guessed.iter()) {
+            if names.insert(spec.name().to_string()) {
+                super::warn_unflagged(spec);
+            }
+        }
         Ok(ConnSpecs {
             fixed,
             by_port,

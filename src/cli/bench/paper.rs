@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use super::bench::procs::{self, cpu_ticks};
-use super::bench::{BenchArgs, Haproxy, TempFile, free_port, wait_listening};
+use super::procs::{self, cpu_ticks};
+use super::{BenchArgs, Haproxy, SwitchFiles, free_port, wait_listening};
 use crate::iso8583::Spec;
 use crate::sim::load::{self, LoadConfig, LoadCounters, LoadReport, Mix};
 use crate::sim::node::{Delay, NodeOptions, NodeSim, NodeSimConfig};
@@ -159,11 +159,11 @@ async fn measure(
             (Proc::Haproxy(h), front)
         }
         Setup::Isoswitch => {
-            let (child, config, front) = start_switch(table, spec_name, &addrs, args)?;
+            let (child, files, front) = start_switch(table, spec_name, &addrs, args)?;
             (
                 Proc::Switch {
                     child,
-                    _config: config,
+                    _files: files,
                 },
                 front,
             )
@@ -253,7 +253,7 @@ fn start_switch(
     spec: &str,
     nodes: &[SocketAddr],
     args: &BenchArgs,
-) -> Result<(Child, TempFile, SocketAddr), String> {
+) -> Result<(Child, SwitchFiles, SocketAddr), String> {
     let front = free_port()?;
     let (mode, per_node) = match table {
         Table::OneConnect => ("oneconnect", ONECONNECT_PER_NODE),
@@ -274,10 +274,10 @@ fn start_switch(
             i + 1
         ));
     }
-    let config = TempFile::write("isoswitch-paper", "toml", &toml)?;
+    let files = SwitchFiles::write("isoswitch-paper", &toml)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = Command::new(exe);
-    cmd.args(["run", "--config"]).arg(&config.path);
+    files.run_args(&mut cmd);
     if let Some(n) = args.switch_threads {
         cmd.arg("--worker-threads").arg(n.to_string());
     }
@@ -286,7 +286,7 @@ fn start_switch(
         .stdout(Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot start the switch: {e}"))?;
-    Ok((child, config, front))
+    Ok((child, files, front))
 }
 
 /// The switch or proxy process of a row; killed when the row ends, however
@@ -294,10 +294,10 @@ fn start_switch(
 enum Proc {
     None,
     Haproxy(Haproxy),
-    /// The config file lives as long as the switch.
+    /// The config file and data directory live as long as the switch.
     Switch {
         child: Child,
-        _config: TempFile,
+        _files: SwitchFiles,
     },
 }
 

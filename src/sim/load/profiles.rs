@@ -1,4 +1,4 @@
-//! The paper's two client profiles for the load generator ([`super::load`]):
+//! The paper's two client profiles for the load generator ([`super`]):
 //!
 //! - **ATM** (`--connection-per-request`, OneConnect's Table 1): connect, send
 //!   one request, wait for its answer (or the timeout), close, think, repeat.
@@ -21,7 +21,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::FramedRead;
 
-use super::load::{
+use super::{
     LoadConfig, LoadCounters, Outcome, Template, Waiting, connect, pick_template, read_responses,
     stan_bytes, stan_value,
 };

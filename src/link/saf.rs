@@ -1,0 +1,245 @@
+//! Store-and-forward delivery: one loop per switch instance takes what is due
+//! from the store (a lease, so that with a shared PostgreSQL store exactly one
+//! instance sends an entry at a time, and another takes it over once the
+//! holder's lease runs out), sends each entry to its node or peer, and
+//! registers it in its service's correlation table. The answer completes the
+//! entry ([`super::service`]'s `deliver`); no answer by the deadline, or no
+//! way to send, schedules the next attempt with backoff, until the entry's
+//! max age makes it a dead letter. An attempt after the first goes out as a
+//! repeat (MTI ending in 1: 0421, 0221): at least once, with repeats the
+//! hosts can recognise.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::watch;
+
+use super::service::{Origin, Pending, Service, record_attempt, record_dead};
+use super::writer::Outbound;
+use crate::iso8583::Mti;
+use crate::route::OnTimeout;
+use crate::store::{
+    AfterFailure, ClaimedSaf, Direction, SafPolicy, Store, repeat_mti, saf::now_millis,
+};
+
+/// Entries taken from the store at once.
+const CLAIM_BATCH: usize = 64;
+/// How often the loop looks for due entries when nothing woke it (retries
+/// come due on their own).
+const POLL: Duration = Duration::from_millis(500);
+
+/// Delivers what every service of this instance owes, until `shutdown`.
+pub async fn run(services: Vec<Arc<Service>>, mut shutdown: watch::Receiver<bool>) {
+    let Some(outbox) = services.iter().find_map(|s| s.made.saf()) else {
+        return;
+    };
+    let (store, owner, policy, wake) = (
+        outbox.store.clone(),
+        outbox.owner.clone(),
+        outbox.policy.clone(),
+        Arc::clone(&outbox.wake),
+    );
+    let by_name: HashMap<String, Arc<Service>> = services
+        .into_iter()
+        .map(|s| (s.name().to_string(), s))
+        .collect();
+    let mut complained = None::<Instant>;
+    loop {
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(POLL) => {}
+            _ = shutdown.changed() => return,
+        }
+        loop {
+            let claimed = match store
+                .saf_claim(&owner, now_millis(), CLAIM_BATCH, policy.lease)
+                .await
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    // A store outage: what is owed waits in the store.
+                    if complained.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                        tracing::warn!(error = %e, "store-and-forward: cannot take due entries; they wait in the store");
+                        complained = Some(Instant::now());
+                    }
+                    break;
+                }
+            };
+            let full = claimed.len() == CLAIM_BATCH;
+            for entry in claimed {
+                send(&by_name, &store, &owner, &policy, entry);
+            }
+            if !full {
+                break;
+            }
+        }
+    }
+}
+
+/// One attempt of one entry.
+fn send(
+    services: &HashMap<String, Arc<Service>>,
+    store: &Store,
+    owner: &str,
+    policy: &SafPolicy,
+    entry: ClaimedSaf,
+) {
+    let now = now_millis();
+    if let Some(why) = policy.refuse_send(&entry, now) {
+        return record_dead(store, entry.id, why);
+    }
+    let Some(svc) = services.get(&entry.service) else {
+        // Stored by a service this instance does not run (yet): another
+        // instance may; try again later.
+        let next = now.saturating_add(millis(policy.backoff(entry.attempt)));
+        return record_attempt(store, owner, entry.id, next, "no such service here");
+    };
+    let payload = match as_sent(svc, &entry) {
+        Ok(p) => p,
+        Err(why) => return record_dead(store, entry.id, why),
+    };
+    let sent = match &entry.direction {
+        Direction::ToNode(id) => to_node(svc, &entry, payload, Some(id)),
+        Direction::ToAnyNode => to_node(svc, &entry, payload, None),
+        Direction::ToPeer => to_peer(svc, &entry, payload),
+    };
+    let c = &svc.made.counters;
+    match sent {
+        Ok(()) => {
+            c.saf_sent.fetch_add(1, Ordering::Relaxed);
+            if entry.attempt > 1 {
+                c.saf_repeats.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Err(why) => match policy.after_failure(entry.attempt, now, entry.expires_at) {
+            AfterFailure::RetryAt(next) => record_attempt(store, owner, entry.id, next, why),
+            AfterFailure::Dead(reason) => record_dead(store, entry.id, reason),
+        },
+    }
+}
+
+/// The entry's message as this attempt sends it: the first as stored, any
+/// later one with the repeat MTI.
+fn as_sent(svc: &Service, entry: &ClaimedSaf) -> Result<Bytes, String> {
+    if entry.attempt <= 1 {
+        return Ok(Bytes::from(entry.payload.clone()));
+    }
+    let spec = svc.spec();
+    let mut d = spec
+        .decode(&entry.payload)
+        .map_err(|e| format!("stored message does not decode: {e}"))?;
+    let repeat = repeat_mti(&entry.mti).map_err(|e| e.to_string())?;
+    d.mti = repeat
+        .parse::<Mti>()
+        .map_err(|e| format!("repeat MTI {repeat}: {e}"))?;
+    spec.encode(&d)
+        .map(Bytes::from)
+        .map_err(|e| format!("repeat does not encode: {e}"))
+}
+
+/// Sends to node `id` (or to any node the balancer picks) and waits for its
+/// answer in the correlation table.
+fn to_node(
+    svc: &Service,
+    entry: &ClaimedSaf,
+    payload: Bytes,
+    id: Option<&String>,
+) -> Result<(), &'static str> {
+    let now = Instant::now();
+    let checked = svc
+        .check(payload.clone())
+        .map_err(|_| "stored message is invalid")?;
+    let mti = checked.msg.mti().digits();
+    let (node, conn) = match id {
+        Some(id) => {
+            let index = svc
+                .pool
+                .index_of(id.as_bytes())
+                .ok_or("node is not configured")?;
+            let conn = svc
+                .pool
+                .node(index)
+                .and_then(|n| n.live_conn())
+                .ok_or("node is not connected")?;
+            (index, conn)
+        }
+        None => {
+            let (picked, conn) = svc
+                .pool
+                .pick(&mti, |_| None, None, now)
+                .map_err(|_| "no node can take it")?;
+            // An owed message is not the node's load to balance: give the
+            // pick back at once.
+            (picked.node(), conn)
+        }
+    };
+    register(svc, entry, &checked, payload.clone(), node, conn.id, now)?;
+    let key = svc.router.key_of(&checked).map_err(|_| "no key")?;
+    if conn.tx.try_send(Outbound::message(payload)).is_err() {
+        svc.in_flight.cancel(&key, now);
+        return Err("node connection queue full");
+    }
+    Ok(())
+}
+
+/// Sends to the peer on a signed-on out link.
+fn to_peer(svc: &Service, entry: &ClaimedSaf, payload: Bytes) -> Result<(), &'static str> {
+    let now = Instant::now();
+    let out = svc.side.out_links().ok_or("the service has no peer")?;
+    let checked = svc
+        .check(payload.clone())
+        .map_err(|_| "stored message is invalid")?;
+    register(svc, entry, &checked, payload.clone(), usize::MAX, 0, now)?;
+    let key = svc.router.key_of(&checked).map_err(|_| "no key")?;
+    if out.send(Outbound::message(payload), now).is_err() {
+        svc.in_flight.cancel(&key, now);
+        return Err("no out link can take it");
+    }
+    Ok(())
+}
+
+/// Registers an owed message in its service's correlation table, so its
+/// answer finds it; it waits at most the flow's timeout, within the lease.
+fn register(
+    svc: &Service,
+    entry: &ClaimedSaf,
+    checked: &crate::route::Checked<'_>,
+    payload: Bytes,
+    node: usize,
+    via: u64,
+    now: Instant,
+) -> Result<(), &'static str> {
+    let key = svc
+        .router
+        .key_of(checked)
+        .map_err(|_| "no correlation key")?;
+    let mti = checked.msg.mti().digits();
+    let outbox = svc.made.saf().ok_or("no store")?;
+    let wait = svc
+        .live()
+        .timeouts
+        .of(&mti)
+        .after
+        .min(outbox.policy.lease / 2);
+    let pending = Pending {
+        origin: Origin::Owed {
+            id: entry.id,
+            attempt: entry.attempt,
+            expires_at: entry.expires_at,
+        },
+        request: payload,
+        node,
+        sent_at: now,
+        on_timeout: OnTimeout::Silent,
+    };
+    svc.in_flight
+        .insert(key, pending, via, now + wait)
+        .map_err(|_| "its key is in flight already")
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,136 @@
+//! What the switch says itself rather than relays, and what it owes for it:
+//! its network management (sign-on, sign-off, echo tests to nodes and peers,
+//! each with a STAN of its own), the books of what it answered for its nodes
+//! (late answers, repeats), and the store-and-forward outbox its reversals
+//! and acknowledged advices go to.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+use crate::config::{IntegrityConfig, ServiceConfig};
+use crate::iso8583::{IsoError, Spec};
+use crate::link::netmgmt::NetworkTemplate;
+use crate::link::outlinks::NmKind;
+use crate::route::integrity::{LateBook, RepeatBook};
+use crate::store::{SafPolicy, Store};
+
+/// The switch's own messages and promises for one service.
+pub struct SwitchMade {
+    network: NetworkTemplate,
+    next_stan: AtomicU64,
+    /// `[service.integrity]`, fixed at start.
+    pub integrity: IntegrityConfig,
+    /// F39 codes that approve: the service's, else the dialect's.
+    pub approval_codes: Vec<String>,
+    /// Requests the switch answered for a node (or let expire in silence).
+    pub late: LateBook,
+    /// Which node each request went to, for its repeats.
+    pub repeats: RepeatBook,
+    /// Where what the switch owes goes; none without a store.
+    saf: OnceLock<SafOutbox>,
+    pub counters: IntegrityCounters,
+}
+
+/// The durable queue of what the switch owes, as this instance sees it.
+pub struct SafOutbox {
+    pub store: Store,
+    /// This instance's name in the store's leases.
+    pub owner: String,
+    pub policy: SafPolicy,
+    /// Wakes the delivery loop when an entry was stored.
+    pub wake: std::sync::Arc<Notify>,
+}
+
+/// What the switch did about answers it gave for its nodes.
+#[derive(Debug, Default)]
+pub struct IntegrityCounters {
+    /// Requests timed out in silence (`on_timeout = "silent"`).
+    pub silent_timeouts: AtomicU64,
+    /// Late approvals a reversal was stored for.
+    pub late_reversed: AtomicU64,
+    /// Late approvals only logged (`late_approval = "log"`).
+    pub late_logged: AtomicU64,
+    /// Late approvals that could not be reversed: no store, a full store
+    /// queue, a store error or a reversal that could not be built (each
+    /// logged at ERROR with its masked keys, for reconciliation).
+    pub late_unreversed: AtomicU64,
+    /// Late answers that did not approve (nothing to reverse).
+    pub late_declines: AtomicU64,
+    /// Late answers to a request already reversed.
+    pub late_again: AtomicU64,
+    /// Reversals the host acknowledged (its 0430).
+    pub reversals_acknowledged: AtomicU64,
+    /// Advices stored and acknowledged by the switch (store-and-forward).
+    pub advices_stored: AtomicU64,
+    /// Advices a host acknowledged after the switch stored them.
+    pub advices_delivered: AtomicU64,
+    /// Advices the switch did not answer itself (`advices = "forward"`: no
+    /// node, a timeout), or could not store: the sender repeats.
+    pub advices_unanswered: AtomicU64,
+    /// Switch-made answers not sent because `switch_made = "silent"`.
+    pub switch_made_withheld: AtomicU64,
+    /// Repeats sent to the node that had the original.
+    pub repeats_same_node: AtomicU64,
+    /// Repeats whose original's node could not take them (declined as no
+    /// node, never sent to another).
+    pub repeats_node_gone: AtomicU64,
+    /// Delivery attempts of owed messages (first sends and repeats).
+    pub saf_sent: AtomicU64,
+    /// Owed messages sent as repeats (MTI ending in 1).
+    pub saf_repeats: AtomicU64,
+}
+
+impl SwitchMade {
+    pub fn new(network: NetworkTemplate, config: &ServiceConfig, spec: &Spec) -> SwitchMade {
+        let integrity = config.integrity.clone();
+        let approval_codes = integrity
+            .approval_codes
+            .clone()
+            .unwrap_or_else(|| spec.integrity().approval_codes.clone());
+        SwitchMade {
+            network,
+            // Each instance starts its STANs somewhere else: two instances
+            // behind one address sign on to the same peer, and a sign-on
+            // answer that reaches the other instance must not match one of
+            // its own (docs/ha.md).
+            next_stan: AtomicU64::new(crate::util::rng::entropy_seed() % 999_999),
+            late: LateBook::new(integrity.late_window, integrity.late_capacity),
+            repeats: RepeatBook::new(integrity.repeat_window, integrity.repeat_capacity),
+            integrity,
+            approval_codes,
+            saf: OnceLock::new(),
+            counters: IntegrityCounters::default(),
+        }
+    }
+
+    /// A STAN for a switch-made message (1..=999999, then round again).
+    pub fn next_stan(&self) -> u32 {
+        (self.next_stan.fetch_add(1, Ordering::Relaxed) % 999_999 + 1) as u32
+    }
+
+    /// A network-management request (sign-on, sign-off or echo test) from
+    /// the service's template, dated now.
+    pub fn network_request(&self, spec: &Spec, kind: NmKind, stan: u32) -> Result<Bytes, IsoError> {
+        self.network
+            .build(spec, kind, stan, std::time::SystemTime::now())
+    }
+
+    /// Gives the service its store-and-forward outbox (once, at start).
+    pub fn set_saf(&self, outbox: SafOutbox) -> bool {
+        self.saf.set(outbox).is_ok()
+    }
+
+    pub fn saf(&self) -> Option<&SafOutbox> {
+        self.saf.get()
+    }
+
+    /// Forgets what is past its window in both books.
+    pub fn sweep(&self, now: Instant) {
+        self.late.sweep(now);
+        self.repeats.sweep(now);
+    }
+}

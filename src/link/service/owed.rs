@@ -1,0 +1,398 @@
+//! What the switch owes after it answered for a node (docs/integrity.md):
+//!
+//! - every request it answered itself (a decline at the deadline, a lost
+//!   node connection) or let expire in silence is remembered for
+//!   `late_window`, with the node it went to;
+//! - a late answer that approves is reversed: a reversal advice (0420) built
+//!   from the dialect's template is stored durably and delivered, to the node
+//!   that approved (or to the peer, for a node's own request the peer
+//!   approved late), repeated as 0421 until acknowledged. Never for a
+//!   decline, never twice, never for an answer in time;
+//! - an advice in `store-and-forward` mode is acknowledged only once it is
+//!   stored and synced, then delivered to a node from the queue;
+//! - the answer to an owed message completes its store entry, and a missing
+//!   one schedules the next attempt.
+//!
+//! Nothing here waits on the message path: the store's acknowledgement is
+//! awaited by a task of its own.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use super::SafOutbox;
+use super::{Origin, Pending, Service, summary};
+use crate::config::{Advices, LateApproval};
+use crate::iso8583::{Decoded, Message};
+use crate::link::writer::Outbound;
+use crate::route::integrity::{self, Late, LateEntry, Said};
+use crate::route::{Checked, CorrelationKey, DeclineReason};
+use crate::store::{
+    AfterFailure, Direction, NewSafEntry, SafId, SafKeys, SafKind, Store, saf::now_millis,
+};
+
+/// Where a late answer came from, and so where its reversal goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnswerFrom {
+    /// A node answered a request from the front (or from the peer).
+    Node,
+    /// The peer answered a node's own request.
+    Peer,
+}
+
+/// The request of `p` got no answer from its node: the switch answered it
+/// (`silent`: let it expire). Remembered for late answers and repeats.
+pub(super) fn answered_for_node(
+    svc: &Service,
+    key: &CorrelationKey,
+    p: &Pending,
+    reason: DeclineReason,
+    silent: bool,
+    now: Instant,
+) {
+    let Ok(msg) = Message::parse(svc.spec(), p.request.clone()) else {
+        return;
+    };
+    let mti = msg.mti();
+    if matches!(mti.class(), 1 | 2 | 4) {
+        svc.made.repeats.record(key, p.node, now);
+    }
+    if !integrity::is_approvable(mti) {
+        return;
+    }
+    let said = if silent {
+        Said::Silent
+    } else {
+        Said::Declined(reason)
+    };
+    svc.made
+        .late
+        .record(*key, LateEntry::new(as_sent(svc, p), p.node, said, now));
+}
+
+/// The request of `p` as its node (or the peer) got it: with the F37 stamp
+/// the switch wrote, so that its reversal names it the same way.
+fn as_sent(svc: &Service, p: &Pending) -> Bytes {
+    let Ok(checked) = svc.check(p.request.clone()) else {
+        return p.request.clone();
+    };
+    let patch = match (&p.origin, &svc.config.front) {
+        (Origin::Node, crate::config::FrontConfig::Simplex(f))
+            if f.stamp_by == crate::config::StampBy::Switch =>
+        {
+            svc.f37_patch(&checked, p.node)
+        }
+        (Origin::Node, crate::config::FrontConfig::Connect(f))
+            if f.stamp_by == crate::config::StampBy::Switch =>
+        {
+            svc.f37_patch(&checked, p.node)
+        }
+        (Origin::Node, _) => return p.request.clone(),
+        _ => svc.stamp_patch(&checked, p.node),
+    };
+    match patch {
+        Ok(patch) if !patch.is_empty() => Bytes::from(patch.applied_to(&p.request)),
+        _ => p.request.clone(),
+    }
+}
+
+/// A response that found no request in flight. True if it was the late
+/// answer to a request the switch answered for its node (handled here:
+/// reversed, logged or counted); false if the book does not know it.
+pub(super) fn late_answer(
+    svc: &Service,
+    key: &CorrelationKey,
+    msg: &Message<'_>,
+    from: AnswerFrom,
+    now: Instant,
+) -> bool {
+    let approves = msg
+        .field(39)
+        .ok()
+        .flatten()
+        .is_some_and(|f| integrity::approves(f.data(), &svc.made.approval_codes));
+    let reverse = approves && svc.made.integrity.late_approval == LateApproval::Reverse;
+    let c = &svc.made.counters;
+    match svc.made.late.late(key, now, reverse) {
+        Late::NotRemembered => false,
+        Late::AlreadyReversed => {
+            c.late_again.fetch_add(1, Ordering::Relaxed);
+            true
+        }
+        Late::Found(_) if !approves => {
+            c.late_declines.fetch_add(1, Ordering::Relaxed);
+            true
+        }
+        Late::Found(entry) if !reverse => {
+            c.late_logged.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(service = svc.name(), message = %summary(msg), said = ?entry.said, "late approval of a request the switch answered: logged, not reversed (late_approval = \"log\")");
+            true
+        }
+        Late::Found(entry) => {
+            let direction = match from {
+                AnswerFrom::Node => svc
+                    .pool
+                    .node(entry.node)
+                    .map(|n| Direction::ToNode(n.id.to_string())),
+                AnswerFrom::Peer => Some(Direction::ToPeer),
+            };
+            match direction {
+                Some(d) => owe_reversal(svc, &entry, d, msg),
+                None => unreversed(svc, msg, "its node is gone"),
+            }
+            true
+        }
+    }
+}
+
+/// Builds the reversal of `entry`'s request and hands it to the store; once
+/// stored, the delivery loop sends it.
+fn owe_reversal(svc: &Service, entry: &LateEntry, direction: Direction, answer: &Message<'_>) {
+    let Some(outbox) = svc.made.saf() else {
+        return unreversed(svc, answer, "no store (set data_dir or [store])");
+    };
+    let built = svc
+        .spec()
+        .decode(&entry.request)
+        .map_err(|e| e.to_string())
+        .and_then(|original| {
+            let rev = integrity::reversal(svc.spec(), &original).map_err(|e| e.to_string())?;
+            let payload = svc.spec().encode(&rev).map_err(|e| e.to_string())?;
+            Ok((rev, payload))
+        });
+    let (rev, payload) = match built {
+        Ok(b) => b,
+        Err(e) => return unreversed(svc, answer, &e),
+    };
+    let now = now_millis();
+    let entry = NewSafEntry {
+        service: svc.name().to_string(),
+        direction,
+        kind: SafKind::Reversal,
+        mti: rev.mti.as_str().to_string(),
+        payload,
+        keys: keys_of(svc, &rev),
+        created_at: now,
+        expires_at: outbox.policy.expires_at(now),
+        first_attempt_at: now,
+    };
+    match outbox.store.saf_submit(entry) {
+        Ok(ack) => {
+            svc.made
+                .counters
+                .late_reversed
+                .fetch_add(1, Ordering::Relaxed);
+            let (wake, service, what) = (
+                std::sync::Arc::clone(&outbox.wake),
+                svc.name().to_string(),
+                summary(answer),
+            );
+            tokio::spawn(async move {
+                match ack.await {
+                    Ok(id) => {
+                        tracing::info!(service, %id, message = %what, "late approval: reversal stored");
+                        wake.notify_one();
+                    }
+                    Err(e) => {
+                        tracing::error!(service, error = %e, message = %what, "late approval: the reversal could not be stored; reconcile by hand")
+                    }
+                }
+            });
+        }
+        Err(e) => unreversed(svc, answer, &e.to_string()),
+    }
+}
+
+fn unreversed(svc: &Service, answer: &Message<'_>, why: &str) {
+    svc.made
+        .counters
+        .late_unreversed
+        .fetch_add(1, Ordering::Relaxed);
+    tracing::error!(service = svc.name(), message = %summary(answer), why, "late approval NOT reversed: reconcile by hand");
+}
+
+/// The listing keys of an owed message: F11, F37, F7 and the PAN masked as
+/// the spec masks it (first 6 and last 4 at most). Nothing else.
+fn keys_of(svc: &Service, d: &Decoded) -> SafKeys {
+    let text = |id: u16| d.get(id).and_then(|v| v.as_text()).map(str::to_string);
+    let pan = svc
+        .spec()
+        .field(2)
+        .and_then(|def| d.get(2).map(|v| v.show(def).to_string()));
+    SafKeys {
+        f11: text(11),
+        f37: text(37),
+        f7: text(7),
+        pan_masked: pan,
+    }
+}
+
+/// An advice from the front in `store-and-forward` mode: stored and synced,
+/// then acknowledged by the switch (0x30, F39 00), then delivered to a node
+/// from the queue. A store that cannot take it means no acknowledgement:
+/// the sender repeats.
+pub(super) fn store_advice(svc: &Service, req: &Checked<'_>, origin: Origin) {
+    let c = &svc.made.counters;
+    let Some(outbox) = svc.made.saf() else {
+        c.advices_unanswered.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let payload = req.msg.payload().clone();
+    let decoded = match req.msg.decode() {
+        Ok(d) => d,
+        Err(_) => {
+            c.advices_unanswered.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    };
+    let now = now_millis();
+    let entry = NewSafEntry {
+        service: svc.name().to_string(),
+        direction: Direction::ToAnyNode,
+        kind: SafKind::Advice,
+        mti: req.msg.mti().as_str().to_string(),
+        payload: payload.to_vec(),
+        keys: keys_of(svc, &decoded),
+        created_at: now,
+        expires_at: outbox.policy.expires_at(now),
+        first_attempt_at: now,
+    };
+    let ack = match outbox.store.saf_submit(entry) {
+        Ok(ack) => ack,
+        Err(e) => {
+            c.advices_unanswered.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(service = svc.name(), error = %e, message = %summary(&req.msg), "advice not stored: not acknowledged (the sender repeats)");
+            return;
+        }
+    };
+    let acknowledgement = crate::link::decline::build(svc.spec(), &payload, *b"00").map(|resp| {
+        let patch = svc.router.response_tpdu_patch(&payload);
+        Outbound::Message(resp, patch)
+    });
+    let wake = std::sync::Arc::clone(&outbox.wake);
+    let service = svc.name().to_string();
+    let what = summary(&req.msg);
+    svc.made
+        .counters
+        .advices_stored
+        .fetch_add(1, Ordering::Relaxed);
+    tokio::spawn(async move {
+        match ack.await {
+            Ok(id) => {
+                wake.notify_one();
+                if let (Origin::Client { tx, .. }, Ok(out)) = (origin, acknowledgement) {
+                    let _ = tx.try_send(out);
+                }
+                tracing::debug!(service, %id, message = %what, "advice stored and acknowledged");
+            }
+            Err(e) => {
+                tracing::warn!(service, error = %e, message = %what, "advice not stored: not acknowledged (the sender repeats)");
+            }
+        }
+    });
+}
+
+/// The answer to an owed message arrived: its entry is complete.
+pub(super) fn delivered(svc: &Service, id: SafId, answer: &Message<'_>) {
+    let Some(outbox) = svc.made.saf() else {
+        return;
+    };
+    let f39 = answer
+        .field(39)
+        .ok()
+        .flatten()
+        .map(|f| String::from_utf8_lossy(f.data()).into_owned())
+        .unwrap_or_default();
+    let mti = answer.mti();
+    let counter = if mti.class() == 4 {
+        &svc.made.counters.reversals_acknowledged
+    } else {
+        &svc.made.counters.advices_delivered
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    let store = outbox.store.clone();
+    let owner = outbox.owner.clone();
+    let service = svc.name().to_string();
+    let summary = format!("{mti} F39 {f39}");
+    tokio::spawn(async move {
+        if let Err(e) = store
+            .saf_delivered(id, &owner, now_millis(), &summary)
+            .await
+        {
+            tracing::warn!(service, %id, error = %e, "owed message answered, but the store did not record it: it will be sent again (a repeat)");
+        }
+    });
+}
+
+/// An owed message went unanswered (no answer in time, the connection
+/// lost): its entry waits for the next attempt, or becomes a dead letter.
+pub(super) fn attempt_failed(
+    svc: &Service,
+    id: SafId,
+    attempt: u32,
+    expires_at: i64,
+    reason: DeclineReason,
+) {
+    if let Some(outbox) = svc.made.saf() {
+        failed(outbox, svc.name(), id, attempt, expires_at, reason.as_str());
+    }
+}
+
+/// Whether a switch-made answer to `request` may go out at all: never with
+/// `switch_made = "silent"`, and never to an advice in `forward` mode (a
+/// sender that takes any 0x30 as the acknowledgement would not repeat).
+pub(super) fn may_answer(svc: &Service, request: &Bytes) -> bool {
+    let c = &svc.made.counters;
+    if svc.made.integrity.switch_made == crate::config::SwitchMadePolicy::Silent {
+        c.switch_made_withheld.fetch_add(1, Ordering::Relaxed);
+        return false;
+    }
+    let advice = Message::parse(svc.spec(), request.clone())
+        .is_ok_and(|m| integrity::is_advice(m.mti()) && m.mti().class() != 8);
+    if advice && svc.made.integrity.advices == Advices::Forward {
+        c.advices_unanswered.fetch_add(1, Ordering::Relaxed);
+        return false;
+    }
+    true
+}
+
+/// An attempt that got no answer (timeout, lost connection): the next one
+/// is scheduled, or the entry is a dead letter.
+pub(super) fn failed(
+    outbox: &SafOutbox,
+    service: &str,
+    id: SafId,
+    attempt: u32,
+    expires_at: i64,
+    why: &str,
+) {
+    let now = now_millis();
+    match outbox.policy.after_failure(attempt, now, expires_at) {
+        AfterFailure::RetryAt(next) => {
+            record_attempt(&outbox.store, &outbox.owner, id, next, why);
+        }
+        AfterFailure::Dead(reason) => {
+            tracing::warn!(service, %id, reason, "owed message given up: a dead letter");
+            record_dead(&outbox.store, id, reason);
+        }
+    }
+}
+
+pub(crate) fn record_attempt(store: &Store, owner: &str, id: SafId, next: i64, why: &str) {
+    let (store, owner, why) = (store.clone(), owner.to_string(), why.to_string());
+    tokio::spawn(async move {
+        if let Err(e) = store.saf_attempted(id, &owner, next, &why).await {
+            tracing::warn!(%id, error = %e, "store-and-forward: attempt not recorded (the lease runs out and it is tried again)");
+        }
+    });
+}
+
+pub(crate) fn record_dead(store: &Store, id: SafId, reason: String) {
+    let store = store.clone();
+    tokio::spawn(async move {
+        if let Err(e) = store.saf_dead(id, now_millis(), &reason).await {
+            tracing::warn!(%id, error = %e, "store-and-forward: dead letter not recorded");
+        }
+    });
+}

@@ -1,0 +1,215 @@
+//! What the switch shows of itself: the status of every service (nodes,
+//! link sets, counters) and the connection table, as `GET /api/v1/status`,
+//! `GET /api/v1/connections`, the status page and `isoswitch ctl` read them.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::control::SwitchHandle;
+use crate::config::FrontConfig;
+use crate::link::Service;
+use crate::route::DeclineReason;
+
+/// `GET /api/v1/status`.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct Status {
+    pub services: Vec<ServiceStatus>,
+    /// Critical tasks restarted so far.
+    pub restarts: u64,
+}
+
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct ServiceStatus {
+    pub name: String,
+    pub front: String,
+    pub front_address: String,
+    pub requests: u64,
+    pub answered: u64,
+    pub declined: std::collections::BTreeMap<String, u64>,
+    /// Client connections refused at accept, by reason (listen fronts).
+    #[serde(default)]
+    pub refused: std::collections::BTreeMap<String, u64>,
+    pub in_flight: usize,
+    pub late_responses: u64,
+    pub unknown_responses: u64,
+    pub bad_messages: u64,
+    pub bad_frames: u64,
+    pub clients: usize,
+    pub nodes: Vec<NodeStatusView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub links: Option<LinksStatus>,
+}
+
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct NodeStatusView {
+    pub id: String,
+    pub index: usize,
+    pub address: String,
+    /// up, down, draining, disabled, ejected, removed.
+    pub state: String,
+    pub admin: String,
+    pub weight: u32,
+    pub effective_weight: u32,
+    pub priority: u32,
+    pub connections: usize,
+    pub in_flight: usize,
+    pub sent: u64,
+    pub answered: u64,
+    pub failed: u64,
+    pub latency_ewma_ms: f64,
+    pub ejected: bool,
+}
+
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct LinksStatus {
+    pub links: usize,
+    pub up: usize,
+    pub signed_on: usize,
+    /// Links the peer opened to the switch (simplex in links); 0 on a
+    /// duplex `connect` front.
+    #[serde(default)]
+    pub in_links: usize,
+}
+
+/// The status of every service, as the API and the page show it.
+pub fn status_of(switch: &SwitchHandle) -> Status {
+    let now = Instant::now();
+    let services = switch
+        .services
+        .iter()
+        .map(|r| service_status(&r.service, r.front_addr, now))
+        .collect();
+    Status {
+        services,
+        restarts: switch.supervisor.restarts(),
+    }
+}
+
+fn service_status(s: &Service, front_addr: SocketAddr, now: Instant) -> ServiceStatus {
+    let c = &s.counters;
+    let nodes = s
+        .pool
+        .nodes()
+        .iter()
+        .enumerate()
+        .filter_map(|(index, n)| {
+            let st = s.pool.status(index, now)?;
+            Some(NodeStatusView {
+                id: n.config.id.clone(),
+                index,
+                address: n.config.address.to_string(),
+                state: st.state().into(),
+                admin: format!("{:?}", st.admin).to_lowercase(),
+                weight: st.weight,
+                effective_weight: st.effective_weight,
+                priority: st.priority,
+                connections: n.live_conns(),
+                in_flight: n.outstanding(),
+                sent: n.counters.sent.load(Ordering::Relaxed),
+                answered: n.counters.answered.load(Ordering::Relaxed),
+                failed: n.counters.declined.load(Ordering::Relaxed),
+                latency_ewma_ms: st.latency.as_secs_f64() * 1e3,
+                ejected: st.ejected,
+            })
+        })
+        .collect();
+    let links = s.side.out_links().map(|out| {
+        let (up, signed_on) = out.up();
+        LinksStatus {
+            links: out.len(),
+            up,
+            signed_on,
+            in_links: s.links.table.count(crate::link::conns::ConnKind::InLink),
+        }
+    });
+    ServiceStatus {
+        name: s.name().into(),
+        front: match &s.config.front {
+            FrontConfig::Listen(_) => "listen",
+            FrontConfig::Simplex(_) => "simplex",
+            FrontConfig::Connect(_) => "connect",
+        }
+        .into(),
+        front_address: front_addr.to_string(),
+        requests: c.requests.load(Ordering::Relaxed),
+        answered: c.answered.load(Ordering::Relaxed),
+        declined: DeclineReason::ALL
+            .iter()
+            .map(|&r| (r.as_str().to_string(), c.declined(r)))
+            .collect(),
+        refused: crate::link::service::Refusal::ALL
+            .iter()
+            .map(|&r| (r.as_str().to_string(), c.refused(r)))
+            .collect(),
+        in_flight: s.in_flight(),
+        late_responses: c.late_responses.load(Ordering::Relaxed),
+        unknown_responses: c.unknown_responses.load(Ordering::Relaxed),
+        bad_messages: c.bad_messages.load(Ordering::Relaxed),
+        bad_frames: c.bad_frames.load(Ordering::Relaxed),
+        clients: s.links.table.count(crate::link::conns::ConnKind::Client),
+        nodes,
+        links,
+    }
+}
+
+/// One row of `GET /api/v1/connections`.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct ConnectionView {
+    pub id: u64,
+    pub service: String,
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    pub peer: String,
+    pub local: String,
+    pub age_ms: u64,
+    pub messages_in: u64,
+    #[serde(default)]
+    pub messages_out: u64,
+    #[serde(default)]
+    pub bytes_in: u64,
+    #[serde(default)]
+    pub bytes_out: u64,
+    /// A client's requests in flight (absent for node and peer links).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<usize>,
+    pub idle_ms: u64,
+}
+
+pub fn connections_of(switch: &SwitchHandle) -> Vec<ConnectionView> {
+    let now = Instant::now();
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    switch
+        .services
+        .iter()
+        .flat_map(|r| {
+            let name = r.service.name().to_string();
+            r.service
+                .links
+                .table
+                .snapshot()
+                .into_iter()
+                .map(move |e| ConnectionView {
+                    id: e.id,
+                    service: name.clone(),
+                    kind: serde_json::to_value(e.kind)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                    node: e.node.clone(),
+                    peer: e.peer.to_string(),
+                    local: e.local.to_string(),
+                    age_ms: ms(now.saturating_duration_since(e.opened)),
+                    messages_in: e.messages_in(),
+                    messages_out: e.messages_out(),
+                    bytes_in: e.bytes_in(),
+                    bytes_out: e.bytes_out(),
+                    in_flight: e.in_flight(),
+                    idle_ms: ms(e.idle(now)),
+                })
+        })
+        .collect()
+}

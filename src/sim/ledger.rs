@@ -1,0 +1,435 @@
+//! The books a simulated peer keeps of a financial switch's store-and-forward
+//! traffic, to say afterwards whether the switch did right: which approvals
+//! it answered late, which of those the switch reversed (and what else it
+//! reversed), the advices and repeats it delivered, and the key exchanges it
+//! passed on. Shared by `sim node` and `sim cups`, which count the same way.
+//!
+//! Every table is bounded ([`MAX_TRACKED`] transactions); what arrives past
+//! that is counted as `untracked` rather than remembered.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::iso8583::Mti;
+use crate::sim::original::OriginalKey;
+use crate::util::Rng;
+
+/// Transactions each book remembers at most.
+pub const MAX_TRACKED: usize = 1_000_000;
+/// Distinct codes (F70, F39 values) counted at most.
+const MAX_CODES: usize = 1_000;
+
+/// A share of approvals answered late: past the switch's timeout, so that
+/// the switch has declined on the peer's behalf and must reverse them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LateApprovals {
+    /// Share of approvals (0..=1) answered late.
+    pub share: f64,
+    /// How much later than the normal delay.
+    pub by: Duration,
+}
+
+impl LateApprovals {
+    /// The extra wait for one approval: `Some(by)` for the late share.
+    pub fn draw(&self, rng: &mut Rng) -> Option<Duration> {
+        (self.share > 0.0 && rng.chance(self.share)).then_some(self.by)
+    }
+}
+
+/// Whether `mti` is an approvable request: an authorisation or financial
+/// request (class 1 or 2, function 0: `0100`, `0200` and their repeats).
+pub fn is_approvable(mti: Mti) -> bool {
+    matches!(mti.class(), 1 | 2) && mti.function() == 0
+}
+
+/// A reversal or its repeat: `0420`, `0421`.
+pub fn is_reversal(mti: Mti) -> bool {
+    mti.class() == 4 && mti.function() == 2
+}
+
+/// An advice or its repeat: `0120`, `0121`, `0220`, `0221`.
+pub fn is_advice(mti: Mti) -> bool {
+    matches!(mti.class(), 1 | 2) && mti.function() == 2
+}
+
+/// A network-management F70 of key management: `1xx` (`101` key reset,
+/// `16x` key exchange).
+pub fn is_key_management(f70: &[u8]) -> bool {
+    f70.len() == 3 && f70[0] == b'1' && f70.iter().all(u8::is_ascii_digit)
+}
+
+/// A request repeated: `0101`, `0201`, `0401`.
+pub fn is_repeated_request(mti: Mti) -> bool {
+    mti.function() == 0 && mti.is_repeat() && mti.class() != 8
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What a peer saw of reversals, per message and per chain (all the
+/// reversal messages for one original).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReversalReport {
+    /// Approvals the peer sent late (the switch should reverse each).
+    pub late_approvals: u64,
+    /// `0420`s received.
+    pub received: u64,
+    /// `0421`s (repeats) received.
+    pub repeats: u64,
+    /// Reversal messages left unanswered on purpose (`ignore_reversals`).
+    pub ignored: u64,
+    /// `0430`s written.
+    pub answered: u64,
+    /// Distinct originals reversed.
+    pub chains: u64,
+    /// Chains whose original was one of the peer's late approvals.
+    pub chains_late: u64,
+    /// Chains for something the peer did not approve late: declined,
+    /// answered in time, or unknown. Zero from a correct switch.
+    pub chains_not_late: u64,
+    /// A second `0420` (not `0421`) for an original already reversed.
+    pub duplicate_chains: u64,
+    /// Late approvals never reversed (at the time of the report).
+    pub late_never_reversed: u64,
+    /// Reversals whose F90 does not name an original (answered F39 `30`).
+    pub unreadable: u64,
+    /// Late approvals or chains past [`MAX_TRACKED`], not remembered.
+    pub untracked: u64,
+}
+
+/// The reversal book: late approvals, and the chains of reversals that come
+/// for them (or for anything else).
+#[derive(Debug, Default)]
+pub struct ReversalBook {
+    inner: Mutex<Reversals>,
+}
+
+#[derive(Debug, Default)]
+struct Reversals {
+    late: HashSet<OriginalKey>,
+    /// Reversal messages seen per original.
+    chains: HashMap<OriginalKey, u32>,
+    counts: ReversalReport,
+}
+
+impl ReversalBook {
+    /// Whether another late approval can be remembered: decided before the
+    /// approval is held back, so that none is made late unrecorded.
+    pub fn has_room(&self) -> bool {
+        lock(&self.inner).late.len() < MAX_TRACKED
+    }
+
+    /// A late approval of `original`, recorded as it is sent (before the
+    /// switch can have it, so before any reversal of it can come).
+    pub fn approved_late(&self, original: OriginalKey) {
+        let mut b = lock(&self.inner);
+        b.counts.late_approvals += 1;
+        if b.late.len() < MAX_TRACKED {
+            b.late.insert(original);
+        } else {
+            b.counts.untracked += 1;
+        }
+    }
+
+    /// A reversal (`repeat`: an `0421`) of `original`: counted in its
+    /// chain. Returns its place in the chain, 1 for the first message.
+    pub fn reversal(&self, original: OriginalKey, repeat: bool) -> u32 {
+        let mut guard = lock(&self.inner);
+        let b = &mut *guard;
+        if repeat {
+            b.counts.repeats += 1;
+        } else {
+            b.counts.received += 1;
+        }
+        if let Some(seen) = b.chains.get_mut(&original) {
+            *seen = seen.saturating_add(1);
+            if !repeat {
+                b.counts.duplicate_chains += 1;
+            }
+            return *seen;
+        }
+        b.counts.chains += 1;
+        if b.late.contains(&original) {
+            b.counts.chains_late += 1;
+        } else {
+            b.counts.chains_not_late += 1;
+        }
+        if b.chains.len() < MAX_TRACKED {
+            b.chains.insert(original, 1);
+        } else {
+            b.counts.untracked += 1;
+        }
+        1
+    }
+
+    /// A reversal whose F90 names no original.
+    pub fn unreadable(&self) {
+        lock(&self.inner).counts.unreadable += 1;
+    }
+
+    /// A reversal message left unanswered on purpose.
+    pub fn ignored(&self) {
+        lock(&self.inner).counts.ignored += 1;
+    }
+
+    /// An `0430` written.
+    pub fn answered(&self) {
+        lock(&self.inner).counts.answered += 1;
+    }
+
+    /// The counts now, with the late approvals not (yet) reversed.
+    pub fn report(&self) -> ReversalReport {
+        let b = lock(&self.inner);
+        let reversed = b.late.iter().filter(|k| b.chains.contains_key(*k)).count();
+        ReversalReport {
+            late_never_reversed: (b.late.len() - reversed) as u64,
+            ..b.counts.clone()
+        }
+    }
+}
+
+impl std::fmt::Display for ReversalReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "late {} never reversed {} | reversals {} repeats {} ignored {} answered {} \
+             chains {} (late {} not late {} duplicate {}) unreadable {}",
+            self.late_approvals,
+            self.late_never_reversed,
+            self.received,
+            self.repeats,
+            self.ignored,
+            self.answered,
+            self.chains,
+            self.chains_late,
+            self.chains_not_late,
+            self.duplicate_chains,
+            self.unreadable,
+        )
+    }
+}
+
+/// What a peer saw of advices: delivered at least once, so duplicates are
+/// allowed, but counted.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AdviceReport {
+    /// Advices (`0120`, `0220`) received.
+    pub received: u64,
+    /// Their repeats (`0121`, `0221`).
+    pub repeats: u64,
+    /// Advice messages for a transaction already seen (a repeat of one
+    /// already acknowledged, or the same advice twice).
+    pub duplicates: u64,
+    /// Distinct transactions advised.
+    pub distinct: u64,
+    /// Acknowledgements (`0130`, `0230`) written.
+    pub answered: u64,
+    /// Advices past [`MAX_TRACKED`], not remembered.
+    pub untracked: u64,
+}
+
+/// The advice book.
+#[derive(Debug, Default)]
+pub struct AdviceBook {
+    inner: Mutex<Advices>,
+}
+
+#[derive(Debug, Default)]
+struct Advices {
+    seen: HashSet<OriginalKey>,
+    counts: AdviceReport,
+}
+
+impl AdviceBook {
+    /// An advice (`repeat`: `0121` / `0221`) for `original`.
+    pub fn advice(&self, original: OriginalKey, repeat: bool) {
+        let mut guard = lock(&self.inner);
+        let b = &mut *guard;
+        if repeat {
+            b.counts.repeats += 1;
+        } else {
+            b.counts.received += 1;
+        }
+        if b.seen.contains(&original) {
+            b.counts.duplicates += 1;
+        } else if b.seen.len() < MAX_TRACKED {
+            b.seen.insert(original);
+            b.counts.distinct += 1;
+        } else {
+            b.counts.untracked += 1;
+        }
+    }
+
+    pub fn answered(&self) {
+        lock(&self.inner).counts.answered += 1;
+    }
+
+    pub fn report(&self) -> AdviceReport {
+        lock(&self.inner).counts.clone()
+    }
+}
+
+impl std::fmt::Display for AdviceReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "advices {} repeats {} duplicates {} distinct {} answered {}",
+            self.received, self.repeats, self.duplicates, self.distinct, self.answered
+        )
+    }
+}
+
+/// Counts by a short code (F70 values, F39 values), at most [`MAX_CODES`]
+/// distinct ones; the rest are counted under `other`.
+#[derive(Debug, Default)]
+pub struct CodeCounts {
+    inner: Mutex<BTreeMap<String, u64>>,
+}
+
+impl CodeCounts {
+    pub fn add(&self, code: &[u8]) {
+        let mut m = lock(&self.inner);
+        let code = String::from_utf8_lossy(code).into_owned();
+        let code = if m.len() < MAX_CODES || m.contains_key(&code) {
+            code
+        } else {
+            "other".to_string()
+        };
+        *m.entry(code).or_default() += 1;
+    }
+
+    pub fn get(&self, code: &str) -> u64 {
+        lock(&self.inner).get(code).copied().unwrap_or(0)
+    }
+
+    pub fn snapshot(&self) -> BTreeMap<String, u64> {
+        lock(&self.inner).clone()
+    }
+}
+
+/// The transactions a peer answered lately, to tell a repeat (`0201`) of
+/// one it answered from a repeat of one it never saw. Remembers the last
+/// `capacity` only: a repeat comes within a timeout or two of its first.
+#[derive(Debug)]
+pub struct Answered {
+    inner: Mutex<(HashSet<OriginalKey>, VecDeque<OriginalKey>)>,
+    capacity: usize,
+}
+
+impl Answered {
+    pub fn new(capacity: usize) -> Answered {
+        Answered {
+            inner: Mutex::new((HashSet::new(), VecDeque::new())),
+            capacity,
+        }
+    }
+
+    pub fn remember(&self, key: OriginalKey) {
+        let mut guard = lock(&self.inner);
+        let (set, order) = &mut *guard;
+        if set.insert(key.clone()) {
+            order.push_back(key);
+        }
+        while order.len() > self.capacity {
+            if let Some(old) = order.pop_front() {
+                set.remove(&old);
+            }
+        }
+    }
+
+    pub fn contains(&self, key: &OriginalKey) -> bool {
+        lock(&self.inner).0.contains(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::iso8583::{Message, Spec, samples};
+    use bytes::Bytes;
+
+    /// Keys of the sample purchase with STANs `stans`.
+    fn keys(stans: &[&str]) -> Vec<OriginalKey> {
+        let spec = Spec::builtin("cups").unwrap();
+        stans
+            .iter()
+            .map(|s| {
+                let mut d = samples::purchase(&spec);
+                d.set_text(11, *s);
+                let msg = Message::parse(&spec, Bytes::from(spec.encode(&d).unwrap())).unwrap();
+                OriginalKey::of_message(&msg).unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn chains_are_told_apart_by_their_original() {
+        let k = keys(&["000001", "000002", "000003"]);
+        let book = ReversalBook::default();
+        book.approved_late(k[0].clone());
+        book.approved_late(k[1].clone());
+        assert_eq!(book.reversal(k[0].clone(), false), 1);
+        assert_eq!(book.reversal(k[0].clone(), true), 2);
+        assert_eq!(book.reversal(k[0].clone(), true), 3);
+        // A reversal of what was answered in time.
+        assert_eq!(book.reversal(k[2].clone(), false), 1);
+        // A second 0420 for the same original.
+        assert_eq!(book.reversal(k[2].clone(), false), 2);
+        let r = book.report();
+        assert_eq!((r.received, r.repeats), (3, 2));
+        assert_eq!((r.chains, r.chains_late, r.chains_not_late), (2, 1, 1));
+        assert_eq!(r.duplicate_chains, 1);
+        assert_eq!((r.late_approvals, r.late_never_reversed), (2, 1));
+    }
+
+    #[test]
+    fn advices_count_repeats_and_duplicates() {
+        let k = keys(&["000001", "000002"]);
+        let book = AdviceBook::default();
+        book.advice(k[0].clone(), false);
+        book.advice(k[0].clone(), true);
+        book.advice(k[1].clone(), true);
+        let r = book.report();
+        assert_eq!(
+            (r.received, r.repeats, r.duplicates, r.distinct),
+            (1, 2, 1, 2)
+        );
+    }
+
+    #[test]
+    fn answered_forgets_the_oldest() {
+        let k = keys(&["000001", "000002", "000003"]);
+        let a = Answered::new(2);
+        for key in &k {
+            a.remember(key.clone());
+        }
+        assert!(!a.contains(&k[0]));
+        assert!(a.contains(&k[1]) && a.contains(&k[2]));
+    }
+
+    #[test]
+    fn codes_are_bounded() {
+        let c = CodeCounts::default();
+        for i in 0..(MAX_CODES + 5) {
+            c.add(format!("{i:04}").as_bytes());
+        }
+        c.add(b"0001");
+        assert_eq!(c.get("0001"), 2);
+        assert_eq!(c.get("other"), 5);
+    }
+
+    #[test]
+    fn mti_kinds() {
+        let m = |s: &str| s.parse::<Mti>().unwrap();
+        assert!(is_approvable(m("0200")) && is_approvable(m("0101")));
+        assert!(!is_approvable(m("0220")) && !is_approvable(m("0400")));
+        assert!(is_reversal(m("0420")) && is_reversal(m("0421")) && !is_reversal(m("0400")));
+        assert!(is_advice(m("0221")) && !is_advice(m("0420")));
+        assert!(is_repeated_request(m("0401")) && !is_repeated_request(m("0200")));
+        assert!(!is_repeated_request(m("0801")));
+        assert!(is_key_management(b"101") && is_key_management(b"162"));
+        assert!(!is_key_management(b"301") && !is_key_management(b"1x1"));
+    }
+}

@@ -1,0 +1,377 @@
+//! `[store]`: where the store lives and how its writer batches. The config
+//! file embeds [`StoreConfig`] as its `[store]` table.
+//!
+//! `url` forms:
+//! - absent: SQLite at `<data_dir>/isoswitch.db`;
+//! - `sqlite:///abs/path.db` (or `sqlite:/abs/path.db`): SQLite at that path;
+//! - `sqlite:relative.db`: SQLite at that path under the data dir;
+//! - `postgres://user:pass@host:port/db` (or `postgresql://`): PostgreSQL,
+//!   without TLS for now.
+//!
+//! A PostgreSQL password never leaves this module in clear: `Debug`,
+//! `Serialize` and every error show the URL through [`redact_url`].
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize, Serializer};
+
+use super::error::StoreError;
+use super::policy::SafPolicy;
+
+/// The SQLite file's name in the data dir when `store.url` is absent.
+pub const DEFAULT_FILE: &str = "isoswitch.db";
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Where the store is; absent: SQLite in the data dir.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Requests waiting for the writer; a put that finds it full fails at
+    /// once with [`StoreError::QueueFull`].
+    #[serde(default = "defaults::queue")]
+    pub queue: usize,
+    /// Most requests committed in one transaction (group commit).
+    #[serde(default = "defaults::batch")]
+    pub batch: usize,
+    #[serde(default)]
+    pub saf: SafPolicy,
+}
+
+mod defaults {
+    pub fn queue() -> usize {
+        8192
+    }
+    pub fn batch() -> usize {
+        512
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            url: None,
+            queue: defaults::queue(),
+            batch: defaults::batch(),
+            saf: SafPolicy::default(),
+        }
+    }
+}
+
+/// Where [`StoreConfig::url`] points, resolved against the data dir.
+#[derive(Clone)]
+pub enum Location {
+    Sqlite(PathBuf),
+    Postgres(Box<PgTarget>),
+}
+
+/// A PostgreSQL server and database, with the URL as it may be shown.
+#[derive(Clone)]
+pub struct PgTarget {
+    pub(crate) config: tokio_postgres::Config,
+    pub redacted: String,
+}
+
+impl fmt::Debug for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::Sqlite(path) => write!(f, "sqlite {}", path.display()),
+            Location::Postgres(pg) => write!(f, "postgres {}", pg.redacted),
+        }
+    }
+}
+
+impl StoreConfig {
+    /// Checks every key; `data_dir` resolves a relative SQLite path.
+    pub fn validate(&self, data_dir: &Path) -> Result<(), StoreError> {
+        if self.queue == 0 {
+            return Err(bad_config("store.queue", "must be at least 1"));
+        }
+        if self.batch == 0 {
+            return Err(bad_config("store.batch", "must be at least 1"));
+        }
+        self.saf.validate()?;
+        self.location(data_dir).map(|_| ())
+    }
+
+    /// Where the store lives, for this data dir.
+    pub fn location(&self, data_dir: &Path) -> Result<Location, StoreError> {
+        let Some(url) = &self.url else {
+            return Ok(Location::Sqlite(data_dir.join(DEFAULT_FILE)));
+        };
+        if let Some(rest) = url.strip_prefix("sqlite:") {
+            return sqlite_path(url, rest, data_dir).map(Location::Sqlite);
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return postgres_target(url).map(|t| Location::Postgres(Box::new(t)));
+        }
+        Err(bad_url(
+            url,
+            "unknown scheme: write sqlite:PATH or postgres://...",
+        ))
+    }
+}
+
+fn bad_config(key: &'static str, reason: &str) -> StoreError {
+    StoreError::BadConfig {
+        key,
+        reason: reason.to_string(),
+    }
+}
+
+fn bad_url(url: &str, reason: &str) -> StoreError {
+    StoreError::BadUrl {
+        url: redact_url(url),
+        reason: reason.to_string(),
+    }
+}
+
+fn sqlite_path(url: &str, rest: &str, data_dir: &Path) -> Result<PathBuf, StoreError> {
+    let path = match rest.strip_prefix("//") {
+        Some(abs) if abs.starts_with('/') => abs,
+        Some(_) => {
+            return Err(bad_url(
+                url,
+                "sqlite:// takes no host: write sqlite:///absolute/path or sqlite:relative/path",
+            ));
+        }
+        None => rest,
+    };
+    if path.is_empty() || path.ends_with('/') {
+        return Err(bad_url(url, "no file name"));
+    }
+    let path = Path::new(path);
+    Ok(if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        data_dir.join(path)
+    })
+}
+
+fn postgres_target(url: &str) -> Result<PgTarget, StoreError> {
+    let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
+        // The parser's messages name options, not values; scrub anyway.
+        let reason = e.to_string();
+        let reason = match password_of(url) {
+            Some(p) if !p.is_empty() && reason.contains(p) => "cannot be read".to_string(),
+            _ => reason,
+        };
+        bad_url(url, &reason)
+    })?;
+    if config.get_hosts().is_empty() {
+        return Err(bad_url(url, "no host"));
+    }
+    if config.get_application_name().is_none() {
+        config.application_name("isoswitch");
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(5));
+    }
+    Ok(PgTarget {
+        config,
+        redacted: redact_url(url),
+    })
+}
+
+/// The `user:password@` part's password, as written.
+fn password_of(url: &str) -> Option<&str> {
+    let rest = &url[url.find("://")? + 3..];
+    let userinfo = &rest[..rest.rfind('@')?];
+    userinfo.split_once(':').map(|(_, p)| p)
+}
+
+/// The URL with any password replaced by `***`: the one in `user:pass@` (up
+/// to the last `@`, so a password holding `/` or `@` is hidden whole) and
+/// any `password=` query parameter.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return redact_query(url);
+    };
+    let (head, rest) = url.split_at(scheme_end);
+    let (userinfo, host_and_tail) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    let user = match userinfo {
+        Some(info) => match info.split_once(':') {
+            Some((user, _)) => format!("{user}:***@"),
+            None => format!("{info}@"),
+        },
+        None => String::new(),
+    };
+    format!("{head}{user}{}", redact_query(host_and_tail))
+}
+
+fn redact_query(text: &str) -> String {
+    let Some((before, query)) = text.split_once('?') else {
+        return text.to_string();
+    };
+    let params: Vec<String> = query
+        .split('&')
+        .map(|p| match p.split_once('=') {
+            Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
+            _ => p.to_string(),
+        })
+        .collect();
+    format!("{before}?{}", params.join("&"))
+}
+
+impl fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("queue", &self.queue)
+            .field("batch", &self.batch)
+            .field("saf", &self.saf)
+            .finish()
+    }
+}
+
+/// Config dumps show the URL redacted (they do not load back with the
+/// password: it is not theirs to print).
+impl Serialize for StoreConfig {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("StoreConfig", 4)?;
+        if let Some(url) = &self.url {
+            st.serialize_field("url", &redact_url(url))?;
+        }
+        st.serialize_field("queue", &self.queue)?;
+        st.serialize_field("batch", &self.batch)?;
+        st.serialize_field("saf", &self.saf)?;
+        st.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(url: &str) -> StoreConfig {
+        StoreConfig {
+            url: Some(url.to_string()),
+            ..StoreConfig::default()
+        }
+    }
+
+    fn sqlite_at(url: Option<&str>) -> PathBuf {
+        let c = StoreConfig {
+            url: url.map(str::to_string),
+            ..StoreConfig::default()
+        };
+        match c.location(Path::new("/var/lib/isoswitch")) {
+            Ok(Location::Sqlite(p)) => p,
+            other => panic!("{url:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn sqlite_urls_resolve_against_the_data_dir() {
+        assert_eq!(
+            sqlite_at(None),
+            Path::new("/var/lib/isoswitch/isoswitch.db")
+        );
+        assert_eq!(
+            sqlite_at(Some("sqlite:///srv/saf.db")),
+            Path::new("/srv/saf.db")
+        );
+        assert_eq!(
+            sqlite_at(Some("sqlite:/srv/saf.db")),
+            Path::new("/srv/saf.db")
+        );
+        assert_eq!(
+            sqlite_at(Some("sqlite:saf.db")),
+            Path::new("/var/lib/isoswitch/saf.db")
+        );
+        assert_eq!(
+            sqlite_at(Some("sqlite:sub/saf.db")),
+            Path::new("/var/lib/isoswitch/sub/saf.db")
+        );
+    }
+
+    #[test]
+    fn bad_urls_are_refused_by_name() {
+        for url in [
+            "sqlite://host/saf.db",
+            "sqlite:",
+            "sqlite:dir/",
+            "mysql://x/y",
+            "postgres://u:pw@/db",
+        ] {
+            match cfg(url).location(Path::new("/d")) {
+                Err(StoreError::BadUrl { .. }) => {}
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn postgres_urls_parse_and_show_no_password() {
+        let url = "postgres://switch:s3cret@127.0.0.1:5433/isoswitch";
+        let Ok(Location::Postgres(pg)) = cfg(url).location(Path::new("/d")) else {
+            panic!("{url} did not parse");
+        };
+        assert_eq!(
+            pg.redacted,
+            "postgres://switch:***@127.0.0.1:5433/isoswitch"
+        );
+        assert_eq!(pg.config.get_password(), Some(&b"s3cret"[..]));
+        assert_eq!(pg.config.get_dbname(), Some("isoswitch"));
+        assert_eq!(pg.config.get_application_name(), Some("isoswitch"));
+        let shown = format!("{:?} {:?}", cfg(url), Location::Postgres(pg));
+        assert!(!shown.contains("s3cret"), "{shown}");
+        let dumped = toml::to_string(&cfg(url)).unwrap_or_default();
+        assert!(
+            dumped.contains("switch:***@") && !dumped.contains("s3cret"),
+            "{dumped}"
+        );
+    }
+
+    #[test]
+    fn redaction_hides_awkward_passwords_whole() {
+        assert_eq!(
+            redact_url("postgres://u:p/s@s@h:1/db"),
+            "postgres://u:***@h:1/db"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(
+            redact_url("postgres://h/db?user=u&password=x&sslmode=disable"),
+            "postgres://h/db?user=u&password=***&sslmode=disable"
+        );
+        let e = cfg("postgres://u:topsecret@h:notaport/db")
+            .location(Path::new("/d"))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.starts_with("store.url `postgres://u:***@h:notaport/db`"),
+            "{e}"
+        );
+        assert!(!e.contains("topsecret"), "{e}");
+    }
+
+    #[test]
+    fn the_table_refuses_unknown_keys_and_fills_defaults() {
+        let c: StoreConfig = toml::from_str("url = \"sqlite:x.db\"\n[saf]\nretry = \"5s\"\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.saf.retry, Duration::from_secs(5));
+        assert_eq!(c.queue, 8192);
+        assert!(c.validate(Path::new("/d")).is_ok());
+        assert!(toml::from_str::<StoreConfig>("uri = \"x\"").is_err());
+        assert!(toml::from_str::<StoreConfig>("[saf]\nretries = \"5s\"").is_err());
+        let zero = StoreConfig {
+            batch: 0,
+            ..StoreConfig::default()
+        };
+        assert!(matches!(
+            zero.validate(Path::new("/d")),
+            Err(StoreError::BadConfig {
+                key: "store.batch",
+                ..
+            })
+        ));
+    }
+}

@@ -1,0 +1,294 @@
+//! The durable store: messages the switch owes someone (store-and-forward,
+//! SAF) and a small `meta` key-value table; later the transaction journal.
+//!
+//! One [`Store`] handle (cheap to clone) fronts one of two backends, SQLite
+//! in the data dir or PostgreSQL shared by several instances. Either way a
+//! single writer (a thread for SQLite, a task for PostgreSQL) takes requests
+//! from a bounded queue and commits them in batches (group commit): a
+//! request's answer comes after the transaction holding it has committed and
+//! synced. Callers on the message path never touch the disk: they queue and
+//! await an answer, and a full queue is [`StoreError::QueueFull`] at once.
+//!
+//! At-least-once, from the store's side: an entry acknowledged by
+//! [`Store::saf_put`] is on disk; [`Store::saf_claim`] leases due entries to
+//! one owner at a time (an expired lease lets another instance take them);
+//! an entry stays pending until someone records it delivered, dead or
+//! dropped. See docs/store.md.
+
+pub mod config;
+pub mod error;
+pub mod policy;
+mod postgres;
+pub mod saf;
+mod schema;
+mod sqlite;
+mod state;
+mod writer;
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+pub use config::{Location, PgTarget, StoreConfig};
+pub use error::StoreError;
+pub use policy::{AfterFailure, MtiError, SafPolicy, repeat_mti};
+pub use saf::{
+    ClaimedSaf, Direction, NewSafEntry, SafFilter, SafId, SafKeys, SafKind, SafRow, SafState,
+    SafStats, UnixMillis, now_millis,
+};
+pub use schema::SCHEMA_VERSION;
+
+use saf::check_time;
+use writer::{Answer, Counters, Handle, Op, Outcome, mismatch};
+
+/// A handle on the open store; clones share the one writer.
+#[derive(Clone)]
+pub struct Store {
+    handle: Handle,
+    location: Arc<Location>,
+}
+
+/// The answer to a queued [`Store::saf_submit`]: resolves once the entry is
+/// committed and synced.
+#[must_use = "the entry is only durable once this resolves to Ok"]
+pub struct SafAck {
+    rx: oneshot::Receiver<Answer>,
+}
+
+impl Future for SafAck {
+    type Output = Result<SafId, StoreError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.rx).poll(cx).map(|answer| match answer {
+            Ok(Ok(Outcome::Id(id))) => Ok(id),
+            Ok(Ok(other)) => Err(mismatch("saf_put", &other)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(StoreError::Closed),
+        })
+    }
+}
+
+impl Store {
+    /// Opens (creating if needed) the store `cfg` names, resolving a SQLite
+    /// path against `data_dir`, and applies any migration it lacks.
+    pub async fn open(cfg: &StoreConfig, data_dir: &Path) -> Result<Store, StoreError> {
+        cfg.validate(data_dir)?;
+        let location = cfg.location(data_dir)?;
+        let (tx, inbox) = writer::queue(cfg.queue, cfg.batch);
+        let counters = Arc::new(Counters::default());
+        match &location {
+            Location::Sqlite(path) => {
+                let path = path.clone();
+                let counters = Arc::clone(&counters);
+                // Creating the file and migrating touch the disk: not on a
+                // tokio worker.
+                tokio::task::spawn_blocking(move || sqlite::open(&path, inbox, counters))
+                    .await
+                    .map_err(|_| StoreError::Closed)??;
+            }
+            Location::Postgres(target) => {
+                postgres::open(PgTarget::clone(target), inbox, Arc::clone(&counters)).await?;
+            }
+        }
+        Ok(Store {
+            handle: Handle::new(tx, cfg.queue, counters),
+            location: Arc::new(location),
+        })
+    }
+
+    /// Where the store is, fit for a log line (no password).
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// Requests waiting for the writer right now (not yet in a batch): the
+    /// queue depth a gauge shows, out of `store.queue`.
+    pub fn queued(&self) -> usize {
+        self.handle.queued()
+    }
+
+    /// Transactions committed by this handle's writer since open (group
+    /// commit makes it smaller than the requests served).
+    pub fn commits(&self) -> u64 {
+        self.handle.counters.commits()
+    }
+
+    /// Queues an entry without waiting: [`StoreError::QueueFull`] at once if
+    /// the writer is behind, else an ack that resolves once the entry is
+    /// durable. What the message path calls.
+    pub fn saf_submit(&self, entry: NewSafEntry) -> Result<SafAck, StoreError> {
+        entry.validate()?;
+        let rx = self.handle.submit(Op::SafPut(entry))?;
+        Ok(SafAck { rx })
+    }
+
+    /// Stores an entry; returns once it is committed and synced.
+    pub async fn saf_put(&self, entry: NewSafEntry) -> Result<SafId, StoreError> {
+        self.saf_submit(entry)?.await
+    }
+
+    /// Leases up to `max` due entries (pending, `next_attempt_at <= now`, no
+    /// live lease) to `owner` until `now + lease`, oldest first, counting the
+    /// attempt each is leased for. An entry is leased to one owner at a time.
+    pub async fn saf_claim(
+        &self,
+        owner: &str,
+        now: UnixMillis,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<ClaimedSaf>, StoreError> {
+        check_owner(owner)?;
+        check_time("now", now)?;
+        let lease_until = now.saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
+        check_time("lease", lease_until)?;
+        let op = Op::SafClaim {
+            owner: owner.to_string(),
+            now,
+            max,
+            lease_until,
+        };
+        match self.handle.call(op).await? {
+            Outcome::Claimed(claimed) => Ok(claimed),
+            other => Err(mismatch("saf_claim", &other)),
+        }
+    }
+
+    /// Records a failed attempt by the lease owner and when to try next;
+    /// releases the lease. [`StoreError::LeaseLost`] if the entry moved on.
+    pub async fn saf_attempted(
+        &self,
+        id: SafId,
+        owner: &str,
+        next_attempt_at: UnixMillis,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        check_time("next_attempt_at", next_attempt_at)?;
+        self.done(
+            "saf_attempted",
+            Op::SafAttempted {
+                id,
+                owner: owner.to_string(),
+                next_attempt_at,
+                error: error.to_string(),
+            },
+        )
+        .await
+    }
+
+    /// Records the delivery (the host answered, `answer` summarises it): the
+    /// row stays as a compact record without its payload. Whoever holds the
+    /// lease, a delivery is a fact; reporting it twice is not an error.
+    pub async fn saf_delivered(
+        &self,
+        id: SafId,
+        owner: &str,
+        now: UnixMillis,
+        answer: &str,
+    ) -> Result<(), StoreError> {
+        check_time("now", now)?;
+        self.done(
+            "saf_delivered",
+            Op::SafDelivered {
+                id,
+                owner: owner.to_string(),
+                now,
+                answer: answer.to_string(),
+            },
+        )
+        .await
+    }
+
+    /// Parks a pending entry as a dead letter (payload kept, for a retry).
+    pub async fn saf_dead(
+        &self,
+        id: SafId,
+        now: UnixMillis,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        check_time("now", now)?;
+        let reason = reason.to_string();
+        self.done("saf_dead", Op::SafDead { id, now, reason }).await
+    }
+
+    /// Operator: makes a pending or dead entry due now; a dead letter comes
+    /// back pending with its max age counted again from now.
+    pub async fn saf_retry_now(&self, id: SafId, now: UnixMillis) -> Result<(), StoreError> {
+        check_time("now", now)?;
+        self.done("saf_retry_now", Op::SafRetryNow { id, now })
+            .await
+    }
+
+    /// Operator: gives up a pending or dead entry, recording why; the row
+    /// stays without its payload.
+    pub async fn saf_drop(
+        &self,
+        id: SafId,
+        now: UnixMillis,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        check_time("now", now)?;
+        let reason = reason.to_string();
+        self.done("saf_drop", Op::SafDrop { id, now, reason }).await
+    }
+
+    /// Entries matching `filter`, newest first, without payloads.
+    pub async fn saf_list(&self, filter: SafFilter) -> Result<Vec<SafRow>, StoreError> {
+        match self.handle.call(Op::SafList(filter)).await? {
+            Outcome::Rows(rows) => Ok(rows),
+            other => Err(mismatch("saf_list", &other)),
+        }
+    }
+
+    /// The queue's depth, oldest pending age, deliveries, repeats and dead
+    /// letters, as of `now`.
+    pub async fn saf_stats(&self, now: UnixMillis) -> Result<SafStats, StoreError> {
+        check_time("now", now)?;
+        match self.handle.call(Op::SafStats { now }).await? {
+            Outcome::Stats(stats) => Ok(stats),
+            other => Err(mismatch("saf_stats", &other)),
+        }
+    }
+
+    /// A value of the `meta` table.
+    pub async fn meta_get(&self, key: &str) -> Result<Option<String>, StoreError> {
+        match self.handle.call(Op::MetaGet(key.to_string())).await? {
+            Outcome::Meta(value) => Ok(value),
+            other => Err(mismatch("meta_get", &other)),
+        }
+    }
+
+    /// Sets a `meta` value (small runtime records; `schema_version` is the
+    /// store's own).
+    pub async fn meta_put(&self, key: &str, value: &str) -> Result<(), StoreError> {
+        let op = Op::MetaPut(key.to_string(), value.to_string());
+        self.done("meta_put", op).await
+    }
+
+    /// Finishes what is queued, closes the database and stops the writer;
+    /// other handles then get [`StoreError::Closed`].
+    pub async fn close(self) -> Result<(), StoreError> {
+        self.done("close", Op::Close).await
+    }
+
+    async fn done(&self, name: &'static str, op: Op) -> Result<(), StoreError> {
+        match self.handle.call(op).await? {
+            Outcome::Done => Ok(()),
+            other => Err(mismatch(name, &other)),
+        }
+    }
+}
+
+fn check_owner(owner: &str) -> Result<(), StoreError> {
+    if owner.is_empty() {
+        return Err(StoreError::InvalidEntry {
+            field: "owner",
+            reason: "empty".to_string(),
+        });
+    }
+    Ok(())
+}

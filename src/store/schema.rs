@@ -1,0 +1,281 @@
+//! What both backends share about the tables: the schema version, the column
+//! lists, rows as read (before their text becomes types) and how a refused
+//! update is explained. The DDL itself is per backend (types differ); see
+//! docs/store.md for the tables.
+
+use super::error::StoreError;
+use super::saf::{ClaimedSaf, Direction, SafId, SafKeys, SafRow, SafState, SafStats, UnixMillis};
+use super::writer::Outcome;
+
+/// The schema version this build writes; `meta.schema_version` holds the
+/// version a database is at. Each backend has exactly this many migrations.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// The `meta` key holding the schema version.
+pub const VERSION_KEY: &str = "schema_version";
+
+/// The columns of a listed row, in [`RawRow`]'s order.
+pub const ROW_COLUMNS: &str = "id, service, direction, node_id, kind, mti, f11, f37, f7, \
+     pan_masked, state, created_at, expires_at, attempts, next_attempt_at, last_error, \
+     lease_owner, lease_until, completed_at, completed_by, answer, reason";
+
+/// The columns a claim returns, in [`RawClaim`]'s order.
+pub const CLAIM_COLUMNS: &str =
+    "id, service, direction, node_id, kind, mti, payload, attempts, created_at, expires_at";
+
+/// A `saf` row as the driver reads it.
+pub struct RawRow {
+    pub id: i64,
+    pub service: String,
+    pub direction: String,
+    pub node_id: Option<String>,
+    pub kind: String,
+    pub mti: String,
+    pub f11: Option<String>,
+    pub f37: Option<String>,
+    pub f7: Option<String>,
+    pub pan_masked: Option<String>,
+    pub state: String,
+    pub created_at: i64,
+    pub expires_at: i64,
+    pub attempts: i64,
+    pub next_attempt_at: i64,
+    pub last_error: Option<String>,
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<i64>,
+    pub completed_at: Option<i64>,
+    pub completed_by: Option<String>,
+    pub answer: Option<String>,
+    pub reason: Option<String>,
+}
+
+fn attempts(n: i64) -> Result<u32, StoreError> {
+    u32::try_from(n).map_err(|_| StoreError::Corrupt {
+        column: "saf.attempts",
+        value: n.to_string(),
+    })
+}
+
+impl RawRow {
+    pub fn into_row(self) -> Result<SafRow, StoreError> {
+        Ok(SafRow {
+            id: SafId(self.id),
+            service: self.service,
+            direction: Direction::from_columns(&self.direction, self.node_id)?,
+            kind: self.kind.parse()?,
+            mti: self.mti,
+            keys: SafKeys {
+                f11: self.f11,
+                f37: self.f37,
+                f7: self.f7,
+                pan_masked: self.pan_masked,
+            },
+            state: self.state.parse()?,
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+            attempts: attempts(self.attempts)?,
+            next_attempt_at: self.next_attempt_at,
+            last_error: self.last_error,
+            lease_owner: self.lease_owner,
+            lease_until: self.lease_until,
+            completed_at: self.completed_at,
+            completed_by: self.completed_by,
+            answer: self.answer,
+            reason: self.reason,
+        })
+    }
+}
+
+/// A claimed row as the driver reads it.
+pub struct RawClaim {
+    pub id: i64,
+    pub service: String,
+    pub direction: String,
+    pub node_id: Option<String>,
+    pub kind: String,
+    pub mti: String,
+    pub payload: Option<Vec<u8>>,
+    pub attempts: i64,
+    pub created_at: i64,
+    pub expires_at: i64,
+}
+
+impl RawClaim {
+    pub fn into_claimed(self, lease_until: UnixMillis) -> Result<ClaimedSaf, StoreError> {
+        Ok(ClaimedSaf {
+            id: SafId(self.id),
+            service: self.service,
+            direction: Direction::from_columns(&self.direction, self.node_id)?,
+            kind: self.kind.parse()?,
+            mti: self.mti,
+            // Only completed rows lose their payload; a pending one without
+            // it cannot be delivered.
+            payload: self.payload.ok_or(StoreError::Corrupt {
+                column: "saf.payload",
+                value: format!("missing on pending entry {}", SafId(self.id)),
+            })?,
+            attempt: attempts(self.attempts)?,
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+            lease_until,
+        })
+    }
+}
+
+/// Claims oldest first (the drivers return updated rows in no set order).
+pub fn claims_in_order(
+    raw: Vec<RawClaim>,
+    lease_until: UnixMillis,
+) -> Result<Vec<ClaimedSaf>, StoreError> {
+    let mut claimed = raw
+        .into_iter()
+        .map(|r| r.into_claimed(lease_until))
+        .collect::<Result<Vec<_>, _>>()?;
+    claimed.sort_by_key(|c| c.id);
+    Ok(claimed)
+}
+
+/// The state changes an update may refuse, and what each needs.
+#[derive(Clone, Copy, Debug)]
+pub enum Change {
+    /// A failed attempt reported by the lease owner.
+    Attempted,
+    Delivered,
+    Dead,
+    RetryNow,
+    Drop,
+}
+
+/// Why an update touched no row, from the entry's state and owner as they
+/// are now (`None`: no such entry).
+pub fn refusal(
+    change: Change,
+    id: SafId,
+    owner: &str,
+    found: Option<(String, Option<String>)>,
+) -> Result<Outcome, StoreError> {
+    let Some((state, _lease_owner)) = found else {
+        return Err(StoreError::NotFound { id });
+    };
+    let state: SafState = state.parse()?;
+    let (action, needs) = match change {
+        // Whatever happened since (another owner took it, an operator
+        // dropped it), this owner's report no longer applies.
+        Change::Attempted => {
+            return Err(StoreError::LeaseLost {
+                id,
+                owner: owner.to_string(),
+            });
+        }
+        // The same delivery reported twice (by two owners after a lease
+        // ran out) is one delivery.
+        Change::Delivered if state == SafState::Delivered => return Ok(Outcome::Done),
+        Change::Delivered => ("saf_delivered", "pending"),
+        Change::Dead => ("saf_dead", "pending"),
+        Change::RetryNow => ("saf_retry_now", "pending or dead"),
+        Change::Drop => ("saf_drop", "pending or dead"),
+    };
+    Err(StoreError::WrongState {
+        id,
+        state,
+        action,
+        needs,
+    })
+}
+
+/// One `GROUP BY state` row of the stats query.
+pub struct StateGroup {
+    pub state: String,
+    pub count: i64,
+    /// Rows whose lease runs past now.
+    pub leased: i64,
+    pub oldest: Option<i64>,
+    /// Attempts after the first.
+    pub repeats: i64,
+}
+
+pub fn stats(groups: Vec<StateGroup>, now: UnixMillis) -> Result<SafStats, StoreError> {
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    let mut stats = SafStats::default();
+    for g in groups {
+        stats.repeats_sent += count(g.repeats);
+        match g.state.parse()? {
+            SafState::Pending => {
+                stats.pending = count(g.count);
+                stats.in_flight = count(g.leased);
+                stats.oldest_pending_age_ms = g.oldest.map(|t| now.saturating_sub(t).max(0));
+            }
+            SafState::Delivered => stats.delivered = count(g.count),
+            SafState::Dead => stats.dead = count(g.count),
+            SafState::Dropped => stats.dropped = count(g.count),
+        }
+    }
+    Ok(stats)
+}
+
+/// Reads the version stored in `meta` (absent: a new database).
+pub fn parse_version(value: Option<String>) -> Result<i64, StoreError> {
+    let Some(value) = value else { return Ok(0) };
+    let version = value
+        .trim()
+        .parse::<i64>()
+        .map_err(|_| StoreError::BadMeta {
+            key: VERSION_KEY.to_string(),
+            value: value.clone(),
+        })?;
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            found: version,
+            known: SCHEMA_VERSION,
+        });
+    }
+    Ok(version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_read_and_a_newer_one_is_refused() {
+        assert_eq!(parse_version(None).ok(), Some(0));
+        assert_eq!(parse_version(Some("1".into())).ok(), Some(1));
+        assert!(matches!(
+            parse_version(Some("x".into())),
+            Err(StoreError::BadMeta { .. })
+        ));
+        assert!(matches!(
+            parse_version(Some((SCHEMA_VERSION + 1).to_string())),
+            Err(StoreError::SchemaTooNew { .. })
+        ));
+    }
+
+    #[test]
+    fn refusals_say_why() {
+        let id = SafId(7);
+        assert!(matches!(
+            refusal(Change::Dead, id, "a", None),
+            Err(StoreError::NotFound { .. })
+        ));
+        assert!(matches!(
+            refusal(
+                Change::Attempted,
+                id,
+                "a",
+                Some(("pending".into(), Some("b".into())))
+            ),
+            Err(StoreError::LeaseLost { .. })
+        ));
+        assert!(matches!(
+            refusal(Change::Delivered, id, "a", Some(("delivered".into(), None))),
+            Ok(Outcome::Done)
+        ));
+        assert!(matches!(
+            refusal(Change::Drop, id, "a", Some(("delivered".into(), None))),
+            Err(StoreError::WrongState {
+                state: SafState::Delivered,
+                ..
+            })
+        ));
+    }
+}

@@ -1,0 +1,526 @@
+//! The SQLite backend: one file, WAL journal, `synchronous=FULL`, written by
+//! one dedicated thread (never a tokio worker), so a commit's fsync never
+//! stalls the message path.
+//!
+//! The file is created 0600 here, before SQLite opens it, and refused if it
+//! (or a leftover -wal / -shm / -journal) is a symbolic link, not a regular
+//! file, not ours, or readable by group or others: SQLite gives the -wal and
+//! -shm it creates the database file's mode.
+
+use std::fs::{DirBuilder, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rusqlite::{
+    Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
+};
+
+use super::error::StoreError;
+use super::saf::{SafId, clip};
+use super::schema::{self, CLAIM_COLUMNS, Change, ROW_COLUMNS, RawClaim, RawRow, VERSION_KEY};
+use super::writer::{self, Answer, Counters, Inbox, Op, Outcome, Request};
+
+/// How long the writer waits for another process's write lock (a second
+/// instance on the same file, or an operator's sqlite3 shell).
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The migrations, one per schema version (index 0 brings a database to 1).
+const MIGRATIONS: &[&str] = &[
+    // 1: the store-and-forward queue.
+    "CREATE TABLE saf (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        service TEXT NOT NULL,
+        direction TEXT NOT NULL CHECK (direction IN ('to_node', 'to_peer', 'to_any_node')),
+        node_id TEXT,
+        kind TEXT NOT NULL CHECK (kind IN ('reversal', 'advice')),
+        mti TEXT NOT NULL,
+        payload BLOB,
+        f11 TEXT,
+        f37 TEXT,
+        f7 TEXT,
+        pan_masked TEXT,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at INTEGER NOT NULL,
+        last_error TEXT,
+        state TEXT NOT NULL CHECK (state IN ('pending', 'delivered', 'dead', 'dropped')),
+        lease_owner TEXT,
+        lease_until INTEGER,
+        completed_at INTEGER,
+        completed_by TEXT,
+        answer TEXT,
+        reason TEXT
+    );
+    CREATE INDEX saf_due ON saf (next_attempt_at, id) WHERE state = 'pending';
+    CREATE INDEX saf_state ON saf (state, service, id);",
+];
+
+fn sql_error(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
+    move |e| StoreError::Sqlite {
+        path: path.to_path_buf(),
+        source: Arc::new(e),
+    }
+}
+
+/// Creates or checks the file, opens it, brings the schema up to date and
+/// starts the writer thread. Blocking: call it off the tokio workers.
+pub(crate) fn open(path: &Path, inbox: Inbox, counters: Arc<Counters>) -> Result<(), StoreError> {
+    prepare_file(path)?;
+    let mut conn = connect(path)?;
+    migrate(&mut conn).map_err(|e| match e {
+        Migration::Sql(e) => sql_error(path)(e),
+        Migration::Store(e) => e,
+    })?;
+    let writer = Writer {
+        path: path.to_path_buf(),
+        conn,
+        counters,
+    };
+    std::thread::Builder::new()
+        .name("isoswitch-store".into())
+        .spawn(move || writer.run(inbox))
+        .map_err(|e| StoreError::io(path, e))?;
+    Ok(())
+}
+
+/// Makes sure the database file exists, 0600 and ours, before SQLite sees it.
+fn prepare_file(path: &Path) -> Result<(), StoreError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| StoreError::io(dir, e))?;
+    }
+    // O_CREAT|O_EXCL never follows a symbolic link; O_NOFOLLOW covers the
+    // rest. An existing file is checked below.
+    match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(_) => {}
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(StoreError::io(path, e)),
+    }
+    check_private(path, true)?;
+    for suffix in ["-wal", "-shm", "-journal"] {
+        let mut side = path.as_os_str().to_owned();
+        side.push(suffix);
+        check_private(Path::new(&side), false)?;
+    }
+    Ok(())
+}
+
+/// Refuses a file that is a link, not a regular file, not ours, or open to
+/// group or others.
+fn check_private(path: &Path, must_exist: bool) -> Result<(), StoreError> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == ErrorKind::NotFound && !must_exist => return Ok(()),
+        Err(e) => return Err(StoreError::io(path, e)),
+    };
+    if meta.file_type().is_symlink() {
+        return Err(StoreError::unsafe_file(path, "is a symbolic link"));
+    }
+    if !meta.is_file() {
+        return Err(StoreError::unsafe_file(path, "is not a regular file"));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(StoreError::unsafe_file(
+            path,
+            format!(
+                "is owned by uid {}, not this process's uid {me}",
+                meta.uid()
+            ),
+        ));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(StoreError::unsafe_file(
+            path,
+            format!("has mode {mode:04o}: group or others may read it (chmod 600)"),
+        ));
+    }
+    Ok(())
+}
+
+fn connect(path: &Path) -> Result<Connection, StoreError> {
+    let e = sql_error(path);
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | OpenFlags::SQLITE_OPEN_NOFOLLOW;
+    let conn = Connection::open_with_flags(path, flags).map_err(&e)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(&e)?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(&e)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::unsafe_file(
+            path,
+            format!("journal mode stays `{mode}`, not wal"),
+        ));
+    }
+    // FULL: the WAL is synced at every commit, so an acknowledged put
+    // survives power loss, not just a crash of the process.
+    conn.execute_batch("PRAGMA synchronous = FULL;")
+        .map_err(&e)?;
+    Ok(conn)
+}
+
+enum Migration {
+    Sql(rusqlite::Error),
+    Store(StoreError),
+}
+
+impl From<rusqlite::Error> for Migration {
+    fn from(e: rusqlite::Error) -> Self {
+        Migration::Sql(e)
+    }
+}
+
+/// Applies the migrations the file lacks, in one transaction that also
+/// records the new version (an instance opening the same file at the same
+/// time waits for the write lock).
+fn migrate(conn: &mut Connection) -> Result<(), Migration> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
+    )?;
+    let stored = meta_get(&tx, VERSION_KEY)?;
+    let version = schema::parse_version(stored).map_err(Migration::Store)?;
+    let from = usize::try_from(version).unwrap_or(usize::MAX);
+    for sql in MIGRATIONS.iter().skip(from) {
+        tx.execute_batch(sql)?;
+    }
+    meta_put(&tx, VERSION_KEY, &schema::SCHEMA_VERSION.to_string())?;
+    tx.commit()?;
+    Ok(())
+}
+
+struct Writer {
+    path: PathBuf,
+    conn: Connection,
+    counters: Arc<Counters>,
+}
+
+impl Writer {
+    fn run(self, mut inbox: Inbox) {
+        while let Some(mut batch) = inbox.next_blocking() {
+            let closer = writer::take_close(&mut batch);
+            self.run_batch(batch);
+            if let Some(closer) = closer {
+                // Close the file before saying so: a caller may reopen it next.
+                drop(self);
+                closer.answer(Ok(Outcome::Done));
+                return;
+            }
+        }
+    }
+
+    /// One transaction for the whole batch; answers go out after the commit.
+    /// A statement failing on its request's own data is retried alone so it
+    /// fails only that request; any other failure fails the batch.
+    fn run_batch(&self, batch: Vec<Request>) {
+        if batch.is_empty() {
+            return;
+        }
+        match self.transact(&batch) {
+            Ok(answers) => {
+                for (request, answer) in batch.into_iter().zip(answers) {
+                    request.answer(answer);
+                }
+            }
+            Err(Failed::Request(_)) if batch.len() > 1 => {
+                for request in batch {
+                    self.run_batch(vec![request]);
+                }
+            }
+            Err(Failed::Request(e) | Failed::Batch(e)) => {
+                let e = sql_error(&self.path)(e);
+                for request in batch {
+                    request.answer(Err(e.clone()));
+                }
+            }
+        }
+    }
+
+    fn transact(&self, batch: &[Request]) -> Result<Vec<Answer>, Failed> {
+        // IMMEDIATE takes the write lock up front: a second process on the
+        // same file waits (busy timeout) instead of failing mid-batch.
+        let tx = Transaction::new_unchecked(&self.conn, TransactionBehavior::Immediate)
+            .map_err(Failed::Batch)?;
+        let mut answers = Vec::with_capacity(batch.len());
+        for request in batch {
+            answers.push(apply(&tx, &request.op).map_err(Failed::classify)?);
+        }
+        tx.commit().map_err(Failed::Batch)?;
+        self.counters.committed();
+        Ok(answers)
+    }
+}
+
+enum Failed {
+    /// The failure lies with one request's data (a constraint).
+    Request(rusqlite::Error),
+    /// The database as a whole failed (I/O, full disk, lock timeout).
+    Batch(rusqlite::Error),
+}
+
+impl Failed {
+    fn classify(e: rusqlite::Error) -> Self {
+        match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::ConstraintViolation) => Failed::Request(e),
+            _ => Failed::Batch(e),
+        }
+    }
+}
+
+/// Runs one op inside the batch's transaction. The outer error aborts the
+/// transaction; the inner one is the op's own answer.
+fn apply(tx: &Transaction<'_>, op: &Op) -> Result<Answer, rusqlite::Error> {
+    Ok(match op {
+        Op::SafPut(e) => {
+            let (direction, node) = e.direction.to_columns();
+            let id: i64 = tx
+                .prepare_cached(
+                    "INSERT INTO saf (service, direction, node_id, kind, mti, payload, f11, f37, f7, \
+                     pan_masked, created_at, expires_at, next_attempt_at, state) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 'pending') \
+                     RETURNING id",
+                )?
+                .query_row(
+                    params![
+                        e.service,
+                        direction,
+                        node,
+                        e.kind.as_str(),
+                        e.mti,
+                        e.payload,
+                        e.keys.f11,
+                        e.keys.f37,
+                        e.keys.f7,
+                        e.keys.pan_masked,
+                        e.created_at,
+                        e.expires_at,
+                        e.first_attempt_at
+                    ],
+                    |r| r.get(0),
+                )?;
+            Ok(Outcome::Id(SafId(id)))
+        }
+        Op::SafClaim {
+            owner,
+            now,
+            max,
+            lease_until,
+        } => {
+            let max = i64::try_from(*max).unwrap_or(i64::MAX);
+            let mut st = tx.prepare_cached(&format!(
+                "UPDATE saf SET lease_owner = ?1, lease_until = ?2, attempts = attempts + 1 \
+                 WHERE id IN (SELECT id FROM saf WHERE state = 'pending' AND next_attempt_at <= ?3 \
+                   AND (lease_until IS NULL OR lease_until <= ?3) \
+                   ORDER BY next_attempt_at, id LIMIT ?4) \
+                 RETURNING {CLAIM_COLUMNS}"
+            ))?;
+            let raw = st
+                .query_map(params![owner, lease_until, now, max], |r| {
+                    Ok(RawClaim {
+                        id: r.get(0)?,
+                        service: r.get(1)?,
+                        direction: r.get(2)?,
+                        node_id: r.get(3)?,
+                        kind: r.get(4)?,
+                        mti: r.get(5)?,
+                        payload: r.get(6)?,
+                        attempts: r.get(7)?,
+                        created_at: r.get(8)?,
+                        expires_at: r.get(9)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            schema::claims_in_order(raw, *lease_until).map(Outcome::Claimed)
+        }
+        Op::SafAttempted {
+            id,
+            owner,
+            next_attempt_at,
+            error,
+        } => change(
+            tx,
+            Change::Attempted,
+            *id,
+            owner,
+            "UPDATE saf SET next_attempt_at = ?2, last_error = ?3, lease_owner = NULL, \
+             lease_until = NULL WHERE id = ?1 AND state = 'pending' AND lease_owner = ?4",
+            params![id.0, next_attempt_at, clip(error), owner],
+        )?,
+        Op::SafDelivered {
+            id,
+            owner,
+            now,
+            answer,
+        } => change(
+            tx,
+            Change::Delivered,
+            *id,
+            owner,
+            "UPDATE saf SET state = 'delivered', completed_at = ?2, answer = ?3, completed_by = ?4, \
+             payload = NULL, lease_owner = NULL, lease_until = NULL \
+             WHERE id = ?1 AND state = 'pending'",
+            params![id.0, now, clip(answer), owner],
+        )?,
+        Op::SafDead { id, now, reason } => change(
+            tx,
+            Change::Dead,
+            *id,
+            "",
+            "UPDATE saf SET state = 'dead', completed_at = ?2, reason = ?3, lease_owner = NULL, \
+             lease_until = NULL WHERE id = ?1 AND state = 'pending'",
+            params![id.0, now, clip(reason)],
+        )?,
+        Op::SafRetryNow { id, now } => change(
+            tx,
+            Change::RetryNow,
+            *id,
+            "",
+            // A dead letter gets its max age again, from now.
+            "UPDATE saf SET next_attempt_at = ?2, \
+             expires_at = CASE WHEN state = 'dead' THEN ?2 + (expires_at - created_at) ELSE expires_at END, \
+             state = 'pending', completed_at = NULL, reason = NULL \
+             WHERE id = ?1 AND state IN ('pending', 'dead')",
+            params![id.0, now],
+        )?,
+        Op::SafDrop { id, now, reason } => change(
+            tx,
+            Change::Drop,
+            *id,
+            "",
+            "UPDATE saf SET state = 'dropped', completed_at = ?2, reason = ?3, payload = NULL, \
+             lease_owner = NULL, lease_until = NULL WHERE id = ?1 AND state IN ('pending', 'dead')",
+            params![id.0, now, clip(reason)],
+        )?,
+        Op::SafList(filter) => {
+            let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+            let mut st = tx.prepare_cached(&format!(
+                "SELECT {ROW_COLUMNS} FROM saf WHERE (?1 IS NULL OR state = ?1) \
+                 AND (?2 IS NULL OR service = ?2) ORDER BY id DESC LIMIT ?3"
+            ))?;
+            let raw = st
+                .query_map(
+                    params![filter.state.map(|s| s.as_str()), filter.service, limit],
+                    raw_row,
+                )?
+                .collect::<Result<Vec<_>, _>>()?;
+            raw.into_iter()
+                .map(RawRow::into_row)
+                .collect::<Result<Vec<_>, _>>()
+                .map(Outcome::Rows)
+        }
+        Op::SafStats { now } => {
+            let mut st = tx.prepare_cached(
+                "SELECT state, COUNT(*), \
+                 SUM(CASE WHEN lease_until > ?1 THEN 1 ELSE 0 END), \
+                 MIN(created_at), SUM(CASE WHEN attempts > 1 THEN attempts - 1 ELSE 0 END) \
+                 FROM saf GROUP BY state",
+            )?;
+            let groups = st
+                .query_map(params![now], |r| {
+                    Ok(schema::StateGroup {
+                        state: r.get(0)?,
+                        count: r.get(1)?,
+                        leased: r.get(2)?,
+                        oldest: r.get(3)?,
+                        repeats: r.get(4)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            schema::stats(groups, *now).map(Outcome::Stats)
+        }
+        Op::MetaGet(key) => Ok(Outcome::Meta(meta_get(tx, key)?)),
+        Op::MetaPut(key, value) => {
+            meta_put(tx, key, value)?;
+            Ok(Outcome::Done)
+        }
+        Op::Close => Ok(Outcome::Done),
+    })
+}
+
+fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
+    Ok(RawRow {
+        id: r.get(0)?,
+        service: r.get(1)?,
+        direction: r.get(2)?,
+        node_id: r.get(3)?,
+        kind: r.get(4)?,
+        mti: r.get(5)?,
+        f11: r.get(6)?,
+        f37: r.get(7)?,
+        f7: r.get(8)?,
+        pan_masked: r.get(9)?,
+        state: r.get(10)?,
+        created_at: r.get(11)?,
+        expires_at: r.get(12)?,
+        attempts: r.get(13)?,
+        next_attempt_at: r.get(14)?,
+        last_error: r.get(15)?,
+        lease_owner: r.get(16)?,
+        lease_until: r.get(17)?,
+        completed_at: r.get(18)?,
+        completed_by: r.get(19)?,
+        answer: r.get(20)?,
+        reason: r.get(21)?,
+    })
+}
+
+/// Runs a state change; when it touches no row, says why.
+fn change(
+    tx: &Transaction<'_>,
+    change: Change,
+    id: SafId,
+    owner: &str,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Answer, rusqlite::Error> {
+    if tx.prepare_cached(sql)?.execute(params)? > 0 {
+        return Ok(Ok(Outcome::Done));
+    }
+    let found = tx
+        .prepare_cached("SELECT state, lease_owner FROM saf WHERE id = ?1")?
+        .query_row(params![id.0], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    Ok(schema::refusal(change, id, owner, found))
+}
+
+fn meta_get(conn: &Connection, key: &str) -> rusqlite::Result<Option<String>> {
+    conn.prepare_cached("SELECT value FROM meta WHERE key = ?1")?
+        .query_row(params![key], |r| r.get(0))
+        .optional()
+}
+
+fn meta_put(conn: &Connection, key: &str, value: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO meta (key, value) VALUES (?1, ?2) \
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+    )?
+    .execute(params![key, value])?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn there_is_one_migration_per_schema_version() {
+        assert_eq!(MIGRATIONS.len() as i64, schema::SCHEMA_VERSION);
+    }
+}

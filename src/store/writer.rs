@@ -1,0 +1,217 @@
+//! What flows between a [`super::Store`] handle and its backend's single
+//! writer: one [`Op`] per request, answered on its own oneshot once the
+//! transaction holding it has committed.
+//!
+//! Group commit: the writer takes the first waiting request, then whatever
+//! else is already queued (up to `store.batch`), and runs them all in one
+//! transaction, so one sync covers the batch. Requests arriving meanwhile
+//! form the next batch.
+//!
+//! The ops are the store's vocabulary, shared by both backends; the journal
+//! joins it later as more variants.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::error::StoreError;
+use super::saf::{ClaimedSaf, NewSafEntry, SafFilter, SafId, SafRow, SafStats, UnixMillis};
+
+/// One operation of the store.
+#[derive(Debug)]
+pub(crate) enum Op {
+    SafPut(NewSafEntry),
+    SafClaim {
+        owner: String,
+        now: UnixMillis,
+        max: usize,
+        lease_until: UnixMillis,
+    },
+    SafAttempted {
+        id: SafId,
+        owner: String,
+        next_attempt_at: UnixMillis,
+        error: String,
+    },
+    SafDelivered {
+        id: SafId,
+        owner: String,
+        now: UnixMillis,
+        answer: String,
+    },
+    SafDead {
+        id: SafId,
+        now: UnixMillis,
+        reason: String,
+    },
+    SafRetryNow {
+        id: SafId,
+        now: UnixMillis,
+    },
+    SafDrop {
+        id: SafId,
+        now: UnixMillis,
+        reason: String,
+    },
+    SafList(SafFilter),
+    SafStats {
+        now: UnixMillis,
+    },
+    MetaGet(String),
+    MetaPut(String, String),
+    /// Finish the queue ahead of it, then close the database.
+    Close,
+}
+
+/// What an op produced.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    Id(SafId),
+    Claimed(Vec<ClaimedSaf>),
+    Done,
+    Rows(Vec<SafRow>),
+    Stats(SafStats),
+    Meta(Option<String>),
+}
+
+pub(crate) type Answer = Result<Outcome, StoreError>;
+
+pub(crate) struct Request {
+    pub op: Op,
+    pub reply: oneshot::Sender<Answer>,
+}
+
+impl Request {
+    /// Sends the answer; a caller that stopped waiting is no error.
+    pub fn answer(self, answer: Answer) {
+        let _ = self.reply.send(answer);
+    }
+}
+
+/// Counters shared by a store's handles and its writer.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    commits: AtomicU64,
+}
+
+impl Counters {
+    pub fn committed(&self) {
+        self.commits.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+}
+
+/// The writer's end of the queue.
+pub(crate) struct Inbox {
+    rx: mpsc::Receiver<Request>,
+    batch: usize,
+}
+
+pub(crate) fn queue(capacity: usize, batch: usize) -> (mpsc::Sender<Request>, Inbox) {
+    let (tx, rx) = mpsc::channel(capacity.max(1));
+    (
+        tx,
+        Inbox {
+            rx,
+            batch: batch.max(1),
+        },
+    )
+}
+
+impl Inbox {
+    /// The next batch, waiting on a plain thread; `None` once every handle
+    /// is gone.
+    pub fn next_blocking(&mut self) -> Option<Vec<Request>> {
+        let first = self.rx.blocking_recv()?;
+        Some(self.fill(first))
+    }
+
+    /// The next batch, waiting as a task; `None` once every handle is gone.
+    pub async fn next(&mut self) -> Option<Vec<Request>> {
+        let first = self.rx.recv().await?;
+        Some(self.fill(first))
+    }
+
+    /// The first request and what else is queued already; a batch ends at a
+    /// `Close`, so nothing queued behind it runs.
+    fn fill(&mut self, first: Request) -> Vec<Request> {
+        let mut batch = vec![first];
+        while batch.len() < self.batch
+            && !matches!(batch.last(), Some(r) if matches!(r.op, Op::Close))
+        {
+            match self.rx.try_recv() {
+                Ok(request) => batch.push(request),
+                Err(_) => break,
+            }
+        }
+        batch
+    }
+}
+
+/// The `Close` that ends a batch, taken out of it: the writer runs the rest,
+/// then stops and answers it.
+pub(crate) fn take_close(batch: &mut Vec<Request>) -> Option<Request> {
+    if batch.last().is_some_and(|r| matches!(r.op, Op::Close)) {
+        batch.pop()
+    } else {
+        None
+    }
+}
+
+/// The shared front of every backend: the queue's sending end and counters.
+#[derive(Clone)]
+pub(crate) struct Handle {
+    tx: mpsc::Sender<Request>,
+    capacity: usize,
+    pub counters: Arc<Counters>,
+}
+
+impl Handle {
+    pub fn new(tx: mpsc::Sender<Request>, capacity: usize, counters: Arc<Counters>) -> Self {
+        Handle {
+            tx,
+            capacity,
+            counters,
+        }
+    }
+
+    /// Requests waiting in the queue (not yet taken by the writer).
+    pub fn queued(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+
+    /// Queues `op` if there is room now; the answer comes on the receiver.
+    pub fn submit(&self, op: Op) -> Result<oneshot::Receiver<Answer>, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .try_send(Request { op, reply })
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => StoreError::QueueFull {
+                    capacity: self.capacity,
+                },
+                mpsc::error::TrySendError::Closed(_) => StoreError::Closed,
+            })?;
+        Ok(rx)
+    }
+
+    /// Queues `op`, waiting for room, and waits for its answer.
+    pub async fn call(&self, op: Op) -> Answer {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request { op, reply })
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
+/// A request's outcome of the wrong kind: a bug in a backend.
+pub(crate) fn mismatch(op: &'static str, got: &Outcome) -> StoreError {
+    StoreError::WrongAnswer {
+        op,
+        got: format!("{got:?}"),
+    }
+}

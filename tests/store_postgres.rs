@@ -1,0 +1,310 @@
+//! The PostgreSQL store against a real server (scripts/pg-test.sh starts a
+//! throwaway one): the API suite, group commit, two instances sharing the
+//! queue, lease expiry, migrations racing, an outage and a lost connection,
+//! and no password in any error.
+
+mod store_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use isoswitch::store::{SafFilter, SafState, Store, StoreError};
+use store_support::pg::PgServer;
+use store_support::{LEASE, T0, TEST_LIMIT, config, entry};
+use tokio_postgres::NoTls;
+
+async fn open(url: &str) -> Store {
+    Store::open(
+        &config(Some(url.to_string())),
+        std::path::Path::new("/nonexistent"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("open postgres store: {e}"))
+}
+
+/// A fresh database on the shared server, and the server (kept alive).
+async fn fresh(name: &str) -> (Arc<PgServer>, String) {
+    let server = tokio::task::spawn_blocking(PgServer::shared)
+        .await
+        .expect("start PostgreSQL");
+    let url = server.fresh_db(name).await;
+    (server, url)
+}
+
+async fn limited<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(TEST_LIMIT, f)
+        .await
+        .expect("test timed out")
+}
+
+async fn admin(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .expect("admin connection");
+    tokio::spawn(connection);
+    client
+}
+
+#[tokio::test]
+async fn every_saf_operation() {
+    limited(async {
+        let (_server, url) = fresh("api").await;
+        let store = open(&url).await;
+        store_support::api_suite(&store).await;
+        // Completed entries keep no payload; the retryable ones do.
+        let kept: Vec<(String, bool)> = admin(&url)
+            .await
+            .query(
+                "SELECT state, payload IS NOT NULL FROM saf ORDER BY id",
+                &[],
+            )
+            .await
+            .expect("read payloads")
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                ("pending".into(), true),
+                ("dropped".into(), false),
+                ("delivered".into(), false)
+            ]
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn concurrent_puts_share_commits() {
+    limited(async {
+        let (_server, url) = fresh("group").await;
+        let store = open(&url).await;
+        let before = store.commits();
+        // While the table is locked the writer is stuck in its first batch,
+        // so everything submitted meanwhile waits for the next one.
+        let mut locker = admin(&url).await;
+        let lock = locker.transaction().await.expect("begin");
+        lock.batch_execute("LOCK TABLE saf IN EXCLUSIVE MODE")
+            .await
+            .expect("lock");
+        let acks: Vec<_> = (0..64)
+            .map(|seq| store.saf_submit(entry("cups", seq, T0)).expect("queued"))
+            .collect();
+        lock.commit().await.expect("unlock");
+        for ack in acks {
+            ack.await.expect("acked");
+        }
+        let commits = store.commits() - before;
+        assert!(commits <= 2, "64 puts took {commits} commits");
+        assert_eq!(store.saf_stats(T0).await.expect("stats").pending, 64);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_poisoned_request_fails_alone() {
+    limited(async {
+        let (_server, url) = fresh("poison").await;
+        let store = open(&url).await;
+        let mut locker = admin(&url).await;
+        locker
+            .batch_execute("ALTER TABLE saf ADD CONSTRAINT not_poison CHECK (service <> 'poison')")
+            .await
+            .expect("plant the constraint");
+        let lock = locker.transaction().await.expect("begin");
+        lock.batch_execute("LOCK TABLE saf IN EXCLUSIVE MODE")
+            .await
+            .expect("lock");
+        store_support::a_poisoned_request_fails_alone(&store, async move {
+            lock.commit().await.expect("unlock")
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn two_instances_never_claim_the_same_entry() {
+    limited(async {
+        let (_server, url) = fresh("two").await;
+        let (a, b) = (open(&url).await, open(&url).await);
+        store_support::two_instances_never_share(&a, &b, 500).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_expired_lease_passes_to_the_other_instance() {
+    limited(async {
+        let (_server, url) = fresh("lease").await;
+        let (a, b) = (open(&url).await, open(&url).await);
+        store_support::an_expired_lease_passes_on(&a, &b).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn entries_put_through_one_instance_are_delivered_by_the_other() {
+    limited(async {
+        let (_server, url) = fresh("handover").await;
+        let a = open(&url).await;
+        let ids = [
+            a.saf_put(entry("cups", 1, T0)).await.expect("put"),
+            a.saf_put(entry("cups", 2, T0)).await.expect("put"),
+        ];
+        a.close().await.expect("A goes away");
+        let b = open(&url).await;
+        let claimed = b.saf_claim("B", T0, 10, LEASE).await.expect("claim");
+        assert_eq!(claimed.iter().map(|c| c.id).collect::<Vec<_>>(), ids);
+        assert_eq!(claimed[1].payload, b"payload cups 2");
+        for c in &claimed {
+            b.saf_delivered(c.id, "B", T0 + 1, "0430 rc=00")
+                .await
+                .expect("delivered");
+        }
+        let stats = b.saf_stats(T0 + 1).await.expect("stats");
+        assert_eq!((stats.pending, stats.delivered), (0, 2));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn instances_starting_together_migrate_once() {
+    limited(async {
+        let (_server, url) = fresh("migrate").await;
+        let (a, b) = tokio::join!(open(&url), open(&url));
+        a.saf_put(entry("cups", 1, T0)).await.expect("put via A");
+        let listed = b
+            .saf_list(SafFilter {
+                state: Some(SafState::Pending),
+                service: None,
+                limit: 10,
+            })
+            .await
+            .expect("list via B");
+        assert_eq!(listed.len(), 1);
+        assert_eq!(
+            b.meta_get("schema_version").await.expect("meta").as_deref(),
+            Some("1")
+        );
+    })
+    .await;
+}
+
+/// Retries `put` until the store answers again (it reconnects in the
+/// background); bounded by the test's limit.
+async fn put_until_back(store: &Store, seq: u32) -> isoswitch::store::SafId {
+    loop {
+        match store.saf_put(entry("cups", seq, T0)).await {
+            Ok(id) => return id,
+            Err(StoreError::Unavailable { .. }) => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("while reconnecting: {e}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_lost_connection_fails_fast_and_comes_back() {
+    limited(async {
+        let (_server, url) = fresh("lost").await;
+        let store = open(&url).await;
+        store.saf_put(entry("cups", 1, T0)).await.expect("put");
+        // Only this test's database: other tests share the server.
+        let admin = admin(&url).await;
+        let theirs = "FROM pg_stat_activity WHERE application_name = 'isoswitch' \
+                      AND datname = current_database() AND pid <> pg_backend_pid()";
+        admin
+            .batch_execute(&format!("SELECT pg_terminate_backend(pid) {theirs}"))
+            .await
+            .expect("terminate the store's connection");
+        loop {
+            let row = admin
+                .query_one(&format!("SELECT count(*) {theirs}"), &[])
+                .await
+                .expect("count");
+            if row.get::<_, i64>(0) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let during = store.saf_put(entry("cups", 2, T0)).await;
+        assert!(
+            matches!(during, Err(StoreError::Unavailable { .. })),
+            "{during:?}"
+        );
+        put_until_back(&store, 3).await;
+        assert_eq!(store.saf_stats(T0).await.expect("stats").pending, 2);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_outage_fails_requests_at_once_until_the_server_is_back() {
+    let server = Arc::new(
+        tokio::task::spawn_blocking(|| PgServer::start_own("outage"))
+            .await
+            .expect("start"),
+    );
+    limited(async {
+        let url = server.fresh_db("outage").await;
+        let store = open(&url).await;
+        let kept = store.saf_put(entry("cups", 1, T0)).await.expect("put");
+        let halting = Arc::clone(&server);
+        tokio::task::spawn_blocking(move || halting.halt())
+            .await
+            .expect("halt");
+        // Down: every request is refused, none waits for the server.
+        for seq in 0..3 {
+            let during = tokio::time::timeout(
+                Duration::from_secs(10),
+                store.saf_put(entry("cups", seq, T0)),
+            )
+            .await
+            .expect("a request during the outage hung");
+            assert!(
+                matches!(during, Err(StoreError::Unavailable { .. })),
+                "{during:?}"
+            );
+        }
+        let stats = store.saf_stats(T0).await;
+        assert!(
+            matches!(stats, Err(StoreError::Unavailable { .. })),
+            "{stats:?}"
+        );
+        let resuming = Arc::clone(&server);
+        tokio::task::spawn_blocking(move || resuming.resume())
+            .await
+            .expect("resume");
+        let after = put_until_back(&store, 9).await;
+        let claimed = store.saf_claim("A", T0, 10, LEASE).await.expect("claim");
+        assert_eq!(
+            claimed.iter().map(|c| c.id).collect::<Vec<_>>(),
+            [kept, after]
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn no_error_shows_the_password() {
+    limited(async {
+        let (server, url) = fresh("password").await;
+        let password = server.password();
+        assert!(!password.is_empty());
+        let wrong = url.replacen(&format!(":{password}@"), ":Wr0ngPassw0rd@", 1);
+        let err = Store::open(&config(Some(wrong)), std::path::Path::new("/d"))
+            .await
+            .err()
+            .expect("a wrong password is refused");
+        let shown = format!("{err} / {err:?}");
+        assert!(!shown.contains("Wr0ngPassw0rd"), "{shown}");
+        assert!(shown.contains("isoswitch:***@"), "{shown}");
+        let store = open(&url).await;
+        let shown = format!("{:?}", store.location());
+        assert!(!shown.contains(&password), "{shown}");
+    })
+    .await;
+}

@@ -1,0 +1,409 @@
+//! The SQLite store: the API suite, group commit, a full queue, durability
+//! across reopen and across kill -9 of a process that was acknowledged puts,
+//! two instances on one file, and the file modes.
+
+mod store_support;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use isoswitch::store::{SafFilter, SafId, SafState, Store, StoreError};
+use store_support::{LEASE, T0, TEST_LIMIT, TempDir, config, entry};
+
+async fn open(dir: &TempDir) -> Store {
+    Store::open(&config(None), dir.path())
+        .await
+        .expect("open sqlite store")
+}
+
+fn db(dir: &TempDir) -> std::path::PathBuf {
+    dir.path().join("isoswitch.db")
+}
+
+async fn limited<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(TEST_LIMIT, f)
+        .await
+        .expect("test timed out")
+}
+
+#[tokio::test]
+async fn every_saf_operation() {
+    let dir = TempDir::new("api");
+    let store = open(&dir).await;
+    limited(store_support::api_suite(&store)).await;
+    store.close().await.expect("close");
+
+    // Completed entries keep no payload; the retryable ones do.
+    let conn = rusqlite::Connection::open(db(&dir)).expect("sqlite3 open");
+    let kept: Vec<(String, bool)> = conn
+        .prepare("SELECT state, payload IS NOT NULL FROM saf ORDER BY id")
+        .and_then(|mut st| st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+        .expect("read payloads");
+    assert_eq!(
+        kept,
+        [
+            ("pending".into(), true),
+            ("dropped".into(), false),
+            ("delivered".into(), false)
+        ]
+    );
+}
+
+/// Holds SQLite's write lock from another connection, so the writer cannot
+/// commit until it is released.
+struct WriteLock(rusqlite::Connection);
+
+impl WriteLock {
+    fn take(dir: &TempDir) -> Self {
+        let conn = rusqlite::Connection::open(db(dir)).expect("second connection");
+        conn.execute_batch("BEGIN IMMEDIATE")
+            .expect("take the write lock");
+        WriteLock(conn)
+    }
+    fn release(self) {
+        self.0
+            .execute_batch("COMMIT")
+            .expect("release the write lock");
+    }
+}
+
+#[tokio::test]
+async fn concurrent_puts_share_commits() {
+    let dir = TempDir::new("group");
+    let store = open(&dir).await;
+    let before = store.commits();
+    // While the lock is held the writer is stuck on its first batch, so
+    // everything submitted meanwhile waits for the next one.
+    let lock = WriteLock::take(&dir);
+    let acks: Vec<_> = (0..64)
+        .map(|seq| store.saf_submit(entry("cups", seq, T0)).expect("queued"))
+        .collect();
+    lock.release();
+    let mut ids = Vec::new();
+    for ack in acks {
+        ids.push(limited(ack).await.expect("acked"));
+    }
+    let commits = store.commits() - before;
+    assert!(commits <= 2, "64 puts took {commits} commits");
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 64);
+    let claimed = store.saf_claim("A", T0, 100, LEASE).await.expect("claim");
+    assert_eq!(claimed.len(), 64, "every acked put is there");
+}
+
+#[tokio::test]
+async fn a_poisoned_request_fails_alone() {
+    let dir = TempDir::new("poison");
+    let store = open(&dir).await;
+    let lock = WriteLock::take(&dir);
+    lock.0
+        .execute_batch(
+            "CREATE TRIGGER poison BEFORE INSERT ON saf WHEN NEW.service = 'poison' \
+             BEGIN SELECT RAISE(ABORT, 'poisoned'); END;",
+        )
+        .expect("plant the trigger");
+    limited(store_support::a_poisoned_request_fails_alone(
+        &store,
+        async move { lock.release() },
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn a_full_queue_fails_the_put_at_once() {
+    let dir = TempDir::new("full");
+    let mut cfg = config(None);
+    cfg.queue = 2;
+    let store = Store::open(&cfg, dir.path()).await.expect("open");
+    let lock = WriteLock::take(&dir);
+    let mut acks = Vec::new();
+    let mut refused = None;
+    for seq in 0..10 {
+        match store.saf_submit(entry("cups", seq, T0)) {
+            Ok(ack) => acks.push(ack),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    lock.release();
+    assert!(
+        matches!(refused, Some(StoreError::QueueFull { capacity: 2 })),
+        "{refused:?}"
+    );
+    let taken = acks.len();
+    for ack in acks {
+        limited(ack).await.expect("a queued put is still stored");
+    }
+    let stats = store.saf_stats(T0).await.expect("stats");
+    assert_eq!(stats.pending, taken as u64);
+}
+
+#[tokio::test]
+async fn entries_survive_a_reopen() {
+    let dir = TempDir::new("reopen");
+    let store = open(&dir).await;
+    let id = store.saf_put(entry("cups", 7, T0)).await.expect("put");
+    store.meta_put("instance", "a").await.expect("meta");
+    store.close().await.expect("close");
+
+    let store = open(&dir).await;
+    let claimed = store.saf_claim("A", T0, 10, LEASE).await.expect("claim");
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(
+        (claimed[0].id, claimed[0].payload.as_slice()),
+        (id, &b"payload cups 7"[..])
+    );
+    assert_eq!(
+        store.meta_get("instance").await.expect("meta").as_deref(),
+        Some("a")
+    );
+    // Ids are never reused, even after the newest row is gone.
+    let next = store.saf_put(entry("cups", 8, T0)).await.expect("put");
+    assert!(next > id);
+}
+
+#[tokio::test]
+async fn a_closed_store_says_so() {
+    let dir = TempDir::new("closed");
+    let store = open(&dir).await;
+    let other = store.clone();
+    store.close().await.expect("close");
+    let after = other.saf_put(entry("cups", 1, T0)).await;
+    assert!(matches!(after, Err(StoreError::Closed)), "{after:?}");
+}
+
+/// Set in the child process of `acked_puts_survive_kill_9`: the data dir.
+const CHILD_DIR: &str = "ISOSWITCH_STORE_KILL_CHILD";
+
+/// The child: 8 putters, a line per acknowledged put, until it is killed.
+async fn put_until_killed(dir: std::path::PathBuf) {
+    let store = Store::open(&config(None), &dir)
+        .await
+        .expect("child opens the store");
+    let mut tasks = Vec::new();
+    for putter in 0..8u32 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            // Bounded: the parent kills it long before.
+            for seq in 0..20_000u32 {
+                let mut e = entry("cups", seq, T0);
+                e.payload = format!("putter {putter} seq {seq}").into_bytes();
+                let id = store.saf_put(e).await.expect("child put");
+                println!("acked {} putter {putter} seq {seq}", id.0);
+            }
+        }));
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+}
+
+#[tokio::test]
+async fn acked_puts_survive_kill_9() {
+    if let Ok(dir) = std::env::var(CHILD_DIR) {
+        put_until_killed(dir.into()).await;
+        return;
+    }
+    let dir = TempDir::new("kill9");
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "acked_puts_survive_kill_9",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_DIR, dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the putting child");
+    let stdout = child.stdout.take().expect("child stdout");
+    let (lines_tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut acked = Vec::new();
+    let mut killed = false;
+    // Read acks; SIGKILL mid-stream at 500; keep reading what was printed
+    // before the kill until the pipe closes.
+    loop {
+        match lines.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => {
+                if let Some(ack) = line.strip_prefix("acked ") {
+                    let mut words = ack.split(' ');
+                    let id: i64 = words.next().and_then(|w| w.parse().ok()).expect("acked id");
+                    let payload = words.collect::<Vec<_>>().join(" ");
+                    acked.push((SafId(id), payload));
+                }
+                if acked.len() >= 500 && !killed {
+                    child.kill().expect("SIGKILL the child");
+                    killed = true;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                panic!(
+                    "the child printed nothing for 60 s ({} acks so far)",
+                    acked.len()
+                );
+            }
+        }
+    }
+    let status = child.wait().expect("reap the child");
+    assert!(
+        killed,
+        "the child ended by itself ({status}) after {} acks",
+        acked.len()
+    );
+
+    let store = open(&dir).await;
+    let claimed = limited(store.saf_claim("check", T0, 1_000_000, LEASE))
+        .await
+        .expect("claim");
+    let stored: std::collections::HashMap<SafId, Vec<u8>> =
+        claimed.into_iter().map(|c| (c.id, c.payload)).collect();
+    for (id, payload) in &acked {
+        assert_eq!(
+            stored
+                .get(id)
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+                .as_deref(),
+            Some(payload.as_str()),
+            "acked entry {id} lost or changed after kill -9"
+        );
+    }
+}
+
+#[tokio::test]
+async fn two_instances_on_one_file_never_share_an_entry() {
+    let dir = TempDir::new("two");
+    let a = open(&dir).await;
+    let b = open(&dir).await;
+    limited(store_support::two_instances_never_share(&a, &b, 300)).await;
+}
+
+#[tokio::test]
+async fn an_expired_lease_passes_to_the_other_instance() {
+    let dir = TempDir::new("lease");
+    let a = open(&dir).await;
+    let b = open(&dir).await;
+    limited(store_support::an_expired_lease_passes_on(&a, &b)).await;
+}
+
+fn mode(path: &std::path::Path) -> u32 {
+    std::fs::symlink_metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+#[tokio::test]
+async fn the_database_and_its_wal_and_shm_are_0600() {
+    let dir = TempDir::new("modes");
+    let store = open(&dir).await;
+    store.saf_put(entry("cups", 1, T0)).await.expect("put");
+    let db = db(&dir);
+    for suffix in ["", "-wal", "-shm"] {
+        let path = std::path::PathBuf::from(format!("{}{suffix}", db.display()));
+        assert_eq!(mode(&path), 0o600, "{}", path.display());
+    }
+    let stats = store.saf_stats(T0).await.expect("stats");
+    assert_eq!(stats.pending, 1);
+}
+
+#[tokio::test]
+async fn unsafe_files_are_refused() {
+    let dir = TempDir::new("unsafe");
+    let db = db(&dir);
+
+    std::fs::write(&db, b"").expect("create");
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let err = Store::open(&config(None), dir.path()).await.err();
+    assert!(
+        matches!(&err, Some(StoreError::UnsafeFile { reason, .. }) if reason.contains("0644")),
+        "{err:?}"
+    );
+    std::fs::remove_file(&db).expect("rm");
+
+    let elsewhere = dir.path().join("elsewhere.db");
+    std::fs::write(&elsewhere, b"").expect("create");
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    symlink(&elsewhere, &db).expect("symlink");
+    let err = Store::open(&config(None), dir.path()).await.err();
+    assert!(
+        matches!(&err, Some(StoreError::UnsafeFile { reason, .. }) if reason.contains("symbolic link")),
+        "{err:?}"
+    );
+    std::fs::remove_file(&db).expect("rm");
+
+    // A planted -wal link would send SQLite's writes elsewhere.
+    let wal = dir.path().join("isoswitch.db-wal");
+    symlink(&elsewhere, &wal).expect("symlink");
+    let err = Store::open(&config(None), dir.path()).await.err();
+    assert!(
+        matches!(&err, Some(StoreError::UnsafeFile { path, .. }) if path == &wal),
+        "{err:?}"
+    );
+    std::fs::remove_file(&wal).expect("rm");
+
+    // With the traps gone the same directory opens.
+    let store = open(&dir).await;
+    assert_eq!(mode(&db), 0o600);
+    let rows = store
+        .saf_list(SafFilter {
+            state: Some(SafState::Pending),
+            service: None,
+            limit: 1,
+        })
+        .await
+        .expect("list");
+    assert!(rows.is_empty());
+}
+
+#[tokio::test]
+async fn a_newer_schema_is_refused() {
+    let dir = TempDir::new("newer");
+    let store = open(&dir).await;
+    store.meta_put("schema_version", "99").await.expect("meta");
+    store.close().await.expect("close");
+    let err = Store::open(&config(None), dir.path()).await.err();
+    assert!(
+        matches!(err, Some(StoreError::SchemaTooNew { found: 99, .. })),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn sqlite_urls_pick_the_file() {
+    let dir = TempDir::new("urls");
+    let store = Store::open(&config(Some("sqlite:saf/queue.db".into())), dir.path())
+        .await
+        .expect("open relative");
+    store.saf_put(entry("cups", 1, T0)).await.expect("put");
+    store.close().await.expect("close");
+    assert_eq!(mode(&dir.path().join("saf/queue.db")), 0o600);
+    assert_eq!(
+        mode(&dir.path().join("saf")),
+        0o700,
+        "a directory it creates is private"
+    );
+
+    let abs = format!("sqlite://{}", dir.path().join("abs.db").display());
+    let store = Store::open(&config(Some(abs)), std::path::Path::new("/nonexistent"))
+        .await
+        .expect("open absolute");
+    store.close().await.expect("close");
+    assert_eq!(mode(&dir.path().join("abs.db")), 0o600);
+}

@@ -1,0 +1,427 @@
+//! What the SQLite and PostgreSQL store tests share: entries, the API suite
+//! every backend must pass, the two-instance claims, and temp dirs.
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use isoswitch::store::{
+    Direction, NewSafEntry, SafFilter, SafId, SafKeys, SafKind, SafState, Store, StoreConfig,
+    StoreError,
+};
+
+pub mod pg;
+
+/// A fake clock's start (Unix ms): no test reads the real time.
+pub const T0: i64 = 1_700_000_000_000;
+pub const SEC: i64 = 1_000;
+pub const LEASE: Duration = Duration::from_secs(30);
+
+/// Every test body runs under this limit.
+pub const TEST_LIMIT: Duration = Duration::from_secs(120);
+
+pub fn entry(service: &str, seq: u32, due: i64) -> NewSafEntry {
+    NewSafEntry {
+        service: service.to_string(),
+        direction: Direction::ToPeer,
+        kind: SafKind::Reversal,
+        mti: "0420".to_string(),
+        payload: format!("payload {service} {seq}").into_bytes(),
+        keys: SafKeys {
+            f11: Some(format!("{seq:06}")),
+            f37: Some(format!("{seq:012}")),
+            f7: Some("0101120000".to_string()),
+            pan_masked: Some("623456******1234".to_string()),
+        },
+        created_at: due,
+        expires_at: due + 3600 * SEC,
+        first_attempt_at: due,
+    }
+}
+
+/// A directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("isoswitch-store-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn config(url: Option<String>) -> StoreConfig {
+    StoreConfig {
+        url,
+        ..StoreConfig::default()
+    }
+}
+
+fn ids(rows: &[isoswitch::store::ClaimedSaf]) -> Vec<SafId> {
+    rows.iter().map(|c| c.id).collect()
+}
+
+/// Every SAF operation on a fresh store, with fake times.
+pub async fn api_suite(store: &Store) {
+    let e1 = store.saf_put(entry("cups", 1, T0)).await.expect("put 1");
+    let mut later = entry("cups", 2, T0 + 10 * SEC);
+    later.mti = "0120".to_string();
+    later.kind = SafKind::Advice;
+    let e2 = store.saf_put(later).await.expect("put 2");
+    let mut to_node = entry("visa", 3, T0);
+    to_node.direction = Direction::ToNode("02".to_string());
+    to_node.mti = "0220".to_string();
+    let e3 = store.saf_put(to_node).await.expect("put 3");
+    assert!(e1 < e2 && e2 < e3, "ids grow: {e1} {e2} {e3}");
+
+    let stats = store.saf_stats(T0 + 5 * SEC).await.expect("stats");
+    assert_eq!((stats.pending, stats.in_flight, stats.delivered), (3, 0, 0));
+    assert_eq!(stats.oldest_pending_age_ms, Some(5 * SEC));
+
+    // Due now: 1 and 3, not 2; each leased for its first attempt.
+    let claimed = store.saf_claim("A", T0, 10, LEASE).await.expect("claim");
+    assert_eq!(ids(&claimed), [e1, e3]);
+    assert!(
+        claimed
+            .iter()
+            .all(|c| c.attempt == 1 && c.lease_until == T0 + 30 * SEC)
+    );
+    assert_eq!(claimed[0].payload, b"payload cups 1");
+    assert_eq!(claimed[0].mti, "0420");
+    assert_eq!(claimed[1].direction, Direction::ToNode("02".to_string()));
+    assert_eq!(claimed[1].service, "visa");
+    assert_eq!(claimed[1].expires_at, T0 + 3600 * SEC);
+
+    // Leased: nobody else gets them.
+    let none = store
+        .saf_claim("B", T0 + SEC, 10, LEASE)
+        .await
+        .expect("claim");
+    assert!(none.is_empty(), "leased entries claimed again: {none:?}");
+    assert_eq!(store.saf_stats(T0 + SEC).await.expect("stats").in_flight, 2);
+
+    // Only the owner reports an attempt.
+    let lost = store
+        .saf_attempted(e1, "B", T0 + 5 * SEC, "no answer")
+        .await;
+    assert!(
+        matches!(lost, Err(StoreError::LeaseLost { .. })),
+        "{lost:?}"
+    );
+    store
+        .saf_attempted(e1, "A", T0 + 5 * SEC, "no answer in 10s")
+        .await
+        .expect("attempted");
+
+    // Delivered, and the same delivery reported twice is one.
+    store
+        .saf_delivered(e3, "A", T0 + 2 * SEC, "0230 rc=00")
+        .await
+        .expect("delivered");
+    store
+        .saf_delivered(e3, "B", T0 + 3 * SEC, "0230 rc=00")
+        .await
+        .expect("delivered twice");
+
+    // The retry: attempt 2 (a repeat), and 2 is still not due.
+    let claimed = store
+        .saf_claim("B", T0 + 5 * SEC, 10, LEASE)
+        .await
+        .expect("claim");
+    assert_eq!(ids(&claimed), [e1]);
+    assert_eq!(claimed[0].attempt, 2);
+
+    // Dead letter, then an operator retry: pending again, attempt 3.
+    store
+        .saf_dead(e1, T0 + 6 * SEC, "max age")
+        .await
+        .expect("dead");
+    let claimed = store
+        .saf_claim("A", T0 + 10 * SEC, 10, LEASE)
+        .await
+        .expect("claim");
+    assert_eq!(ids(&claimed), [e2], "a dead letter is not claimed");
+    store
+        .saf_retry_now(e1, T0 + 11 * SEC)
+        .await
+        .expect("retry now");
+    let claimed = store
+        .saf_claim("A", T0 + 11 * SEC, 10, LEASE)
+        .await
+        .expect("claim");
+    assert_eq!(ids(&claimed), [e1]);
+    assert_eq!(claimed[0].attempt, 3);
+    assert_eq!(
+        claimed[0].expires_at,
+        T0 + 11 * SEC + 3600 * SEC,
+        "max age again from the retry"
+    );
+
+    // An operator drop; completed entries refuse further changes.
+    store
+        .saf_drop(e2, T0 + 12 * SEC, "operator alice: duplicate")
+        .await
+        .expect("drop");
+    let wrong = store.saf_drop(e2, T0 + 13 * SEC, "again").await;
+    assert!(
+        matches!(
+            wrong,
+            Err(StoreError::WrongState {
+                state: SafState::Dropped,
+                ..
+            })
+        ),
+        "{wrong:?}"
+    );
+    let wrong = store.saf_retry_now(e3, T0 + 13 * SEC).await;
+    assert!(
+        matches!(
+            wrong,
+            Err(StoreError::WrongState {
+                state: SafState::Delivered,
+                ..
+            })
+        ),
+        "{wrong:?}"
+    );
+    let wrong = store.saf_dead(e3, T0 + 13 * SEC, "late").await;
+    assert!(
+        matches!(wrong, Err(StoreError::WrongState { .. })),
+        "{wrong:?}"
+    );
+    let missing = store.saf_retry_now(SafId(999_999), T0).await;
+    assert!(
+        matches!(missing, Err(StoreError::NotFound { .. })),
+        "{missing:?}"
+    );
+    let lost = store.saf_attempted(e2, "A", T0, "x").await;
+    assert!(
+        matches!(lost, Err(StoreError::LeaseLost { .. })),
+        "dropped while leased: {lost:?}"
+    );
+
+    // The listing: newest first, every field as recorded.
+    let all = store
+        .saf_list(SafFilter {
+            state: None,
+            service: None,
+            limit: 10,
+        })
+        .await
+        .expect("list");
+    assert_eq!(all.iter().map(|r| r.id).collect::<Vec<_>>(), [e3, e2, e1]);
+    let (r3, r2, r1) = (&all[0], &all[1], &all[2]);
+    assert_eq!(r3.state, SafState::Delivered);
+    assert_eq!(r3.answer.as_deref(), Some("0230 rc=00"));
+    assert_eq!(r3.completed_by.as_deref(), Some("A"));
+    assert_eq!(r3.completed_at, Some(T0 + 2 * SEC));
+    assert_eq!(r3.keys.f11.as_deref(), Some("000003"));
+    assert_eq!(r3.keys.pan_masked.as_deref(), Some("623456******1234"));
+    assert_eq!(r3.mti, "0220");
+    assert_eq!(r2.state, SafState::Dropped);
+    assert_eq!(r2.kind, SafKind::Advice);
+    assert_eq!(r2.reason.as_deref(), Some("operator alice: duplicate"));
+    assert_eq!(r2.lease_owner, None);
+    assert_eq!(r1.state, SafState::Pending);
+    assert_eq!(r1.attempts, 3);
+    assert_eq!(r1.lease_owner.as_deref(), Some("A"));
+    assert_eq!(r1.last_error.as_deref(), Some("no answer in 10s"));
+    assert_eq!(r1.reason, None, "a retried dead letter loses its reason");
+
+    let delivered = store
+        .saf_list(SafFilter {
+            state: Some(SafState::Delivered),
+            service: None,
+            limit: 10,
+        })
+        .await
+        .expect("list");
+    assert_eq!(delivered.iter().map(|r| r.id).collect::<Vec<_>>(), [e3]);
+    let cups = store
+        .saf_list(SafFilter {
+            state: None,
+            service: Some("cups".into()),
+            limit: 1,
+        })
+        .await
+        .expect("list");
+    assert_eq!(cups.iter().map(|r| r.id).collect::<Vec<_>>(), [e2]);
+
+    let stats = store.saf_stats(T0 + 20 * SEC).await.expect("stats");
+    assert_eq!(stats.pending, 1);
+    assert_eq!(stats.in_flight, 1);
+    assert_eq!(stats.delivered, 1);
+    assert_eq!(stats.dropped, 1);
+    assert_eq!(stats.dead, 0);
+    assert_eq!(stats.repeats_sent, 2, "entry 1 went out 3 times");
+    assert_eq!(stats.oldest_pending_age_ms, Some(20 * SEC));
+
+    // meta: the schema version, and a runtime record.
+    assert_eq!(
+        store
+            .meta_get("schema_version")
+            .await
+            .expect("meta")
+            .as_deref(),
+        Some("1")
+    );
+    assert_eq!(store.meta_get("instance").await.expect("meta"), None);
+    store.meta_put("instance", "a").await.expect("meta put");
+    store.meta_put("instance", "b").await.expect("meta put");
+    assert_eq!(
+        store.meta_get("instance").await.expect("meta").as_deref(),
+        Some("b")
+    );
+
+    // A full PAN never reaches the store.
+    let mut leaky = entry("cups", 9, T0);
+    leaky.keys.pan_masked = Some("6234567890121234".to_string());
+    let refused = store.saf_put(leaky).await;
+    assert!(
+        matches!(
+            refused,
+            Err(StoreError::InvalidEntry {
+                field: "pan_masked",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+}
+
+/// Two instances claiming the same due entries at the same time: each entry
+/// goes to exactly one of them.
+pub async fn two_instances_never_share(a: &Store, b: &Store, entries: u32) {
+    for seq in 0..entries {
+        a.saf_put(entry("cups", seq, T0)).await.expect("put");
+    }
+    let claim_all = |store: Store, owner: &'static str| async move {
+        let mut got = Vec::new();
+        loop {
+            let claimed = store.saf_claim(owner, T0, 7, LEASE).await.expect("claim");
+            if claimed.is_empty() {
+                return got;
+            }
+            got.extend(claimed.into_iter().map(|c| c.id));
+        }
+    };
+    let (got_a, got_b) = tokio::join!(
+        tokio::spawn(claim_all(a.clone(), "A")),
+        tokio::spawn(claim_all(b.clone(), "B"))
+    );
+    let (got_a, got_b) = (got_a.expect("A claims"), got_b.expect("B claims"));
+    let set_a: HashSet<_> = got_a.iter().collect();
+    let set_b: HashSet<_> = got_b.iter().collect();
+    assert_eq!(set_a.len(), got_a.len(), "A got an entry twice");
+    assert_eq!(set_b.len(), got_b.len(), "B got an entry twice");
+    let both: Vec<_> = set_a.intersection(&set_b).collect();
+    assert!(both.is_empty(), "claimed by both instances: {both:?}");
+    assert_eq!(
+        set_a.len() + set_b.len(),
+        entries as usize,
+        "every entry claimed once"
+    );
+}
+
+/// An owner takes an entry and vanishes; once its lease runs out the other
+/// instance takes it (as a repeat), delivers it, and the first owner's late
+/// report no longer applies.
+pub async fn an_expired_lease_passes_on(a: &Store, b: &Store) {
+    let id = a.saf_put(entry("cups", 1, T0)).await.expect("put");
+    let claimed = a.saf_claim("A", T0, 10, LEASE).await.expect("claim");
+    assert_eq!(ids(&claimed), [id]);
+    let early = b
+        .saf_claim("B", T0 + 30 * SEC - 1, 10, LEASE)
+        .await
+        .expect("claim");
+    assert!(early.is_empty(), "taken before the lease ran out");
+    let taken = b
+        .saf_claim("B", T0 + 30 * SEC, 10, LEASE)
+        .await
+        .expect("claim");
+    assert_eq!(ids(&taken), [id]);
+    assert_eq!(taken[0].attempt, 2, "the second owner sends a repeat");
+    let late = a.saf_attempted(id, "A", T0 + 40 * SEC, "no answer").await;
+    assert!(
+        matches!(late, Err(StoreError::LeaseLost { .. })),
+        "{late:?}"
+    );
+    b.saf_delivered(id, "B", T0 + 31 * SEC, "0430 rc=00")
+        .await
+        .expect("delivered");
+    let rows = a
+        .saf_list(SafFilter {
+            state: Some(SafState::Delivered),
+            service: None,
+            limit: 10,
+        })
+        .await
+        .expect("list");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].completed_by.as_deref(), Some("B"));
+}
+
+/// Polls until `ready` holds (the writer taking a request is no event a
+/// test can await); bounded by the test's own limit.
+pub async fn wait_until(ready: impl Fn() -> bool) {
+    while !ready() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// A request that fails on its own data (the test plants a constraint that
+/// refuses service "poison") fails alone: the requests batched with it are
+/// stored. Called with the write lock held; `release` lets it go.
+pub async fn a_poisoned_request_fails_alone(store: &Store, release: impl Future<Output = ()>) {
+    // The writer takes this one and waits on the lock with it...
+    let first = store.saf_submit(entry("cups", 0, T0)).expect("queued");
+    wait_until(|| store.queued() == 0).await;
+    // ...so these eleven wait together for the next batch.
+    let mut acks = Vec::new();
+    for seq in 1..=5 {
+        acks.push(store.saf_submit(entry("cups", seq, T0)).expect("queued"));
+    }
+    let poison = store.saf_submit(entry("poison", 6, T0)).expect("queued");
+    for seq in 7..=11 {
+        acks.push(store.saf_submit(entry("cups", seq, T0)).expect("queued"));
+    }
+    assert_eq!(store.queued(), 11);
+    release.await;
+    first.await.expect("the first put");
+    for ack in acks {
+        ack.await
+            .expect("a put batched with the poisoned one is stored");
+    }
+    let refused = poison.await;
+    assert!(
+        matches!(
+            refused,
+            Err(StoreError::Sqlite { .. } | StoreError::Postgres { .. })
+        ),
+        "{refused:?}"
+    );
+    // The server may quote the failing row (payload and all) in its detail:
+    // the error must not carry it, not even in Debug.
+    let payload = entry("poison", 6, T0).payload;
+    let hex: String = payload.iter().map(|b| format!("{b:02x}")).collect();
+    let shown = format!("{refused:?}");
+    assert!(
+        !shown.contains(&hex) && !shown.contains("payload poison"),
+        "the error shows the payload: {shown}"
+    );
+    assert_eq!(store.saf_stats(T0).await.expect("stats").pending, 11);
+}
