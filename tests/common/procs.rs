@@ -241,4 +241,3 @@ pub fn assert_exactly_once(report: &serde_json::Value) {
         "{report}"
     );
 }
-
