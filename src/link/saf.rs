@@ -46,6 +46,7 @@ pub async fn run(services: Vec<Arc<Service>>, mut shutdown: watch::Receiver<bool
         .into_iter()
         .map(|s| (s.name().to_string(), s))
         .collect();
+    release_own_leases(&store, &owner).await;
     let mut complained = None::<Instant>;
     loop {
         tokio::select! {
@@ -76,6 +77,27 @@ pub async fn run(services: Vec<Arc<Service>>, mut shutdown: watch::Receiver<bool
                 break;
             }
         }
+    }
+}
+
+/// At start, what this instance leased before it last stopped is due again
+/// at once: a kill -9 leaves the leases of attempts in flight, and waiting
+/// for them to run out (`saf.lease`) would hold a reversal back for nothing.
+/// Each goes out again as a repeat, since its attempt may have reached the
+/// host. A store that cannot do it now only delays them to the lease's end.
+async fn release_own_leases(store: &Store, owner: &str) {
+    match store.saf_release_leases(owner).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(
+            owner,
+            entries = n,
+            "store-and-forward: leases of this instance's previous run released; those entries are due now"
+        ),
+        Err(e) => tracing::warn!(
+            owner,
+            error = %e,
+            "store-and-forward: cannot release the previous run's leases; its entries wait for them to run out"
+        ),
     }
 }
 

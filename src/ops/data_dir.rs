@@ -64,7 +64,12 @@ pub enum DataDirError {
         "data_dir: {path} is in use by another isoswitch; give each switch its own (--data-dir)"
     )]
     InUse { path: PathBuf },
+    #[error("data_dir: {path}: the instance name: {reason}")]
+    InstanceName { path: PathBuf, reason: String },
 }
+
+/// The file that keeps this switch's instance name.
+const INSTANCE_FILE: &str = "instance-name";
 
 /// Picks the data directory: the flag, the config key, the first entry of
 /// `$STATE_DIRECTORY`, the default; the first that is set.
@@ -124,6 +129,52 @@ impl DataDir {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// This switch's name in a shared store's leases: made once (from
+    /// `fresh`, e.g. host, process and time) and kept in the directory, so a
+    /// restart is the same instance. The directory's lock makes it one
+    /// process's at a time: leases under it found at start are a dead
+    /// predecessor's, and can be released at once.
+    pub fn instance_name(&self, fresh: impl FnOnce() -> String) -> Result<String, DataDirError> {
+        let path = self.path.join(INSTANCE_FILE);
+        let bad = |reason: String| DataDirError::InstanceName {
+            path: path.clone(),
+            reason,
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                let name = text.trim();
+                if name.is_empty() || name.len() > 200 || name.chars().any(char::is_control) {
+                    return Err(bad(
+                        "empty, longer than 200 or not one line; remove the file for a new name"
+                            .into(),
+                    ));
+                }
+                Ok(name.to_string())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let name = fresh();
+                write_private(&path, &name).map_err(|e| bad(e.to_string()))?;
+                Ok(name)
+            }
+            Err(e) => Err(bad(e.to_string())),
+        }
+    }
+}
+
+/// Writes `text` to a new file at `path`, mode 0600, and syncs it.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut file = options.open(path)?;
+    file.write_all(format!("{text}\n").as_bytes())?;
+    file.sync_all()
 }
 
 fn create(path: &Path) -> Result<(), DataDirError> {
@@ -208,6 +259,21 @@ fn check(path: &Path) -> Result<(), DataDirError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_instance_name_is_made_once_and_kept() {
+        let dir = scratch("instance-name");
+        let data = DataDir::open(&dir.join("d")).unwrap();
+        let first = data.instance_name(|| "host-a/1/2".into()).unwrap();
+        assert_eq!(first, "host-a/1/2");
+        let again = data.instance_name(|| "host-a/9/9".into()).unwrap();
+        assert_eq!(again, first, "a restart is the same instance");
+        std::fs::write(dir.join("d").join(INSTANCE_FILE), "two\nlines\n").unwrap();
+        assert!(matches!(
+            data.instance_name(|| "x".into()),
+            Err(DataDirError::InstanceName { .. })
+        ));
+    }
 
     /// A fresh scratch directory for one test.
     fn scratch(name: &str) -> PathBuf {

@@ -83,8 +83,13 @@ impl Switch {
             None => RuntimeStore::default(),
         };
         let owed = open_store(config, data_dir.as_ref().map(DataDir::path)).await?;
+        let name = match &data_dir {
+            Some(dir) => dir.instance_name(instance_name)?,
+            None => instance_name(),
+        };
+        let owed_named = owed.clone().map(|s| (s, name));
         let supervisor = Supervisor::new();
-        match Self::start_under(config, &supervisor, store, owed.clone()).await {
+        match Self::start_under(config, &supervisor, store, owed_named).await {
             Ok(mut switch) => {
                 switch.data_dir = data_dir;
                 switch.store = owed;
@@ -101,10 +106,9 @@ impl Switch {
         config: &Config,
         supervisor: &Arc<Supervisor>,
         mut store: RuntimeStore,
-        owed: Option<crate::store::Store>,
+        owed: Option<(crate::store::Store, String)>,
     ) -> Result<Switch, StartError> {
-        let outbox =
-            owed.map(|store| (store, instance_name(), Arc::new(tokio::sync::Notify::new())));
+        let outbox = owed.map(|(store, name)| (store, name, Arc::new(tokio::sync::Notify::new())));
         let supervisor = Arc::clone(supervisor);
         let budget = client_budget(config);
         let mut services = Vec::new();
@@ -383,9 +387,11 @@ async fn open_store(
     Ok(Some(store))
 }
 
-/// This instance's name in the store's leases: host, process and start time,
-/// so that a restarted process is a new owner and its predecessor's leases
-/// simply run out.
+/// A new instance name for the store's leases: host, process and start
+/// time. Kept in the data directory once made ([`DataDir::instance_name`]),
+/// so that a restart is the same owner and takes its leases back at once;
+/// without a data directory, each process is a new owner and its
+/// predecessor's leases run out (`saf.lease`).
 fn instance_name() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.

@@ -236,6 +236,21 @@ impl Store {
         self.done("saf_drop", Op::SafDrop { id, now, reason }).await
     }
 
+    /// Clears the leases `owner` holds, so that its entries are due again
+    /// at once rather than when the leases run out. Only for an instance
+    /// starting: a process of the same name that died (kill -9) left them,
+    /// and no attempt of it can still be waiting. Returns how many.
+    pub async fn saf_release_leases(&self, owner: &str) -> Result<u64, StoreError> {
+        check_owner(owner)?;
+        let op = Op::SafReleaseLeases {
+            owner: owner.to_string(),
+        };
+        match self.handle.call(op).await? {
+            Outcome::Changed(n) => Ok(n),
+            other => Err(mismatch("saf_release_leases", &other)),
+        }
+    }
+
     /// Entries matching `filter`, newest first, without payloads.
     pub async fn saf_list(&self, filter: SafFilter) -> Result<Vec<SafRow>, StoreError> {
         match self.handle.call(Op::SafList(filter)).await? {

@@ -408,6 +408,14 @@ fn apply(tx: &Transaction<'_>, op: &Op) -> Result<Answer, rusqlite::Error> {
              lease_owner = NULL, lease_until = NULL WHERE id = ?1 AND state IN ('pending', 'dead')",
             params![id.0, now, clip(reason)],
         )?,
+        Op::SafReleaseLeases { owner } => {
+            let released = tx.execute(
+                "UPDATE saf SET lease_owner = NULL, lease_until = NULL \
+                 WHERE state = 'pending' AND lease_owner = ?1",
+                params![owner],
+            )?;
+            Ok(Outcome::Changed(released as u64))
+        }
         Op::SafList(filter) => {
             let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
             let mut st = tx.prepare_cached(&format!(

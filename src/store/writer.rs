@@ -54,6 +54,11 @@ pub(crate) enum Op {
         now: UnixMillis,
         reason: String,
     },
+    /// Clears every lease `owner` holds: its process is gone (a restart of
+    /// the same instance), so no attempt of it is still waiting.
+    SafReleaseLeases {
+        owner: String,
+    },
     SafList(SafFilter),
     SafStats {
         now: UnixMillis,
@@ -68,6 +73,8 @@ pub(crate) enum Op {
 #[derive(Debug)]
 pub(crate) enum Outcome {
     Id(SafId),
+    /// Rows an op changed.
+    Changed(u64),
     Claimed(Vec<ClaimedSaf>),
     Done,
     Rows(Vec<SafRow>),

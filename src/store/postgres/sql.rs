@@ -52,6 +52,7 @@ pub(super) struct Statements {
     dead: Statement,
     retry_now: Statement,
     drop: Statement,
+    release_leases: Statement,
     state_of: Statement,
     list: Statement,
     stats: Statement,
@@ -115,6 +116,12 @@ impl Statements {
                     "UPDATE saf SET state = 'dropped', completed_at = $2, reason = $3, \
                      payload = NULL, lease_owner = NULL, lease_until = NULL \
                      WHERE id = $1 AND state IN ('pending', 'dead')",
+                )
+                .await?,
+            release_leases: c
+                .prepare(
+                    "UPDATE saf SET lease_owner = NULL, lease_until = NULL \
+                     WHERE state = 'pending' AND lease_owner = $1",
                 )
                 .await?,
             state_of: c
@@ -258,6 +265,10 @@ pub(super) async fn apply(
         Op::SafDrop { id, now, reason } => {
             let params: [&(dyn ToSql + Sync); 3] = [&id.0, now, &clip(reason)];
             change(tx, st, Change::Drop, *id, "", &st.drop, &params).await?
+        }
+        Op::SafReleaseLeases { owner } => {
+            let released = tx.execute(&st.release_leases, &[owner]).await?;
+            Ok(Outcome::Changed(released))
         }
         Op::SafList(filter) => {
             let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
