@@ -145,6 +145,16 @@ async fn an_expired_lease_passes_to_the_other_instance() {
 }
 
 #[tokio::test]
+async fn a_restarted_instance_releases_its_own_leases() {
+    limited(async {
+        let (_server, url) = fresh("release").await;
+        let (a, b) = (open(&url).await, open(&url).await);
+        store_support::a_restart_releases_its_own_leases(&a, &b).await;
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn entries_put_through_one_instance_are_delivered_by_the_other() {
     limited(async {
         let (_server, url) = fresh("handover").await;

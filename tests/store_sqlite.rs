@@ -301,6 +301,14 @@ async fn an_expired_lease_passes_to_the_other_instance() {
     limited(store_support::an_expired_lease_passes_on(&a, &b)).await;
 }
 
+#[tokio::test]
+async fn a_restarted_instance_releases_its_own_leases() {
+    let dir = TempDir::new("release");
+    let a = open(&dir).await;
+    let b = open(&dir).await;
+    limited(store_support::a_restart_releases_its_own_leases(&a, &b)).await;
+}
+
 fn mode(path: &std::path::Path) -> u32 {
     std::fs::symlink_metadata(path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))

@@ -375,6 +375,31 @@ pub async fn an_expired_lease_passes_on(a: &Store, b: &Store) {
     assert_eq!(rows[0].completed_by.as_deref(), Some("B"));
 }
 
+/// An instance restarted under its name takes back what its dead
+/// predecessor had leased, at once (not when the lease runs out), as a
+/// repeat; another instance's leases stay as they are.
+pub async fn a_restart_releases_its_own_leases(a: &Store, b: &Store) {
+    let mine = a.saf_put(entry("pos", 1, T0)).await.expect("put");
+    let theirs = a.saf_put(entry("pos", 2, T0)).await.expect("put");
+    assert_eq!(
+        ids(&a.saf_claim("A", T0, 1, LEASE).await.expect("claim")),
+        [mine]
+    );
+    assert_eq!(
+        ids(&b.saf_claim("B", T0, 1, LEASE).await.expect("claim")),
+        [theirs]
+    );
+    // "A" restarts (kill -9: its lease is still live in the store).
+    assert_eq!(a.saf_release_leases("A").await.expect("release"), 1);
+    let again = a.saf_claim("A", T0 + 1, 10, LEASE).await.expect("claim");
+    assert_eq!(ids(&again), [mine], "B's lease is not A's to release");
+    assert_eq!(
+        again[0].attempt, 2,
+        "the attempt in flight may have reached the host"
+    );
+    assert_eq!(a.saf_release_leases("nobody").await.expect("release"), 0);
+}
+
 /// Polls until `ready` holds (the writer taking a request is no event a
 /// test can await); bounded by the test's own limit.
 pub async fn wait_until(ready: impl Fn() -> bool) {
