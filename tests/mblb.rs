@@ -394,6 +394,67 @@ async fn timeouts_are_declined_once_and_late_responses_are_dropped() {
     switch.stop().await;
 }
 
+/// A request the switch let expire in silence, then its repeat (0201) sent
+/// to the same node: the node's approval of the original comes while the
+/// repeat is in flight and reaches the terminal as the repeat's answer. The
+/// node's answer to the repeat then finds no request: it must not be taken
+/// for a late approval of the original and reversed, since the terminal
+/// has the approval. (It was, before the late book forgot a request once
+/// its repeat went to the node.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_relayed_for_a_repeat_is_never_reversed() {
+    let spec = spec("cups");
+    // The repeat waits longer than the original, so that the original's
+    // answer comes while the repeat is in flight.
+    let service_extra = "[service.timeouts]\nrequest = \"150ms\"\non_timeout = \"silent\"\n\
+                         by_mti = { \"0201\" = \"3s\" }";
+    let back = "[service.back.health]\ncheck = \"tcp\"\nejection_threshold = 1000000";
+    let (_nodes, switch) = rig(
+        &spec,
+        "cups",
+        1,
+        Delay::parse("400ms").unwrap(),
+        "",
+        back,
+        service_extra,
+    )
+    .await;
+    let svc = service(&switch).clone();
+    wait_connected(&svc, 2).await;
+    let original = isoswitch::sim::sample_request(&spec, "0200").unwrap();
+    let mut repeat = spec.decode(&original).unwrap();
+    repeat.mti = "0201".parse().unwrap();
+    let repeat = spec.encode(&repeat).unwrap();
+    let mut client = RawClient::connect(front(&switch), &spec).await;
+    client.send_raw(&RawClient::frame(&spec, &original)).await;
+    wait_until("the original expired in silence", || {
+        svc.made.counters.silent_timeouts.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    client.send_raw(&RawClient::frame(&spec, &repeat)).await;
+    let answer = Message::parse(&spec, client.recv().await.unwrap()).unwrap();
+    assert_eq!(answer.field(39).unwrap().unwrap().data(), b"00");
+    wait_until("the node answered both", || {
+        let c = &svc.counters;
+        c.late_responses.load(Ordering::Relaxed) + c.unknown_responses.load(Ordering::Relaxed) >= 1
+            || svc.made.counters.late_unreversed.load(Ordering::Relaxed) >= 1
+            || svc.made.counters.late_reversed.load(Ordering::Relaxed) >= 1
+    })
+    .await;
+    let m = &svc.made.counters;
+    assert_eq!(
+        m.late_unreversed.load(Ordering::Relaxed),
+        0,
+        "taken for a late approval"
+    );
+    assert_eq!(
+        m.late_reversed.load(Ordering::Relaxed),
+        0,
+        "reversed an approval the terminal has"
+    );
+    switch.stop().await;
+}
+
 /// A second request with the key of one still in flight is declined with the
 /// duplicate code, and never overwrites the first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

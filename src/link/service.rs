@@ -295,8 +295,15 @@ impl Service {
             .is_repeat()
             .then(|| self.made.repeats.node_of(&key, now))
             .flatten();
-        if let Err((origin, reason)) = self.dispatch(req, key, origin, only, now) {
-            self.decline(origin, req.msg.payload(), reason);
+        match self.dispatch(req, key, origin, only, now) {
+            Ok(()) => {
+                // Only once it is at the node: a repeat declined here leaves
+                // the original's answer still owed by the node.
+                self.made.late.forget(&key);
+            }
+            Err((origin, reason)) => {
+                self.decline(origin, req.msg.payload(), reason);
+            }
         }
     }
 

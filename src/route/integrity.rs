@@ -103,6 +103,9 @@ pub struct BookCounters {
 #[derive(Debug)]
 pub struct LateBook {
     entries: DashMap<CorrelationKey, LateEntry>,
+    /// `entries.len()` without visiting every shard: the message path asks
+    /// whether the book is empty for each request it forwards.
+    held: std::sync::atomic::AtomicUsize,
     window: Duration,
     capacity: usize,
     pub counters: BookCounters,
@@ -112,6 +115,7 @@ impl LateBook {
     pub fn new(window: Duration, capacity: usize) -> LateBook {
         LateBook {
             entries: DashMap::new(),
+            held: std::sync::atomic::AtomicUsize::new(0),
             window,
             capacity,
             counters: BookCounters::default(),
@@ -124,11 +128,13 @@ impl LateBook {
         if self.window.is_zero() {
             return false;
         }
-        if self.entries.len() >= self.capacity && !self.entries.contains_key(&key) {
+        if self.len() >= self.capacity && !self.entries.contains_key(&key) {
             self.counters.overflow.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        self.entries.insert(key, entry);
+        if self.entries.insert(key, entry).is_none() {
+            self.held.fetch_add(1, Ordering::Relaxed);
+        }
         true
     }
 
@@ -151,20 +157,40 @@ impl LateBook {
         Late::Found(e.clone())
     }
 
+    /// A request under `key` went to a node again (the repeat of one the
+    /// switch answered for): the answer the sender gets from now on is the
+    /// node's, relayed; whichever of the node's answers comes first is
+    /// matched to the request in flight, so none that comes after may be
+    /// taken for a late answer to the original. True if one was forgotten.
+    pub fn forget(&self, key: &CorrelationKey) -> bool {
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let gone = self.entries.remove(key).is_some();
+        if gone {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
+        gone
+    }
+
     /// Forgets what is older than the window. Returns how many went.
     pub fn sweep(&self, now: Instant) -> usize {
-        let before = self.entries.len();
-        self.entries
-            .retain(|_, e| now.saturating_duration_since(e.at) <= self.window);
-        before - self.entries.len()
+        let mut gone = 0;
+        self.entries.retain(|_, e| {
+            let keep = now.saturating_duration_since(e.at) <= self.window;
+            gone += usize::from(!keep);
+            keep
+        });
+        self.held.fetch_sub(gone, Ordering::Relaxed);
+        gone
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.held.load(Ordering::Relaxed)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
     }
 }
 
@@ -319,6 +345,23 @@ mod tests {
             book.late(&key(1), t0 + Duration::from_secs(2), true),
             Late::AlreadyReversed
         ));
+        assert_eq!(book.sweep(t0 + Duration::from_secs(301)), 1);
+        assert!(book.is_empty());
+    }
+
+    #[test]
+    fn a_request_sent_again_is_forgotten() {
+        let t0 = Instant::now();
+        let book = LateBook::new(Duration::from_secs(300), 10);
+        assert!(!book.forget(&key(1)), "nothing held");
+        let e = || LateEntry::new(Bytes::new(), 0, Said::Silent, t0);
+        assert!(book.record(key(1), e()));
+        assert!(book.record(key(1), e()));
+        assert!(book.record(key(2), e()));
+        assert_eq!(book.len(), 2);
+        assert!(book.forget(&key(1)));
+        assert!(matches!(book.late(&key(1), t0, true), Late::NotRemembered));
+        assert_eq!(book.len(), 1);
         assert_eq!(book.sweep(t0 + Duration::from_secs(301)), 1);
         assert!(book.is_empty());
     }
