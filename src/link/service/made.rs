@@ -32,7 +32,7 @@ pub struct SwitchMade {
     pub repeats: RepeatBook,
     /// Where what the switch owes goes; none without a store.
     saf: OnceLock<SafOutbox>,
-    pub counters: IntegrityCounters,
+    pub counters: std::sync::Arc<IntegrityCounters>,
 }
 
 /// The durable queue of what the switch owes, as this instance sees it.
@@ -103,7 +103,7 @@ impl SwitchMade {
             integrity,
             approval_codes,
             saf: OnceLock::new(),
-            counters: IntegrityCounters::default(),
+            counters: std::sync::Arc::default(),
         }
     }
 

@@ -177,25 +177,28 @@ fn owe_reversal(svc: &Service, entry: &LateEntry, direction: Direction, answer: 
         expires_at: outbox.policy.expires_at(now),
         first_attempt_at: now,
     };
+    // Logged (masked) before the store has it: if the process dies before
+    // the commit, this line is what the reconciliation starts from.
+    tracing::warn!(service = svc.name(), message = %summary(answer), "late approval: reversing it");
     match outbox.store.saf_submit(entry) {
         Ok(ack) => {
-            svc.made
-                .counters
-                .late_reversed
-                .fetch_add(1, Ordering::Relaxed);
             let (wake, service, what) = (
                 std::sync::Arc::clone(&outbox.wake),
                 svc.name().to_string(),
                 summary(answer),
             );
+            let counters = std::sync::Arc::clone(&svc.made.counters);
             tokio::spawn(async move {
                 match ack.await {
                     Ok(id) => {
+                        // Counted once durable: "reversed" means owed in the store.
+                        counters.late_reversed.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(service, %id, message = %what, "late approval: reversal stored");
                         wake.notify_one();
                     }
                     Err(e) => {
-                        tracing::error!(service, error = %e, message = %what, "late approval: the reversal could not be stored; reconcile by hand")
+                        counters.late_unreversed.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(service, error = %e, message = %what, "late approval NOT reversed: the reversal could not be stored; reconcile by hand")
                     }
                 }
             });
