@@ -1236,6 +1236,7 @@ impl ServiceConfig {
         }
         self.timeouts.validate(&format!("{key}.timeouts"))?;
         self.integrity.validate(&format!("{key}.integrity"))?;
+        self.advices_can_be_stored(key)?;
         for (j, text) in self.accept_mti.iter().enumerate() {
             if crate::route::MtiPattern::parse(text).is_none() {
                 return Err(invalid(
@@ -1255,6 +1256,33 @@ impl ServiceConfig {
                 .validate(&self.back.node_ids()?)
                 .map_err(|e| invalid(format!("{key}.f37_stamp"), e.to_string()))?;
         }
+        self.validate_front(key, &spec)
+    }
+
+    /// `advices = "store-and-forward"` needs a front the switch can
+    /// acknowledge an advice on once it is stored: a `listen` front
+    /// multiplexing its node connections. On a peer's links the
+    /// acknowledgement would have to go out on an out link, and OneConnect
+    /// carries no store; the sender would repeat forever, each repeat stored
+    /// again. Refused rather than silently broken.
+    fn advices_can_be_stored(&self, key: &str) -> Result<(), ConfigError> {
+        if self.integrity.advices != crate::config::Advices::StoreAndForward {
+            return Ok(());
+        }
+        let why = match &self.front {
+            FrontConfig::Listen(l) if l.mode == ListenMode::Multiplex => return Ok(()),
+            FrontConfig::Listen(_) => "a `oneconnect` front does not store advices",
+            FrontConfig::Simplex(_) | FrontConfig::Connect(_) => {
+                "the switch cannot acknowledge a peer's advice on its links; the peer's advices go to the nodes (`forward`)"
+            }
+        };
+        Err(invalid(
+            format!("{key}.integrity.advices"),
+            format!("`store-and-forward`: {why}"),
+        ))
+    }
+
+    fn validate_front(&self, key: &str, spec: &Spec) -> Result<(), ConfigError> {
         match &self.front {
             FrontConfig::Listen(l) => l.validate(&format!("{key}.front")),
             FrontConfig::Simplex(_) | FrontConfig::Connect(_) => {
@@ -1867,6 +1895,13 @@ address = "127.0.0.1:7001"
         // What check prints loads back to the same configuration.
         let again = Config::from_toml_with_env(&text, env(&[])).unwrap();
         assert_eq!(toml::to_string_pretty(&again).unwrap(), text);
+        // The switch cannot acknowledge a peer's advice: refused by key.
+        let stored = simplex.replace(
+            "[service.back]\n",
+            "[service.integrity]\nadvices = \"store-and-forward\"\n[service.back]\n",
+        );
+        let err = Config::from_toml_with_env(&stored, env(&[])).unwrap_err();
+        assert!(err.to_string().contains("integrity.advices"), "{err}");
     }
 
     /// Only read-only paths can be opened: a path that changes the switch in
