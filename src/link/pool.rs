@@ -625,6 +625,27 @@ impl NodePool {
         }
     }
 
+    /// The first node of `order` that is eligible now and has a live
+    /// connection, picked as [`NodePool::pick`] does. Not balanced: what
+    /// must land on one host while it is up (the institution's keys) goes
+    /// to the same node every time.
+    pub fn pick_first(
+        &self,
+        order: impl IntoIterator<Item = usize>,
+        now: Instant,
+    ) -> Result<(Picked<'_>, ConnHandle), PickError> {
+        let routes = self.routes.load();
+        order
+            .into_iter()
+            .filter(|&i| routes.get(i).is_some_and(|s| s.standing.eligible(now)))
+            .find_map(|i| {
+                let node = self.slot(i).filter(|n| !n.is_removed())?;
+                let conn = node.live_conn()?;
+                Some((self.picked(node, i), conn))
+            })
+            .ok_or(PickError::NoHealthyNode)
+    }
+
     /// As [`NodePool::pick`], among the nodes `usable` accepts, without asking
     /// for a live connection (a OneConnect pool opens its own). Counts the
     /// request as sent and outstanding on the node picked.
