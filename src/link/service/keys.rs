@@ -50,9 +50,13 @@ impl Service {
         };
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         let peer = &self.counters.peer;
-        let sent = match self.pool.pick_first(self.key_node_order(), now) {
-            Ok((picked, conn)) => self.send_picked(req, key, Origin::Peer, picked, conn, now),
-            Err(_) => Err((Origin::Peer, DeclineReason::NoHealthyNode)),
+        let sent = if self.links.is_draining() {
+            Err((Origin::Peer, DeclineReason::Shutdown))
+        } else {
+            match self.pool.pick_first(self.key_node_order(), now) {
+                Ok((picked, conn)) => self.send_picked(req, key, Origin::Peer, picked, conn, now),
+                Err(_) => Err((Origin::Peer, DeclineReason::NoHealthyNode)),
+            }
         };
         match sent {
             Ok(()) => {
@@ -152,5 +156,50 @@ impl Service {
             }
             Err(_) => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(integrity: &str) -> Service {
+        let toml = format!(
+            "[[service]]\nname = \"up\"\nspec = \"cups\"\nf37_stamp = {{ offset = 10, width = 2 }}\n\
+             [service.front]\nkind = \"simplex\"\nconnect = \"127.0.0.1:9\"\nlisten = \"127.0.0.1:0\"\nlinks = 2\n\
+             member_id = \"03105840\"\npeer_id = \"00010000\"\n\
+             [service.integrity]\n{integrity}\n\
+             [[service.back.node]]\nid = \"01\"\naddress = \"127.0.0.1:9\"\n\
+             [[service.back.node]]\nid = \"02\"\naddress = \"127.0.0.1:9\"\n\
+             [[service.back.node]]\nid = \"03\"\naddress = \"127.0.0.1:9\"\n"
+        );
+        let cfg = crate::config::Config::from_toml(&toml).unwrap();
+        let spec = crate::iso8583::Spec::builtin("cups").unwrap();
+        Service::new(cfg.services[0].clone(), spec, Instant::now()).unwrap()
+    }
+
+    #[test]
+    fn key_nodes_in_their_order_or_every_node_in_the_configs() {
+        assert_eq!(service("").key_node_order(), [0, 1, 2]);
+        assert_eq!(
+            service("key_nodes = [\"03\", \"01\"]").key_node_order(),
+            [2, 0]
+        );
+    }
+
+    #[test]
+    fn an_unknown_key_node_is_refused_at_load_naming_the_key() {
+        let toml = "[[service]]\nname = \"up\"\nspec = \"cups\"\nf37_stamp = { offset = 10, width = 2 }\n\
+             [service.front]\nkind = \"simplex\"\nconnect = \"127.0.0.1:9\"\nlisten = \"127.0.0.1:0\"\nlinks = 2\n\
+             member_id = \"03105840\"\npeer_id = \"00010000\"\n\
+             [service.integrity]\nkey_nodes = [\"07\"]\n\
+             [[service.back.node]]\nid = \"01\"\naddress = \"127.0.0.1:9\"\n";
+        let err = crate::config::Config::from_toml(toml)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("service[0].integrity.key_nodes[0]") && err.contains("`07`"),
+            "{err}"
+        );
     }
 }
