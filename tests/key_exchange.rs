@@ -62,6 +62,8 @@ fn metric(text: &str, name: &str, label: &str) -> f64 {
 /// `up` eligible and `links` out links usable, so that what UnionPay sends
 /// first already finds its way.
 async fn wait_ready(admin: SocketAddr, up: &[&str], links: f64) {
+    // The admin listener opens after the service's own.
+    wait_listening(admin).await;
     loop {
         let text = metrics(admin, &["isoswitch_server_", "isoswitch_link_set_"]).await;
         let nodes_up = up.iter().all(|id| {
