@@ -1235,7 +1235,9 @@ impl ServiceConfig {
             }
         }
         self.timeouts.validate(&format!("{key}.timeouts"))?;
-        self.integrity.validate(&format!("{key}.integrity"))?;
+        let node_ids: Vec<&str> = self.back.nodes.iter().map(|n| n.id.as_str()).collect();
+        self.integrity
+            .validate(&format!("{key}.integrity"), &node_ids)?;
         self.advices_can_be_stored(key)?;
         for (j, text) in self.accept_mti.iter().enumerate() {
             if crate::route::MtiPattern::parse(text).is_none() {

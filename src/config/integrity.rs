@@ -147,6 +147,16 @@ pub struct IntegrityConfig {
     /// whose messages carry a MAC the switch cannot make).
     #[serde(default)]
     pub switch_made: SwitchMadePolicy,
+    /// Simplex and duplex fronts: the nodes that own the institution's keys,
+    /// by ID, in order of preference. The peer's key exchange and cut-over
+    /// (the spec's `[integrity] institution_f70`) go to the first of them
+    /// that is up, never balanced: a key reset must land on the host that
+    /// keeps the keys, and always the same one while it is up, or hosts
+    /// would hold different working keys. Empty (the default): every node,
+    /// in the order `[service.back]` lists them, so the first listed
+    /// healthy node owns the keys.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub key_nodes: Vec<String>,
 }
 
 impl Default for IntegrityConfig {
@@ -160,6 +170,7 @@ impl Default for IntegrityConfig {
             repeat_window: defaults::repeat_window(),
             repeat_capacity: defaults::repeat_capacity(),
             switch_made: SwitchMadePolicy::default(),
+            key_nodes: Vec::new(),
         }
     }
 }
@@ -189,7 +200,27 @@ pub enum SwitchMadePolicy {
 }
 
 impl IntegrityConfig {
-    pub(super) fn validate(&self, key: &str) -> Result<(), ConfigError> {
+    /// `node_ids`: the IDs of the service's nodes, which `key_nodes` must
+    /// name.
+    pub(super) fn validate(&self, key: &str, node_ids: &[&str]) -> Result<(), ConfigError> {
+        for (i, id) in self.key_nodes.iter().enumerate() {
+            let key = format!("{key}.key_nodes[{i}]");
+            if !node_ids.contains(&id.as_str()) {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "`{}` is not the ID of a node in [service.back]",
+                        id.escape_debug()
+                    ),
+                ));
+            }
+            if self.key_nodes[..i].contains(id) {
+                return Err(invalid(
+                    key,
+                    format!("`{}` is listed twice", id.escape_debug()),
+                ));
+            }
+        }
         if let Some(codes) = &self.approval_codes {
             if codes.is_empty() {
                 return Err(invalid(
@@ -294,11 +325,40 @@ mod tests {
         assert_eq!(i.advices, Advices::Forward);
         assert_eq!(i.late_window, Duration::from_secs(300));
         let i: IntegrityConfig = toml::from_str("approval_codes = [\"00\", \"0\"]").unwrap();
-        let err = i.validate("service[0].integrity").unwrap_err().to_string();
+        let err = i
+            .validate("service[0].integrity", &["01"])
+            .unwrap_err()
+            .to_string();
         assert!(
             err.starts_with("service[0].integrity.approval_codes[1]"),
             "{err}"
         );
         assert!(toml::from_str::<IntegrityConfig>("advices = \"store-and-forward\"").is_ok());
+    }
+
+    #[test]
+    fn key_nodes_default_to_every_node_and_must_name_nodes() {
+        let i: IntegrityConfig = toml::from_str("").unwrap();
+        assert!(i.key_nodes.is_empty(), "empty: every node, in order");
+        let i: IntegrityConfig = toml::from_str("key_nodes = [\"02\", \"01\"]").unwrap();
+        assert!(i.validate("service[0].integrity", &["01", "02"]).is_ok());
+        let i: IntegrityConfig = toml::from_str("key_nodes = [\"01\", \"09\"]").unwrap();
+        let err = i
+            .validate("service[0].integrity", &["01", "02"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("service[0].integrity.key_nodes[1]: `09`"),
+            "{err}"
+        );
+        let i: IntegrityConfig = toml::from_str("key_nodes = [\"01\", \"01\"]").unwrap();
+        let err = i
+            .validate("service[0].integrity", &["01"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("key_nodes[1]") && err.contains("twice"),
+            "{err}"
+        );
     }
 }

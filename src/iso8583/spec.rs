@@ -227,7 +227,19 @@ pub struct Integrity {
     pub original_data: Option<u16>,
     /// F39 codes that approve (default `00`, `10`, `11`).
     pub approval_codes: Vec<String>,
+    /// F70 codes of network management that belongs to the institution, not
+    /// to the link: key exchange and cut-over. On simplex and duplex fronts
+    /// these go to the service's key node and its answer back to the peer;
+    /// every other code (sign-on, sign-off, echo test) is the link's own and
+    /// the switch answers it. Default: [`INSTITUTION_F70`].
+    pub institution_f70: Vec<String>,
 }
+
+/// The institution's network management codes when a spec names none: key
+/// reset (101), key exchange by key kind (161-164) and cut-over (201). A
+/// switch that answered these itself would keep the new working key from
+/// every host, and every MAC and PIN block after it would fail.
+pub const INSTITUTION_F70: [&str; 6] = ["101", "161", "162", "163", "164", "201"];
 
 /// 0420, the reversal advice, checked at compile time.
 const REVERSAL_ADVICE: Mti = match Mti::new(*b"0420") {
@@ -243,6 +255,7 @@ impl Default for Integrity {
             reversal_reason: "68".into(),
             original_data: Some(90),
             approval_codes: vec!["00".into(), "10".into(), "11".into()],
+            institution_f70: INSTITUTION_F70.iter().map(|c| (*c).into()).collect(),
         }
     }
 }
@@ -255,6 +268,7 @@ struct IntegrityFile {
     reversal_reason: Option<String>,
     original_data: Option<u16>,
     approval_codes: Option<Vec<String>>,
+    institution_f70: Option<Vec<String>>,
 }
 
 /// `[defaults]`: values fields inherit unless they say otherwise.
@@ -704,6 +718,18 @@ fn validate_integrity(
             ));
         }
         out.approval_codes = codes.clone();
+    }
+    if let Some(codes) = &file.institution_f70 {
+        if let Some(bad) = codes
+            .iter()
+            .find(|c| !(1..=4).contains(&c.len()) || !c.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err((
+                "integrity.institution_f70",
+                format!("{bad:?} is not a network management code (F70): 1 to 4 digits"),
+            ));
+        }
+        out.institution_f70 = codes.clone();
     }
     Ok(out)
 }

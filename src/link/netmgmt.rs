@@ -6,6 +6,12 @@
 //! F7 = the time of sending in UTC, F11 = the next STAN of the service, and
 //! F70 = the dialect's code for the kind of message. A peer or node that
 //! checks F7 against its clock, or STANs for repeats, sees what it expects.
+//!
+//! It also says whose network management is whose ([`NmScope`]): the link's
+//! own (sign-on, sign-off, echo test), which the switch answers, or the
+//! institution's (key exchange, cut-over: the spec's `[integrity]
+//! institution_f70`), which a key node answers; and how a node's own
+//! network management finds its way back ([`node_nm_key`]).
 
 use std::time::SystemTime;
 
@@ -13,8 +19,58 @@ use bytes::Bytes;
 
 pub use super::outlinks::NmKind;
 use crate::config::{FrontConfig, NetworkConfig, ServiceConfig};
-use crate::iso8583::{Decoded, IsoError, Mti, Spec};
+use crate::iso8583::{Decoded, IsoError, Message, Mti, Spec};
+use crate::route::CorrelationKey;
 use crate::wire::{CupsHeader, HeaderKind, Tpdu, VisaHeader};
+
+/// Whose a network-management message is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NmScope {
+    /// The link's own: sign-on, sign-off, echo test, or no F70 at all. The
+    /// switch answers it; no host needs to know.
+    Link,
+    /// The institution's: key exchange, cut-over. A host must see it (a new
+    /// working key the hosts never get breaks every MAC and PIN after it).
+    Institution,
+}
+
+/// The scope of a network-management message: institution-level when its
+/// F70 is one of the dialect's `institution_f70`, else link-level (codes a
+/// dialect does not list are answered as today).
+pub fn scope(msg: &Message<'_>, institution_f70: &[String]) -> NmScope {
+    let f70: Option<Vec<u8>> = msg.field(70).ok().flatten().map(|f| f.logical().collect());
+    scope_of_code(f70.as_deref(), institution_f70)
+}
+
+fn scope_of_code(f70: Option<&[u8]>, institution_f70: &[String]) -> NmScope {
+    match f70 {
+        Some(code) if institution_f70.iter().any(|c| c.as_bytes() == code) => NmScope::Institution,
+        _ => NmScope::Link,
+    }
+}
+
+/// The correlation key of a node's own network-management request to the
+/// peer, and of the peer's answer: F11 + F7 + F70 (text forms). Such a
+/// request carries no F37, so no stamp can route its answer; its STAN and
+/// transmission time, which the answer echoes, name it. `None` without F11
+/// or F7.
+pub fn node_nm_key(msg: &Message<'_>) -> Option<CorrelationKey> {
+    let text =
+        |id: u16| -> Option<Vec<u8>> { Some(msg.field(id).ok().flatten()?.logical().collect()) };
+    let (f11, f7) = (text(11)?, text(7)?);
+    let f70 = text(70).unwrap_or_default();
+    nm_key_of_parts(&f11, &f7, &f70)
+}
+
+fn nm_key_of_parts(f11: &[u8], f7: &[u8], f70: &[u8]) -> Option<CorrelationKey> {
+    let mut b = CorrelationKey::builder();
+    // Every other key starts with two MTI digits: this one cannot equal one.
+    b.append(b"NM");
+    for part in [f11, f7, f70] {
+        b.append(part);
+    }
+    b.build().ok()
+}
 
 /// A service's network-management requests, ready to stamp with a time and
 /// a STAN.
@@ -289,6 +345,83 @@ mod tests {
             .unwrap()
             .map(|f| f.logical().map(char::from).collect())
             .unwrap_or_default()
+    }
+
+    const INSTITUTION: [&str; 3] = ["101", "161", "201"];
+
+    fn codes() -> Vec<String> {
+        INSTITUTION.iter().map(|c| (*c).into()).collect()
+    }
+
+    #[test]
+    fn key_exchange_and_cut_over_are_the_institutions_the_rest_the_links() {
+        let codes = codes();
+        for f70 in ["101", "161", "201"] {
+            assert_eq!(
+                scope_of_code(Some(f70.as_bytes()), &codes),
+                NmScope::Institution,
+                "{f70}"
+            );
+        }
+        for f70 in [Some("001"), Some("002"), Some("301"), Some("999"), None] {
+            assert_eq!(
+                scope_of_code(f70.map(str::as_bytes), &codes),
+                NmScope::Link,
+                "{f70:?}"
+            );
+        }
+        // Whole codes, not prefixes.
+        assert_eq!(scope_of_code(Some(b"10"), &codes), NmScope::Link);
+    }
+
+    /// The spec's list decides, on a real message.
+    #[test]
+    fn a_cups_key_reset_is_the_institutions_and_an_echo_the_links() {
+        let spec = Spec::builtin("cups").unwrap();
+        let list = &spec.integrity().institution_f70;
+        let mut d = crate::iso8583::samples::echo(&spec);
+        let echo = spec.encode(&d).unwrap();
+        d.set_text(70, "101");
+        let reset = spec.encode(&d).unwrap();
+        let msg = |b: Vec<u8>| Message::parse(&spec, Bytes::from(b)).unwrap();
+        assert_eq!(scope(&msg(echo), list), NmScope::Link);
+        assert_eq!(scope(&msg(reset), list), NmScope::Institution);
+        assert!(
+            Spec::builtin("cup-pos")
+                .unwrap()
+                .integrity()
+                .institution_f70
+                .is_empty(),
+            "POS sign-in has no F70"
+        );
+    }
+
+    /// A node's 0820 and the peer's 0830 share F11 + F7 + F70; another
+    /// STAN, time or code is another request.
+    #[test]
+    fn a_node_request_and_its_answer_share_the_key() {
+        let spec = Spec::builtin("cups").unwrap();
+        let mut d = crate::iso8583::samples::echo(&spec);
+        d.mti = Mti::new(*b"0820").unwrap();
+        d.set_text(7, "1204113000");
+        d.set_text(11, "100001");
+        d.set_text(70, "101");
+        let req = spec.encode(&d).unwrap();
+        let answer = spec.respond(&d, "00").unwrap();
+        let answer = spec.encode(&answer).unwrap();
+        let key =
+            |b: &Vec<u8>| node_nm_key(&Message::parse(&spec, Bytes::from(b.clone())).unwrap());
+        assert!(key(&req).is_some());
+        assert_eq!(key(&req), key(&answer));
+        for (id, other) in [(7, "1204113001"), (11, "100002"), (70, "161")] {
+            let mut e = d.clone();
+            e.set_text(id, other);
+            assert_ne!(key(&req), key(&spec.encode(&e).unwrap()), "F{id}");
+        }
+        // Not a generic key: those start with MTI digits.
+        assert_ne!(key(&req).unwrap().as_bytes()[1..3], *b"08");
+        d.remove(7);
+        assert!(key(&spec.encode(&d).unwrap()).is_none(), "no F7, no key");
     }
 
     #[test]

@@ -625,6 +625,27 @@ impl NodePool {
         }
     }
 
+    /// The first node of `order` that is eligible now and has a live
+    /// connection, picked as [`NodePool::pick`] does. Not balanced: what
+    /// must land on one host while it is up (the institution's keys) goes
+    /// to the same node every time.
+    pub fn pick_first(
+        &self,
+        order: impl IntoIterator<Item = usize>,
+        now: Instant,
+    ) -> Result<(Picked<'_>, ConnHandle), PickError> {
+        let routes = self.routes.load();
+        order
+            .into_iter()
+            .filter(|&i| routes.get(i).is_some_and(|s| s.standing.eligible(now)))
+            .find_map(|i| {
+                let node = self.slot(i).filter(|n| !n.is_removed())?;
+                let conn = node.live_conn()?;
+                Some((self.picked(node, i), conn))
+            })
+            .ok_or(PickError::NoHealthyNode)
+    }
+
     /// As [`NodePool::pick`], among the nodes `usable` accepts, without asking
     /// for a live connection (a OneConnect pool opens its own). Counts the
     /// request as sent and outstanding on the node picked.
@@ -1113,6 +1134,31 @@ mod tests {
         assert_eq!(c.sent.load(Ordering::Relaxed), 3);
         assert_eq!(c.answered.load(Ordering::Relaxed), 1);
         assert_eq!(c.declined.load(Ordering::Relaxed), 1);
+    }
+
+    /// The key node: always the first usable one of the order, never
+    /// balanced; the next only while it is down, disabled or unconnected.
+    #[test]
+    fn pick_first_takes_the_first_usable_node_every_time() {
+        let t0 = Instant::now();
+        let (pool, _rx) = connected_pool("round-robin", &[1, 1, 1], HealthConfig::default(), t0);
+        let first = |order: &[usize]| {
+            pool.pick_first(order.iter().copied(), t0)
+                .ok()
+                .map(|(p, _)| p.node())
+        };
+        for _ in 0..5 {
+            assert_eq!(first(&[1, 0, 2]), Some(1));
+        }
+        assert_eq!(pool.outstanding(1), 0, "each pick dropped: given back");
+        assert!(pool.set_admin(1, AdminState::Disabled, t0));
+        assert_eq!(first(&[1, 0, 2]), Some(0), "the next while 1 is disabled");
+        pool.set_conn(0, 0, None, t0);
+        assert_eq!(first(&[1, 0, 2]), Some(2), "0 has no connection");
+        assert_eq!(first(&[1, 0]), None, "none of these is usable");
+        assert_eq!(first(&[7]), None, "no such node");
+        assert!(pool.set_admin(1, AdminState::Enabled, t0));
+        assert_eq!(first(&[1, 0, 2]), Some(1), "back to the first");
     }
 
     #[test]

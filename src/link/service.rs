@@ -33,6 +33,7 @@ use crate::route::{
 };
 
 mod counters;
+mod keys;
 mod links;
 mod live;
 mod made;
@@ -399,6 +400,23 @@ impl Service {
             Ok(p) => p,
             Err(_) => return refuse(origin, DeclineReason::NoHealthyNode),
         };
+        self.send_picked(req, key, origin, picked, conn, now)
+    }
+
+    /// Registers a request for the node picked and queues it on `conn`. On
+    /// failure the origin comes back so the caller can decline.
+    fn send_picked(
+        &self,
+        req: &Checked<'_>,
+        key: CorrelationKey,
+        origin: Origin,
+        picked: super::pool::Picked<'_>,
+        conn: super::pool::ConnHandle,
+        now: Instant,
+    ) -> Result<(), (Origin, DeclineReason)> {
+        let refuse = |origin, reason| Err((origin, reason));
+        let msg = &req.msg;
+        let mti = msg.mti().digits();
         let node = picked.node();
         let patch = match self.stamp_patch(req, node) {
             Ok(p) => p,

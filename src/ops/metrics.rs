@@ -215,6 +215,18 @@ impl Collector for SwitchMetrics {
                 "isoswitch_service_network_answered",
                 "The peer's network management requests answered by the switch.",
             ),
+            counter(
+                "isoswitch_service_key_exchange_to_nodes",
+                "The peer's key exchange and cut-over requests sent to a key node.",
+            ),
+            counter(
+                "isoswitch_service_key_exchange_unsent",
+                "The peer's key exchange and cut-over requests that reached no key node.",
+            ),
+            counter(
+                "isoswitch_service_node_key_exchange",
+                "Nodes' own key exchange and cut-over requests sent to the peer.",
+            ),
         ];
         let mut bytes = counter(
             "isoswitch_service_bytes",
@@ -339,6 +351,9 @@ impl Collector for SwitchMetrics {
                 c.peer.peer_responses.load(Ordering::Relaxed),
                 c.peer.unroutable_responses.load(Ordering::Relaxed),
                 c.peer.network_answered.load(Ordering::Relaxed),
+                c.peer.key_exchange_to_nodes.load(Ordering::Relaxed),
+                c.peer.key_exchange_unsent.load(Ordering::Relaxed),
+                c.peer.node_key_exchange.load(Ordering::Relaxed),
             ];
             for (f, v) in svc_counters.iter_mut().zip(values) {
                 f.samples.push((sl(), v));

@@ -82,6 +82,13 @@ pub struct PeerCounters {
     pub unroutable_responses: AtomicU64,
     /// The peer's network management answered by the switch.
     pub network_answered: AtomicU64,
+    /// The peer's key exchange and cut-over sent to a key node.
+    pub key_exchange_to_nodes: AtomicU64,
+    /// The peer's key exchange and cut-over that reached no key node
+    /// (declined, or unanswered under `switch_made = "silent"`).
+    pub key_exchange_unsent: AtomicU64,
+    /// Nodes' own key exchange and cut-over sent to the peer.
+    pub node_key_exchange: AtomicU64,
 }
 
 /// Why a client was refused at accept: accepted, then closed at once,

@@ -1,7 +1,8 @@
 //! The peer side of a simplex or duplex front (UnionPay, VISA) at work: the
 //! nodes' own requests go out to the peer stamped with their node ID, the
 //! peer's responses come back to the node their F37 stamp names, and the
-//! peer's network management is answered by the switch.
+//! peer's link-level network management is answered by the switch (its key
+//! exchange and cut-over go to a key node: `keys.rs`).
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -13,6 +14,7 @@ use super::{Checked, Origin, Service, summary};
 use crate::config::{FrontConfig, StampBy};
 use crate::iso8583::Message;
 use crate::link::log_limit::{LogKind, LogPeer};
+use crate::link::netmgmt::NmScope;
 use crate::link::writer::{Outbound, Patch};
 use crate::route::DeclineReason;
 
@@ -56,6 +58,14 @@ impl Peer<'_> {
     pub(super) fn forward_node_request(&self, node: usize, req: &Checked<'_>, now: Instant) {
         let svc = self.svc;
         let msg = &req.msg;
+        if msg.mti().is_network_management() {
+            // No F37 to stamp: the link's own is answered here, the
+            // institution's goes out and comes back by F11 + F7 + F70.
+            return match svc.nm_scope(req) {
+                NmScope::Link => svc.answer_node_link_nm(node, req),
+                NmScope::Institution => svc.forward_node_nm(node, req, now),
+            };
+        }
         let stamp_by = match &svc.config.front {
             FrontConfig::Simplex(f) => f.stamp_by,
             FrontConfig::Connect(f) => f.stamp_by,
@@ -219,15 +229,27 @@ impl Peer<'_> {
         };
         let mti = checked.msg.mti();
         if mti.is_response() {
-            if mti.is_network_management() && self.network_answer(&checked) {
+            // A node's own first: a switch-made 0820 is matched by STAN
+            // alone, and a node's STAN may equal one.
+            if mti.is_network_management()
+                && (svc.node_nm_answer(&checked, now) || self.network_answer(&checked))
+            {
                 return;
             }
             self.on_response(&checked, now);
             return;
         }
-        if mti.is_network_management() && svc.config.front.answers_network_management() {
-            self.answer_network_request(&checked.msg);
-            return;
+        if mti.is_network_management() {
+            // Key exchange and cut-over are the institution's: a host must
+            // see them. The link's own the switch answers (unless told not
+            // to: then they are balanced like any request).
+            match svc.nm_scope(&checked) {
+                NmScope::Institution => return svc.to_key_node(&checked, now),
+                NmScope::Link if svc.config.front.answers_network_management() => {
+                    return self.answer_network_request(&checked.msg);
+                }
+                NmScope::Link => {}
+            }
         }
         if let Err(e) = svc.router.check_routable(&checked) {
             svc.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
@@ -300,8 +322,8 @@ impl Peer<'_> {
         }
     }
 
-    /// The peer's 0820 (sign-on, echo, cut-over, key reset): answered 0830 F39 00
-    /// by the switch on an out link, header IDs swapped.
+    /// The peer's link-level 0820 (sign-on, sign-off, echo): answered 0830
+    /// F39 00 by the switch on an out link, header IDs swapped.
     fn answer_network_request(&self, msg: &Message<'_>) {
         let svc = self.svc;
         let spec = svc.spec();
