@@ -1,0 +1,228 @@
+//! What the integrity tests share (tests/integrity.rs, tests/integrity_pair.rs):
+//! nodes that keep books, the switch with a data directory, a NAC, and the
+//! SQLite store read from outside.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::procs::*;
+
+/// One case at a time: each runs a switch, nodes and a sender at load, and a
+/// 2-core machine running two would answer late for the wrong reason.
+pub static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+pub async fn within<F: std::future::Future<Output = ()>>(limit: Duration, test: F) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    tokio::time::timeout(limit, test)
+        .await
+        .expect("integrity case within its timeout");
+}
+
+/// A `sim node` on `spec` with id `id`, reporting JSON on SIGINT.
+pub async fn node(spec: &str, id: &str, addr: SocketAddr, delay: &str, extra: &[&str]) -> Proc {
+    let a = addr.to_string();
+    let mut args = vec![
+        "sim", "node", "--listen", &a, "--spec", spec, "--id", id, "--delay", delay, "--json",
+    ];
+    args.extend_from_slice(extra);
+    let p = Proc::spawn(&format!("node{id}-{}", addr.port()), &args);
+    p.wait_logged("sim node listening on").await;
+    p
+}
+
+/// Stops a node (SIGINT: it settles and prints its books) and returns them.
+pub async fn books(node: Proc) -> serde_json::Value {
+    node.signal("INT");
+    node.report().await
+}
+
+pub fn sub(report: &serde_json::Value, book: &str, key: &str) -> u64 {
+    report[book][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("report has no {book}.{key}: {report}"))
+}
+
+/// The switch with `toml`, its data directory `data` (the store is
+/// `data/isoswitch.db`), listening on `listen`.
+pub async fn switch(name: &str, toml: &str, data: &str, listen: SocketAddr) -> Proc {
+    let path = write_config(name, toml);
+    let p = path.to_string_lossy().into_owned();
+    let s = Proc::spawn(name, &["run", "--config", &p, "--data-dir", data]);
+    wait_listening(listen).await;
+    s
+}
+
+/// A POS service on `listen` before `nodes`: requests time out after 500 ms
+/// (declined 68 to the terminal), reversals and advices get 2 s, a failed
+/// store-and-forward attempt is retried after `retry`. `extra` goes into
+/// `[service.integrity]`.
+pub fn pos_toml(listen: SocketAddr, nodes: &[SocketAddr], retry: &str, extra: &str) -> String {
+    format!(
+        "[store.saf]\nretry = \"{retry}\"\nretry_max = \"{retry}\"\n\
+         [[service]]\nname = \"pos\"\nspec = \"cup-pos\"\n\
+         [service.front]\nkind = \"listen\"\nlisten = \"{listen}\"\n\
+         [service.back]\nconnections_per_node = 2\nreconnect_min = \"50ms\"\nreconnect_max = \"200ms\"\n\
+         [service.timeouts]\nrequest = \"500ms\"\nby_mti = {{ \"04x0\" = \"2s\", \"02x0\" = \"500ms\", \"0220\" = \"2s\" }}\n\
+         [service.integrity]\nlate_approval = \"reverse\"\n{extra}\n{}",
+        nodes_toml(nodes)
+    )
+}
+
+/// A NAC process on `cup-pos`: `rate` a second for `duration`, waiting
+/// `timeout` for each answer, `extra` args.
+pub fn nac(
+    name: &str,
+    switch: SocketAddr,
+    rate: u32,
+    (duration, timeout): (&str, &str),
+    extra: &[&str],
+) -> Proc {
+    let (a, r) = (switch.to_string(), rate.to_string());
+    let mut args = vec![
+        "sim",
+        "nac",
+        "--connect",
+        &a,
+        "--spec",
+        "cup-pos",
+        "--uplinks",
+        "2",
+        "--terminals",
+        "40",
+        "--rate",
+        &r,
+        "--duration",
+        duration,
+        "--timeout",
+        timeout,
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    Proc::spawn(name, &args)
+}
+
+/// One row of the store's SAF table, as the test reads it.
+#[derive(Debug)]
+pub struct SafRow {
+    pub kind: String,
+    pub state: String,
+    pub mti: String,
+    pub attempts: i64,
+    pub node_id: Option<String>,
+    pub direction: String,
+    pub f11: Option<String>,
+    pub pan_masked: Option<String>,
+}
+
+pub fn db_path(data: &str) -> PathBuf {
+    Path::new(data).join("isoswitch.db")
+}
+
+/// Every SAF row of the store at `data`, read-only from outside the switch
+/// (SQLite in WAL mode lets a reader beside the writer).
+pub fn saf_rows(data: &str) -> Vec<SafRow> {
+    let path = db_path(data);
+    if !path.exists() {
+        return Vec::new();
+    }
+    let db = rusqlite::Connection::open_with_flags(
+        &path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    db.busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
+    let mut st = db
+        .prepare(
+            "SELECT kind, state, mti, attempts, node_id, direction, f11, pan_masked FROM saf ORDER BY id",
+        )
+        .expect("the saf table");
+    st.query_map([], |r| {
+        Ok(SafRow {
+            kind: r.get(0)?,
+            state: r.get(1)?,
+            mti: r.get(2)?,
+            attempts: r.get(3)?,
+            node_id: r.get(4)?,
+            direction: r.get(5)?,
+            f11: r.get(6)?,
+            pan_masked: r.get(7)?,
+        })
+    })
+    .expect("query saf")
+    .collect::<Result<_, _>>()
+    .expect("saf rows")
+}
+
+pub fn count(rows: &[SafRow], kind: &str, state: &str) -> usize {
+    rows.iter()
+        .filter(|r| r.kind == kind && r.state == state)
+        .count()
+}
+
+/// Rows by kind and state: what "the store settled" compares (attempts
+/// and retry times move on while nothing else does).
+pub fn tally(rows: &[SafRow]) -> std::collections::BTreeMap<(String, String), usize> {
+    let mut t = std::collections::BTreeMap::new();
+    for r in rows {
+        *t.entry((r.kind.clone(), r.state.clone())).or_default() += 1;
+    }
+    t
+}
+
+/// Polls the store until `done` holds for the rows, with the same tally in
+/// two reads `settle` apart; returns them. The case's timeout bounds it.
+pub async fn store_settles(
+    data: &str,
+    settle: Duration,
+    done: impl Fn(&[SafRow]) -> bool,
+) -> Vec<SafRow> {
+    let mut last = None;
+    loop {
+        let rows = saf_rows(data);
+        eprintln!("store: {:?}", tally(&rows));
+        let now = Some(tally(&rows));
+        if done(&rows) && last == now {
+            return rows;
+        }
+        last = now;
+        tokio::time::sleep(settle).await;
+    }
+}
+
+/// Checks a node's reversal book against the switch's duty: one chain per
+/// late approval, none for anything else, every F90 readable. Returns the
+/// node's late approvals.
+pub fn assert_reversed_exactly(id: &str, r: &serde_json::Value) -> u64 {
+    let late = sub(r, "reversals", "late_approvals");
+    assert_eq!(
+        sub(r, "reversals", "late_never_reversed"),
+        0,
+        "node {id}: a late approval was never reversed: {r}"
+    );
+    assert_eq!(
+        sub(r, "reversals", "chains"),
+        late,
+        "node {id}: one chain per late approval: {r}"
+    );
+    assert_eq!(sub(r, "reversals", "chains_late"), late, "node {id}: {r}");
+    assert_eq!(
+        sub(r, "reversals", "chains_not_late"),
+        0,
+        "node {id}: a reversal for a decline or an answer in time: {r}"
+    );
+    assert_eq!(
+        sub(r, "reversals", "duplicate_chains"),
+        0,
+        "node {id}: a second 0420 for one original: {r}"
+    );
+    assert_eq!(
+        sub(r, "reversals", "unreadable"),
+        0,
+        "node {id}: F90 named no original: {r}"
+    );
+    late
+}

@@ -1,0 +1,147 @@
+//! A pair of switch instances sharing one PostgreSQL store (a real server,
+//! started by scripts/pg-test.sh): what instance A owes is delivered by B
+//! once A is killed with kill -9. The same `sim node` hosts serve both; A
+//! carries the traffic, its nodes approve a share late and ignore the first
+//! message of each reversal chain, so every reversal is still owed when A
+//! dies.
+
+mod store_support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use store_support::pg::PgServer;
+use tokio_postgres::NoTls;
+
+#[path = "common/owed.rs"]
+mod owed;
+#[path = "common/procs.rs"]
+mod procs;
+use owed::*;
+use procs::*;
+
+/// The POS service of either instance: requests time out after 500 ms,
+/// reversals wait 1 s for their answer, a failed attempt is retried after
+/// 8 s, and a lease lasts 3 s (what B waits for once A is gone).
+fn pair_toml(url: &str, listen: SocketAddr, nodes: &[SocketAddr]) -> String {
+    format!(
+        "[store]\nurl = \"{url}\"\n\
+         [store.saf]\nretry = \"8s\"\nretry_max = \"8s\"\nlease = \"3s\"\n\
+         [[service]]\nname = \"pos\"\nspec = \"cup-pos\"\n\
+         [service.front]\nkind = \"listen\"\nlisten = \"{listen}\"\n\
+         [service.back]\nconnections_per_node = 1\nreconnect_min = \"50ms\"\nreconnect_max = \"200ms\"\n\
+         [service.timeouts]\nrequest = \"500ms\"\nby_mti = {{ \"04x0\" = \"1s\" }}\n{}",
+        nodes_toml(nodes)
+    )
+}
+
+/// (kind, state, completed_by) of every SAF row.
+async fn pg_rows(url: &str) -> Vec<(String, String, Option<String>)> {
+    let (client, conn) = tokio_postgres::connect(url, NoTls)
+        .await
+        .expect("connect to the test database");
+    tokio::spawn(conn);
+    client
+        .query("SELECT kind, state, completed_by FROM saf ORDER BY id", &[])
+        .await
+        .expect("the saf table")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+fn owed_count(rows: &[(String, String, Option<String>)], state: &str) -> usize {
+    rows.iter()
+        .filter(|(k, s, _)| k == "reversal" && s == state)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reversals_stored_through_a_are_delivered_by_b_after_a_is_killed() {
+    within(Duration::from_secs(150), async {
+        let server = tokio::task::spawn_blocking(PgServer::shared)
+            .await
+            .expect("start PostgreSQL");
+        let url = server.fresh_db("integrity_pair").await;
+        let addrs = [free_addr(), free_addr()];
+        let mut hosts = Vec::new();
+        for (i, a) in addrs.iter().enumerate() {
+            let extra = [
+                "--late-share",
+                "0.1",
+                "--late-by",
+                "1s",
+                "--ignore-reversals",
+                "1",
+            ];
+            hosts.push(node("cup-pos", &format!("0{}", i + 1), *a, "2..20ms", &extra).await);
+        }
+        let (listen_a, listen_b) = (free_addr(), free_addr());
+        let (data_a, data_b) = (data_dir("pair-a"), data_dir("pair-b"));
+        let mut a = switch(
+            "pair-a",
+            &pair_toml(&url, listen_a, &addrs),
+            &data_a,
+            listen_a,
+        )
+        .await;
+        let _b = switch(
+            "pair-b",
+            &pair_toml(&url, listen_b, &addrs),
+            &data_b,
+            listen_b,
+        )
+        .await;
+
+        let report = nac("pair-nac", listen_a, 150, ("2s", "5s"), &[])
+            .report()
+            .await;
+        eprintln!("NAC through A: {report}");
+        assert_exactly_once(&report);
+        // Past the late approvals: every reversal stored through A, none
+        // delivered (each chain's first message is ignored, and its next
+        // attempt is 8 s away).
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let mut last = None;
+        let owed = loop {
+            let rows = pg_rows(&url).await;
+            let now = Some((owed_count(&rows, "pending"), owed_count(&rows, "delivered")));
+            if !rows.is_empty() && now == last {
+                break rows;
+            }
+            last = now;
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        };
+        let reversals = owed_count(&owed, "pending");
+        assert!(reversals > 0, "{owed:?}");
+        assert_eq!(owed_count(&owed, "delivered"), 0, "{owed:?}");
+        a.kill9().await;
+
+        // B takes every one over once A's leases run out, as a repeat.
+        let b_name = std::fs::read_to_string(std::path::Path::new(&data_b).join("instance-name"))
+            .expect("B's instance name")
+            .trim()
+            .to_string();
+        let done = loop {
+            let rows = pg_rows(&url).await;
+            if owed_count(&rows, "delivered") == reversals {
+                break rows;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        for (kind, state, by) in &done {
+            assert_eq!((kind.as_str(), state.as_str()), ("reversal", "delivered"));
+            assert_eq!(by.as_deref(), Some(b_name.as_str()), "delivered by B");
+        }
+        let mut late = 0;
+        for (i, h) in hosts.into_iter().enumerate() {
+            let r = books(h).await;
+            eprintln!("node 0{}: {r}", i + 1);
+            late += assert_reversed_exactly(&format!("0{}", i + 1), &r);
+            let chains = sub(&r, "reversals", "chains");
+            assert_eq!(sub(&r, "reversals", "repeats"), chains, "B sent 0421s: {r}");
+        }
+        assert_eq!(late as usize, reversals);
+    })
+    .await;
+}
