@@ -5,7 +5,7 @@
 //! and `isoswitch_server_*` (a channel node) with `service` and `server`
 //! labels.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use prometheus_client::collector::Collector;
@@ -14,9 +14,12 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use super::control::SwitchHandle;
+use super::saf::ServiceSaf;
 use crate::link::Service;
 use crate::link::conns::ConnKind;
+use crate::link::service::IntegrityCounters;
 use crate::route::DeclineReason;
+use crate::store::SafKind;
 
 /// Node states, each exported as `isoswitch_server_state{state=…}` 0/1.
 const NODE_STATES: [&str; 6] = ["up", "down", "draining", "disabled", "ejected", "removed"];
@@ -453,6 +456,8 @@ impl Collector for SwitchMetrics {
             let mut fam = m.encode_family(labels)?;
             fam.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)?;
         }
+        encode_integrity(&mut enc, &self.0)?;
+        encode_saf(&mut enc, &self.0)?;
         let mut m = enc.encode_descriptor(
             "isoswitch_supervisor_restarts",
             "Critical tasks restarted after ending unexpectedly.",
@@ -462,6 +467,159 @@ impl Collector for SwitchMetrics {
         m.encode_counter::<NoLabelSet, _, u64>(&self.0.supervisor.restarts(), None)?;
         Ok(())
     }
+}
+
+/// What the switch did about the answers it gave for its nodes: late
+/// approvals by action, reversals, advices (counters of the message path).
+fn encode_integrity(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fmt::Result {
+    let mut late = counter(
+        "isoswitch_late_approvals",
+        "Approvals that came after the switch had answered for the node (declined or let expire), by action: reversed (a reversal stored for delivery), logged (late_approval = \"log\"), unreversed (could not be reversed: no store, store full or failing; logged at ERROR for reconciliation).",
+    );
+    let mut single: Vec<(Family<u64>, fn(&IntegrityCounters) -> &AtomicU64)> = vec![
+        (
+            counter(
+                "isoswitch_late_declines",
+                "Late answers that did not approve: nothing to reverse.",
+            ),
+            |c| &c.late_declines,
+        ),
+        (
+            counter(
+                "isoswitch_late_answers_after_reversal",
+                "Late answers to a request already reversed: not reversed again.",
+            ),
+            |c| &c.late_again,
+        ),
+        (
+            counter(
+                "isoswitch_reversals_sent",
+                "Reversal advices sent from the store-and-forward queue (each 0420 and each repeat 0421).",
+            ),
+            |c| &c.reversals_sent,
+        ),
+        (
+            counter(
+                "isoswitch_reversals_acknowledged",
+                "Reversals a host or the peer acknowledged (its 0430): the entry is delivered.",
+            ),
+            |c| &c.reversals_acknowledged,
+        ),
+        (
+            counter(
+                "isoswitch_switch_made_withheld",
+                "Answers the switch would have made itself but did not send (integrity.switch_made = \"silent\").",
+            ),
+            |c| &c.switch_made_withheld,
+        ),
+    ];
+    let mut advices = counter(
+        "isoswitch_advices",
+        "Advices (0120/0220/0420 from clients) by outcome: stored (durably, then acknowledged by the switch; integrity.advices = \"store-and-forward\"), delivered (a host acknowledged a stored one), unanswered (no node or a timeout in forward mode, or the store could not take it: the sender repeats).",
+    );
+    for r in handle.services.iter() {
+        let s = &r.service;
+        let c = &s.made.counters;
+        let sl = || vec![("service", label_value(s.name()))];
+        let labelled = |key: &'static str, value: &str| {
+            let mut l = sl();
+            l.push((key, value.to_string()));
+            l
+        };
+        for (action, v) in [
+            ("reversed", &c.late_reversed),
+            ("logged", &c.late_logged),
+            ("unreversed", &c.late_unreversed),
+        ] {
+            late.samples
+                .push((labelled("action", action), v.load(Ordering::Relaxed)));
+        }
+        for (outcome, v) in [
+            ("stored", &c.advices_stored),
+            ("delivered", &c.advices_delivered),
+            ("unanswered", &c.advices_unanswered),
+        ] {
+            advices
+                .samples
+                .push((labelled("outcome", outcome), v.load(Ordering::Relaxed)));
+        }
+        for (f, read) in &mut single {
+            f.samples.push((sl(), read(c).load(Ordering::Relaxed)));
+        }
+    }
+    encode_counters(enc, &late)?;
+    for (f, _) in &single {
+        encode_counters(enc, f)?;
+    }
+    encode_counters(enc, &advices)
+}
+
+/// The store-and-forward queue from the last stats sample (taken once a
+/// second by its own task, never here): zero for a service or kind with no
+/// entry, nothing at all without a store or before the first sample.
+fn encode_saf(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fmt::Result {
+    let Some(sample) = handle.saf.as_ref().and_then(|v| v.latest()) else {
+        return Ok(());
+    };
+    let by = sample.by_service();
+    let mut depth = gauge(
+        "isoswitch_saf_depth",
+        "Store-and-forward entries still owed (pending), by kind: reversal, advice. From the store, shared by every instance using it.",
+    );
+    let mut dead = gauge(
+        "isoswitch_saf_dead_letters",
+        "Entries parked as dead letters (past store.saf.max_age or max_attempts), waiting for an operator: isoswitch ctl saf --state dead.",
+    );
+    let mut oldest = gauge(
+        "isoswitch_saf_oldest_age_seconds",
+        "Age of the oldest pending entry (0 when none).",
+    );
+    let mut delivered = counter(
+        "isoswitch_saf_delivered",
+        "Entries a host or the peer answered, by kind (as the store keeps them).",
+    );
+    let mut repeats = counter(
+        "isoswitch_saf_repeats",
+        "Delivery attempts after the first (sent as repeats, MTI ending in 1), by kind.",
+    );
+    let mut dropped = counter(
+        "isoswitch_saf_dropped",
+        "Entries an operator gave up (with a reason), by kind.",
+    );
+    let none = ServiceSaf::default();
+    for r in handle.services.iter() {
+        let name = r.service.name();
+        let saf = by.get(name).unwrap_or(&none);
+        let sl = || vec![("service", label_value(name))];
+        for (kind, label) in [(SafKind::Reversal, "reversal"), (SafKind::Advice, "advice")] {
+            let st = saf.of(kind);
+            let l = || {
+                let mut l = sl();
+                l.push(("kind", label.to_string()));
+                l
+            };
+            depth.samples.push((l(), st.pending as f64));
+            dead.samples.push((l(), st.dead as f64));
+            delivered.samples.push((l(), st.delivered));
+            repeats.samples.push((l(), st.repeats_sent));
+            dropped.samples.push((l(), st.dropped));
+        }
+        let age_ms = saf.total().oldest_pending_age_ms.unwrap_or(0);
+        oldest.samples.push((sl(), age_ms as f64 / 1e3));
+    }
+    for f in [&depth, &dead, &oldest] {
+        encode_gauges(enc, f)?;
+    }
+    for f in [&delivered, &repeats, &dropped] {
+        encode_counters(enc, f)?;
+    }
+    let mut m = enc.encode_descriptor(
+        "isoswitch_saf_sample_age_seconds",
+        "Seconds since the store last answered the stats query the isoswitch_saf_* metrics show (sampled every second; growing: the store is slow or away).",
+        None,
+        MetricType::Gauge,
+    )?;
+    m.encode_gauge(&sample.taken.elapsed().as_secs_f64())
 }
 
 type Histogram = (f64, u64, Vec<(f64, u64)>);

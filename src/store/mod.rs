@@ -38,8 +38,8 @@ pub use config::{Location, PgTarget, StoreConfig};
 pub use error::StoreError;
 pub use policy::{AfterFailure, MtiError, SafPolicy, repeat_mti};
 pub use saf::{
-    ClaimedSaf, Direction, NewSafEntry, SafFilter, SafId, SafKeys, SafKind, SafRow, SafState,
-    SafStats, UnixMillis, now_millis,
+    ClaimedSaf, Direction, NewSafEntry, SafFilter, SafGroupStats, SafId, SafKeys, SafKind, SafRow,
+    SafState, SafStats, UnixMillis, now_millis,
 };
 pub use schema::SCHEMA_VERSION;
 
@@ -247,6 +247,16 @@ impl Store {
     /// The queue's depth, oldest pending age, deliveries, repeats and dead
     /// letters, as of `now`.
     pub async fn saf_stats(&self, now: UnixMillis) -> Result<SafStats, StoreError> {
+        let mut total = SafStats::default();
+        for group in self.saf_stats_by(now).await? {
+            total.add(&group.stats);
+        }
+        Ok(total)
+    }
+
+    /// [`Store::saf_stats`] for each service and kind that has entries, in
+    /// service then kind order: one query, what the metrics sample.
+    pub async fn saf_stats_by(&self, now: UnixMillis) -> Result<Vec<SafGroupStats>, StoreError> {
         check_time("now", now)?;
         match self.handle.call(Op::SafStats { now }).await? {
             Outcome::Stats(stats) => Ok(stats),

@@ -154,6 +154,28 @@ pub struct SafStats {
     pub dropped: u64,
 }
 
+impl SafStats {
+    /// Adds `other`'s counts to these; the oldest pending age is the older
+    /// of the two.
+    pub fn add(&mut self, other: &SafStats) {
+        self.pending += other.pending;
+        self.in_flight += other.in_flight;
+        self.oldest_pending_age_ms = self.oldest_pending_age_ms.max(other.oldest_pending_age_ms);
+        self.delivered += other.delivered;
+        self.repeats_sent += other.repeats_sent;
+        self.dead += other.dead;
+        self.dropped += other.dropped;
+    }
+}
+
+/// The SAF queue's stats for one service and kind (what the metrics show).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SafGroupStats {
+    pub service: String,
+    pub kind: SafKind,
+    pub stats: SafStats,
+}
+
 /// Longest text kept in a key or reason column: listings stay compact.
 const MAX_TEXT: usize = 256;
 

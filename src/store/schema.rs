@@ -3,8 +3,13 @@
 //! update is explained. The DDL itself is per backend (types differ); see
 //! docs/store.md for the tables.
 
+use std::collections::BTreeMap;
+
 use super::error::StoreError;
-use super::saf::{ClaimedSaf, Direction, SafId, SafKeys, SafRow, SafState, SafStats, UnixMillis};
+use super::saf::{
+    ClaimedSaf, Direction, SafGroupStats, SafId, SafKeys, SafKind, SafRow, SafState, SafStats,
+    UnixMillis,
+};
 use super::writer::Outcome;
 
 /// The schema version this build writes; `meta.schema_version` holds the
@@ -183,8 +188,10 @@ pub fn refusal(
     })
 }
 
-/// One `GROUP BY state` row of the stats query.
+/// One `GROUP BY service, kind, state` row of the stats query.
 pub struct StateGroup {
+    pub service: String,
+    pub kind: String,
     pub state: String,
     pub count: i64,
     /// Rows whose lease runs past now.
@@ -194,23 +201,36 @@ pub struct StateGroup {
     pub repeats: i64,
 }
 
-pub fn stats(groups: Vec<StateGroup>, now: UnixMillis) -> Result<SafStats, StoreError> {
+/// The stats query's rows as one [`SafGroupStats`] per service and kind,
+/// in service then kind order.
+pub fn stats(groups: Vec<StateGroup>, now: UnixMillis) -> Result<Vec<SafGroupStats>, StoreError> {
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    let mut stats = SafStats::default();
+    let mut by: BTreeMap<(String, &'static str), SafGroupStats> = BTreeMap::new();
     for g in groups {
+        let kind: SafKind = g.kind.parse()?;
+        let state: SafState = g.state.parse()?;
+        let entry = by
+            .entry((g.service.clone(), kind.as_str()))
+            .or_insert_with(|| SafGroupStats {
+                service: g.service,
+                kind,
+                stats: SafStats::default(),
+            });
+        let stats = &mut entry.stats;
         stats.repeats_sent += count(g.repeats);
-        match g.state.parse()? {
+        match state {
             SafState::Pending => {
-                stats.pending = count(g.count);
-                stats.in_flight = count(g.leased);
-                stats.oldest_pending_age_ms = g.oldest.map(|t| now.saturating_sub(t).max(0));
+                stats.pending += count(g.count);
+                stats.in_flight += count(g.leased);
+                let age = g.oldest.map(|t| now.saturating_sub(t).max(0));
+                stats.oldest_pending_age_ms = stats.oldest_pending_age_ms.max(age);
             }
-            SafState::Delivered => stats.delivered = count(g.count),
-            SafState::Dead => stats.dead = count(g.count),
-            SafState::Dropped => stats.dropped = count(g.count),
+            SafState::Delivered => stats.delivered += count(g.count),
+            SafState::Dead => stats.dead += count(g.count),
+            SafState::Dropped => stats.dropped += count(g.count),
         }
     }
-    Ok(stats)
+    Ok(by.into_values().collect())
 }
 
 /// Reads the version stored in `meta` (absent: a new database).
@@ -277,5 +297,50 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    fn group(service: &str, kind: &str, state: &str, count: i64, oldest: i64) -> StateGroup {
+        StateGroup {
+            service: service.into(),
+            kind: kind.into(),
+            state: state.into(),
+            count,
+            leased: 1,
+            oldest: Some(oldest),
+            repeats: 2,
+        }
+    }
+
+    #[test]
+    fn stats_are_grouped_by_service_and_kind_and_add_up() {
+        let groups = vec![
+            group("pos", "reversal", "pending", 3, 1_000),
+            group("pos", "reversal", "dead", 1, 500),
+            group("pos", "advice", "delivered", 4, 200),
+            group("atm", "reversal", "pending", 2, 4_000),
+        ];
+        let by = stats(groups, 5_000).expect("stats");
+        let keys: Vec<_> = by.iter().map(|g| (g.service.as_str(), g.kind)).collect();
+        assert_eq!(
+            keys,
+            [
+                ("atm", SafKind::Reversal),
+                ("pos", SafKind::Advice),
+                ("pos", SafKind::Reversal)
+            ]
+        );
+        let pos_rev = &by[2].stats;
+        assert_eq!(
+            (pos_rev.pending, pos_rev.dead, pos_rev.in_flight),
+            (3, 1, 1)
+        );
+        assert_eq!(pos_rev.oldest_pending_age_ms, Some(4_000));
+        assert_eq!(pos_rev.repeats_sent, 4);
+        assert_eq!(by[1].stats.oldest_pending_age_ms, None);
+        let mut total = SafStats::default();
+        by.iter().for_each(|g| total.add(&g.stats));
+        assert_eq!((total.pending, total.delivered, total.dead), (5, 4, 1));
+        assert_eq!(total.oldest_pending_age_ms, Some(4_000));
+        assert!(stats(vec![group("pos", "gift", "pending", 1, 0)], 0).is_err());
     }
 }

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot};
 
 use super::error::StoreError;
-use super::saf::{ClaimedSaf, NewSafEntry, SafFilter, SafId, SafRow, SafStats, UnixMillis};
+use super::saf::{ClaimedSaf, NewSafEntry, SafFilter, SafGroupStats, SafId, SafRow, UnixMillis};
 
 /// One operation of the store.
 #[derive(Debug)]
@@ -71,7 +71,7 @@ pub(crate) enum Outcome {
     Claimed(Vec<ClaimedSaf>),
     Done,
     Rows(Vec<SafRow>),
-    Stats(SafStats),
+    Stats(Vec<SafGroupStats>),
     Meta(Option<String>),
 }
 

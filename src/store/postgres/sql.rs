@@ -128,10 +128,10 @@ impl Statements {
                 .await?,
             stats: c
                 .prepare(
-                    "SELECT state, COUNT(*), \
+                    "SELECT service, kind, state, COUNT(*), \
                      SUM(CASE WHEN lease_until > $1 THEN 1 ELSE 0 END), \
                      MIN(created_at), SUM(CASE WHEN attempts > 1 THEN attempts - 1 ELSE 0 END) \
-                     FROM saf GROUP BY state",
+                     FROM saf GROUP BY service, kind, state",
                 )
                 .await?,
             meta_get: c
@@ -280,11 +280,13 @@ pub(super) async fn apply(
                 .iter()
                 .map(|r| {
                     Ok(schema::StateGroup {
-                        state: r.try_get(0)?,
-                        count: r.try_get(1)?,
-                        leased: r.try_get(2)?,
-                        oldest: r.try_get(3)?,
-                        repeats: r.try_get(4)?,
+                        service: r.try_get(0)?,
+                        kind: r.try_get(1)?,
+                        state: r.try_get(2)?,
+                        count: r.try_get(3)?,
+                        leased: r.try_get(4)?,
+                        oldest: r.try_get(5)?,
+                        repeats: r.try_get(6)?,
                     })
                 })
                 .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
