@@ -1,6 +1,6 @@
 //! The admin HTTP listener (`[admin]`): health probes, Prometheus metrics, the
-//! status API and page, the connection table, runtime node control and
-//! reload.
+//! status API and page, the connection table, runtime node control, reload,
+//! and the store-and-forward queue (list, retry now, drop with a reason).
 //!
 //! **It cannot hurt card traffic.** It serves on a thread and runtime of its
 //! own, at most `admin.max_connections` connections at once (past the cap it

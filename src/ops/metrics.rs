@@ -3,7 +3,9 @@
 //! `NodeCounters`): nothing is counted twice. Names follow HAProxy's exporter
 //! so operators recognise them: `isoswitch_service_*` (HAProxy's `frontend`)
 //! and `isoswitch_server_*` (a channel node) with `service` and `server`
-//! labels.
+//! labels. The store-and-forward queue (`isoswitch_saf_*`) is the exception:
+//! it comes from the store, so it is read from the stats a task samples once
+//! a second ([`super::saf`]), never from the store at scrape time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -469,6 +471,9 @@ impl Collector for SwitchMetrics {
     }
 }
 
+/// Which of a service's integrity counters a family shows.
+type ReadCounter = fn(&IntegrityCounters) -> &AtomicU64;
+
 /// What the switch did about the answers it gave for its nodes: late
 /// approvals by action, reversals, advices (counters of the message path).
 fn encode_integrity(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fmt::Result {
@@ -476,7 +481,7 @@ fn encode_integrity(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::
         "isoswitch_late_approvals",
         "Approvals that came after the switch had answered for the node (declined or let expire), by action: reversed (a reversal stored for delivery), logged (late_approval = \"log\"), unreversed (could not be reversed: no store, store full or failing; logged at ERROR for reconciliation).",
     );
-    let mut single: Vec<(Family<u64>, fn(&IntegrityCounters) -> &AtomicU64)> = vec![
+    let mut single: Vec<(Family<u64>, ReadCounter)> = vec![
         (
             counter(
                 "isoswitch_late_declines",
