@@ -91,6 +91,27 @@ pub async fn api_suite(store: &Store) {
     let stats = store.saf_stats(T0 + 5 * SEC).await.expect("stats");
     assert_eq!((stats.pending, stats.in_flight, stats.delivered), (3, 0, 0));
     assert_eq!(stats.oldest_pending_age_ms, Some(5 * SEC));
+    // The same per service and kind, as the metrics read it.
+    let by = store.saf_stats_by(T0 + 5 * SEC).await.expect("stats by");
+    let groups: Vec<_> = by
+        .iter()
+        .map(|g| {
+            (
+                g.service.as_str(),
+                g.kind,
+                g.stats.pending,
+                g.stats.oldest_pending_age_ms,
+            )
+        })
+        .collect();
+    assert_eq!(
+        groups,
+        [
+            ("cups", SafKind::Advice, 1, Some(0)),
+            ("cups", SafKind::Reversal, 1, Some(5 * SEC)),
+            ("visa", SafKind::Reversal, 1, Some(5 * SEC)),
+        ]
+    );
 
     // Due now: 1 and 3, not 2; each leased for its first attempt.
     let claimed = store.saf_claim("A", T0, 10, LEASE).await.expect("claim");
