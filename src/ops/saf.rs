@@ -136,18 +136,25 @@ impl SafView {
 }
 
 /// Samples the queue's stats every [`SAMPLE_EVERY`] until `stop`; the first
-/// at once, so that a scrape soon after start has them.
+/// at once, so that a scrape soon after start has them. The query runs on
+/// the store's one writer, between the batches that carry reversals and
+/// advices, and it reads the whole table: when it gets slow (a long
+/// history of delivered rows) the next sample waits [`PACE`] times as long
+/// as it took, so the stats never take more than a small share of the
+/// writer's time.
 pub async fn sample_forever(view: Arc<SafView>, mut stop: watch::Receiver<bool>) {
-    let mut every = tokio::time::interval(SAMPLE_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut complained = None::<Instant>;
+    let mut wait = Duration::ZERO;
     loop {
         tokio::select! {
-            _ = every.tick() => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = stop.changed() => return,
         }
+        let started = Instant::now();
         let asked = view.store.saf_stats_by(now_millis());
-        let why = match tokio::time::timeout(SAMPLE_TIMEOUT, asked).await {
+        let outcome = tokio::time::timeout(SAMPLE_TIMEOUT, asked).await;
+        wait = next_wait(started.elapsed());
+        let why = match outcome {
             Ok(Ok(groups)) => {
                 view.keep(SafSample {
                     taken: Instant::now(),
@@ -163,6 +170,14 @@ pub async fn sample_forever(view: Arc<SafView>, mut stop: watch::Receiver<bool>)
             complained = Some(Instant::now());
         }
     }
+}
+
+/// A slow sample is followed by a wait this many times as long as it took.
+const PACE: u32 = 20;
+
+/// The wait before the next sample, after one that took `took`.
+fn next_wait(took: Duration) -> Duration {
+    SAMPLE_EVERY.max(took.saturating_mul(PACE))
 }
 
 /// `GET /api/v1/saf`'s query: `state` (pending, dead, delivered, dropped or
@@ -432,6 +447,15 @@ mod tests {
         assert_eq!(
             clean_reason("card 4761739001010119 ref 123456").as_deref(),
             Ok("card [digits left out] ref 123456")
+        );
+    }
+
+    #[test]
+    fn a_slow_sample_spaces_the_next() {
+        assert_eq!(next_wait(Duration::from_millis(3)), SAMPLE_EVERY);
+        assert_eq!(
+            next_wait(Duration::from_millis(200)),
+            Duration::from_secs(4)
         );
     }
 
