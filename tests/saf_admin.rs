@@ -212,6 +212,11 @@ async fn scenario() {
         0.0
     );
     assert!(value("isoswitch_reversals_sent_total{service=\"pos\"}") > 0.0);
+    assert!(value("isoswitch_saf_sent_total{service=\"pos\"}") > 0.0);
+    assert_eq!(
+        value("isoswitch_saf_delivered_total{service=\"pos\",kind=\"reversal\"}"),
+        0.0
+    );
     assert_eq!(
         value("isoswitch_reversals_acknowledged_total{service=\"pos\"}"),
         0.0

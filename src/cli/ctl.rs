@@ -359,8 +359,8 @@ pub fn status_table(status: &Status) -> String {
         let i = &s.integrity;
         if let Some(q) = &i.saf {
             out.push_str(&format!(
-                "  saf: pending {} (reversals {}, advices {}) oldest {:.0}s dead letters {} delivered {}\n",
-                q.pending, q.reversals_pending, q.advices_pending, q.oldest_age_s, q.dead_letters, q.delivered
+                "  saf: pending {} (reversals {}, advices {}, {} in attempt) oldest {:.0}s dead letters {}\n",
+                q.pending, q.reversals_pending, q.advices_pending, q.in_flight, q.oldest_age_s, q.dead_letters
             ));
         }
         if i.late_reversed + i.late_logged + i.late_unreversed > 0 {

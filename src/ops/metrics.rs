@@ -16,7 +16,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use super::control::SwitchHandle;
-use super::saf::ServiceSaf;
+use super::saf::{SafSample, ServiceSaf};
 use crate::link::Service;
 use crate::link::conns::ConnKind;
 use crate::link::service::IntegrityCounters;
@@ -559,17 +559,65 @@ fn encode_integrity(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::
     encode_counters(enc, &advices)
 }
 
-/// The store-and-forward queue from the last stats sample (taken once a
-/// second by its own task, never here): zero for a service or kind with no
-/// entry, nothing at all without a store or before the first sample.
+/// The store-and-forward queue, when there is a store. What it owes
+/// (depth, oldest age, dead letters) comes from the last sample (taken once
+/// a second by its own task, never here): zero for a service or kind that
+/// owes nothing, absent before the first sample. Deliveries and repeats are
+/// this instance's own counters, so that with a shared PostgreSQL store the
+/// instances' rates add up.
 fn encode_saf(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fmt::Result {
-    let Some(sample) = handle.saf.as_ref().and_then(|v| v.latest()) else {
+    let Some(view) = handle.saf.as_ref() else {
         return Ok(());
     };
+    let mut delivered = counter(
+        "isoswitch_saf_delivered",
+        "Store-and-forward entries this instance delivered (a host or the peer answered), by kind.",
+    );
+    let mut sent = counter(
+        "isoswitch_saf_sent",
+        "Store-and-forward delivery attempts this instance put on the wire (first sends and repeats).",
+    );
+    let mut repeats = counter(
+        "isoswitch_saf_repeats",
+        "Store-and-forward attempts after an entry's first, sent as repeats (MTI ending in 1: 0421, 0221).",
+    );
+    for r in handle.services.iter() {
+        let s = &r.service;
+        let c = &s.made.counters;
+        let sl = || vec![("service", label_value(s.name()))];
+        for (kind, v) in [
+            ("reversal", &c.reversals_acknowledged),
+            ("advice", &c.advices_delivered),
+        ] {
+            let mut l = sl();
+            l.push(("kind", kind.to_string()));
+            delivered.samples.push((l, v.load(Ordering::Relaxed)));
+        }
+        sent.samples
+            .push((sl(), c.saf_sent.load(Ordering::Relaxed)));
+        repeats
+            .samples
+            .push((sl(), c.saf_repeats.load(Ordering::Relaxed)));
+    }
+    for f in [&delivered, &sent, &repeats] {
+        encode_counters(enc, f)?;
+    }
+    match view.latest() {
+        Some(sample) => encode_owed(enc, handle, &sample),
+        None => Ok(()),
+    }
+}
+
+/// The gauges of what the queue owes, from `sample`.
+fn encode_owed(
+    enc: &mut DescriptorEncoder,
+    handle: &SwitchHandle,
+    sample: &SafSample,
+) -> std::fmt::Result {
     let by = sample.by_service();
     let mut depth = gauge(
         "isoswitch_saf_depth",
-        "Store-and-forward entries still owed (pending), by kind: reversal, advice. From the store, shared by every instance using it.",
+        "Store-and-forward entries still owed (pending), by kind: reversal, advice. From the store: with a shared store every instance reports the same queue.",
     );
     let mut dead = gauge(
         "isoswitch_saf_dead_letters",
@@ -577,19 +625,7 @@ fn encode_saf(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fmt::R
     );
     let mut oldest = gauge(
         "isoswitch_saf_oldest_age_seconds",
-        "Age of the oldest pending entry (0 when none).",
-    );
-    let mut delivered = counter(
-        "isoswitch_saf_delivered",
-        "Entries a host or the peer answered, by kind (as the store keeps them).",
-    );
-    let mut repeats = counter(
-        "isoswitch_saf_repeats",
-        "Delivery attempts after the first (sent as repeats, MTI ending in 1), by kind.",
-    );
-    let mut dropped = counter(
-        "isoswitch_saf_dropped",
-        "Entries an operator gave up (with a reason), by kind.",
+        "Age of the oldest pending store-and-forward entry (0 when none).",
     );
     let none = ServiceSaf::default();
     for r in handle.services.iter() {
@@ -597,17 +633,11 @@ fn encode_saf(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fmt::R
         let saf = by.get(name).unwrap_or(&none);
         let sl = || vec![("service", label_value(name))];
         for (kind, label) in [(SafKind::Reversal, "reversal"), (SafKind::Advice, "advice")] {
-            let st = saf.of(kind);
-            let l = || {
-                let mut l = sl();
-                l.push(("kind", label.to_string()));
-                l
-            };
-            depth.samples.push((l(), st.pending as f64));
-            dead.samples.push((l(), st.dead as f64));
-            delivered.samples.push((l(), st.delivered));
-            repeats.samples.push((l(), st.repeats_sent));
-            dropped.samples.push((l(), st.dropped));
+            let owed = saf.of(kind);
+            let mut l = sl();
+            l.push(("kind", label.to_string()));
+            depth.samples.push((l.clone(), owed.pending as f64));
+            dead.samples.push((l, owed.dead as f64));
         }
         let age_ms = saf.total().oldest_pending_age_ms.unwrap_or(0);
         oldest.samples.push((sl(), age_ms as f64 / 1e3));
@@ -615,12 +645,9 @@ fn encode_saf(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fmt::R
     for f in [&depth, &dead, &oldest] {
         encode_gauges(enc, f)?;
     }
-    for f in [&delivered, &repeats, &dropped] {
-        encode_counters(enc, f)?;
-    }
     let mut m = enc.encode_descriptor(
         "isoswitch_saf_sample_age_seconds",
-        "Seconds since the store last answered the stats query the isoswitch_saf_* metrics show (sampled every second; growing: the store is slow or away).",
+        "Seconds since the store last answered the query isoswitch_saf_depth, _dead_letters and _oldest_age_seconds come from (sampled every second; growing: the store is slow or away).",
         None,
         MetricType::Gauge,
     )?;

@@ -79,7 +79,7 @@ fn saf_table(h: &mut String, status: &Status) {
     h.push_str(
         "<h2 id=\"saf\">store-and-forward</h2><table><tr><th>service</th><th>pending</th>\
          <th>reversals</th><th>advices</th><th>oldest s</th><th>dead letters</th>\
-         <th>delivered</th><th>late reversed</th><th>late logged</th><th>not reversed</th>\
+         <th>in attempt</th><th>late reversed</th><th>late logged</th><th>not reversed</th>\
          <th>reversals sent</th><th>acknowledged</th></tr>",
     );
     for s in &status.services {
@@ -92,7 +92,7 @@ fn saf_table(h: &mut String, status: &Status) {
                 q.advices_pending,
                 q.oldest_age_s,
                 q.dead_letters,
-                q.delivered
+                q.in_flight
             ),
             None => "<td colspan=\"6\">no store</td>".to_string(),
         };

@@ -1,8 +1,9 @@
-//! The store-and-forward queue as operators see it: its stats, sampled from
-//! the store once a second by a task of its own and cached (a scrape or the
-//! status page reads the cache, never the store, and the message path never
-//! waits for either), and the entries as the admin API lists them and acts
-//! on them (retry now, drop with a reason).
+//! The store-and-forward queue as operators see it: what it owes (pending
+//! entries and dead letters per service and kind), sampled from the store
+//! once a second by a task of its own and cached (a scrape or the status
+//! page reads the cache, never the store, and the message path never waits
+//! for either), and the entries as the admin API lists them and acts on
+//! them (retry now, drop with a reason).
 //!
 //! A listing never carries a payload: the store's rows have none, and the
 //! PAN is the masked form the store keeps (first 6 and last 4 at most).
@@ -15,8 +16,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
 
 use crate::store::{
-    Direction, SafFilter, SafGroupStats, SafId, SafKind, SafRow, SafState, SafStats, Store,
-    StoreError, UnixMillis, now_millis,
+    Direction, SafFilter, SafId, SafKind, SafOwed, SafRow, SafState, Store, StoreError, UnixMillis,
+    now_millis,
 };
 
 /// How often the stats are sampled.
@@ -44,47 +45,77 @@ pub struct SafView {
     latest: Mutex<Option<Arc<SafSample>>>,
 }
 
-/// One reading of the queue's stats.
+/// One reading of what the queue owes.
 #[derive(Debug)]
 pub struct SafSample {
     /// When the store answered.
     pub taken: Instant,
-    /// Per service and kind, only those with entries.
-    pub groups: Vec<SafGroupStats>,
+    /// Per service and kind, only those with pending entries or dead letters.
+    pub groups: Vec<SafOwed>,
+}
+
+/// What is owed for one service and kind (all zero: nothing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Owed {
+    pub pending: u64,
+    /// Of those, leased for an attempt right now.
+    pub in_flight: u64,
+    pub oldest_pending_age_ms: Option<i64>,
+    pub dead: u64,
+}
+
+impl Owed {
+    /// These and `other` together; the oldest age is the older of the two.
+    pub fn plus(self, other: Owed) -> Owed {
+        Owed {
+            pending: self.pending + other.pending,
+            in_flight: self.in_flight + other.in_flight,
+            oldest_pending_age_ms: self.oldest_pending_age_ms.max(other.oldest_pending_age_ms),
+            dead: self.dead + other.dead,
+        }
+    }
+
+    fn of(g: &SafOwed) -> Owed {
+        Owed {
+            pending: g.pending,
+            in_flight: g.in_flight,
+            oldest_pending_age_ms: g.oldest_pending_age_ms,
+            dead: g.dead,
+        }
+    }
 }
 
 /// One service's share of a sample.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceSaf {
-    pub reversals: SafStats,
-    pub advices: SafStats,
+    pub reversals: Owed,
+    pub advices: Owed,
 }
 
 impl ServiceSaf {
-    pub fn of(&self, kind: SafKind) -> &SafStats {
+    pub fn of(&self, kind: SafKind) -> Owed {
         match kind {
-            SafKind::Reversal => &self.reversals,
-            SafKind::Advice => &self.advices,
+            SafKind::Reversal => self.reversals,
+            SafKind::Advice => self.advices,
         }
     }
 
-    pub fn total(&self) -> SafStats {
-        let mut total = self.reversals.clone();
-        total.add(&self.advices);
-        total
+    pub fn total(&self) -> Owed {
+        self.reversals.plus(self.advices)
     }
 }
 
 impl SafSample {
-    /// Each service's stats; a service with no entry is absent (all zero).
+    /// Each service's share; a service that owes nothing is absent.
     pub fn by_service(&self) -> HashMap<&str, ServiceSaf> {
         let mut out: HashMap<&str, ServiceSaf> = HashMap::new();
         for g in &self.groups {
             let s = out.entry(g.service.as_str()).or_default();
-            match g.kind {
-                SafKind::Reversal => s.reversals.add(&g.stats),
-                SafKind::Advice => s.advices.add(&g.stats),
-            }
+            let slot = match g.kind {
+                SafKind::Reversal => &mut s.reversals,
+                SafKind::Advice => &mut s.advices,
+            };
+            *slot = slot.plus(Owed::of(g));
         }
         out
     }
@@ -138,9 +169,9 @@ impl SafView {
 /// Samples the queue's stats every [`SAMPLE_EVERY`] until `stop`; the first
 /// at once, so that a scrape soon after start has them. The query runs on
 /// the store's one writer, between the batches that carry reversals and
-/// advices, and it reads the whole table: when it gets slow (a long
-/// history of delivered rows) the next sample waits [`PACE`] times as long
-/// as it took, so the stats never take more than a small share of the
+/// advices; it reads only pending and dead rows, and should that still be
+/// slow (a large backlog) the next sample waits [`PACE`] times as long as
+/// it took, so sampling never takes more than a small share of the
 /// writer's time.
 pub async fn sample_forever(view: Arc<SafView>, mut stop: watch::Receiver<bool>) {
     let mut complained = None::<Instant>;
@@ -151,7 +182,7 @@ pub async fn sample_forever(view: Arc<SafView>, mut stop: watch::Receiver<bool>)
             _ = stop.changed() => return,
         }
         let started = Instant::now();
-        let asked = view.store.saf_stats_by(now_millis());
+        let asked = view.store.saf_owed_by(now_millis());
         let outcome = tokio::time::timeout(SAMPLE_TIMEOUT, asked).await;
         wait = next_wait(started.elapsed());
         let why = match outcome {
@@ -513,31 +544,24 @@ mod tests {
 
     #[test]
     fn a_sample_splits_by_service_and_kind() {
-        let stats = |pending| SafStats {
+        let owed = |kind, pending| SafOwed {
+            service: "pos".into(),
+            kind,
             pending,
+            in_flight: 1,
             oldest_pending_age_ms: Some(pending as i64 * 1000),
-            ..SafStats::default()
+            dead: 1,
         };
         let sample = SafSample {
             taken: Instant::now(),
-            groups: vec![
-                SafGroupStats {
-                    service: "pos".into(),
-                    kind: SafKind::Reversal,
-                    stats: stats(3),
-                },
-                SafGroupStats {
-                    service: "pos".into(),
-                    kind: SafKind::Advice,
-                    stats: stats(2),
-                },
-            ],
+            groups: vec![owed(SafKind::Reversal, 3), owed(SafKind::Advice, 2)],
         };
         let by = sample.by_service();
         let pos = &by["pos"];
         assert_eq!(pos.of(SafKind::Reversal).pending, 3);
-        assert_eq!(pos.total().pending, 5);
-        assert_eq!(pos.total().oldest_pending_age_ms, Some(3000));
+        let total = pos.total();
+        assert_eq!((total.pending, total.in_flight, total.dead), (5, 2, 2));
+        assert_eq!(total.oldest_pending_age_ms, Some(3000));
         assert!(!by.contains_key("atm"));
     }
 }

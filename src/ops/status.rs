@@ -66,18 +66,18 @@ pub struct IntegrityStatus {
     pub saf: Option<SafStatus>,
 }
 
-/// The store-and-forward queue of one service.
+/// What one service's store-and-forward queue owes.
 #[derive(Debug, Default, Serialize, serde::Deserialize)]
 pub struct SafStatus {
     /// Entries still owed.
     pub pending: u64,
     pub reversals_pending: u64,
     pub advices_pending: u64,
+    /// Of the pending, leased for an attempt right now.
+    pub in_flight: u64,
     /// Age of the oldest pending entry, seconds (0 when none).
     pub oldest_age_s: f64,
     pub dead_letters: u64,
-    pub delivered: u64,
-    pub dropped: u64,
 }
 
 #[derive(Debug, Serialize, serde::Deserialize)]
@@ -223,10 +223,9 @@ fn saf_status(saf: &ServiceSaf) -> SafStatus {
         pending: total.pending,
         reversals_pending: saf.reversals.pending,
         advices_pending: saf.advices.pending,
+        in_flight: total.in_flight,
         oldest_age_s: total.oldest_pending_age_ms.unwrap_or(0) as f64 / 1e3,
         dead_letters: total.dead,
-        delivered: total.delivered,
-        dropped: total.dropped,
     }
 }
 

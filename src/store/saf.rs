@@ -154,26 +154,21 @@ pub struct SafStats {
     pub dropped: u64,
 }
 
-impl SafStats {
-    /// Adds `other`'s counts to these; the oldest pending age is the older
-    /// of the two.
-    pub fn add(&mut self, other: &SafStats) {
-        self.pending += other.pending;
-        self.in_flight += other.in_flight;
-        self.oldest_pending_age_ms = self.oldest_pending_age_ms.max(other.oldest_pending_age_ms);
-        self.delivered += other.delivered;
-        self.repeats_sent += other.repeats_sent;
-        self.dead += other.dead;
-        self.dropped += other.dropped;
-    }
-}
-
-/// The SAF queue's stats for one service and kind (what the metrics show).
+/// What is still owed for one service and kind: pending entries and dead
+/// letters (what the metrics show each second). Read with an index on the
+/// state, so its cost follows the entries owed, not the history kept.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct SafGroupStats {
+pub struct SafOwed {
     pub service: String,
     pub kind: SafKind,
-    pub stats: SafStats,
+    /// Entries still owed.
+    pub pending: u64,
+    /// Of those, leased to an owner right now.
+    pub in_flight: u64,
+    /// Age of the oldest pending entry.
+    pub oldest_pending_age_ms: Option<i64>,
+    /// Dead letters, waiting for an operator.
+    pub dead: u64,
 }
 
 /// Longest text kept in a key or reason column: listings stay compact.

@@ -7,8 +7,7 @@ use std::collections::BTreeMap;
 
 use super::error::StoreError;
 use super::saf::{
-    ClaimedSaf, Direction, SafGroupStats, SafId, SafKeys, SafKind, SafRow, SafState, SafStats,
-    UnixMillis,
+    ClaimedSaf, Direction, SafId, SafKeys, SafKind, SafOwed, SafRow, SafState, SafStats, UnixMillis,
 };
 use super::writer::Outcome;
 
@@ -188,10 +187,8 @@ pub fn refusal(
     })
 }
 
-/// One `GROUP BY service, kind, state` row of the stats query.
+/// One `GROUP BY state` row of the stats query.
 pub struct StateGroup {
-    pub service: String,
-    pub kind: String,
     pub state: String,
     pub count: i64,
     /// Rows whose lease runs past now.
@@ -201,33 +198,74 @@ pub struct StateGroup {
     pub repeats: i64,
 }
 
-/// The stats query's rows as one [`SafGroupStats`] per service and kind,
-/// in service then kind order.
-pub fn stats(groups: Vec<StateGroup>, now: UnixMillis) -> Result<Vec<SafGroupStats>, StoreError> {
+pub fn stats(groups: Vec<StateGroup>, now: UnixMillis) -> Result<SafStats, StoreError> {
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    let mut by: BTreeMap<(String, &'static str), SafGroupStats> = BTreeMap::new();
+    let mut stats = SafStats::default();
+    for g in groups {
+        stats.repeats_sent += count(g.repeats);
+        match g.state.parse()? {
+            SafState::Pending => {
+                stats.pending = count(g.count);
+                stats.in_flight = count(g.leased);
+                stats.oldest_pending_age_ms = g.oldest.map(|t| now.saturating_sub(t).max(0));
+            }
+            SafState::Delivered => stats.delivered = count(g.count),
+            SafState::Dead => stats.dead = count(g.count),
+            SafState::Dropped => stats.dropped = count(g.count),
+        }
+    }
+    Ok(stats)
+}
+
+/// The owed-entries query, on both backends (`$1`/`?1` is now): pending and
+/// dead rows only, so the `saf_state` index bounds it by what is owed.
+pub const OWED_SQL: &str = "SELECT service, kind, state, COUNT(*), \
+     SUM(CASE WHEN lease_until > $1 THEN 1 ELSE 0 END), MIN(created_at) \
+     FROM saf WHERE state IN ('pending', 'dead') GROUP BY service, kind, state";
+
+/// One row of [`OWED_SQL`].
+pub struct OwedGroup {
+    pub service: String,
+    pub kind: String,
+    pub state: String,
+    pub count: i64,
+    /// Rows whose lease runs past now.
+    pub leased: i64,
+    pub oldest: Option<i64>,
+}
+
+/// [`OWED_SQL`]'s rows as one [`SafOwed`] per service and kind, in service
+/// then kind order.
+pub fn owed(groups: Vec<OwedGroup>, now: UnixMillis) -> Result<Vec<SafOwed>, StoreError> {
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    let mut by: BTreeMap<(String, &'static str), SafOwed> = BTreeMap::new();
     for g in groups {
         let kind: SafKind = g.kind.parse()?;
         let state: SafState = g.state.parse()?;
-        let entry = by
+        let owed = by
             .entry((g.service.clone(), kind.as_str()))
-            .or_insert_with(|| SafGroupStats {
+            .or_insert_with(|| SafOwed {
                 service: g.service,
                 kind,
-                stats: SafStats::default(),
+                pending: 0,
+                in_flight: 0,
+                oldest_pending_age_ms: None,
+                dead: 0,
             });
-        let stats = &mut entry.stats;
-        stats.repeats_sent += count(g.repeats);
         match state {
             SafState::Pending => {
-                stats.pending += count(g.count);
-                stats.in_flight += count(g.leased);
+                owed.pending += count(g.count);
+                owed.in_flight += count(g.leased);
                 let age = g.oldest.map(|t| now.saturating_sub(t).max(0));
-                stats.oldest_pending_age_ms = stats.oldest_pending_age_ms.max(age);
+                owed.oldest_pending_age_ms = owed.oldest_pending_age_ms.max(age);
             }
-            SafState::Delivered => stats.delivered += count(g.count),
-            SafState::Dead => stats.dead += count(g.count),
-            SafState::Dropped => stats.dropped += count(g.count),
+            SafState::Dead => owed.dead += count(g.count),
+            other => {
+                return Err(StoreError::Corrupt {
+                    column: "saf.state",
+                    value: format!("{other} in the owed query"),
+                });
+            }
         }
     }
     Ok(by.into_values().collect())
@@ -299,27 +337,26 @@ mod tests {
         ));
     }
 
-    fn group(service: &str, kind: &str, state: &str, count: i64, oldest: i64) -> StateGroup {
-        StateGroup {
+    fn group(service: &str, kind: &str, state: &str, count: i64, oldest: i64) -> OwedGroup {
+        OwedGroup {
             service: service.into(),
             kind: kind.into(),
             state: state.into(),
             count,
             leased: 1,
             oldest: Some(oldest),
-            repeats: 2,
         }
     }
 
     #[test]
-    fn stats_are_grouped_by_service_and_kind_and_add_up() {
+    fn owed_entries_are_grouped_by_service_and_kind() {
         let groups = vec![
             group("pos", "reversal", "pending", 3, 1_000),
             group("pos", "reversal", "dead", 1, 500),
-            group("pos", "advice", "delivered", 4, 200),
+            group("pos", "advice", "dead", 4, 200),
             group("atm", "reversal", "pending", 2, 4_000),
         ];
-        let by = stats(groups, 5_000).expect("stats");
+        let by = owed(groups, 5_000).expect("owed");
         let keys: Vec<_> = by.iter().map(|g| (g.service.as_str(), g.kind)).collect();
         assert_eq!(
             keys,
@@ -329,18 +366,14 @@ mod tests {
                 ("pos", SafKind::Reversal)
             ]
         );
-        let pos_rev = &by[2].stats;
+        let pos_rev = &by[2];
         assert_eq!(
             (pos_rev.pending, pos_rev.dead, pos_rev.in_flight),
             (3, 1, 1)
         );
         assert_eq!(pos_rev.oldest_pending_age_ms, Some(4_000));
-        assert_eq!(pos_rev.repeats_sent, 4);
-        assert_eq!(by[1].stats.oldest_pending_age_ms, None);
-        let mut total = SafStats::default();
-        by.iter().for_each(|g| total.add(&g.stats));
-        assert_eq!((total.pending, total.delivered, total.dead), (5, 4, 1));
-        assert_eq!(total.oldest_pending_age_ms, Some(4_000));
-        assert!(stats(vec![group("pos", "gift", "pending", 1, 0)], 0).is_err());
+        assert_eq!((by[1].dead, by[1].oldest_pending_age_ms), (4, None));
+        assert!(owed(vec![group("pos", "gift", "pending", 1, 0)], 0).is_err());
+        assert!(owed(vec![group("pos", "advice", "delivered", 1, 0)], 0).is_err());
     }
 }

@@ -427,25 +427,39 @@ fn apply(tx: &Transaction<'_>, op: &Op) -> Result<Answer, rusqlite::Error> {
         }
         Op::SafStats { now } => {
             let mut st = tx.prepare_cached(
-                "SELECT service, kind, state, COUNT(*), \
+                "SELECT state, COUNT(*), \
                  SUM(CASE WHEN lease_until > ?1 THEN 1 ELSE 0 END), \
                  MIN(created_at), SUM(CASE WHEN attempts > 1 THEN attempts - 1 ELSE 0 END) \
-                 FROM saf GROUP BY service, kind, state",
+                 FROM saf GROUP BY state",
             )?;
             let groups = st
                 .query_map(params![now], |r| {
                     Ok(schema::StateGroup {
+                        state: r.get(0)?,
+                        count: r.get(1)?,
+                        leased: r.get(2)?,
+                        oldest: r.get(3)?,
+                        repeats: r.get(4)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            schema::stats(groups, *now).map(Outcome::Stats)
+        }
+        Op::SafOwed { now } => {
+            let mut st = tx.prepare_cached(&schema::OWED_SQL.replace("$1", "?1"))?;
+            let groups = st
+                .query_map(params![now], |r| {
+                    Ok(schema::OwedGroup {
                         service: r.get(0)?,
                         kind: r.get(1)?,
                         state: r.get(2)?,
                         count: r.get(3)?,
                         leased: r.get(4)?,
                         oldest: r.get(5)?,
-                        repeats: r.get(6)?,
                     })
                 })?
                 .collect::<Result<Vec<_>, _>>()?;
-            schema::stats(groups, *now).map(Outcome::Stats)
+            schema::owed(groups, *now).map(Outcome::Owed)
         }
         Op::MetaGet(key) => Ok(Outcome::Meta(meta_get(tx, key)?)),
         Op::MetaPut(key, value) => {

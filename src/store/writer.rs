@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot};
 
 use super::error::StoreError;
-use super::saf::{ClaimedSaf, NewSafEntry, SafFilter, SafGroupStats, SafId, SafRow, UnixMillis};
+use super::saf::{
+    ClaimedSaf, NewSafEntry, SafFilter, SafId, SafOwed, SafRow, SafStats, UnixMillis,
+};
 
 /// One operation of the store.
 #[derive(Debug)]
@@ -58,6 +60,9 @@ pub(crate) enum Op {
     SafStats {
         now: UnixMillis,
     },
+    SafOwed {
+        now: UnixMillis,
+    },
     MetaGet(String),
     MetaPut(String, String),
     /// Finish the queue ahead of it, then close the database.
@@ -71,7 +76,8 @@ pub(crate) enum Outcome {
     Claimed(Vec<ClaimedSaf>),
     Done,
     Rows(Vec<SafRow>),
-    Stats(Vec<SafGroupStats>),
+    Stats(SafStats),
+    Owed(Vec<SafOwed>),
     Meta(Option<String>),
 }
 

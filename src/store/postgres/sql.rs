@@ -55,6 +55,7 @@ pub(super) struct Statements {
     state_of: Statement,
     list: Statement,
     stats: Statement,
+    owed: Statement,
     meta_get: Statement,
     meta_put: Statement,
 }
@@ -128,12 +129,13 @@ impl Statements {
                 .await?,
             stats: c
                 .prepare(
-                    "SELECT service, kind, state, COUNT(*), \
+                    "SELECT state, COUNT(*), \
                      SUM(CASE WHEN lease_until > $1 THEN 1 ELSE 0 END), \
                      MIN(created_at), SUM(CASE WHEN attempts > 1 THEN attempts - 1 ELSE 0 END) \
-                     FROM saf GROUP BY service, kind, state",
+                     FROM saf GROUP BY state",
                 )
                 .await?,
+            owed: c.prepare(schema::OWED_SQL).await?,
             meta_get: c
                 .prepare("SELECT value FROM meta WHERE key = $1")
                 .await?,
@@ -280,17 +282,32 @@ pub(super) async fn apply(
                 .iter()
                 .map(|r| {
                     Ok(schema::StateGroup {
+                        state: r.try_get(0)?,
+                        count: r.try_get(1)?,
+                        leased: r.try_get(2)?,
+                        oldest: r.try_get(3)?,
+                        repeats: r.try_get(4)?,
+                    })
+                })
+                .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
+            schema::stats(groups, *now).map(Outcome::Stats)
+        }
+        Op::SafOwed { now } => {
+            let rows = tx.query(&st.owed, &[now]).await?;
+            let groups = rows
+                .iter()
+                .map(|r| {
+                    Ok(schema::OwedGroup {
                         service: r.try_get(0)?,
                         kind: r.try_get(1)?,
                         state: r.try_get(2)?,
                         count: r.try_get(3)?,
                         leased: r.try_get(4)?,
                         oldest: r.try_get(5)?,
-                        repeats: r.try_get(6)?,
                     })
                 })
                 .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
-            schema::stats(groups, *now).map(Outcome::Stats)
+            schema::owed(groups, *now).map(Outcome::Owed)
         }
         Op::MetaGet(key) => {
             let row = tx.query_opt(&st.meta_get, &[key]).await?;
