@@ -170,7 +170,7 @@ impl SafView {
 /// at once, so that a scrape soon after start has them. The query runs on
 /// the store's one writer, between the batches that carry reversals and
 /// advices; it reads only pending and dead rows, and should that still be
-/// slow (a large backlog) the next sample waits [`PACE`] times as long as
+/// slow (a large backlog) the next sample waits `PACE` (20) times as long as
 /// it took, so sampling never takes more than a small share of the
 /// writer's time.
 pub async fn sample_forever(view: Arc<SafView>, mut stop: watch::Receiver<bool>) {
