@@ -7,6 +7,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 
+use crate::ops::saf::{SafEntryView, SafQuery};
 use crate::ops::status::{ConnectionView, Status};
 
 #[derive(Debug, clap::Args)]
@@ -51,6 +52,21 @@ pub enum CtlCommand {
     RemoveNode { service: String, node: String },
     /// Re-reads the config file the switch started with.
     Reload,
+    /// The store-and-forward queue (reversals and advices the switch owes):
+    /// lists entries, newest first; `retry` and `drop` act on one.
+    Saf {
+        /// pending, dead, delivered, dropped or all.
+        #[arg(long, default_value = "pending")]
+        state: String,
+        /// Only this service's entries.
+        #[arg(long)]
+        service: Option<String>,
+        /// At most this many entries (1..=1000).
+        #[arg(long, default_value_t = crate::ops::saf::DEFAULT_LIMIT)]
+        limit: usize,
+        #[command(subcommand)]
+        action: Option<SafAction>,
+    },
     /// Probes /healthz (or /readyz): exit status 0 when it answers 200.
     ///
     /// /healthz: the process answers. /readyz: every service has a healthy
@@ -64,6 +80,19 @@ pub enum CtlCommand {
     },
 }
 
+#[derive(Debug, clap::Subcommand)]
+pub enum SafAction {
+    /// Makes entry ID due now (a dead letter comes back pending).
+    Retry { id: String },
+    /// Gives entry ID up: it is never delivered. The reason is stored with
+    /// it and logged with your address.
+    Drop {
+        id: String,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
 /// An HTTP error or an unreachable admin listener.
 #[derive(Debug, thiserror::Error)]
 pub enum CtlError {
@@ -73,6 +102,8 @@ pub enum CtlError {
     Io(String),
     #[error("HTTP {status}: {body}")]
     Status { status: u16, body: String },
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// One request to the admin API: `(status, body)`.
@@ -179,6 +210,12 @@ pub async fn execute(args: &CtlArgs) -> Result<String, CtlError> {
             None,
         ),
         CtlCommand::Reload => ("POST", "/api/v1/reload".to_string(), None),
+        CtlCommand::Saf {
+            state,
+            service,
+            limit,
+            action,
+        } => saf_request(state, service.as_deref(), *limit, action.as_ref())?,
         CtlCommand::Health { ready: false } => ("GET", "/healthz".to_string(), None),
         CtlCommand::Health { ready: true } => ("GET", "/readyz".to_string(), None),
     };
@@ -202,8 +239,95 @@ pub async fn execute(args: &CtlArgs) -> Result<String, CtlError> {
             format!("{report}\n")
         }
         CtlCommand::Health { .. } => format!("{}\n", text.trim_end()),
+        CtlCommand::Saf { action: None, .. } => {
+            let rows: Vec<SafEntryView> = serde_json::from_str(&text).map_err(parse_err)?;
+            saf_table(&rows)
+        }
         _ => format!("{text}\n"),
     })
+}
+
+/// The request `ctl saf` makes: a listing, or an action on one entry.
+fn saf_request(
+    state: &str,
+    service: Option<&str>,
+    limit: usize,
+    action: Option<&SafAction>,
+) -> Result<(&'static str, String, Option<String>), CtlError> {
+    let entry = |id: &str| {
+        crate::ops::saf::parse_id(id)
+            .map(|id| id.0)
+            .map_err(CtlError::Usage)
+    };
+    Ok(match action {
+        None => {
+            let mut query = format!("state={state}&limit={limit}");
+            if let Some(s) = service {
+                query.push_str(&format!("&service={s}"));
+            }
+            // Refused here with the switch's own words, before any request.
+            let query = SafQuery::parse(Some(&query)).map_err(CtlError::Usage)?;
+            ("GET", format!("/api/v1/saf?{}", query.to_query()), None)
+        }
+        Some(SafAction::Retry { id }) => {
+            ("POST", format!("/api/v1/saf/{}/retry", entry(id)?), None)
+        }
+        Some(SafAction::Drop { id, reason }) => (
+            "POST",
+            format!("/api/v1/saf/{}/drop", entry(id)?),
+            Some(serde_json::json!({ "reason": reason }).to_string()),
+        ),
+    })
+}
+
+/// Entries as a table; times as the API gives them (UTC).
+fn saf_table(rows: &[SafEntryView]) -> String {
+    let mut out = format!(
+        "{:>6} {:<8} {:<8} {:<4} {:<9} {:<6} {:<6} {:<12} {:<19} {:>5} {:<24} {:<24} {}\n",
+        "ID",
+        "SERVICE",
+        "KIND",
+        "MTI",
+        "STATE",
+        "TO",
+        "F11",
+        "F37",
+        "PAN",
+        "TRIES",
+        "NEXT-ATTEMPT",
+        "CREATED",
+        "LAST-ERROR/REASON"
+    );
+    let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+    for r in rows {
+        let to = match r.direction.as_str() {
+            "to_peer" => "peer".to_string(),
+            "to_any_node" => "any".to_string(),
+            _ => dash(&r.node),
+        };
+        let note = r
+            .reason
+            .as_ref()
+            .or(r.last_error.as_ref())
+            .or(r.answer.as_ref());
+        out.push_str(&format!(
+            "{:>6} {:<8} {:<8} {:<4} {:<9} {:<6} {:<6} {:<12} {:<19} {:>5} {:<24} {:<24} {}\n",
+            r.id,
+            r.service,
+            r.kind,
+            r.mti,
+            r.state,
+            to,
+            dash(&r.f11),
+            dash(&r.f37),
+            dash(&r.pan_masked),
+            r.attempts,
+            r.next_attempt_at,
+            r.created_at,
+            note.map_or("-", String::as_str)
+        ));
+    }
+    out
 }
 
 /// The status as a table, one block per service.
@@ -231,6 +355,19 @@ pub fn status_table(status: &Status) -> String {
             .collect();
         if !refused.is_empty() {
             out.push_str(&format!("  clients refused: {}\n", refused.join(", ")));
+        }
+        let i = &s.integrity;
+        if let Some(q) = &i.saf {
+            out.push_str(&format!(
+                "  saf: pending {} (reversals {}, advices {}, {} in attempt) oldest {:.0}s dead letters {}\n",
+                q.pending, q.reversals_pending, q.advices_pending, q.in_flight, q.oldest_age_s, q.dead_letters
+            ));
+        }
+        if i.late_reversed + i.late_logged + i.late_unreversed > 0 {
+            out.push_str(&format!(
+                "  late approvals: reversed {} logged {} not reversed {}; reversals sent {} acknowledged {}\n",
+                i.late_reversed, i.late_logged, i.late_unreversed, i.reversals_sent, i.reversals_acknowledged
+            ));
         }
         if let Some(l) = &s.links {
             out.push_str(&format!(
@@ -330,5 +467,59 @@ mod tests {
         );
         let quiet = status_table(&status(r#"{"descriptors": 0}"#));
         assert!(!quiet.contains("refused"), "{quiet}");
+    }
+
+    #[test]
+    fn saf_requests_are_built_and_bad_flags_refused_before_sending() {
+        let (m, path, body) = saf_request("dead", Some("pos"), 5, None).expect("list");
+        assert_eq!(
+            (m, path.as_str(), body),
+            ("GET", "/api/v1/saf?state=dead&limit=5&service=pos", None)
+        );
+        let drop = SafAction::Drop {
+            id: "#12".into(),
+            reason: "booked \"by hand\"".into(),
+        };
+        let (m, path, body) = saf_request("pending", None, 100, Some(&drop)).expect("drop");
+        assert_eq!((m, path.as_str()), ("POST", "/api/v1/saf/12/drop"));
+        let sent: serde_json::Value = serde_json::from_str(&body.expect("a body")).expect("json");
+        assert_eq!(sent["reason"], "booked \"by hand\"");
+        let retry = SafAction::Retry { id: "x".into() };
+        assert!(matches!(
+            saf_request("pending", None, 1, Some(&retry)),
+            Err(CtlError::Usage(_))
+        ));
+        assert!(matches!(
+            saf_request("lost", None, 1, None),
+            Err(CtlError::Usage(_))
+        ));
+        assert!(matches!(
+            saf_request("all", None, 0, None),
+            Err(CtlError::Usage(_))
+        ));
+    }
+
+    #[test]
+    fn saf_entries_show_as_a_table() {
+        let json = r#"[{"id": 7, "service": "pos", "direction": "to_node", "node": "02",
+            "kind": "reversal", "mti": "0420", "f11": "000123", "f37": null, "f7": null,
+            "pan_masked": "476173******0119", "attempts": 3,
+            "next_attempt_at": "2026-12-04T12:00:00.000Z", "state": "pending",
+            "last_error": "no answer", "created_at": "2026-12-04T11:59:00.000Z",
+            "expires_at": "2026-12-05T11:59:00.000Z"}]"#;
+        let rows: Vec<SafEntryView> = serde_json::from_str(json).expect("rows");
+        let table = saf_table(&rows);
+        let line = table.lines().nth(1).expect("a row");
+        for part in [
+            "7 pos",
+            "reversal",
+            "0420",
+            "pending",
+            "02",
+            "476173******0119",
+            "no answer",
+        ] {
+            assert!(line.contains(part), "{part}: {table}");
+        }
     }
 }

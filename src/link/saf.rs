@@ -22,7 +22,7 @@ use super::writer::Outbound;
 use crate::iso8583::Mti;
 use crate::route::OnTimeout;
 use crate::store::{
-    AfterFailure, ClaimedSaf, Direction, SafPolicy, Store, repeat_mti, saf::now_millis,
+    AfterFailure, ClaimedSaf, Direction, SafKind, SafPolicy, Store, repeat_mti, saf::now_millis,
 };
 
 /// Entries taken from the store at once.
@@ -132,6 +132,9 @@ fn send(
     match sent {
         Ok(()) => {
             c.saf_sent.fetch_add(1, Ordering::Relaxed);
+            if entry.kind == SafKind::Reversal {
+                c.reversals_sent.fetch_add(1, Ordering::Relaxed);
+            }
             if entry.attempt > 1 {
                 c.saf_repeats.fetch_add(1, Ordering::Relaxed);
             }

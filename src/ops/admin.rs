@@ -1,6 +1,6 @@
 //! The admin HTTP listener (`[admin]`): health probes, Prometheus metrics, the
-//! status API and page, the connection table, runtime node control and
-//! reload.
+//! status API and page, the connection table, runtime node control, reload,
+//! and the store-and-forward queue (list, retry now, drop with a reason).
 //!
 //! **It cannot hurt card traffic.** It serves on a thread and runtime of its
 //! own, at most `admin.max_connections` connections at once (past the cap it
@@ -44,10 +44,12 @@ use super::admin_serve::{self, Limits};
 use super::control::ControlError;
 use super::control::SwitchHandle;
 use super::reload::ReloadError;
+use super::saf::{self, SafQuery};
 use super::status::{connections_of, status_of};
 use crate::config::{AdminConfig, NodeConfig};
 use crate::link::log_limit::{LogKind, LogLimit, LogPeer};
 use crate::route::AdminState;
+use crate::store::StoreError;
 
 /// The environment variable that holds the token when no `token_file` is set
 /// and no systemd credential is there.
@@ -171,6 +173,8 @@ fn router(admin: Admin, request_timeout: Duration) -> Router {
         .route("/api/v1/status", get(status))
         .route("/api/v1/connections", get(connections))
         .route("/api/v1/reload", post(reload))
+        .route("/api/v1/saf", get(saf_list))
+        .route("/api/v1/saf/{id}/{action}", post(saf_action))
         .route("/api/v1/services/{service}/nodes", post(add_node))
         .route(
             "/api/v1/services/{service}/nodes/{node}",
@@ -516,4 +520,149 @@ async fn reload(State(admin): State<Admin>) -> Response {
 
 async fn status_page(State(admin): State<Admin>) -> Html<String> {
     Html(super::page::render(&status_of(&admin.switch)))
+}
+
+/// Store errors as HTTP: an unknown entry 404, the wrong state 409, a store
+/// that cannot take the request now 503.
+fn store_error(e: StoreError) -> Response {
+    let status = match e {
+        StoreError::NotFound { .. } => StatusCode::NOT_FOUND,
+        StoreError::WrongState { .. } => StatusCode::CONFLICT,
+        StoreError::QueueFull { .. } | StoreError::Closed | StoreError::Unavailable { .. } => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    error(status, e.to_string())
+}
+
+fn no_store() -> Response {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no store: store-and-forward needs a data directory (--data-dir, data_dir) or [store] url",
+    )
+}
+
+/// `GET /api/v1/saf?state=pending|dead|delivered|dropped|all&service=S&limit=N`:
+/// entries newest first, never a payload. Token-only: it shows identifying
+/// fields of card transactions (the PAN masked), so it is not an open path.
+async fn saf_list(State(admin): State<Admin>, uri: axum::http::Uri) -> Response {
+    let Some(view) = admin.switch.saf.clone() else {
+        return no_store();
+    };
+    let query = match SafQuery::parse(uri.query()) {
+        Ok(q) => q,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+    };
+    match view.list(&query).await {
+        Ok(rows) => axum::Json(rows).into_response(),
+        Err(e) => store_error(e),
+    }
+}
+
+/// `POST /api/v1/saf/{id}/retry` (due now) and `POST /api/v1/saf/{id}/drop`
+/// with `{"reason": "..."}` (required; stored with the entry and logged
+/// with the caller's address).
+async fn saf_action(
+    State(admin): State<Admin>,
+    Path((id, action)): Path<(String, String)>,
+    req: Request,
+) -> Response {
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or_else(|| "-".to_string(), |c| c.0.to_string());
+    let Some(view) = admin.switch.saf.clone() else {
+        return no_store();
+    };
+    let id = match saf::parse_id(&id) {
+        Ok(id) => id,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+    };
+    match action.as_str() {
+        "retry" => match view.retry_now(id).await {
+            Ok(()) => {
+                tracing::info!(peer, %id, "saf entry made due now by an operator");
+                ok(format!("saf entry {id} is due now"))
+            }
+            Err(e) => store_error(e),
+        },
+        "drop" => {
+            let body = match axum::body::to_bytes(req.into_body(), BODY_LIMIT).await {
+                Ok(b) => b,
+                Err(e) => return error(StatusCode::BAD_REQUEST, format!("body: {e}")),
+            };
+            let reason = match drop_reason(&body) {
+                Ok(r) => r,
+                Err(why) => return error(StatusCode::BAD_REQUEST, why),
+            };
+            match view.drop_entry(id, &reason).await {
+                Ok(()) => {
+                    tracing::warn!(peer, %id, reason, "saf entry dropped by an operator: it will not be delivered");
+                    ok(format!("saf entry {id} dropped: {reason}"))
+                }
+                Err(e) => store_error(e),
+            }
+        }
+        other => error(
+            StatusCode::BAD_REQUEST,
+            format!("action `{}`: expected retry or drop", other.escape_debug()),
+        ),
+    }
+}
+
+/// The `{"reason": "..."}` of a drop, cleaned ([`saf::clean_reason`]).
+fn drop_reason(body: &[u8]) -> Result<String, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct DropBody {
+        reason: String,
+    }
+    let parsed: DropBody = serde_json::from_slice(body)
+        .map_err(|e| format!("body: {e} (expected {{\"reason\": \"why it is given up\"}})"))?;
+    saf::clean_reason(&parsed.reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drop_wants_a_reason_and_nothing_else() {
+        assert_eq!(
+            drop_reason(br#"{"reason": "host booked it\r\nforged"}"#).as_deref(),
+            Ok("host booked it  forged")
+        );
+        for bad in [
+            &br#"{}"#[..],
+            br#"{"reason": "  "}"#,
+            br#"{"reason": "x", "force": true}"#,
+            b"",
+            b"reason=x",
+        ] {
+            assert!(
+                drop_reason(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn store_errors_map_to_statuses() {
+        let id = crate::store::SafId(1);
+        let status = |e| store_error(e).status();
+        assert_eq!(status(StoreError::NotFound { id }), StatusCode::NOT_FOUND);
+        assert_eq!(
+            status(StoreError::WrongState {
+                id,
+                state: crate::store::SafState::Delivered,
+                action: "drop",
+                needs: "pending or dead",
+            }),
+            StatusCode::CONFLICT
+        );
+        assert_eq!(status(StoreError::Closed), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(no_store().status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
 }

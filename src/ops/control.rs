@@ -34,6 +34,8 @@ pub struct SwitchHandle {
     pub control: Arc<tokio::sync::Mutex<RuntimeStore>>,
     /// Nodes being drained away (service, index), until their removal ends.
     pub(crate) removing: Arc<Mutex<HashSet<(String, usize)>>>,
+    /// The store-and-forward queue, when there is a store.
+    pub saf: Option<Arc<super::saf::SafView>>,
 }
 
 /// Why a control request was refused. Each maps to one HTTP status.

@@ -3,9 +3,11 @@
 //! `NodeCounters`): nothing is counted twice. Names follow HAProxy's exporter
 //! so operators recognise them: `isoswitch_service_*` (HAProxy's `frontend`)
 //! and `isoswitch_server_*` (a channel node) with `service` and `server`
-//! labels.
+//! labels. The store-and-forward queue (`isoswitch_saf_*`) is the exception:
+//! it comes from the store, so it is read from the stats a task samples once
+//! a second ([`super::saf`]), never from the store at scrape time.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use prometheus_client::collector::Collector;
@@ -14,9 +16,12 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use super::control::SwitchHandle;
+use super::saf::{SafSample, ServiceSaf};
 use crate::link::Service;
 use crate::link::conns::ConnKind;
+use crate::link::service::IntegrityCounters;
 use crate::route::DeclineReason;
+use crate::store::SafKind;
 
 /// Node states, each exported as `isoswitch_server_state{state=…}` 0/1.
 const NODE_STATES: [&str; 6] = ["up", "down", "draining", "disabled", "ejected", "removed"];
@@ -468,6 +473,8 @@ impl Collector for SwitchMetrics {
             let mut fam = m.encode_family(labels)?;
             fam.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)?;
         }
+        encode_integrity(&mut enc, &self.0)?;
+        encode_saf(&mut enc, &self.0)?;
         let mut m = enc.encode_descriptor(
             "isoswitch_supervisor_restarts",
             "Critical tasks restarted after ending unexpectedly.",
@@ -477,6 +484,189 @@ impl Collector for SwitchMetrics {
         m.encode_counter::<NoLabelSet, _, u64>(&self.0.supervisor.restarts(), None)?;
         Ok(())
     }
+}
+
+/// Which of a service's integrity counters a family shows.
+type ReadCounter = fn(&IntegrityCounters) -> &AtomicU64;
+
+/// What the switch did about the answers it gave for its nodes: late
+/// approvals by action, reversals, advices (counters of the message path).
+fn encode_integrity(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fmt::Result {
+    let mut late = counter(
+        "isoswitch_late_approvals",
+        "Approvals that came after the switch had answered for the node (declined or let expire), by action: reversed (a reversal stored for delivery), logged (late_approval = \"log\"), unreversed (could not be reversed: no store, store full or failing; logged at ERROR for reconciliation).",
+    );
+    let mut single: Vec<(Family<u64>, ReadCounter)> = vec![
+        (
+            counter(
+                "isoswitch_late_declines",
+                "Late answers that did not approve: nothing to reverse.",
+            ),
+            |c| &c.late_declines,
+        ),
+        (
+            counter(
+                "isoswitch_late_answers_after_reversal",
+                "Late answers to a request already reversed: not reversed again.",
+            ),
+            |c| &c.late_again,
+        ),
+        (
+            counter(
+                "isoswitch_reversals_sent",
+                "Reversal advices sent from the store-and-forward queue (each 0420 and each repeat 0421).",
+            ),
+            |c| &c.reversals_sent,
+        ),
+        (
+            counter(
+                "isoswitch_reversals_acknowledged",
+                "Reversals a host or the peer acknowledged (its 0430): the entry is delivered.",
+            ),
+            |c| &c.reversals_acknowledged,
+        ),
+        (
+            counter(
+                "isoswitch_switch_made_withheld",
+                "Answers the switch would have made itself but did not send (integrity.switch_made = \"silent\").",
+            ),
+            |c| &c.switch_made_withheld,
+        ),
+    ];
+    let mut advices = counter(
+        "isoswitch_advices",
+        "Advices (0120/0220/0420 from clients) by outcome: stored (durably, then acknowledged by the switch; integrity.advices = \"store-and-forward\"), delivered (a host acknowledged a stored one), unanswered (no node or a timeout in forward mode, or the store could not take it: the sender repeats).",
+    );
+    for r in handle.services.iter() {
+        let s = &r.service;
+        let c = &s.made.counters;
+        let sl = || vec![("service", label_value(s.name()))];
+        let labelled = |key: &'static str, value: &str| {
+            let mut l = sl();
+            l.push((key, value.to_string()));
+            l
+        };
+        for (action, v) in [
+            ("reversed", &c.late_reversed),
+            ("logged", &c.late_logged),
+            ("unreversed", &c.late_unreversed),
+        ] {
+            late.samples
+                .push((labelled("action", action), v.load(Ordering::Relaxed)));
+        }
+        for (outcome, v) in [
+            ("stored", &c.advices_stored),
+            ("delivered", &c.advices_delivered),
+            ("unanswered", &c.advices_unanswered),
+        ] {
+            advices
+                .samples
+                .push((labelled("outcome", outcome), v.load(Ordering::Relaxed)));
+        }
+        for (f, read) in &mut single {
+            f.samples.push((sl(), read(c).load(Ordering::Relaxed)));
+        }
+    }
+    encode_counters(enc, &late)?;
+    for (f, _) in &single {
+        encode_counters(enc, f)?;
+    }
+    encode_counters(enc, &advices)
+}
+
+/// The store-and-forward queue, when there is a store. What it owes
+/// (depth, oldest age, dead letters) comes from the last sample (taken once
+/// a second by its own task, never here): zero for a service or kind that
+/// owes nothing, absent before the first sample. Deliveries and repeats are
+/// this instance's own counters, so that with a shared PostgreSQL store the
+/// instances' rates add up.
+fn encode_saf(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fmt::Result {
+    let Some(view) = handle.saf.as_ref() else {
+        return Ok(());
+    };
+    let mut delivered = counter(
+        "isoswitch_saf_delivered",
+        "Store-and-forward entries this instance delivered (a host or the peer answered), by kind.",
+    );
+    let mut sent = counter(
+        "isoswitch_saf_sent",
+        "Store-and-forward delivery attempts this instance put on the wire (first sends and repeats).",
+    );
+    let mut repeats = counter(
+        "isoswitch_saf_repeats",
+        "Store-and-forward attempts after an entry's first, sent as repeats (MTI ending in 1: 0421, 0221).",
+    );
+    for r in handle.services.iter() {
+        let s = &r.service;
+        let c = &s.made.counters;
+        let sl = || vec![("service", label_value(s.name()))];
+        for (kind, v) in [
+            ("reversal", &c.reversals_acknowledged),
+            ("advice", &c.advices_delivered),
+        ] {
+            let mut l = sl();
+            l.push(("kind", kind.to_string()));
+            delivered.samples.push((l, v.load(Ordering::Relaxed)));
+        }
+        sent.samples
+            .push((sl(), c.saf_sent.load(Ordering::Relaxed)));
+        repeats
+            .samples
+            .push((sl(), c.saf_repeats.load(Ordering::Relaxed)));
+    }
+    for f in [&delivered, &sent, &repeats] {
+        encode_counters(enc, f)?;
+    }
+    match view.latest() {
+        Some(sample) => encode_owed(enc, handle, &sample),
+        None => Ok(()),
+    }
+}
+
+/// The gauges of what the queue owes, from `sample`.
+fn encode_owed(
+    enc: &mut DescriptorEncoder,
+    handle: &SwitchHandle,
+    sample: &SafSample,
+) -> std::fmt::Result {
+    let by = sample.by_service();
+    let mut depth = gauge(
+        "isoswitch_saf_depth",
+        "Store-and-forward entries still owed (pending), by kind: reversal, advice. From the store: with a shared store every instance reports the same queue.",
+    );
+    let mut dead = gauge(
+        "isoswitch_saf_dead_letters",
+        "Entries parked as dead letters (past store.saf.max_age or max_attempts), waiting for an operator: isoswitch ctl saf --state dead.",
+    );
+    let mut oldest = gauge(
+        "isoswitch_saf_oldest_age_seconds",
+        "Age of the oldest pending store-and-forward entry (0 when none).",
+    );
+    let none = ServiceSaf::default();
+    for r in handle.services.iter() {
+        let name = r.service.name();
+        let saf = by.get(name).unwrap_or(&none);
+        let sl = || vec![("service", label_value(name))];
+        for (kind, label) in [(SafKind::Reversal, "reversal"), (SafKind::Advice, "advice")] {
+            let owed = saf.of(kind);
+            let mut l = sl();
+            l.push(("kind", label.to_string()));
+            depth.samples.push((l.clone(), owed.pending as f64));
+            dead.samples.push((l, owed.dead as f64));
+        }
+        let age_ms = saf.total().oldest_pending_age_ms.unwrap_or(0);
+        oldest.samples.push((sl(), age_ms as f64 / 1e3));
+    }
+    for f in [&depth, &dead, &oldest] {
+        encode_gauges(enc, f)?;
+    }
+    let mut m = enc.encode_descriptor(
+        "isoswitch_saf_sample_age_seconds",
+        "Seconds since the store last answered the query isoswitch_saf_depth, _dead_letters and _oldest_age_seconds come from (sampled every second; growing: the store is slow or away).",
+        None,
+        MetricType::Gauge,
+    )?;
+    m.encode_gauge(&sample.taken.elapsed().as_secs_f64())
 }
 
 type Histogram = (f64, u64, Vec<(f64, u64)>);

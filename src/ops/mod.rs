@@ -9,4 +9,5 @@ pub mod page;
 pub mod reload;
 pub mod run;
 pub mod runtime_state;
+pub mod saf;
 pub mod status;

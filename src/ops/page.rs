@@ -68,8 +68,52 @@ pub fn render(status: &Status) -> String {
         }
         h.push_str("</table>");
     }
+    saf_table(&mut h, status);
     h.push_str("</body></html>\n");
     h
+}
+
+/// One row per service: what the switch owes (store-and-forward) and what
+/// it did about late approvals. A service with dead letters shows red.
+fn saf_table(h: &mut String, status: &Status) {
+    h.push_str(
+        "<h2 id=\"saf\">store-and-forward</h2><table><tr><th>service</th><th>pending</th>\
+         <th>reversals</th><th>advices</th><th>oldest s</th><th>dead letters</th>\
+         <th>in attempt</th><th>late reversed</th><th>late logged</th><th>not reversed</th>\
+         <th>reversals sent</th><th>acknowledged</th></tr>",
+    );
+    for s in &status.services {
+        let i = &s.integrity;
+        let cells = match &i.saf {
+            Some(q) => format!(
+                "<td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td class=\"dead\">{}</td><td>{}</td>",
+                q.pending,
+                q.reversals_pending,
+                q.advices_pending,
+                q.oldest_age_s,
+                q.dead_letters,
+                q.in_flight
+            ),
+            None => "<td colspan=\"6\">no store</td>".to_string(),
+        };
+        let class = match &i.saf {
+            Some(q) if q.dead_letters > 0 => "down",
+            Some(q) if q.pending > 0 => "draining",
+            _ => "up",
+        };
+        let _ = write!(
+            h,
+            "<tr class=\"{class}\" data-saf=\"{n}\"><td>{n}</td>{cells}<td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td></tr>",
+            i.late_reversed,
+            i.late_logged,
+            i.late_unreversed,
+            i.reversals_sent,
+            i.reversals_acknowledged,
+            n = esc(&s.name),
+        );
+    }
+    h.push_str("</table>");
 }
 
 /// HTML-escapes text from config (service and node names, addresses).
@@ -91,6 +135,58 @@ fn esc(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::status::{IntegrityStatus, SafStatus, ServiceStatus};
+
+    fn service(saf: Option<SafStatus>) -> ServiceStatus {
+        ServiceStatus {
+            name: "pos<1>".into(),
+            front: "listen".into(),
+            front_address: "127.0.0.1:1".into(),
+            requests: 0,
+            answered: 0,
+            declined: Default::default(),
+            refused: Default::default(),
+            in_flight: 0,
+            late_responses: 0,
+            unknown_responses: 0,
+            bad_messages: 0,
+            bad_frames: 0,
+            clients: 0,
+            nodes: Vec::new(),
+            links: None,
+            integrity: IntegrityStatus {
+                late_reversed: 12,
+                reversals_acknowledged: 11,
+                saf,
+                ..IntegrityStatus::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_saf_row_per_service_red_with_dead_letters() {
+        let queue = SafStatus {
+            pending: 4,
+            reversals_pending: 3,
+            advices_pending: 1,
+            oldest_age_s: 61.4,
+            dead_letters: 2,
+            ..SafStatus::default()
+        };
+        let page = render(&Status {
+            services: vec![service(Some(queue)), service(None)],
+            restarts: 0,
+        });
+        assert!(
+            page.contains("<tr class=\"down\" data-saf=\"pos&lt;1&gt;\"><td>pos&lt;1&gt;</td><td>4</td><td>3</td><td>1</td><td>61</td><td class=\"dead\">2</td>"),
+            "{page}"
+        );
+        assert!(
+            page.contains("<td colspan=\"6\">no store</td><td>12</td>"),
+            "{page}"
+        );
+        assert!(page.contains("<td>11</td></tr>"), "{page}");
+    }
 
     #[test]
     fn escapes_names() {

@@ -162,6 +162,17 @@ impl Switch {
         {
             tracing::error!(error = %e, "runtime state not saved");
         }
+        let saf_view = outbox.as_ref().map(|(store, _, wake)| {
+            Arc::new(super::saf::SafView::new(store.clone(), Arc::clone(wake)))
+        });
+        if let Some(view) = &saf_view {
+            // The metrics and the status page read the stats this task
+            // caches: a scrape never waits for the store.
+            let (view, stop) = (Arc::clone(view), supervisor.shutdown());
+            supervisor.spawn_critical("saf-stats".into(), supervisor.token(), move || {
+                super::saf::sample_forever(Arc::clone(&view), stop.clone())
+            });
+        }
         if outbox.is_some() {
             // One delivery loop for every service of this instance: the
             // store's leases do not know services.
@@ -179,6 +190,7 @@ impl Switch {
             source: Arc::default(),
             control: Arc::new(tokio::sync::Mutex::new(store)),
             removing: Arc::default(),
+            saf: saf_view,
         };
         let admin_addr = match &config.admin {
             Some(admin) => Some(

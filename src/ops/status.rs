@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::control::SwitchHandle;
+use super::saf::ServiceSaf;
 use crate::config::FrontConfig;
 use crate::link::Service;
+use crate::link::service::IntegrityCounters;
 use crate::route::DeclineReason;
 
 /// `GET /api/v1/status`.
@@ -41,6 +43,41 @@ pub struct ServiceStatus {
     pub nodes: Vec<NodeStatusView>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub links: Option<LinksStatus>,
+    /// What the switch owes for the answers it gave (late approvals,
+    /// reversals, advices) and its store-and-forward queue.
+    #[serde(default)]
+    pub integrity: IntegrityStatus,
+}
+
+/// A service's late approvals, reversals and store-and-forward queue.
+#[derive(Debug, Default, Serialize, serde::Deserialize)]
+pub struct IntegrityStatus {
+    pub late_reversed: u64,
+    pub late_logged: u64,
+    pub late_unreversed: u64,
+    pub reversals_sent: u64,
+    pub reversals_acknowledged: u64,
+    pub advices_stored: u64,
+    pub advices_delivered: u64,
+    pub advices_unanswered: u64,
+    /// From the last stats sample; absent without a store (or before the
+    /// first sample).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saf: Option<SafStatus>,
+}
+
+/// What one service's store-and-forward queue owes.
+#[derive(Debug, Default, Serialize, serde::Deserialize)]
+pub struct SafStatus {
+    /// Entries still owed.
+    pub pending: u64,
+    pub reversals_pending: u64,
+    pub advices_pending: u64,
+    /// Of the pending, leased for an attempt right now.
+    pub in_flight: u64,
+    /// Age of the oldest pending entry, seconds (0 when none).
+    pub oldest_age_s: f64,
+    pub dead_letters: u64,
 }
 
 #[derive(Debug, Serialize, serde::Deserialize)]
@@ -77,10 +114,19 @@ pub struct LinksStatus {
 /// The status of every service, as the API and the page show it.
 pub fn status_of(switch: &SwitchHandle) -> Status {
     let now = Instant::now();
+    let sample = switch.saf.as_ref().and_then(|v| v.latest());
+    let by = sample.as_ref().map(|s| s.by_service());
     let services = switch
         .services
         .iter()
-        .map(|r| service_status(&r.service, r.front_addr, now))
+        .map(|r| {
+            let mut st = service_status(&r.service, r.front_addr, now);
+            st.integrity.saf = by.as_ref().map(|by| {
+                let none = ServiceSaf::default();
+                saf_status(by.get(r.service.name()).unwrap_or(&none))
+            });
+            st
+        })
         .collect();
     Status {
         services,
@@ -152,6 +198,34 @@ fn service_status(s: &Service, front_addr: SocketAddr, now: Instant) -> ServiceS
         clients: s.links.table.count(crate::link::conns::ConnKind::Client),
         nodes,
         links,
+        integrity: integrity_status(&s.made.counters),
+    }
+}
+
+fn integrity_status(c: &IntegrityCounters) -> IntegrityStatus {
+    let n = |v: &std::sync::atomic::AtomicU64| v.load(Ordering::Relaxed);
+    IntegrityStatus {
+        late_reversed: n(&c.late_reversed),
+        late_logged: n(&c.late_logged),
+        late_unreversed: n(&c.late_unreversed),
+        reversals_sent: n(&c.reversals_sent),
+        reversals_acknowledged: n(&c.reversals_acknowledged),
+        advices_stored: n(&c.advices_stored),
+        advices_delivered: n(&c.advices_delivered),
+        advices_unanswered: n(&c.advices_unanswered),
+        saf: None,
+    }
+}
+
+fn saf_status(saf: &ServiceSaf) -> SafStatus {
+    let total = saf.total();
+    SafStatus {
+        pending: total.pending,
+        reversals_pending: saf.reversals.pending,
+        advices_pending: saf.advices.pending,
+        in_flight: total.in_flight,
+        oldest_age_s: total.oldest_pending_age_ms.unwrap_or(0) as f64 / 1e3,
+        dead_letters: total.dead,
     }
 }
 

@@ -38,8 +38,8 @@ pub use config::{Location, PgTarget, StoreConfig};
 pub use error::StoreError;
 pub use policy::{AfterFailure, MtiError, SafPolicy, repeat_mti};
 pub use saf::{
-    ClaimedSaf, Direction, NewSafEntry, SafFilter, SafId, SafKeys, SafKind, SafRow, SafState,
-    SafStats, UnixMillis, now_millis,
+    ClaimedSaf, Direction, NewSafEntry, SafFilter, SafId, SafKeys, SafKind, SafOwed, SafRow,
+    SafState, SafStats, UnixMillis, now_millis,
 };
 pub use schema::SCHEMA_VERSION;
 
@@ -266,6 +266,19 @@ impl Store {
         match self.handle.call(Op::SafStats { now }).await? {
             Outcome::Stats(stats) => Ok(stats),
             other => Err(mismatch("saf_stats", &other)),
+        }
+    }
+
+    /// What is owed, per service and kind: pending entries (in flight, the
+    /// oldest's age) and dead letters, as of `now`. Unlike
+    /// [`Store::saf_stats`] it reads only pending and dead rows (an index
+    /// range), so it stays cheap however much history is kept: what the
+    /// metrics sample every second.
+    pub async fn saf_owed_by(&self, now: UnixMillis) -> Result<Vec<SafOwed>, StoreError> {
+        check_time("now", now)?;
+        match self.handle.call(Op::SafOwed { now }).await? {
+            Outcome::Owed(owed) => Ok(owed),
+            other => Err(mismatch("saf_owed_by", &other)),
         }
     }
 

@@ -154,6 +154,23 @@ pub struct SafStats {
     pub dropped: u64,
 }
 
+/// What is still owed for one service and kind: pending entries and dead
+/// letters (what the metrics show each second). Read with an index on the
+/// state, so its cost follows the entries owed, not the history kept.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SafOwed {
+    pub service: String,
+    pub kind: SafKind,
+    /// Entries still owed.
+    pub pending: u64,
+    /// Of those, leased to an owner right now.
+    pub in_flight: u64,
+    /// Age of the oldest pending entry.
+    pub oldest_pending_age_ms: Option<i64>,
+    /// Dead letters, waiting for an operator.
+    pub dead: u64,
+}
+
 /// Longest text kept in a key or reason column: listings stay compact.
 const MAX_TEXT: usize = 256;
 

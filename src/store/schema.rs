@@ -3,8 +3,12 @@
 //! update is explained. The DDL itself is per backend (types differ); see
 //! docs/store.md for the tables.
 
+use std::collections::BTreeMap;
+
 use super::error::StoreError;
-use super::saf::{ClaimedSaf, Direction, SafId, SafKeys, SafRow, SafState, SafStats, UnixMillis};
+use super::saf::{
+    ClaimedSaf, Direction, SafId, SafKeys, SafKind, SafOwed, SafRow, SafState, SafStats, UnixMillis,
+};
 use super::writer::Outcome;
 
 /// The schema version this build writes; `meta.schema_version` holds the
@@ -213,6 +217,60 @@ pub fn stats(groups: Vec<StateGroup>, now: UnixMillis) -> Result<SafStats, Store
     Ok(stats)
 }
 
+/// The owed-entries query, on both backends (`$1`/`?1` is now): pending and
+/// dead rows only, so the `saf_state` index bounds it by what is owed.
+pub const OWED_SQL: &str = "SELECT service, kind, state, COUNT(*), \
+     SUM(CASE WHEN lease_until > $1 THEN 1 ELSE 0 END), MIN(created_at) \
+     FROM saf WHERE state IN ('pending', 'dead') GROUP BY service, kind, state";
+
+/// One row of [`OWED_SQL`].
+pub struct OwedGroup {
+    pub service: String,
+    pub kind: String,
+    pub state: String,
+    pub count: i64,
+    /// Rows whose lease runs past now.
+    pub leased: i64,
+    pub oldest: Option<i64>,
+}
+
+/// [`OWED_SQL`]'s rows as one [`SafOwed`] per service and kind, in service
+/// then kind order.
+pub fn owed(groups: Vec<OwedGroup>, now: UnixMillis) -> Result<Vec<SafOwed>, StoreError> {
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    let mut by: BTreeMap<(String, &'static str), SafOwed> = BTreeMap::new();
+    for g in groups {
+        let kind: SafKind = g.kind.parse()?;
+        let state: SafState = g.state.parse()?;
+        let owed = by
+            .entry((g.service.clone(), kind.as_str()))
+            .or_insert_with(|| SafOwed {
+                service: g.service,
+                kind,
+                pending: 0,
+                in_flight: 0,
+                oldest_pending_age_ms: None,
+                dead: 0,
+            });
+        match state {
+            SafState::Pending => {
+                owed.pending += count(g.count);
+                owed.in_flight += count(g.leased);
+                let age = g.oldest.map(|t| now.saturating_sub(t).max(0));
+                owed.oldest_pending_age_ms = owed.oldest_pending_age_ms.max(age);
+            }
+            SafState::Dead => owed.dead += count(g.count),
+            other => {
+                return Err(StoreError::Corrupt {
+                    column: "saf.state",
+                    value: format!("{other} in the owed query"),
+                });
+            }
+        }
+    }
+    Ok(by.into_values().collect())
+}
+
 /// Reads the version stored in `meta` (absent: a new database).
 pub fn parse_version(value: Option<String>) -> Result<i64, StoreError> {
     let Some(value) = value else { return Ok(0) };
@@ -277,5 +335,45 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    fn group(service: &str, kind: &str, state: &str, count: i64, oldest: i64) -> OwedGroup {
+        OwedGroup {
+            service: service.into(),
+            kind: kind.into(),
+            state: state.into(),
+            count,
+            leased: 1,
+            oldest: Some(oldest),
+        }
+    }
+
+    #[test]
+    fn owed_entries_are_grouped_by_service_and_kind() {
+        let groups = vec![
+            group("pos", "reversal", "pending", 3, 1_000),
+            group("pos", "reversal", "dead", 1, 500),
+            group("pos", "advice", "dead", 4, 200),
+            group("atm", "reversal", "pending", 2, 4_000),
+        ];
+        let by = owed(groups, 5_000).expect("owed");
+        let keys: Vec<_> = by.iter().map(|g| (g.service.as_str(), g.kind)).collect();
+        assert_eq!(
+            keys,
+            [
+                ("atm", SafKind::Reversal),
+                ("pos", SafKind::Advice),
+                ("pos", SafKind::Reversal)
+            ]
+        );
+        let pos_rev = &by[2];
+        assert_eq!(
+            (pos_rev.pending, pos_rev.dead, pos_rev.in_flight),
+            (3, 1, 1)
+        );
+        assert_eq!(pos_rev.oldest_pending_age_ms, Some(4_000));
+        assert_eq!((by[1].dead, by[1].oldest_pending_age_ms), (4, None));
+        assert!(owed(vec![group("pos", "gift", "pending", 1, 0)], 0).is_err());
+        assert!(owed(vec![group("pos", "advice", "delivered", 1, 0)], 0).is_err());
     }
 }

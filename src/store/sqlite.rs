@@ -453,6 +453,22 @@ fn apply(tx: &Transaction<'_>, op: &Op) -> Result<Answer, rusqlite::Error> {
                 .collect::<Result<Vec<_>, _>>()?;
             schema::stats(groups, *now).map(Outcome::Stats)
         }
+        Op::SafOwed { now } => {
+            let mut st = tx.prepare_cached(&schema::OWED_SQL.replace("$1", "?1"))?;
+            let groups = st
+                .query_map(params![now], |r| {
+                    Ok(schema::OwedGroup {
+                        service: r.get(0)?,
+                        kind: r.get(1)?,
+                        state: r.get(2)?,
+                        count: r.get(3)?,
+                        leased: r.get(4)?,
+                        oldest: r.get(5)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            schema::owed(groups, *now).map(Outcome::Owed)
+        }
         Op::MetaGet(key) => Ok(Outcome::Meta(meta_get(tx, key)?)),
         Op::MetaPut(key, value) => {
             meta_put(tx, key, value)?;

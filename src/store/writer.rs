@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot};
 
 use super::error::StoreError;
-use super::saf::{ClaimedSaf, NewSafEntry, SafFilter, SafId, SafRow, SafStats, UnixMillis};
+use super::saf::{
+    ClaimedSaf, NewSafEntry, SafFilter, SafId, SafOwed, SafRow, SafStats, UnixMillis,
+};
 
 /// One operation of the store.
 #[derive(Debug)]
@@ -63,6 +65,9 @@ pub(crate) enum Op {
     SafStats {
         now: UnixMillis,
     },
+    SafOwed {
+        now: UnixMillis,
+    },
     MetaGet(String),
     MetaPut(String, String),
     /// Finish the queue ahead of it, then close the database.
@@ -79,6 +84,7 @@ pub(crate) enum Outcome {
     Done,
     Rows(Vec<SafRow>),
     Stats(SafStats),
+    Owed(Vec<SafOwed>),
     Meta(Option<String>),
 }
 

@@ -75,6 +75,24 @@ fn ids(rows: &[isoswitch::store::ClaimedSaf]) -> Vec<SafId> {
     rows.iter().map(|c| c.id).collect()
 }
 
+type OwedRow = (String, SafKind, u64, Option<i64>, u64);
+
+/// [`Store::saf_owed_by`] as (service, kind, pending, oldest age, dead).
+async fn owed(store: &Store, now: i64) -> Vec<OwedRow> {
+    let by = store.saf_owed_by(now).await.expect("owed");
+    by.into_iter()
+        .map(|g| {
+            (
+                g.service,
+                g.kind,
+                g.pending,
+                g.oldest_pending_age_ms,
+                g.dead,
+            )
+        })
+        .collect()
+}
+
 /// Every SAF operation on a fresh store, with fake times.
 pub async fn api_suite(store: &Store) {
     let e1 = store.saf_put(entry("cups", 1, T0)).await.expect("put 1");
@@ -91,6 +109,15 @@ pub async fn api_suite(store: &Store) {
     let stats = store.saf_stats(T0 + 5 * SEC).await.expect("stats");
     assert_eq!((stats.pending, stats.in_flight, stats.delivered), (3, 0, 0));
     assert_eq!(stats.oldest_pending_age_ms, Some(5 * SEC));
+    // What is owed per service and kind, as the metrics read it.
+    assert_eq!(
+        owed(store, T0 + 5 * SEC).await,
+        [
+            ("cups".to_string(), SafKind::Advice, 1, Some(0), 0),
+            ("cups".to_string(), SafKind::Reversal, 1, Some(5 * SEC), 0),
+            ("visa".to_string(), SafKind::Reversal, 1, Some(5 * SEC), 0),
+        ]
+    );
 
     // Due now: 1 and 3, not 2; each leased for its first attempt.
     let claimed = store.saf_claim("A", T0, 10, LEASE).await.expect("claim");
@@ -150,6 +177,14 @@ pub async fn api_suite(store: &Store) {
         .saf_dead(e1, T0 + 6 * SEC, "max age")
         .await
         .expect("dead");
+    // Dead letters are owed too; delivered entries are not.
+    assert_eq!(
+        owed(store, T0 + 7 * SEC).await,
+        [
+            ("cups".to_string(), SafKind::Advice, 1, Some(0), 0),
+            ("cups".to_string(), SafKind::Reversal, 0, None, 1),
+        ]
+    );
     let claimed = store
         .saf_claim("A", T0 + 10 * SEC, 10, LEASE)
         .await

@@ -62,6 +62,8 @@ pub struct IntegrityCounters {
     pub late_declines: AtomicU64,
     /// Late answers to a request already reversed.
     pub late_again: AtomicU64,
+    /// Reversal advices put on the wire (each 0420 and 0421 sent).
+    pub reversals_sent: AtomicU64,
     /// Reversals the host acknowledged (its 0430).
     pub reversals_acknowledged: AtomicU64,
     /// Advices stored and acknowledged by the switch (store-and-forward).

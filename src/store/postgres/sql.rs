@@ -56,6 +56,7 @@ pub(super) struct Statements {
     state_of: Statement,
     list: Statement,
     stats: Statement,
+    owed: Statement,
     meta_get: Statement,
     meta_put: Statement,
 }
@@ -141,6 +142,7 @@ impl Statements {
                      FROM saf GROUP BY state",
                 )
                 .await?,
+            owed: c.prepare(schema::OWED_SQL).await?,
             meta_get: c
                 .prepare("SELECT value FROM meta WHERE key = $1")
                 .await?,
@@ -300,6 +302,23 @@ pub(super) async fn apply(
                 })
                 .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
             schema::stats(groups, *now).map(Outcome::Stats)
+        }
+        Op::SafOwed { now } => {
+            let rows = tx.query(&st.owed, &[now]).await?;
+            let groups = rows
+                .iter()
+                .map(|r| {
+                    Ok(schema::OwedGroup {
+                        service: r.try_get(0)?,
+                        kind: r.try_get(1)?,
+                        state: r.try_get(2)?,
+                        count: r.try_get(3)?,
+                        leased: r.try_get(4)?,
+                        oldest: r.try_get(5)?,
+                    })
+                })
+                .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
+            schema::owed(groups, *now).map(Outcome::Owed)
         }
         Op::MetaGet(key) => {
             let row = tx.query_opt(&st.meta_get, &[key]).await?;
