@@ -22,8 +22,8 @@ use crate::link::Service;
 use crate::ops::run::Switch;
 use crate::route::DeclineReason;
 use crate::sim::cups::{CupsReport, CupsSim, CupsSimConfig};
-use crate::sim::nac::{self, NacCounters, NacReport, NacSimConfig};
 use crate::sim::ledger::LateApprovals;
+use crate::sim::nac::{self, NacCounters, NacReport, NacSimConfig};
 use crate::sim::node::{Finance, NodeOptions, NodeSim, NodeSimConfig, Originate};
 
 mod visa;
@@ -310,7 +310,9 @@ async fn demo(seconds: u64) -> Result<bool, String> {
             terminals: 200,
             rate: Some(POS_RATE),
             duration: Duration::from_secs(seconds),
-            timeout: Duration::from_secs(3),
+            // Past the switch's own 3 s timeout: a terminal waits for the
+            // switch's decline rather than racing it.
+            timeout: Duration::from_secs(5),
         },
         Arc::clone(&nac_counters),
     ));
@@ -388,7 +390,10 @@ async fn demo(seconds: u64) -> Result<bool, String> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     settle_reversals(&nodes, &pos).await;
-    let rows = [visa.row(&visa_svc), integrity_row(&nodes, &pos, &cups.report())];
+    let rows = [
+        visa.row(&visa_svc),
+        integrity_row(&nodes, &pos, &cups.report()),
+    ];
     let mut ok = summary(&nodes, &services, &nac_report, &cups.report(), &rows);
     if let (Some(a), Some(t)) = (&atm, atm_task) {
         let report = t.await.map_err(|e| e.to_string())??;
@@ -435,12 +440,16 @@ fn integrity_row(nodes: &[ChannelNode], pos: &Service, cups: &CupsReport) -> Sce
     let elsewhere: u64 = nodes.iter().skip(1).map(ChannelNode::key_resets).sum();
     ScenarioRow {
         label: "integrity",
+        // Reversed counts every approval that came after the switch had
+        // answered for its node: the nodes' late share, and approvals racing
+        // a decline (a node disabled, a timeout by a hair).
         line: format!(
-            "late approvals {late}, reversed {reversed}, acknowledged {acked} | key resets sent {}, at key node 01 {at_key_node} (elsewhere {elsewhere}), answered {}",
+            "late approvals {late} (nodes' books), approvals after a switch decline reversed {reversed}, acknowledged {acked} | key resets sent {}, at key node 01 {at_key_node} (elsewhere {elsewhere}), answered {}",
             cups.key_resets_sent, cups.key_resets_answered
         ),
-        // A late approval not reversed is money astray.
-        lost: late.saturating_sub(acked),
+        // A late approval not reversed, or a reversal not acknowledged, is
+        // money astray.
+        lost: late.saturating_sub(reversed) + reversed.saturating_sub(acked),
         doubled: 0,
     }
 }
