@@ -1,7 +1,7 @@
 //! isoswitch: a protocol-aware switch for ISO 8583 links.
 //!
-//! Layers, dependencies pointing downward only (see `DESIGN.md` in the mission's
-//! shared folder):
+//! Layers, dependencies pointing downward only (tests/layers.rs fails on a
+//! module cycle):
 //!
 //! - [`wire`]: pure nom parsers for length prefixes, frames and envelopes (TPDU,
 //!   CUPS / POS / VISA headers), plus a tokio-util codec on top.

@@ -10,7 +10,7 @@ pub const CUPS_0200_FIELDS: [u16; 24] = [
     2, 3, 4, 7, 11, 12, 13, 14, 18, 22, 25, 32, 33, 35, 37, 41, 42, 43, 49, 52, 53, 60, 100, 128,
 ];
 
-/// Fields of a UnionPay POS purchase (WIRE.md §2).
+/// Fields of a UnionPay POS purchase (`specs/cup-pos.toml`).
 pub const POS_0200_FIELDS: [u16; 19] = [
     2, 3, 4, 11, 14, 22, 23, 25, 26, 35, 36, 41, 42, 49, 52, 53, 55, 60, 64,
 ];

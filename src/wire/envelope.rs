@@ -386,7 +386,7 @@ mod tests {
         }
     }
 
-    /// WIRE.md's VISA reject: header with bit 0x80 of byte 1, a 2-byte bitmap
+    /// The VISA reject: header with bit 0x80 of byte 1, a 2-byte bitmap
     /// and 2-byte reject code, then the original 22-byte header, then the body.
     #[test]
     fn visa_reject_fixture_has_both_headers() {
