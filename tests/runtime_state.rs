@@ -152,13 +152,26 @@ impl Rig {
             base: format!("http://{}", self.admin),
             token: token.to_string(),
         };
-        for _ in 0..500 {
+        // Until it answers or exits: the test's own limit bounds the wait,
+        // not a count of tries (a loaded machine starts a debug build slowly;
+        // a fixed 10 s failed once in CI beside a release build).
+        let mut switch = switch;
+        loop {
             if let Ok((200, _)) = switch.call("GET", "/api/v1/status", None).await {
                 return switch;
             }
+            if let Ok(Some(status)) = switch.child.try_wait() {
+                let mut lines = Vec::new();
+                while let Ok(line) = switch.log.try_recv() {
+                    lines.push(line);
+                }
+                panic!(
+                    "the switch exited ({status}) before its admin API answered:\n{}",
+                    lines.join("\n")
+                );
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        panic!("the switch's admin API never answered");
     }
 }
 

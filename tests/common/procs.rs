@@ -51,7 +51,9 @@ impl Proc {
 
     /// Waits until the process has written `line` to its log (stderr).
     pub async fn wait_logged(&self, line: &str) {
-        for _ in 0..1000 {
+        // Bounded by the case's own timeout in practice; 60 s here so a
+        // loaded machine starting a debug build does not fail it.
+        for _ in 0..6000 {
             let log = std::fs::read_to_string(&self.log).unwrap_or_default();
             if log.contains(line) {
                 return;
@@ -119,7 +121,9 @@ pub fn free_addr() -> SocketAddr {
 
 /// Waits until something accepts connections on `addr`.
 pub async fn wait_listening(addr: SocketAddr) {
-    for _ in 0..1000 {
+    // Bounded by the case's own timeout in practice; 60 s here so a
+    // loaded machine starting a debug build does not fail it.
+    for _ in 0..6000 {
         if TcpStream::connect(addr).await.is_ok() {
             return;
         }
