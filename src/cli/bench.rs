@@ -296,8 +296,9 @@ impl Rig {
 
 /// The rows of repetition `rep`, in order: (c) and (c0) take turns going
 /// first, so that neither always runs right after the other. Their ratio is
-/// a goal of a few percent, and on this machine a row's place in the
-/// sequence moves its CPU per message by about that much.
+/// a goal of a few percent, and on a shared machine a row's place in the
+/// sequence can move its CPU per message by about that much (BENCHMARKS.md,
+/// "Integrity cost").
 fn take_turns(mut targets: Vec<Target>, rep: usize) -> Vec<Target> {
     let on = targets.iter().position(|t| *t == Target::Switch);
     let off = targets
