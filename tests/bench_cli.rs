@@ -53,6 +53,31 @@ async fn bench_prints_its_rows_and_summary_lines() {
     }
 }
 
+/// `--integrity-off`: a second switch, its integrity books off, measured as
+/// row (c0) beside (c), and the ratio of their CPU per message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_measures_the_switch_with_integrity_off_beside_it() {
+    let stdout = run_bench(&["--integrity-off"], Duration::from_secs(60)).await;
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("| (c0) isoswitch, integrity off |"))
+        .unwrap_or_else(|| panic!("no (c0) row in {stdout}"));
+    let cols: Vec<&str> = row.split('|').map(str::trim).collect();
+    // "", target, sent/s, approved/s, declined, errors, ..., CPU µs/msg.
+    assert_eq!((cols[4], cols[5]), ("0", "0"), "declined, errors: {row}");
+    assert!(cols[9].parse::<f64>().is_ok(), "CPU µs/msg: {row}");
+    assert!(
+        stdout.contains("- CPU µs/msg integrity on ÷ off at 500 req/s"),
+        "{stdout}"
+    );
+    for key in [
+        "cpu_us_per_msg.switch_integrity_off@500 = ",
+        "ratio.cpu_integrity_on_over_off@500 = ",
+    ] {
+        assert!(stdout.contains(key), "no `{key}` in {stdout}");
+    }
+}
+
 /// `--dwell`: tcpdump on the loopback while the load runs through the switch,
 /// each message's legs in and out of it matched by F11. Needs tcpdump and the
 /// right to capture (root in CI); without them the bench fails and says why,

@@ -2,7 +2,9 @@
 //! (a) the load generator straight to one node, (a2) straight to every node,
 //! its clients spread over them in turn (the cluster without a balancer),
 //! (b) HAProxy in TCP mode round robin over the nodes (when `haproxy` is on
-//! the PATH) and (c) isoswitch balancing per message over the same nodes.
+//! the PATH) and (c) isoswitch balancing per message over the same nodes;
+//! with `--integrity-off`, also (c0) a second switch whose integrity books
+//! are off, for what they cost when nothing is late.
 //!
 //! Every party but the load generator is a process of its own: the nodes
 //! (`isoswitch sim node`), the switch (`isoswitch run`) and HAProxy. Where
@@ -62,6 +64,11 @@ pub struct BenchArgs {
     /// Skip HAProxy even if it is installed.
     #[arg(long)]
     pub no_haproxy: bool,
+    /// Also measure (c0): a second switch with `[service.integrity]` off
+    /// (no repeat book, no late book, late approvals logged), for the CPU
+    /// the integrity books cost when nothing is late.
+    #[arg(long)]
+    pub integrity_off: bool,
     /// Measure every row this many times, interleaved (a, b, c, a, b, c...),
     /// and report the median and range: on a shared machine one run is not a
     /// number.
@@ -189,6 +196,8 @@ enum Target {
     DirectAll,
     Haproxy,
     Switch,
+    /// The switch with its integrity books off (`--integrity-off`).
+    SwitchIntegrityOff,
 }
 
 impl Target {
@@ -198,6 +207,7 @@ impl Target {
             Target::DirectAll => "(a2) direct, clients spread over the nodes",
             Target::Haproxy => "(b) haproxy tcp roundrobin",
             Target::Switch => "(c) isoswitch per message",
+            Target::SwitchIntegrityOff => "(c0) isoswitch, integrity off",
         }
     }
 
@@ -207,15 +217,17 @@ impl Target {
             Target::DirectAll => "direct_all",
             Target::Haproxy => "haproxy",
             Target::Switch => "switch",
+            Target::SwitchIntegrityOff => "switch_integrity_off",
         }
     }
 }
 
-const ALL_TARGETS: [Target; 4] = [
+const ALL_TARGETS: [Target; 5] = [
     Target::Direct,
     Target::DirectAll,
     Target::Haproxy,
     Target::Switch,
+    Target::SwitchIntegrityOff,
 ];
 
 /// CPU a proxy process spent over a row.
@@ -247,6 +259,7 @@ struct Row {
 /// node link closing.
 struct Rig {
     switch: (Proc, SocketAddr),
+    switch_integrity_off: Option<(Proc, SocketAddr)>,
     haproxy: Option<(Proc, SocketAddr)>,
     _nodes: Vec<Proc>,
     nodes: Vec<SocketAddr>,
@@ -258,6 +271,10 @@ impl Rig {
             Target::Direct | Target::DirectAll => Some((self.nodes[0], None)),
             Target::Switch => Some((self.switch.1, Some(self.switch.0.pid()))),
             Target::Haproxy => self.haproxy.as_ref().map(|(p, a)| (*a, Some(p.pid()))),
+            Target::SwitchIntegrityOff => self
+                .switch_integrity_off
+                .as_ref()
+                .map(|(p, a)| (*a, Some(p.pid()))),
         }
     }
 
@@ -270,8 +287,29 @@ impl Rig {
             t.push(Target::Haproxy);
         }
         t.push(Target::Switch);
+        if self.switch_integrity_off.is_some() {
+            t.push(Target::SwitchIntegrityOff);
+        }
         t
     }
+}
+
+/// The rows of repetition `rep`, in order: (c) and (c0) take turns going
+/// first, so that neither always runs right after the other. Their ratio is
+/// a goal of a few percent, and on a shared machine a row's place in the
+/// sequence can move its CPU per message by about that much (BENCHMARKS.md,
+/// "Integrity cost").
+fn take_turns(mut targets: Vec<Target>, rep: usize) -> Vec<Target> {
+    let on = targets.iter().position(|t| *t == Target::Switch);
+    let off = targets
+        .iter()
+        .position(|t| *t == Target::SwitchIntegrityOff);
+    if let (Some(on), Some(off)) = (on, off)
+        && rep % 2 == 1
+    {
+        targets.swap(on, off);
+    }
+    targets
 }
 
 async fn bench(args: &BenchArgs, pinning: Option<Pinning>) -> Result<(), String> {
@@ -300,7 +338,7 @@ async fn bench(args: &BenchArgs, pinning: Option<Pinning>) -> Result<(), String>
             .filter(|_| !args.no_saturation)
             .chain(args.rates.iter().map(|r| Some(*r)));
         for rate in rates {
-            for target in rig.targets() {
+            for target in take_turns(rig.targets(), rep) {
                 rows.push(measure(&rig, target, rate, rep, &spec, args).await?);
             }
         }
@@ -359,8 +397,24 @@ async fn start_rig(
     for &n in &nodes {
         wait_accepting(n).await?;
     }
-    let switch = procs::start_switch(&args.spec, &nodes, Some(proxy_threads), proxy_cpus)?;
+    let start_switch = |integrity_off| {
+        procs::start_switch(
+            &args.spec,
+            &nodes,
+            Some(proxy_threads),
+            proxy_cpus,
+            integrity_off,
+        )
+    };
+    let switch = start_switch(false)?;
     wait_listening(switch.1).await?;
+    let switch_integrity_off = if args.integrity_off {
+        let off = start_switch(true)?;
+        wait_listening(off.1).await?;
+        Some(off)
+    } else {
+        None
+    };
     let haproxy = if args.no_haproxy {
         None
     } else if !haproxy_installed() {
@@ -384,6 +438,7 @@ async fn start_rig(
         _nodes: node_procs,
         nodes,
         switch,
+        switch_integrity_off,
         haproxy,
     })
 }
@@ -418,6 +473,11 @@ fn print_header(
             "no HAProxy".into()
         }
     );
+    if rig.switch_integrity_off.is_some() {
+        println!(
+            "- (c0): a second switch, same config and threads, with `[service.integrity]` late_approval = \"log\", late_window = \"0s\", repeat_window = \"0s\" (its SQLite store opens in its data directory all the same)"
+        );
+    }
     match pinning {
         Some(p) => println!(
             "- CPUs (taskset): switch and HAProxy on {}, load generator and nodes on {}",
@@ -576,7 +636,7 @@ impl Summary {
                     0,
                 );
             }
-            for t in [Target::Haproxy, Target::Switch] {
+            for t in [Target::Haproxy, Target::Switch, Target::SwitchIntegrityOff] {
                 s.add(
                     &format!("cpu_us_per_msg.{}@saturation", t.key()),
                     &per_rep(t, None, &cpu),
@@ -607,6 +667,17 @@ impl Summary {
                 &format!("ratio.cpu_switch_over_haproxy@{r}"),
                 &div(&sw_cpu, &ha_cpu),
                 2,
+            );
+            let off_cpu = per_rep(Target::SwitchIntegrityOff, at, &cpu);
+            s.add(
+                &format!("cpu_us_per_msg.switch_integrity_off@{r}"),
+                &off_cpu,
+                1,
+            );
+            s.add(
+                &format!("ratio.cpu_integrity_on_over_off@{r}"),
+                &div(&sw_cpu, &off_cpu),
+                3,
             );
             let direct = per_rep(Target::Direct, at, &p99);
             for t in ALL_TARGETS {
@@ -685,6 +756,11 @@ fn print_ratios(s: &Summary, args: &BenchArgs) {
             &format!("switch CPU/msg ÷ HAProxy CPU/msg at {r} req/s"),
             &format!("ratio.cpu_switch_over_haproxy@{r}"),
             " (goal ≤ 0.5)",
+        );
+        line(
+            &format!("CPU µs/msg integrity on ÷ off at {r} req/s (switch (c) ÷ (c0))"),
+            &format!("ratio.cpu_integrity_on_over_off@{r}"),
+            " (goal ≤ 1.05)",
         );
     }
     line(
@@ -1123,7 +1199,11 @@ mod tests {
                 elapsed: Duration::from_secs(1),
                 latency_us,
             },
-            cpu: matches!(target, Target::Haproxy | Target::Switch).then_some(Cpu {
+            cpu: matches!(
+                target,
+                Target::Haproxy | Target::Switch | Target::SwitchIntegrityOff
+            )
+            .then_some(Cpu {
                 us_per_msg: cpu,
                 percent: 50.0,
                 user_percent: 30.0,
@@ -1184,6 +1264,46 @@ mod tests {
     }
 
     #[test]
+    fn integrity_on_over_off_is_paired_within_a_repetition() {
+        let a = args(&["--rate", "10000", "--no-saturation", "--repeat", "3"]);
+        assert!(!a.integrity_off);
+        assert!(args(&["--integrity-off"]).integrity_off);
+        let mut rows = Vec::new();
+        for (i, (on, off)) in [(21.0, 20.0), (30.0, 25.0), (19.0, 20.0)]
+            .iter()
+            .enumerate()
+        {
+            let at = Some(10_000.0);
+            rows.push(row(Target::Switch, at, i, 10_000, 300, *on));
+            rows.push(row(Target::SwitchIntegrityOff, at, i, 10_000, 300, *off));
+        }
+        let s = Summary::from_rows(&rows, &a);
+        // Ratios 1.05, 1.2, 0.95: median 1.05.
+        assert_eq!(
+            s.spread("ratio.cpu_integrity_on_over_off@10000"),
+            Some("1.050 (range 0.950 .. 1.200)")
+        );
+        assert_eq!(
+            s.spread("cpu_us_per_msg.switch_integrity_off@10000"),
+            Some("20.0 (range 20.0 .. 25.0)")
+        );
+    }
+
+    #[test]
+    fn integrity_on_and_off_take_turns_going_first() {
+        use Target::*;
+        let all = vec![Direct, DirectAll, Switch, SwitchIntegrityOff];
+        assert_eq!(take_turns(all.clone(), 0), all);
+        assert_eq!(
+            take_turns(all.clone(), 1),
+            [Direct, DirectAll, SwitchIntegrityOff, Switch]
+        );
+        assert_eq!(take_turns(all.clone(), 2), all);
+        let without = vec![Direct, Haproxy, Switch];
+        assert_eq!(take_turns(without.clone(), 1), without);
+    }
+
+    #[test]
     fn without_haproxy_its_ratios_are_left_out() {
         let a = args(&["--rate", "10000", "--no-saturation"]);
         let rows = vec![
@@ -1192,6 +1312,7 @@ mod tests {
         ];
         let s = Summary::from_rows(&rows, &a);
         assert!(s.spread("ratio.cpu_switch_over_haproxy@10000").is_none());
+        assert!(s.spread("ratio.cpu_integrity_on_over_off@10000").is_none());
         assert_eq!(s.spread("p99_added_us.switch@10000"), Some("100"));
         assert!(s.spread("ratio.saturation_switch_over_direct").is_none());
         assert!(

@@ -334,12 +334,27 @@ pub(crate) fn start_node(
 }
 
 /// The switch's config for the bench: one keyed `listen` front balancing
-/// per message over the nodes, two connections per node.
-pub(crate) fn switch_toml(spec: &str, front: SocketAddr, nodes: &[SocketAddr]) -> String {
+/// per message over the nodes, two connections per node. With
+/// `integrity_off`, the per-request integrity books are off: no node
+/// remembered for repeats, no answered-for request for late approvals
+/// (logged, not reversed). The store still opens in the data directory,
+/// as it does for the integrity-on switch; nothing on the message path
+/// touches it when nothing is late.
+pub(crate) fn switch_toml(
+    spec: &str,
+    front: SocketAddr,
+    nodes: &[SocketAddr],
+    integrity_off: bool,
+) -> String {
     let mut toml = format!(
         "[[service]]\nname = \"bench\"\nspec = \"{spec}\"\n[service.front]\nkind = \"listen\"\nlisten = \"{front}\"\n\
          [service.back]\nconnections_per_node = 2\n"
     );
+    if integrity_off {
+        toml.push_str(
+            "[service.integrity]\nlate_approval = \"log\"\nlate_window = \"0s\"\nrepeat_window = \"0s\"\n",
+        );
+    }
     for (i, a) in nodes.iter().enumerate() {
         toml.push_str(&format!(
             "[[service.back.node]]\nid = \"{:02}\"\naddress = \"{a}\"\n",
@@ -349,15 +364,22 @@ pub(crate) fn switch_toml(spec: &str, front: SocketAddr, nodes: &[SocketAddr]) -
     toml
 }
 
-/// `isoswitch run` in its own process.
+/// `isoswitch run` in its own process ([`switch_toml`]).
 pub(crate) fn start_switch(
     spec: &str,
     nodes: &[SocketAddr],
     threads: Option<usize>,
     cpus: Option<&CpuSet>,
+    integrity_off: bool,
 ) -> Result<(Proc, SocketAddr), String> {
     let front = free_port()?;
-    let files = SwitchFiles::write("isoswitch-bench", &switch_toml(spec, front, nodes))?;
+    // Files of their own: two switches may run side by side.
+    let stem = if integrity_off {
+        "isoswitch-bench-integrity-off"
+    } else {
+        "isoswitch-bench"
+    };
+    let files = SwitchFiles::write(stem, &switch_toml(spec, front, nodes, integrity_off))?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = command(&exe, cpus);
     files.run_args(&mut cmd);
@@ -557,6 +579,23 @@ mod tests {
         assert_eq!(parse_cpu_ticks(stat), Some(22));
         assert!(cpu_ticks(std::process::id()).is_some());
         assert_eq!(parse_cpu_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn integrity_off_turns_the_books_off_and_parses() {
+        let a: SocketAddr = "127.0.0.1:1000".parse().unwrap();
+        let n: SocketAddr = "127.0.0.1:1001".parse().unwrap();
+        let on = switch_toml("cups", a, &[n], false);
+        assert!(!on.contains("[service.integrity]"), "{on}");
+        let off = switch_toml("cups", a, &[n], true);
+        let cfg = crate::config::Config::from_toml(&off).unwrap();
+        let i = &cfg.services[0].integrity;
+        assert_eq!(i.late_approval, crate::config::LateApproval::Log);
+        assert!(
+            i.late_window.is_zero() && i.repeat_window.is_zero(),
+            "{i:?}"
+        );
+        assert_eq!(cfg.services[0].back.nodes.len(), 1);
     }
 
     #[test]
