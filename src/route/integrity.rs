@@ -195,8 +195,9 @@ impl LateBook {
 }
 
 /// Which node each request went to, by a hash of its correlation key, for
-/// `window`: 16 bytes a request, so that 30 s at 10,000 a second stays
-/// within a few megabytes.
+/// `window`: a 16-byte entry a request, about 55 bytes with the map's own
+/// overhead (measured: 16 MB for the 300,000 requests of 30 s at 10,000 a
+/// second; BENCHMARKS.md, "Integrity cost").
 #[derive(Debug)]
 pub struct RepeatBook {
     nodes: DashMap<u64, (u32, Instant)>,
