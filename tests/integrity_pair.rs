@@ -145,3 +145,62 @@ async fn reversals_stored_through_a_are_delivered_by_b_after_a_is_killed() {
     })
     .await;
 }
+
+/// The store away (PostgreSQL stopped) while late approvals come in: each
+/// reversal is offered to the store again until it is back, then stored
+/// and delivered; none is lost, none is only logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_approvals_during_a_store_outage_are_reversed_once_it_is_back() {
+    within(Duration::from_secs(150), async {
+        let server = tokio::task::spawn_blocking(|| PgServer::start_own("outage"))
+            .await
+            .expect("start PostgreSQL");
+        let url = server.fresh_db("integrity_outage").await;
+        let addrs = [free_addr(), free_addr()];
+        let mut hosts = Vec::new();
+        for (i, a) in addrs.iter().enumerate() {
+            let extra = ["--late-share", "0.1", "--late-by", "1s"];
+            hosts.push(node("cup-pos", &format!("0{}", i + 1), *a, "2..20ms", &extra).await);
+        }
+        let listen = free_addr();
+        let data = data_dir("outage-switch");
+        let toml = pair_toml(&url, listen, &addrs);
+        let _switch = switch("outage-switch", &toml, &data, listen).await;
+        let server = std::sync::Arc::new(server);
+        let halted = std::sync::Arc::clone(&server);
+        tokio::task::spawn_blocking(move || halted.halt())
+            .await
+            .expect("stop PostgreSQL");
+        let report = nac("outage-nac", listen, 150, ("2s", "5s"), &[])
+            .report()
+            .await;
+        eprintln!("NAC: {report}");
+        assert_exactly_once(&report);
+        // Every late approval has come (1 s after the NAC's last request)
+        // while the store is away; then it is back.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let resumed = std::sync::Arc::clone(&server);
+        tokio::task::spawn_blocking(move || resumed.resume())
+            .await
+            .expect("start PostgreSQL again");
+        let mut last = None;
+        let done = loop {
+            let rows = pg_rows(&url).await;
+            let now = Some((rows.len(), owed_count(&rows, "delivered")));
+            if !rows.is_empty() && owed_count(&rows, "pending") == 0 && now == last {
+                break rows;
+            }
+            last = now;
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        };
+        let mut late = 0;
+        for (i, h) in hosts.into_iter().enumerate() {
+            let r = books(h).await;
+            eprintln!("node 0{}: {r}", i + 1);
+            late += assert_reversed_exactly(&format!("0{}", i + 1), &r);
+        }
+        assert!(late > 0);
+        assert_eq!(owed_count(&done, "delivered") as u64, late, "{done:?}");
+    })
+    .await;
+}

@@ -180,31 +180,85 @@ fn owe_reversal(svc: &Service, entry: &LateEntry, direction: Direction, answer: 
     // Logged (masked) before the store has it: if the process dies before
     // the commit, this line is what the reconciliation starts from.
     tracing::warn!(service = svc.name(), message = %summary(answer), "late approval: reversing it");
-    match outbox.store.saf_submit(entry) {
-        Ok(ack) => {
-            let (wake, service, what) = (
-                std::sync::Arc::clone(&outbox.wake),
-                svc.name().to_string(),
-                summary(answer),
-            );
-            let counters = std::sync::Arc::clone(&svc.made.counters);
-            tokio::spawn(async move {
-                match ack.await {
-                    Ok(id) => {
-                        // Counted once durable: "reversed" means owed in the store.
-                        counters.late_reversed.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!(service, %id, message = %what, "late approval: reversal stored");
-                        wake.notify_one();
-                    }
-                    Err(e) => {
-                        counters.late_unreversed.fetch_add(1, Ordering::Relaxed);
-                        tracing::error!(service, error = %e, message = %what, "late approval NOT reversed: the reversal could not be stored; reconcile by hand")
-                    }
+    let task = StoreReversal {
+        store: outbox.store.clone(),
+        wake: std::sync::Arc::clone(&outbox.wake),
+        counters: std::sync::Arc::clone(&svc.made.counters),
+        service: svc.name().to_string(),
+        what: summary(answer).to_string(),
+        give_up_after: svc.made.integrity.late_window.max(MIN_STORE_RETRY),
+    };
+    tokio::spawn(task.run(entry));
+}
+
+/// How long a reversal the store cannot take now is offered again, at
+/// least: a store queue full for a moment, or a PostgreSQL failover, must
+/// not lose it.
+const MIN_STORE_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// One reversal on its way into the store: offered again with backoff while
+/// the store is full or away (up to the late window), counted as reversed
+/// once committed, as unreversed (and logged for reconciliation) if it never
+/// is.
+struct StoreReversal {
+    store: Store,
+    wake: std::sync::Arc<tokio::sync::Notify>,
+    counters: std::sync::Arc<super::IntegrityCounters>,
+    service: String,
+    what: String,
+    give_up_after: std::time::Duration,
+}
+
+impl StoreReversal {
+    async fn run(self, entry: NewSafEntry) {
+        let deadline = tokio::time::Instant::now() + self.give_up_after;
+        let mut wait = std::time::Duration::from_millis(100);
+        let mut warned = false;
+        loop {
+            let stored = match self.store.saf_submit(entry.clone()) {
+                Ok(ack) => ack.await,
+                Err(e) => Err(e),
+            };
+            let (service, what) = (&self.service, &self.what);
+            let e = match stored {
+                Ok(id) => {
+                    // Counted once durable: "reversed" means owed in the store.
+                    self.counters.late_reversed.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(service, %id, message = %what, "late approval: reversal stored");
+                    self.wake.notify_one();
+                    return;
                 }
-            });
+                Err(e) => e,
+            };
+            if !worth_retrying(&e) || tokio::time::Instant::now() + wait > deadline {
+                self.counters
+                    .late_unreversed
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::error!(service, error = %e, message = %what, "late approval NOT reversed: the reversal could not be stored; reconcile by hand");
+                return;
+            }
+            if !warned {
+                tracing::warn!(service, error = %e, message = %what, "late approval: the store cannot take its reversal now; offering it again");
+                warned = true;
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(std::time::Duration::from_secs(5));
         }
-        Err(e) => unreversed(svc, answer, &e.to_string()),
     }
+}
+
+/// A store error that may pass: a full queue, a database away or failing
+/// over. Not a closed store (the switch is stopping) or a bad entry.
+fn worth_retrying(e: &crate::store::StoreError) -> bool {
+    use crate::store::StoreError as E;
+    matches!(
+        e,
+        E::QueueFull { .. }
+            | E::Unavailable { .. }
+            | E::Postgres { .. }
+            | E::Sqlite { .. }
+            | E::Io { .. }
+    )
 }
 
 fn unreversed(svc: &Service, answer: &Message<'_>, why: &str) {
