@@ -53,29 +53,7 @@ async fn start_switch(name: &str, toml: &str, listen: SocketAddr) -> Proc {
 
 /// A NAC process: `rate` requests a second for `duration`, JSON report.
 fn start_nac(name: &str, switch: SocketAddr, rate: u32, duration: &str) -> Proc {
-    let (a, r) = (switch.to_string(), rate.to_string());
-    Proc::spawn(
-        name,
-        &[
-            "sim",
-            "nac",
-            "--connect",
-            &a,
-            "--spec",
-            "cup-pos",
-            "--uplinks",
-            "2",
-            "--terminals",
-            "40",
-            "--rate",
-            &r,
-            "--duration",
-            duration,
-            "--timeout",
-            "5s",
-            "--json",
-        ],
-    )
+    nac(name, switch, rate, (duration, "5s"), &[])
 }
 
 /// The cases run one at a time: each drives several processes at full load,

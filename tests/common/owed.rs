@@ -71,39 +71,6 @@ pub fn pos_toml(listen: SocketAddr, nodes: &[SocketAddr], retry: &str, extra: &s
     )
 }
 
-/// A NAC process on `cup-pos`: `rate` a second for `duration`, waiting
-/// `timeout` for each answer, `extra` args.
-pub fn nac(
-    name: &str,
-    switch: SocketAddr,
-    rate: u32,
-    (duration, timeout): (&str, &str),
-    extra: &[&str],
-) -> Proc {
-    let (a, r) = (switch.to_string(), rate.to_string());
-    let mut args = vec![
-        "sim",
-        "nac",
-        "--connect",
-        &a,
-        "--spec",
-        "cup-pos",
-        "--uplinks",
-        "2",
-        "--terminals",
-        "40",
-        "--rate",
-        &r,
-        "--duration",
-        duration,
-        "--timeout",
-        timeout,
-        "--json",
-    ];
-    args.extend_from_slice(extra);
-    Proc::spawn(name, &args)
-}
-
 /// One row of the store's SAF table, as the test reads it.
 #[derive(Debug)]
 pub struct SafRow {
