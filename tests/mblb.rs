@@ -838,3 +838,47 @@ async fn a_failed_f37_stamp_gives_the_pick_back() {
     assert_eq!(svc.pool.outstanding(0), 0, "picks given back");
     switch.stop().await;
 }
+
+/// A terminal's own reversal advice (0420), stored and acknowledged by the
+/// switch in store-and-forward mode, then delivered to a node that answers
+/// 0430: counted as an advice delivered. The switch's reversals (of late
+/// approvals) are counted apart; it sent none here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_reversal_advice_is_counted_as_an_advice_delivered() {
+    let spec = spec("cups");
+    let scratch = Scratch::new("stored-0420");
+    let nodes = start_nodes(&spec, 1, Delay::parse("1ms").unwrap()).await;
+    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+    let mut cfg = config(
+        "cups",
+        &addrs,
+        "",
+        "",
+        "[service.integrity]\nadvices = \"store-and-forward\"",
+    );
+    cfg.data_dir = Some(scratch.join("data"));
+    let switch = start_switch(&cfg).await;
+    let svc = service(&switch).clone();
+    wait_connected(&svc, 2).await;
+    let advice = isoswitch::sim::sample_request(&spec, "0420").unwrap();
+    let mut client = RawClient::connect(front(&switch), &spec).await;
+    client.send_raw(&RawClient::frame(&spec, &advice)).await;
+    let ack = Message::parse(&spec, client.recv().await.unwrap()).unwrap();
+    assert_eq!(&ack.mti().digits(), b"0430");
+    assert_eq!(ack.field(39).unwrap().unwrap().data(), b"00");
+    let m = &svc.made.counters;
+    wait_until("the stored advice delivered", || {
+        m.advices_delivered.load(Ordering::Relaxed)
+            + m.reversals_acknowledged.load(Ordering::Relaxed)
+            >= 1
+    })
+    .await;
+    assert_eq!(m.advices_delivered.load(Ordering::Relaxed), 1);
+    assert_eq!(m.reversals_sent.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        m.reversals_acknowledged.load(Ordering::Relaxed),
+        0,
+        "a client's advice counted as the switch's own reversal"
+    );
+    switch.stop().await;
+}

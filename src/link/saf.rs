@@ -252,6 +252,7 @@ fn register(
     let pending = Pending {
         origin: Origin::Owed {
             id: entry.id,
+            kind: entry.kind,
             attempt: entry.attempt,
             expires_at: entry.expires_at,
         },

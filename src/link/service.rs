@@ -85,6 +85,10 @@ pub enum Origin {
     /// store-and-forward queue: its answer completes the store entry.
     Owed {
         id: crate::store::SafId,
+        /// The switch's own reversal or a stored client advice: its answer
+        /// is counted as what the entry is, whatever the answer's MTI (a
+        /// stored 0420 reversal advice is an advice delivered).
+        kind: crate::store::SafKind,
         attempt: u32,
         expires_at: i64,
     },
@@ -589,7 +593,7 @@ impl Service {
                 let _ = waiter.send(());
                 return;
             }
-            Origin::Owed { id, .. } => return owed::delivered(self, id, response),
+            Origin::Owed { id, kind, .. } => return owed::delivered(self, id, kind, response),
             Origin::Node => {
                 if let Some(peer) = self.peer() {
                     peer.answer_node(node, response);
@@ -647,6 +651,7 @@ impl Service {
                 id,
                 attempt,
                 expires_at,
+                ..
             } => return owed::attempt_failed(self, id, attempt, expires_at, reason),
             Origin::Node => {}
             Origin::Client { .. } | Origin::Peer => {

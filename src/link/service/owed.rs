@@ -351,7 +351,7 @@ pub(super) fn store_advice(svc: &Service, req: &Checked<'_>, origin: Origin) {
 }
 
 /// The answer to an owed message arrived: its entry is complete.
-pub(super) fn delivered(svc: &Service, id: SafId, answer: &Message<'_>) {
+pub(super) fn delivered(svc: &Service, id: SafId, kind: SafKind, answer: &Message<'_>) {
     let Some(outbox) = svc.made.saf() else {
         return;
     };
@@ -362,10 +362,9 @@ pub(super) fn delivered(svc: &Service, id: SafId, answer: &Message<'_>) {
         .map(|f| String::from_utf8_lossy(f.data()).into_owned())
         .unwrap_or_default();
     let mti = answer.mti();
-    let counter = if mti.class() == 4 {
-        &svc.made.counters.reversals_acknowledged
-    } else {
-        &svc.made.counters.advices_delivered
+    let counter = match kind {
+        SafKind::Reversal => &svc.made.counters.reversals_acknowledged,
+        SafKind::Advice => &svc.made.counters.advices_delivered,
     };
     counter.fetch_add(1, Ordering::Relaxed);
     let store = outbox.store.clone();
