@@ -15,6 +15,7 @@
 #   <p>-b      .12   isoswitch B + keepalived (priority 100: backup)
 #   <p>-nodes  .20   channel nodes (sim node): POS 01 02, UnionPay 01 02 03
 #   <p>-cups   .30   UnionPay (sim cups): 8 in links, 4 to A and 4 to B
+#   <p>-db     .40   PostgreSQL: the store both instances share (SAF queue)
 #   virtual IP .100  the clients' address of the switch (VRRP)
 #
 # Phases of `test`:
@@ -26,9 +27,15 @@
 #      the requests that can be in flight (one per ATM), nothing doubled.
 #   3. B alone: its 4 out + 4 in links signed on, UnionPay both ways and a NAC
 #      on the VIP, every request answered.
+#   Across 2 and 3, what A owed: before the kill, a NAC on A's own address
+#   gets late approvals from the `saf` service's nodes (04, 05), which ignore
+#   the first message of each reversal chain, so A stores the reversals in
+#   the shared PostgreSQL store and cannot deliver them before it dies. B
+#   delivers every one (0421 repeats), once each, to the node that approved.
 #
 # Needs root, iproute2, keepalived, curl, python3 (installs the Debian
-# packages of scripts/deps/ha.apt when missing). Every wait is bounded.
+# packages of scripts/deps/ha.apt when missing) and PostgreSQL (installed by
+# scripts/pg-test.sh when missing). Every wait is bounded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,8 +44,8 @@ WORK=${HA_WORK:-/tmp/$P}
 BIN=${ISOSWITCH_BIN:-${CARGO_TARGET_DIR:-$PWD/target}/debug/isoswitch}
 NET=10.209.0
 VIP=$NET.100
-declare -A IP=([client]=$NET.10 [a]=$NET.11 [b]=$NET.12 [nodes]=$NET.20 [cups]=$NET.30)
-HOSTS=(client a b nodes cups)
+declare -A IP=([client]=$NET.10 [a]=$NET.11 [b]=$NET.12 [nodes]=$NET.20 [cups]=$NET.30 [db]=$NET.40)
+HOSTS=(client a b nodes cups db)
 ADMIN=127.0.0.1:9090
 export ISOSWITCH_ADMIN_TOKEN=ha-rig-token-0123456789abcdef
 ATM_CLIENTS=${HA_ATM_CLIENTS:-20}
@@ -57,6 +64,9 @@ need_root_and_tools() {
     command -v ip >/dev/null || missing+=(iproute2)
     command -v curl >/dev/null || missing+=(curl)
     command -v python3 >/dev/null || missing+=(python3)
+    # Installed here, not by pg-test.sh: inside the rig's namespaces there is
+    # no route to a package mirror.
+    compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
     if [ ${#missing[@]} -gt 0 ]; then
         log "installing ${missing[*]} (scripts/deps/ha.apt)"
         apt-get update -qq
@@ -122,9 +132,37 @@ switch_config() {
     cat <<EOF
 # isoswitch $me of the HA rig: identical on both instances but for nothing:
 # the same node ids (so the F37 stamp of a node is the same on A and B), the
-# same listen ports (the VIP lands on either), half of UnionPay's link set.
+# same listen ports (the VIP lands on either), half of UnionPay's link set,
+# one store (what A owes, B delivers).
 [admin]
 listen = "$ADMIN"
+
+[store]
+url = "$STORE_URL"
+[store.saf]
+# A failed reversal attempt is tried again 20 s later: A is killed before
+# that, so the second attempt is B's. A lease outlives a dead instance 3 s.
+retry = "20s"
+retry_max = "20s"
+lease = "3s"
+
+[[service]]
+name = "saf"
+spec = "cup-pos"
+[service.front]
+kind = "listen"
+listen = "0.0.0.0:7002"
+[service.back]
+connections_per_node = 1
+[[service.back.node]]
+id = "04"
+address = "${IP[nodes]}:7104"
+[[service.back.node]]
+id = "05"
+address = "${IP[nodes]}:7105"
+[service.timeouts]
+request = "500ms"
+by_mti = { "04x0" = "1s" }
 
 [[service]]
 name = "pos"
@@ -268,10 +306,21 @@ up() {
         ip -n "$(ns "$h")" link set veth0 up
     done
 
+    log "PostgreSQL (the shared store) on ${IP[db]}"
+    rm -rf "$WORK/pg"
+    STORE_URL=$(in_ns db scripts/pg-test.sh start "$WORK/pg" 5432 "${IP[db]}" "$NET.0/24") \
+        || die "PostgreSQL did not start in $(ns db)"
+
     log "channel nodes"
     for id in 01 02; do
         spawn "node-pos-$id" nodes "$BIN" sim node --listen "${IP[nodes]}:71${id}" --spec cup-pos --id "$id" --delay 1ms..5ms --json
         spawn "node-cups-$id" nodes "$BIN" sim node --listen "${IP[nodes]}:72${id}" --spec cups --id "$id" --delay 1ms..5ms --json
+    done
+    # The saf service's hosts: a tenth of approvals a second late (past the
+    # switch's 500 ms), the first message of each reversal chain unanswered.
+    for id in 04 05; do
+        spawn "node-saf-$id" nodes "$BIN" sim node --listen "${IP[nodes]}:71${id}" --spec cup-pos --id "$id" \
+            --delay 1ms..5ms --late-share 0.1 --late-by 1s --ignore-reversals 1 --json
     done
     wait_for 10 in_ns client python3 -c "import socket; socket.create_connection(('${IP[nodes]}', 7101), 1)" \
         || die "the bridge does not carry traffic (client -> nodes)"
@@ -306,7 +355,10 @@ up() {
 # then deletes the namespaces: the veths and the bridge go with them.
 down_quiet() {
     local h pids
-    for h in client a b nodes cups lan; do
+    # The store first, gently: a server killed with -9 can leave its shared
+    # memory behind.
+    [ ! -d "$WORK/pg/data" ] || scripts/pg-test.sh halt "$WORK/pg" >/dev/null 2>&1 || true
+    for h in client a b nodes cups db lan; do
         if ip netns list 2>/dev/null | grep -qw "$(ns "$h")"; then
             pids=$(ip netns pids "$(ns "$h")" 2>/dev/null || true)
             # shellcheck disable=SC2086
@@ -319,7 +371,7 @@ down_quiet() {
         done
     fi
     sleep 0.2
-    for h in client a b nodes cups lan; do
+    for h in client a b nodes cups db lan; do
         ip netns del "$(ns "$h")" 2>/dev/null || true
     done
     rm -rf "$WORK/pids"
@@ -408,6 +460,73 @@ nac_through_failover() {
     done
 }
 
+# The saf service's entries in state $2, as switch $1's admin API lists them.
+saf_rows() { api "$1" "/api/v1/saf?service=saf&state=$2&limit=1000"; }
+saf_count() { saf_rows "$1" "$2" | python3 -c "import json, sys; print(len(json.load(sys.stdin)))"; }
+
+# Before the kill: late approvals through A's own address. Their reversals
+# are stored in the shared store and still owed when this returns: the nodes
+# ignore each chain's first message and the next attempt is 20 s away.
+owe_through_a() {
+    spawn nac-saf client "$BIN" sim nac --connect "${IP[a]}:7002" --uplinks 2 --terminals 20 \
+        --rate 100 --duration 2s --json
+    wait_exit "$(pid_of nac-saf)" 20 || die "the NAC on A's saf service did not finish"
+    local sent unanswered last=-1 n=0 i
+    sent=$(field "$WORK/nac-saf.out" "r['sent']")
+    # The late ones were declined by the switch (68) at its timeout.
+    unanswered=$(field "$WORK/nac-saf.out" "r['unanswered'] + r['mismatched'] + r['sent'] - r['answered'] - r['declined']")
+    [ "$sent" -gt 0 ] && [ "$unanswered" -eq 0 ] || die "NAC on A's saf service: $(tail -1 "$WORK/nac-saf.out")"
+    # Late approvals come up to 1 s after the last answer: settled when two
+    # reads 0.7 s apart agree.
+    for ((i = 0; i < 15; i++)); do
+        n=$(saf_count a pending) || die "A's /api/v1/saf did not answer"
+        [ "$n" -gt 0 ] && [ "$n" -eq "$last" ] && break
+        last=$n
+        sleep 0.7
+    done
+    [ "$n" -gt 0 ] && [ "$n" -eq "$last" ] || die "A holds no reversal owed, or their count did not settle ($n)"
+    [ "$(saf_count a delivered)" -eq 0 ] || die "A delivered a reversal before its kill: the rig's timing is off"
+    OWED=$n
+    log "A owes $OWED reversals (late approvals of $sent requests), stored in PostgreSQL"
+}
+
+# After the kill: B delivers every reversal A stored, once each, to the node
+# that approved, as a repeat (0421); the nodes' books agree.
+b_delivers_what_a_owed() {
+    local b_name delivered=0 i
+    b_name=$(cat "$WORK/data-b/instance-name")
+    # A's next attempts were due 20 s after its first: bounded well past it.
+    for ((i = 0; i < 80; i++)); do
+        delivered=$(saf_count b delivered) || delivered=0
+        [ "$delivered" -ge "$OWED" ] && break
+        sleep 0.5
+    done
+    [ "$delivered" -eq "$OWED" ] || die "B delivered $delivered of the $OWED reversals A owed (pending: $(saf_rows b pending))"
+    [ "$(saf_count b pending)" -eq 0 ] || die "reversals still owed after B delivered $delivered"
+    saf_rows b delivered | python3 -c "
+import json, sys
+rows = json.load(sys.stdin)
+bad = [r for r in rows if r['kind'] != 'reversal' or r.get('completed_by') != sys.argv[1] or r['attempts'] < 2]
+sys.exit(f'not delivered by B ({sys.argv[1]}) as a repeat: {bad}' if bad else 0)" "$b_name" \
+        || die "B did not deliver every reversal itself"
+    local id late=0 chains=0 repeats=0 r
+    for id in 04 05; do
+        kill -INT "$(pid_of "node-saf-$id")"
+        wait_exit "$(pid_of "node-saf-$id")" 20 || die "node $id did not stop"
+        r="$WORK/node-saf-$id.out"
+        [ "$(field "$r" "r['reversals']['late_never_reversed']")" -eq 0 ] || die "node $id: a late approval never reversed"
+        [ "$(field "$r" "r['reversals']['chains_not_late'] + r['reversals']['duplicate_chains'] + r['reversals']['unreadable']")" -eq 0 ] \
+            || die "node $id: a reversal for an answer in time, a second chain for one original, or an unreadable F90: $(tail -1 "$r")"
+        late=$((late + $(field "$r" "r['reversals']['late_approvals']")))
+        chains=$((chains + $(field "$r" "r['reversals']['chains']")))
+        repeats=$((repeats + $(field "$r" "r['reversals']['repeats']")))
+    done
+    [ "$late" -eq "$OWED" ] && [ "$chains" -eq "$late" ] && [ "$repeats" -eq "$chains" ] \
+        || die "nodes 04/05: late approvals $late, reversal chains $chains, repeats $repeats; A owed $OWED"
+    log "B delivered the $OWED reversals A owed: nodes 04/05 saw $late late approvals, $chains chains, $repeats repeats"
+    SAF_LINE="; A owed $OWED reversals, B delivered $delivered"
+}
+
 check_unionpay() {
     local tag=$1 cups="$WORK/$2.out" node="$WORK/node-cups-03-$1.out"
     local sent answered mism unans orig oans foreign elsewhere
@@ -446,7 +565,8 @@ run_test() {
         || die "node 03 got no answer on another connection than its request's"
     log "F37 across instances: $a_to_b answers A-out -> B-in, $b_to_a answers B-out -> A-in"
 
-    log "phase 2: ATMs ($ATM_CLIENTS) and a NAC on the VIP, kill -9 of switch A"
+    log "phase 2: reversals owed through A, then ATMs ($ATM_CLIENTS) and a NAC on the VIP, kill -9 of switch A"
+    owe_through_a
     spawn atm client "$BIN" load --target "$VIP:7000" --spec cup-pos --clients "$ATM_CLIENTS" \
         --connection-per-request --mix 250 --duration 10s --timeout 3s --json --quiet
     nac_through_failover "$(($(date +%s) + 10))" &
@@ -546,8 +666,10 @@ print(len(runs), t['sent'], t['answered'], t['declined'], t['mismatched'], t['un
     log "NAC on the VIP (B): sent $nsent answered $nans mismatched $(field "$WORK/nac.out" "r['mismatched']")"
     [ "$nsent" -gt 0 ] && [ "$nans" -eq "$nsent" ] || die "NAC through B: not every request answered"
 
+    b_delivers_what_a_owed
+
     log "all phases passed in $(since "$t0" "$(now)") s"
-    echo "ha: failover $(since "$t_kill" "$t_first") s (VIP on B after $(since "$t_kill" "$t_vip") s); ATM sent $sent answered $answered (through B $b_after) lost-with-A $lost doubled $mism; NAC sent $fsent answered $fans lost-with-A $funans doubled $fmism; UnionPay$UP_LINE B alone with 4+4 links signed on"
+    echo "ha: failover $(since "$t_kill" "$t_first") s (VIP on B after $(since "$t_kill" "$t_vip") s); ATM sent $sent answered $answered (through B $b_after) lost-with-A $lost doubled $mism; NAC sent $fsent answered $fans lost-with-A $funans doubled $fmism; UnionPay$UP_LINE B alone with 4+4 links signed on$SAF_LINE"
 }
 
 case "${1:-}" in

@@ -2,8 +2,11 @@
 # A throwaway PostgreSQL server for the store's tests and bench, on 127.0.0.1
 # only, in a directory of its own: nothing else on the host is touched.
 #
-#   scripts/pg-test.sh start DIR PORT   initialise DIR (if new) and start the
-#                                       server on 127.0.0.1:PORT; prints its URL
+#   scripts/pg-test.sh start DIR PORT [ADDR CIDR]
+#                                       initialise DIR (if new) and start the
+#                                       server on 127.0.0.1:PORT (or ADDR:PORT,
+#                                       taking logins from CIDR: the HA rig's
+#                                       namespaces); prints its URL
 #   scripts/pg-test.sh halt DIR         stop the server, keep DIR (start again later)
 #   scripts/pg-test.sh stop DIR         stop the server and delete DIR
 #   scripts/pg-test.sh run -- CMD...    start one on a free port, run CMD with
@@ -48,7 +51,7 @@ as_owner() {
 }
 
 start() {
-    local dir=$1 port=$2 bin
+    local dir=$1 port=$2 addr=${3:-127.0.0.1} allow=${4:-} bin
     bin=$(pg_bin)
     mkdir -p "$dir"
     if [ "$(id -u)" -eq 0 ]; then
@@ -64,10 +67,14 @@ start() {
             --auth-host=scram-sha-256 --auth-local=trust -E UTF8 --no-instructions >"$dir/initdb.log" 2>&1 \
             || { cat "$dir/initdb.log" >&2; die "initdb failed in $dir"; }
     fi
+    # Logins from another network (password checked, as on loopback).
+    if [ -n "$allow" ] && ! grep -q "^host all all $allow " "$dir/data/pg_hba.conf"; then
+        echo "host all all $allow scram-sha-256" >>"$dir/data/pg_hba.conf"
+    fi
     as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-        -o "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$dir" start >/dev/null \
-        || { cat "$dir/server.log" >&2 2>/dev/null; die "the server in $dir did not start on 127.0.0.1:$port"; }
-    echo "postgres://isoswitch:$(cat "$dir/password")@127.0.0.1:$port/postgres"
+        -o "-c listen_addresses=$addr -c port=$port -c unix_socket_directories=$dir" start >/dev/null \
+        || { cat "$dir/server.log" >&2 2>/dev/null; die "the server in $dir did not start on $addr:$port"; }
+    echo "postgres://isoswitch:$(cat "$dir/password")@$addr:$port/postgres"
 }
 
 halt() {
@@ -84,7 +91,7 @@ free_port() {
 }
 
 case "${1:-}" in
-    start) [ $# -eq 3 ] || die "usage: start DIR PORT"; start "$2" "$3" ;;
+    start) [ $# -eq 3 ] || [ $# -eq 5 ] || die "usage: start DIR PORT [ADDR CIDR]"; start "$2" "$3" "${4:-}" "${5:-}" ;;
     halt) [ $# -eq 2 ] || die "usage: halt DIR"; halt "$2" ;;
     stop) [ $# -eq 2 ] || die "usage: stop DIR"; halt "$2" && rm -rf "$2" ;;
     run)
@@ -97,5 +104,5 @@ case "${1:-}" in
         export ISOSWITCH_TEST_PG_URL
         "$@"
         ;;
-    *) die "usage: start DIR PORT | halt DIR | stop DIR | run -- CMD..." ;;
+    *) die "usage: start DIR PORT [ADDR CIDR] | halt DIR | stop DIR | run -- CMD..." ;;
 esac

@@ -333,6 +333,10 @@ pub struct SafEntryView {
     pub lease_owner: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<String>,
+    /// The instance that completed it (delivered, dead or dropped): in a
+    /// pair, which one delivered what the other stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_by: Option<String>,
     /// The host's answer (delivered entries).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,
@@ -370,6 +374,7 @@ impl From<&SafRow> for SafEntryView {
             expires_at: rfc3339(r.expires_at),
             lease_owner: r.lease_owner.clone().filter(|_| leased),
             completed_at: r.completed_at.map(rfc3339),
+            completed_by: r.completed_by.clone(),
             answer: r.answer.clone(),
             reason: r.reason.clone(),
         }
