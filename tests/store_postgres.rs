@@ -145,6 +145,16 @@ async fn an_expired_lease_passes_to_the_other_instance() {
 }
 
 #[tokio::test]
+async fn pruning_deletes_only_completed_history() {
+    limited(async {
+        let (_server, url) = fresh("prune").await;
+        let store = open(&url).await;
+        store_support::pruning_deletes_only_completed_history(&store).await;
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_restarted_instance_releases_its_own_leases() {
     limited(async {
         let (_server, url) = fresh("release").await;
@@ -196,7 +206,7 @@ async fn instances_starting_together_migrate_once() {
         assert_eq!(listed.len(), 1);
         assert_eq!(
             b.meta_get("schema_version").await.expect("meta").as_deref(),
-            Some("1")
+            Some(isoswitch::store::SCHEMA_VERSION.to_string().as_str())
         );
     })
     .await;

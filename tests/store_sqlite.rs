@@ -309,6 +309,16 @@ async fn a_restarted_instance_releases_its_own_leases() {
     limited(store_support::a_restart_releases_its_own_leases(&a, &b)).await;
 }
 
+#[tokio::test]
+async fn pruning_deletes_only_completed_history() {
+    let dir = TempDir::new("prune");
+    let store = open(&dir).await;
+    limited(store_support::pruning_deletes_only_completed_history(
+        &store,
+    ))
+    .await;
+}
+
 fn mode(path: &std::path::Path) -> u32 {
     std::fs::symlink_metadata(path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))

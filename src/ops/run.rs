@@ -173,6 +173,18 @@ impl Switch {
                 super::saf::sample_forever(Arc::clone(&view), stop.clone())
             });
         }
+        if let Some((store, _, _)) = &outbox {
+            // Delivered and dropped entries leave after `store.saf.keep`: the
+            // history does not grow without end.
+            let (store, policy, stop) = (
+                store.clone(),
+                config.store.saf.clone(),
+                supervisor.shutdown(),
+            );
+            supervisor.spawn_critical("saf-prune".into(), supervisor.token(), move || {
+                super::saf::prune_forever(store.clone(), policy.clone(), stop.clone())
+            });
+        }
         if outbox.is_some() {
             // One delivery loop for every service of this instance: the
             // store's leases do not know services.

@@ -16,8 +16,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
 
 use crate::store::{
-    Direction, SafFilter, SafId, SafKind, SafOwed, SafRow, SafState, Store, StoreError, UnixMillis,
-    now_millis,
+    Direction, SafFilter, SafId, SafKind, SafOwed, SafPolicy, SafRow, SafState, Store, StoreError,
+    UnixMillis, now_millis,
 };
 
 /// How often the stats are sampled.
@@ -200,6 +200,51 @@ pub async fn sample_forever(view: Arc<SafView>, mut stop: watch::Receiver<bool>)
             tracing::warn!(error = %why, "store-and-forward stats not sampled: the metrics keep the last sample (isoswitch_saf_sample_age_seconds)");
             complained = Some(Instant::now());
         }
+    }
+}
+
+/// How often completed entries past `store.saf.keep` are deleted.
+pub const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// Entries deleted in one transaction: the writer's other requests (the
+/// reversals and advices it stores) wait at most one such batch.
+const PRUNE_BATCH: usize = 1000;
+
+/// Deletes delivered and dropped entries older than `policy.keep`, every
+/// [`PRUNE_EVERY`] until `stop`, in batches of [`PRUNE_BATCH`] with a
+/// yield between them; a failed round is logged and tried next time.
+pub async fn prune_forever(store: Store, policy: SafPolicy, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(PRUNE_EVERY) => {}
+            _ = stop.changed() => return,
+        }
+        match prune_once(&store, &policy, now_millis()).await {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(deleted = n, keep = ?policy.keep, "store-and-forward: completed entries past their keep deleted")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "store-and-forward: completed entries not pruned this round")
+            }
+        }
+    }
+}
+
+/// One pruning round as of `now`: batches until one comes back short.
+pub async fn prune_once(
+    store: &Store,
+    policy: &SafPolicy,
+    now: UnixMillis,
+) -> Result<u64, StoreError> {
+    let before = policy.prune_before(now);
+    let mut deleted = 0;
+    loop {
+        let n = store.saf_prune(before, PRUNE_BATCH).await?;
+        deleted += n;
+        if n < PRUNE_BATCH as u64 {
+            return Ok(deleted);
+        }
+        tokio::task::yield_now().await;
     }
 }
 

@@ -251,6 +251,19 @@ impl Store {
         }
     }
 
+    /// Deletes at most `limit` entries delivered or dropped before `before`,
+    /// oldest first; returns how many. Pending entries and dead letters are
+    /// never pruned (a dead letter goes once an operator drops it). Small
+    /// batches: each is one short transaction, so the writer's other
+    /// requests wait at most one batch.
+    pub async fn saf_prune(&self, before: UnixMillis, limit: usize) -> Result<u64, StoreError> {
+        check_time("before", before)?;
+        match self.handle.call(Op::SafPrune { before, limit }).await? {
+            Outcome::Changed(n) => Ok(n),
+            other => Err(mismatch("saf_prune", &other)),
+        }
+    }
+
     /// Entries matching `filter`, newest first, without payloads.
     pub async fn saf_list(&self, filter: SafFilter) -> Result<Vec<SafRow>, StoreError> {
         match self.handle.call(Op::SafList(filter)).await? {

@@ -31,6 +31,11 @@ pub struct SafPolicy {
     /// wait for its answer.
     #[serde(default = "defaults::lease", with = "duration")]
     pub lease: Duration,
+    /// Delivered and dropped entries are deleted this long after they were
+    /// completed: the history an operator can list. Pending entries and
+    /// dead letters are never deleted by age.
+    #[serde(default = "defaults::keep", with = "duration")]
+    pub keep: Duration,
 }
 
 mod defaults {
@@ -47,6 +52,9 @@ mod defaults {
     pub fn lease() -> Duration {
         Duration::from_secs(60)
     }
+    pub fn keep() -> Duration {
+        Duration::from_secs(7 * 24 * 3600)
+    }
 }
 
 impl Default for SafPolicy {
@@ -57,6 +65,7 @@ impl Default for SafPolicy {
             max_age: defaults::max_age(),
             max_attempts: None,
             lease: defaults::lease(),
+            keep: defaults::keep(),
         }
     }
 }
@@ -97,12 +106,20 @@ impl SafPolicy {
         if self.lease.is_zero() {
             return bad("store.saf.lease", "must be more than 0s");
         }
+        if self.keep.is_zero() {
+            return bad("store.saf.keep", "must be more than 0s");
+        }
         Ok(())
     }
 
     /// The max-age deadline of an entry stored at `created_at`.
     pub fn expires_at(&self, created_at: UnixMillis) -> UnixMillis {
         created_at.saturating_add(millis(self.max_age))
+    }
+
+    /// Entries completed before this, as of `now`, are past `keep`.
+    pub fn prune_before(&self, now: UnixMillis) -> UnixMillis {
+        now.saturating_sub(millis(self.keep))
     }
 
     /// Until when a lease taken at `now` holds.
@@ -209,7 +226,29 @@ mod tests {
             max_age: Duration::from_secs(300),
             max_attempts: None,
             lease: Duration::from_secs(20),
+            keep: Duration::from_secs(3600),
         }
+    }
+
+    #[test]
+    fn history_is_kept_for_keep_and_keep_is_never_zero() {
+        let p = policy();
+        assert_eq!(p.prune_before(10_000 * S), 6_400 * S);
+        assert_eq!(
+            p.prune_before(0),
+            -3_600 * S,
+            "nothing completed is that old"
+        );
+        let zero = SafPolicy {
+            keep: Duration::ZERO,
+            ..p
+        };
+        let e = zero.validate().unwrap_err().to_string();
+        assert!(e.contains("store.saf.keep"), "{e}");
+        assert_eq!(
+            SafPolicy::default().keep,
+            Duration::from_secs(7 * 24 * 3600)
+        );
     }
 
     fn claimed(attempt: u32, expires_at: UnixMillis) -> ClaimedSaf {

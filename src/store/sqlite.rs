@@ -57,6 +57,9 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX saf_due ON saf (next_attempt_at, id) WHERE state = 'pending';
     CREATE INDEX saf_state ON saf (state, service, id);",
+    // 2: what pruning completed entries reads (oldest first), without
+    // scanning the pending ones or the history it keeps.
+    "CREATE INDEX saf_done ON saf (completed_at) WHERE state IN ('delivered', 'dropped');",
 ];
 
 fn sql_error(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
@@ -415,6 +418,16 @@ fn apply(tx: &Transaction<'_>, op: &Op) -> Result<Answer, rusqlite::Error> {
                 params![owner],
             )?;
             Ok(Outcome::Changed(released as u64))
+        }
+        Op::SafPrune { before, limit } => {
+            let limit = i64::try_from(*limit).unwrap_or(i64::MAX);
+            let pruned = tx.execute(
+                "DELETE FROM saf WHERE id IN (SELECT id FROM saf \
+                 WHERE state IN ('delivered', 'dropped') AND completed_at < ?1 \
+                 ORDER BY completed_at LIMIT ?2)",
+                params![before, limit],
+            )?;
+            Ok(Outcome::Changed(pruned as u64))
         }
         Op::SafList(filter) => {
             let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);

@@ -61,6 +61,12 @@ pub(crate) enum Op {
     SafReleaseLeases {
         owner: String,
     },
+    /// Delete at most `limit` delivered or dropped entries completed before
+    /// `before`.
+    SafPrune {
+        before: UnixMillis,
+        limit: usize,
+    },
     SafList(SafFilter),
     SafStats {
         now: UnixMillis,

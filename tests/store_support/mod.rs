@@ -312,7 +312,7 @@ pub async fn api_suite(store: &Store) {
             .await
             .expect("meta")
             .as_deref(),
-        Some("1")
+        Some(isoswitch::store::SCHEMA_VERSION.to_string().as_str())
     );
     assert_eq!(store.meta_get("instance").await.expect("meta"), None);
     store.meta_put("instance", "a").await.expect("meta put");
@@ -433,6 +433,57 @@ pub async fn a_restart_releases_its_own_leases(a: &Store, b: &Store) {
         "the attempt in flight may have reached the host"
     );
     assert_eq!(a.saf_release_leases("nobody").await.expect("release"), 0);
+}
+
+/// Pruning deletes delivered and dropped entries completed before the
+/// cut-off, oldest first and at most `limit` a call; what is owed (pending)
+/// and dead letters stay, whatever their age.
+pub async fn pruning_deletes_only_completed_history(store: &Store) {
+    let old_delivered = store.saf_put(entry("pos", 1, T0)).await.expect("put");
+    let old_dropped = store.saf_put(entry("pos", 2, T0)).await.expect("put");
+    let old_dead = store.saf_put(entry("pos", 3, T0)).await.expect("put");
+    let old_pending = store.saf_put(entry("pos", 4, T0)).await.expect("put");
+    let new_delivered = store.saf_put(entry("pos", 5, T0)).await.expect("put");
+    let claimed = store.saf_claim("A", T0, 10, LEASE).await.expect("claim");
+    assert_eq!(claimed.len(), 5);
+    for (id, at) in [(old_delivered, T0 + SEC), (new_delivered, T0 + 100 * SEC)] {
+        store
+            .saf_delivered(id, "A", at, "0430 rc=00")
+            .await
+            .expect("delivered");
+    }
+    store
+        .saf_dead(old_dead, T0 + SEC, "max age")
+        .await
+        .expect("dead");
+    store
+        .saf_drop(old_dropped, T0 + 2 * SEC, "operator: duplicate")
+        .await
+        .expect("drop");
+    store
+        .saf_attempted(old_pending, "A", T0 + 600 * SEC, "timeout")
+        .await
+        .expect("attempted");
+
+    let cut = T0 + 50 * SEC;
+    assert_eq!(
+        store.saf_prune(cut, 1).await.expect("prune"),
+        1,
+        "one a call"
+    );
+    assert_eq!(store.saf_prune(cut, 10).await.expect("prune"), 1);
+    assert_eq!(store.saf_prune(cut, 10).await.expect("prune"), 0);
+    let left = store
+        .saf_list(SafFilter {
+            state: None,
+            service: None,
+            limit: 10,
+        })
+        .await
+        .expect("list");
+    let mut left: Vec<SafId> = left.iter().map(|r| r.id).collect();
+    left.sort();
+    assert_eq!(left, [old_dead, old_pending, new_delivered]);
 }
 
 /// Polls until `ready` holds (the writer taking a request is no event a

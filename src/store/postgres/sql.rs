@@ -38,6 +38,9 @@ pub(super) const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX saf_due ON saf (next_attempt_at, id) WHERE state = 'pending';
     CREATE INDEX saf_state ON saf (state, service, id);",
+    // 2: what pruning completed entries reads (oldest first), without
+    // scanning the pending ones or the history it keeps.
+    "CREATE INDEX saf_done ON saf (completed_at) WHERE state IN ('delivered', 'dropped');",
 ];
 
 pub(super) const META_PUT: &str = "INSERT INTO meta (key, value) VALUES ($1, $2) \
@@ -53,6 +56,7 @@ pub(super) struct Statements {
     retry_now: Statement,
     drop: Statement,
     release_leases: Statement,
+    prune: Statement,
     state_of: Statement,
     list: Statement,
     stats: Statement,
@@ -123,6 +127,15 @@ impl Statements {
                 .prepare(
                     "UPDATE saf SET lease_owner = NULL, lease_until = NULL \
                      WHERE state = 'pending' AND lease_owner = $1",
+                )
+                .await?,
+            // SKIP LOCKED: two instances pruning together take different
+            // rows instead of waiting for each other.
+            prune: c
+                .prepare(
+                    "DELETE FROM saf WHERE id IN (SELECT id FROM saf \
+                     WHERE state IN ('delivered', 'dropped') AND completed_at < $1 \
+                     ORDER BY completed_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
                 )
                 .await?,
             state_of: c
@@ -271,6 +284,11 @@ pub(super) async fn apply(
         Op::SafReleaseLeases { owner } => {
             let released = tx.execute(&st.release_leases, &[owner]).await?;
             Ok(Outcome::Changed(released))
+        }
+        Op::SafPrune { before, limit } => {
+            let limit = i64::try_from(*limit).unwrap_or(i64::MAX);
+            let pruned = tx.execute(&st.prune, &[before, &limit]).await?;
+            Ok(Outcome::Changed(pruned))
         }
         Op::SafList(filter) => {
             let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
