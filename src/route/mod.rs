@@ -76,6 +76,7 @@ pub mod health;
 pub mod integrity;
 pub mod node;
 pub mod oneconnect;
+pub mod outlier;
 pub use crate::util::rng;
 pub mod router;
 pub mod rules;
@@ -93,6 +94,7 @@ pub use node::{
     EwmaCell, EwmaConfig, NODE_ID_MAX, NodeId, NodeIdError, NodeSnapshot, NodeState, NodeView,
     PeakEwma,
 };
+pub use outlier::OutlierPolicy;
 pub use rng::Rng;
 pub use router::{
     Checked, FieldTexts, Invalid, KeyError, KeyPart, Router, RouterConfig, RouterError, TpduPolicy,
