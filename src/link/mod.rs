@@ -7,6 +7,7 @@ pub mod client;
 pub mod conns;
 pub mod decline;
 pub mod front;
+pub mod health;
 #[doc(hidden)]
 pub mod inproc;
 pub mod log_limit;
@@ -148,10 +149,20 @@ pub fn start_node(sup: &Arc<Supervisor>, service: &Arc<Service>, node: usize) {
             node::keep_connected(Arc::clone(&svc), node, slot, st.clone())
         });
     }
-    if service.config.back.health.check != CheckKind::None {
+    let check = service.config.back.health.check;
+    if check != CheckKind::None {
         let (svc, st) = (Arc::clone(service), stop.clone());
         sup.spawn_critical(format!("{scope}/health"), token, move || {
-            check_health(Arc::clone(&svc), node, st.clone())
+            let (svc, st) = (Arc::clone(&svc), st.clone());
+            async move {
+                match check {
+                    CheckKind::Tcp => health::run(svc, node, health::TcpConnect, st).await,
+                    CheckKind::Echo => {
+                        health::run(svc, node, health::EchoOnKeptConnection, st).await
+                    }
+                    CheckKind::None => {}
+                }
+            }
         });
     }
 }
@@ -181,49 +192,5 @@ async fn sweep(service: Arc<Service>, mut shutdown: watch::Receiver<bool>) {
             }
             _ = shutdown.changed() => return,
         }
-    }
-}
-
-/// Active health checks of one node: a TCP connect or the spec's echo test.
-/// A health-check ticker: the first tick after one period (the caller has
-/// just checked, or just started).
-pub(crate) fn check_ticker(period: Duration) -> tokio::time::Interval {
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick
-}
-
-async fn check_health(service: Arc<Service>, node: usize, mut shutdown: watch::Receiver<bool>) {
-    let cfg = service.config.back.health.clone();
-    if cfg.check == CheckKind::None {
-        return;
-    }
-    let Some(addr) = service.pool.node(node).map(|n| n.config.address) else {
-        return;
-    };
-    let mut tick = check_ticker((service.live().check_interval, service.live().check_timeout).0);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.changed() => return,
-        }
-        // Interval and timeout as last reloaded.
-        let (interval, timeout) = (service.live().check_interval, service.live().check_timeout);
-        if tick.period() != interval {
-            tick = check_ticker(interval);
-        }
-        let ok = match cfg.check {
-            CheckKind::Tcp => matches!(
-                tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await,
-                Ok(Ok(_))
-            ),
-            CheckKind::Echo => match service.send_echo(node, Instant::now(), timeout) {
-                // The sweeper drops the waiter at the deadline: Err = no echo.
-                Some(rx) => rx.await.is_ok(),
-                None => false,
-            },
-            CheckKind::None => return,
-        };
-        service.pool.record_check(node, ok, Instant::now());
     }
 }

@@ -25,12 +25,14 @@ use tokio::task::JoinSet;
 use tokio_util::codec::FramedRead;
 
 use super::client::ClientLink;
+use super::health::{self, Probe};
 use super::netmgmt::NmKind;
 use super::oneconnect_pool::{Carrying, PooledConn};
 pub use super::oneconnect_pool::{OneConnect, OneConnectCounters};
 use super::pool::Picked;
 use super::service::{Checked, Invalid, Origin, Service};
 use super::writer::{Outbound, Patch, encode_into};
+use crate::config::CheckKind;
 use crate::route::DeclineReason;
 use crate::route::oneconnect::Lease;
 use crate::wire::{Frame, FrameCodec};
@@ -95,18 +97,21 @@ pub fn start(
     shutdown: &watch::Receiver<bool>,
 ) {
     let now = Instant::now();
-    let checked = service.config.back.health.check != crate::config::CheckKind::None;
+    let checked = service.config.back.health.check != CheckKind::None;
     for node in 0..service.pool.nodes().len() {
         service.pool.set_reachable(node, true, now);
         if !checked {
             continue;
         }
-        tasks.spawn(check_health(
-            Arc::clone(service),
-            Arc::clone(oc),
-            node,
-            shutdown.clone(),
-        ));
+        let (svc, stop) = (Arc::clone(service), shutdown.clone());
+        match service.config.back.health.check {
+            CheckKind::Tcp => tasks.spawn(health::run(svc, node, ConnectThroughPool, stop)),
+            CheckKind::Echo => {
+                let probe = EchoOnPooledConnection(Arc::clone(oc));
+                tasks.spawn(health::run(svc, node, probe, stop))
+            }
+            CheckKind::None => continue,
+        };
     }
     tasks.spawn(maintain(
         Arc::clone(service),
@@ -536,43 +541,24 @@ fn log_task_end(service: &Service, done: Result<(), tokio::task::JoinError>) {
     }
 }
 
-/// Active checks of one node in `oneconnect` mode. `tcp` is a connect, as on
-/// other fronts; `echo` sends the spec's echo test on a pool connection (one
-/// at a time, like any request). A node whose connections are all busy gets
-/// no verdict this round: it is evidently answering.
-async fn check_health(
-    service: Arc<Service>,
-    oc: Arc<OneConnect>,
-    node: usize,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    use crate::config::CheckKind;
-    let cfg = service.config.back.health.clone();
-    if cfg.check == CheckKind::None {
-        return;
+/// The `tcp` check of a OneConnect node: a connect through the pool's
+/// connector (as a request's connection is opened), then closed.
+struct ConnectThroughPool;
+
+impl Probe for ConnectThroughPool {
+    async fn check(&self, service: &Service, node: usize, deadline: Instant) -> Option<bool> {
+        Some(open(service, node, deadline).await.is_ok())
     }
-    let mut tick =
-        super::check_ticker((service.live().check_interval, service.live().check_timeout).0);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.changed() => return,
-        }
-        // Interval and timeout as last reloaded.
-        let (interval, timeout) = (service.live().check_interval, service.live().check_timeout);
-        if tick.period() != interval {
-            tick = super::check_ticker(interval);
-        }
-        let deadline = Instant::now() + timeout;
-        let ok = match cfg.check {
-            CheckKind::Tcp => open(&service, node, deadline).await.is_ok(),
-            CheckKind::Echo => match echo(&service, &oc, node, deadline).await {
-                Some(ok) => ok,
-                None => continue,
-            },
-            CheckKind::None => return,
-        };
-        service.pool.record_check(node, ok, Instant::now());
+}
+
+/// The `echo` check of a OneConnect node: the spec's echo test on a pooled
+/// connection, one at a time like any request. A node whose connections are
+/// all busy gets no verdict this round: it is evidently answering.
+struct EchoOnPooledConnection(Arc<OneConnect>);
+
+impl Probe for EchoOnPooledConnection {
+    async fn check(&self, service: &Service, node: usize, deadline: Instant) -> Option<bool> {
+        echo(service, &self.0, node, deadline).await
     }
 }
 
