@@ -19,6 +19,8 @@ use super::control::SwitchHandle;
 use super::saf::{SafSample, ServiceSaf};
 use crate::link::Service;
 use crate::link::conns::ConnKind;
+use crate::link::outlinks::OutLinks;
+use crate::link::pool::{Node, NodeStatus};
 use crate::link::service::IntegrityCounters;
 use crate::route::DeclineReason;
 use crate::store::SafKind;
@@ -27,6 +29,17 @@ use crate::store::SafKind;
 const NODE_STATES: [&str; 6] = ["up", "down", "draining", "disabled", "ejected", "removed"];
 
 type Labels = Vec<(&'static str, String)>;
+
+// Each family is declared beside the reader of its value, so a name and
+// its value cannot drift apart (as two lists zipped by position could).
+/// A per-service counter's value.
+type ReadService = fn(&Service) -> u64;
+/// A link-set gauge's value (simplex and connect fronts).
+type ReadLinks = fn(&OutLinks) -> usize;
+/// A per-node counter's value.
+type ReadServer = fn(&Node) -> u64;
+/// A per-node gauge's value, from the node and its status read once.
+type ReadServerGauge = fn(&Node, &NodeStatus) -> f64;
 
 /// The whole exposition, as `/metrics` serves it.
 pub fn render(handle: &SwitchHandle) -> Result<String, std::fmt::Error> {
@@ -143,94 +156,170 @@ fn encode_gauges(enc: &mut DescriptorEncoder, f: &Family<f64>) -> std::fmt::Resu
 impl Collector for SwitchMetrics {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
         let now = Instant::now();
-        let mut svc_counters: Vec<Family<u64>> = vec![
-            counter(
-                "isoswitch_service_requests",
-                "Requests accepted from the front.",
+        let mut svc_counters: Vec<(Family<u64>, ReadService)> = vec![
+            (
+                counter(
+                    "isoswitch_service_requests",
+                    "Requests accepted from the front.",
+                ),
+                |s| s.counters.requests.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_responses",
-                "Node responses delivered to the front.",
+            (
+                counter(
+                    "isoswitch_service_responses",
+                    "Node responses delivered to the front.",
+                ),
+                |s| s.counters.answered.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_late_responses",
-                "Node responses that came after their request was declined; dropped.",
+            (
+                counter(
+                    "isoswitch_service_late_responses",
+                    "Node responses that came after their request was declined; dropped.",
+                ),
+                |s| s.counters.late_responses.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_unknown_responses",
-                "Node responses that match no request; dropped.",
+            (
+                counter(
+                    "isoswitch_service_unknown_responses",
+                    "Node responses that match no request; dropped.",
+                ),
+                |s| s.counters.unknown_responses.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_bad_messages",
-                "Messages that could not be parsed.",
+            (
+                counter(
+                    "isoswitch_service_bad_messages",
+                    "Messages that could not be parsed.",
+                ),
+                |s| s.counters.bad_messages.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_bad_frames",
-                "Frames whose length prefix could not be trusted.",
+            (
+                counter(
+                    "isoswitch_service_bad_frames",
+                    "Frames whose length prefix could not be trusted.",
+                ),
+                |s| s.counters.bad_frames.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_undeliverable",
-                "Answers with no live link to go to.",
+            (
+                counter(
+                    "isoswitch_service_undeliverable",
+                    "Answers with no live link to go to.",
+                ),
+                |s| s.counters.undeliverable.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_keepalives",
-                "Keep-alive frames received from clients.",
+            (
+                counter(
+                    "isoswitch_service_keepalives",
+                    "Keep-alive frames received from clients.",
+                ),
+                |s| s.counters.keep_alives.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_connections_accepted",
-                "Client connections accepted.",
+            (
+                counter(
+                    "isoswitch_service_connections_accepted",
+                    "Client connections accepted.",
+                ),
+                |s| s.counters.clients_accepted.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_over_share",
-                "Requests declined because their client was over its in-flight share.",
+            (
+                counter(
+                    "isoswitch_service_over_share",
+                    "Requests declined because their client was over its in-flight share.",
+                ),
+                |s| s.counters.over_share.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_undeclinable",
-                "Requests too broken to answer with a decline (dropped).",
+            (
+                counter(
+                    "isoswitch_service_undeclinable",
+                    "Requests too broken to answer with a decline (dropped).",
+                ),
+                |s| s.counters.undeclinable.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_panic_routed",
-                "Requests routed while no node was healthy (panic mode).",
+            (
+                counter(
+                    "isoswitch_service_panic_routed",
+                    "Requests routed while no node was healthy (panic mode).",
+                ),
+                |s| s.pool.panic_picks(),
             ),
-            counter(
-                "isoswitch_service_node_requests",
-                "Node-originated requests queued for the peer (simplex and connect fronts).",
+            (
+                counter(
+                    "isoswitch_service_node_requests",
+                    "Node-originated requests queued for the peer (simplex and connect fronts).",
+                ),
+                |s| s.counters.peer.node_requests.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_node_requests_unsent",
-                "Node-originated requests declined at once: no out link could take them and the waiting queue was full.",
+            (
+                counter(
+                    "isoswitch_service_node_requests_unsent",
+                    "Node-originated requests declined at once: no out link could take them and the waiting queue was full.",
+                ),
+                |s| s.counters.peer.node_requests_unsent.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_node_requests_expired",
-                "Node-originated requests dropped: no signed-on out link before their deadline.",
+            (
+                counter(
+                    "isoswitch_service_node_requests_expired",
+                    "Node-originated requests dropped: no signed-on out link before their deadline.",
+                ),
+                |s| {
+                    s.counters
+                        .peer
+                        .node_requests_expired
+                        .load(Ordering::Relaxed)
+                },
             ),
-            counter(
-                "isoswitch_service_stamp_mismatches",
-                "Node-stamped F37 values that did not name the sending node.",
+            (
+                counter(
+                    "isoswitch_service_stamp_mismatches",
+                    "Node-stamped F37 values that did not name the sending node.",
+                ),
+                |s| s.counters.peer.stamp_mismatches.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_peer_responses",
-                "Peer responses routed to a node by their F37 stamp.",
+            (
+                counter(
+                    "isoswitch_service_peer_responses",
+                    "Peer responses routed to a node by their F37 stamp.",
+                ),
+                |s| s.counters.peer.peer_responses.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_unroutable_responses",
-                "Peer responses whose F37 stamp names no live node; dropped.",
+            (
+                counter(
+                    "isoswitch_service_unroutable_responses",
+                    "Peer responses whose F37 stamp names no live node; dropped.",
+                ),
+                |s| s.counters.peer.unroutable_responses.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_network_answered",
-                "The peer's network management requests answered by the switch.",
+            (
+                counter(
+                    "isoswitch_service_network_answered",
+                    "The peer's network management requests answered by the switch.",
+                ),
+                |s| s.counters.peer.network_answered.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_key_exchange_to_nodes",
-                "The peer's key exchange and cut-over requests sent to a key node.",
+            (
+                counter(
+                    "isoswitch_service_key_exchange_to_nodes",
+                    "The peer's key exchange and cut-over requests sent to a key node.",
+                ),
+                |s| {
+                    s.counters
+                        .peer
+                        .key_exchange_to_nodes
+                        .load(Ordering::Relaxed)
+                },
             ),
-            counter(
-                "isoswitch_service_key_exchange_unsent",
-                "The peer's key exchange and cut-over requests that reached no key node.",
+            (
+                counter(
+                    "isoswitch_service_key_exchange_unsent",
+                    "The peer's key exchange and cut-over requests that reached no key node.",
+                ),
+                |s| s.counters.peer.key_exchange_unsent.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_service_node_key_exchange",
-                "Nodes' own key exchange and cut-over requests sent to the peer.",
+            (
+                counter(
+                    "isoswitch_service_node_key_exchange",
+                    "Nodes' own key exchange and cut-over requests sent to the peer.",
+                ),
+                |s| s.counters.peer.node_key_exchange.load(Ordering::Relaxed),
             ),
         ];
         let mut bytes = counter(
@@ -265,66 +354,111 @@ impl Collector for SwitchMetrics {
             "isoswitch_service_current_connections",
             "Open connections, by kind (client, node, out-link, in-link).",
         );
-        let mut links = [
-            gauge(
-                "isoswitch_link_set_links",
-                "Links of the service's link set (simplex and connect fronts).",
+        let mut links: [(Family<f64>, ReadLinks); 4] = [
+            (
+                gauge(
+                    "isoswitch_link_set_links",
+                    "Links of the service's link set (simplex and connect fronts).",
+                ),
+                |o| o.len(),
             ),
-            gauge("isoswitch_link_set_up", "Links up."),
-            gauge(
-                "isoswitch_link_set_usable",
-                "Links up and signed on (able to carry traffic).",
+            (gauge("isoswitch_link_set_up", "Links up."), |o| o.up().0),
+            (
+                gauge(
+                    "isoswitch_link_set_usable",
+                    "Links up and signed on (able to carry traffic).",
+                ),
+                |o| o.up().1,
             ),
-            gauge(
-                "isoswitch_link_set_waiting",
-                "Frames waiting for a usable out link.",
+            (
+                gauge(
+                    "isoswitch_link_set_waiting",
+                    "Frames waiting for a usable out link.",
+                ),
+                |o| o.waiting(),
             ),
         ];
         let mut parked = counter(
             "isoswitch_link_set_waited",
             "Frames that waited for a usable out link, by outcome: sent, dropped at their deadline (answers), refused (waiting queue full).",
         );
-        let mut srv_counters: Vec<Family<u64>> = vec![
-            counter("isoswitch_server_requests", "Requests sent to the node."),
-            counter("isoswitch_server_responses", "Requests the node answered."),
-            counter(
-                "isoswitch_server_failures",
-                "Requests the node did not answer (timeout, connection lost, disabled).",
+        let mut srv_counters: Vec<(Family<u64>, ReadServer)> = vec![
+            (
+                counter("isoswitch_server_requests", "Requests sent to the node."),
+                |n| n.counters.sent.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_server_connects",
-                "Connections to the node opened.",
+            (
+                counter("isoswitch_server_responses", "Requests the node answered."),
+                |n| n.counters.answered.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_server_disconnects",
-                "Connections to the node closed.",
+            (
+                counter(
+                    "isoswitch_server_failures",
+                    "Requests the node did not answer (timeout, connection lost, disabled).",
+                ),
+                |n| n.counters.declined.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_server_connect_failures",
-                "Connection attempts to the node that failed or timed out.",
+            (
+                counter(
+                    "isoswitch_server_connects",
+                    "Connections to the node opened.",
+                ),
+                |n| n.counters.connects.load(Ordering::Relaxed),
             ),
-            counter(
-                "isoswitch_server_ejections_capped",
-                "Passive ejections due but refused by max_ejection_percent.",
+            (
+                counter(
+                    "isoswitch_server_disconnects",
+                    "Connections to the node closed.",
+                ),
+                |n| n.counters.disconnects.load(Ordering::Relaxed),
+            ),
+            (
+                counter(
+                    "isoswitch_server_connect_failures",
+                    "Connection attempts to the node that failed or timed out.",
+                ),
+                |n| n.counters.connect_failures.load(Ordering::Relaxed),
+            ),
+            (
+                counter(
+                    "isoswitch_server_ejections_capped",
+                    "Passive ejections due but refused by max_ejection_percent.",
+                ),
+                |n| n.counters.ejections_capped.load(Ordering::Relaxed),
             ),
         ];
-        let mut srv_gauges: Vec<Family<f64>> = vec![
-            gauge(
-                "isoswitch_server_in_flight",
-                "Requests waiting for this node.",
+        let mut srv_gauges: Vec<(Family<f64>, ReadServerGauge)> = vec![
+            (
+                gauge(
+                    "isoswitch_server_in_flight",
+                    "Requests waiting for this node.",
+                ),
+                |n, _| n.outstanding() as f64,
             ),
-            gauge(
-                "isoswitch_server_current_connections",
-                "Connections to the node up.",
+            (
+                gauge(
+                    "isoswitch_server_current_connections",
+                    "Connections to the node up.",
+                ),
+                |n, _| n.live_conns() as f64,
             ),
-            gauge("isoswitch_server_weight", "Configured weight."),
-            gauge(
-                "isoswitch_server_effective_weight",
-                "Weight the balancer uses now (0 when not eligible; ramps in slow start).",
+            (
+                gauge("isoswitch_server_weight", "Configured weight."),
+                |_, st| f64::from(st.weight),
             ),
-            gauge(
-                "isoswitch_server_latency_ewma_seconds",
-                "Peak-EWMA latency estimate.",
+            (
+                gauge(
+                    "isoswitch_server_effective_weight",
+                    "Weight the balancer uses now (0 when not eligible; ramps in slow start).",
+                ),
+                |_, st| f64::from(st.effective_weight),
+            ),
+            (
+                gauge(
+                    "isoswitch_server_latency_ewma_seconds",
+                    "Peak-EWMA latency estimate.",
+                ),
+                |_, st| st.latency.as_secs_f64(),
             ),
         ];
         let mut states = gauge(
@@ -336,32 +470,8 @@ impl Collector for SwitchMetrics {
             let s = &r.service;
             let sl = || vec![("service", label_value(s.name()))];
             let c = &s.counters;
-            let values = [
-                c.requests.load(Ordering::Relaxed),
-                c.answered.load(Ordering::Relaxed),
-                c.late_responses.load(Ordering::Relaxed),
-                c.unknown_responses.load(Ordering::Relaxed),
-                c.bad_messages.load(Ordering::Relaxed),
-                c.bad_frames.load(Ordering::Relaxed),
-                c.undeliverable.load(Ordering::Relaxed),
-                c.keep_alives.load(Ordering::Relaxed),
-                c.clients_accepted.load(Ordering::Relaxed),
-                c.over_share.load(Ordering::Relaxed),
-                c.undeclinable.load(Ordering::Relaxed),
-                s.pool.panic_picks(),
-                c.peer.node_requests.load(Ordering::Relaxed),
-                c.peer.node_requests_unsent.load(Ordering::Relaxed),
-                c.peer.node_requests_expired.load(Ordering::Relaxed),
-                c.peer.stamp_mismatches.load(Ordering::Relaxed),
-                c.peer.peer_responses.load(Ordering::Relaxed),
-                c.peer.unroutable_responses.load(Ordering::Relaxed),
-                c.peer.network_answered.load(Ordering::Relaxed),
-                c.peer.key_exchange_to_nodes.load(Ordering::Relaxed),
-                c.peer.key_exchange_unsent.load(Ordering::Relaxed),
-                c.peer.node_key_exchange.load(Ordering::Relaxed),
-            ];
-            for (f, v) in svc_counters.iter_mut().zip(values) {
-                f.samples.push((sl(), v));
+            for (f, read) in &mut svc_counters {
+                f.samples.push((sl(), read(s)));
             }
             for (outcome, v) in [
                 ("declined", &c.bad_declined),
@@ -414,9 +524,8 @@ impl Collector for SwitchMetrics {
                 conns.samples.push((l, s.links.table.count(kind) as f64));
             }
             if let Some(out) = &s.side.out_links() {
-                let (up, usable) = out.up();
-                for (f, v) in links.iter_mut().zip([out.len(), up, usable, out.waiting()]) {
-                    f.samples.push((sl(), v as f64));
+                for (f, read) in &mut links {
+                    f.samples.push((sl(), read(out) as f64));
                 }
                 for (outcome, v) in [
                     ("sent", &out.parked_sent),
@@ -444,7 +553,7 @@ impl Collector for SwitchMetrics {
                 budget.samples.push((Vec::new(), b.limit() as f64));
             }
         }
-        for f in &svc_counters {
+        for (f, _) in &svc_counters {
             encode_counters(&mut enc, f)?;
         }
         encode_counters(&mut enc, &declines)?;
@@ -454,13 +563,17 @@ impl Collector for SwitchMetrics {
         encode_counters(&mut enc, &bytes)?;
         encode_counters(&mut enc, &parked)?;
         encode_gauges(&mut enc, &link_state)?;
-        for f in svc_gauges.iter().chain([&conns]).chain(links.iter()) {
+        for f in svc_gauges
+            .iter()
+            .chain([&conns])
+            .chain(links.iter().map(|(f, _)| f))
+        {
             encode_gauges(&mut enc, f)?;
         }
-        for f in &srv_counters {
+        for (f, _) in &srv_counters {
             encode_counters(&mut enc, f)?;
         }
-        for f in srv_gauges.iter().chain([&states]) {
+        for f in srv_gauges.iter().map(|(f, _)| f).chain([&states]) {
             encode_gauges(&mut enc, f)?;
         }
         let mut m = enc.encode_descriptor(
@@ -674,8 +787,8 @@ type Histogram = (f64, u64, Vec<(f64, u64)>);
 fn node_samples(
     s: &Service,
     now: Instant,
-    counters: &mut [Family<u64>],
-    gauges: &mut [Family<f64>],
+    counters: &mut [(Family<u64>, ReadServer)],
+    gauges: &mut [(Family<f64>, ReadServerGauge)],
     states: &mut Family<f64>,
     hist: &mut Vec<(Labels, Histogram)>,
 ) {
@@ -690,28 +803,11 @@ fn node_samples(
                 ("server", label_value(&n.config.id)),
             ]
         };
-        let c = &n.counters;
-        let values = [
-            c.sent.load(Ordering::Relaxed),
-            c.answered.load(Ordering::Relaxed),
-            c.declined.load(Ordering::Relaxed),
-            c.connects.load(Ordering::Relaxed),
-            c.disconnects.load(Ordering::Relaxed),
-            c.connect_failures.load(Ordering::Relaxed),
-            c.ejections_capped.load(Ordering::Relaxed),
-        ];
-        for (f, v) in counters.iter_mut().zip(values) {
-            f.samples.push((nl(), v));
+        for (f, read) in counters.iter_mut() {
+            f.samples.push((nl(), read(n)));
         }
-        let g = [
-            n.outstanding() as f64,
-            n.live_conns() as f64,
-            f64::from(st.weight),
-            f64::from(st.effective_weight),
-            st.latency.as_secs_f64(),
-        ];
-        for (f, v) in gauges.iter_mut().zip(g) {
-            f.samples.push((nl(), v));
+        for (f, read) in gauges.iter_mut() {
+            f.samples.push((nl(), read(n, &st)));
         }
         for state in NODE_STATES {
             let mut l = nl();
@@ -720,7 +816,7 @@ fn node_samples(
                 .samples
                 .push((l, if st.state() == state { 1.0 } else { 0.0 }));
         }
-        hist.push((nl(), c.latency.snapshot()));
+        hist.push((nl(), n.counters.latency.snapshot()));
     }
 }
 
