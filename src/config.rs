@@ -1003,30 +1003,54 @@ pub mod host_port {
         IP_ONLY.store(true, Ordering::Relaxed);
     }
 
+    /// Why an address does not read as `host:port`; each names the text.
+    #[derive(Debug, thiserror::Error)]
+    pub enum AddrError {
+        #[error("`{0}` is not host:port")]
+        NotHostPort(String),
+        #[error("`{text}`: port `{port}` is not 0..=65535")]
+        Port { text: String, port: String },
+        #[error("`{0}` has no host")]
+        NoHost(String),
+        #[error("`{0}`: host names are not resolved here")]
+        NamesOff(String),
+        #[error("cannot resolve `{host}`: {source}")]
+        Resolve {
+            host: String,
+            source: std::io::Error,
+        },
+        #[error("`{0}` resolves to no address")]
+        NoAddress(String),
+    }
+
     /// `127.0.0.1:7001`, `[::1]:7001` or `localhost:7001`.
-    pub fn resolve(text: &str) -> Result<SocketAddr, String> {
+    pub fn resolve(text: &str) -> Result<SocketAddr, AddrError> {
         if let Ok(addr) = text.parse() {
             return Ok(addr);
         }
         let Some((host, port)) = text.rsplit_once(':') else {
-            return Err(format!("`{text}` is not host:port"));
+            return Err(AddrError::NotHostPort(text.to_string()));
         };
-        let port: u16 = port
-            .parse()
-            .map_err(|_| format!("`{text}`: port `{port}` is not 0..=65535"))?;
+        let port: u16 = port.parse().map_err(|_| AddrError::Port {
+            text: text.to_string(),
+            port: port.to_string(),
+        })?;
         let host = host.trim_start_matches('[').trim_end_matches(']');
         if host.is_empty() {
-            return Err(format!("`{text}` has no host"));
+            return Err(AddrError::NoHost(text.to_string()));
         }
         if IP_ONLY.load(Ordering::Relaxed) {
-            return Err(format!("`{text}`: host names are not resolved here"));
+            return Err(AddrError::NamesOff(text.to_string()));
         }
         let mut addrs = (host, port)
             .to_socket_addrs()
-            .map_err(|e| format!("cannot resolve `{host}`: {e}"))?;
+            .map_err(|source| AddrError::Resolve {
+                host: host.to_string(),
+                source,
+            })?;
         addrs
             .next()
-            .ok_or_else(|| format!("`{host}` resolves to no address"))
+            .ok_or_else(|| AddrError::NoAddress(host.to_string()))
     }
 }
 
@@ -1814,9 +1838,15 @@ address = "127.0.0.1:7001"
         assert!(
             host_port::resolve("localhost:65536")
                 .unwrap_err()
+                .to_string()
                 .contains("port")
         );
-        assert!(host_port::resolve(":7001").unwrap_err().contains("no host"));
+        assert!(
+            host_port::resolve(":7001")
+                .unwrap_err()
+                .to_string()
+                .contains("no host")
+        );
     }
 
     #[test]

@@ -257,7 +257,7 @@ fn saf_request(
     let entry = |id: &str| {
         crate::ops::saf::parse_id(id)
             .map(|id| id.0)
-            .map_err(CtlError::Usage)
+            .map_err(|e| CtlError::Usage(e.to_string()))
     };
     Ok(match action {
         None => {
@@ -266,7 +266,8 @@ fn saf_request(
                 query.push_str(&format!("&service={s}"));
             }
             // Refused here with the switch's own words, before any request.
-            let query = SafQuery::parse(Some(&query)).map_err(CtlError::Usage)?;
+            let query =
+                SafQuery::parse(Some(&query)).map_err(|e| CtlError::Usage(e.to_string()))?;
             ("GET", format!("/api/v1/saf?{}", query.to_query()), None)
         }
         Some(SafAction::Retry { id }) => {

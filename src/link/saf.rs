@@ -121,7 +121,7 @@ fn send(
     };
     let payload = match as_sent(svc, &entry) {
         Ok(p) => p,
-        Err(why) => return record_dead(store, entry.id, why),
+        Err(why) => return record_dead(store, entry.id, why.to_string()),
     };
     let sent = match &entry.direction {
         Direction::ToNode(id) => to_node(svc, &entry, payload, Some(id)),
@@ -146,23 +146,34 @@ fn send(
     }
 }
 
+/// Why a stored entry cannot be sent again: it becomes a dead letter, with
+/// this as its reason.
+#[derive(Debug, thiserror::Error)]
+enum Unsendable {
+    #[error("stored message does not decode: {0}")]
+    Decode(#[source] crate::iso8583::IsoError),
+    #[error(transparent)]
+    RepeatMti(#[from] crate::store::MtiError),
+    #[error("repeat MTI {mti}: {reason}")]
+    BadRepeat { mti: String, reason: String },
+    #[error("repeat does not encode: {0}")]
+    Encode(#[source] crate::iso8583::IsoError),
+}
+
 /// The entry's message as this attempt sends it: the first as stored, any
 /// later one with the repeat MTI.
-fn as_sent(svc: &Service, entry: &ClaimedSaf) -> Result<Bytes, String> {
+fn as_sent(svc: &Service, entry: &ClaimedSaf) -> Result<Bytes, Unsendable> {
     if entry.attempt <= 1 {
         return Ok(Bytes::from(entry.payload.clone()));
     }
     let spec = svc.spec();
-    let mut d = spec
-        .decode(&entry.payload)
-        .map_err(|e| format!("stored message does not decode: {e}"))?;
-    let repeat = repeat_mti(&entry.mti).map_err(|e| e.to_string())?;
-    d.mti = repeat
-        .parse::<Mti>()
-        .map_err(|e| format!("repeat MTI {repeat}: {e}"))?;
-    spec.encode(&d)
-        .map(Bytes::from)
-        .map_err(|e| format!("repeat does not encode: {e}"))
+    let mut d = spec.decode(&entry.payload).map_err(Unsendable::Decode)?;
+    let repeat = repeat_mti(&entry.mti)?;
+    d.mti = repeat.parse::<Mti>().map_err(|e| Unsendable::BadRepeat {
+        reason: e.to_string(),
+        mti: repeat,
+    })?;
+    spec.encode(&d).map(Bytes::from).map_err(Unsendable::Encode)
 }
 
 /// Sends to node `id` (or to any node the balancer picks) and waits for its

@@ -552,7 +552,7 @@ async fn saf_list(State(admin): State<Admin>, uri: axum::http::Uri) -> Response 
     };
     let query = match SafQuery::parse(uri.query()) {
         Ok(q) => q,
-        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+        Err(why) => return error(StatusCode::BAD_REQUEST, why.to_string()),
     };
     match view.list(&query).await {
         Ok(rows) => axum::Json(rows).into_response(),
@@ -577,7 +577,7 @@ async fn saf_action(
     };
     let id = match saf::parse_id(&id) {
         Ok(id) => id,
-        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+        Err(why) => return error(StatusCode::BAD_REQUEST, why.to_string()),
     };
     match action.as_str() {
         "retry" => match view.retry_now(id).await {
@@ -594,7 +594,7 @@ async fn saf_action(
             };
             let reason = match drop_reason(&body) {
                 Ok(r) => r,
-                Err(why) => return error(StatusCode::BAD_REQUEST, why),
+                Err(why) => return error(StatusCode::BAD_REQUEST, why.to_string()),
             };
             match view.drop_entry(id, &reason).await {
                 Ok(()) => {
@@ -612,14 +612,14 @@ async fn saf_action(
 }
 
 /// The `{"reason": "..."}` of a drop, cleaned ([`saf::clean_reason`]).
-fn drop_reason(body: &[u8]) -> Result<String, String> {
+fn drop_reason(body: &[u8]) -> Result<String, saf::SafInputError> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct DropBody {
         reason: String,
     }
-    let parsed: DropBody = serde_json::from_slice(body)
-        .map_err(|e| format!("body: {e} (expected {{\"reason\": \"why it is given up\"}})"))?;
+    let parsed: DropBody =
+        serde_json::from_slice(body).map_err(|e| saf::SafInputError::Body(e.to_string()))?;
     saf::clean_reason(&parsed.reason)
 }
 

@@ -56,7 +56,11 @@ pub enum ControlError {
     RestartNeeded(String),
     /// The change applies, but a restart would undo it (500).
     #[error("{done}, but the runtime state was not saved ({reason}): a restart would undo it")]
-    NotSaved { done: String, reason: String },
+    NotSaved {
+        done: String,
+        #[source]
+        reason: super::runtime_state::StateFileError,
+    },
 }
 
 impl SwitchHandle {
@@ -190,12 +194,11 @@ impl SwitchHandle {
         service: &str,
         node: &str,
         now: Option<NodeConfig>,
-    ) -> Result<(), String> {
+    ) -> Result<(), super::runtime_state::StateFileError> {
         let file = self.file_entry(service, node);
         control.state.note(service, node, file.as_ref(), now);
-        control.save().await.map_err(|e| {
+        control.save().await.inspect_err(|e| {
             tracing::error!(service, node, error = %e, "runtime state not saved");
-            e.to_string()
         })
     }
 

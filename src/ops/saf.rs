@@ -275,9 +275,35 @@ impl Default for SafQuery {
     }
 }
 
+/// Why an operator's SAF request was refused; each names what it concerns
+/// (values escaped: they come from a URL or a body).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SafInputError {
+    #[error("state: `{0}` is not pending, dead, delivered, dropped or all")]
+    State(String),
+    #[error("limit: `{0}` is not a number within 1..={MAX_LIMIT}")]
+    Limit(String),
+    #[error("service: `{0}` is not a service name")]
+    Service(String),
+    #[error("`{0}`: expected state, service or limit")]
+    Parameter(String),
+    #[error("reason: required (why the entry is given up; it is logged)")]
+    ReasonMissing,
+    #[error("reason: {0} characters; at most {MAX_REASON}")]
+    ReasonTooLong(usize),
+    #[error("body: {0} (expected {{\"reason\": \"why it is given up\"}})")]
+    Body(String),
+    #[error("id: `{0}` is not an entry id")]
+    Id(String),
+}
+
+fn escaped(value: &str) -> String {
+    value.escape_debug().to_string()
+}
+
 impl SafQuery {
     /// Reads a URL query string; the error names the parameter.
-    pub fn parse(query: Option<&str>) -> Result<SafQuery, String> {
+    pub fn parse(query: Option<&str>) -> Result<SafQuery, SafInputError> {
         let mut q = SafQuery::default();
         for pair in query
             .unwrap_or_default()
@@ -288,38 +314,22 @@ impl SafQuery {
             match key {
                 "state" if value == "all" => q.state = None,
                 "state" => {
-                    q.state = Some(value.parse().map_err(|_| {
-                        format!(
-                            "state: `{}` is not pending, dead, delivered, dropped or all",
-                            value.escape_debug()
-                        )
-                    })?);
+                    q.state = Some(
+                        value
+                            .parse()
+                            .map_err(|_| SafInputError::State(escaped(value)))?,
+                    );
                 }
                 "limit" => {
                     q.limit = value
                         .parse::<usize>()
                         .ok()
                         .filter(|n| (1..=MAX_LIMIT).contains(n))
-                        .ok_or_else(|| {
-                            format!(
-                                "limit: `{}` is not a number within 1..={MAX_LIMIT}",
-                                value.escape_debug()
-                            )
-                        })?;
+                        .ok_or_else(|| SafInputError::Limit(escaped(value)))?;
                 }
                 "service" if valid_name(value) => q.service = Some(value.to_string()),
-                "service" => {
-                    return Err(format!(
-                        "service: `{}` is not a service name",
-                        value.escape_debug()
-                    ));
-                }
-                other => {
-                    return Err(format!(
-                        "`{}`: expected state, service or limit",
-                        other.escape_debug()
-                    ));
-                }
+                "service" => return Err(SafInputError::Service(escaped(value))),
+                other => return Err(SafInputError::Parameter(escaped(other))),
             }
         }
         Ok(q)
@@ -441,14 +451,14 @@ pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
 /// most [`MAX_REASON`] characters; control characters become spaces (no
 /// forged log lines) and a run of 12 or more digits (a card number typed
 /// in) is left out.
-pub fn clean_reason(raw: &str) -> Result<String, String> {
+pub fn clean_reason(raw: &str) -> Result<String, SafInputError> {
     let trimmed = raw.trim();
     if trimmed.is_empty() {
-        return Err("reason: required (why the entry is given up; it is logged)".into());
+        return Err(SafInputError::ReasonMissing);
     }
     let count = trimmed.chars().count();
     if count > MAX_REASON {
-        return Err(format!("reason: {count} characters; at most {MAX_REASON}"));
+        return Err(SafInputError::ReasonTooLong(count));
     }
     let mut out = String::with_capacity(trimmed.len());
     let mut digits = String::new();
@@ -473,14 +483,14 @@ pub fn clean_reason(raw: &str) -> Result<String, String> {
 }
 
 /// An entry id as the path gives it (`42`, or `#42` as the store prints it).
-pub fn parse_id(text: &str) -> Result<SafId, String> {
+pub fn parse_id(text: &str) -> Result<SafId, SafInputError> {
     text.strip_prefix('#')
         .unwrap_or(text)
         .parse::<i64>()
         .ok()
         .filter(|n| *n > 0)
         .map(SafId)
-        .ok_or_else(|| format!("id: `{}` is not an entry id", text.escape_debug()))
+        .ok_or_else(|| SafInputError::Id(escaped(text)))
 }
 
 #[cfg(test)]
@@ -507,7 +517,7 @@ mod tests {
             ("payload=1", "payload"),
         ] {
             let e = SafQuery::parse(Some(bad)).expect_err(bad);
-            assert!(e.contains(names), "{bad}: {e}");
+            assert!(e.to_string().contains(names), "{bad}: {e}");
         }
         let q = SafQuery::parse(Some("state=dropped&limit=7&service=atm")).expect("query");
         assert_eq!(SafQuery::parse(Some(&q.to_query())), Ok(q));

@@ -23,9 +23,14 @@ pub enum KeyPart {
     Field(u16),
 }
 
+/// A correlation key part that is neither `tpdu` nor a field number.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a key part: use `tpdu` or a field number 2..=192 such as `F11`")]
+pub struct KeyPartError(String);
+
 impl TryFrom<String> for KeyPart {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
+    type Error = KeyPartError;
+    fn try_from(s: String) -> Result<Self, KeyPartError> {
         let t = s.trim();
         if t.eq_ignore_ascii_case("tpdu") {
             return Ok(KeyPart::Tpdu);
@@ -33,9 +38,7 @@ impl TryFrom<String> for KeyPart {
         let digits = t.strip_prefix(['F', 'f']).unwrap_or(t);
         match digits.parse::<u16>() {
             Ok(n) if (2..=192).contains(&n) => Ok(KeyPart::Field(n)),
-            _ => Err(format!(
-                "`{s}` is not a key part: use `tpdu` or a field number 2..=192 such as `F11`"
-            )),
+            _ => Err(KeyPartError(s)),
         }
     }
 }
