@@ -108,7 +108,7 @@ async fn admin_rig(
 ) -> (Vec<NodeSim>, isoswitch::ops::run::Switch) {
     let nodes = start_nodes(spec, n, delay).await;
     let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-    let mut cfg = config("cup-pos", &addrs, "", "", "");
+    let mut cfg = Rig::on("cup-pos").config(&addrs);
     cfg.admin = Some(admin_config(test));
     let switch = start_switch(&cfg).await;
     (nodes, switch)
@@ -414,7 +414,7 @@ async fn open_paths_only_read_and_changes_want_json() {
         let spec = spec("cup-pos");
         let nodes = start_nodes(&spec, 2, Delay::NONE).await;
         let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-        let mut cfg = config("cup-pos", &addrs, "", "", "");
+        let mut cfg = Rig::on("cup-pos").config(&addrs);
         let mut admin = admin_config("open");
         admin.open_paths = vec![
             "/metrics".into(),
@@ -492,7 +492,7 @@ async fn slow_admin_clients_are_cut_and_keep_alive_is_capped() {
     tokio::time::timeout(TEST_LIMIT, async {
         let spec = spec("cup-pos");
         let nodes = start_nodes(&spec, 1, Delay::NONE).await;
-        let mut cfg = config("cup-pos", &[nodes[0].addr], "", "", "");
+        let mut cfg = Rig::on("cup-pos").config(&[nodes[0].addr]);
         let mut admin = admin_config("slow");
         admin.header_timeout = Duration::from_millis(300);
         admin.request_timeout = Duration::from_millis(500);
@@ -789,13 +789,9 @@ async fn a_killed_sweeper_or_accept_loop_is_restarted() {
         let spec = spec("cup-pos");
         let nodes = start_nodes(&spec, 1, Delay::parse("5s").unwrap()).await;
         let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-        let cfg = config(
-            "cup-pos",
-            &addrs,
-            "",
-            "",
-            "[service.timeouts]\nrequest = \"200ms\"",
-        );
+        let cfg = Rig::on("cup-pos")
+            .service("[service.timeouts]\nrequest = \"200ms\"")
+            .config(&addrs);
         let switch = start_switch(&cfg).await;
         let svc = service(&switch).clone();
         wait_connected(&svc, 2).await;
@@ -1119,7 +1115,7 @@ async fn a_failed_start_leaves_nothing_listening() {
             .local_addr()
             .unwrap();
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut cfg = config("cup-pos", &[nodes[0].addr], "", "", "");
+        let mut cfg = Rig::on("cup-pos").config(&[nodes[0].addr]);
         if let isoswitch::config::FrontConfig::Listen(l) = &mut cfg.services[0].front {
             l.listen = front_addr;
         }

@@ -9,7 +9,6 @@ use std::time::Duration;
 use common::*;
 use isoswitch::capture::read;
 use isoswitch::iso8583::{Spec, Value, samples};
-use isoswitch::sim::node::Delay;
 use isoswitch::wire::Frame;
 
 const TEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -83,16 +82,12 @@ async fn masked_capture_has_every_message_once_and_no_pan() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let dir = temp_dir("masked");
         let spec = spec("cup-pos");
-        let (_nodes, switch) = rig(
-            &spec,
-            "cup-pos",
-            2,
-            Delay::NONE,
-            "",
-            "connections_per_node = 1",
-            &capture_toml(&dir, ""),
-        )
-        .await;
+        let (_nodes, switch) = Rig::on("cup-pos")
+            .nodes(2)
+            .service(&capture_toml(&dir, ""))
+            .back("connections_per_node = 1")
+            .start()
+            .await;
         wait_connected(service(&switch), 1).await;
         let client_port = front(&switch).port();
         let answered = traffic(front(&switch), &spec, 12).await;
@@ -209,16 +204,11 @@ async fn capture_files_and_their_directory_are_the_owners_alone() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let dir = temp_dir("modes").join("new");
         let spec = spec("cup-pos");
-        let (_nodes, switch) = rig(
-            &spec,
-            "cup-pos",
-            1,
-            Delay::NONE,
-            "",
-            "connections_per_node = 1",
-            &capture_toml(&dir, "clear = true"),
-        )
-        .await;
+        let (_nodes, switch) = Rig::on("cup-pos")
+            .service(&capture_toml(&dir, "clear = true"))
+            .back("connections_per_node = 1")
+            .start()
+            .await;
         wait_connected(service(&switch), 1).await;
         assert_eq!(traffic(front(&switch), &spec, 3).await, 3);
         switch.stop().await;
@@ -243,16 +233,11 @@ async fn clear_capture_needs_the_flag_and_keeps_the_pan() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let dir = temp_dir("clear");
         let spec = spec("cup-pos");
-        let (_nodes, switch) = rig(
-            &spec,
-            "cup-pos",
-            1,
-            Delay::NONE,
-            "",
-            "connections_per_node = 1",
-            &capture_toml(&dir, "clear = true"),
-        )
-        .await;
+        let (_nodes, switch) = Rig::on("cup-pos")
+            .service(&capture_toml(&dir, "clear = true"))
+            .back("connections_per_node = 1")
+            .start()
+            .await;
         wait_connected(service(&switch), 1).await;
         assert_eq!(traffic(front(&switch), &spec, 2).await, 2);
         switch.stop().await;
@@ -272,16 +257,11 @@ async fn a_full_capture_queue_drops_and_counts_but_every_request_is_answered() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let dir = temp_dir("full");
         let spec = spec("cup-pos");
-        let (_nodes, switch) = rig(
-            &spec,
-            "cup-pos",
-            1,
-            Delay::NONE,
-            "",
-            "connections_per_node = 1",
-            &capture_toml(&dir, "queue = 1"),
-        )
-        .await;
+        let (_nodes, switch) = Rig::on("cup-pos")
+            .service(&capture_toml(&dir, "queue = 1"))
+            .back("connections_per_node = 1")
+            .start()
+            .await;
         wait_connected(service(&switch), 1).await;
         // Many small reads and writes against a queue of one event.
         let mut answered = 0;

@@ -104,7 +104,7 @@ async fn poison_is_declined_never_forwarded_and_costs_no_good_request() {
         let spec = spec("cup-pos");
         // No echo checks, so that the nodes' request counts are the NAC's.
         let back = "[service.back.health]\ncheck = \"none\"\nejection_threshold = 2";
-        let (nodes, switch) = rig(&spec, "cup-pos", 3, Delay::NONE, "", back, "").await;
+        let (nodes, switch) = Rig::on("cup-pos").nodes(3).back(back).start().await;
         let svc = service(&switch).clone();
         wait_connected(&svc, 2).await;
 
@@ -175,7 +175,7 @@ async fn close_policy_closes_on_every_bad_request() {
     bounded(async {
         let spec = spec("cup-pos");
         let front_extra = "on_bad_message = \"close\"";
-        let (_nodes, switch) = rig(&spec, "cup-pos", 1, Delay::NONE, front_extra, "", "").await;
+        let (_nodes, switch) = Rig::on("cup-pos").front(front_extra).start().await;
         let svc = service(&switch).clone();
         wait_connected(&svc, 2).await;
 
@@ -208,7 +208,11 @@ async fn drop_policy_keeps_the_link() {
         let spec = spec("cup-pos");
         let front_extra = "on_bad_message = \"drop\"";
         let back = "[service.back.health]\ncheck = \"none\"";
-        let (nodes, switch) = rig(&spec, "cup-pos", 1, Delay::NONE, front_extra, back, "").await;
+        let (nodes, switch) = Rig::on("cup-pos")
+            .front(front_extra)
+            .back(back)
+            .start()
+            .await;
         let svc = service(&switch).clone();
         wait_connected(&svc, 2).await;
         let mut c = RawClient::connect(front(&switch), &spec).await;
@@ -237,7 +241,11 @@ async fn requests_outside_accept_mti_are_declined() {
         let spec = spec("cup-pos");
         let service_extra = "accept_mti = [\"02x0\"]";
         let back = "[service.back.health]\ncheck = \"none\"";
-        let (nodes, switch) = rig(&spec, "cup-pos", 1, Delay::NONE, "", back, service_extra).await;
+        let (nodes, switch) = Rig::on("cup-pos")
+            .service(service_extra)
+            .back(back)
+            .start()
+            .await;
         wait_connected(service(&switch), 2).await;
         let mut c = RawClient::connect(front(&switch), &spec).await;
         let mut auth = samples::purchase(&spec);
@@ -265,8 +273,7 @@ async fn disable_declines_do_not_count_against_the_node() {
     bounded(async {
         let spec = spec("cup-pos");
         let back = "[service.back.health]\ncheck = \"none\"\nejection_threshold = 1";
-        let delay = Delay::parse("2s").unwrap();
-        let (_nodes, switch) = rig(&spec, "cup-pos", 1, delay, "", back, "").await;
+        let (_nodes, switch) = Rig::on("cup-pos").delay("2s").back(back).start().await;
         let svc = service(&switch).clone();
         wait_connected(&svc, 2).await;
         let mut c = RawClient::connect(front(&switch), &spec).await;
@@ -295,7 +302,7 @@ async fn ejection_stops_at_the_pool_cap() {
         let spec = spec("cup-pos");
         let back = "[service.back.health]\ncheck = \"none\"\nejection_threshold = 1\nbase_ejection = \"30s\"\nmax_ejection = \"30s\"";
         let service_extra = "[service.timeouts]\nrequest = \"100ms\"";
-        let (_nodes, switch) = rig(&spec, "cup-pos", 4, Delay::parse("20s").unwrap(), "", back, service_extra).await;
+        let (_nodes, switch) = Rig::on("cup-pos").nodes(4).delay("20s").service(service_extra).back(back).start().await;
         let svc = service(&switch).clone();
         wait_connected(&svc, 2).await;
         let mut c = RawClient::connect(front(&switch), &spec).await;
@@ -336,8 +343,7 @@ async fn panic_mode_routes_when_every_check_fails() {
             let back = format!(
                 "[service.back.health]\ncheck = \"echo\"\ninterval = \"50ms\"\ntimeout = \"20ms\"\nfall = 1\npanic_mode = {panic_mode}"
             );
-            let delay = Delay::parse("100ms").unwrap();
-            let (_nodes, switch) = rig(&spec, "cup-pos", 2, delay, "", &back, "").await;
+            let (_nodes, switch) = Rig::on("cup-pos").nodes(2).delay("100ms").back(&back).start().await;
             let svc = service(&switch).clone();
             wait_connected(&svc, 2).await;
             wait_until("every check failed", || !(0..2).any(|i| svc.pool.eligible(i, Instant::now()))).await;
@@ -361,8 +367,12 @@ async fn one_client_cannot_take_every_slot() {
     bounded(async {
         let spec = spec("cup-pos");
         let front_extra = "max_in_flight_per_connection = 10\nmax_in_flight_per_source = 15";
-        let delay = Delay::parse("300ms").unwrap();
-        let (_nodes, switch) = rig(&spec, "cup-pos", 2, delay, front_extra, "", "").await;
+        let (_nodes, switch) = Rig::on("cup-pos")
+            .nodes(2)
+            .delay("300ms")
+            .front(front_extra)
+            .start()
+            .await;
         let svc = service(&switch).clone();
         wait_connected(&svc, 2).await;
         let mut greedy = RawClient::connect(front(&switch), &spec).await;
@@ -415,8 +425,7 @@ async fn half_closed_client_gets_its_answers() {
     bounded(async {
         use tokio::io::AsyncWriteExt;
         let spec = spec("cup-pos");
-        let delay = Delay::parse("500ms").unwrap();
-        let (_nodes, switch) = rig(&spec, "cup-pos", 1, delay, "", "", "").await;
+        let (_nodes, switch) = Rig::on("cup-pos").delay("500ms").start().await;
         wait_connected(service(&switch), 2).await;
         let mut c = RawClient::connect(front(&switch), &spec).await;
         for stan in 1..=3 {
@@ -446,7 +455,9 @@ async fn dual_stack_listener_admits_ipv4_clients_by_ipv4_rules() {
         let spec = spec("cup-pos");
         let nodes = start_nodes(&spec, 1, Delay::NONE).await;
         let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-        let mut cfg = config("cup-pos", &addrs, "allow = [\"127.0.0.0/8\"]", "", "");
+        let mut cfg = Rig::on("cup-pos")
+            .front("allow = [\"127.0.0.0/8\"]")
+            .config(&addrs);
         if let isoswitch::config::FrontConfig::Listen(l) = &mut cfg.services[0].front {
             l.listen = "[::]:0".parse().unwrap();
         }
@@ -469,7 +480,7 @@ async fn dual_stack_listener_admits_ipv4_clients_by_ipv4_rules() {
 async fn a_reset_is_a_disconnect_not_a_bad_frame() {
     bounded(async {
         let spec = spec("cup-pos");
-        let (_nodes, switch) = rig(&spec, "cup-pos", 1, Delay::NONE, "", "", "").await;
+        let (_nodes, switch) = Rig::on("cup-pos").start().await;
         let svc = service(&switch).clone();
         wait_connected(&svc, 2).await;
         let mut c = RawClient::connect(front(&switch), &spec).await;

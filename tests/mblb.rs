@@ -15,7 +15,9 @@ async fn nacs_get_every_answer_on_their_own_uplink() {
     let spec = spec("cup-pos");
     let nodes = start_nodes(&spec, 3, Delay::NONE).await;
     let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-    let cfg = config("cup-pos", &addrs, "", "connections_per_node = 2", "");
+    let cfg = Rig::on("cup-pos")
+        .back("connections_per_node = 2")
+        .config(&addrs);
     let switch = start_switch(&cfg).await;
     let svc = service(&switch);
     wait_connected(svc, 2).await;
@@ -72,7 +74,7 @@ async fn acceptance_profile_has_no_timeouts_and_no_mismatches() {
     let delay = Delay::parse("0..200ms").unwrap();
     let nodes = start_nodes(&spec, 3, delay).await;
     let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-    let cfg = config("cups", &addrs, "", "", "");
+    let cfg = Rig::on("cups").config(&addrs);
     let switch = start_switch(&cfg).await;
     wait_connected(service(&switch), 2).await;
     let mut lc = LoadConfig::new(front(&switch));
@@ -101,7 +103,7 @@ async fn acceptance_profile_has_no_timeouts_and_no_mismatches() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_messages_and_byte_by_byte_streams_arrive_intact() {
     let spec = spec("cups");
-    let (_nodes, switch) = rig(&spec, "cups", 2, Delay::NONE, "", "", "").await;
+    let (_nodes, switch) = Rig::on("cups").nodes(2).start().await;
     wait_connected(service(&switch), 2).await;
     let request = isoswitch::sim::sized_request(&spec, "0200", 1800).unwrap();
     assert!(request.len() > 1460);
@@ -143,16 +145,12 @@ fn load_config(target: std::net::SocketAddr, clients: usize, seconds: u64) -> Lo
 async fn killing_a_node_declines_its_in_flight_and_clients_stay_up() {
     let spec = spec("cups");
     let back = "[service.back.health]\ncheck = \"echo\"\ninterval = \"100ms\"\ntimeout = \"500ms\"\nrise = 2\nfall = 2";
-    let (mut nodes, switch) = rig(
-        &spec,
-        "cups",
-        3,
-        Delay::parse("0..50ms").unwrap(),
-        "",
-        back,
-        "",
-    )
-    .await;
+    let (mut nodes, switch) = Rig::on("cups")
+        .nodes(3)
+        .delay("0..50ms")
+        .back(back)
+        .start()
+        .await;
     let svc = service(&switch).clone();
     wait_connected(&svc, 2).await;
 
@@ -185,9 +183,16 @@ async fn killing_a_node_declines_its_in_flight_and_clients_stay_up() {
         "the node had requests in flight: {report}"
     );
     let c = &svc.counters;
+    // Every reason, so that a mismatch says which other one it was.
+    let by_reason: Vec<_> = isoswitch::route::DeclineReason::ALL
+        .iter()
+        .map(|r| (r.as_str(), c.declined(*r)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
     assert_eq!(
         c.declined(isoswitch::route::DeclineReason::NodeLost),
-        report.declined
+        report.declined,
+        "the switch's declines by reason {by_reason:?}; {report}"
     );
     assert_eq!(
         c.late_responses.load(Ordering::Relaxed) + c.unknown_responses.load(Ordering::Relaxed),
@@ -232,7 +237,7 @@ async fn killing_a_node_declines_its_in_flight_and_clients_stay_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draining_a_node_stops_new_requests_and_lets_in_flight_finish() {
     let spec = spec("cups");
-    let (_nodes, switch) = rig(&spec, "cups", 2, Delay::parse("100ms").unwrap(), "", "", "").await;
+    let (_nodes, switch) = Rig::on("cups").nodes(2).delay("100ms").start().await;
     let svc = service(&switch).clone();
     wait_connected(&svc, 2).await;
 
@@ -274,7 +279,7 @@ async fn draining_a_node_stops_new_requests_and_lets_in_flight_finish() {
 async fn bad_clients_are_closed_and_others_are_unaffected() {
     let spec = spec("cup-pos");
     let front_extra = "max_per_source = 3\non_bad_message = \"close\"";
-    let (_nodes, switch) = rig(&spec, "cup-pos", 2, Delay::NONE, front_extra, "", "").await;
+    let (_nodes, switch) = Rig::on("cup-pos").nodes(2).front(front_extra).start().await;
     let svc = service(&switch).clone();
     wait_connected(&svc, 2).await;
 
@@ -359,16 +364,13 @@ async fn timeouts_are_declined_once_and_late_responses_are_dropped() {
     let service_extra = "[service.timeouts]\nrequest = \"150ms\"";
     // Passive ejection off: this test is about timeouts alone.
     let back = "[service.back.health]\ncheck = \"tcp\"\nejection_threshold = 1000000";
-    let (_nodes, switch) = rig(
-        &spec,
-        "cups",
-        2,
-        Delay::parse("400ms").unwrap(),
-        "",
-        back,
-        service_extra,
-    )
-    .await;
+    let (_nodes, switch) = Rig::on("cups")
+        .nodes(2)
+        .delay("400ms")
+        .service(service_extra)
+        .back(back)
+        .start()
+        .await;
     let svc = service(&switch).clone();
     wait_connected(&svc, 2).await;
     let mut lc = load_config(front(&switch), 2, 1);
@@ -409,16 +411,12 @@ async fn an_approval_relayed_for_a_repeat_is_never_reversed() {
     let service_extra = "[service.timeouts]\nrequest = \"150ms\"\non_timeout = \"silent\"\n\
                          by_mti = { \"0201\" = \"3s\" }";
     let back = "[service.back.health]\ncheck = \"tcp\"\nejection_threshold = 1000000";
-    let (_nodes, switch) = rig(
-        &spec,
-        "cups",
-        1,
-        Delay::parse("400ms").unwrap(),
-        "",
-        back,
-        service_extra,
-    )
-    .await;
+    let (_nodes, switch) = Rig::on("cups")
+        .delay("400ms")
+        .service(service_extra)
+        .back(back)
+        .start()
+        .await;
     let svc = service(&switch).clone();
     wait_connected(&svc, 2).await;
     let original = isoswitch::sim::sample_request(&spec, "0200").unwrap();
@@ -460,7 +458,7 @@ async fn an_approval_relayed_for_a_repeat_is_never_reversed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_in_flight_key_is_declined_94() {
     let spec = spec("cups");
-    let (_nodes, switch) = rig(&spec, "cups", 1, Delay::parse("300ms").unwrap(), "", "", "").await;
+    let (_nodes, switch) = Rig::on("cups").delay("300ms").start().await;
     wait_connected(service(&switch), 2).await;
     let request = isoswitch::sim::sample_request(&spec, "0200").unwrap();
     let mut client = RawClient::connect(front(&switch), &spec).await;
@@ -494,7 +492,7 @@ async fn no_healthy_node_declines_and_keeps_the_client() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let switch = start_switch(&config("cup-pos", &[dead], "", "", "")).await;
+    let switch = start_switch(&Rig::on("cup-pos").config(&[dead])).await;
     let request = isoswitch::sim::sample_request(&spec, "0200").unwrap();
     let mut client = RawClient::connect(front(&switch), &spec).await;
     for _ in 0..2 {
@@ -514,7 +512,7 @@ async fn no_healthy_node_declines_and_keeps_the_client() {
 async fn directed_rule_on_bcd_processing_code_picks_its_nodes() {
     let spec = spec("cup-pos");
     let back = "[[service.back.rule]]\nmti = \"02xx\"\nfields = [{ field = 3, prefix = \"31\" }]\nnodes = [\"02\"]";
-    let (_nodes, switch) = rig(&spec, "cup-pos", 3, Delay::NONE, "", back, "").await;
+    let (_nodes, switch) = Rig::on("cup-pos").nodes(3).back(back).start().await;
     let svc = service(&switch).clone();
     wait_connected(&svc, 2).await;
 
@@ -544,7 +542,7 @@ async fn directed_rule_on_bcd_processing_code_picks_its_nodes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disabling_a_node_declines_its_in_flight_at_once() {
     let spec = spec("cups");
-    let (_nodes, switch) = rig(&spec, "cups", 2, Delay::parse("1s").unwrap(), "", "", "").await;
+    let (_nodes, switch) = Rig::on("cups").nodes(2).delay("1s").start().await;
     let svc = service(&switch).clone();
     wait_connected(&svc, 2).await;
     let load = tokio::spawn(load::run(
@@ -587,7 +585,7 @@ async fn disabling_a_node_declines_its_in_flight_at_once() {
 async fn partial_frame_and_idle_timeouts_close_only_their_client() {
     let spec = spec("cup-pos");
     let front_extra = "idle_timeout = \"1500ms\"\npartial_frame_timeout = \"200ms\"";
-    let (_nodes, switch) = rig(&spec, "cup-pos", 1, Delay::NONE, front_extra, "", "").await;
+    let (_nodes, switch) = Rig::on("cup-pos").front(front_extra).start().await;
     let target = front(&switch);
 
     // The switch's clocks start at accept, after this instant.
@@ -639,16 +637,12 @@ async fn graceful_stop_answers_in_flight_and_declines_new_requests() {
     let spec = spec("cup-pos");
     // TCP checks: no echo requests among what the nodes count.
     let back = "[service.back.health]\ncheck = \"tcp\"";
-    let (nodes, switch) = rig(
-        &spec,
-        "cup-pos",
-        2,
-        Delay::parse("400ms").unwrap(),
-        "",
-        back,
-        "",
-    )
-    .await;
+    let (nodes, switch) = Rig::on("cup-pos")
+        .nodes(2)
+        .delay("400ms")
+        .back(back)
+        .start()
+        .await;
     let svc = service(&switch).clone();
     let target = front(&switch);
     wait_connected(&svc, 2).await;
@@ -730,7 +724,7 @@ async fn a_node_stalling_mid_frame_loses_its_connection() {
         }
     });
     let back = "partial_frame_timeout = \"200ms\"\nconnections_per_node = 1\n[service.back.health]\ncheck = \"none\"";
-    let switch = start_switch(&config("cup-pos", &[addr], "", back, "")).await;
+    let switch = start_switch(&Rig::on("cup-pos").back(back).config(&[addr])).await;
     let svc = service(&switch).clone();
     wait_connected(&svc, 1).await;
     let request = isoswitch::sim::sample_request(&spec, "0200").unwrap();
@@ -794,7 +788,13 @@ async fn f37_stamp_is_written_in_the_fields_encoding() {
     });
     let service_extra = "f37_stamp = { offset = 10, width = 2 }";
     let back = "connections_per_node = 1\n[service.back.health]\ncheck = \"none\"";
-    let switch = start_switch(&config("visa-base1", &[addr], "", back, service_extra)).await;
+    let switch = start_switch(
+        &Rig::on("visa-base1")
+            .service(service_extra)
+            .back(back)
+            .config(&[addr]),
+    )
+    .await;
     wait_connected(service(&switch), 1).await;
     let request = isoswitch::sim::sample_request(&spec, "0200").unwrap();
     let mut client = RawClient::connect(front(&switch), &spec).await;
@@ -818,7 +818,11 @@ async fn a_failed_f37_stamp_gives_the_pick_back() {
     let spec = spec("iso87ascii");
     let service_extra = "f37_stamp = { offset = 10, width = 2 }";
     let back = "algorithm = \"least-outstanding\"\n[service.back.health]\ncheck = \"none\"";
-    let (_nodes, switch) = rig(&spec, "iso87ascii", 1, Delay::NONE, "", back, service_extra).await;
+    let (_nodes, switch) = Rig::on("iso87ascii")
+        .service(service_extra)
+        .back(back)
+        .start()
+        .await;
     let svc = service(&switch);
     wait_connected(svc, 2).await;
     let mut request = isoswitch::iso8583::samples::purchase(&spec);
@@ -849,13 +853,9 @@ async fn a_stored_reversal_advice_is_counted_as_an_advice_delivered() {
     let scratch = Scratch::new("stored-0420");
     let nodes = start_nodes(&spec, 1, Delay::parse("1ms").unwrap()).await;
     let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-    let mut cfg = config(
-        "cups",
-        &addrs,
-        "",
-        "",
-        "[service.integrity]\nadvices = \"store-and-forward\"",
-    );
+    let mut cfg = Rig::on("cups")
+        .service("[service.integrity]\nadvices = \"store-and-forward\"")
+        .config(&addrs);
     cfg.data_dir = Some(scratch.join("data"));
     let switch = start_switch(&cfg).await;
     let svc = service(&switch).clone();

@@ -44,13 +44,11 @@ async fn one_slow_node(
     request_timeout: &str,
 ) -> (Vec<NodeSim>, isoswitch::ops::run::Switch) {
     let nodes = no_key_nodes(spec, 1, Delay::parse(delay).expect("a delay")).await;
-    let cfg = config(
-        SPEC,
-        &[nodes[0].addr],
-        "mode = \"oneconnect\"",
-        "connections_per_node = 1\n[service.back.health]\ncheck = \"none\"",
-        &format!("timeouts = {{ request = \"{request_timeout}\" }}"),
-    );
+    let cfg = Rig::on(SPEC)
+        .service(&format!("timeouts = {{ request = \"{request_timeout}\" }}"))
+        .front("mode = \"oneconnect\"")
+        .back("connections_per_node = 1\n[service.back.health]\ncheck = \"none\"")
+        .config(&[nodes[0].addr]);
     let switch = start_switch(&cfg).await;
     (nodes, switch)
 }
@@ -117,13 +115,11 @@ async fn atms_get_their_own_answers_from_nodes_that_echo_no_key() {
         let delay = Delay::parse("0..1s").unwrap();
         let nodes = no_key_nodes(&spec, 2, delay).await;
         let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-        let cfg = config(
-            SPEC,
-            &addrs,
-            "mode = \"oneconnect\"",
-            "connections_per_node = 25",
-            "timeouts = { request = \"1500ms\" }",
-        );
+        let cfg = Rig::on(SPEC)
+            .service("timeouts = { request = \"1500ms\" }")
+            .front("mode = \"oneconnect\"")
+            .back("connections_per_node = 25")
+            .config(&addrs);
         let switch = start_switch(&cfg).await;
         let addr = front(&switch);
         const CLIENTS: u64 = 50;
@@ -293,13 +289,10 @@ async fn idle_pool_connections_close() {
     tokio::time::timeout(Duration::from_secs(30), async {
         let spec = spec(SPEC);
         let nodes = no_key_nodes(&spec, 1, Delay::NONE).await;
-        let cfg = config(
-            SPEC,
-            &[nodes[0].addr],
-            "mode = \"oneconnect\"\noneconnect = { idle_timeout = \"100ms\" }",
-            "connections_per_node = 2\n[service.back.health]\ncheck = \"none\"",
-            "",
-        );
+        let cfg = Rig::on(SPEC)
+            .front("mode = \"oneconnect\"\noneconnect = { idle_timeout = \"100ms\" }")
+            .back("connections_per_node = 2\n[service.back.health]\ncheck = \"none\"")
+            .config(&[nodes[0].addr]);
         let switch = start_switch(&cfg).await;
         let addr = front(&switch);
         assert_eq!(
@@ -334,13 +327,10 @@ async fn a_keyed_front_cannot_serve_nodes_that_echo_no_key() {
     tokio::time::timeout(Duration::from_secs(30), async {
         let spec = spec(SPEC);
         let nodes = no_key_nodes(&spec, 1, Delay::NONE).await;
-        let cfg = config(
-            SPEC,
-            &[nodes[0].addr],
-            "",
-            "connections_per_node = 1",
-            "timeouts = { request = \"300ms\" }",
-        );
+        let cfg = Rig::on(SPEC)
+            .service("timeouts = { request = \"300ms\" }")
+            .back("connections_per_node = 1")
+            .config(&[nodes[0].addr]);
         let switch = start_switch(&cfg).await;
         wait_connected(service(&switch), 1).await;
         let outcome = atm(front(&switch), &spec, 5, Duration::from_secs(10)).await;
@@ -366,13 +356,11 @@ async fn load_atm_profile_opens_a_connection_per_request() {
         let spec = spec(SPEC);
         let nodes = no_key_nodes(&spec, 2, Delay::parse("0..20ms").unwrap()).await;
         let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-        let cfg = config(
-            SPEC,
-            &addrs,
-            "mode = \"oneconnect\"",
-            "connections_per_node = 4",
-            "timeouts = { request = \"10s\" }",
-        );
+        let cfg = Rig::on(SPEC)
+            .service("timeouts = { request = \"10s\" }")
+            .front("mode = \"oneconnect\"")
+            .back("connections_per_node = 4")
+            .config(&addrs);
         let switch = start_switch(&cfg).await;
         let mut load = isoswitch::sim::load::LoadConfig::new(front(&switch));
         load.clients = 10;

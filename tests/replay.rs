@@ -84,16 +84,12 @@ async fn through_switch(spec_name: &str, file: &str, front_port: u16, expected: 
     let spec = spec(spec_name);
     let dir = temp_dir(spec_name);
     let capture = format!("[service.capture]\ndirectory = \"{}\"\n", dir.display());
-    let (_nodes, switch) = rig(
-        &spec,
-        spec_name,
-        2,
-        Delay::NONE,
-        "",
-        "connections_per_node = 1",
-        &capture,
-    )
-    .await;
+    let (_nodes, switch) = Rig::on(spec_name)
+        .nodes(2)
+        .service(&capture)
+        .back("connections_per_node = 1")
+        .start()
+        .await;
     wait_connected(service(&switch), 1).await;
     let first = replay_file(&spec, &fixture(file), &[front_port], front(&switch)).await;
     assert_clean(file, &first, expected);
@@ -105,16 +101,11 @@ async fn through_switch(spec_name: &str, file: &str, front_port: u16, expected: 
         .map(|e| e.unwrap().path())
         .collect();
     assert_eq!(own.len(), 1, "the switch wrote one capture");
-    let (_nodes2, switch2) = rig(
-        &spec,
-        spec_name,
-        2,
-        Delay::NONE,
-        "",
-        "connections_per_node = 1",
-        "",
-    )
-    .await;
+    let (_nodes2, switch2) = Rig::on(spec_name)
+        .nodes(2)
+        .back("connections_per_node = 1")
+        .start()
+        .await;
     wait_connected(service(&switch2), 1).await;
     let second = replay_file(&spec, &own[0], &[own_port], front(&switch2)).await;
     assert_clean("the switch's capture of the replay", &second, expected);
@@ -377,7 +368,9 @@ async fn a_node_answering_differently_is_reported_and_fails_the_cli() {
         let spec = spec("iso87ascii");
         // The same answers as the sim node but F39 "05".
         let node = answering_node(Arc::clone(&spec), "05").await;
-        let cfg = config("iso87ascii", &[node], "", "connections_per_node = 1", "");
+        let cfg = Rig::on("iso87ascii")
+            .back("connections_per_node = 1")
+            .config(&[node]);
         let switch = start_switch(&cfg).await;
         wait_connected(service(&switch), 1).await;
         let report = replay_file(
@@ -428,13 +421,9 @@ async fn record_writes_what_the_target_answered() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let spec = spec("iso87ascii");
         let nodes = start_nodes(&spec, 1, Delay::NONE).await;
-        let cfg = config(
-            "iso87ascii",
-            &[nodes[0].addr],
-            "",
-            "connections_per_node = 1",
-            "",
-        );
+        let cfg = Rig::on("iso87ascii")
+            .back("connections_per_node = 1")
+            .config(&[nodes[0].addr]);
         let switch = start_switch(&cfg).await;
         wait_connected(service(&switch), 1).await;
         let dir = temp_dir("record");

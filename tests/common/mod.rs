@@ -61,44 +61,96 @@ pub async fn start_nodes(spec: &Arc<Spec>, n: usize, delay: Delay) -> Vec<NodeSi
     nodes
 }
 
-/// A listen service `name` on `spec` in front of `nodes`, with extra TOML lines
-/// for the front, back and service tables.
-pub fn config(
-    spec: &str,
-    nodes: &[SocketAddr],
-    front_extra: &str,
-    back_extra: &str,
-    service_extra: &str,
-) -> Config {
-    let mut toml = format!(
-        "[[service]]\nname = \"svc\"\nspec = \"{spec}\"\n{service_extra}\n\
-         [service.front]\nkind = \"listen\"\nlisten = \"127.0.0.1:0\"\n{front_extra}\n\
-         [service.back]\n{back_extra}\n"
-    );
-    for (i, addr) in nodes.iter().enumerate() {
-        toml.push_str(&format!(
-            "[[service.back.node]]\nid = \"{:02}\"\naddress = \"{addr}\"\n",
-            i + 1
-        ));
-    }
-    Config::from_toml(&toml).unwrap_or_else(|e| panic!("config: {e}\n{toml}"))
+/// A test rig said by name, not by position: a listen service `svc` on a
+/// builtin spec in front of simulated nodes, with whatever else the test
+/// needs as TOML lines under the table they belong to.
+///
+/// ```ignore
+/// let (nodes, switch) = Rig::on("cups")
+///     .nodes(2)
+///     .delay("400ms")
+///     .back("[service.back.health]\ncheck = \"tcp\"")
+///     .service("[service.timeouts]\nrequest = \"150ms\"")
+///     .start()
+///     .await;
+/// ```
+#[derive(Clone, Debug)]
+pub struct Rig {
+    spec: String,
+    nodes: usize,
+    delay: Delay,
+    /// Lines of the `[[service]]` table itself (keys such as `f37_stamp`,
+    /// and sub-tables such as `[service.timeouts]`).
+    service: String,
+    /// Lines of `[service.front]`.
+    front: String,
+    /// Lines of `[service.back]` (and its sub-tables).
+    back: String,
 }
 
-/// `n` simulated nodes answering after `delay`, and a switch in front of them
-/// (see [`config`] for the extra TOML lines).
-pub async fn rig(
-    spec: &Arc<Spec>,
-    spec_name: &str,
-    n: usize,
-    delay: Delay,
-    front_extra: &str,
-    back_extra: &str,
-    service_extra: &str,
-) -> (Vec<NodeSim>, Switch) {
-    let nodes = start_nodes(spec, n, delay).await;
-    let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-    let cfg = config(spec_name, &addrs, front_extra, back_extra, service_extra);
-    (nodes, start_switch(&cfg).await)
+impl Rig {
+    /// One node answering at once, no extra settings.
+    pub fn on(spec: &str) -> Rig {
+        Rig {
+            spec: spec.to_string(),
+            nodes: 1,
+            delay: Delay::NONE,
+            service: String::new(),
+            front: String::new(),
+            back: String::new(),
+        }
+    }
+
+    pub fn nodes(mut self, n: usize) -> Rig {
+        self.nodes = n;
+        self
+    }
+
+    /// How long each node takes to answer (`"400ms"`, `"0..50ms"`).
+    pub fn delay(mut self, delay: &str) -> Rig {
+        self.delay = Delay::parse(delay).unwrap_or_else(|e| panic!("delay `{delay}`: {e}"));
+        self
+    }
+
+    pub fn service(mut self, toml: &str) -> Rig {
+        self.service = format!("{}{toml}\n", self.service);
+        self
+    }
+
+    pub fn front(mut self, toml: &str) -> Rig {
+        self.front = format!("{}{toml}\n", self.front);
+        self
+    }
+
+    pub fn back(mut self, toml: &str) -> Rig {
+        self.back = format!("{}{toml}\n", self.back);
+        self
+    }
+
+    /// The switch's config in front of nodes at `nodes` (ids `01`, `02`, ...).
+    pub fn config(&self, nodes: &[SocketAddr]) -> Config {
+        let mut toml = format!(
+            "[[service]]\nname = \"svc\"\nspec = \"{}\"\n{}\n\
+             [service.front]\nkind = \"listen\"\nlisten = \"127.0.0.1:0\"\n{}\n\
+             [service.back]\n{}\n",
+            self.spec, self.service, self.front, self.back
+        );
+        for (i, addr) in nodes.iter().enumerate() {
+            toml.push_str(&format!(
+                "[[service.back.node]]\nid = \"{:02}\"\naddress = \"{addr}\"\n",
+                i + 1
+            ));
+        }
+        Config::from_toml(&toml).unwrap_or_else(|e| panic!("config: {e}\n{toml}"))
+    }
+
+    /// Starts the nodes, then the switch in front of them.
+    pub async fn start(self) -> (Vec<NodeSim>, Switch) {
+        let nodes = start_nodes(&spec(&self.spec), self.nodes, self.delay).await;
+        let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+        let switch = start_switch(&self.config(&addrs)).await;
+        (nodes, switch)
+    }
 }
 
 pub async fn start_switch(config: &Config) -> Switch {
