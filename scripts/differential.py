@@ -7,7 +7,8 @@ value must come back as it was sent.
 The reference tables below are transcribed from the jPOS packagers
 (Base1Packager for visa-base1, ISO87APackager for iso87ascii, and for
 iso87binary the same table with a binary bitmap, as jPOS's
-ISO87APackagerBBitmap), with the deliberate differences docs/specs.md lists.
+ISO87APackagerBBitmap), and ISO93BPackager for iso93binary, with the
+deliberate differences docs/specs.md lists.
 cups and cup-pos have no public jPOS packager: their tables are the ISO 8583
 base with the dialect's lengths, so for them this checks the codec against
 pyiso8583 more than the spec against the dialect.
@@ -106,6 +107,40 @@ CUP_POS = {
     61: (LLL, 29, "n"), 62: (LLL, 512, "b"), 63: (LLL, 163, "ans"),
 }
 
+# ISO 8583:1993, binary, as jPOS ISO93BPackager has it: IFB_NUMERIC and
+# IFB_LLNUM are BCD digits (right-aligned), IF_CHAR / IFB_LLCHAR / IFB_LLLCHAR
+# ASCII text, IFB_*BINARY raw bytes, every length prefix BCD; the MTI is 4 BCD
+# digits. F97 is IFB_AMOUNT(1+16): a sign and 16 BCD digits, carried raw.
+# F65 (IFB_BINARY 8) is left out: pyiso8583 takes bit 65 for a tertiary
+# bitmap and encodes no field 65.
+ISO93B = {
+    2: (LL, 19, "n"), 3: (F, 6, "n"), 4: (F, 12, "n"), 5: (F, 12, "n"), 6: (F, 12, "n"),
+    7: (F, 10, "n"), 8: (F, 8, "n"), 9: (F, 8, "n"), 10: (F, 8, "n"), 11: (F, 6, "n"),
+    12: (F, 12, "n"), 13: (F, 4, "n"), 14: (F, 4, "n"), 15: (F, 6, "n"), 16: (F, 4, "n"),
+    17: (F, 4, "n"), 18: (F, 4, "n"), 19: (F, 3, "n"), 20: (F, 3, "n"), 21: (F, 3, "n"),
+    22: (F, 12, "ans"), 23: (F, 3, "n"), 24: (F, 3, "n"), 25: (F, 4, "n"), 26: (F, 4, "n"),
+    27: (F, 1, "n"), 28: (F, 6, "n"), 29: (F, 3, "n"), 30: (F, 24, "n"), 31: (LL, 99, "ans"),
+    32: (LL, 11, "n"), 33: (LL, 11, "n"), 34: (LL, 28, "ans"), 35: (LL, 37, "ans"),
+    36: (LLL, 104, "ans"), 37: (F, 12, "ans"), 38: (F, 6, "ans"), 39: (F, 3, "n"),
+    40: (F, 3, "n"), 41: (F, 8, "ans"), 42: (F, 15, "ans"), 43: (LL, 99, "ans"),
+    44: (LL, 99, "ans"), 45: (LL, 76, "ans"), 46: (LLL, 204, "ans"), 47: (LLL, 999, "ans"),
+    48: (LLL, 999, "ans"), 49: (F, 3, "ans"), 50: (F, 3, "ans"), 51: (F, 3, "ans"),
+    52: (F, 8, "b"), 53: (LL, 48, "b"), 54: (LLL, 120, "ans"), 55: (LLL, 255, "b"),
+    56: (LL, 35, "n"), 57: (F, 3, "n"), 58: (LL, 11, "n"), 59: (LLL, 999, "ans"),
+    **{i: (LLL, 999, "ans") for i in range(60, 64)},
+    64: (F, 8, "b"), 66: (LLL, 204, "ans"), 67: (F, 2, "n"), 68: (F, 3, "n"),
+    69: (F, 3, "n"), 70: (F, 3, "n"), 71: (F, 8, "n"), 72: (LLL, 999, "ans"), 73: (F, 6, "n"),
+    **{i: (F, 10, "n") for i in range(74, 86)},
+    **{i: (F, 16, "n") for i in range(86, 90)},
+    90: (F, 10, "n"), 91: (F, 3, "n"), 92: (F, 3, "n"), 93: (LL, 11, "n"), 94: (LL, 11, "n"),
+    95: (LL, 99, "ans"), 96: (LLL, 999, "b"), 97: (F, 17, "xn"), 98: (F, 25, "ans"),
+    99: (LL, 11, "ans"), 100: (LL, 11, "n"), 101: (LL, 17, "ans"), 102: (LL, 28, "ans"),
+    103: (LL, 28, "ans"), 104: (LLL, 100, "ans"), 105: (F, 16, "n"), 106: (F, 16, "n"),
+    107: (F, 10, "n"), 108: (F, 10, "n"), 109: (LL, 84, "ans"), 110: (LL, 84, "ans"),
+    **{i: (LLL, 999, "ans") for i in range(111, 128)},
+    128: (F, 8, "b"),
+}
+
 # UnionPay POS puts odd-length BCD values first and the pad nibble last:
 # PAN and track data padded with F, F22 and the institution codes with 0.
 CUP_POS_LEFT = {2: "F", 35: "F", 36: "F", 22: "0", 32: "0", 33: "0", 48: "0", 60: "0",
@@ -118,11 +153,18 @@ DIALECTS = {
     "iso87binary": (ISO87, "ascii", "ascii", "ascii", ("ascii", "b"), "binary2", None),
     "cups": (CUPS, "ascii", "ascii", "ascii", ("ascii", "b"), "ascii4", "cups"),
     "cup-pos": (CUP_POS, "ascii", "bcd", "bcd", ("bcd", "b"), "binary2", "pos"),
+    "iso93binary": (ISO93B, "ascii", "bcd", "bcd", ("bcd", "b"), "binary2", None),
 }
+# Dialects whose signed amounts (x+n: a sign byte and BCD digits) are carried
+# as raw bytes.
+RAW_AMOUNTS = {"visa-base1", "iso93binary"}
+# MTIs per dialect: version 0 (1987) unless listed.
+MTIS_1987 = ["0100", "0110", "0200", "0210", "0400", "0420", "0800", "0810"]
+MTIS = {"iso93binary": ["1100", "1110", "1200", "1210", "1420", "1430", "1804", "1814"]}
 TEXT = string.ascii_letters + string.digits + " ./-"
 
 
-def field_spec(kind, codec, numeric, len_enc, right_pad=None):
+def field_spec(kind, codec, numeric, len_enc, right_pad=None, raw_amount=False):
     fmt, max_len, data = kind
     len_type = {F: 0, LL: 1 if len_enc in ("b", "bcd") else 2, LLL: 2 if len_enc in ("b", "bcd") else 3}[fmt]
     if fmt == LL and len_enc == "b":
@@ -136,8 +178,8 @@ def field_spec(kind, codec, numeric, len_enc, right_pad=None):
             spec["left_pad"] = "0"
     elif data == "b":
         spec.update(data_enc="b", len_count="bytes")
-    elif data == "xn" and numeric == "bcd" and codec == "cp037":
-        # VISA x+n: a sign byte and BCD digits, carried as raw bytes.
+    elif data == "xn" and raw_amount:
+        # VISA / 1993 binary x+n: a sign byte and BCD digits, carried as raw bytes.
         spec.update(data_enc="b", len_count="bytes", max_len=1 + max_len // 2)
     else:
         spec.update(data_enc=codec, len_count="bytes")
@@ -155,11 +197,11 @@ def pyiso_spec(name):
     }
     for fid, kind in table.items():
         pad = CUP_POS_LEFT.get(fid) if name == "cup-pos" else None
-        spec[str(fid)] = field_spec(kind, codec, numeric, len_enc, pad)
+        spec[str(fid)] = field_spec(kind, codec, numeric, len_enc, pad, name in RAW_AMOUNTS)
     return spec
 
 
-def random_value(rng, kind, visa):
+def random_value(rng, kind, raw_amount):
     fmt, max_len, data = kind
     n = max_len if fmt == F else rng.randint(0 if data != "xn" else 1, min(max_len, 60))
     if data == "n":
@@ -172,7 +214,7 @@ def random_value(rng, kind, visa):
         return "".join(rng.choice("0123456789ABCDEF") for _ in range(2 * n))
     if data == "xn":
         digits = "".join(rng.choice(string.digits) for _ in range(max_len - 1))
-        if visa:
+        if raw_amount:
             sign = rng.choice(["C3", "C4", "43", "44"])  # C / D, EBCDIC or ASCII
             return sign + (("0" + digits) if len(digits) % 2 else digits)
         return rng.choice("CD") + digits
@@ -207,8 +249,8 @@ def frame(prefix, payload):
 def expected(value, kind, dialect):
     """What isoswitch shows for a value pyiso8583 encoded."""
     _, _, data = kind
-    visa = dialect == "visa-base1"
-    if data == "b" or (data == "xn" and visa):
+    raw = dialect in RAW_AMOUNTS
+    if data == "b" or (data == "xn" and raw):
         return value.upper()
     return value
 
@@ -219,9 +261,9 @@ def run(name, count, rng, binary, spec_arg):
     ids = sorted(table)
     sent, stream = [], b""
     for _ in range(count):
-        doc = {"t": rng.choice(["0100", "0110", "0200", "0210", "0400", "0420", "0800", "0810"])}
+        doc = {"t": rng.choice(MTIS.get(name, MTIS_1987))}
         for fid in rng.sample(ids, rng.randint(1, 25)):
-            doc[str(fid)] = random_value(rng, table[fid], name == "visa-base1")
+            doc[str(fid)] = random_value(rng, table[fid], name in RAW_AMOUNTS)
         values = {k: v for k, v in doc.items() if k.isdigit()}
         body, _ = iso8583.encode(dict(doc), spec)
         body = bytes(body)

@@ -466,7 +466,99 @@ fn fixtures() -> Vec<Fixture> {
         "0200 over one MTU: F48 999 + F55 400 bytes",
         vec![M(large)],
     );
+
+    // ISO 8583:1993: MTIs 1xxx, F39 a 3-digit action code, network
+    // management 1804 with the function code in F24.
+    let s = Spec::builtin("iso93binary").expect("iso93binary");
+    add(
+        "iso93binary",
+        "purchase-request",
+        "1200 financial request (21 fields)",
+        vec![M(purchase_93(&s))],
+    );
+    add(
+        "iso93binary",
+        "purchase-response",
+        "1210 financial response, F39 000",
+        vec![M(purchase_response_93(&s))],
+    );
+    add(
+        "iso93binary",
+        "sign-on",
+        "1804 sign-on, F24 801",
+        vec![M(network_93(&s, "801"))],
+    );
+    add(
+        "iso93binary",
+        "echo-test",
+        "1804 echo test, F24 831",
+        vec![M(network_93(&s, "831"))],
+    );
+    add(
+        "iso93binary",
+        "stream",
+        "three frames: 1200 request, 1804 echo test, 1210 response",
+        vec![
+            M(purchase_93(&s)),
+            M(network_93(&s, "831")),
+            M(purchase_response_93(&s)),
+        ],
+    );
+    let mut large = purchase_93(&s);
+    large.set(48, filler(999, "ADDITIONAL DATA"));
+    large.set(55, emv(255));
+    large.set(62, filler(300, "RESERVED PRIVATE"));
+    add(
+        "iso93binary",
+        "large",
+        "1200 over one MTU: F48 999 + F55 255 + F62 300 bytes",
+        vec![M(large)],
+    );
     all
+}
+
+/// An ISO 8583:1993 purchase: 1200 with the 1993 shapes of F12 (local date
+/// and time, n12), F22 (POS data code, an12) and F24 (function code 200).
+fn purchase_93(spec: &Spec) -> Decoded {
+    let mut fields: Vec<(u16, Value)> = [2, 3, 4, 7, 11, 14, 18, 32, 35, 37, 41, 42]
+        .into_iter()
+        .map(|id| (id, sample(id)))
+        .collect();
+    fields.extend([
+        (12, text("261202145246")),
+        (22, text("510101511344")),
+        (24, text("200")),
+        (26, text("5411")),
+        (43, sample(43)),
+        (49, sample(49)),
+        (52, sample(52)),
+        (55, sample(55)),
+        (128, sample(128)),
+    ]);
+    fields.sort_by_key(|(id, _)| *id);
+    message(spec, "1200", &fields)
+}
+
+/// The host's answer to [`purchase_93`]: the echo fields, action code 000.
+fn purchase_response_93(spec: &Spec) -> Decoded {
+    let mut d = spec.respond(&purchase_93(spec), "000").expect("respond");
+    d.set_text(38, "A1B2C3");
+    d
+}
+
+/// 1993 network management: 1804 with function code `f24` (801 sign-on,
+/// 831 echo test).
+fn network_93(spec: &Spec, f24: &str) -> Decoded {
+    message(
+        spec,
+        "1804",
+        &[
+            (7, sample(7)),
+            (11, sample(11)),
+            (24, text(f24)),
+            (32, sample(32)),
+        ],
+    )
 }
 
 fn readme(fixtures: &[Fixture]) -> String {

@@ -202,6 +202,11 @@ proptest! {
     }
 
     #[test]
+    fn iso93binary_roundtrips(d in message(builtin("iso93binary"))) {
+        roundtrip(&builtin("iso93binary"), &d)?;
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..700)) {
         for spec in specs() {
             poke(&spec, &bytes);

@@ -1,7 +1,7 @@
 //! Spec-driven ISO 8583 messages. Pure: no I/O, no clocks, no global state.
 //!
 //! - [`Spec`]: one set of types for every dialect, loaded from `specs/*.toml`
-//!   (five are built in), validated at load, with per-field lookup tables.
+//!   (six are built in), validated at load, with per-field lookup tables.
 //! - [`Message`]: a zero-copy view over a payload (`Bytes`): envelope, MTI and
 //!   bitmaps found eagerly, fields lazily; [`RoutingView`] in one pass; in-place
 //!   patching ([`patch_fixed`], [`stamp`], [`Spec::swap_envelope`]). No heap

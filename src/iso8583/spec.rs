@@ -422,12 +422,13 @@ impl Step {
 }
 
 /// The specs shipped in `specs/`, embedded at build time.
-const BUILTINS: [(&str, &str); 5] = [
+const BUILTINS: [(&str, &str); 6] = [
     ("cups", include_str!("../../specs/cups.toml")),
     ("cup-pos", include_str!("../../specs/cup-pos.toml")),
     ("visa-base1", include_str!("../../specs/visa-base1.toml")),
     ("iso87ascii", include_str!("../../specs/iso87ascii.toml")),
     ("iso87binary", include_str!("../../specs/iso87binary.toml")),
+    ("iso93binary", include_str!("../../specs/iso93binary.toml")),
 ];
 
 impl Spec {
@@ -897,7 +898,7 @@ encoding = "binary"
     #[test]
     fn every_builtin_loads() {
         let names: Vec<_> = Spec::builtin_names().collect();
-        assert_eq!(names.len(), 5);
+        assert_eq!(names.len(), 6);
         for name in names {
             let text = BUILTINS.iter().find(|(n, _)| *n == name).unwrap().1;
             let spec = Spec::from_toml(text).unwrap_or_else(|e| panic!("{name}: {e}"));
