@@ -1218,6 +1218,27 @@ impl Config {
     }
 }
 
+/// Whether the switch can carry `spec` on a service: its declines,
+/// reversals and approval checks write and read F39 as a 2-character
+/// response code (ISO 8583:1987). A dialect with a 3-digit action code
+/// (ISO 8583:1993, `iso93binary`) is for `decode`, captures and replay
+/// only, until response codes of other widths are supported.
+fn switchable(spec: &Spec) -> Result<(), String> {
+    match spec.field(39) {
+        Some(f) if f.is_fixed() && f.length == 2 => Ok(()),
+        Some(f) => Err(format!(
+            "`{}`: F39 is {}{} characters; the switch answers and reads 2-character response codes, so this spec serves decode, capture and replay only",
+            spec.name(),
+            if f.is_fixed() { "" } else { "up to " },
+            f.length
+        )),
+        None => Err(format!(
+            "`{}` has no F39: the switch could not decline or read an answer",
+            spec.name()
+        )),
+    }
+}
+
 impl ServiceConfig {
     /// Resolves the service's spec (built-in name or file path).
     pub fn load_spec(&self) -> Result<Spec, ConfigError> {
@@ -1238,6 +1259,7 @@ impl ServiceConfig {
         let spec = self
             .load_spec()
             .map_err(|e| invalid(format!("{key}.spec"), e.to_string()))?;
+        switchable(&spec).map_err(|why| invalid(format!("{key}.spec"), why))?;
         self.back.validate(&format!("{key}.back"))?;
         if let Some(c) = &self.capture {
             c.validate(&format!("{key}.capture"))?;
@@ -1978,5 +2000,15 @@ address = "127.0.0.1:7001"
         assert_eq!(KeyPart::try_from("11".to_string()), Ok(KeyPart::Field(11)));
         assert!(KeyPart::try_from("F1".to_string()).is_err());
         assert_eq!(String::from(KeyPart::Field(7)), "F7");
+    }
+
+    #[test]
+    fn a_spec_with_a_3_digit_action_code_is_refused_on_a_service() {
+        let toml = "[[service]]\nname = \"iso93\"\nspec = \"iso93binary\"\n\
+                    [service.front]\nkind = \"listen\"\nlisten = \"127.0.0.1:0\"\n\
+                    [[service.back.node]]\nid = \"01\"\naddress = \"127.0.0.1:9\"\n";
+        let e = Config::from_toml(toml).unwrap_err().to_string();
+        assert!(e.starts_with("service[0].spec:"), "{e}");
+        assert!(e.contains("F39 is 3 characters"), "{e}");
     }
 }
