@@ -11,7 +11,7 @@
 //! `valgrind --tool=callgrind --toggle-collect='*capture::write_pass*'
 //! target/release/deps/capture-<hash> --bench --profile-time 2`
 //! (then `callgrind_annotate`: inclusive Ir over the calls). Numbers in
-//! BENCHMARKS.md ("Capture").
+//! BENCHMARKS.md ("Capture cost").
 
 use std::hint::black_box;
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Connection churn vs the switch's memory (BENCHMARKS.md, "Connection churn"):
+# Connection churn vs the switch's memory (BENCHMARKS.md, "Memory: connection churn and requests in flight"):
 # starts two sim nodes and a release `isoswitch run` on
 # examples/atm-oneconnect.toml, then prints VmRSS after each round of
 # connect -> 1 request -> close clients.

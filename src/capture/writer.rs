@@ -25,7 +25,7 @@ const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// the copies wait in their connection's batch meanwhile, never on the
 /// message path. 20 ms, not 50: smaller batches stay in cache between the
 /// taps' copies and the writer's read, which measured cheaper than the
-/// wake-ups they add (BENCHMARKS.md, capture, 3 December afternoon).
+/// wake-ups they add (BENCHMARKS.md, "Capture cost"; the run is in git history).
 const DRAIN_EVERY: Duration = Duration::from_millis(20);
 /// Dropped events are logged at most this often.
 const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
