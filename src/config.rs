@@ -1218,21 +1218,21 @@ impl Config {
     }
 }
 
-/// Whether the switch can carry `spec` on a service: its declines,
+/// Why the switch cannot carry `spec` on a service, if it cannot: its declines,
 /// reversals and approval checks write and read F39 as a 2-character
 /// response code (ISO 8583:1987). A dialect with a 3-digit action code
 /// (ISO 8583:1993, `iso93binary`) is for `decode`, captures and replay
 /// only, until response codes of other widths are supported.
-fn switchable(spec: &Spec) -> Result<(), String> {
+pub fn unswitchable(spec: &Spec) -> Option<String> {
     match spec.field(39) {
-        Some(f) if f.is_fixed() && f.length == 2 => Ok(()),
-        Some(f) => Err(format!(
+        Some(f) if f.is_fixed() && f.length == 2 => None,
+        Some(f) => Some(format!(
             "`{}`: F39 is {}{} characters; the switch answers and reads 2-character response codes, so this spec serves decode, capture and replay only",
             spec.name(),
             if f.is_fixed() { "" } else { "up to " },
             f.length
         )),
-        None => Err(format!(
+        None => Some(format!(
             "`{}` has no F39: the switch could not decline or read an answer",
             spec.name()
         )),
@@ -1259,7 +1259,9 @@ impl ServiceConfig {
         let spec = self
             .load_spec()
             .map_err(|e| invalid(format!("{key}.spec"), e.to_string()))?;
-        switchable(&spec).map_err(|why| invalid(format!("{key}.spec"), why))?;
+        if let Some(why) = unswitchable(&spec) {
+            return Err(invalid(format!("{key}.spec"), why));
+        }
         self.back.validate(&format!("{key}.back"))?;
         if let Some(c) = &self.capture {
             c.validate(&format!("{key}.capture"))?;

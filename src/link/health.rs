@@ -9,17 +9,21 @@
 //! | check | multiplex pool | OneConnect pool |
 //! |---|---|---|
 //! | `tcp` | a TCP connect to the node | the same, through the pool's connector |
-//! | `echo` | the spec's echo test on a kept connection ([`Service::send_echo`]) | an echo test on a pooled connection, one at a time like any request |
+//! | `echo` | the spec's echo test on a kept connection, registered like a request | an echo test on a pooled connection, one at a time like any request |
 //! | `none` | no runner is started | the same |
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use super::Service;
+use super::netmgmt::NmKind;
+use super::service::{Origin, Pending};
+use super::writer::Outbound;
 use crate::config::CheckKind;
+use crate::route::OnTimeout;
 
 /// One way to check a node once.
 pub trait Probe: Send + Sync + 'static {
@@ -53,13 +57,46 @@ pub struct EchoOnKeptConnection;
 
 impl Probe for EchoOnKeptConnection {
     async fn check(&self, service: &Service, node: usize, deadline: Instant) -> Option<bool> {
-        let wait = deadline.saturating_duration_since(Instant::now());
-        Some(match service.send_echo(node, Instant::now(), wait) {
+        Some(match send_echo(service, node, Instant::now(), deadline) {
             // The sweeper drops the waiter at the deadline: Err = no echo.
             Some(rx) => rx.await.is_ok(),
             None => false,
         })
     }
+}
+
+/// Sends an echo test to `node` over one of its connections and registers
+/// it in the correlation table like a request, until `deadline`. The
+/// receiver fires when the echo response arrives; it is dropped at the
+/// deadline or when the connection is lost.
+fn send_echo(
+    service: &Service,
+    node: usize,
+    now: Instant,
+    deadline: Instant,
+) -> Option<oneshot::Receiver<()>> {
+    let conn = service.pool.node(node)?.live_conn()?;
+    let stan = service.made.next_stan();
+    let payload = service
+        .made
+        .network_request(service.spec(), NmKind::Echo, stan)
+        .ok()?;
+    let checked = service.check(payload.clone()).ok()?;
+    let key = service.router.key_of(&checked).ok()?;
+    let (tx, rx) = oneshot::channel();
+    let pending = Pending {
+        origin: Origin::Check(tx),
+        request: payload.clone(),
+        node,
+        sent_at: now,
+        on_timeout: OnTimeout::Silent,
+    };
+    service
+        .in_flight
+        .insert(key, pending, conn.id, deadline)
+        .ok()?;
+    conn.tx.try_send(Outbound::message(payload)).ok()?;
+    Some(rx)
 }
 
 /// A health-check ticker: the first tick after one period (the caller has

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -21,7 +21,6 @@ use tokio::sync::{mpsc, oneshot};
 use super::client::{ClientLink, InFlightSlot};
 use super::log_limit::{LogKind, LogPeer};
 use super::netmgmt::{NetworkTemplate, TemplateError};
-use super::outlinks::NmKind;
 use super::pool::NodePool;
 use super::writer::{Outbound, Patch};
 use crate::config::{Advices, BadMessagePolicy, ConfigError, FrontConfig, ServiceConfig};
@@ -783,38 +782,6 @@ impl Service {
             }
         }
         true
-    }
-
-    /// Sends an echo test to `node` over one of its connections and registers it
-    /// like a request. The receiver fires when the echo response arrives; it is
-    /// dropped on timeout or connection loss.
-    pub fn send_echo(
-        &self,
-        node: usize,
-        now: Instant,
-        timeout: Duration,
-    ) -> Option<oneshot::Receiver<()>> {
-        let conn = self.pool.node(node)?.live_conn()?;
-        let stan = self.made.next_stan();
-        let payload = self
-            .made
-            .network_request(self.spec(), NmKind::Echo, stan)
-            .ok()?;
-        let checked = self.check(payload.clone()).ok()?;
-        let key = self.router.key_of(&checked).ok()?;
-        let (tx, rx) = oneshot::channel();
-        let pending = Pending {
-            origin: Origin::Check(tx),
-            request: payload.clone(),
-            node,
-            sent_at: now,
-            on_timeout: OnTimeout::Silent,
-        };
-        self.in_flight
-            .insert(key, pending, conn.id, now + timeout)
-            .ok()?;
-        conn.tx.try_send(Outbound::message(payload)).ok()?;
-        Some(rx)
     }
 }
 

@@ -13,10 +13,22 @@ use crate::link::netmgmt::{NmScope, node_nm_key, scope};
 use crate::link::writer::{Outbound, Patch};
 use crate::route::{CorrelateError, DeclineReason};
 
+/// The network management of a simplex or duplex service, as one piece:
+/// what is the link's and what is the institution's, and where each goes.
+pub(super) struct NetworkManagement<'s> {
+    svc: &'s Service,
+}
+
 impl Service {
+    pub(super) fn netmgmt(&self) -> NetworkManagement<'_> {
+        NetworkManagement { svc: self }
+    }
+}
+
+impl NetworkManagement<'_> {
     /// Whose a network-management message is, by the dialect's list.
-    pub(super) fn nm_scope(&self, checked: &Checked<'_>) -> NmScope {
-        scope(&checked.msg, &self.spec().integrity().institution_f70)
+    pub(super) fn scope(&self, checked: &Checked<'_>) -> NmScope {
+        scope(&checked.msg, &self.svc.spec().integrity().institution_f70)
     }
 
     /// The nodes that may hold the institution's keys, in order of
@@ -24,12 +36,12 @@ impl Service {
     /// lists them. IDs are looked up per message (they are rare), so nodes
     /// added or removed at runtime count as they are.
     fn key_node_order(&self) -> Vec<usize> {
-        let ids = &self.made.integrity.key_nodes;
+        let ids = &self.svc.made.integrity.key_nodes;
         if ids.is_empty() {
-            return (0..self.pool.nodes().len()).collect();
+            return (0..self.svc.pool.nodes().len()).collect();
         }
         ids.iter()
-            .filter_map(|id| self.pool.index_of(id.as_bytes()))
+            .filter_map(|id| self.svc.pool.index_of(id.as_bytes()))
             .collect()
     }
 
@@ -40,21 +52,25 @@ impl Service {
     /// never answers 00 for a key no host has.
     pub(super) fn to_key_node(&self, req: &Checked<'_>, now: Instant) {
         let payload = req.msg.payload();
-        let key = match self.router.key_of(req) {
+        let key = match self.svc.router.key_of(req) {
             Ok(k) => k,
             Err(e) => {
-                tracing::warn!(service = self.name(), error = %e, "correlation key too long: declined");
-                self.decline(Origin::Peer, payload, DeclineReason::BadMessage);
+                tracing::warn!(service = self.svc.name(), error = %e, "correlation key too long: declined");
+                self.svc
+                    .decline(Origin::Peer, payload, DeclineReason::BadMessage);
                 return;
             }
         };
-        self.counters.requests.fetch_add(1, Ordering::Relaxed);
-        let peer = &self.counters.peer;
-        let sent = if self.links.is_draining() {
+        self.svc.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let peer = &self.svc.counters.peer;
+        let sent = if self.svc.links.is_draining() {
             Err((Origin::Peer, DeclineReason::Shutdown))
         } else {
-            match self.pool.pick_first(self.key_node_order(), now) {
-                Ok((picked, conn)) => self.send_picked(req, key, Origin::Peer, picked, conn, now),
+            match self.svc.pool.pick_first(self.key_node_order(), now) {
+                Ok((picked, conn)) => {
+                    self.svc
+                        .send_picked(req, key, Origin::Peer, picked, conn, now)
+                }
                 Err(_) => Err((Origin::Peer, DeclineReason::NoHealthyNode)),
             }
         };
@@ -64,8 +80,8 @@ impl Service {
             }
             Err((origin, reason)) => {
                 peer.key_exchange_unsent.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(service = self.name(), ?reason, message = %super::summary(&req.msg), "institution network management reached no key node");
-                self.decline(origin, payload, reason);
+                tracing::warn!(service = self.svc.name(), ?reason, message = %super::summary(&req.msg), "institution network management reached no key node");
+                self.svc.decline(origin, payload, reason);
             }
         }
     }
@@ -73,13 +89,13 @@ impl Service {
     /// A node's own link-level network management (echo test, sign-on):
     /// its link ends at the switch, which answers it (F39 00). The peer's
     /// links are the switch's business, not the node's.
-    pub(super) fn answer_node_link_nm(&self, node: usize, req: &Checked<'_>) {
-        let spec = self.spec();
+    pub(super) fn answer_node_link(&self, node: usize, req: &Checked<'_>) {
+        let spec = self.svc.spec();
         let resp = req.msg.decode().and_then(|d| {
             let r = spec.respond(&d, "00")?;
             spec.encode(&r)
         });
-        let conn = self.pool.node(node).and_then(|n| n.live_conn());
+        let conn = self.svc.pool.node(node).and_then(|n| n.live_conn());
         let sent = match (resp, conn) {
             (Ok(bytes), Some(conn)) => conn
                 .tx
@@ -88,7 +104,10 @@ impl Service {
             _ => false,
         };
         if !sent {
-            self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
+            self.svc
+                .counters
+                .undeliverable
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -97,14 +116,17 @@ impl Service {
     /// deadline, so that the peer's answer comes back to this node. One the
     /// switch cannot keep track of (no F11 or F7, a STAN and time another
     /// node's request holds, a full table) is declined to the node at once.
-    pub(super) fn forward_node_nm(&self, node: usize, req: &Checked<'_>, now: Instant) {
+    pub(super) fn forward_from_node(&self, node: usize, req: &Checked<'_>, now: Instant) {
         let Some(key) = node_nm_key(&req.msg) else {
-            self.counters.bad_messages.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(service = self.name(), node, message = %super::summary(&req.msg), "node network management without F11 or F7: declined");
-            return self.decline_node_nm(node, req, DeclineReason::BadMessage);
+            self.svc
+                .counters
+                .bad_messages
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(service = self.svc.name(), node, message = %super::summary(&req.msg), "node network management without F11 or F7: declined");
+            return self.decline_to_node(node, req, DeclineReason::BadMessage);
         };
         let payload = req.msg.payload().clone();
-        let timeout = self.live().node_timeouts.of(&req.msg.mti().digits());
+        let timeout = self.svc.live().node_timeouts.of(&req.msg.mti().digits());
         let pending = Pending {
             origin: Origin::Node,
             request: payload.clone(),
@@ -112,32 +134,36 @@ impl Service {
             sent_at: now,
             on_timeout: timeout.action,
         };
-        if let Err(rejected) = self.in_flight.insert(key, pending, 0, now + timeout.after) {
+        if let Err(rejected) = self
+            .svc
+            .in_flight
+            .insert(key, pending, 0, now + timeout.after)
+        {
             let reason = match rejected.error {
                 CorrelateError::Duplicate => DeclineReason::Duplicate,
                 CorrelateError::Full => DeclineReason::QueueFull,
             };
-            return self.decline_node_nm(node, req, reason);
+            return self.decline_to_node(node, req, reason);
         }
-        let Some(out_links) = self.side.out_links() else {
-            self.in_flight.cancel(&key, now);
-            return self.decline_node_nm(node, req, DeclineReason::NoHealthyNode);
+        let Some(out_links) = self.svc.side.out_links() else {
+            self.svc.in_flight.cancel(&key, now);
+            return self.decline_to_node(node, req, DeclineReason::NoHealthyNode);
         };
-        let peer = &self.counters.peer;
+        let peer = &self.svc.counters.peer;
         if out_links
             .send(Outbound::Message(payload, Patch::default()), now)
             .is_ok()
         {
             peer.node_key_exchange.fetch_add(1, Ordering::Relaxed);
         } else {
-            self.in_flight.cancel(&key, now);
+            self.svc.in_flight.cancel(&key, now);
             peer.node_requests_unsent.fetch_add(1, Ordering::Relaxed);
-            self.decline_node_nm(node, req, DeclineReason::QueueFull);
+            self.decline_to_node(node, req, DeclineReason::QueueFull);
         }
     }
 
-    fn decline_node_nm(&self, node: usize, req: &Checked<'_>, reason: DeclineReason) {
-        if let Some(peer) = self.peer() {
+    fn decline_to_node(&self, node: usize, req: &Checked<'_>, reason: DeclineReason) {
+        if let Some(peer) = self.svc.peer() {
             peer.decline_to_node_request(node, req.msg.payload(), reason);
         }
     }
@@ -145,13 +171,13 @@ impl Service {
     /// The peer's answer to a node's own network management: to that node,
     /// matched by F11 + F7 + F70. False if it answers none this instance
     /// sent.
-    pub(super) fn node_nm_answer(&self, checked: &Checked<'_>, now: Instant) -> bool {
+    pub(super) fn answer_to_node(&self, checked: &Checked<'_>, now: Instant) -> bool {
         let Some(key) = node_nm_key(&checked.msg) else {
             return false;
         };
-        match self.in_flight.take(&key, now) {
+        match self.svc.in_flight.take(&key, now) {
             Ok(p) => {
-                self.deliver(&key, p, &checked.msg, now);
+                self.svc.deliver(&key, p, &checked.msg, now);
                 true
             }
             Err(_) => false,
@@ -180,9 +206,11 @@ mod tests {
 
     #[test]
     fn key_nodes_in_their_order_or_every_node_in_the_configs() {
-        assert_eq!(service("").key_node_order(), [0, 1, 2]);
+        assert_eq!(service("").netmgmt().key_node_order(), [0, 1, 2]);
         assert_eq!(
-            service("key_nodes = [\"03\", \"01\"]").key_node_order(),
+            service("key_nodes = [\"03\", \"01\"]")
+                .netmgmt()
+                .key_node_order(),
             [2, 0]
         );
     }

@@ -61,9 +61,9 @@ impl Peer<'_> {
         if msg.mti().is_network_management() {
             // No F37 to stamp: the link's own is answered here, the
             // institution's goes out and comes back by F11 + F7 + F70.
-            return match svc.nm_scope(req) {
-                NmScope::Link => svc.answer_node_link_nm(node, req),
-                NmScope::Institution => svc.forward_node_nm(node, req, now),
+            return match svc.netmgmt().scope(req) {
+                NmScope::Link => svc.netmgmt().answer_node_link(node, req),
+                NmScope::Institution => svc.netmgmt().forward_from_node(node, req, now),
             };
         }
         let stamp_by = match &svc.config.front {
@@ -232,7 +232,7 @@ impl Peer<'_> {
             // A node's own first: a switch-made 0820 is matched by STAN
             // alone, and a node's STAN may equal one.
             if mti.is_network_management()
-                && (svc.node_nm_answer(&checked, now) || self.network_answer(&checked))
+                && (svc.netmgmt().answer_to_node(&checked, now) || self.network_answer(&checked))
             {
                 return;
             }
@@ -243,8 +243,8 @@ impl Peer<'_> {
             // Key exchange and cut-over are the institution's: a host must
             // see them. The link's own the switch answers (unless told not
             // to: then they are balanced like any request).
-            match svc.nm_scope(&checked) {
-                NmScope::Institution => return svc.to_key_node(&checked, now),
+            match svc.netmgmt().scope(&checked) {
+                NmScope::Institution => return svc.netmgmt().to_key_node(&checked, now),
                 NmScope::Link if svc.config.front.answers_network_management() => {
                     return self.answer_network_request(&checked.msg);
                 }
