@@ -294,7 +294,7 @@ fn field_walk(c: &mut Criterion) {
 }
 
 /// The header parsing as it was before the nom parsers (`git show
-/// 736f614:src/wire/`), kept here only as the benchmark's reference. The
+/// 736f614:crates/wire/src/`), kept here only as the benchmark's reference. The
 /// entry points are `inline(never)`, as the library's are to this crate, so
 /// both sides pay one call.
 mod hand {

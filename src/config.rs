@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::iso8583::Spec;
+use crate::iso8583::SpecFiles;
 use crate::route::{
     Algorithm, DeclineCodes, F37Stamp, HealthConfig, NODE_ID_MAX, NodeId, RuleConfig, RuleSet,
 };

@@ -1,12 +1,15 @@
 //! isoswitch: a protocol-aware switch for ISO 8583 links.
 //!
 //! Layers, dependencies pointing downward only (tests/layers.rs fails on a
-//! module cycle):
+//! module cycle). The four pure ones are crates of their own under
+//! `crates/` (no tokio, no I/O: the compiler holds them to it), re-exported
+//! here under their module names:
 //!
 //! - [`wire`]: pure nom parsers for length prefixes, frames and envelopes (TPDU,
-//!   CUPS / POS / VISA headers), plus a tokio-util codec on top.
+//!   CUPS / POS / VISA headers); the tokio-util codec on top is this crate's.
 //! - [`iso8583`]: pure spec-driven message layer: specs from `specs/*.toml`, a
-//!   zero-copy [`iso8583::Message`] view, full decode/encode and masking.
+//!   zero-copy [`iso8583::Message`] view, full decode/encode and masking
+//!   (spec files are read here: [`iso8583::SpecFiles`]).
 //! - [`route`]: pure routing logic: balancers, node health, correlation.
 //! - [`config`]: the config file's types, loading and validation (pure data;
 //!   `link` reads it, so it sits below `link`).
@@ -21,13 +24,42 @@
 pub mod capture;
 pub mod cli;
 pub mod config;
+mod entropy;
+mod framing;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod iso8583;
 pub mod link;
 pub mod ops;
-pub mod route;
 pub mod sim;
+mod spec_files;
 pub mod store;
-pub mod util;
-pub mod wire;
+
+/// Bytes on the wire: the `isoswitch-wire` crate, and the tokio-util codec
+/// the links read and write frames with.
+pub mod wire {
+    pub use crate::framing::FrameCodec;
+    pub use isoswitch_wire::*;
+}
+
+/// ISO 8583 messages and specs: the `isoswitch-iso8583` crate, and specs
+/// read from files ([`iso8583::SpecFiles`]).
+pub mod iso8583 {
+    pub use crate::spec_files::SpecFiles;
+    pub use isoswitch_iso8583::*;
+}
+
+/// Routing decisions: the `isoswitch-route` crate.
+pub mod route {
+    pub use isoswitch_route::*;
+}
+
+/// Durations, names, the PRNG: the `isoswitch-util` crate, and seeds from
+/// the clock for processes.
+pub mod util {
+    pub use isoswitch_util::*;
+    /// The PRNG (`isoswitch-util`), and [`rng::entropy_seed`] from the clock.
+    pub mod rng {
+        pub use crate::entropy::{entropy_seed, rng_from_entropy};
+        pub use isoswitch_util::rng::*;
+    }
+}

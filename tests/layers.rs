@@ -423,15 +423,85 @@ fn the_layers_point_one_way() {
         found.is_empty(),
         "top-level modules in a cycle: {found:?}\nedges: {top:#?}"
     );
-    // What the layers promise, stated: the pure ones name nothing above.
-    for pure in ["util", "wire", "iso8583", "route"] {
-        let above: Vec<_> = top
-            .get(pure)
-            .into_iter()
-            .flatten()
-            .filter(|m| !["util", "wire", "iso8583", "route"].contains(&m.as_str()))
-            .collect();
-        assert!(above.is_empty(), "`{pure}` names {above:?}");
+}
+
+/// The pure layers, lowest first: each is a crate under `crates/` and may
+/// depend only on those before it.
+const PURE: [&str; 4] = ["util", "wire", "iso8583", "route"];
+
+/// The `[dependencies]` of `crates/NAME/Cargo.toml` (not dev-dependencies:
+/// a test may use anything).
+fn crate_dependencies(name: &str) -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("crates/{name}/Cargo.toml"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut in_deps = false;
+    let mut deps = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_deps = line == "[dependencies]";
+        } else if in_deps && let Some((key, _)) = line.split_once('=') {
+            deps.push(key.trim().to_string());
+        }
+    }
+    deps
+}
+
+#[test]
+fn the_pure_crates_depend_on_no_runtime_and_only_on_crates_below() {
+    const RUNTIME: [&str; 9] = [
+        "tokio",
+        "tokio-util",
+        "mio",
+        "hyper",
+        "axum",
+        "rusqlite",
+        "tokio-postgres",
+        "tracing",
+        "libc",
+    ];
+    for (i, name) in PURE.iter().enumerate() {
+        for dep in crate_dependencies(name) {
+            assert!(
+                !RUNTIME.contains(&dep.as_str()),
+                "isoswitch-{name} depends on {dep}"
+            );
+            if let Some(layer) = dep.strip_prefix("isoswitch-") {
+                let below = PURE[..i].contains(&layer);
+                assert!(
+                    below,
+                    "isoswitch-{name} depends on isoswitch-{layer}, not below it"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_pure_crates_do_no_io() {
+    const IO: [&str; 6] = [
+        "std::fs",
+        "std::net",
+        "std::process",
+        "TcpStream",
+        "std::thread",
+        "SystemTime::now",
+    ];
+    for name in PURE {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("crates/{name}/src"));
+        for entry in std::fs::read_dir(&dir).expect("a crate's src") {
+            let path = entry.expect("a file").path();
+            let text = std::fs::read_to_string(&path).expect("source");
+            // Tests may do anything.
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            for needle in IO {
+                assert!(!code.contains(needle), "{} names {needle}", path.display());
+            }
+        }
+    }
+    // And none of them is a module of the switch's crate again.
+    for name in PURE {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(name);
+        assert!(!dir.exists(), "{} is back in src/", dir.display());
     }
 }
 

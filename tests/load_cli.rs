@@ -1,5 +1,6 @@
 //! `isoswitch load` end to end: the binary against an in-process channel node.
 
+use isoswitch::iso8583::SpecFiles;
 use std::net::SocketAddr;
 use std::sync::Arc;
 

@@ -40,6 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::iso8583::Spec;
+use crate::iso8583::SpecFiles;
 use crate::sim::load::{self, LoadConfig, LoadCounters, LoadReport, Mix};
 
 use procs::{CpuSet, Pinning, Proc};

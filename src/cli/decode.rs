@@ -19,6 +19,7 @@ use std::io::{self, BufWriter, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::iso8583::SpecFiles;
 use crate::iso8583::{BitmapEncoding, Data, FieldDef, FieldRef, IsoError, Layout, Mti, Spec};
 use crate::wire::cups::reject;
 use crate::wire::envelope::Rejected;

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{AdminConfig, Config, FrontConfig};
 use crate::iso8583::Spec;
+use crate::iso8583::SpecFiles;
 use crate::link::Service;
 use crate::ops::run::Switch;
 use crate::route::DeclineReason;

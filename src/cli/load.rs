@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::iso8583::Spec;
+use crate::iso8583::SpecFiles;
 use crate::sim::load::{self, LoadConfig, LoadCounters, LoadReport, Mix};
 
 #[derive(Debug, clap::Args)]

@@ -20,6 +20,7 @@ use clap::{Parser, Subcommand};
 
 use crate::config::Config;
 use crate::iso8583::Spec;
+use crate::iso8583::SpecFiles;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -14,6 +14,7 @@ use crate::capture::read;
 use crate::capture::replay::{self, DEFAULT_IGNORE, ReplayOptions};
 use crate::capture::writer::Recorder;
 use crate::iso8583::Spec;
+use crate::iso8583::SpecFiles;
 
 #[derive(Debug, Clone, clap::Args)]
 #[command(after_help = "\

@@ -29,7 +29,6 @@ use std::collections::{HashSet, VecDeque};
 use crate::iso8583::{Decoded, Message, Mti, Spec, samples};
 use crate::sim::answer::response_mti;
 use crate::sim::writer::{Outbound, Patch, run_writer};
-use crate::util::Rng;
 use crate::wire::{Frame, FrameCodec, Tpdu};
 
 #[derive(Clone, Debug)]
@@ -439,7 +438,7 @@ enum Answer {
 }
 
 async fn run_terminal(mut term: Terminal, setup: TerminalSetup) {
-    let mut rng = Rng::from_entropy();
+    let mut rng = crate::util::rng::rng_from_entropy();
     let mut next_send = setup.first_send;
     let mut next_sign_in = setup.traffic.sign_in_every.map(|_| Instant::now());
     while Instant::now() < setup.stop_at {

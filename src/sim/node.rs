@@ -435,7 +435,7 @@ async fn serve_conn(
         id,
     };
     let mut frames = FramedRead::new(read, FrameCodec::new(prefix, spec.framing().max_frame));
-    let mut rng = Rng::from_entropy();
+    let mut rng = crate::util::rng::rng_from_entropy();
     loop {
         let frame = tokio::select! {
             f = frames.next() => f,

@@ -22,6 +22,7 @@ use hdrhistogram::Histogram;
 use super::procs::{self, cpu_ticks};
 use super::{BenchArgs, Haproxy, SwitchFiles, free_port, wait_listening};
 use crate::iso8583::Spec;
+use crate::iso8583::SpecFiles;
 use crate::sim::load::{self, LoadConfig, LoadCounters, LoadReport, Mix};
 use crate::sim::node::{Delay, NodeOptions, NodeSim, NodeSimConfig};
 

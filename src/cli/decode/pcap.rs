@@ -17,6 +17,7 @@ use super::{DecodeArgs, Options, write_message};
 use crate::capture::read::{self, Connection};
 use crate::config::{Config, FrontConfig};
 use crate::iso8583::Spec;
+use crate::iso8583::SpecFiles;
 use crate::wire::Frame;
 
 /// What a pcap decode saw (also what the tshark check compares).

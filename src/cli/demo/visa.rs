@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{Config, FrontConfig};
 use crate::iso8583::Spec;
+use crate::iso8583::SpecFiles;
 use crate::link::Service;
 use crate::sim::node::{Delay, NodeSim, NodeSimConfig, NodeSimStats, Originate};
 use crate::sim::visa::{Dial, VisaSim, VisaSimConfig};

@@ -21,7 +21,6 @@ use crate::sim::answer;
 use crate::sim::original::OriginalKey;
 use crate::sim::peer::{RECONNECT_MIN, keep_dialled, lock};
 use crate::sim::writer::{Outbound, run_writer};
-use crate::util::rng::Rng;
 use crate::wire::{Frame, FrameCodec};
 
 /// A live in link, as senders see it.
@@ -303,7 +302,7 @@ async fn serve_out_link(
     }
     let framing = shared.spec.framing();
     let mut frames = FramedRead::new(stream, FrameCodec::new(framing.prefix, framing.max_frame));
-    let mut rng = Rng::from_entropy();
+    let mut rng = crate::util::rng::rng_from_entropy();
     let signed_on = Arc::new(std::sync::atomic::AtomicBool::new(
         !shared.cfg.require_sign_on,
     ));

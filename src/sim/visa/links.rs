@@ -16,7 +16,6 @@ use tokio_util::codec::FramedRead;
 use super::{ACCEPT_FACTOR, CLOSE_GRACE, Dial, LINK_QUEUE, MAX_PARKED, NmKind, STOP_GRACE, Shared};
 use crate::sim::peer::{RECONNECT_MIN, keep_dialled, lock};
 use crate::sim::writer::{Outbound, run_writer};
-use crate::util::rng::Rng;
 use crate::wire::{Frame, FrameCodec};
 
 /// A live link, as senders see it.
@@ -218,7 +217,7 @@ async fn serve_link(shared: &Arc<Shared>, stream: TcpStream, shutdown: &mut watc
         last_sign_on = Some(Instant::now());
     }
     let mut frames = FramedRead::new(read, FrameCodec::new(framing.prefix, framing.max_frame));
-    let mut rng = Rng::from_entropy();
+    let mut rng = crate::util::rng::rng_from_entropy();
     // A frame begun must end within this (a stalled peer cannot hold a buffer).
     let partial_limit = cfg.timeout.max(Duration::from_secs(1));
     let mut partial_since: Option<Instant> = None;

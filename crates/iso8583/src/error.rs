@@ -1,0 +1,177 @@
+//! Errors of the message layer. None of them carries field contents: a message
+//! names a field id, an offset and lengths, never data (see masking).
+
+use thiserror::Error;
+
+use isoswitch_wire::WireError;
+
+/// Why a payload could not be read, or a message could not be built or patched.
+/// Offsets are relative to the payload (the frame without its length prefix).
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum IsoError {
+    /// The envelope (TPDU, scheme header) before the MTI is malformed.
+    #[error("envelope: {0}")]
+    Envelope(#[from] WireError),
+
+    /// Not enough bytes for a part of the message.
+    #[error("{what} at offset {offset}: truncated (need {need} bytes, have {have})")]
+    Truncated {
+        what: &'static str,
+        offset: usize,
+        need: usize,
+        have: usize,
+    },
+
+    /// The MTI holds something other than four decimal digits.
+    #[error("MTI at offset {offset}: byte {byte:#04x} is not a {encoding} digit")]
+    BadMti {
+        offset: usize,
+        byte: u8,
+        encoding: &'static str,
+    },
+
+    /// A hex bitmap holds a byte that is not a hex digit.
+    #[error("bitmap at offset {offset}: byte {byte:#04x} is not a hex digit")]
+    BadBitmap { offset: usize, byte: u8 },
+
+    /// The bitmap announces a field the spec does not define (its length is unknown,
+    /// so nothing after it can be found).
+    #[error("field {id} at offset {offset}: present in the bitmap but not defined by the spec")]
+    UndefinedField { id: u16, offset: usize },
+
+    /// Not enough bytes for a field's length prefix or data.
+    #[error("field {id} at offset {offset}: truncated (need {need} bytes, have {have})")]
+    FieldTruncated {
+        id: u16,
+        offset: usize,
+        need: usize,
+        have: usize,
+    },
+
+    /// A variable-length prefix holds a byte that is not a digit of its encoding.
+    #[error(
+        "field {id} at offset {offset}: {format} length byte {byte:#04x} is not a {encoding} digit"
+    )]
+    BadLengthDigit {
+        id: u16,
+        offset: usize,
+        format: &'static str,
+        byte: u8,
+        encoding: &'static str,
+    },
+
+    /// A variable-length prefix announces more than the field's maximum.
+    #[error("field {id} at offset {offset}: {format} length {len} exceeds max {max}")]
+    LengthTooLong {
+        id: u16,
+        offset: usize,
+        format: &'static str,
+        len: usize,
+        max: usize,
+    },
+
+    /// A length counted in bits that is not a whole number of bytes.
+    #[error("field {id} at offset {offset}: length {len} bits is not a whole number of bytes")]
+    PartialByte { id: u16, offset: usize, len: usize },
+
+    /// A field id outside 1..=192, or one the spec does not define.
+    #[error("field {id}: not defined by the spec")]
+    NoSuchField { id: u16 },
+
+    /// A value does not fit its field definition (wrong kind, width or characters).
+    /// The reason never quotes the value.
+    #[error("field {id}: {reason}")]
+    BadValue { id: u16, reason: String },
+
+    /// The fields of a [`super::Decoded`] are not in strictly ascending id order.
+    #[error("field {id}: fields must be in strictly ascending id order without duplicates")]
+    FieldOrder { id: u16 },
+
+    /// A response was asked of a message that is not a request.
+    #[error("MTI {mti}: not a request, it has no response")]
+    NotARequest { mti: super::Mti },
+
+    /// Bytes follow the last field the bitmap announces.
+    #[error("offset {offset}: {len} bytes after the last field")]
+    TrailingBytes { offset: usize, len: usize },
+
+    /// The message would be longer than the spec's `max_frame`.
+    #[error("message of {len} bytes exceeds max_frame {max}")]
+    TooLong { len: usize, max: usize },
+
+    /// An in-place patch was given a range that is not the field's place in the buffer.
+    #[error(
+        "field {id}: range {start}..{end} is not a valid place in a buffer of {len} bytes for this field"
+    )]
+    BadRange {
+        id: u16,
+        start: usize,
+        end: usize,
+        len: usize,
+    },
+
+    /// An in-place patch was asked of a variable-length field.
+    #[error("field {id}: only fixed-length fields can be patched in place")]
+    NotFixed { id: u16 },
+}
+
+/// Why a spec could not be loaded. Every variant names the spec (its `name`, or the
+/// path / `<toml>` before the name is known) and the field id or key at fault.
+#[derive(Debug, Error)]
+pub enum SpecError {
+    #[error("spec {spec}: {source}")]
+    Toml {
+        spec: String,
+        #[source]
+        source: toml::de::Error,
+    },
+
+    #[error("spec {spec}: cannot read: {source}")]
+    Io {
+        spec: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error(
+        "spec {name_or_path}: no builtin spec of that name (builtins: {builtins}) and no such file"
+    )]
+    NotFound {
+        name_or_path: String,
+        builtins: String,
+    },
+
+    #[error("spec {spec}: key {key}: {reason}")]
+    BadKey {
+        spec: String,
+        key: &'static str,
+        reason: String,
+    },
+
+    #[error("spec {spec}: field {id}: defined twice")]
+    DuplicateField { spec: String, id: u16 },
+
+    #[error("spec {spec}: field {id}: id out of range ({reason})")]
+    FieldIdOutOfRange {
+        spec: String,
+        id: u16,
+        reason: &'static str,
+    },
+
+    #[error("spec {spec}: field {id}: bad length: {reason}")]
+    BadLength {
+        spec: String,
+        id: u16,
+        reason: String,
+    },
+
+    #[error("spec {spec}: field {id}: {reason}")]
+    BadField {
+        spec: String,
+        id: u16,
+        reason: String,
+    },
+
+    #[error("spec {spec}: [bitmap] tertiary = true needs secondary = true")]
+    TertiaryWithoutSecondary { spec: String },
+}

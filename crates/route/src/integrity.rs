@@ -1,0 +1,430 @@
+//! When the switch answers for a node, what it owes afterwards. Pure: the
+//! books take the time they are given, and the reversal is built from the
+//! spec's `[integrity]` template.
+//!
+//! - [`LateBook`]: the requests the switch answered itself (a decline at the
+//!   deadline, a node connection lost) or let expire in silence, remembered
+//!   for `late_window`. A node's approval that arrives after that is found
+//!   here and reversed, once: never a decline, never twice, and nothing for
+//!   an answer in time (an answer in time never misses the correlator).
+//! - [`RepeatBook`]: which node each request went to, for `repeat_window`,
+//!   so a repeat (0201, 0401, 0421) goes to the node that has the original
+//!   and never to another one as a new transaction.
+//! - [`reversal`]: the reversal advice of a request, from the dialect's
+//!   template: its identifying fields, F39 = the dialect's reason code, and
+//!   F90, the original data elements (MTI, F11, F7, F32, F33).
+//!
+//! Both books are bounded: past `capacity` a new record is refused and
+//! counted, so a flood of timeouts costs memory up to a limit and no more.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use dashmap::DashMap;
+
+use super::correlator::CorrelationKey;
+use super::decline::DeclineReason;
+use isoswitch_iso8583::{Decoded, IsoError, Mti, Spec};
+
+/// An authorization or financial request (0100, 0200 and their repeats):
+/// the messages whose approval moves money and so can need reversing.
+pub fn is_approvable(mti: Mti) -> bool {
+    matches!(mti.class(), 1 | 2) && mti.function() == 0
+}
+
+/// An advice (0120, 0220, 0420 and their repeats): the sender tells, and
+/// many senders take any 0x30 as the acknowledgement and never repeat.
+pub fn is_advice(mti: Mti) -> bool {
+    mti.function() == 2
+}
+
+/// Does `f39` approve, by the dialect's (or the service's) approval codes?
+pub fn approves(f39: &[u8], codes: &[String]) -> bool {
+    codes.iter().any(|c| c.as_bytes() == f39)
+}
+
+/// What the switch did about a request it answered for its node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Said {
+    /// It declined it, for this reason.
+    Declined(DeclineReason),
+    /// It let the deadline pass without a word (`on_timeout = "silent"`).
+    Silent,
+}
+
+/// A request the switch answered for its node.
+#[derive(Clone, Debug)]
+pub struct LateEntry {
+    /// The request as the node got it.
+    pub request: Bytes,
+    /// The node it went to.
+    pub node: usize,
+    pub said: Said,
+    pub at: Instant,
+    /// A reversal is already owed for it: never a second.
+    reversed: bool,
+}
+
+impl LateEntry {
+    pub fn new(request: Bytes, node: usize, said: Said, at: Instant) -> LateEntry {
+        LateEntry {
+            request,
+            node,
+            said,
+            at,
+            reversed: false,
+        }
+    }
+}
+
+/// What a late response finds in the book.
+#[derive(Debug)]
+pub enum Late {
+    /// Not a request the switch answered (or answered too long ago).
+    NotRemembered,
+    /// Remembered, and already reversed by an earlier late answer.
+    AlreadyReversed,
+    /// Remembered: the request and what the switch said. The book now
+    /// counts it as reversed if the caller reverses it.
+    Found(LateEntry),
+}
+
+/// Counters of a book, readable at any time.
+#[derive(Debug, Default)]
+pub struct BookCounters {
+    /// Records refused because the book was full.
+    pub overflow: AtomicU64,
+}
+
+/// Requests the switch answered for its node, by correlation key, for
+/// `window`.
+#[derive(Debug)]
+pub struct LateBook {
+    entries: DashMap<CorrelationKey, LateEntry>,
+    /// `entries.len()` without visiting every shard: the message path asks
+    /// whether the book is empty for each request it forwards.
+    held: std::sync::atomic::AtomicUsize,
+    window: Duration,
+    capacity: usize,
+    pub counters: BookCounters,
+}
+
+impl LateBook {
+    pub fn new(window: Duration, capacity: usize) -> LateBook {
+        LateBook {
+            entries: DashMap::new(),
+            held: std::sync::atomic::AtomicUsize::new(0),
+            window,
+            capacity,
+            counters: BookCounters::default(),
+        }
+    }
+
+    /// Remembers a request the switch answered (or let expire). False when
+    /// the book is full (counted).
+    pub fn record(&self, key: CorrelationKey, entry: LateEntry) -> bool {
+        if self.window.is_zero() {
+            return false;
+        }
+        if self.len() >= self.capacity && !self.entries.contains_key(&key) {
+            self.counters.overflow.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        if self.entries.insert(key, entry).is_none() {
+            self.held.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// A response that found no request in flight: was it one the switch
+    /// answered for its node? With `reverse`, a found entry is marked so
+    /// that no later answer reverses it again.
+    pub fn late(&self, key: &CorrelationKey, now: Instant, reverse: bool) -> Late {
+        let Some(mut e) = self.entries.get_mut(key) else {
+            return Late::NotRemembered;
+        };
+        if now.saturating_duration_since(e.at) > self.window {
+            return Late::NotRemembered;
+        }
+        if e.reversed {
+            return Late::AlreadyReversed;
+        }
+        if reverse {
+            e.reversed = true;
+        }
+        Late::Found(e.clone())
+    }
+
+    /// A request under `key` went to a node again (the repeat of one the
+    /// switch answered for): the answer the sender gets from now on is the
+    /// node's, relayed; whichever of the node's answers comes first is
+    /// matched to the request in flight, so none that comes after may be
+    /// taken for a late answer to the original. True if one was forgotten.
+    pub fn forget(&self, key: &CorrelationKey) -> bool {
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let gone = self.entries.remove(key).is_some();
+        if gone {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
+        gone
+    }
+
+    /// Forgets what is older than the window. Returns how many went.
+    pub fn sweep(&self, now: Instant) -> usize {
+        let mut gone = 0;
+        self.entries.retain(|_, e| {
+            let keep = now.saturating_duration_since(e.at) <= self.window;
+            gone += usize::from(!keep);
+            keep
+        });
+        self.held.fetch_sub(gone, Ordering::Relaxed);
+        gone
+    }
+
+    pub fn len(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Which node each request went to, by a hash of its correlation key, for
+/// `window`: a 16-byte entry a request, about 55 bytes with the map's own
+/// overhead (measured: 16 MB for the 300,000 requests of 30 s at 10,000 a
+/// second; BENCHMARKS.md, "Integrity cost").
+#[derive(Debug)]
+pub struct RepeatBook {
+    nodes: DashMap<u64, (u32, Instant)>,
+    hasher: foldhash::fast::RandomState,
+    window: Duration,
+    capacity: usize,
+    pub counters: BookCounters,
+}
+
+impl RepeatBook {
+    pub fn new(window: Duration, capacity: usize) -> RepeatBook {
+        RepeatBook {
+            nodes: DashMap::new(),
+            hasher: foldhash::fast::RandomState::default(),
+            window,
+            capacity,
+            counters: BookCounters::default(),
+        }
+    }
+
+    pub fn is_on(&self) -> bool {
+        !self.window.is_zero()
+    }
+
+    /// The request of `key` went to `node` (it was answered, by the node or
+    /// by the switch).
+    pub fn record(&self, key: &CorrelationKey, node: usize, now: Instant) {
+        if !self.is_on() {
+            return;
+        }
+        let hash = self.hasher.hash_one(key.as_bytes());
+        if self.nodes.len() >= self.capacity && !self.nodes.contains_key(&hash) {
+            self.counters.overflow.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let node = u32::try_from(node).unwrap_or(u32::MAX);
+        self.nodes.insert(hash, (node, now));
+    }
+
+    /// The node the original of a repeat went to, if within the window.
+    pub fn node_of(&self, key: &CorrelationKey, now: Instant) -> Option<usize> {
+        let hash = self.hasher.hash_one(key.as_bytes());
+        let e = self.nodes.get(&hash)?;
+        let (node, at) = *e;
+        (now.saturating_duration_since(at) <= self.window).then_some(node as usize)
+    }
+
+    pub fn sweep(&self, now: Instant) -> usize {
+        let before = self.nodes.len();
+        self.nodes
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) <= self.window);
+        before - self.nodes.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+}
+
+/// Why a reversal cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ReversalError {
+    #[error(transparent)]
+    Iso(#[from] IsoError),
+    #[error("the original is a {0}, not a request")]
+    NotARequest(Mti),
+}
+
+/// The reversal advice of `original` (a request as the node got it), by the
+/// dialect's `[integrity]` template: the reversal MTI (0420), the same
+/// envelope (it goes where the original went), the template's fields where
+/// the original has them, F39 = the dialect's reason and F90 = the original
+/// data elements. Its repeats differ only in the MTI's last digit.
+pub fn reversal(spec: &Spec, original: &Decoded) -> Result<Decoded, ReversalError> {
+    if !original.mti.is_request() {
+        return Err(ReversalError::NotARequest(original.mti));
+    }
+    let t = spec.integrity();
+    let mut out = Decoded::new(original.envelope.clone(), t.reversal_mti);
+    out.bitmaps = original.bitmaps;
+    for &id in &t.reversal_fields {
+        if let Some(v) = original.get(id) {
+            out.set(id, v.clone());
+        }
+    }
+    if spec.field(39).is_none() {
+        return Err(IsoError::NoSuchField { id: 39 }.into());
+    }
+    out.set_text(39, t.reversal_reason.clone());
+    if let Some(id) = t.original_data {
+        out.set_text(id, original_data_elements(original));
+    }
+    Ok(out)
+}
+
+/// F90, "original data elements", n42: the original's MTI (4 digits), F11
+/// (6), F7 (10, zeros when absent), F32 and F33 (11 each, right-justified
+/// and zero-filled, zeros when absent).
+pub fn original_data_elements(original: &Decoded) -> String {
+    let digits = |id: u16, width: usize| -> String {
+        let text: String = original
+            .get(id)
+            .and_then(|v| v.as_text())
+            .unwrap_or("")
+            .chars()
+            .filter(char::is_ascii_digit)
+            .collect();
+        let text = &text[text.len().saturating_sub(width)..];
+        format!("{text:0>width$}")
+    };
+    format!(
+        "{}{}{}{}{}",
+        original.mti.as_str(),
+        digits(11, 6),
+        digits(7, 10),
+        digits(32, 11),
+        digits(33, 11)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use isoswitch_iso8583::{Message, samples};
+
+    fn key(n: u8) -> CorrelationKey {
+        CorrelationKey::builder().push(&[n]).build().unwrap()
+    }
+
+    #[test]
+    fn a_late_approval_is_reversed_once_and_forgotten_after_the_window() {
+        let t0 = Instant::now();
+        let book = LateBook::new(Duration::from_secs(300), 10);
+        let entry = LateEntry::new(Bytes::from_static(b"x"), 2, Said::Silent, t0);
+        assert!(book.record(key(1), entry));
+        assert!(matches!(book.late(&key(2), t0, true), Late::NotRemembered));
+        match book.late(&key(1), t0 + Duration::from_secs(1), true) {
+            Late::Found(e) => assert_eq!((e.node, e.said), (2, Said::Silent)),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            book.late(&key(1), t0 + Duration::from_secs(2), true),
+            Late::AlreadyReversed
+        ));
+        assert_eq!(book.sweep(t0 + Duration::from_secs(301)), 1);
+        assert!(book.is_empty());
+    }
+
+    #[test]
+    fn a_request_sent_again_is_forgotten() {
+        let t0 = Instant::now();
+        let book = LateBook::new(Duration::from_secs(300), 10);
+        assert!(!book.forget(&key(1)), "nothing held");
+        let e = || LateEntry::new(Bytes::new(), 0, Said::Silent, t0);
+        assert!(book.record(key(1), e()));
+        assert!(book.record(key(1), e()));
+        assert!(book.record(key(2), e()));
+        assert_eq!(book.len(), 2);
+        assert!(book.forget(&key(1)));
+        assert!(matches!(book.late(&key(1), t0, true), Late::NotRemembered));
+        assert_eq!(book.len(), 1);
+        assert_eq!(book.sweep(t0 + Duration::from_secs(301)), 1);
+        assert!(book.is_empty());
+    }
+
+    #[test]
+    fn a_full_book_refuses_and_counts() {
+        let t0 = Instant::now();
+        let book = LateBook::new(Duration::from_secs(300), 1);
+        let e = || LateEntry::new(Bytes::new(), 0, Said::Declined(DeclineReason::Timeout), t0);
+        assert!(book.record(key(1), e()));
+        assert!(!book.record(key(2), e()));
+        assert!(book.record(key(1), e()), "the same key replaces");
+        assert_eq!(book.counters.overflow.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn repeats_find_their_node_within_the_window() {
+        let t0 = Instant::now();
+        let book = RepeatBook::new(Duration::from_secs(30), 100);
+        book.record(&key(1), 3, t0);
+        assert_eq!(book.node_of(&key(1), t0 + Duration::from_secs(30)), Some(3));
+        assert_eq!(book.node_of(&key(1), t0 + Duration::from_secs(31)), None);
+        assert_eq!(book.node_of(&key(9), t0), None);
+        assert_eq!(book.sweep(t0 + Duration::from_secs(31)), 1);
+        let off = RepeatBook::new(Duration::ZERO, 100);
+        off.record(&key(1), 3, t0);
+        assert!(off.is_empty());
+    }
+
+    #[test]
+    fn the_reversal_names_its_original_in_f90() {
+        let spec = Spec::builtin("cups").unwrap();
+        let mut d = samples::purchase(&spec);
+        d.set_text(11, "123456");
+        d.set_text(7, "1204101112");
+        d.set_text(32, "12345678");
+        d.set_text(33, "87654321");
+        let rev = reversal(&spec, &d).unwrap();
+        assert_eq!(rev.mti.as_str(), "0420");
+        assert_eq!(rev.get(39).and_then(|v| v.as_text()), Some("98"));
+        assert_eq!(
+            rev.get(90).and_then(|v| v.as_text()),
+            Some("020012345612041011120001234567800087654321")
+        );
+        for id in [2, 4, 11, 37, 41] {
+            assert_eq!(rev.get(id), d.get(id), "F{id} copied");
+        }
+        for id in [35, 52, 55] {
+            assert!(!rev.has(id), "F{id} never in a reversal");
+        }
+        let bytes = spec.encode(&rev).unwrap();
+        let msg = Message::parse(&spec, Bytes::from(bytes)).unwrap();
+        assert!(msg.validate().is_ok());
+        assert_eq!(original_data_elements(&d).len(), 42);
+    }
+
+    #[test]
+    fn classes_of_messages() {
+        let m = |s: &str| s.parse::<Mti>().unwrap();
+        assert!(is_approvable(m("0100")) && is_approvable(m("0201")));
+        assert!(!is_approvable(m("0420")) && !is_approvable(m("0220")));
+        assert!(is_advice(m("0220")) && is_advice(m("0421")) && !is_advice(m("0200")));
+        assert!(approves(b"00", &["00".into()]) && !approves(b"05", &["00".into()]));
+    }
+}
