@@ -167,6 +167,7 @@ async fn a_nac_over_mutual_tls_to_nodes_over_tls_gets_every_answer_once() {
         let listen = free_addr();
         let toml = pos_toml(&c, listen, &addrs, &admin_toml);
         let (_switch, _) = start_switch("tls-mutual", &toml, listen).await;
+        wait_listening(admin).await;
         // Both nodes' two links up, each through a handshake.
         wait_metric(admin, NODE_HANDSHAKES, 4).await;
 
@@ -193,6 +194,7 @@ async fn clients_without_a_valid_allowed_certificate_are_refused_and_counted() {
         let listen = free_addr();
         let toml = pos_toml(&c, listen, &addrs, &admin_toml);
         let (_switch, _) = start_switch("tls-refused", &toml, listen).await;
+        wait_listening(admin).await;
 
         // No certificate at all.
         refused_client(listen, flags(&c.pki.ca, None)).await;
@@ -224,6 +226,119 @@ async fn clients_without_a_valid_allowed_certificate_are_refused_and_counted() {
             .report()
             .await;
         assert_exactly_once(&report);
+    })
+    .await;
+}
+
+/// An `[admin]` table serving HTTPS with the switch's certificate.
+fn https_admin(c: &Certs, name: &str) -> (SocketAddr, String) {
+    let addr = free_addr();
+    let token = write_config(&format!("{name}-token"), "process-test-token\n");
+    let toml = format!(
+        "[admin]\nlisten = \"{addr}\"\ntoken_file = \"{}\"\n\
+         [admin.tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+        path(&token),
+        path(&c.switch.cert),
+        path(&c.switch.key),
+    );
+    (addr, toml)
+}
+
+/// GET `path` from an HTTPS admin, verified against `ca`.
+async fn https_get(admin: SocketAddr, ca: &Path, path: &str) -> String {
+    let tls = flags(ca, None).client().expect("TLS loads");
+    let url = format!("https://{admin}");
+    let (status, body) =
+        isoswitch::cli::ctl::request_tls(&url, tls.as_deref(), "GET", path, None, None)
+            .await
+            .expect("HTTPS answer");
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The value of the metric line starting with `line`, over HTTPS.
+async fn https_metric(admin: SocketAddr, ca: &Path, line: &str) -> u64 {
+    https_get(admin, ca, "/metrics")
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(line)?.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+async fn wait_https_metric(admin: SocketAddr, ca: &Path, line: &str, at_least: u64) {
+    while https_metric(admin, ca, line).await < at_least {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `isoswitch ctl ARGS` against `admin` over HTTPS: exit success and stdout.
+async fn ctl(admin: SocketAddr, ca: &Path, args: &[&str]) -> (bool, String) {
+    let url = format!("https://{admin}");
+    let ca = path(ca);
+    let mut all = vec![
+        "ctl",
+        "--admin",
+        &url,
+        "--tls-ca",
+        &ca,
+        "--token",
+        "process-test-token",
+    ];
+    all.extend_from_slice(args);
+    let (status, out) = Proc::spawn("tls-ctl", &all).finish().await;
+    (status.success(), out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_serves_https_and_ctl_shows_tls_links_and_expiry() {
+    within(Duration::from_secs(120), async {
+        let c = Certs::new("tls-admin");
+        let node_flags = c.node_flags();
+        let extra: Vec<&str> = node_flags.iter().map(String::as_str).collect();
+        let (_nodes, addrs) = start_nodes_with("cup-pos", 1, "1ms", &extra).await;
+        let (admin, admin_toml) = https_admin(&c, "tls-admin");
+        let listen = free_addr();
+        let toml = pos_toml(&c, listen, &addrs, &admin_toml);
+        let (_switch, _) = start_switch("tls-admin", &toml, listen).await;
+        wait_listening(admin).await;
+        wait_https_metric(admin, &c.pki.ca, NODE_HANDSHAKES, 2).await;
+
+        let expiry = https_metric(
+            admin,
+            &c.pki.ca,
+            "isoswitch_tls_cert_expiry_seconds{service=\"pos\",link=\"front\",key=\"service[0].front.tls.cert\"}",
+        )
+        .await;
+        assert!(expiry > 86_400 * 365, "expiry metric: {expiry}");
+        let (ok, status) = ctl(admin, &c.pki.ca, &["status"]).await;
+        assert!(ok, "{status}");
+        assert!(status.contains("tls pos front: CN=switch.test expires in"), "{status}");
+        assert!(status.contains("tls admin admin: CN=switch.test"), "{status}");
+        let (ok, conns) = ctl(admin, &c.pki.ca, &["conns"]).await;
+        assert!(ok, "{conns}");
+        let node_rows: Vec<&str> = conns.lines().filter(|l| l.contains(" node ")).collect();
+        assert_eq!(node_rows.len(), 2, "{conns}");
+        for row in node_rows {
+            assert!(row.contains("TLSv1.3 TLS13_"), "{row}");
+            assert!(row.contains("CN=node.test"), "{row}");
+        }
+
+        // Plain HTTP to the HTTPS admin gets no answer, and is counted.
+        let plain = isoswitch::cli::ctl::request(
+            &format!("http://{admin}"),
+            "GET",
+            "/healthz",
+            None,
+            None,
+        )
+        .await;
+        assert!(plain.is_err(), "plain HTTP answered: {plain:?}");
+        let not_tls = "isoswitch_tls_handshake_failures_total{service=\"admin\",side=\"accept\",reason=\"not-tls\"}";
+        wait_https_metric(admin, &c.pki.ca, not_tls, 1).await;
+        // A CA that did not sign the admin's certificate: ctl refuses it.
+        let rogue = Pki::new("tls-admin-rogue");
+        let (ok, out) = ctl(admin, &rogue.ca, &["status"]).await;
+        assert!(!ok, "ctl trusted a certificate its CA did not sign: {out}");
     })
     .await;
 }

@@ -113,3 +113,44 @@ impl AsyncWrite for LinkWrite {
         }
     }
 }
+
+/// The whole stream, for a user that does not split it (an HTTP client).
+impl AsyncRead for LinkStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            LinkStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            LinkStream::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for LinkStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            LinkStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            LinkStream::Tls(s) => Pin::new(&mut **s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            LinkStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            LinkStream::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            LinkStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            LinkStream::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
+        }
+    }
+}
