@@ -342,3 +342,77 @@ async fn the_admin_api_serves_https_and_ctl_shows_tls_links_and_expiry() {
     })
     .await;
 }
+
+/// The subject of the certificate a new TLS connection to `addr` is shown.
+async fn served_subject(addr: SocketAddr, c: &Certs) -> String {
+    let tls = flags(&c.pki.ca, Some(&c.nac))
+        .client()
+        .expect("TLS loads")
+        .expect("TLS on");
+    let stream = isoswitch::sim::tls::connect(Some(&tls), addr)
+        .await
+        .expect("handshake");
+    let isoswitch::tls::LinkStream::Tls(s) = stream else {
+        panic!("a TLS stream");
+    };
+    let (_, state) = s.get_ref();
+    let leaf = state
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .expect("a server certificate");
+    isoswitch::config::tls::subject_of(leaf.as_ref()).expect("a subject")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewed_certificates_reload_under_load_without_a_link_dropped() {
+    within(Duration::from_secs(120), async {
+        let c = Certs::new("tls-reload");
+        let node_flags = c.node_flags();
+        let extra: Vec<&str> = node_flags.iter().map(String::as_str).collect();
+        let (_nodes, addrs) = start_nodes_with("cup-pos", 2, "1ms", &extra).await;
+        let (admin, admin_toml) = admin_toml("tls-reload");
+        let listen = free_addr();
+        let toml = pos_toml(&c, listen, &addrs, &admin_toml);
+        let (switch, _) = start_switch("tls-reload", &toml, listen).await;
+        wait_listening(admin).await;
+        wait_metric(admin, NODE_HANDSHAKES, 4).await;
+        assert_eq!(served_subject(listen, &c).await, "CN=switch.test");
+
+        let nac_flags = c.nac_flags(Some(&c.nac));
+        let extra: Vec<&str> = nac_flags.iter().map(String::as_str).collect();
+        let load = nac("tls-reload-nac", listen, 200, ("4s", "3s"), &extra);
+        // Under load: the NAC's requests are flowing.
+        wait_metric(
+            admin,
+            "isoswitch_service_requests_total{service=\"pos\"}",
+            100,
+        )
+        .await;
+        // The certificate is renewed in place (same files, new content) and
+        // the switch told to reload.
+        let renewed = c
+            .pki
+            .issue("renewed", &["switch-renewed.test", "127.0.0.1"]);
+        std::fs::copy(&renewed.cert, &c.switch.cert).expect("renew cert");
+        std::fs::copy(&renewed.key, &c.switch.key).expect("renew key");
+        switch.signal("HUP");
+        switch
+            .wait_logged("TLS certificates and keys read again")
+            .await;
+        // New connections get the renewed certificate.
+        assert_eq!(served_subject(listen, &c).await, "CN=switch-renewed.test");
+
+        let report = load.report().await;
+        assert_exactly_once(&report);
+        assert!(n(&report, "answered") > 0, "{report}");
+        // No node link was opened again: the four handshakes of the start.
+        assert_eq!(metric(admin, NODE_HANDSHAKES).await, 4);
+        let dropped = metrics(admin, &["isoswitch_server_disconnects"]).await;
+        assert_eq!(dropped.lines().count(), 2, "{dropped}");
+        assert!(
+            dropped.lines().all(|l| l.ends_with(" 0")),
+            "a node link dropped: {dropped}"
+        );
+    })
+    .await;
+}
