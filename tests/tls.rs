@@ -416,3 +416,95 @@ async fn renewed_certificates_reload_under_load_without_a_link_dropped() {
     })
     .await;
 }
+
+/// UnionPay's 8 out links and 8 in links all over mutual TLS (the switch as
+/// client on the out links, as server on the in links), nodes over TLS
+/// too, traffic both ways: every request answered exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unionpay_8_by_8_over_tls_both_ways_answers_everything_once() {
+    within(Duration::from_secs(120), async {
+        let c = Certs::new("tls-cups");
+        let mut node_flags = c.node_flags();
+        node_flags.extend(["--originate".into(), "30".into(), "--json".into()]);
+        let extra: Vec<&str> = node_flags.iter().map(String::as_str).collect();
+        let (nodes, addrs) = start_nodes_with("cups", 3, "0..20ms", &extra).await;
+        // UnionPay's certificate: presented on the out links it accepts and
+        // on the in links it opens.
+        let unionpay = c.pki.issue("unionpay", &["unionpay.test", "127.0.0.1"]);
+        let (accept, listen) = (free_addr(), free_addr());
+        let (a, l, ca) = (accept.to_string(), listen.to_string(), path(&c.pki.ca));
+        let mut args: Vec<String> = [
+            "sim", "cups", "--accept", &a, "--connect", &l, "--links", "8", "--rate", "200",
+            "--duration", "60s", "--timeout", "3s", "--keepalive-idle", "200ms",
+            "--require-sign-on", "--json", "--tls-ca", &ca,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(unionpay.flags());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let cups = Proc::spawn("tls-cups", &args);
+        wait_listening(accept).await;
+        let (admin, admin_toml) = admin_toml("tls-cups-switch");
+        let (cert, key) = (path(&c.switch.cert), path(&c.switch.key));
+        let toml = format!(
+            "{admin_toml}[[service]]\nname = \"unionpay\"\nspec = \"cups\"\nf37_stamp = {{ offset = 10, width = 2 }}\n\
+             [service.front]\nkind = \"simplex\"\nconnect = \"{accept}\"\nlisten = \"{listen}\"\nlinks = 8\n\
+             member_id = \"03105840\"\npeer_id = \"00010000\"\nkeepalive_idle = \"200ms\"\n\
+             reconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\nsign_on = \"per-link\"\nsign_on_retry = \"300ms\"\n\
+             [service.front.tls]\nca = \"{ca}\"\ncert = \"{cert}\"\nkey = \"{key}\"\n\
+             [service.front.in_tls]\ncert = \"{cert}\"\nkey = \"{key}\"\nclient_ca = \"{ca}\"\nclient_names = [\"unionpay.test\"]\n\
+             [service.back]\nconnections_per_node = 2\n\
+             [service.back.tls]\nca = \"{ca}\"\ncert = \"{cert}\"\nkey = \"{key}\"\n{}",
+            nodes_toml(&addrs)
+        );
+        let (_switch, _) = start_switch("tls-cups-switch", &toml, listen).await;
+        wait_listening(admin).await;
+        let shaken = |side: &str| {
+            format!("isoswitch_tls_handshakes_total{{service=\"unionpay\",side=\"{side}\"}}")
+        };
+        // 8 out links and 6 node links as client, 8 in links as server.
+        wait_metric(admin, &shaken("connect"), 14).await;
+        wait_metric(admin, &shaken("accept"), 8).await;
+        // Traffic both ways for a while: UnionPay's own requests flowing.
+        wait_metric(admin, "isoswitch_service_requests_total{service=\"unionpay\"}", 400).await;
+        for node in &nodes {
+            node.signal("INT");
+        }
+        let mut node_reports = Vec::new();
+        for node in nodes {
+            node_reports.push(node.report().await);
+        }
+        cups.signal("INT");
+        let report = cups.report().await;
+        for (i, r) in node_reports.iter().enumerate() {
+            assert!(n(r, "originated") > 0, "node {i}: {r}");
+            assert_eq!(n(r, "originated_unanswered"), 0, "node {i}: {r}");
+            assert_eq!(n(r, "foreign_responses"), 0, "node {i}: {r}");
+            assert_eq!(
+                n(r, "originated_answered") + n(r, "originated_declined"),
+                n(r, "originated"),
+                "node {i}: exactly once: {r}"
+            );
+        }
+        assert_eq!(n(&report, "unsigned_frames"), 0, "{report}");
+        assert!(n(&report, "sent") > 0, "{report}");
+        assert!(n(&report, "member_requests") > 0, "{report}");
+        assert_eq!(
+            n(&report, "member_requests_answered"),
+            n(&report, "member_requests"),
+            "{report}"
+        );
+        assert_eq!(n(&report, "mismatched"), 0, "{report}");
+        assert_eq!(n(&report, "unanswered"), 0, "{report}");
+        assert_eq!(
+            n(&report, "answered") + n(&report, "declined"),
+            n(&report, "sent"),
+            "{report}"
+        );
+        // No link needed a second handshake: none dropped.
+        assert_eq!(metric(admin, &shaken("connect")).await, 14);
+        assert_eq!(metric(admin, &shaken("accept")).await, 8);
+    })
+    .await;
+}

@@ -243,6 +243,11 @@ pub enum SimCommand {
         /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
+        /// TLS on both directions: --tls-cert/--tls-key presented to the
+        /// switch's out links and on the in links, --tls-ca verifying the
+        /// switch (and requiring its client certificate on out links).
+        #[command(flatten)]
+        tls: crate::sim::tls::TlsFlags,
     },
     /// VISA on BASE I duplex links: takes (or dials) the bank's links, signs
     /// on, answers the bank's requests on another link, sends its own.
@@ -501,7 +506,12 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             advice_repeats,
             key_reset_every,
             json,
+            tls,
         } => {
+            let tls = match tls.both() {
+                Ok(t) => t,
+                Err(e) => return fail(e),
+            };
             let spec = match resolve_spec(&spec) {
                 Ok(s) => s,
                 Err(code) => return code,
@@ -549,6 +559,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                 advice_mtis,
                 advice_repeats,
                 key_reset_every,
+                tls,
                 ..crate::sim::cups::CupsSimConfig::new(accept, connect, links)
             };
             runtime(async move {

@@ -87,6 +87,25 @@ impl TlsFlags {
     }
 }
 
+/// Both sides, for a simulator that accepts and connects (UnionPay: the
+/// switch's out links come in, its in links go out).
+#[derive(Clone, Debug, Default)]
+pub struct SimTls {
+    pub server: Option<Arc<Acceptor>>,
+    pub client: Option<Arc<Connector>>,
+}
+
+impl TlsFlags {
+    /// Both sides from one set of flags: --tls-cert/--tls-key are presented
+    /// either way, --tls-ca verifies the switch either way.
+    pub fn both(&self) -> Result<SimTls, String> {
+        Ok(SimTls {
+            server: self.server()?,
+            client: self.client()?,
+        })
+    }
+}
+
 /// A simulator's client handshake.
 pub struct Connector {
     connector: tokio_rustls::TlsConnector,
@@ -95,6 +114,18 @@ pub struct Connector {
 
 /// A simulator's server handshake.
 pub struct Acceptor(tokio_rustls::TlsAcceptor);
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Connector")
+    }
+}
+
+impl std::fmt::Debug for Acceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Acceptor")
+    }
+}
 
 /// Connects to `addr` (TCP, no delay), with the handshake when `tls` is on.
 pub async fn connect(tls: Option<&Connector>, addr: SocketAddr) -> std::io::Result<LinkStream> {
