@@ -508,3 +508,98 @@ async fn unionpay_8_by_8_over_tls_both_ways_answers_everything_once() {
     })
     .await;
 }
+
+/// `isoswitch load` over mutual TLS: long connections, then the ATM profile
+/// (a connection, and so a full handshake, per request).
+async fn load_over_tls(c: &Certs, front: SocketAddr, extra: &[&str]) -> serde_json::Value {
+    let (t, ca) = (front.to_string(), path(&c.pki.ca));
+    let leaf = c.nac.flags();
+    let mut args = vec![
+        "load",
+        "--target",
+        &t,
+        "--spec",
+        "cup-pos",
+        "--clients",
+        "4",
+        "--in-flight",
+        "2",
+        "--duration",
+        "1s",
+        "--rate",
+        "200",
+        "--json",
+        "--quiet",
+        "--tls-ca",
+        &ca,
+    ];
+    args.extend(leaf.iter().map(String::as_str));
+    args.extend_from_slice(extra);
+    let report = Proc::spawn("tls-load", &args).report().await;
+    assert!(n(&report, "requests") > 0, "{report}");
+    assert_eq!(n(&report, "timeouts"), 0, "{report}");
+    assert_eq!(n(&report, "mismatches"), 0, "{report}");
+    assert_eq!(n(&report, "connect_failures"), 0, "{report}");
+    report
+}
+
+/// `load` through the TLS front, and VISA's duplex links over mutual TLS
+/// (`sim visa --accept` as the TLS server): every request answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_and_visa_links_run_over_tls() {
+    within(Duration::from_secs(120), async {
+        let c = Certs::new("tls-visa");
+        let node_flags = c.node_flags();
+        let extra: Vec<&str> = node_flags.iter().map(String::as_str).collect();
+        let (_pos_nodes, pos_addrs) = start_nodes_with("cup-pos", 1, "1ms", &extra).await;
+        let (_visa_nodes, visa_addrs) =
+            start_nodes_with("visa-base1", 2, "1ms", &["--originate", "20"]).await;
+        let visa_cert = c.pki.issue("visa", &["visa.test", "127.0.0.1"]);
+        let visa_at = free_addr();
+        let (v, ca) = (visa_at.to_string(), path(&c.pki.ca));
+        let mut args: Vec<String> = [
+            "sim", "visa", "--accept", &v, "--links", "2", "--rate", "200", "--count", "300",
+            "--duration", "60s", "--json", "--tls-ca", &ca,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(visa_cert.flags());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let visa = Proc::spawn("tls-visa", &args);
+        visa.wait_logged("sim visa listening on").await;
+
+        let (admin, admin_toml) = admin_toml("tls-visa-switch");
+        let listen = free_addr();
+        let pos = pos_toml(&c, listen, &pos_addrs, &admin_toml);
+        let (cert, key) = (path(&c.switch.cert), path(&c.switch.key));
+        let toml = format!(
+            "{pos}[[service]]\nname = \"visa\"\nspec = \"visa-base1\"\nf37_stamp = {{ offset = 10, width = 2 }}\n\
+             [service.front]\nkind = \"connect\"\nconnect = \"{visa_at}\"\nlinks = 2\n\
+             keepalive_idle = \"200ms\"\nsign_on = \"none\"\n\
+             [service.front.tls]\nca = \"{ca}\"\ncert = \"{cert}\"\nkey = \"{key}\"\nserver_name = \"visa.test\"\n\
+             [service.back]\nconnections_per_node = 2\n{}",
+            nodes_toml(&visa_addrs)
+        );
+        let (_switch, _) = start_switch("tls-visa-switch", &toml, listen).await;
+        wait_listening(admin).await;
+
+        let (status, out) = visa.finish().await;
+        assert!(status.success(), "sim visa over TLS failed: {out}");
+        let report: serde_json::Value =
+            serde_json::from_str(out.lines().last().unwrap_or_default()).expect("JSON");
+        assert_eq!(report["issuer_sent"], 300, "{report}");
+        let answered = n(&report, "issuer_approved") + n(&report, "issuer_declined");
+        assert_eq!(answered, 300, "{report}");
+        assert_eq!(report["issuer_unanswered"], 0, "{report}");
+        assert_eq!(report["doubled"], 0, "{report}");
+        let visa_links = "isoswitch_tls_handshakes_total{service=\"visa\",side=\"connect\"}";
+        assert!(metric(admin, visa_links).await >= 2);
+
+        wait_metric(admin, NODE_HANDSHAKES, 2).await;
+        load_over_tls(&c, listen, &[]).await;
+        let atm = load_over_tls(&c, listen, &["--connection-per-request"]).await;
+        assert!(n(&atm, "connects") > 10, "{atm}");
+    })
+    .await;
+}
