@@ -354,9 +354,10 @@ pub struct ConnectFront {
     pub stamp_by: StampBy,
     #[serde(default = "defaults::write_queue")]
     pub write_queue: usize,
-    /// `[service.front.tls]`: the links speak TLS (docs/tls.md).
+    /// `[service.front.tls]`: the links speak TLS (docs/tls.md). Boxed, as
+    /// are the simplex front's: the front enum stays small.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls: Option<tls::TlsClient>,
+    pub tls: Option<Box<tls::TlsClient>>,
 }
 
 /// What the link-set machinery needs of a `simplex` or `connect` front.
@@ -377,7 +378,7 @@ pub struct LinkSet {
     /// Links carry the peer's frames too (connect), not only ours (simplex).
     pub duplex: bool,
     /// The links the switch connects speak TLS.
-    pub tls: Option<tls::TlsClient>,
+    pub tls: Option<Box<tls::TlsClient>>,
 }
 
 impl FrontConfig {
@@ -492,10 +493,10 @@ pub struct SimplexFront {
     pub write_queue: usize,
     /// `[service.front.tls]`: out links speak TLS (docs/tls.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls: Option<tls::TlsClient>,
+    pub tls: Option<Box<tls::TlsClient>>,
     /// `[service.front.in_tls]`: in links speak TLS (docs/tls.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub in_tls: Option<tls::TlsServer>,
+    pub in_tls: Option<Box<tls::TlsServer>>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]

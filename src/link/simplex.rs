@@ -528,7 +528,7 @@ async fn run_in_link(
     let prefix = service.spec().framing().prefix;
     let registered = register_link(service, &stream, super::conns::ConnKind::InLink);
     let tap = service.links.tap(&stream, Opened::ByPeer);
-    let peer = stream.peer_addr().unwrap_or_else(|_| front.listen);
+    let peer = stream.peer_addr().unwrap_or(front.listen);
     let Some(stream) = super::secure::accept(
         service,
         service.links.tls.in_links.as_ref(),
