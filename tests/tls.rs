@@ -603,3 +603,42 @@ async fn load_and_visa_links_run_over_tls() {
     })
     .await;
 }
+
+/// `isoswitch check` reads the TLS files as `run` would: a missing or broken
+/// key fails it, naming the key and the file, never showing the key's lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_the_key_and_file_of_bad_tls_material_without_showing_it() {
+    within(Duration::from_secs(60), async {
+        let c = Certs::new("tls-check");
+        let secret = "MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgSECRETSECRET";
+        let broken = c.pki.dir.join("broken.key");
+        std::fs::write(
+            &broken,
+            format!("-----BEGIN PRIVATE KEY-----\n{secret}\n-----END PRIVATE KEY-----\n"),
+        )
+        .expect("write");
+        for (key, shown) in [
+            (c.pki.dir.join("missing.key"), "missing.key"),
+            (broken, "broken.key"),
+        ] {
+            let toml = format!(
+                "[[service]]\nname = \"pos\"\nspec = \"cup-pos\"\n\
+                 [service.front]\nkind = \"listen\"\nlisten = \"127.0.0.1:0\"\n\
+                 [service.front.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+                 [service.back]\n[[service.back.node]]\nid = \"01\"\naddress = \"127.0.0.1:9\"\n",
+                path(&c.switch.cert),
+                path(&key)
+            );
+            let config = write_config("tls-check", &toml);
+            let check = Proc::spawn("tls-check", &["check", "--config", &path(&config)]);
+            let log_file = check.log.clone();
+            let (status, _) = check.finish().await;
+            let log = std::fs::read_to_string(log_file).expect("check's stderr");
+            assert!(!status.success(), "{log}");
+            assert!(log.contains("service[0].front.tls.key: "), "{log}");
+            assert!(log.contains(shown), "{log}");
+            assert!(!log.contains("SECRET"), "key material shown: {log}");
+        }
+    })
+    .await;
+}
