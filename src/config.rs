@@ -20,6 +20,7 @@ use crate::util::{duration, name};
 
 pub mod descriptors;
 pub mod integrity;
+pub mod tls;
 
 pub use integrity::{
     Advices, IntegrityConfig, LateApproval, SwitchMadePolicy, TimeoutConfig, TimeoutRule,
@@ -80,6 +81,9 @@ pub struct AdminConfig {
     /// Requests on one kept-alive connection; the last answer closes it.
     #[serde(default = "defaults::admin_max_requests_per_connection")]
     pub max_requests_per_connection: usize,
+    /// `[admin.tls]`: serve HTTPS (docs/tls.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<tls::TlsServer>,
 }
 
 impl Default for AdminConfig {
@@ -92,6 +96,7 @@ impl Default for AdminConfig {
             header_timeout: defaults::admin_header_timeout(),
             request_timeout: defaults::admin_request_timeout(),
             max_requests_per_connection: defaults::admin_max_requests_per_connection(),
+            tls: None,
         }
     }
 }
@@ -350,6 +355,10 @@ pub struct ConnectFront {
     pub stamp_by: StampBy,
     #[serde(default = "defaults::write_queue")]
     pub write_queue: usize,
+    /// `[service.front.tls]`: the links speak TLS (docs/tls.md). Boxed, as
+    /// are the simplex front's: the front enum stays small.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<Box<tls::TlsClient>>,
 }
 
 /// What the link-set machinery needs of a `simplex` or `connect` front.
@@ -369,6 +378,8 @@ pub struct LinkSet {
     pub write_queue: usize,
     /// Links carry the peer's frames too (connect), not only ours (simplex).
     pub duplex: bool,
+    /// The links the switch connects speak TLS.
+    pub tls: Option<Box<tls::TlsClient>>,
 }
 
 impl FrontConfig {
@@ -391,6 +402,7 @@ impl FrontConfig {
                     echo_interval: $f.echo_interval,
                     write_queue: $f.write_queue,
                     duplex: $duplex,
+                    tls: $f.tls.clone(),
                 }
             };
         }
@@ -480,6 +492,12 @@ pub struct SimplexFront {
     /// Frames queued per out link before new requests are declined.
     #[serde(default = "defaults::write_queue")]
     pub write_queue: usize,
+    /// `[service.front.tls]`: out links speak TLS (docs/tls.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<Box<tls::TlsClient>>,
+    /// `[service.front.in_tls]`: in links speak TLS (docs/tls.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_tls: Option<Box<tls::TlsServer>>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -546,6 +564,9 @@ pub struct ListenFront {
     /// The `oneconnect` pool's settings (used only in that mode).
     #[serde(default)]
     pub oneconnect: OneConnectConfig,
+    /// `[service.front.tls]`: clients speak TLS (docs/tls.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<tls::TlsServer>,
 }
 
 /// How a `listen` front's requests use the node connections.
@@ -632,6 +653,9 @@ pub struct BackConfig {
     pub rules: Vec<RuleConfig>,
     #[serde(rename = "node")]
     pub nodes: Vec<NodeConfig>,
+    /// `[service.back.tls]`: node links speak TLS (docs/tls.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<tls::TlsClient>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -1215,6 +1239,7 @@ impl Config {
             }
             svc.validate(&key)?;
         }
+        tls::validate(self).map_err(|e| invalid(e.key(), e.reason()))?;
         Ok(())
     }
 }

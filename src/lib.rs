@@ -33,6 +33,7 @@ pub mod ops;
 pub mod sim;
 mod spec_files;
 pub mod store;
+pub mod tls;
 
 /// Bytes on the wire: the `isoswitch-wire` crate, and the tokio-util codec
 /// the links read and write frames with.

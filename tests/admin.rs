@@ -926,6 +926,7 @@ async fn ctl_shows_tables_and_drains_a_node() {
             json,
             token: Some(TOKEN.into()),
             command,
+            tls: Default::default(),
         };
         let table = execute(&args(CtlCommand::Status, false)).await.unwrap();
         assert!(table.contains("NODE   ADDRESS"), "{table}");
@@ -974,6 +975,7 @@ async fn ctl_health_probes_without_a_token() {
             json: false,
             token: None,
             command: CtlCommand::Health { ready },
+            tls: Default::default(),
         };
         assert_eq!(execute(&probe(&api.base, false)).await.unwrap(), "ok\n");
         wait_connected(service(&switch), 2).await;

@@ -8,6 +8,8 @@
 # 2. A real scrape: `isoswitch demo` runs every kind of service (POS listen
 #    front, UnionPay simplex links, VISA duplex links, ATMs through
 #    OneConnect) with nodes and load; its /metrics is read once traffic flows.
+#    The demo runs in clear: a second switch with TLS on its front and admin
+#    (scripts/checks/lib/tls_switch.sh) adds the TLS metrics to the scrape.
 # 3. scripts/checks/lib/promql_names.py: every metric a dashboard panel,
 #    dashboard variable or alert queries is in that scrape, with the label
 #    names it groups or matches on and the label values it matches literally
@@ -15,8 +17,8 @@
 # 4. `promtool check rules` on the dashboard's expressions as recording
 #    rules (Grafana's variables replaced): each parses as PromQL.
 #
-# Needs promtool (Debian's prometheus, scripts/deps/ops.apt) and PyYAML
-# (scripts/deps/monitoring.pip). Fails, never skips, saying what is missing.
+# Needs promtool (Debian's prometheus, scripts/deps/ops.apt), openssl
+# (scripts/deps/tls.apt) and PyYAML (scripts/deps/monitoring.pip). Fails, never skips, saying what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -27,6 +29,7 @@ fail() {
 
 command -v promtool >/dev/null || fail "promtool is missing (apt-get install prometheus; listed in scripts/deps/ops.apt)"
 command -v curl >/dev/null || fail "curl is missing (apt-get install curl; listed in scripts/deps/ops.apt)"
+command -v openssl >/dev/null || fail "openssl is missing (apt-get install openssl; listed in scripts/deps/tls.apt)"
 python3 -c 'import yaml' 2>/dev/null || fail "PyYAML is missing (pip install pyyaml; listed in scripts/deps/monitoring.pip)"
 
 promtool check rules deploy/prometheus/alerts.yml >/dev/null \
@@ -39,8 +42,10 @@ cargo build --locked --quiet
 bin=${CARGO_TARGET_DIR:-target}/debug/isoswitch
 work=$(mktemp -d)
 demo=""
+TLS_PIDS=()
 cleanup() {
     [ -z "$demo" ] || kill "$demo" 2>/dev/null || true
+    for p in "${TLS_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
     # The demo keeps its log after it ends: this one is ours to remove.
     log=$(sed -n '1s/^switch log: \([^ ]*\).*/\1/p' "$work/demo.out" 2>/dev/null)
@@ -59,6 +64,12 @@ admin=$(grep -o 'admin API on http://[0-9.:]*' "$work/demo.out" | awk '{print $4
 curl -sf "$admin/metrics" >"$work/metrics.txt" || fail "no scrape from the demo's $admin/metrics"
 wait "$demo" || fail "the demo failed: $(tail -5 "$work/demo.out")"
 demo=""
+source scripts/checks/lib/tls_switch.sh
+mkdir "$work/tls"
+tls_pki "$work/tls"
+tls_switch "$bin" "$work/tls" || fail "the TLS switch did not start"
+curl -sf --cacert "$work/tls/ca.pem" "https://$TLS_ADMIN/metrics" >>"$work/metrics.txt" \
+    || fail "no scrape from the TLS switch's https://$TLS_ADMIN/metrics"
 
 names=$(python3 scripts/checks/lib/promql_names.py "$work/metrics.txt" deploy/grafana/isoswitch.json \
     deploy/prometheus/alerts.yml "$work/dashboard-rules.yml") || fail "$names"

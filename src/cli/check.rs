@@ -16,6 +16,10 @@ pub fn run(path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Err(e) = check_tls(&cfg) {
+        eprintln!("isoswitch: {}: {e}", path.display());
+        return ExitCode::FAILURE;
+    }
     match toml::to_string_pretty(&cfg.effective()) {
         Ok(text) => println!("{text}"),
         Err(e) => {
@@ -34,4 +38,34 @@ pub fn run(path: &Path) -> ExitCode {
         Err(e) => eprintln!("warning: cannot read the open-file limit: {e}"),
     }
     ExitCode::SUCCESS
+}
+
+/// Reads every certificate and key the `tls` tables name, as `run` will;
+/// warns of a certificate with less than 14 days left.
+fn check_tls(cfg: &Config) -> Result<(), crate::config::tls::TlsError> {
+    let mut services = Vec::new();
+    for (i, svc) in cfg.services.iter().enumerate() {
+        services.push((svc.name.as_str(), crate::tls::ServiceTls::load(svc, i)?));
+    }
+    let admin = match cfg.admin.as_ref().and_then(|a| a.tls.as_ref()) {
+        Some(t) => Some(crate::tls::AdminTls {
+            side: crate::tls::ServerSide::load(t, crate::config::tls::ADMIN_KEY)?,
+            handshakes: Default::default(),
+        }),
+        None => None,
+    };
+    let certs = crate::tls::cert_statuses(
+        services.iter().map(|(name, tls)| (*name, tls)),
+        admin.as_ref(),
+    );
+    for c in certs.iter().filter(|c| c.expires_in_s < 14 * 86_400) {
+        eprintln!(
+            "warning: {} ({}): {} expires in {} days",
+            c.key,
+            c.file,
+            c.subject,
+            c.expires_in_s.div_euclid(86_400)
+        );
+    }
+    Ok(())
 }

@@ -1,7 +1,11 @@
 //! `isoswitch ctl`: the admin API from a shell. Tables for people, `--json`
-//! for scripts. The token comes from `ISOSWITCH_ADMIN_TOKEN`.
+//! for scripts. The token comes from `ISOSWITCH_ADMIN_TOKEN`. An
+//! `https://` admin URL is reached over TLS, verified against `--tls-ca`
+//! (with `--tls-cert`/`--tls-key` where the admin wants client
+//! certificates).
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -12,7 +16,7 @@ use crate::ops::status::{ConnectionView, Status};
 
 #[derive(Debug, clap::Args)]
 pub struct CtlArgs {
-    /// The admin listener.
+    /// The admin listener: `http://HOST:PORT` or `https://HOST:PORT`.
     #[arg(long, default_value = "http://127.0.0.1:9090")]
     pub admin: String,
     /// Print the API's JSON instead of a table.
@@ -24,6 +28,10 @@ pub struct CtlArgs {
     pub token: Option<String>,
     #[command(subcommand)]
     pub command: CtlCommand,
+    /// For an `https://` admin: --tls-ca, and --tls-cert/--tls-key for a
+    /// client certificate; --tls-server-name defaults to the URL's host.
+    #[command(flatten)]
+    pub tls: crate::sim::tls::TlsFlags,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -96,8 +104,10 @@ pub enum SafAction {
 /// An HTTP error or an unreachable admin listener.
 #[derive(Debug, thiserror::Error)]
 pub enum CtlError {
-    #[error("--admin {0}: expected http://HOST:PORT")]
+    #[error("--admin {0}: expected http://HOST:PORT or https://HOST:PORT")]
     BadUrl(String),
+    #[error("--admin {0}: https needs --tls-ca (the CA of the admin's certificate)")]
+    NoCa(String),
     #[error("{0}")]
     Io(String),
     #[error("HTTP {status}: {body}")]
@@ -114,14 +124,53 @@ pub async fn request(
     token: Option<&str>,
     body: Option<String>,
 ) -> Result<(u16, String), CtlError> {
-    let authority = admin
-        .strip_prefix("http://")
-        .map(|a| a.trim_end_matches('/'))
-        .filter(|a| !a.is_empty() && !a.contains('/'))
-        .ok_or_else(|| CtlError::BadUrl(admin.to_string()))?;
-    let stream = tokio::net::TcpStream::connect(authority)
+    request_tls(admin, None, method, path, token, body).await
+}
+
+/// The host:port of an admin URL, and whether it is `https`.
+fn authority(admin: &str) -> Result<(&str, bool), CtlError> {
+    let (rest, https) = match admin.strip_prefix("https://") {
+        Some(rest) => (rest, true),
+        None => (admin.strip_prefix("http://").unwrap_or("/"), false),
+    };
+    let a = rest.trim_end_matches('/');
+    if a.is_empty() || a.contains('/') {
+        return Err(CtlError::BadUrl(admin.to_string()));
+    }
+    Ok((a, https))
+}
+
+/// The host of `host:port` (`[v6]:port` too), the name a TLS admin's
+/// certificate must carry unless --tls-server-name says otherwise.
+fn host_of(authority: &str) -> &str {
+    let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// [`request`] over TLS when `admin` is `https://` (`tls` then required).
+pub async fn request_tls(
+    admin: &str,
+    tls: Option<&crate::sim::tls::Connector>,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<String>,
+) -> Result<(u16, String), CtlError> {
+    let (authority, https) = authority(admin)?;
+    let tcp = tokio::net::TcpStream::connect(authority)
         .await
         .map_err(|e| CtlError::Io(format!("{admin}: {e}")))?;
+    let tls = match (https, tls) {
+        (false, _) => None,
+        (true, Some(t)) => Some(t),
+        (true, None) => return Err(CtlError::NoCa(admin.to_string())),
+    };
+    let peer = tcp
+        .peer_addr()
+        .map_err(|e| CtlError::Io(format!("{admin}: {e}")))?;
+    let stream = crate::sim::tls::secure_connect(tls, tcp, peer)
+        .await
+        .map_err(|e| CtlError::Io(format!("{admin}: TLS: {e}")))?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| CtlError::Io(e.to_string()))?;
@@ -219,7 +268,10 @@ pub async fn execute(args: &CtlArgs) -> Result<String, CtlError> {
         CtlCommand::Health { ready: false } => ("GET", "/healthz".to_string(), None),
         CtlCommand::Health { ready: true } => ("GET", "/readyz".to_string(), None),
     };
-    let (status, text) = request(&args.admin, method, &path, args.token.as_deref(), body).await?;
+    let tls = connector(args)?;
+    let token = args.token.as_deref();
+    let (status, text) =
+        request_tls(&args.admin, tls.as_deref(), method, &path, token, body).await?;
     if !(200..300).contains(&status) {
         return Err(CtlError::Status { status, body: text });
     }
@@ -332,6 +384,23 @@ fn saf_table(rows: &[SafEntryView]) -> String {
 }
 
 /// The status as a table, one block per service.
+/// The TLS client of an `https://` admin URL: the flags, the server name
+/// defaulting to the URL's host.
+fn connector(args: &CtlArgs) -> Result<Option<Arc<crate::sim::tls::Connector>>, CtlError> {
+    let (authority, https) = authority(&args.admin)?;
+    if !https {
+        return Ok(None);
+    }
+    let mut flags = args.tls.clone();
+    if flags.tls_ca.is_none() {
+        return Err(CtlError::NoCa(args.admin.clone()));
+    }
+    if flags.tls_server_name.is_none() {
+        flags.tls_server_name = Some(host_of(authority).to_string());
+    }
+    flags.client().map_err(CtlError::Usage)
+}
+
 pub fn status_table(status: &Status) -> String {
     let mut out = String::new();
     for s in &status.services {
@@ -405,12 +474,22 @@ pub fn status_table(status: &Status) -> String {
             ));
         }
     }
+    for c in &status.tls {
+        out.push_str(&format!(
+            "tls {} {}: {} expires in {}d ({})\n",
+            c.service,
+            c.link,
+            c.subject,
+            c.expires_in_s.div_euclid(86_400),
+            c.key
+        ));
+    }
     out
 }
 
 fn conns_table(conns: &[ConnectionView]) -> String {
     let mut out = format!(
-        "{:>6} {:<8} {:<9} {:<5} {:<21} {:<21} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+        "{:>6} {:<8} {:<9} {:<5} {:<21} {:<21} {:>9} {:>9} {:>9} {:>9} {:>9} {}\n",
         "ID",
         "SERVICE",
         "KIND",
@@ -421,11 +500,12 @@ fn conns_table(conns: &[ConnectionView]) -> String {
         "MSGS-IN",
         "MSGS-OUT",
         "IN-FLIGHT",
-        "IDLE-MS"
+        "IDLE-MS",
+        "TLS"
     );
     for c in conns {
         out.push_str(&format!(
-            "{:>6} {:<8} {:<9} {:<5} {:<21} {:<21} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+            "{:>6} {:<8} {:<9} {:<5} {:<21} {:<21} {:>9} {:>9} {:>9} {:>9} {:>9} {}\n",
             c.id,
             c.service,
             c.kind,
@@ -437,7 +517,18 @@ fn conns_table(conns: &[ConnectionView]) -> String {
             c.messages_out,
             c.in_flight
                 .map_or_else(|| "-".to_string(), |n| n.to_string()),
-            c.idle_ms
+            c.idle_ms,
+            c.tls.as_ref().map_or_else(
+                || "-".to_string(),
+                |t| format!(
+                    "{} {} {}",
+                    t.version,
+                    t.cipher,
+                    t.peer_subject
+                        .as_deref()
+                        .unwrap_or("(no client certificate)")
+                )
+            )
         ));
     }
     out

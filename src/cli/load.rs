@@ -70,6 +70,10 @@ pub struct LoadArgs {
     /// paper uses 4). `--in-flight` and `--rate` are ignored.
     #[arg(long)]
     pub requests_per_round: Option<usize>,
+    /// Connect over TLS: --tls-ca, and --tls-cert/--tls-key for a client
+    /// certificate (the ATM profile then pays a full handshake per request).
+    #[command(flatten)]
+    pub tls: crate::sim::tls::TlsFlags,
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
@@ -135,6 +139,7 @@ async fn drive(spec: Arc<Spec>, args: &LoadArgs) -> Result<LoadReport, String> {
     cfg.connection_per_request = args.connection_per_request;
     cfg.think = args.think;
     cfg.requests_per_round = args.requests_per_round;
+    cfg.tls = args.tls.client().map_err(|e| e.to_string())?;
     let counters = Arc::new(LoadCounters::default());
     let bar = progress_bar(
         args.quiet || !std::io::stderr().is_terminal(),

@@ -132,6 +132,10 @@ pub enum SimCommand {
         /// Print the final counters as one JSON object.
         #[arg(long)]
         json: bool,
+        /// Accept TLS (--tls-cert, --tls-key; --tls-ca requires client
+        /// certificates).
+        #[command(flatten)]
+        tls: crate::sim::tls::TlsFlags,
     },
     /// A POS network controller: terminals over uplinks, checking every answer.
     Nac {
@@ -165,6 +169,9 @@ pub enum SimCommand {
         /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
+        /// Connect over TLS (--tls-ca; --tls-cert/--tls-key for mutual TLS).
+        #[command(flatten)]
+        tls: crate::sim::tls::TlsFlags,
     },
     /// UnionPay on a simplex link set: accepts the switch's out links, opens
     /// in links to it, answers member requests and originates its own.
@@ -237,6 +244,11 @@ pub enum SimCommand {
         /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
+        /// TLS on both directions: --tls-cert/--tls-key presented to the
+        /// switch's out links and on the in links, --tls-ca verifying the
+        /// switch (and requiring its client certificate on out links).
+        #[command(flatten)]
+        tls: crate::sim::tls::TlsFlags,
     },
     /// VISA on BASE I duplex links: takes (or dials) the bank's links, signs
     /// on, answers the bank's requests on another link, sends its own.
@@ -323,7 +335,12 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             ignore_reversals,
             key_request_every,
             json,
+            tls,
         } => {
+            let tls = match tls.server() {
+                Ok(t) => t,
+                Err(e) => return fail(e),
+            };
             let spec = match resolve_spec(&spec) {
                 Ok(s) => s,
                 Err(code) => return code,
@@ -370,7 +387,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             runtime(async move {
                 let opts = crate::sim::node::NodeOptions { no_key };
                 let node =
-                    crate::sim::node::NodeSim::start_financial(listen, spec, cfg, opts, finance)
+                    crate::sim::node::NodeSim::start_tls(listen, spec, cfg, opts, finance, tls)
                         .await
                         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
                 eprintln!("sim node listening on {}", node.addr);
@@ -422,7 +439,12 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             advice_repeats,
             sign_in_every,
             json,
+            tls,
         } => {
+            let tls = match tls.client() {
+                Ok(t) => t,
+                Err(e) => return fail(e),
+            };
             let spec = match resolve_spec(&spec) {
                 Ok(s) => s,
                 Err(code) => return code,
@@ -449,7 +471,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             };
             runtime(async move {
                 let counters = Arc::new(crate::sim::nac::NacCounters::default());
-                let report = crate::sim::nac::run_mixed(spec, cfg, traffic, counters)
+                let report = crate::sim::nac::run_tls(spec, cfg, traffic, counters, tls)
                     .await
                     .map_err(|e| format!("cannot connect to {connect}: {e}"))?;
                 print_report(&report, json);
@@ -485,7 +507,12 @@ fn run_sim(sim: SimCommand) -> ExitCode {
             advice_repeats,
             key_reset_every,
             json,
+            tls,
         } => {
+            let tls = match tls.both() {
+                Ok(t) => t,
+                Err(e) => return fail(e),
+            };
             let spec = match resolve_spec(&spec) {
                 Ok(s) => s,
                 Err(code) => return code,
@@ -533,6 +560,7 @@ fn run_sim(sim: SimCommand) -> ExitCode {
                 advice_mtis,
                 advice_repeats,
                 key_reset_every,
+                tls,
                 ..crate::sim::cups::CupsSimConfig::new(accept, connect, links)
             };
             runtime(async move {

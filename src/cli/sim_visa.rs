@@ -55,6 +55,11 @@ pub struct SimVisaArgs {
     /// Print the report as one JSON object instead of a summary line.
     #[arg(long)]
     pub json: bool,
+    /// TLS on the links: --tls-cert/--tls-key (and --tls-ca to require the
+    /// bank's certificate) with --accept; --tls-ca (and a client
+    /// certificate) with --connect.
+    #[command(flatten)]
+    pub tls: crate::sim::tls::TlsFlags,
 }
 
 pub fn run(args: SimVisaArgs) -> ExitCode {
@@ -81,7 +86,22 @@ pub fn run(args: SimVisaArgs) -> ExitCode {
         (None, Some(c)) => Dial::Connect(c),
         (None, None) => return super::fail("one of --accept or --connect is needed".into()),
     };
+    let tls = match &dial {
+        Dial::Accept(_) => args.tls.server().map(|server| crate::sim::tls::SimTls {
+            server,
+            client: None,
+        }),
+        Dial::Connect(_) => args.tls.client().map(|client| crate::sim::tls::SimTls {
+            server: None,
+            client,
+        }),
+    };
+    let tls = match tls {
+        Ok(t) => t,
+        Err(e) => return super::fail(e),
+    };
     let cfg = VisaSimConfig {
+        tls,
         rate: args.rate,
         count: args.count,
         mtis,

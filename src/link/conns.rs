@@ -51,6 +51,8 @@ pub struct ConnEntry {
     in_flight: OnceLock<Arc<InFlightLimit>>,
     /// The service's totals, which outlive the connection.
     totals: Arc<Traffic>,
+    /// What TLS negotiated, on a TLS link.
+    tls: OnceLock<crate::tls::TlsInfo>,
 }
 
 /// Bytes and messages a service moved, over every connection it ever had.
@@ -99,6 +101,16 @@ impl ConnEntry {
     /// Shows a client connection's in-flight share in the table.
     pub fn track_in_flight(&self, limit: &Arc<InFlightLimit>) {
         let _ = self.in_flight.set(Arc::clone(limit));
+    }
+
+    /// Records what the link's TLS handshake negotiated.
+    pub fn set_tls(&self, info: crate::tls::TlsInfo) {
+        let _ = self.tls.set(info);
+    }
+
+    /// What TLS negotiated; `None` on a plain link.
+    pub fn tls(&self) -> Option<&crate::tls::TlsInfo> {
+        self.tls.get()
     }
 
     /// Requests in flight from this client (`None` for other links).
@@ -162,6 +174,7 @@ impl ConnTable {
             bytes_out: AtomicU64::new(0),
             in_flight: OnceLock::new(),
             totals: Arc::clone(&self.traffic),
+            tls: OnceLock::new(),
         });
         self.lock().insert(id, Arc::clone(&entry));
         Registered {

@@ -238,6 +238,17 @@ async fn serve_client(
         .register(conn, ConnKind::Client, None, peer, local);
     let _ = stream.set_nodelay(true);
     let tap = service.links.tap(&stream, Opened::ByPeer);
+    let Some(stream) = super::secure::accept(
+        &service,
+        service.links.tls.front.as_ref(),
+        stream,
+        peer,
+        Some(&registered.entry),
+    )
+    .await
+    else {
+        return;
+    };
     let (read, write) = stream.into_split();
     let read = Counted::new(
         Tapped::reader(read, &tap),

@@ -34,6 +34,8 @@ pub enum LogKind {
     AcceptFailed,
     /// A peer's in link refused (not allowed, or one too many).
     InLinkRefused,
+    /// A TLS handshake that failed.
+    TlsHandshake,
 }
 
 impl LogKind {
@@ -50,6 +52,7 @@ impl LogKind {
             LogKind::AdminAccept => "admin accept failure",
             LogKind::AcceptFailed => "accept failed",
             LogKind::InLinkRefused => "in link refused",
+            LogKind::TlsHandshake => "TLS handshake failure",
         }
     }
 }

@@ -33,9 +33,18 @@ pub async fn keep_connected(
         let attempt = tokio::time::timeout(back.connect_timeout, TcpStream::connect(addr)).await;
         match attempt {
             Ok(Ok(stream)) => {
-                backoff.reset();
                 let _ = stream.set_nodelay(true);
-                run_connection(&service, node, slot, stream, &mut shutdown).await;
+                let tls = service.links.tls.back.as_ref();
+                match super::secure::connect(&service, tls, stream, addr).await {
+                    Ok(link) => {
+                        backoff.reset();
+                        run_connection(&service, node, slot, link, &mut shutdown).await;
+                    }
+                    Err(why) => {
+                        let why = format!("TLS handshake failed: {}", why.as_str());
+                        connect_failed(&service, node, slot, &why);
+                    }
+                }
             }
             Ok(Err(e)) => connect_failed(&service, node, slot, &e.to_string()),
             Err(_) => connect_failed(&service, node, slot, "timed out"),
@@ -52,11 +61,11 @@ async fn run_connection(
     service: &Arc<Service>,
     node: usize,
     slot: usize,
-    stream: TcpStream,
+    stream: crate::tls::LinkStream,
     shutdown: &mut watch::Receiver<bool>,
 ) {
     let id = service.links.next_conn_id();
-    let (peer, local) = (stream.peer_addr(), stream.local_addr());
+    let (peer, local) = (stream.tcp().peer_addr(), stream.tcp().local_addr());
     let registered = match (peer, local) {
         (Ok(p), Ok(l)) => Some(service.links.table.register(
             id,
@@ -67,7 +76,8 @@ async fn run_connection(
         )),
         _ => None,
     };
-    let tap = service.links.tap(&stream, Opened::BySwitch);
+    let tap = service.links.tap(stream.tcp(), Opened::BySwitch);
+    super::secure::show(&stream, registered.as_ref().map(|r| &*r.entry));
     let (read, write) = stream.into_split();
     let entry = registered.as_ref().map(|r| Arc::clone(&r.entry));
     let read = super::conns::Counted::new(Tapped::reader(read, &tap), entry.clone());

@@ -148,7 +148,11 @@ async fn keep_out_link(
     while !*shutdown.borrow() {
         let connect =
             tokio::time::timeout(front.connect_timeout, TcpStream::connect(front.connect)).await;
-        if let Ok(Ok(stream)) = connect {
+        let secured = match connect {
+            Ok(Ok(stream)) => out_link_handshake(&service, &front, link, stream).await,
+            _ => None,
+        };
+        if let Some(stream) = secured {
             backoff.reset();
             rebuild_rx.mark_unchanged();
             let why = run_out_link(
@@ -201,20 +205,50 @@ impl OutLinkEnd {
     }
 }
 
+/// The TLS handshake of an out link when the front has a `tls` table; a
+/// failure is counted and logged (rate-limited), and the link retries.
+async fn out_link_handshake(
+    service: &Service,
+    front: &LinkSet,
+    link: usize,
+    stream: TcpStream,
+) -> Option<crate::tls::LinkStream> {
+    let _ = stream.set_nodelay(true);
+    let tls = service.links.tls.out_links.as_ref();
+    match super::secure::connect(service, tls, stream, front.connect).await {
+        Ok(s) => Some(s),
+        Err(why) => {
+            if service.links.log_limit.allow(
+                LogKind::TlsHandshake,
+                LogPeer::Ip(front.connect.ip()),
+                Instant::now(),
+            ) {
+                tracing::warn!(
+                    service = service.name(),
+                    link,
+                    reason = why.as_str(),
+                    "out link TLS handshake failed"
+                );
+            }
+            None
+        }
+    }
+}
+
 async fn run_out_link(
     service: &Arc<Service>,
     front: &LinkSet,
     link: usize,
-    stream: TcpStream,
+    stream: crate::tls::LinkStream,
     rebuild: &mut watch::Receiver<u64>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> OutLinkEnd {
     let Some(links) = out_links(service) else {
         return OutLinkEnd::Shutdown;
     };
-    let _ = stream.set_nodelay(true);
-    let registered = register_link(service, &stream, super::conns::ConnKind::OutLink);
-    let tap = service.links.tap(&stream, Opened::BySwitch);
+    let registered = register_link(service, stream.tcp(), super::conns::ConnKind::OutLink);
+    let tap = service.links.tap(stream.tcp(), Opened::BySwitch);
+    super::secure::show(&stream, registered.as_ref().map(|r| &*r.entry));
     let (read, write) = stream.into_split();
     let entry = registered.as_ref().map(|r| Arc::clone(&r.entry));
     let read = super::conns::Counted::new(Tapped::reader(read, &tap), entry.clone());
@@ -494,9 +528,24 @@ async fn run_in_link(
     let prefix = service.spec().framing().prefix;
     let registered = register_link(service, &stream, super::conns::ConnKind::InLink);
     let tap = service.links.tap(&stream, Opened::ByPeer);
+    let peer = stream.peer_addr().unwrap_or(front.listen);
+    let Some(stream) = super::secure::accept(
+        service,
+        service.links.tls.in_links.as_ref(),
+        stream,
+        peer,
+        registered.as_ref().map(|r| &*r.entry),
+    )
+    .await
+    else {
+        return "TLS handshake failed".into();
+    };
+    // The switch never writes on an in link; the write half is held, not
+    // dropped: dropping a plain one would send the peer a FIN.
+    let (read, _held_write) = stream.into_split();
     let entry = registered.as_ref().map(|r| Arc::clone(&r.entry));
     let mut frames = FramedRead::new(
-        super::conns::Counted::new(Tapped::reader(stream, &tap), entry),
+        super::conns::Counted::new(Tapped::reader(read, &tap), entry),
         FrameCodec::new(prefix, service.spec().framing().max_frame),
     );
     let mut timer = ReadTimer::new(

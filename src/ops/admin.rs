@@ -72,6 +72,8 @@ pub enum AdminError {
         "admin.token_file: set a token of at least 16 characters there, in the systemd credential {TOKEN_CREDENTIAL} or in {TOKEN_ENV}"
     )]
     NoToken,
+    #[error("{0}")]
+    Tls(#[from] crate::config::tls::TlsError),
     #[error("admin.listen: {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -130,6 +132,18 @@ pub async fn start(cfg: &AdminConfig, switch: SwitchHandle) -> Result<SocketAddr
         addr: cfg.listen,
         source,
     };
+    let tls = match &cfg.tls {
+        Some(t) => {
+            let side = crate::tls::ServerSide::load(t, crate::config::tls::ADMIN_KEY)?;
+            let tls = Arc::new(crate::tls::AdminTls {
+                side,
+                handshakes: crate::tls::Handshakes::default(),
+            });
+            let _ = switch.admin_tls.set(Arc::clone(&tls));
+            Some(tls)
+        }
+        None => None,
+    };
     let listener = admin_serve::bind(cfg.listen).await.map_err(bind_error)?;
     let addr = listener.local_addr().map_err(bind_error)?;
     let limits = Limits::of(cfg);
@@ -151,6 +165,7 @@ pub async fn start(cfg: &AdminConfig, switch: SwitchHandle) -> Result<SocketAddr
             app.clone(),
             limits,
             Arc::clone(&log_limit),
+            tls.clone(),
             root.child_token(),
         );
         async move {

@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::AdminConfig;
 use crate::link::log_limit::{LogKind, LogLimit, LogPeer};
+use crate::tls::{AdminTls, Side};
 
 /// Connections that may wait in the kernel's accept queue while the
 /// listener is at its cap (they hold no descriptor of the switch).
@@ -82,6 +83,7 @@ pub fn spawn_thread(
     app: Router,
     limits: Limits,
     log_limit: Arc<LogLimit>,
+    tls: Option<Arc<AdminTls>>,
     stop: CancellationToken,
 ) -> io::Result<impl Future<Output = ()> + Send + use<>> {
     let listener = listener.try_clone()?;
@@ -102,7 +104,7 @@ pub fn spawn_thread(
                     return;
                 }
             };
-            rt.block_on(serve(listener, app, limits, log_limit, thread_stop));
+            rt.block_on(serve(listener, app, limits, log_limit, tls, thread_stop));
             // Dropping the runtime cuts every admin connection still open.
             rt.shutdown_background();
         })?;
@@ -120,6 +122,7 @@ async fn serve(
     app: Router,
     limits: Limits,
     log_limit: Arc<LogLimit>,
+    tls: Option<Arc<AdminTls>>,
     stop: CancellationToken,
 ) {
     let listener = match TcpListener::from_std(listener) {
@@ -152,8 +155,17 @@ async fn serve(
         match accepted {
             Ok((stream, peer)) => {
                 let app = app.clone();
+                let (tls, log_limit) = (tls.clone(), Arc::clone(&log_limit));
                 tokio::spawn(async move {
-                    serve_connection(stream, peer, app, limits).await;
+                    let _ = stream.set_nodelay(true);
+                    match tls {
+                        None => serve_connection(stream, peer, app, limits).await,
+                        Some(tls) => {
+                            if let Some(s) = handshake(&tls, &log_limit, stream, peer).await {
+                                serve_connection(s, peer, app, limits).await;
+                            }
+                        }
+                    }
                     drop(slot);
                 });
             }
@@ -172,9 +184,32 @@ async fn serve(
     }
 }
 
+/// The HTTPS handshake of an admin client; a failure is counted and
+/// logged (rate-limited).
+async fn handshake(
+    tls: &AdminTls,
+    log_limit: &LogLimit,
+    stream: TcpStream,
+    peer: SocketAddr,
+) -> Option<crate::tls::TlsTcp> {
+    match tls.side.accept(stream).await {
+        Ok(s) => {
+            tls.handshakes.succeeded(Side::Accept);
+            Some(s)
+        }
+        Err(why) => {
+            let (h, side) = (&tls.handshakes, Side::Accept);
+            crate::tls::handshake_failed("admin", h, log_limit, side, peer, why);
+            None
+        }
+    }
+}
+
 /// One connection, HTTP/1.1 with keep-alive, under `limits`.
-async fn serve_connection(stream: TcpStream, peer: SocketAddr, app: Router, limits: Limits) {
-    let _ = stream.set_nodelay(true);
+async fn serve_connection<S>(stream: S, peer: SocketAddr, app: Router, limits: Limits)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let io = TokioIo::new(WriteDeadline::new(stream, limits.request_timeout));
     let app = TowerToHyperService::new(app);
     let served = AtomicUsize::new(0);
@@ -204,14 +239,14 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, app: Router, limi
 
 /// A socket whose writes fail once they have made no progress for `limit`:
 /// a client that stops reading its answer cannot hold its connection slot.
-struct WriteDeadline {
-    stream: TcpStream,
+struct WriteDeadline<S> {
+    stream: S,
     limit: Duration,
     stalled: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-impl WriteDeadline {
-    fn new(stream: TcpStream, limit: Duration) -> WriteDeadline {
+impl<S: AsyncRead + AsyncWrite + Unpin> WriteDeadline<S> {
+    fn new(stream: S, limit: Duration) -> WriteDeadline<S> {
         WriteDeadline {
             stream,
             limit,
@@ -245,7 +280,7 @@ impl WriteDeadline {
     }
 }
 
-impl AsyncRead for WriteDeadline {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WriteDeadline<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -255,7 +290,7 @@ impl AsyncRead for WriteDeadline {
     }
 }
 
-impl AsyncWrite for WriteDeadline {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WriteDeadline<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

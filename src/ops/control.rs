@@ -36,6 +36,8 @@ pub struct SwitchHandle {
     pub(crate) removing: Arc<Mutex<HashSet<(String, usize)>>>,
     /// The store-and-forward queue, when there is a store.
     pub saf: Option<Arc<super::saf::SafView>>,
+    /// The admin listener's TLS, once it serves HTTPS (reload re-reads it).
+    pub admin_tls: Arc<std::sync::OnceLock<Arc<crate::tls::AdminTls>>>,
 }
 
 /// Why a control request was refused. Each maps to one HTTP status.

@@ -7,6 +7,8 @@
 //! it comes from the store, so it is read from the stats a task samples once
 //! a second ([`super::saf`]), never from the store at scrape time.
 
+mod tls;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -588,6 +590,7 @@ impl Collector for SwitchMetrics {
         }
         encode_integrity(&mut enc, &self.0)?;
         encode_saf(&mut enc, &self.0)?;
+        tls::encode(&mut enc, &self.0)?;
         let mut m = enc.encode_descriptor(
             "isoswitch_supervisor_restarts",
             "Critical tasks restarted after ending unexpectedly.",

@@ -176,6 +176,7 @@ mod tests {
         let page = render(&Status {
             services: vec![service(Some(queue)), service(None)],
             restarts: 0,
+            tls: Vec::new(),
         });
         assert!(
             page.contains("<tr class=\"down\" data-saf=\"pos&lt;1&gt;\"><td>pos&lt;1&gt;</td><td>4</td><td>3</td><td>1</td><td>61</td><td class=\"dead\">2</td>"),

@@ -134,6 +134,9 @@ async fn apply_under(
         .unwrap_or_else(|p| p.into_inner())
         .clone();
     check_live(&old, &new)?;
+    // Certificates and keys read again, all before any is used: a renewed
+    // file that does not load refuses the reload and changes nothing.
+    let certificates = reread_tls(handle)?;
     // Every service planned and checked before any is touched.
     let mut plans = Vec::with_capacity(new.services.len());
     for svc in &new.services {
@@ -155,6 +158,7 @@ async fn apply_under(
         plans.push((service, plan));
     }
     let mut report = ReloadReport::default();
+    install_tls(handle, certificates, &mut report);
     for (svc, (service, plan)) in new.services.iter().zip(plans) {
         apply_live_settings(&service, svc, &mut report);
         for step in plan.steps {
@@ -175,6 +179,48 @@ async fn apply_under(
     }
     tracing::info!(%report, "config reloaded");
     Ok(report)
+}
+
+/// Every service's and the admin's TLS files, read again.
+struct Certificates {
+    services: Vec<crate::tls::Reread>,
+    admin: Option<crate::config::tls::LoadedServer>,
+}
+
+fn reread_tls(handle: &SwitchHandle) -> Result<Certificates, ReloadError> {
+    let invalid = |e: crate::config::tls::TlsError| ReloadError::Invalid(e.to_string());
+    let services = handle
+        .services
+        .iter()
+        .map(|r| r.service.links.tls.reread())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(invalid)?;
+    let admin = match handle.admin_tls.get() {
+        Some(a) => Some(a.side.reread().map_err(invalid)?),
+        None => None,
+    };
+    Ok(Certificates { services, admin })
+}
+
+/// New connections from here on use the certificates read; links up keep
+/// the sessions they have.
+fn install_tls(handle: &SwitchHandle, certs: Certificates, report: &mut ReloadReport) {
+    let mut any = false;
+    for (r, reread) in handle.services.iter().zip(certs.services) {
+        any |= !r.service.links.tls.certs().is_empty()
+            || r.service.links.tls.back.is_some()
+            || r.service.links.tls.out_links.is_some();
+        r.service.links.tls.install(reread);
+    }
+    if let (Some(a), Some(loaded)) = (handle.admin_tls.get(), certs.admin) {
+        a.side.install(loaded);
+        any = true;
+    }
+    if any {
+        report
+            .changes
+            .push("TLS certificates and keys read again".into());
+    }
 }
 
 /// Refuses changes that need a restart, naming the first key that differs.

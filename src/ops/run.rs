@@ -113,7 +113,7 @@ impl Switch {
         let budget = client_budget(config);
         let mut services = Vec::new();
         let mut runtime = ReloadReport::default();
-        for svc in &config.services {
+        for (index, svc) in config.services.iter().enumerate() {
             let spec = svc.load_spec().map_err(|e| StartError::Service {
                 service: svc.name.clone(),
                 reason: e.to_string(),
@@ -125,6 +125,11 @@ impl Switch {
                 }
             })?;
             service.links.set_budget(Arc::clone(&budget));
+            service.links.tls =
+                crate::tls::ServiceTls::load(svc, index).map_err(|e| StartError::Service {
+                    service: svc.name.clone(),
+                    reason: e.to_string(),
+                })?;
             if let Some((store, owner, wake)) = &outbox {
                 service.made.set_saf(SafOutbox {
                     store: store.clone(),
@@ -203,6 +208,7 @@ impl Switch {
             control: Arc::new(tokio::sync::Mutex::new(store)),
             removing: Arc::default(),
             saf: saf_view,
+            admin_tls: Arc::default(),
         };
         let admin_addr = match &config.admin {
             Some(admin) => Some(

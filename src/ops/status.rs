@@ -21,6 +21,9 @@ pub struct Status {
     pub services: Vec<ServiceStatus>,
     /// Critical tasks restarted so far.
     pub restarts: u64,
+    /// The certificates the switch presents, with their expiry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tls: Vec<crate::tls::CertStatus>,
 }
 
 #[derive(Debug, Serialize, serde::Deserialize)]
@@ -131,6 +134,13 @@ pub fn status_of(switch: &SwitchHandle) -> Status {
     Status {
         services,
         restarts: switch.supervisor.restarts(),
+        tls: crate::tls::cert_statuses(
+            switch
+                .services
+                .iter()
+                .map(|r| (r.service.name(), &r.service.links.tls)),
+            switch.admin_tls.get().map(|a| &**a),
+        ),
     }
 }
 
@@ -251,6 +261,9 @@ pub struct ConnectionView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_flight: Option<usize>,
     pub idle_ms: u64,
+    /// What TLS negotiated; absent on a plain link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<crate::tls::TlsInfo>,
 }
 
 pub fn connections_of(switch: &SwitchHandle) -> Vec<ConnectionView> {
@@ -283,6 +296,7 @@ pub fn connections_of(switch: &SwitchHandle) -> Vec<ConnectionView> {
                     bytes_out: e.bytes_out(),
                     in_flight: e.in_flight(),
                     idle_ms: ms(e.idle(now)),
+                    tls: e.tls().cloned(),
                 })
         })
         .collect()

@@ -122,6 +122,8 @@ pub struct CupsSimConfig {
     pub advice_repeats: u32,
     /// Starts a key reset (`0800` F70 `101`) this often, for `duration`.
     pub key_reset_every: Option<Duration>,
+    /// TLS on both link directions (`--tls-*`); plain by default.
+    pub tls: super::tls::SimTls,
 }
 
 /// The MTI of UnionPay's advices unless told otherwise.
@@ -159,6 +161,7 @@ impl CupsSimConfig {
             advice_mtis: vec![ADVICE_MTI],
             advice_repeats: 3,
             key_reset_every: None,
+            tls: Default::default(),
         }
     }
 }

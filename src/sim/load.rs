@@ -85,6 +85,8 @@ pub struct LoadConfig {
     /// The paper's MBLB profile: each client sends this many requests at once
     /// on its long connection, waits for all their answers, thinks, repeats.
     pub requests_per_round: Option<usize>,
+    /// Connect over TLS (`--tls-*`); plain by default.
+    pub tls: Option<Arc<crate::sim::tls::Connector>>,
 }
 
 impl LoadConfig {
@@ -111,6 +113,7 @@ impl LoadConfig {
             connection_per_request: false,
             think: Duration::ZERO,
             requests_per_round: None,
+            tls: None,
         }
     }
 }
@@ -341,7 +344,10 @@ fn new_histogram() -> Result<Histogram<u64>, String> {
     Histogram::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())
 }
 
-pub(crate) async fn connect(cfg: &LoadConfig, target: SocketAddr) -> std::io::Result<TcpStream> {
+pub(crate) async fn connect(
+    cfg: &LoadConfig,
+    target: SocketAddr,
+) -> std::io::Result<crate::tls::LinkStream> {
     let stream = match cfg.bind_ip {
         None => TcpStream::connect(target).await?,
         Some(ip) => {
@@ -355,7 +361,7 @@ pub(crate) async fn connect(cfg: &LoadConfig, target: SocketAddr) -> std::io::Re
         }
     };
     stream.set_nodelay(true)?;
-    Ok(stream)
+    crate::sim::tls::secure_connect(cfg.tls.as_deref(), stream, target).await
 }
 
 fn templates(spec: &Spec, cfg: &LoadConfig) -> Result<Vec<Template>, String> {
@@ -385,7 +391,7 @@ fn templates(spec: &Spec, cfg: &LoadConfig) -> Result<Vec<Template>, String> {
 #[allow(clippy::too_many_arguments)]
 async fn run_client(
     client: usize,
-    stream: TcpStream,
+    stream: crate::tls::LinkStream,
     spec: Arc<Spec>,
     templates: Arc<Vec<Template>>,
     cfg: LoadConfig,
@@ -594,7 +600,7 @@ pub(crate) fn stan_value(raw: &[u8]) -> Option<u32> {
 
 pub(crate) async fn read_responses(
     spec: Arc<Spec>,
-    read: tokio::net::tcp::OwnedReadHalf,
+    read: crate::tls::LinkRead,
     waiting: Arc<Waiting>,
     counters: Arc<LoadCounters>,
     _until: Instant,

@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::FramedRead;
 
@@ -329,12 +328,22 @@ pub async fn run_mixed(
     traffic: NacTraffic,
     counters: Arc<NacCounters>,
 ) -> std::io::Result<NacReport> {
+    run_tls(spec, cfg, traffic, counters, None).await
+}
+
+/// [`run_mixed`], the uplinks over TLS when `tls` is given.
+pub async fn run_tls(
+    spec: Arc<Spec>,
+    cfg: NacSimConfig,
+    traffic: NacTraffic,
+    counters: Arc<NacCounters>,
+    tls: Option<Arc<super::tls::Connector>>,
+) -> std::io::Result<NacReport> {
     let templates = templates(&spec).map_err(std::io::Error::other)?;
     let mut uplinks = Vec::with_capacity(cfg.uplinks);
     let mut readers = tokio::task::JoinSet::new();
     for _ in 0..cfg.uplinks.max(1) {
-        let stream = TcpStream::connect(cfg.target).await?;
-        let _ = stream.set_nodelay(true);
+        let stream = super::tls::connect(tls.as_deref(), cfg.target).await?;
         let (read, write) = stream.into_split();
         let (tx, rx) = mpsc::channel(4096);
         tokio::spawn(run_writer(write, spec.framing().prefix, rx));
@@ -585,7 +594,7 @@ async fn sign_in(term: &mut Terminal, setup: &TerminalSetup) -> bool {
 
 async fn read_uplink(
     spec: Arc<Spec>,
-    read: tokio::net::tcp::OwnedReadHalf,
+    read: crate::tls::LinkRead,
     uplink: Arc<Uplink>,
     counters: Arc<Counters>,
 ) {

@@ -159,6 +159,8 @@ pub struct Originate {
 pub struct NodeSimStats {
     /// Connections accepted over the run.
     pub connections: AtomicU64,
+    /// Connections whose TLS handshake failed.
+    pub tls_refused: AtomicU64,
     /// Connections open now, and the most open at once.
     pub held: AtomicU64,
     pub peak_held: AtomicU64,
@@ -297,6 +299,18 @@ impl NodeSim {
         opts: NodeOptions,
         finance: Finance,
     ) -> std::io::Result<NodeSim> {
+        Self::start_tls(addr, spec, cfg, opts, finance, None).await
+    }
+
+    /// As [`NodeSim::start_financial`], accepting TLS when `tls` is given.
+    pub async fn start_tls(
+        addr: SocketAddr,
+        spec: Arc<Spec>,
+        cfg: NodeSimConfig,
+        opts: NodeOptions,
+        finance: Finance,
+        tls: Option<Arc<super::tls::Acceptor>>,
+    ) -> std::io::Result<NodeSim> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let stats = Arc::new(NodeSimStats::default());
@@ -315,6 +329,7 @@ impl NodeSim {
             key_requests: Mutex::new(HashMap::new()),
             stan_counter: AtomicU32::new(0),
             next_key_conn: AtomicUsize::new(0),
+            tls,
         });
         let task = tokio::spawn(accept_loop(listener, Arc::clone(&shared), rx));
         Ok(NodeSim {
@@ -357,6 +372,8 @@ struct Shared {
     stan_counter: AtomicU32,
     /// Round-robin cursor of key requests over the connections.
     next_key_conn: AtomicUsize,
+    /// Accept TLS (the handshake runs in each connection's task).
+    tls: Option<Arc<super::tls::Acceptor>>,
 }
 
 /// Answered requests remembered to classify repeats.
@@ -419,7 +436,14 @@ async fn serve_conn(
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let _ = stream.set_nodelay(true);
+    let stream = match super::tls::accept(shared.tls.as_deref(), stream).await {
+        Ok(s) => s,
+        Err(e) => {
+            shared.stats.tls_refused.fetch_add(1, Ordering::Relaxed);
+            eprintln!("sim node: TLS handshake failed: {e}");
+            return;
+        }
+    };
     let (read, write) = stream.into_split();
     let spec = &shared.spec;
     let prefix = spec.framing().prefix;

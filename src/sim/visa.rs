@@ -119,6 +119,9 @@ pub struct VisaSimConfig {
     /// Start with issuer requests held until [`VisaSim::resume`] (e.g. until
     /// the bank's nodes are up).
     pub paused: bool,
+    /// TLS on the links (`--tls-*`): as server when accepting, as client
+    /// when dialling; plain by default.
+    pub tls: super::tls::SimTls,
 }
 
 impl VisaSimConfig {
@@ -141,6 +144,7 @@ impl VisaSimConfig {
             answer_bank_requests: true,
             stamp: Some((10, 2)),
             paused: false,
+            tls: Default::default(),
         }
     }
 }

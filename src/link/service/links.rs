@@ -32,6 +32,9 @@ pub struct Links {
     draining: AtomicBool,
     /// Rate limits of per-message warnings, per peer.
     pub log_limit: LogLimit,
+    /// TLS of the front, the peer links and the node links (set before the
+    /// service starts; none by default).
+    pub tls: crate::tls::ServiceTls,
 }
 
 impl Default for Links {
@@ -43,6 +46,7 @@ impl Default for Links {
             capture: None,
             draining: AtomicBool::new(false),
             log_limit: LogLimit::new(LOG_LINES_PER_SECOND),
+            tls: crate::tls::ServiceTls::default(),
         }
     }
 }

@@ -283,9 +283,16 @@ async fn serve_out_link(
     stream: TcpStream,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let _ = stream.set_nodelay(true);
     // The switch instance this out link comes from.
     let from = stream.peer_addr().ok().map(|a| a.ip());
+    let stream = match crate::sim::tls::accept(shared.cfg.tls.server.as_deref(), stream).await {
+        Ok(s) => s,
+        Err(e) => {
+            shared.stats.tls_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %e, "sim cups: out link TLS handshake failed");
+            return;
+        }
+    };
     let id = shared.next_link_id.fetch_add(1, Ordering::Relaxed);
     let close = Arc::new(Notify::new());
     {
@@ -400,6 +407,18 @@ async fn serve_in_link(
     shutdown: &mut watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
+    let Ok(peer) = stream.peer_addr() else {
+        return;
+    };
+    let tls = shared.cfg.tls.client.as_deref();
+    let stream = match crate::sim::tls::secure_connect(tls, stream, peer).await {
+        Ok(s) => s,
+        Err(e) => {
+            shared.stats.tls_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %e, "sim cups: in link TLS handshake failed");
+            return;
+        }
+    };
     let (read, write) = stream.into_split();
     let framing = shared.spec.framing();
     let (tx, rx) = mpsc::channel(IN_LINK_QUEUE);

@@ -9,6 +9,8 @@ use crate::sim::peer::lock;
 /// Counters a test can read while the simulator runs.
 #[derive(Debug, Default)]
 pub struct CupsSimStats {
+    /// Links whose TLS handshake failed.
+    pub tls_refused: AtomicU64,
     /// Issuer requests written on an in link.
     pub sent: AtomicU64,
     /// Issuer requests not sent: no live in link, every queue full, or too many

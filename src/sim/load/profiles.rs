@@ -17,7 +17,6 @@ use bytes::BytesMut;
 use futures_util::StreamExt;
 use hdrhistogram::Histogram;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::FramedRead;
 
@@ -92,7 +91,7 @@ pub(crate) async fn run_atm(
 /// Connect → one request → its answer → close (the stream drops here).
 async fn one_request(
     spec: &Spec,
-    stream: TcpStream,
+    stream: crate::tls::LinkStream,
     out: &Outbound,
     stan: u32,
     cfg: &LoadConfig,
@@ -167,7 +166,7 @@ async fn one_request(
 pub(crate) async fn run_rounds(
     client: usize,
     per_round: usize,
-    stream: TcpStream,
+    stream: crate::tls::LinkStream,
     spec: Arc<Spec>,
     templates: Arc<Vec<Template>>,
     cfg: LoadConfig,

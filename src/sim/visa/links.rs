@@ -183,6 +183,20 @@ enum LinkEnd {
 /// stops: reads and dispatches frames; signs on, polls and echoes on time.
 async fn serve_link(shared: &Arc<Shared>, stream: TcpStream, shutdown: &mut watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
+    let tls = &shared.cfg.tls;
+    let secured = match shared.cfg.dial {
+        Dial::Accept(_) => crate::sim::tls::accept(tls.server.as_deref(), stream).await,
+        Dial::Connect(addr) => {
+            crate::sim::tls::secure_connect(tls.client.as_deref(), stream, addr).await
+        }
+    };
+    let stream = match secured {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "sim visa: TLS handshake failed");
+            return;
+        }
+    };
     let (read, write) = stream.into_split();
     let framing = shared.spec.framing();
     let (tx, rx) = mpsc::channel(LINK_QUEUE);

@@ -1,0 +1,75 @@
+//! The TLS step of a link's setup, when its kind has a `tls` table: the
+//! handshake, its failure counted and logged, what it negotiated shown in
+//! the connection table. Without a table the TCP stream passes as it is.
+
+use std::net::SocketAddr;
+
+use tokio::net::TcpStream;
+
+use super::conns::ConnEntry;
+use super::service::Service;
+use crate::tls::{ClientSide, Failure, LinkStream, ServerSide, Side, TlsInfo};
+
+/// The server handshake of an accepted link; `None` when it failed (counted
+/// and logged: the caller just closes).
+pub(super) async fn accept(
+    service: &Service,
+    side: Option<&ServerSide>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    entry: Option<&ConnEntry>,
+) -> Option<LinkStream> {
+    let Some(side) = side else {
+        return Some(LinkStream::Plain(tcp));
+    };
+    match side.accept(tcp).await {
+        Ok(s) => {
+            service.links.tls.handshakes.succeeded(Side::Accept);
+            if let Some(e) = entry {
+                e.set_tls(TlsInfo::of(&s));
+            }
+            Some(LinkStream::Tls(Box::new(s)))
+        }
+        Err(why) => {
+            crate::tls::handshake_failed(
+                service.name(),
+                &service.links.tls.handshakes,
+                &service.links.log_limit,
+                Side::Accept,
+                peer,
+                why,
+            );
+            None
+        }
+    }
+}
+
+/// The client handshake of a link the switch opened. A failure is counted
+/// here; the caller logs it with its other connect failures.
+pub(super) async fn connect(
+    service: &Service,
+    side: Option<&ClientSide>,
+    tcp: TcpStream,
+    addr: SocketAddr,
+) -> Result<LinkStream, Failure> {
+    let Some(side) = side else {
+        return Ok(LinkStream::Plain(tcp));
+    };
+    match side.connect(tcp, addr).await {
+        Ok(s) => {
+            service.links.tls.handshakes.succeeded(Side::Connect);
+            Ok(LinkStream::Tls(Box::new(s)))
+        }
+        Err(why) => {
+            service.links.tls.handshakes.failed(Side::Connect, why);
+            Err(why)
+        }
+    }
+}
+
+/// Shows a connected link's TLS in its connection table entry.
+pub(super) fn show(stream: &LinkStream, entry: Option<&ConnEntry>) {
+    if let (LinkStream::Tls(s), Some(e)) = (stream, entry) {
+        e.set_tls(TlsInfo::of(s));
+    }
+}

@@ -1,0 +1,168 @@
+//! TLS for the simulators and tools: the `--tls-*` flags, and the handshake
+//! on a connection a simulator opens or accepts. The files are read with
+//! the switch's loader (`config::tls`), errors naming the flag; the link
+//! code is the simulators' own.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rustls_pki_types::ServerName;
+use tokio::net::TcpStream;
+
+use crate::config::tls::{TlsClient, TlsServer, TlsVersion};
+use crate::tls::LinkStream;
+
+/// `--tls-ca`, `--tls-cert`, `--tls-key`, `--tls-server-name`: TLS is on
+/// when any is given.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct TlsFlags {
+    /// PEM CA the other side's certificate must chain to. Where this tool
+    /// accepts, clients must then present a certificate it signed.
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM certificate chain this tool presents (needed where it accepts).
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    /// Name the server's certificate must carry (default: the IP connected to).
+    #[arg(long)]
+    pub tls_server_name: Option<String>,
+}
+
+impl TlsFlags {
+    fn any(&self) -> bool {
+        self.tls_ca.is_some()
+            || self.tls_cert.is_some()
+            || self.tls_key.is_some()
+            || self.tls_server_name.is_some()
+    }
+
+    /// The client side, when TLS is on.
+    pub fn client(&self) -> Result<Option<Arc<Connector>>, String> {
+        if !self.any() {
+            return Ok(None);
+        }
+        let ca = self
+            .tls_ca
+            .clone()
+            .ok_or("--tls-ca: needed to verify the server")?;
+        let table = TlsClient {
+            ca,
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            server_name: self.tls_server_name.clone(),
+            min_version: TlsVersion::V1_2,
+            handshake_timeout: std::time::Duration::from_secs(10),
+        };
+        let loaded = table.load("--tls").map_err(|e| e.to_string())?;
+        Ok(Some(Arc::new(Connector {
+            connector: tokio_rustls::TlsConnector::from(loaded.config),
+            name: loaded.server_name,
+        })))
+    }
+
+    /// The server side, when TLS is on.
+    pub fn server(&self) -> Result<Option<Arc<Acceptor>>, String> {
+        if !self.any() {
+            return Ok(None);
+        }
+        let (Some(cert), Some(key)) = (self.tls_cert.clone(), self.tls_key.clone()) else {
+            return Err("--tls-cert and --tls-key: needed to accept TLS".into());
+        };
+        let table = TlsServer {
+            cert,
+            key,
+            client_ca: self.tls_ca.clone(),
+            client_names: Vec::new(),
+            min_version: TlsVersion::V1_2,
+            handshake_timeout: std::time::Duration::from_secs(10),
+        };
+        let loaded = table.load("--tls").map_err(|e| e.to_string())?;
+        Ok(Some(Arc::new(Acceptor(tokio_rustls::TlsAcceptor::from(
+            loaded.config,
+        )))))
+    }
+}
+
+/// Both sides, for a simulator that accepts and connects (UnionPay: the
+/// switch's out links come in, its in links go out).
+#[derive(Clone, Debug, Default)]
+pub struct SimTls {
+    pub server: Option<Arc<Acceptor>>,
+    pub client: Option<Arc<Connector>>,
+}
+
+impl TlsFlags {
+    /// Both sides from one set of flags: --tls-cert/--tls-key are presented
+    /// either way, --tls-ca verifies the switch either way.
+    pub fn both(&self) -> Result<SimTls, String> {
+        Ok(SimTls {
+            server: self.server()?,
+            client: self.client()?,
+        })
+    }
+}
+
+/// A simulator's client handshake.
+pub struct Connector {
+    connector: tokio_rustls::TlsConnector,
+    name: Option<ServerName<'static>>,
+}
+
+/// A simulator's server handshake.
+pub struct Acceptor(tokio_rustls::TlsAcceptor);
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Connector")
+    }
+}
+
+impl std::fmt::Debug for Acceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Acceptor")
+    }
+}
+
+/// Connects to `addr` (TCP, no delay), with the handshake when `tls` is on.
+pub async fn connect(tls: Option<&Connector>, addr: SocketAddr) -> std::io::Result<LinkStream> {
+    let tcp = TcpStream::connect(addr).await?;
+    let _ = tcp.set_nodelay(true);
+    secure_connect(tls, tcp, addr).await
+}
+
+/// The client handshake on a connected stream, when `tls` is on.
+pub async fn secure_connect(
+    tls: Option<&Connector>,
+    tcp: TcpStream,
+    addr: SocketAddr,
+) -> std::io::Result<LinkStream> {
+    let Some(c) = tls else {
+        return Ok(LinkStream::Plain(tcp));
+    };
+    let name = c
+        .name
+        .clone()
+        .unwrap_or_else(|| ServerName::IpAddress(addr.ip().into()));
+    let s = c.connector.connect(name, tcp).await?;
+    Ok(LinkStream::Tls(Box::new(s.into())))
+}
+
+/// The server handshake on an accepted stream, when `tls` is on.
+pub async fn accept(tls: Option<&Acceptor>, tcp: TcpStream) -> std::io::Result<LinkStream> {
+    let _ = tcp.set_nodelay(true);
+    match tls {
+        None => Ok(LinkStream::Plain(tcp)),
+        Some(a) => {
+            let s = tokio::time::timeout(std::time::Duration::from_secs(10), a.0.accept(tcp))
+                .await
+                .map_err(|_| {
+                    std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake")
+                })??;
+            Ok(LinkStream::Tls(Box::new(s.into())))
+        }
+    }
+}
