@@ -18,7 +18,7 @@ pub mod oneconnect_pool;
 pub mod outlinks;
 pub mod pool;
 pub mod saf;
-mod secure;
+pub mod secure;
 pub mod service;
 pub mod share;
 pub mod simplex;

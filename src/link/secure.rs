@@ -31,7 +31,7 @@ pub(super) async fn accept(
             Some(LinkStream::Tls(Box::new(s)))
         }
         Err(why) => {
-            crate::tls::handshake_failed(
+            handshake_failed(
                 service.name(),
                 &service.links.tls.handshakes,
                 &service.links.log_limit,
@@ -71,5 +71,31 @@ pub(super) async fn connect(
 pub(super) fn show(stream: &LinkStream, entry: Option<&ConnEntry>) {
     if let (LinkStream::Tls(s), Some(e)) = (stream, entry) {
         e.set_tls(TlsInfo::of(s));
+    }
+}
+
+/// Counts a failed handshake and logs it, rate-limited per peer IP.
+pub fn handshake_failed(
+    service: &str,
+    handshakes: &crate::tls::Handshakes,
+    log_limit: &super::log_limit::LogLimit,
+    side: crate::tls::Side,
+    peer: SocketAddr,
+    why: crate::tls::Failure,
+) {
+    use super::log_limit::{LogKind, LogPeer};
+    handshakes.failed(side, why);
+    if log_limit.allow(
+        LogKind::TlsHandshake,
+        LogPeer::Ip(peer.ip()),
+        std::time::Instant::now(),
+    ) {
+        tracing::warn!(
+            service,
+            %peer,
+            side = side.as_str(),
+            reason = why.as_str(),
+            "TLS handshake failed"
+        );
     }
 }

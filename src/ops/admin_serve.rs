@@ -199,7 +199,7 @@ async fn handshake(
         }
         Err(why) => {
             let (h, side) = (&tls.handshakes, Side::Accept);
-            crate::tls::handshake_failed("admin", h, log_limit, side, peer, why);
+            crate::link::secure::handshake_failed("admin", h, log_limit, side, peer, why);
             None
         }
     }

@@ -10,7 +10,6 @@ pub mod stream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use rustls_pki_types::ServerName;
@@ -317,30 +316,4 @@ pub fn seconds_left(not_after: i64) -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
     not_after.saturating_sub(now)
-}
-
-/// Counts a failed handshake and logs it, rate-limited per peer IP.
-pub fn handshake_failed(
-    service: &str,
-    handshakes: &Handshakes,
-    log_limit: &crate::link::log_limit::LogLimit,
-    side: Side,
-    peer: SocketAddr,
-    why: Failure,
-) {
-    use crate::link::log_limit::{LogKind, LogPeer};
-    handshakes.failed(side, why);
-    if log_limit.allow(
-        LogKind::TlsHandshake,
-        LogPeer::Ip(peer.ip()),
-        Instant::now(),
-    ) {
-        tracing::warn!(
-            service,
-            %peer,
-            side = side.as_str(),
-            reason = why.as_str(),
-            "TLS handshake failed"
-        );
-    }
 }
