@@ -24,6 +24,7 @@ pub mod config;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod iso8583;
+pub mod journal;
 pub mod link;
 pub mod ops;
 pub mod route;

@@ -33,6 +33,7 @@ use crate::route::{
 };
 
 mod counters;
+mod journaled;
 mod keys;
 mod links;
 mod live;
@@ -41,7 +42,10 @@ mod owed;
 pub mod peer;
 mod side;
 
+use crate::journal::{AnsweredBy, BadOutcome, Link};
 pub use counters::{PeerCounters, Refusal, ServiceCounters};
+pub use journaled::JournalTap;
+use journaled::{Seen, link_of};
 pub use links::Links;
 pub use live::{ListenLimits, LiveSettings};
 pub use made::{IntegrityCounters, SafOutbox, SwitchMade};
@@ -123,6 +127,8 @@ pub struct Service {
     /// The switch's own messages.
     pub made: SwitchMade,
     pub counters: ServiceCounters,
+    /// Where completed exchanges are recorded; none without a store.
+    journal: std::sync::OnceLock<JournalTap>,
 }
 
 impl Service {
@@ -165,6 +171,7 @@ impl Service {
             pool,
             in_flight,
             counters: ServiceCounters::default(),
+            journal: std::sync::OnceLock::new(),
         })
     }
 
@@ -348,13 +355,27 @@ impl Service {
             }
             BadMessagePolicy::Drop => {
                 self.counters.bad_dropped.fetch_add(1, Ordering::Relaxed);
+                self.note_bad(client.conn, payload, BadOutcome::Dropped, now);
                 true
             }
             BadMessagePolicy::Close => {
                 self.counters.bad_closed.fetch_add(1, Ordering::Relaxed);
+                self.note_bad(client.conn, payload, BadOutcome::Closed, now);
                 false
             }
         }
+    }
+
+    fn note_bad(&self, conn: u64, payload: &Bytes, bad: BadOutcome, now: Instant) {
+        let by = AnsweredBy::Nobody(bad.as_str());
+        let seen = Seen::new(Link::Client(conn), payload, by);
+        self.note(
+            Seen {
+                bad: Some(bad),
+                ..seen
+            },
+            now,
+        );
     }
 
     /// Picks a node, registers the request, queues it. On failure the origin comes
@@ -594,11 +615,30 @@ impl Service {
                 if let Some(peer) = self.peer() {
                     peer.answer_node(node, response);
                 }
-                return;
+                let seen = Seen::new(Link::Node, &request, AnsweredBy::Peer);
+                return self.note(
+                    Seen {
+                        node: Some(node),
+                        since: Some(sent_at),
+                        response: Some(response.payload().clone()),
+                        ..seen
+                    },
+                    now,
+                );
             }
             Origin::Client { conn, tx, .. } => (conn, tx),
             Origin::Peer => {
                 self.answered(key, node, sent_at, response, now);
+                let seen = Seen::new(Link::Peer, &request, AnsweredBy::Node);
+                self.note(
+                    Seen {
+                        node: Some(node),
+                        since: Some(sent_at),
+                        response: Some(response.payload().clone()),
+                        ..seen
+                    },
+                    now,
+                );
                 if let Some(peer) = self.peer() {
                     peer.answer(Outbound::message(response.payload().clone()));
                 }
@@ -606,6 +646,16 @@ impl Service {
             }
         };
         self.answered(key, node, sent_at, response, now);
+        let seen = Seen::new(Link::Client(conn), &request, AnsweredBy::Node);
+        self.note(
+            Seen {
+                node: Some(node),
+                since: Some(sent_at),
+                response: Some(response.payload().clone()),
+                ..seen
+            },
+            now,
+        );
         let patch = self.router.response_tpdu_patch(&request);
         let out = Outbound::Message(response.payload().clone(), patch);
         if tx.try_send(out).is_err() && self.undeliverable(now) {
@@ -660,6 +710,27 @@ impl Service {
         }
         let silent = reason == DeclineReason::Timeout && p.on_timeout == OnTimeout::Silent;
         owed::answered_for_node(self, key, &p, reason, silent, now);
+        let sent = Some((p.node, p.sent_at));
+        if silent || matches!(p.origin, Origin::Node) {
+            // The peer's own requests are declined by `peer` below; either
+            // way, this is the exchange's end.
+            let by = if silent {
+                AnsweredBy::Withheld(reason)
+            } else {
+                AnsweredBy::Switch(reason)
+            };
+            if let Some(link) = link_of(&p.origin) {
+                let seen = Seen::new(link, &p.request, by);
+                self.note(
+                    Seen {
+                        node: Some(p.node),
+                        since: Some(p.sent_at),
+                        ..seen
+                    },
+                    now,
+                );
+            }
+        }
         if silent {
             self.made
                 .counters
@@ -673,7 +744,7 @@ impl Service {
             }
             return;
         }
-        self.decline(p.origin, &p.request, reason);
+        self.decline_noted(p.origin, &p.request, reason, sent, now);
     }
 
     /// The TPDU edit for a response to `request`, by the service's policy.
@@ -689,12 +760,41 @@ impl Service {
     /// Answers `origin` with a switch-made response to `request`. Returns
     /// whether an answer was built and queued.
     pub(crate) fn decline(&self, origin: Origin, request: &Bytes, reason: DeclineReason) -> bool {
-        if !matches!(origin, Origin::Client { .. } | Origin::Peer) {
+        self.decline_noted(origin, request, reason, None, Instant::now())
+    }
+
+    /// [`Service::decline`] of a request that was in flight to a node since
+    /// a time (`sent`), for the journal.
+    fn decline_noted(
+        &self,
+        origin: Origin,
+        request: &Bytes,
+        reason: DeclineReason,
+        sent: Option<(usize, Instant)>,
+        now: Instant,
+    ) -> bool {
+        let Some(link) = link_of(&origin).filter(|l| *l != Link::Node) else {
             // A health check's waiter sees its sender dropped: a failed
             // check; owed messages and node requests have no one to answer.
             return false;
-        }
+        };
+        let bad = (reason == DeclineReason::BadMessage).then_some(BadOutcome::Declined);
+        let note = |by, response| {
+            let seen = Seen::new(link, request, by);
+            let (node, since) = (sent.map(|s| s.0), sent.map(|s| s.1));
+            self.note(
+                Seen {
+                    node,
+                    since,
+                    response,
+                    bad,
+                    ..seen
+                },
+                now,
+            );
+        };
         if !owed::may_answer(self, request) {
+            note(AnsweredBy::Withheld(reason), None);
             return false;
         }
         let code = self.live().decline_code(reason);
@@ -711,9 +811,11 @@ impl Service {
                 {
                     tracing::warn!(service = self.name(), error = %e, ?reason, "cannot build a decline");
                 }
+                note(AnsweredBy::Nobody("undeclinable"), None);
                 return false;
             }
         };
+        note(AnsweredBy::Switch(reason), Some(resp.clone()));
         self.counters.declined[reason as usize].fetch_add(1, Ordering::Relaxed);
         match origin {
             Origin::Client { tx, .. } => {

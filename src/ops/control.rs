@@ -36,6 +36,9 @@ pub struct SwitchHandle {
     pub(crate) removing: Arc<Mutex<HashSet<(String, usize)>>>,
     /// The store-and-forward queue, when there is a store.
     pub saf: Option<Arc<super::saf::SafView>>,
+    /// The journal, when there is a store and `journal.enabled`: admin
+    /// actions are recorded in it.
+    pub journal: Option<crate::journal::Journal>,
 }
 
 /// Why a control request was refused. Each maps to one HTTP status.
