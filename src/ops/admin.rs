@@ -546,7 +546,8 @@ async fn reload(State(admin): State<Admin>) -> Response {
 }
 
 async fn status_page(State(admin): State<Admin>) -> Html<String> {
-    Html(super::page::render(&status_of(&admin.switch)))
+    let latest = admin_journal::latest(admin.switch.journal.as_ref()).await;
+    Html(super::page::render(&status_of(&admin.switch), &latest))
 }
 
 /// Store errors as HTTP: an unknown entry 404, the wrong state 409, a store

@@ -80,6 +80,32 @@ pub async fn query(journal: Option<&Journal>, query: Option<&str>) -> Response {
     }
 }
 
+/// How many exchanges the status page shows.
+pub const PAGE_ROWS: usize = 50;
+
+/// The latest exchanges for the status page; none without a journal or
+/// when the store does not answer within a second (the page never waits
+/// long on the store).
+pub async fn latest(journal: Option<&Journal>) -> Vec<crate::store::journal::JournalRow> {
+    let Some(store) = journal.and_then(|j| j.store.clone()) else {
+        return Vec::new();
+    };
+    let filter = crate::store::journal::JournalFilter {
+        limit: PAGE_ROWS,
+        newest_first: true,
+        ..Default::default()
+    };
+    match tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        store.journal_query(filter),
+    )
+    .await
+    {
+        Ok(Ok(rows)) => rows,
+        _ => Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

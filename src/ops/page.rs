@@ -4,9 +4,11 @@
 use std::fmt::Write;
 
 use super::status::Status;
+use crate::journal::params::show_time;
+use crate::store::journal::JournalRow;
 
-/// The page for `status`.
-pub fn render(status: &Status) -> String {
+/// The page for `status`, with the journal's latest exchanges (masked).
+pub fn render(status: &Status, latest: &[JournalRow]) -> String {
     let mut h = String::with_capacity(4096);
     h.push_str(concat!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">",
@@ -69,8 +71,44 @@ pub fn render(status: &Status) -> String {
         h.push_str("</table>");
     }
     saf_table(&mut h, status);
+    journal_table(&mut h, status, latest);
     h.push_str("</body></html>\n");
     h
+}
+
+/// The journal writer's counters and the latest exchanges, masked as
+/// stored (the PAN first 6 / last 4).
+fn journal_table(h: &mut String, status: &Status, latest: &[JournalRow]) {
+    let Some(j) = &status.journal else { return };
+    let _ = write!(
+        h,
+        "<h2>journal</h2><p>{} rows written, {} admin, {} dropped (queue full), {} failed, \
+         {} purged; queue {}/{}</p><table><tr><th>time in</th><th>service</th><th>node</th>\
+         <th>MTI</th><th>F11</th><th>F41</th><th>PAN</th><th>F4</th><th>F39</th><th>by</th>\
+         <th>outcome</th><th>reason</th></tr>",
+        j.written, j.admin_written, j.dropped, j.failed, j.purged, j.queued, j.queue
+    );
+    let o = |v: &Option<String>| esc(v.as_deref().unwrap_or("-"));
+    for r in latest {
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            show_time(r.t_in),
+            esc(&r.service),
+            o(&r.node),
+            esc(&r.mti),
+            o(&r.f11),
+            o(&r.f41),
+            o(&r.pan),
+            o(&r.f4),
+            o(&r.f39),
+            esc(&r.answered_by),
+            esc(&r.outcome),
+            o(&r.reason),
+        );
+    }
+    h.push_str("</table>");
 }
 
 /// One row per service: what the switch owes (store-and-forward) and what
@@ -173,10 +211,14 @@ mod tests {
             dead_letters: 2,
             ..SafStatus::default()
         };
-        let page = render(&Status {
-            services: vec![service(Some(queue)), service(None)],
-            restarts: 0,
-        });
+        let page = render(
+            &Status {
+                services: vec![service(Some(queue)), service(None)],
+                restarts: 0,
+                journal: None,
+            },
+            &[],
+        );
         assert!(
             page.contains("<tr class=\"down\" data-saf=\"pos&lt;1&gt;\"><td>pos&lt;1&gt;</td><td>4</td><td>3</td><td>1</td><td>61</td><td class=\"dead\">2</td>"),
             "{page}"

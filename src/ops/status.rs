@@ -21,6 +21,38 @@ pub struct Status {
     pub services: Vec<ServiceStatus>,
     /// Critical tasks restarted so far.
     pub restarts: u64,
+    /// The journal's writer; absent without a journal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal: Option<JournalStatus>,
+}
+
+/// The journal writer's counters (docs/journal.md).
+#[derive(Debug, Default, Serialize, serde::Deserialize)]
+pub struct JournalStatus {
+    pub written: u64,
+    pub admin_written: u64,
+    /// Rows lost to a full queue.
+    pub dropped: u64,
+    /// Rows lost to a failed insert.
+    pub failed: u64,
+    pub purged: u64,
+    pub queued: usize,
+    pub queue: usize,
+}
+
+fn journal_status(switch: &SwitchHandle) -> Option<JournalStatus> {
+    let j = switch.journal.as_ref()?;
+    let c = &j.counters;
+    let get = |v: &std::sync::atomic::AtomicU64| v.load(Ordering::Relaxed);
+    Some(JournalStatus {
+        written: get(&c.written),
+        admin_written: get(&c.admin_written),
+        dropped: get(&c.dropped),
+        failed: get(&c.failed),
+        purged: get(&c.purged),
+        queued: j.queued(),
+        queue: j.capacity(),
+    })
 }
 
 #[derive(Debug, Serialize, serde::Deserialize)]
@@ -131,6 +163,7 @@ pub fn status_of(switch: &SwitchHandle) -> Status {
     Status {
         services,
         restarts: switch.supervisor.restarts(),
+        journal: journal_status(switch),
     }
 }
 
