@@ -185,3 +185,172 @@ pub(super) fn report(
     }
     Ok(Ok(Outcome::Report(Box::new(builder.finish()))))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Instant;
+
+    use crate::store::journal::{AdminRow, JournalFilter, JournalRow, OutcomeFilter};
+    use crate::store::{Direction, NewSafEntry, SafKeys, SafKind, Store, StoreConfig, now_millis};
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("isoswitch-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn row(t_in: i64, f11: &str, f37: Option<&str>) -> JournalRow {
+        JournalRow {
+            t_in,
+            t_out: t_in + 3,
+            service: "pos".into(),
+            front: "listen".into(),
+            link: "client#1".into(),
+            node: Some("01".into()),
+            origin: "front".into(),
+            mti: "0200".into(),
+            f11: Some(f11.into()),
+            f37_in: f37.map(str::to_string),
+            f41: Some("TERM0001".into()),
+            pan: Some("622202*********0123".into()),
+            answered_by: "node".into(),
+            outcome: "answered".into(),
+            latency_us: Some(3_000),
+            ..JournalRow::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn rows_are_found_by_rrn_and_outcome_and_a_late_one_shows_its_reversal() {
+        let d = dir("journal-query");
+        let store = Store::open(&StoreConfig::default(), &d)
+            .await
+            .expect("open");
+        let now = now_millis();
+        let reversal = store
+            .saf_put(NewSafEntry {
+                service: "pos".into(),
+                direction: Direction::ToNode("01".into()),
+                kind: SafKind::Reversal,
+                mti: "0420".into(),
+                payload: b"x".to_vec(),
+                keys: SafKeys::default(),
+                created_at: now,
+                expires_at: now + 60_000,
+                first_attempt_at: now,
+            })
+            .await
+            .expect("reversal stored");
+        let mut late = row(now, "000002", Some("222222222222"));
+        late.late = true;
+        late.outcome = "late".into();
+        late.reversal_id = Some(reversal.0);
+        let mut made = row(now - 1_000, "000002", Some("222222222222"));
+        made.answered_by = "switch".into();
+        made.reason = Some("timeout".into());
+        made.outcome = "switch-made".into();
+        let rows = vec![row(now - 2_000, "000001", Some("111111111111")), made, late];
+        let admin = vec![AdminRow {
+            at: now,
+            peer: "127.0.0.1:5".into(),
+            action: "drain".into(),
+            method: "POST".into(),
+            path: "/api/v1/services/pos/nodes/01/drain".into(),
+            status: 200,
+            outcome: "node 01 draining".into(),
+            ..AdminRow::default()
+        }];
+        assert_eq!(store.journal_put(rows, admin).await.expect("put"), 4);
+        let q = |f: JournalFilter| store.journal_query(JournalFilter { limit: 100, ..f });
+        let by_rrn = q(JournalFilter {
+            rrn: Some("222222222222".into()),
+            ..JournalFilter::default()
+        })
+        .await
+        .expect("query");
+        assert_eq!(by_rrn.len(), 2);
+        assert!(by_rrn[0].t_in < by_rrn[1].t_in, "oldest first");
+        let late = q(JournalFilter {
+            outcome: Some(OutcomeFilter::Late),
+            ..JournalFilter::default()
+        })
+        .await
+        .expect("query");
+        assert_eq!(late.len(), 1);
+        assert_eq!(late[0].reversal_state.as_deref(), Some("pending"));
+        let made = q(JournalFilter {
+            outcome: Some(OutcomeFilter::SwitchMade),
+            since: Some(now - 1_500),
+            ..JournalFilter::default()
+        })
+        .await
+        .expect("query");
+        assert_eq!(made.len(), 1);
+        assert_eq!(made[0].reason.as_deref(), Some("timeout"));
+        let report = store
+            .journal_report(now - 10_000, now + 1)
+            .await
+            .expect("report");
+        assert_eq!(report.groups.len(), 1);
+        assert_eq!(report.groups[0].exchanges, 3);
+        assert_eq!(report.groups[0].late.reversals["pending"], 1);
+        let admin = store.admin_query(None, 10).await.expect("admin");
+        assert_eq!(admin[0].action, "drain");
+        // Retention: what is older goes, in bounded batches.
+        assert_eq!(store.journal_purge(now - 500, 1).await.expect("purge"), 1);
+        assert_eq!(store.journal_purge(now - 500, 1).await.expect("purge"), 1);
+        assert_eq!(store.journal_purge(now - 500, 1).await.expect("purge"), 0);
+        let left = q(JournalFilter::default()).await.expect("query");
+        assert_eq!(left.len(), 1);
+        store.close().await.expect("close");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// The write lock one retention batch holds, on a table of a million
+    /// rows: `cargo test --lib retention_batch_lock -- --ignored
+    /// --nocapture` (numbers in docs/journal.md).
+    #[tokio::test]
+    #[ignore = "a measurement: run by hand"]
+    async fn retention_batch_lock() {
+        let d = dir("journal-purge");
+        let store = Store::open(&StoreConfig::default(), &d)
+            .await
+            .expect("open");
+        let base = now_millis() - 10_000_000;
+        let total = 1_000_000;
+        let started = Instant::now();
+        for chunk in 0..(total / 5_000) {
+            let rows = (0..5_000)
+                .map(|i| {
+                    row(
+                        base + i64::from(chunk * 5_000 + i) * 10,
+                        "000001",
+                        Some("123456789012"),
+                    )
+                })
+                .collect();
+            store.journal_put(rows, Vec::new()).await.expect("put");
+        }
+        eprintln!("inserted {total} rows in {:?}", started.elapsed());
+        let cutoff = base + i64::from(total) * 5; // half the table is old
+        for batch in [250, 500, 1000, 2000] {
+            let mut times = Vec::new();
+            for _ in 0..15 {
+                let t = Instant::now();
+                let n = store.journal_purge(cutoff, batch).await.expect("purge");
+                times.push(t.elapsed());
+                assert_eq!(n, batch as u64);
+            }
+            times.sort();
+            eprintln!(
+                "purge of {batch} rows: min {:?} median {:?} max {:?}",
+                times[0],
+                times[times.len() / 2],
+                times[times.len() - 1]
+            );
+        }
+        store.close().await.expect("close");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
