@@ -45,7 +45,7 @@ mod side;
 use crate::journal::{AnsweredBy, BadOutcome, Link};
 pub use counters::{PeerCounters, Refusal, ServiceCounters};
 pub use journaled::JournalTap;
-use journaled::{Seen, link_of};
+use journaled::link_of;
 pub use links::Links;
 pub use live::{ListenLimits, LiveSettings};
 pub use made::{IntegrityCounters, SafOutbox, SwitchMade};
@@ -366,18 +366,6 @@ impl Service {
         }
     }
 
-    fn note_bad(&self, conn: u64, payload: &Bytes, bad: BadOutcome, now: Instant) {
-        let by = AnsweredBy::Nobody(bad.as_str());
-        let seen = Seen::new(Link::Client(conn), payload, by);
-        self.note(
-            Seen {
-                bad: Some(bad),
-                ..seen
-            },
-            now,
-        );
-    }
-
     /// Picks a node, registers the request, queues it. On failure the origin comes
     /// back so the caller can decline.
     fn dispatch(
@@ -615,30 +603,14 @@ impl Service {
                 if let Some(peer) = self.peer() {
                     peer.answer_node(node, response);
                 }
-                let seen = Seen::new(Link::Node, &request, AnsweredBy::Peer);
-                return self.note(
-                    Seen {
-                        node: Some(node),
-                        since: Some(sent_at),
-                        response: Some(response.payload().clone()),
-                        ..seen
-                    },
-                    now,
-                );
+                let (link, by) = (Link::Node, AnsweredBy::Peer);
+                return self.note_answer(link, by, (node, sent_at), &request, response, now);
             }
             Origin::Client { conn, tx, .. } => (conn, tx),
             Origin::Peer => {
                 self.answered(key, node, sent_at, response, now);
-                let seen = Seen::new(Link::Peer, &request, AnsweredBy::Node);
-                self.note(
-                    Seen {
-                        node: Some(node),
-                        since: Some(sent_at),
-                        response: Some(response.payload().clone()),
-                        ..seen
-                    },
-                    now,
-                );
+                let (link, by) = (Link::Peer, AnsweredBy::Node);
+                self.note_answer(link, by, (node, sent_at), &request, response, now);
                 if let Some(peer) = self.peer() {
                     peer.answer(Outbound::message(response.payload().clone()));
                 }
@@ -646,16 +618,8 @@ impl Service {
             }
         };
         self.answered(key, node, sent_at, response, now);
-        let seen = Seen::new(Link::Client(conn), &request, AnsweredBy::Node);
-        self.note(
-            Seen {
-                node: Some(node),
-                since: Some(sent_at),
-                response: Some(response.payload().clone()),
-                ..seen
-            },
-            now,
-        );
+        let (link, by) = (Link::Client(conn), AnsweredBy::Node);
+        self.note_answer(link, by, (node, sent_at), &request, response, now);
         let patch = self.router.response_tpdu_patch(&request);
         let out = Outbound::Message(response.payload().clone(), patch);
         if tx.try_send(out).is_err() && self.undeliverable(now) {
@@ -712,24 +676,8 @@ impl Service {
         owed::answered_for_node(self, key, &p, reason, silent, now);
         let sent = Some((p.node, p.sent_at));
         if silent || matches!(p.origin, Origin::Node) {
-            // The peer's own requests are declined by `peer` below; either
-            // way, this is the exchange's end.
-            let by = if silent {
-                AnsweredBy::Withheld(reason)
-            } else {
-                AnsweredBy::Switch(reason)
-            };
-            if let Some(link) = link_of(&p.origin) {
-                let seen = Seen::new(link, &p.request, by);
-                self.note(
-                    Seen {
-                        node: Some(p.node),
-                        since: Some(p.sent_at),
-                        ..seen
-                    },
-                    now,
-                );
-            }
+            // Nothing goes to a client: the exchange ends here.
+            self.note_ended(&p, reason, silent, now);
         }
         if silent {
             self.made
@@ -778,21 +726,7 @@ impl Service {
             // check; owed messages and node requests have no one to answer.
             return false;
         };
-        let bad = (reason == DeclineReason::BadMessage).then_some(BadOutcome::Declined);
-        let note = |by, response| {
-            let seen = Seen::new(link, request, by);
-            let (node, since) = (sent.map(|s| s.0), sent.map(|s| s.1));
-            self.note(
-                Seen {
-                    node,
-                    since,
-                    response,
-                    bad,
-                    ..seen
-                },
-                now,
-            );
-        };
+        let note = |by, response| self.note_decline(link, request, sent, (by, response), now);
         if !owed::may_answer(self, request) {
             note(AnsweredBy::Withheld(reason), None);
             return false;

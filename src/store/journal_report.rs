@@ -44,11 +44,15 @@ pub struct LateSummary {
     pub not_reversed: u64,
 }
 
+/// A group as it accumulates: its counts and its latencies.
+type Building = (ReportGroup, Option<hdrhistogram::Histogram<u64>>);
+
 /// Accumulates [`ReportInput`] rows.
 pub struct ReportBuilder {
     since: UnixMillis,
     until: UnixMillis,
-    groups: BTreeMap<(String, String), (ReportGroup, Option<hdrhistogram::Histogram<u64>>)>,
+    /// By service and node.
+    groups: BTreeMap<(String, String), Building>,
 }
 
 impl ReportBuilder {

@@ -8,9 +8,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
-use super::{Origin, Service};
+use super::{Origin, Pending, Service};
 use crate::config::FrontConfig;
+use crate::iso8583::Message;
 use crate::journal::{AnsweredBy, BadOutcome, Exchange, Journal, Link};
+use crate::route::DeclineReason;
 
 /// The journal as one service sees it: the handle and what every row of the
 /// service shares.
@@ -95,6 +97,96 @@ impl Service {
     /// The service's journal, if it has one.
     pub fn journal(&self) -> Option<&Journal> {
         self.journal.get().map(|t| &t.journal)
+    }
+
+    /// A request answered by the node (or the peer) it was sent to at
+    /// `sent.1`.
+    pub(super) fn note_answer(
+        &self,
+        link: Link,
+        by: AnsweredBy,
+        sent: (usize, Instant),
+        request: &Bytes,
+        response: &Message<'_>,
+        now: Instant,
+    ) {
+        let seen = Seen::new(link, request, by);
+        let seen = Seen {
+            node: Some(sent.0),
+            since: Some(sent.1),
+            response: Some(response.payload().clone()),
+            ..seen
+        };
+        self.note(seen, now);
+    }
+
+    /// A request that failed validation and got no answer (dropped, or its
+    /// connection closed).
+    pub(super) fn note_bad(&self, conn: u64, payload: &Bytes, bad: BadOutcome, now: Instant) {
+        let seen = Seen::new(
+            Link::Client(conn),
+            payload,
+            AnsweredBy::Nobody(bad.as_str()),
+        );
+        self.note(
+            Seen {
+                bad: Some(bad),
+                ..seen
+            },
+            now,
+        );
+    }
+
+    /// A request in flight that ends without a decline to a client: let
+    /// expire in silence, or a node's own (declined to the node).
+    pub(super) fn note_ended(
+        &self,
+        p: &Pending,
+        reason: DeclineReason,
+        silent: bool,
+        now: Instant,
+    ) {
+        let by = if silent {
+            AnsweredBy::Withheld(reason)
+        } else {
+            AnsweredBy::Switch(reason)
+        };
+        if let Some(link) = link_of(&p.origin) {
+            let seen = Seen::new(link, &p.request, by);
+            let seen = Seen {
+                node: Some(p.node),
+                since: Some(p.sent_at),
+                ..seen
+            };
+            self.note(seen, now);
+        }
+    }
+
+    /// The switch's answer to a client or the peer (`response`: the
+    /// decline sent, if any), for a request in flight since `sent`.
+    pub(super) fn note_decline(
+        &self,
+        link: Link,
+        request: &Bytes,
+        sent: Option<(usize, Instant)>,
+        (by, response): (AnsweredBy, Option<Bytes>),
+        now: Instant,
+    ) {
+        let bad = matches!(
+            by,
+            AnsweredBy::Switch(DeclineReason::BadMessage)
+                | AnsweredBy::Withheld(DeclineReason::BadMessage)
+        )
+        .then_some(BadOutcome::Declined);
+        let seen = Seen::new(link, request, by);
+        let seen = Seen {
+            node: sent.map(|s| s.0),
+            since: sent.map(|s| s.1),
+            response,
+            bad,
+            ..seen
+        };
+        self.note(seen, now);
     }
 
     /// Records a completed exchange; nothing without a journal.
