@@ -196,7 +196,7 @@ async fn instances_starting_together_migrate_once() {
         assert_eq!(listed.len(), 1);
         assert_eq!(
             b.meta_get("schema_version").await.expect("meta").as_deref(),
-            Some("1")
+            Some(isoswitch::store::SCHEMA_VERSION.to_string().as_str())
         );
     })
     .await;

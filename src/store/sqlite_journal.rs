@@ -191,8 +191,8 @@ mod tests {
     use std::path::PathBuf;
     use std::time::Instant;
 
-    use crate::store::journal::{AdminRow, JournalFilter, JournalRow, OutcomeFilter};
-    use crate::store::{Direction, NewSafEntry, SafKeys, SafKind, Store, StoreConfig, now_millis};
+    use crate::store::journal::JournalRow;
+    use crate::store::{Store, StoreConfig, now_millis};
 
     fn dir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("isoswitch-{name}-{}", std::process::id()));

@@ -313,7 +313,7 @@ pub async fn api_suite(store: &Store) {
             .await
             .expect("meta")
             .as_deref(),
-        Some("1")
+        Some(isoswitch::store::SCHEMA_VERSION.to_string().as_str())
     );
     assert_eq!(store.meta_get("instance").await.expect("meta"), None);
     store.meta_put("instance", "a").await.expect("meta put");
