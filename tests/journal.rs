@@ -324,3 +324,41 @@ async fn a_late_approval_is_journaled_with_its_reversal() {
     })
     .await;
 }
+
+/// kill -9 of the switch under load: the journal reopens clean (the
+/// `journal` command reads it, the restarted switch writes to it), keeps
+/// what it committed, and never holds more rows than exchanges the NAC
+/// sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_journal_survives_a_kill_9_under_load() {
+    within(Duration::from_secs(120), async {
+        let addrs = [free_addr()];
+        let _node = node("cup-pos", "01", addrs[0], "2..10ms", &[]).await;
+        let listen = free_addr();
+        let data = data_dir("journal-kill");
+        let toml = pos_toml(listen, &addrs, "1s", "");
+        let mut first = switch("journal-kill", &toml, &data, listen).await;
+        let load = nac("journal-kill-nac", listen, 200, ("3s", "1s"), &[]);
+        // Killed once the journal has rows: under load, mid-batch.
+        journal_settles(&data, &[], |rows| rows.len() >= 50).await;
+        first.kill9().await;
+        let report = load.report().await;
+        let before = journal(&data, &[]);
+        assert!(
+            before.len() as u64 <= n(&report, "sent"),
+            "{} rows for {report}",
+            before.len()
+        );
+        assert!(before.iter().all(|r| text(r, "pan") == PAN_MASKED));
+        // The restarted switch journals on the same store.
+        let _second = switch("journal-kill-2", &toml, &data, listen).await;
+        let again = nac("journal-kill-nac-2", listen, 50, ("1s", "5s"), &[])
+            .report()
+            .await;
+        assert_exactly_once(&again);
+        let want = before.len() + n(&again, "sent") as usize;
+        let after = journal_settles(&data, &[], |rows| rows.len() >= want).await;
+        assert_eq!(after.len(), want, "one row per exchange after the restart");
+    })
+    .await;
+}
