@@ -92,6 +92,9 @@ pub enum AnsweredBy {
     Peer,
     /// The switch, for the node, with why.
     Switch(DeclineReason),
+    /// The switch, having stored an advice durably for delivery to a node
+    /// later (`advices = "store-and-forward"`).
+    Stored,
     /// Nobody: the switch would have answered for this reason but stays
     /// silent (`switch_made = "silent"`, `on_timeout = "silent"`).
     Withheld(DeclineReason),
@@ -106,7 +109,7 @@ impl AnsweredBy {
         match self {
             AnsweredBy::Node => "node",
             AnsweredBy::Peer => "peer",
-            AnsweredBy::Switch(_) => "switch",
+            AnsweredBy::Switch(_) | AnsweredBy::Stored => "switch",
             AnsweredBy::Withheld(_) | AnsweredBy::Nobody(_) => "none",
         }
     }
@@ -116,6 +119,7 @@ impl AnsweredBy {
         match self {
             AnsweredBy::Node | AnsweredBy::Peer => None,
             AnsweredBy::Switch(r) | AnsweredBy::Withheld(r) => Some(r.as_str()),
+            AnsweredBy::Stored => Some("stored"),
             AnsweredBy::Nobody(why) => Some(why),
         }
     }
@@ -159,6 +163,47 @@ pub struct JournalCounters {
     pub failed: AtomicU64,
     /// Rows deleted by retention.
     pub purged: AtomicU64,
+    /// Today's exceptions (rows whose outcome is not `answered`), by
+    /// outcome, as this instance wrote them: the status page's counts.
+    pub today: std::sync::Mutex<Today>,
+}
+
+/// Exceptions written since midnight UTC (or since start), by outcome.
+#[derive(Debug, Default, Clone)]
+pub struct Today {
+    /// Days since the Unix epoch.
+    pub day: i64,
+    pub by_outcome: std::collections::BTreeMap<String, u64>,
+}
+
+impl JournalCounters {
+    /// Counts a written row's outcome under its day; a new day starts over.
+    pub fn count_today(&self, t_in: i64, outcome: &str) {
+        if outcome == "answered" {
+            return;
+        }
+        let day = t_in.div_euclid(86_400_000);
+        let mut today = self.today.lock().unwrap_or_else(|p| p.into_inner());
+        if day > today.day {
+            *today = Today {
+                day,
+                ..Today::default()
+            };
+        }
+        if day == today.day {
+            *today.by_outcome.entry(outcome.to_string()).or_default() += 1;
+        }
+    }
+
+    /// Today's exceptions as of `now_ms` (empty once the day has passed).
+    pub fn today(&self, now_ms: i64) -> std::collections::BTreeMap<String, u64> {
+        let today = self.today.lock().unwrap_or_else(|p| p.into_inner());
+        if today.day == now_ms.div_euclid(86_400_000) {
+            today.by_outcome.clone()
+        } else {
+            Default::default()
+        }
+    }
 }
 
 /// The message path's end of the journal. Cheap to clone.

@@ -134,6 +134,7 @@ fn outcome(ex: &Exchange, duplicate: bool, unroutable: bool) -> &'static str {
         match ex.answered_by {
             AnsweredBy::Node | AnsweredBy::Peer => "answered",
             AnsweredBy::Switch(_) => "switch-made",
+            AnsweredBy::Stored => "stored",
             AnsweredBy::Withheld(_) | AnsweredBy::Nobody(_) => "unanswered",
         }
     }

@@ -96,9 +96,17 @@ impl WriterTask {
         if n_rows + n_admin == 0 {
             return;
         }
+        let outcomes: Vec<(i64, String)> = rows
+            .iter()
+            .filter(|r| r.outcome != "answered")
+            .map(|r| (r.t_in, r.outcome.clone()))
+            .collect();
         match self.store.journal_put(rows, admin).await {
             Ok(_) => {
                 let c = &self.counters;
+                for (t, outcome) in &outcomes {
+                    c.count_today(*t, outcome);
+                }
                 c.written.fetch_add(n_rows, Ordering::Relaxed);
                 c.admin_written.fetch_add(n_admin, Ordering::Relaxed);
             }

@@ -80,10 +80,21 @@ pub fn render(status: &Status, latest: &[JournalRow]) -> String {
 /// stored (the PAN first 6 / last 4).
 fn journal_table(h: &mut String, status: &Status, latest: &[JournalRow]) {
     let Some(j) = &status.journal else { return };
+    let today: Vec<String> = j
+        .today
+        .iter()
+        .map(|(k, v)| format!("{} {v}", esc(k)))
+        .collect();
+    let today = if today.is_empty() {
+        "none".to_string()
+    } else {
+        today.join(", ")
+    };
     let _ = write!(
         h,
         "<h2>journal</h2><p>{} rows written, {} admin, {} dropped (queue full), {} failed, \
-         {} purged; queue {}/{}</p><table><tr><th>time in</th><th>service</th><th>node</th>\
+         {} purged; queue {}/{}</p><p>today's exceptions (UTC, this instance): {today}</p>\
+         <table><tr><th>time in</th><th>service</th><th>node</th>\
          <th>MTI</th><th>F11</th><th>F41</th><th>PAN</th><th>F4</th><th>F39</th><th>by</th>\
          <th>outcome</th><th>reason</th></tr>",
         j.written, j.admin_written, j.dropped, j.failed, j.purged, j.queued, j.queue
@@ -228,6 +239,42 @@ mod tests {
             "{page}"
         );
         assert!(page.contains("<td>11</td></tr>"), "{page}");
+    }
+
+    #[test]
+    fn the_journal_shows_its_counts_and_latest_rows_masked() {
+        let mut today = std::collections::BTreeMap::new();
+        today.insert("switch-made".to_string(), 3);
+        let status = Status {
+            services: vec![],
+            restarts: 0,
+            journal: Some(super::super::status::JournalStatus {
+                written: 10,
+                dropped: 1,
+                today,
+                ..Default::default()
+            }),
+        };
+        let row = JournalRow {
+            service: "pos".into(),
+            mti: "0200".into(),
+            pan: Some("622202*********0123".into()),
+            answered_by: "switch".into(),
+            outcome: "switch-made".into(),
+            reason: Some("timeout".into()),
+            ..JournalRow::default()
+        };
+        let page = render(&status, &[row]);
+        assert!(
+            page.contains("10 rows written, 0 admin, 1 dropped"),
+            "{page}"
+        );
+        assert!(
+            page.contains("today's exceptions (UTC, this instance): switch-made 3"),
+            "{page}"
+        );
+        assert!(page.contains("<td>622202*********0123</td>"), "{page}");
+        assert!(page.contains("<td>timeout</td></tr>"), "{page}");
     }
 
     #[test]

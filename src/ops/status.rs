@@ -38,6 +38,9 @@ pub struct JournalStatus {
     pub purged: u64,
     pub queued: usize,
     pub queue: usize,
+    /// Today's exceptions (UTC) this instance journaled, by outcome.
+    #[serde(default)]
+    pub today: std::collections::BTreeMap<String, u64>,
 }
 
 fn journal_status(switch: &SwitchHandle) -> Option<JournalStatus> {
@@ -52,6 +55,7 @@ fn journal_status(switch: &SwitchHandle) -> Option<JournalStatus> {
         purged: get(&c.purged),
         queued: j.queued(),
         queue: j.capacity(),
+        today: c.today(crate::journal::now_millis()),
     })
 }
 

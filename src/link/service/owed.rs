@@ -400,6 +400,17 @@ pub(super) fn store_advice(svc: &Service, req: &Checked<'_>, origin: Origin) {
     let wake = std::sync::Arc::clone(&outbox.wake);
     let service = svc.name().to_string();
     let what = summary(&req.msg);
+    // Journaled once stored and acknowledged: the switch answered it.
+    let journaled = super::journaled::link_of(&origin).and_then(|link| {
+        let seen = Seen::new(link, &payload, AnsweredBy::Stored);
+        let response = match &acknowledgement {
+            Ok(Outbound::Message(resp, _)) => Some(resp.clone()),
+            _ => None,
+        };
+        let seen = Seen { response, ..seen };
+        svc.exchange_of(seen, std::time::Instant::now())
+            .map(|(j, ex)| (j.clone(), ex))
+    });
     svc.made
         .counters
         .advices_stored
@@ -410,6 +421,9 @@ pub(super) fn store_advice(svc: &Service, req: &Checked<'_>, origin: Origin) {
                 wake.notify_one();
                 if let (Origin::Client { tx, .. }, Ok(out)) = (origin, acknowledgement) {
                     let _ = tx.try_send(out);
+                }
+                if let Some((journal, ex)) = journaled {
+                    journal.exchange(ex);
                 }
                 tracing::debug!(service, %id, message = %what, "advice stored and acknowledged");
             }
