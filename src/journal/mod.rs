@@ -29,7 +29,8 @@ use crate::route::{DeclineReason, NodeId};
 pub use crate::store::journal::{AdminRow, JournalFilter, JournalRow, OutcomeFilter};
 
 /// One exchange as the message path saw it; the writer makes it a row.
-#[derive(Debug)]
+/// It holds the messages whole (PAN and all) until then: its `Debug` shows
+/// their lengths only.
 pub struct Exchange {
     pub spec: Arc<Spec>,
     pub service: Arc<str>,
@@ -56,6 +57,20 @@ pub struct Exchange {
     pub reversal_id: Option<i64>,
     /// A request that failed validation, and what the front did with it.
     pub bad: Option<BadOutcome>,
+}
+
+impl std::fmt::Debug for Exchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exchange")
+            .field("service", &self.service)
+            .field("link", &self.link)
+            .field("node", &self.node.map(|n| n.to_string()))
+            .field("request_len", &self.request.len())
+            .field("response_len", &self.response.as_ref().map(Bytes::len))
+            .field("answered_by", &self.answered_by)
+            .field("late", &self.late)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The link a request came in on.

@@ -225,6 +225,14 @@ mod tests {
             ("node", "answered")
         );
         assert_eq!(row.node.as_deref(), Some("01"));
+        let shown = format!(
+            "{:?}",
+            exchange(&spec, request(&spec, "0200", &[]), None, AnsweredBy::Node)
+        );
+        assert!(
+            shown.contains("request_len") && !shown.contains("b\""),
+            "{shown}"
+        );
         let text = format!("{row:?}");
         assert!(!text.contains(PAN), "the PAN in clear: {text}");
         assert!(!text.contains("=2512"), "track 2 data: {text}");
