@@ -20,6 +20,7 @@ use crate::util::{duration, name};
 
 pub mod descriptors;
 pub mod integrity;
+pub mod journal;
 pub mod tls;
 
 pub use integrity::{
@@ -46,6 +47,9 @@ pub struct Config {
     /// by default, PostgreSQL for a pair of instances; docs/store.md).
     #[serde(default)]
     pub store: crate::store::StoreConfig,
+    /// `[journal]`: the transaction journal in the store (docs/journal.md).
+    #[serde(default)]
+    pub journal: journal::JournalConfig,
 }
 
 /// `[admin]`: the admin HTTP listener. See docs/config.md.
@@ -1228,6 +1232,7 @@ impl Config {
         if let Some(admin) = &self.admin {
             admin.validate()?;
         }
+        self.journal.validate()?;
         let mut names = std::collections::HashSet::new();
         for (i, svc) in self.services.iter().enumerate() {
             let key = format!("service[{i}]");

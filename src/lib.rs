@@ -17,6 +17,8 @@
 //! - [`ops`]: running services: supervisor, admin API, metrics, reload.
 //! - [`store`]: the durable store (store-and-forward queue, `meta`), SQLite or
 //!   PostgreSQL, written by one group-committing writer.
+//! - [`journal`]: the transaction journal: what the message path hands it,
+//!   the masked row built off the path, its writer and retention tasks.
 //! - [`sim`]: simulators (channel node, POS network controller, load generator).
 //! - [`cli`]: the `isoswitch` command line.
 //! - [`util`]: the one PRNG and the one duration grammar, below every layer.
@@ -28,6 +30,7 @@ mod entropy;
 mod framing;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod journal;
 pub mod link;
 pub mod ops;
 pub mod sim;

@@ -328,3 +328,14 @@ async fn no_error_shows_the_password() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn journal_rows_queries_report_and_purges() {
+    limited(async {
+        let (_server, url) = fresh("journal").await;
+        let store = open(&url).await;
+        store_support::journal::journal_suite(&store).await;
+        store.close().await.expect("close");
+    })
+    .await;
+}

@@ -425,3 +425,11 @@ async fn sqlite_urls_pick_the_file() {
     store.close().await.expect("close");
     assert_eq!(mode(&dir.path().join("abs.db")), 0o600);
 }
+
+#[tokio::test]
+async fn journal_rows_queries_report_and_purges() {
+    let dir = TempDir::new("journal");
+    let store = open(&dir).await;
+    limited(store_support::journal::journal_suite(&store)).await;
+    store.close().await.expect("close");
+}

@@ -6,6 +6,7 @@ pub mod ctl;
 pub mod decode;
 pub mod demo;
 pub mod demo_atm;
+pub mod journal;
 pub mod load;
 pub mod replay;
 pub mod sim_visa;
@@ -68,6 +69,9 @@ pub enum Command {
     },
     /// Operate a running switch through its admin API.
     Ctl(ctl::CtlArgs),
+    /// The exchanges and admin actions the switch journaled (masked), and
+    /// the day's reconciliation report.
+    Journal(journal::JournalArgs),
     /// Decode framed messages like a protocol dissector.
     Decode(decode::DecodeArgs),
     /// Measure the load generator direct to a node, through HAProxy (if
@@ -272,6 +276,7 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Decode(args) => decode::run(&args),
         Command::Ctl(args) => ctl::run(&args),
+        Command::Journal(args) => journal::run(args),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Load(args) => load::run(&args),

@@ -32,6 +32,7 @@ use crate::route::{
 };
 
 mod counters;
+mod journaled;
 mod keys;
 mod links;
 mod live;
@@ -40,7 +41,10 @@ mod owed;
 pub mod peer;
 mod side;
 
+use crate::journal::{AnsweredBy, BadOutcome, Link};
 pub use counters::{PeerCounters, Refusal, ServiceCounters};
+pub use journaled::JournalTap;
+use journaled::link_of;
 pub use links::Links;
 pub use live::{ListenLimits, LiveSettings};
 pub use made::{IntegrityCounters, SafOutbox, SwitchMade};
@@ -126,6 +130,8 @@ pub struct Service {
     /// The switch's own messages.
     pub made: SwitchMade,
     pub counters: ServiceCounters,
+    /// Where completed exchanges are recorded; none without a store.
+    journal: std::sync::OnceLock<JournalTap>,
 }
 
 impl Service {
@@ -168,6 +174,7 @@ impl Service {
             pool,
             in_flight,
             counters: ServiceCounters::default(),
+            journal: std::sync::OnceLock::new(),
         })
     }
 
@@ -351,10 +358,12 @@ impl Service {
             }
             BadMessagePolicy::Drop => {
                 self.counters.bad_dropped.fetch_add(1, Ordering::Relaxed);
+                self.note_bad(client.conn, payload, BadOutcome::Dropped, now);
                 true
             }
             BadMessagePolicy::Close => {
                 self.counters.bad_closed.fetch_add(1, Ordering::Relaxed);
+                self.note_bad(client.conn, payload, BadOutcome::Closed, now);
                 false
             }
         }
@@ -597,11 +606,14 @@ impl Service {
                 if let Some(peer) = self.peer() {
                     peer.answer_node(node, response);
                 }
-                return;
+                let (link, by) = (Link::Node, AnsweredBy::Peer);
+                return self.note_answer(link, by, (node, sent_at), &request, response, now);
             }
             Origin::Client { conn, tx, .. } => (conn, tx),
             Origin::Peer => {
                 self.answered(key, node, sent_at, response, now);
+                let (link, by) = (Link::Peer, AnsweredBy::Node);
+                self.note_answer(link, by, (node, sent_at), &request, response, now);
                 if let Some(peer) = self.peer() {
                     peer.answer(Outbound::message(response.payload().clone()));
                 }
@@ -609,6 +621,8 @@ impl Service {
             }
         };
         self.answered(key, node, sent_at, response, now);
+        let (link, by) = (Link::Client(conn), AnsweredBy::Node);
+        self.note_answer(link, by, (node, sent_at), &request, response, now);
         let patch = self.router.response_tpdu_patch(&request);
         let out = Outbound::Message(response.payload().clone(), patch);
         if tx.try_send(out).is_err() && self.undeliverable(now) {
@@ -664,6 +678,11 @@ impl Service {
         }
         let silent = reason == DeclineReason::Timeout && p.on_timeout == OnTimeout::Silent;
         owed::answered_for_node(self, key, &p, reason, silent, now);
+        let sent = Some((p.node, p.sent_at));
+        if silent || matches!(p.origin, Origin::Node) {
+            // Nothing goes to a client: the exchange ends here.
+            self.note_ended(&p, reason, silent, now);
+        }
         if silent {
             self.made
                 .counters
@@ -677,7 +696,7 @@ impl Service {
             }
             return;
         }
-        self.decline(p.origin, &p.request, reason);
+        self.decline_noted(p.origin, &p.request, reason, sent, now);
     }
 
     /// The TPDU edit for a response to `request`, by the service's policy.
@@ -693,12 +712,27 @@ impl Service {
     /// Answers `origin` with a switch-made response to `request`. Returns
     /// whether an answer was built and queued.
     pub(crate) fn decline(&self, origin: Origin, request: &Bytes, reason: DeclineReason) -> bool {
-        if !matches!(origin, Origin::Client { .. } | Origin::Peer) {
+        self.decline_noted(origin, request, reason, None, Instant::now())
+    }
+
+    /// [`Service::decline`] of a request that was in flight to a node since
+    /// a time (`sent`), for the journal.
+    fn decline_noted(
+        &self,
+        origin: Origin,
+        request: &Bytes,
+        reason: DeclineReason,
+        sent: Option<(usize, Instant)>,
+        now: Instant,
+    ) -> bool {
+        let Some(link) = link_of(&origin).filter(|l| *l != Link::Node) else {
             // A health check's waiter sees its sender dropped: a failed
             // check; owed messages and node requests have no one to answer.
             return false;
-        }
+        };
+        let note = |by, response| self.note_decline(link, request, sent, (by, response), now);
         if !owed::may_answer(self, request) {
+            note(AnsweredBy::Withheld(reason), None);
             return false;
         }
         let code = self.live().decline_code(reason);
@@ -715,9 +749,11 @@ impl Service {
                 {
                     tracing::warn!(service = self.name(), error = %e, ?reason, "cannot build a decline");
                 }
+                note(AnsweredBy::Nobody("undeclinable"), None);
                 return false;
             }
         };
+        note(AnsweredBy::Switch(reason), Some(resp.clone()));
         self.counters.declined[reason as usize].fetch_add(1, Ordering::Relaxed);
         match origin {
             Origin::Client { tx, .. } => {

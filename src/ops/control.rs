@@ -38,6 +38,9 @@ pub struct SwitchHandle {
     pub saf: Option<Arc<super::saf::SafView>>,
     /// The admin listener's TLS, once it serves HTTPS (reload re-reads it).
     pub admin_tls: Arc<std::sync::OnceLock<Arc<crate::tls::AdminTls>>>,
+    /// The journal, when there is a store and `journal.enabled`: admin
+    /// actions are recorded in it.
+    pub journal: Option<crate::journal::Journal>,
 }
 
 /// Why a control request was refused. Each maps to one HTTP status.

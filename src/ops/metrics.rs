@@ -591,6 +591,7 @@ impl Collector for SwitchMetrics {
         encode_integrity(&mut enc, &self.0)?;
         encode_saf(&mut enc, &self.0)?;
         tls::encode(&mut enc, &self.0)?;
+        encode_journal(&mut enc, &self.0)?;
         let mut m = enc.encode_descriptor(
             "isoswitch_supervisor_restarts",
             "Critical tasks restarted after ending unexpectedly.",
@@ -737,6 +738,55 @@ fn encode_saf(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fmt::R
         Some(sample) => encode_owed(enc, handle, &sample),
         None => Ok(()),
     }
+}
+
+/// The journal's writer: rows written, dropped by a full queue, failed,
+/// purged, and its queue's depth (`isoswitch_journal_*`, docs/journal.md).
+fn encode_journal(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fmt::Result {
+    let Some(j) = handle.journal.as_ref() else {
+        return Ok(());
+    };
+    let c = &j.counters;
+    let one = |name, help, v: &AtomicU64| {
+        let mut f = counter(name, help);
+        f.samples.push((Vec::new(), v.load(Ordering::Relaxed)));
+        f
+    };
+    for f in [
+        one(
+            "isoswitch_journal_written",
+            "Exchange rows the journal committed.",
+            &c.written,
+        ),
+        one(
+            "isoswitch_journal_admin_written",
+            "Admin rows (changes, refused tokens) the journal committed.",
+            &c.admin_written,
+        ),
+        one(
+            "isoswitch_journal_dropped",
+            "Journal rows lost to a full queue (journal.queue): the writer was behind. Never waited for on the message path.",
+            &c.dropped,
+        ),
+        one(
+            "isoswitch_journal_failed",
+            "Journal rows lost to a failed insert (the store refused their batch; logged).",
+            &c.failed,
+        ),
+        one(
+            "isoswitch_journal_purged",
+            "Rows deleted by retention (journal.retain): journal, admin log and completed SAF records.",
+            &c.purged,
+        ),
+    ] {
+        encode_counters(enc, &f)?;
+    }
+    let mut depth = gauge(
+        "isoswitch_journal_queue_depth",
+        "Journal rows waiting for the writer, out of journal.queue.",
+    );
+    depth.samples.push((Vec::new(), j.queued() as f64));
+    encode_gauges(enc, &depth)
 }
 
 /// The gauges of what the queue owes, from `sample`.

@@ -4,9 +4,11 @@
 use std::fmt::Write;
 
 use super::status::Status;
+use crate::journal::params::show_time;
+use crate::store::journal::JournalRow;
 
-/// The page for `status`.
-pub fn render(status: &Status) -> String {
+/// The page for `status`, with the journal's latest exchanges (masked).
+pub fn render(status: &Status, latest: &[JournalRow]) -> String {
     let mut h = String::with_capacity(4096);
     h.push_str(concat!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">",
@@ -69,8 +71,55 @@ pub fn render(status: &Status) -> String {
         h.push_str("</table>");
     }
     saf_table(&mut h, status);
+    journal_table(&mut h, status, latest);
     h.push_str("</body></html>\n");
     h
+}
+
+/// The journal writer's counters and the latest exchanges, masked as
+/// stored (the PAN first 6 / last 4).
+fn journal_table(h: &mut String, status: &Status, latest: &[JournalRow]) {
+    let Some(j) = &status.journal else { return };
+    let today: Vec<String> = j
+        .today
+        .iter()
+        .map(|(k, v)| format!("{} {v}", esc(k)))
+        .collect();
+    let today = if today.is_empty() {
+        "none".to_string()
+    } else {
+        today.join(", ")
+    };
+    let _ = write!(
+        h,
+        "<h2>journal</h2><p>{} rows written, {} admin, {} dropped (queue full), {} failed, \
+         {} purged; queue {}/{}</p><p>today's exceptions (UTC, this instance): {today}</p>\
+         <table><tr><th>time in</th><th>service</th><th>node</th>\
+         <th>MTI</th><th>F11</th><th>F41</th><th>PAN</th><th>F4</th><th>F39</th><th>by</th>\
+         <th>outcome</th><th>reason</th></tr>",
+        j.written, j.admin_written, j.dropped, j.failed, j.purged, j.queued, j.queue
+    );
+    let o = |v: &Option<String>| esc(v.as_deref().unwrap_or("-"));
+    for r in latest {
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            show_time(r.t_in),
+            esc(&r.service),
+            o(&r.node),
+            esc(&r.mti),
+            o(&r.f11),
+            o(&r.f41),
+            o(&r.pan),
+            o(&r.f4),
+            o(&r.f39),
+            esc(&r.answered_by),
+            esc(&r.outcome),
+            o(&r.reason),
+        );
+    }
+    h.push_str("</table>");
 }
 
 /// One row per service: what the switch owes (store-and-forward) and what
@@ -173,11 +222,15 @@ mod tests {
             dead_letters: 2,
             ..SafStatus::default()
         };
-        let page = render(&Status {
-            services: vec![service(Some(queue)), service(None)],
-            restarts: 0,
-            tls: Vec::new(),
-        });
+        let page = render(
+            &Status {
+                services: vec![service(Some(queue)), service(None)],
+                restarts: 0,
+                tls: Vec::new(),
+                journal: None,
+            },
+            &[],
+        );
         assert!(
             page.contains("<tr class=\"down\" data-saf=\"pos&lt;1&gt;\"><td>pos&lt;1&gt;</td><td>4</td><td>3</td><td>1</td><td>61</td><td class=\"dead\">2</td>"),
             "{page}"
@@ -187,6 +240,43 @@ mod tests {
             "{page}"
         );
         assert!(page.contains("<td>11</td></tr>"), "{page}");
+    }
+
+    #[test]
+    fn the_journal_shows_its_counts_and_latest_rows_masked() {
+        let mut today = std::collections::BTreeMap::new();
+        today.insert("switch-made".to_string(), 3);
+        let status = Status {
+            services: vec![],
+            restarts: 0,
+            tls: Vec::new(),
+            journal: Some(super::super::status::JournalStatus {
+                written: 10,
+                dropped: 1,
+                today,
+                ..Default::default()
+            }),
+        };
+        let row = JournalRow {
+            service: "pos".into(),
+            mti: "0200".into(),
+            pan: Some("622202*********0123".into()),
+            answered_by: "switch".into(),
+            outcome: "switch-made".into(),
+            reason: Some("timeout".into()),
+            ..JournalRow::default()
+        };
+        let page = render(&status, &[row]);
+        assert!(
+            page.contains("10 rows written, 0 admin, 1 dropped"),
+            "{page}"
+        );
+        assert!(
+            page.contains("today's exceptions (UTC, this instance): switch-made 3"),
+            "{page}"
+        );
+        assert!(page.contains("<td>622202*********0123</td>"), "{page}");
+        assert!(page.contains("<td>timeout</td></tr>"), "{page}");
     }
 
     #[test]

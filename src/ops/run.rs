@@ -110,6 +110,10 @@ impl Switch {
     ) -> Result<Switch, StartError> {
         let outbox = owed.map(|(store, name)| (store, name, Arc::new(tokio::sync::Notify::new())));
         let supervisor = Arc::clone(supervisor);
+        let journal = outbox
+            .as_ref()
+            .filter(|_| config.journal.enabled)
+            .map(|(store, _, _)| start_journal(&config.journal, store, &supervisor));
         let budget = client_budget(config);
         let mut services = Vec::new();
         let mut runtime = ReloadReport::default();
@@ -130,6 +134,9 @@ impl Switch {
                     service: svc.name.clone(),
                     reason: e.to_string(),
                 })?;
+            if let Some(journal) = &journal {
+                service.set_journal(journal.clone());
+            }
             if let Some((store, owner, wake)) = &outbox {
                 service.made.set_saf(SafOutbox {
                     store: store.clone(),
@@ -209,6 +216,7 @@ impl Switch {
             removing: Arc::default(),
             saf: saf_view,
             admin_tls: Arc::default(),
+            journal,
         };
         let admin_addr = match &config.admin {
             Some(admin) => Some(
@@ -398,6 +406,38 @@ fn forget_services_not_in(config: &Config, store: &mut RuntimeStore) -> bool {
         known
     });
     store.state.services.len() != before
+}
+
+/// Starts the journal's writer and retention tasks under the supervisor;
+/// the handle goes to every service and to the admin API.
+fn start_journal(
+    cfg: &crate::config::journal::JournalConfig,
+    store: &crate::store::Store,
+    supervisor: &Arc<Supervisor>,
+) -> crate::journal::Journal {
+    use crate::journal::writer::{WriterTask, retain_forever};
+    let (mut journal, rx) = crate::journal::Journal::channel(cfg.queue);
+    journal.store = Some(store.clone());
+    let task = WriterTask {
+        rx: Arc::new(tokio::sync::Mutex::new(rx)),
+        store: store.clone(),
+        counters: Arc::clone(&journal.counters),
+        batch_interval: cfg.batch_interval,
+        stop: supervisor.token(),
+    };
+    supervisor.spawn_critical("journal".into(), supervisor.token(), move || {
+        task.clone().run()
+    });
+    let (store, retain, counters, stop) = (
+        store.clone(),
+        cfg.retain,
+        Arc::clone(&journal.counters),
+        supervisor.token(),
+    );
+    supervisor.spawn_critical("journal-retention".into(), supervisor.token(), move || {
+        retain_forever(store.clone(), retain, Arc::clone(&counters), stop.clone())
+    });
+    journal
 }
 
 /// Opens the store of what the switch owes: where `[store]` says, else

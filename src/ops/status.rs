@@ -24,6 +24,42 @@ pub struct Status {
     /// The certificates the switch presents, with their expiry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tls: Vec<crate::tls::CertStatus>,
+    /// The journal's writer; absent without a journal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal: Option<JournalStatus>,
+}
+
+/// The journal writer's counters (docs/journal.md).
+#[derive(Debug, Default, Serialize, serde::Deserialize)]
+pub struct JournalStatus {
+    pub written: u64,
+    pub admin_written: u64,
+    /// Rows lost to a full queue.
+    pub dropped: u64,
+    /// Rows lost to a failed insert.
+    pub failed: u64,
+    pub purged: u64,
+    pub queued: usize,
+    pub queue: usize,
+    /// Today's exceptions (UTC) this instance journaled, by outcome.
+    #[serde(default)]
+    pub today: std::collections::BTreeMap<String, u64>,
+}
+
+fn journal_status(switch: &SwitchHandle) -> Option<JournalStatus> {
+    let j = switch.journal.as_ref()?;
+    let c = &j.counters;
+    let get = |v: &std::sync::atomic::AtomicU64| v.load(Ordering::Relaxed);
+    Some(JournalStatus {
+        written: get(&c.written),
+        admin_written: get(&c.admin_written),
+        dropped: get(&c.dropped),
+        failed: get(&c.failed),
+        purged: get(&c.purged),
+        queued: j.queued(),
+        queue: j.capacity(),
+        today: c.today(crate::journal::now_millis()),
+    })
 }
 
 #[derive(Debug, Serialize, serde::Deserialize)]
@@ -141,6 +177,7 @@ pub fn status_of(switch: &SwitchHandle) -> Status {
                 .map(|r| (r.service.name(), &r.service.links.tls)),
             switch.admin_tls.get().map(|a| &**a),
         ),
+        journal: journal_status(switch),
     }
 }
 

@@ -17,6 +17,8 @@
 
 pub mod config;
 pub mod error;
+pub mod journal;
+pub mod journal_report;
 pub mod policy;
 mod postgres;
 pub mod saf;
@@ -308,6 +310,66 @@ impl Store {
     pub async fn meta_put(&self, key: &str, value: &str) -> Result<(), StoreError> {
         let op = Op::MetaPut(key.to_string(), value.to_string());
         self.done("meta_put", op).await
+    }
+
+    /// Inserts journal and admin rows in one transaction; returns once
+    /// committed. Waits for room in the queue: only the journal writer task
+    /// calls it, never the message path.
+    pub async fn journal_put(
+        &self,
+        rows: Vec<journal::JournalRow>,
+        admin: Vec<journal::AdminRow>,
+    ) -> Result<u64, StoreError> {
+        match self.handle.call(Op::JournalPut { rows, admin }).await? {
+            Outcome::Changed(n) => Ok(n),
+            other => Err(mismatch("journal_put", &other)),
+        }
+    }
+
+    /// The journal rows `filter` selects, each with its reversal's state.
+    pub async fn journal_query(
+        &self,
+        filter: journal::JournalFilter,
+    ) -> Result<Vec<journal::JournalRow>, StoreError> {
+        match self.handle.call(Op::JournalQuery(filter)).await? {
+            Outcome::JournalRows(rows) => Ok(rows),
+            other => Err(mismatch("journal_query", &other)),
+        }
+    }
+
+    /// Admin actions since `since`, newest first.
+    pub async fn admin_query(
+        &self,
+        since: Option<UnixMillis>,
+        limit: usize,
+    ) -> Result<Vec<journal::AdminRow>, StoreError> {
+        match self.handle.call(Op::AdminQuery { since, limit }).await? {
+            Outcome::AdminRows(rows) => Ok(rows),
+            other => Err(mismatch("admin_query", &other)),
+        }
+    }
+
+    /// Deletes at most `limit` journal rows, admin rows and completed SAF
+    /// records each, older than `before`, in one short transaction.
+    /// Returns how many went.
+    pub async fn journal_purge(&self, before: UnixMillis, limit: usize) -> Result<u64, StoreError> {
+        check_time("before", before)?;
+        match self.handle.call(Op::JournalPurge { before, limit }).await? {
+            Outcome::Changed(n) => Ok(n),
+            other => Err(mismatch("journal_purge", &other)),
+        }
+    }
+
+    /// The reconciliation report of the rows in `[since, until)`.
+    pub async fn journal_report(
+        &self,
+        since: UnixMillis,
+        until: UnixMillis,
+    ) -> Result<journal_report::Report, StoreError> {
+        match self.handle.call(Op::JournalReport { since, until }).await? {
+            Outcome::Report(report) => Ok(*report),
+            other => Err(mismatch("journal_report", &other)),
+        }
     }
 
     /// Finishes what is queued, closes the database and stops the writer;

@@ -23,6 +23,9 @@ use super::saf::{SafId, clip};
 use super::schema::{self, CLAIM_COLUMNS, Change, ROW_COLUMNS, RawClaim, RawRow, VERSION_KEY};
 use super::writer::{self, Answer, Counters, Inbox, Op, Outcome, Request};
 
+#[path = "sqlite_journal.rs"]
+mod journal;
+
 /// How long the writer waits for another process's write lock (a second
 /// instance on the same file, or an operator's sqlite3 shell).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -60,6 +63,57 @@ const MIGRATIONS: &[&str] = &[
     // 2: what pruning completed entries reads (oldest first), without
     // scanning the pending ones or the history it keeps.
     "CREATE INDEX saf_done ON saf (completed_at) WHERE state IN ('delivered', 'dropped');",
+    // 3: the journal of exchanges and admin actions (docs/journal.md).
+    "CREATE TABLE journal (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        t_in INTEGER NOT NULL,
+        t_out INTEGER NOT NULL,
+        service TEXT NOT NULL,
+        front TEXT NOT NULL,
+        link TEXT NOT NULL,
+        node TEXT,
+        origin TEXT NOT NULL CHECK (origin IN ('front', 'node')),
+        mti TEXT NOT NULL,
+        mti_out TEXT,
+        f11 TEXT,
+        f7 TEXT,
+        f37_in TEXT,
+        f37_out TEXT,
+        f41 TEXT,
+        f42 TEXT,
+        f32 TEXT,
+        f33 TEXT,
+        pan TEXT,
+        f4 TEXT,
+        f49 TEXT,
+        f39 TEXT,
+        answered_by TEXT NOT NULL CHECK (answered_by IN ('node', 'peer', 'switch', 'none')),
+        reason TEXT,
+        outcome TEXT NOT NULL,
+        latency_us INTEGER,
+        late INTEGER NOT NULL,
+        duplicate INTEGER NOT NULL,
+        repeat INTEGER NOT NULL,
+        unroutable INTEGER NOT NULL,
+        bad TEXT,
+        reversal_id INTEGER
+    );
+    CREATE INDEX journal_t_in ON journal (t_in);
+    CREATE INDEX journal_f37 ON journal (f37_in);
+    CREATE INDEX journal_f37_out ON journal (f37_out);
+    CREATE INDEX journal_f11 ON journal (f11, t_in);
+    CREATE INDEX journal_f41 ON journal (f41, t_in);
+    CREATE TABLE admin_log (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at INTEGER NOT NULL,
+        peer TEXT NOT NULL,
+        action TEXT NOT NULL,
+        method TEXT NOT NULL,
+        path TEXT NOT NULL,
+        status INTEGER NOT NULL,
+        outcome TEXT NOT NULL
+    );
+    CREATE INDEX admin_log_at ON admin_log (at);",
 ];
 
 fn sql_error(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
@@ -259,8 +313,14 @@ impl Writer {
     fn transact(&self, batch: &[Request]) -> Result<Vec<Answer>, Failed> {
         // IMMEDIATE takes the write lock up front: a second process on the
         // same file waits (busy timeout) instead of failing mid-batch.
-        let tx = Transaction::new_unchecked(&self.conn, TransactionBehavior::Immediate)
-            .map_err(Failed::Batch)?;
+        // A batch that only reads takes no write lock (WAL readers never
+        // block the writer of another process, nor it them).
+        let behavior = if batch.iter().all(|r| r.op.reads_only()) {
+            TransactionBehavior::Deferred
+        } else {
+            TransactionBehavior::Immediate
+        };
+        let tx = Transaction::new_unchecked(&self.conn, behavior).map_err(Failed::Batch)?;
         let mut answers = Vec::with_capacity(batch.len());
         for request in batch {
             answers.push(apply(&tx, &request.op).map_err(Failed::classify)?);
@@ -487,6 +547,11 @@ fn apply(tx: &Transaction<'_>, op: &Op) -> Result<Answer, rusqlite::Error> {
             meta_put(tx, key, value)?;
             Ok(Outcome::Done)
         }
+        Op::JournalPut { rows, admin } => journal::put(tx, rows, admin)?,
+        Op::JournalQuery(filter) => journal::query(tx, filter)?,
+        Op::AdminQuery { since, limit } => journal::admin_query(tx, *since, *limit)?,
+        Op::JournalPurge { before, limit } => journal::purge(tx, *before, *limit)?,
+        Op::JournalReport { since, until } => journal::report(tx, *since, *until)?,
         Op::Close => Ok(Outcome::Done),
     })
 }

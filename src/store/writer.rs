@@ -7,8 +7,7 @@
 //! transaction, so one sync covers the batch. Requests arriving meanwhile
 //! form the next batch.
 //!
-//! The ops are the store's vocabulary, shared by both backends; the journal
-//! joins it later as more variants.
+//! The ops are the store's vocabulary, shared by both backends.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot};
 
 use super::error::StoreError;
+use super::journal::{AdminRow, JournalFilter, JournalRow};
+use super::journal_report::Report;
 use super::saf::{
     ClaimedSaf, NewSafEntry, SafFilter, SafId, SafOwed, SafRow, SafStats, UnixMillis,
 };
@@ -76,6 +77,26 @@ pub(crate) enum Op {
     },
     MetaGet(String),
     MetaPut(String, String),
+    /// Journal rows and admin rows, inserted with prepared statements.
+    JournalPut {
+        rows: Vec<JournalRow>,
+        admin: Vec<AdminRow>,
+    },
+    JournalQuery(JournalFilter),
+    AdminQuery {
+        since: Option<UnixMillis>,
+        limit: usize,
+    },
+    /// Deletes at most `limit` rows older than `before` from each of the
+    /// journal, the admin log and the completed SAF records.
+    JournalPurge {
+        before: UnixMillis,
+        limit: usize,
+    },
+    JournalReport {
+        since: UnixMillis,
+        until: UnixMillis,
+    },
     /// Finish the queue ahead of it, then close the database.
     Close,
 }
@@ -92,6 +113,26 @@ pub(crate) enum Outcome {
     Stats(SafStats),
     Owed(Vec<SafOwed>),
     Meta(Option<String>),
+    JournalRows(Vec<JournalRow>),
+    AdminRows(Vec<AdminRow>),
+    Report(Box<Report>),
+}
+
+impl Op {
+    /// Whether the op only reads: a batch of such ops needs no write lock
+    /// (SQLite), so a long query never holds up the switch's writes.
+    pub fn reads_only(&self) -> bool {
+        matches!(
+            self,
+            Op::SafList(_)
+                | Op::SafStats { .. }
+                | Op::SafOwed { .. }
+                | Op::MetaGet(_)
+                | Op::JournalQuery(_)
+                | Op::AdminQuery { .. }
+                | Op::JournalReport { .. }
+        )
+    }
 }
 
 pub(crate) type Answer = Result<Outcome, StoreError>;

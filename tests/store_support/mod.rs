@@ -12,6 +12,7 @@ use isoswitch::store::{
     StoreError,
 };
 
+pub mod journal;
 pub mod pg;
 
 /// A fake clock's start (Unix ms): no test reads the real time.

@@ -22,9 +22,11 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::SafOutbox;
+use super::journaled::Seen;
 use super::{Origin, Pending, Service, summary};
 use crate::config::{Advices, LateApproval};
 use crate::iso8583::{Decoded, Message};
+use crate::journal::{AnsweredBy, Exchange, Journal, Link};
 use crate::link::writer::Outbound;
 use crate::route::integrity::{self, Late, LateEntry, Said};
 use crate::route::{Checked, CorrelationKey, DeclineReason};
@@ -114,7 +116,37 @@ pub(super) fn late_answer(
         .is_some_and(|f| integrity::approves(f.data(), &svc.made.approval_codes));
     let reverse = approves && svc.made.integrity.late_approval == LateApproval::Reverse;
     let c = &svc.made.counters;
-    match svc.made.late.late(key, now, reverse) {
+    let late = svc.made.late.late(key, now, reverse);
+    let (request, node) = match &late {
+        Late::Found(entry) => (&entry.request, Some(entry.node)),
+        _ => (msg.payload(), None),
+    };
+    let link = match from {
+        AnswerFrom::Node => Link::Unknown,
+        AnswerFrom::Peer => Link::Node,
+    };
+    let by = match from {
+        AnswerFrom::Node => AnsweredBy::Node,
+        AnswerFrom::Peer => AnsweredBy::Peer,
+    };
+    let seen = Seen::new(link, request, by);
+    let seen = Seen {
+        node,
+        response: Some(msg.payload().clone()),
+        late: true,
+        ..seen
+    };
+    let reversing = matches!(late, Late::Found(_)) && approves && reverse;
+    let exchange = if reversing {
+        // Recorded once its reversal is stored, with the reversal's id.
+        svc.exchange_of(seen, now).map(|(j, ex)| (j.clone(), ex))
+    } else {
+        if !matches!(late, Late::NotRemembered) {
+            svc.note(seen, now);
+        }
+        None
+    };
+    match late {
         Late::NotRemembered => false,
         Late::AlreadyReversed => {
             c.late_again.fetch_add(1, Ordering::Relaxed);
@@ -138,8 +170,13 @@ pub(super) fn late_answer(
                 AnswerFrom::Peer => Some(Direction::ToPeer),
             };
             match direction {
-                Some(d) => owe_reversal(svc, &entry, d, msg),
-                None => unreversed(svc, msg, "its node is gone"),
+                Some(d) => owe_reversal(svc, &entry, d, msg, exchange),
+                None => {
+                    unreversed(svc, msg, "its node is gone");
+                    if let Some((journal, ex)) = exchange {
+                        journal.exchange(ex);
+                    }
+                }
             }
             true
         }
@@ -148,7 +185,19 @@ pub(super) fn late_answer(
 
 /// Builds the reversal of `entry`'s request and hands it to the store; once
 /// stored, the delivery loop sends it.
-fn owe_reversal(svc: &Service, entry: &LateEntry, direction: Direction, answer: &Message<'_>) {
+fn owe_reversal(
+    svc: &Service,
+    entry: &LateEntry,
+    direction: Direction,
+    answer: &Message<'_>,
+    exchange: Option<(Journal, Exchange)>,
+) {
+    let unreversed = |svc, answer, why| {
+        unreversed(svc, answer, why);
+        if let Some((journal, ex)) = exchange.as_ref() {
+            journal.exchange(copy(ex));
+        }
+    };
     let Some(outbox) = svc.made.saf() else {
         return unreversed(svc, answer, "no store (set data_dir or [store])");
     };
@@ -187,6 +236,7 @@ fn owe_reversal(svc: &Service, entry: &LateEntry, direction: Direction, answer: 
         service: svc.name().to_string(),
         what: summary(answer).to_string(),
         give_up_after: svc.made.integrity.late_window.max(MIN_STORE_RETRY),
+        exchange,
     };
     tokio::spawn(task.run(entry));
 }
@@ -207,6 +257,8 @@ struct StoreReversal {
     service: String,
     what: String,
     give_up_after: std::time::Duration,
+    /// The late approval's journal row, recorded with the reversal's id.
+    exchange: Option<(Journal, Exchange)>,
 }
 
 impl StoreReversal {
@@ -226,6 +278,10 @@ impl StoreReversal {
                     self.counters.late_reversed.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(service, %id, message = %what, "late approval: reversal stored");
                     self.wake.notify_one();
+                    if let Some((journal, mut ex)) = self.exchange {
+                        ex.reversal_id = Some(id.0);
+                        journal.exchange(ex);
+                    }
                     return;
                 }
                 Err(e) => e,
@@ -235,6 +291,9 @@ impl StoreReversal {
                     .late_unreversed
                     .fetch_add(1, Ordering::Relaxed);
                 tracing::error!(service, error = %e, message = %what, "late approval NOT reversed: the reversal could not be stored; reconcile by hand");
+                if let Some((journal, ex)) = self.exchange {
+                    journal.exchange(ex);
+                }
                 return;
             }
             if !warned {
@@ -259,6 +318,17 @@ fn worth_retrying(e: &crate::store::StoreError) -> bool {
             | E::Sqlite { .. }
             | E::Io { .. }
     )
+}
+
+/// A copy of a journal exchange (the bytes are shared, not copied).
+fn copy(ex: &Exchange) -> Exchange {
+    Exchange {
+        spec: std::sync::Arc::clone(&ex.spec),
+        service: std::sync::Arc::clone(&ex.service),
+        request: ex.request.clone(),
+        response: ex.response.clone(),
+        ..*ex
+    }
 }
 
 fn unreversed(svc: &Service, answer: &Message<'_>, why: &str) {
@@ -330,6 +400,17 @@ pub(super) fn store_advice(svc: &Service, req: &Checked<'_>, origin: Origin) {
     let wake = std::sync::Arc::clone(&outbox.wake);
     let service = svc.name().to_string();
     let what = summary(&req.msg);
+    // Journaled once stored and acknowledged: the switch answered it.
+    let journaled = super::journaled::link_of(&origin).and_then(|link| {
+        let seen = Seen::new(link, &payload, AnsweredBy::Stored);
+        let response = match &acknowledgement {
+            Ok(Outbound::Message(resp, _)) => Some(resp.clone()),
+            _ => None,
+        };
+        let seen = Seen { response, ..seen };
+        svc.exchange_of(seen, std::time::Instant::now())
+            .map(|(j, ex)| (j.clone(), ex))
+    });
     svc.made
         .counters
         .advices_stored
@@ -340,6 +421,9 @@ pub(super) fn store_advice(svc: &Service, req: &Checked<'_>, origin: Origin) {
                 wake.notify_one();
                 if let (Origin::Client { tx, .. }, Ok(out)) = (origin, acknowledgement) {
                     let _ = tx.try_send(out);
+                }
+                if let Some((journal, ex)) = journaled {
+                    journal.exchange(ex);
                 }
                 tracing::debug!(service, %id, message = %what, "advice stored and acknowledged");
             }

@@ -8,6 +8,9 @@ use crate::store::saf::{SafId, clip};
 use crate::store::schema::{self, CLAIM_COLUMNS, Change, ROW_COLUMNS, RawClaim, RawRow};
 use crate::store::writer::{Answer, Op, Outcome};
 
+#[path = "journal.rs"]
+mod journal;
+
 /// The migrations, one per schema version (index 0 brings a database to 1).
 pub(super) const MIGRATIONS: &[&str] = &[
     // 1: the store-and-forward queue.
@@ -41,6 +44,57 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // 2: what pruning completed entries reads (oldest first), without
     // scanning the pending ones or the history it keeps.
     "CREATE INDEX saf_done ON saf (completed_at) WHERE state IN ('delivered', 'dropped');",
+    // 3: the journal of exchanges and admin actions (docs/journal.md).
+    "CREATE TABLE journal (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        t_in BIGINT NOT NULL,
+        t_out BIGINT NOT NULL,
+        service TEXT NOT NULL,
+        front TEXT NOT NULL,
+        link TEXT NOT NULL,
+        node TEXT,
+        origin TEXT NOT NULL CHECK (origin IN ('front', 'node')),
+        mti TEXT NOT NULL,
+        mti_out TEXT,
+        f11 TEXT,
+        f7 TEXT,
+        f37_in TEXT,
+        f37_out TEXT,
+        f41 TEXT,
+        f42 TEXT,
+        f32 TEXT,
+        f33 TEXT,
+        pan TEXT,
+        f4 TEXT,
+        f49 TEXT,
+        f39 TEXT,
+        answered_by TEXT NOT NULL CHECK (answered_by IN ('node', 'peer', 'switch', 'none')),
+        reason TEXT,
+        outcome TEXT NOT NULL,
+        latency_us BIGINT,
+        late SMALLINT NOT NULL,
+        duplicate SMALLINT NOT NULL,
+        repeat SMALLINT NOT NULL,
+        unroutable SMALLINT NOT NULL,
+        bad TEXT,
+        reversal_id BIGINT
+    );
+    CREATE INDEX journal_t_in ON journal (t_in);
+    CREATE INDEX journal_f37 ON journal (f37_in);
+    CREATE INDEX journal_f37_out ON journal (f37_out);
+    CREATE INDEX journal_f11 ON journal (f11, t_in);
+    CREATE INDEX journal_f41 ON journal (f41, t_in);
+    CREATE TABLE admin_log (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        at BIGINT NOT NULL,
+        peer TEXT NOT NULL,
+        action TEXT NOT NULL,
+        method TEXT NOT NULL,
+        path TEXT NOT NULL,
+        status BIGINT NOT NULL,
+        outcome TEXT NOT NULL
+    );
+    CREATE INDEX admin_log_at ON admin_log (at);",
 ];
 
 pub(super) const META_PUT: &str = "INSERT INTO meta (key, value) VALUES ($1, $2) \
@@ -63,6 +117,8 @@ pub(super) struct Statements {
     owed: Statement,
     meta_get: Statement,
     meta_put: Statement,
+    pub(super) journal_insert: Statement,
+    pub(super) admin_insert: Statement,
 }
 
 impl Statements {
@@ -160,6 +216,10 @@ impl Statements {
                 .prepare("SELECT value FROM meta WHERE key = $1")
                 .await?,
             meta_put: c.prepare(META_PUT).await?,
+            journal_insert: c.prepare(crate::store::journal::INSERT).await?,
+            admin_insert: c
+                .prepare(crate::store::journal::ADMIN_INSERT)
+                .await?,
         })
     }
 }
@@ -346,6 +406,11 @@ pub(super) async fn apply(
             tx.execute(&st.meta_put, &[key, value]).await?;
             Ok(Outcome::Done)
         }
+        Op::JournalPut { rows, admin } => journal::put(tx, st, rows, admin).await?,
+        Op::JournalQuery(filter) => journal::query(tx, filter).await?,
+        Op::AdminQuery { since, limit } => journal::admin_query(tx, *since, *limit).await?,
+        Op::JournalPurge { before, limit } => journal::purge(tx, *before, *limit).await?,
+        Op::JournalReport { since, until } => journal::report(tx, *since, *until).await?,
         Op::Close => Ok(Outcome::Done),
     })
 }

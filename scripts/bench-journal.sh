@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# What the journal costs the switch: the same fixed-rate load through the
+# switch with `[journal] enabled = false` and `true`, alternated round by
+# round, switch CPU per request from /proc/PID/stat (utime + stime over the
+# load), and a check that the journal lost nothing (its rows, read with
+# sqlite3 after the switch stopped, = requests answered; its dropped count).
+#
+#   scripts/bench-journal.sh [RATE] [DURATION] [REPEAT]   # default 10000 10s 3
+#
+# ISOSWITCH_BIN=<binary> measures that build instead of building this tree;
+# JOURNAL_TOML='batch_interval = "50ms"' adds keys to the `[journal]` table.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rate=${1:-10000}
+duration=${2:-10s}
+repeat=${3:-3}
+command -v sqlite3 >/dev/null || { echo "bench-journal.sh: sqlite3 is missing (scripts/deps/store.apt)" >&2; exit 1; }
+bin=${ISOSWITCH_BIN:-}
+if [ -z "$bin" ]; then
+    cargo build --release --quiet
+    bin="${CARGO_TARGET_DIR:-target}/release/isoswitch"
+fi
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
+trap cleanup EXIT
+tck=$(getconf CLK_TCK)
+
+for i in 1 2 3; do
+    $bin sim node --listen 127.0.0.1:2670$i --spec cups --id 0$i >/dev/null 2>&1 & pids+=($!)
+done
+config() { # $1 = true|false
+    cat <<TOML
+[journal]
+enabled = $1
+${JOURNAL_TOML:-}
+[[service]]
+name = "bench"
+spec = "cups"
+[service.front]
+kind = "listen"
+listen = "127.0.0.1:26700"
+[service.back]
+connections_per_node = 2
+[service.back.health]
+check = "tcp"
+[[service.back.node]]
+id = "01"
+address = "127.0.0.1:26701"
+[[service.back.node]]
+id = "02"
+address = "127.0.0.1:26702"
+[[service.back.node]]
+id = "03"
+address = "127.0.0.1:26703"
+TOML
+}
+config false >"$work/off.toml"
+config true >"$work/on.toml"
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+run_once() { # $1 = off|on
+    local data="$work/data-$RANDOM"
+    ISOSWITCH_LOG=warn $bin run --config "$work/$1.toml" --data-dir "$data" >/dev/null 2>"$work/switch.log" &
+    local sw=$!
+    sleep 1.5
+    local before after out
+    before=$(cpu_ticks $sw)
+    out=$($bin load --target 127.0.0.1:26700 --spec cups --rate "$rate" --duration "$duration" --quiet --json)
+    after=$(cpu_ticks $sw)
+    kill -INT $sw; wait $sw || true
+    local answered us note=""
+    answered=$(python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print(d.get("answered", d.get("received", 0)))' <<<"$out")
+    us=$(python3 -c "print(round(($after-$before)/$tck/$answered*1e6, 2))")
+    if [ "$1" = on ]; then
+        local rows
+        rows=$(sqlite3 -readonly "$data/isoswitch.db" "SELECT count(*) FROM journal")
+        note=" journal rows $rows (lost $((answered - rows)))"
+    fi
+    rm -rf "$data"
+    echo "journal $1: answered $answered, switch CPU $us us/request$note"
+}
+
+for _ in $(seq "$repeat"); do
+    run_once off
+    run_once on
+done

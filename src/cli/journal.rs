@@ -1,0 +1,219 @@
+//! `isoswitch journal`: the exchanges and admin actions the switch
+//! recorded, read from its store (docs/journal.md), and `isoswitch journal
+//! report`: the day's reconciliation table.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::SystemTime;
+
+use clap::{Args, Subcommand};
+
+use crate::journal::params::{self, DEFAULT_LIMIT, MAX_LIMIT};
+use crate::journal::report as show;
+use crate::store::journal::{JournalFilter, OutcomeFilter};
+use crate::store::{Store, StoreConfig};
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct JournalArgs {
+    #[command(subcommand)]
+    pub command: Option<JournalCommand>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// Print JSON (an array of rows).
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    /// Print CSV, every column.
+    #[arg(long)]
+    pub csv: bool,
+    /// Show the admin actions (and refused tokens) instead of exchanges.
+    #[arg(long)]
+    pub admin: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JournalCommand {
+    /// Per service and node: exchanges by outcome, switch-made answers by
+    /// reason, late approvals and their reversals, p50/p99 latency.
+    Report {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The day, YYYY-MM-DD (UTC); today by default.
+        #[arg(long)]
+        day: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Where the store is, as `run` finds it.
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// The switch's data directory (its SQLite store). Default: the
+    /// config's `data_dir`, else $STATE_DIRECTORY, else ./isoswitch-data.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// A store URL (`postgres://...`, `sqlite:/path.db`), as `store.url`.
+    #[arg(long, value_name = "URL", env = "ISOSWITCH_STORE_URL")]
+    pub store_url: Option<String>,
+    /// The switch's config file, for its `data_dir` and `[store]`.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct FilterArgs {
+    /// From this time: 2026-12-04T10:00:00Z, 2026-12-04, Unix ms, or 2h (ago).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Before this time (same forms).
+    #[arg(long)]
+    pub until: Option<String>,
+    /// F37 as received or as answered.
+    #[arg(long)]
+    pub rrn: Option<String>,
+    /// F11.
+    #[arg(long)]
+    pub stan: Option<String>,
+    /// F41.
+    #[arg(long)]
+    pub terminal: Option<String>,
+    #[arg(long)]
+    pub node: Option<String>,
+    #[arg(long)]
+    pub service: Option<String>,
+    /// switch-made, late, reversed, bad, duplicate, unroutable or repeat.
+    #[arg(long, value_parser = |s: &str| s.parse::<OutcomeFilter>())]
+    pub outcome: Option<OutcomeFilter>,
+    /// Most rows printed.
+    #[arg(long, default_value_t = DEFAULT_LIMIT)]
+    pub limit: usize,
+    /// Newest first.
+    #[arg(long)]
+    pub newest_first: bool,
+}
+
+impl FilterArgs {
+    fn filter(&self, now: SystemTime) -> Result<JournalFilter, String> {
+        let time = |flag: &str, v: &Option<String>| {
+            v.as_deref()
+                .map(|t| params::parse_time(t, now).map_err(|e| format!("--{flag}: {e}")))
+                .transpose()
+        };
+        if !(1..=MAX_LIMIT).contains(&self.limit) {
+            return Err(format!("--limit: within 1..={MAX_LIMIT}"));
+        }
+        Ok(JournalFilter {
+            since: time("since", &self.since)?,
+            until: time("until", &self.until)?,
+            rrn: self.rrn.clone(),
+            stan: self.stan.clone(),
+            terminal: self.terminal.clone(),
+            node: self.node.clone(),
+            service: self.service.clone(),
+            outcome: self.outcome,
+            limit: self.limit,
+            newest_first: self.newest_first,
+        })
+    }
+}
+
+pub fn run(args: JournalArgs) -> ExitCode {
+    super::runtime(async move {
+        match &args.command {
+            Some(JournalCommand::Report { store, day, json }) => {
+                let (since, until) = params::day_bounds(day.as_deref(), SystemTime::now())
+                    .map_err(|e| format!("--day: {e}"))?;
+                let store = open(store).await?;
+                let report = store
+                    .journal_report(since, until)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if *json {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
+                    );
+                } else {
+                    print!("{}", show::report_table(&report));
+                }
+                close(store).await;
+                Ok(())
+            }
+            None => list(&args).await,
+        }
+    })
+}
+
+async fn list(args: &JournalArgs) -> Result<(), String> {
+    let filter = args.filter.filter(SystemTime::now())?;
+    let store = open(&args.store).await?;
+    let printed = if args.admin {
+        let rows = store
+            .admin_query(filter.since, filter.limit)
+            .await
+            .map_err(|e| e.to_string())?;
+        if args.json {
+            serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())? + "\n"
+        } else {
+            show::admin_table(&rows)
+        }
+    } else {
+        let rows = store
+            .journal_query(filter)
+            .await
+            .map_err(|e| e.to_string())?;
+        if args.json {
+            serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())? + "\n"
+        } else if args.csv {
+            show::csv(&rows)
+        } else {
+            show::table(&rows)
+        }
+    };
+    print!("{printed}");
+    close(store).await;
+    Ok(())
+}
+
+/// Opens the store the flags name; a SQLite store that is not there is an
+/// error (a query never creates one).
+async fn open(args: &StoreArgs) -> Result<Store, String> {
+    let loaded = match &args.config {
+        Some(path) => Some(
+            crate::config::Config::load(path).map_err(|e| format!("{}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
+    let mut cfg = loaded
+        .as_ref()
+        .map(|c| c.store.clone())
+        .unwrap_or_else(StoreConfig::default);
+    if args.store_url.is_some() {
+        cfg.url = args.store_url.clone();
+    }
+    let state_directory = std::env::var(crate::ops::data_dir::STATE_DIRECTORY_ENV).ok();
+    let (data_dir, _) = crate::ops::data_dir::resolve(
+        args.data_dir.as_deref(),
+        loaded.as_ref().and_then(|c| c.data_dir.as_deref()),
+        state_directory.as_deref(),
+    );
+    if let crate::store::Location::Sqlite(path) =
+        cfg.location(&data_dir).map_err(|e| e.to_string())?
+        && !path.exists()
+    {
+        return Err(format!(
+            "no store at {} (give --data-dir, --store-url or --config)",
+            path.display()
+        ));
+    }
+    Store::open(&cfg, &data_dir)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn close(store: Store) {
+    let _ = store.close().await;
+}

@@ -1,0 +1,105 @@
+//! `[journal]`: the transaction journal's switch, retention and writer
+//! (docs/journal.md). The config file embeds [`JournalConfig`] as its
+//! `[journal]` table; absent, the journal is on with these defaults whenever
+//! the switch has a store.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, duration, invalid};
+
+/// `[journal]`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct JournalConfig {
+    /// Whether exchanges and admin actions are journaled (needs a store).
+    #[serde(default = "defaults::enabled")]
+    pub enabled: bool,
+    /// Rows older than this are deleted, a bounded batch at a time.
+    #[serde(default = "defaults::retain", with = "duration")]
+    pub retain: Duration,
+    /// Rows waiting for the journal writer; one that finds it full is
+    /// dropped and counted (`isoswitch_journal_dropped_total`), never waited
+    /// for.
+    #[serde(default = "defaults::queue")]
+    pub queue: usize,
+    /// How long the writer gathers rows before one transaction inserts them.
+    #[serde(default = "defaults::batch_interval", with = "duration")]
+    pub batch_interval: Duration,
+}
+
+mod defaults {
+    use std::time::Duration;
+    /// Off until its cost meets the goal of at most 10% more CPU per
+    /// message (BENCHMARKS.md, "Journal cost": about 65% today): turning it
+    /// on is the operator's choice, not an upgrade's surprise.
+    pub fn enabled() -> bool {
+        false
+    }
+    pub fn retain() -> Duration {
+        Duration::from_secs(90 * 24 * 3600)
+    }
+    pub fn queue() -> usize {
+        65_536
+    }
+    pub fn batch_interval() -> Duration {
+        Duration::from_millis(5)
+    }
+}
+
+impl Default for JournalConfig {
+    fn default() -> Self {
+        JournalConfig {
+            enabled: defaults::enabled(),
+            retain: defaults::retain(),
+            queue: defaults::queue(),
+            batch_interval: defaults::batch_interval(),
+        }
+    }
+}
+
+impl JournalConfig {
+    /// Ranges serde cannot check; errors name the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.queue == 0 {
+            return Err(invalid("journal.queue", "must be at least 1"));
+        }
+        if self.retain < Duration::from_secs(3600) {
+            return Err(invalid("journal.retain", "must be at least 1h"));
+        }
+        if self.batch_interval.is_zero() || self.batch_interval > Duration::from_secs(1) {
+            return Err(invalid(
+                "journal.batch_interval",
+                "must be more than 0 and at most 1s (the batch a kill -9 may lose)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_ranges() {
+        let cfg: JournalConfig = toml::from_str("").expect("empty table");
+        assert_eq!(cfg, JournalConfig::default());
+        assert!(cfg.validate().is_ok());
+        let cfg: JournalConfig =
+            toml::from_str("retain = \"30d\"\nbatch_interval = \"10ms\"").expect("set");
+        assert_eq!(cfg.retain, Duration::from_secs(30 * 86_400));
+        let bad = JournalConfig {
+            retain: Duration::from_secs(60),
+            ..JournalConfig::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("journal.retain")
+        );
+        assert!(toml::from_str::<JournalConfig>("retention = \"1d\"").is_err());
+    }
+}

@@ -1,0 +1,286 @@
+//! The journal's rows as the store keeps them: one per exchange
+//! (`journal`), one per admin action (`admin_log`), the filters a query
+//! takes, and the SQL both backends share. The rows arrive masked: the
+//! journal's row builder (`crate::journal::row`) is the only producer, and
+//! it reads a fixed list of fields (docs/journal.md).
+
+use serde::Serialize;
+
+use super::saf::UnixMillis;
+
+/// One exchange, as stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct JournalRow {
+    /// Set by the store; 0 on a row not yet stored.
+    pub id: i64,
+    pub t_in: UnixMillis,
+    pub t_out: UnixMillis,
+    pub service: String,
+    pub front: String,
+    /// `client#N`, `peer` or `node`.
+    pub link: String,
+    pub node: Option<String>,
+    /// `front` (a client's or the peer's request) or `node` (a node's own).
+    pub origin: String,
+    pub mti: String,
+    pub mti_out: Option<String>,
+    pub f11: Option<String>,
+    pub f7: Option<String>,
+    /// F37 as received and as answered (the node's answer carries the
+    /// switch's stamp when it stamps).
+    pub f37_in: Option<String>,
+    pub f37_out: Option<String>,
+    pub f41: Option<String>,
+    pub f42: Option<String>,
+    pub f32: Option<String>,
+    pub f33: Option<String>,
+    /// First 6 and last 4 at most.
+    pub pan: Option<String>,
+    pub f4: Option<String>,
+    pub f49: Option<String>,
+    pub f39: Option<String>,
+    /// `node`, `peer`, `switch` or `none`.
+    pub answered_by: String,
+    /// Why the switch answered (or nobody did).
+    pub reason: Option<String>,
+    /// `answered`, `switch-made`, `duplicate`, `unroutable`, `bad`, `late`,
+    /// `unanswered`.
+    pub outcome: String,
+    pub latency_us: Option<i64>,
+    pub late: bool,
+    pub duplicate: bool,
+    pub repeat: bool,
+    pub unroutable: bool,
+    /// `declined`, `dropped` or `closed` for a request that failed
+    /// validation.
+    pub bad: Option<String>,
+    /// The `saf` row of the reversal a late approval was given.
+    pub reversal_id: Option<i64>,
+    /// Read only: that reversal's state (`pending`, `delivered`, `dead`,
+    /// `dropped`) and the host's answer to it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reversal_state: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reversal_answer: Option<String>,
+}
+
+/// One admin action, or a refused token.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct AdminRow {
+    pub id: i64,
+    pub at: UnixMillis,
+    /// The client's address, `-` when unknown.
+    pub peer: String,
+    /// `drain`, `disable`, `enable`, `add`, `remove`, `reload`, `saf-retry`,
+    /// `saf-drop`, `token-refused`, or the method and path.
+    pub action: String,
+    pub method: String,
+    pub path: String,
+    /// The HTTP status answered.
+    pub status: i64,
+    /// What the change did or why it was refused.
+    pub outcome: String,
+}
+
+/// `--outcome`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum OutcomeFilter {
+    /// Every answer the switch made (declines of any reason).
+    SwitchMade,
+    Late,
+    Reversed,
+    Bad,
+    Duplicate,
+    Unroutable,
+    Repeat,
+}
+
+impl std::str::FromStr for OutcomeFilter {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "switch-made" => OutcomeFilter::SwitchMade,
+            "late" => OutcomeFilter::Late,
+            "reversed" => OutcomeFilter::Reversed,
+            "bad" => OutcomeFilter::Bad,
+            "duplicate" => OutcomeFilter::Duplicate,
+            "unroutable" => OutcomeFilter::Unroutable,
+            "repeat" => OutcomeFilter::Repeat,
+            other => {
+                return Err(format!(
+                    "outcome `{other}`: one of switch-made, late, reversed, bad, duplicate, unroutable, repeat"
+                ));
+            }
+        })
+    }
+}
+
+impl OutcomeFilter {
+    fn condition(self) -> &'static str {
+        match self {
+            OutcomeFilter::SwitchMade => "j.answered_by = 'switch'",
+            OutcomeFilter::Late => "j.late = 1",
+            OutcomeFilter::Reversed => "j.reversal_id IS NOT NULL",
+            OutcomeFilter::Bad => "j.bad IS NOT NULL",
+            OutcomeFilter::Duplicate => "j.duplicate = 1",
+            OutcomeFilter::Unroutable => "j.unroutable = 1",
+            OutcomeFilter::Repeat => "j.repeat = 1",
+        }
+    }
+}
+
+/// What a journal query selects. Every field narrows; none set: all rows.
+#[derive(Clone, Debug, Default)]
+pub struct JournalFilter {
+    pub since: Option<UnixMillis>,
+    pub until: Option<UnixMillis>,
+    /// F37, as received or as answered.
+    pub rrn: Option<String>,
+    pub stan: Option<String>,
+    /// F41.
+    pub terminal: Option<String>,
+    pub node: Option<String>,
+    pub service: Option<String>,
+    pub outcome: Option<OutcomeFilter>,
+    /// Most rows returned.
+    pub limit: usize,
+    /// Newest first (the status page), else oldest first.
+    pub newest_first: bool,
+}
+
+/// A bound parameter of a built query.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Param {
+    Int(i64),
+    Text(String),
+}
+
+/// The columns a query reads, in [`JournalRow`]'s order, `saf` joined.
+pub const ROW_COLUMNS: &str = "j.id, j.t_in, j.t_out, j.service, j.front, j.link, j.node, \
+     j.origin, j.mti, j.mti_out, j.f11, j.f7, j.f37_in, j.f37_out, j.f41, j.f42, j.f32, j.f33, \
+     j.pan, j.f4, j.f49, j.f39, j.answered_by, j.reason, j.outcome, j.latency_us, j.late, \
+     j.duplicate, j.repeat, j.unroutable, j.bad, j.reversal_id, s.state, s.answer";
+
+/// The insert both backends prepare (`$n`; SQLite reads `$n` as well).
+pub const INSERT: &str = "INSERT INTO journal (t_in, t_out, service, front, link, node, origin, \
+     mti, mti_out, f11, f7, f37_in, f37_out, f41, f42, f32, f33, pan, f4, f49, f39, \
+     answered_by, reason, outcome, latency_us, late, duplicate, repeat, unroutable, bad, \
+     reversal_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
+     $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31)";
+
+pub const ADMIN_INSERT: &str = "INSERT INTO admin_log (at, peer, action, method, path, status, \
+     outcome) VALUES ($1, $2, $3, $4, $5, $6, $7)";
+
+pub const ADMIN_COLUMNS: &str = "id, at, peer, action, method, path, status, outcome";
+
+/// Deletes the oldest rows before `$1`, at most `$2` of them: one short
+/// transaction per batch, so retention never holds the write lock long.
+pub const PURGE_JOURNAL: &str = "DELETE FROM journal WHERE id IN \
+     (SELECT id FROM journal WHERE t_in < $1 ORDER BY t_in LIMIT $2)";
+pub const PURGE_ADMIN: &str = "DELETE FROM admin_log WHERE id IN \
+     (SELECT id FROM admin_log WHERE at < $1 ORDER BY at LIMIT $2)";
+/// The query for `filter`, `$n` placeholders, and its parameters.
+pub fn select(filter: &JournalFilter) -> (String, Vec<Param>) {
+    let mut sql = format!(
+        "SELECT {ROW_COLUMNS} FROM journal j LEFT JOIN saf s ON s.id = j.reversal_id WHERE 1 = 1"
+    );
+    let mut params = Vec::new();
+    let mut bind = |sql: &mut String, cond: &str, p: Param| {
+        params.push(p);
+        sql.push_str(&cond.replace('?', &format!("${}", params.len())));
+    };
+    if let Some(t) = filter.since {
+        bind(&mut sql, " AND j.t_in >= ?", Param::Int(t));
+    }
+    if let Some(t) = filter.until {
+        bind(&mut sql, " AND j.t_in < ?", Param::Int(t));
+    }
+    if let Some(r) = &filter.rrn {
+        // Twice the same value: each placeholder is bound once.
+        bind(&mut sql, " AND (j.f37_in = ?", Param::Text(r.clone()));
+        bind(&mut sql, " OR j.f37_out = ?)", Param::Text(r.clone()));
+    }
+    if let Some(s) = &filter.stan {
+        bind(&mut sql, " AND j.f11 = ?", Param::Text(s.clone()));
+    }
+    if let Some(t) = &filter.terminal {
+        bind(&mut sql, " AND j.f41 = ?", Param::Text(t.clone()));
+    }
+    if let Some(n) = &filter.node {
+        bind(&mut sql, " AND j.node = ?", Param::Text(n.clone()));
+    }
+    if let Some(s) = &filter.service {
+        bind(&mut sql, " AND j.service = ?", Param::Text(s.clone()));
+    }
+    if let Some(o) = filter.outcome {
+        sql.push_str(" AND ");
+        sql.push_str(o.condition());
+    }
+    let order = if filter.newest_first { "DESC" } else { "ASC" };
+    let limit = i64::try_from(filter.limit.max(1)).unwrap_or(i64::MAX);
+    sql.push_str(&format!(" ORDER BY j.t_in {order}, j.id {order}"));
+    bind(&mut sql, " LIMIT ?", Param::Int(limit));
+    (sql, params)
+}
+
+/// The admin rows since `since`, newest first, at most `limit`.
+pub fn select_admin(since: Option<UnixMillis>, limit: usize) -> (String, Vec<Param>) {
+    let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
+    (
+        format!(
+            "SELECT {ADMIN_COLUMNS} FROM admin_log WHERE at >= $1 ORDER BY at DESC, id DESC LIMIT $2"
+        ),
+        vec![Param::Int(since.unwrap_or(0)), Param::Int(limit)],
+    )
+}
+
+/// The columns a report pass reads, one row per exchange of the period.
+pub const REPORT_SQL: &str = "SELECT j.service, j.node, j.outcome, j.reason, j.late, \
+     j.reversal_id, s.state, j.latency_us FROM journal j LEFT JOIN saf s ON s.id = j.reversal_id \
+     WHERE j.t_in >= $1 AND j.t_in < $2";
+
+/// One row of [`REPORT_SQL`].
+#[derive(Clone, Debug)]
+pub struct ReportInput {
+    pub service: String,
+    pub node: Option<String>,
+    pub outcome: String,
+    pub reason: Option<String>,
+    pub late: bool,
+    pub reversal_id: Option<i64>,
+    pub reversal_state: Option<String>,
+    pub latency_us: Option<i64>,
+}
+
+/// SQLite spells placeholders `?n`; `$n` reads the same there, but one
+/// rule for both keeps the statements comparable.
+pub fn sqlite_placeholders(sql: &str) -> String {
+    sql.replace('$', "?")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_filter_binds_each_value_once_in_order() {
+        let (sql, params) = select(&JournalFilter {
+            rrn: Some("123456789012".into()),
+            stan: Some("000042".into()),
+            outcome: Some(OutcomeFilter::Late),
+            limit: 10,
+            ..JournalFilter::default()
+        });
+        assert!(sql.contains("(j.f37_in = $1 OR j.f37_out = $2)"), "{sql}");
+        assert!(sql.contains("j.f11 = $3"), "{sql}");
+        assert!(sql.contains("j.late = 1"), "{sql}");
+        assert!(sql.ends_with("LIMIT $4"), "{sql}");
+        assert_eq!(params.len(), 4);
+        assert_eq!(params[3], Param::Int(10));
+        assert!("nope".parse::<OutcomeFilter>().is_err());
+        assert_eq!(
+            "switch-made".parse::<OutcomeFilter>(),
+            Ok(OutcomeFilter::SwitchMade)
+        );
+    }
+}
