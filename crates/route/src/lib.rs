@@ -35,7 +35,7 @@
 //!
 //! ```
 //! use std::time::{Duration, Instant};
-//! use isoswitch::route::*;
+//! use isoswitch_route::*;
 //!
 //! let now = Instant::now();
 //! let ids: Vec<NodeId> = ["01", "02"].iter().map(|s| s.parse().unwrap()).collect();
