@@ -58,6 +58,6 @@ acked=$(value acked)
 count=$(value count)
 [ -n "$acked" ] && [ "$acked" -gt 0 ] || fail "postgres: no entries acknowledged: $(cat "$WORK/pg.out")"
 [ "$count" = "$acked" ] || fail "postgres: $acked entries acknowledged, $count stored"
-[ "$(value version)" = 2 ] || fail "postgres: schema_version"
+[ "$(value version)" = 3 ] || fail "postgres: schema_version"
 check_pans "$(value pans | tr ' ' '\n')" postgres
 echo "ok store.sh postgres: $acked acknowledged, $count in the table"
