@@ -110,6 +110,10 @@ impl Service {
         response: &Message<'_>,
         now: Instant,
     ) {
+        // The common case (no journal) touches nothing of the response.
+        if self.journal.get().is_none() {
+            return;
+        }
         let seen = Seen::new(link, request, by);
         let seen = Seen {
             node: Some(sent.0),
