@@ -110,6 +110,9 @@ impl Rig {
     /// encoded for its node. Returns the node it went to and the bytes its
     /// writer would write (a switch-made decline goes to the client instead:
     /// then `None`, and [`Rig::client_bytes`] has it).
+    // Never inlined: scripts/path-ir.sh counts this function inclusively by
+    // its symbol, which cross-crate LTO would otherwise dissolve into the bench.
+    #[inline(never)]
     pub fn request(&mut self, frame: &[u8]) -> Result<Option<(usize, &[u8])>, RigError> {
         let payload = self.cut(frame)?;
         self.service
@@ -127,6 +130,9 @@ impl Rig {
 
     /// A response frame from `node`: correlated and encoded for the client.
     /// Returns the bytes the client's writer would write.
+    // Never inlined: scripts/path-ir.sh counts this function inclusively by
+    // its symbol, which cross-crate LTO would otherwise dissolve into the bench.
+    #[inline(never)]
     pub fn response(&mut self, node: usize, frame: &[u8]) -> Result<&[u8], RigError> {
         let payload = self.cut(frame)?;
         self.service
