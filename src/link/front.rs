@@ -24,6 +24,12 @@ use crate::capture::{Opened, Tapped};
 use crate::config::ListenFront;
 use crate::wire::{Frame, FrameCodec};
 
+/// A client's read buffer to start with (tokio-util's default is 8 KiB). A
+/// terminal sends a request or two at a time, a few hundred bytes each, and a
+/// front holds thousands of them; a longer frame grows the buffer to its
+/// length ([`crate::wire::Framer::decode`] reserves it).
+const CLIENT_READ_BUFFER: usize = 2 * 1024;
+
 /// Connections open per source IP and in total, to enforce the front's limits.
 #[derive(Debug, Default)]
 struct Admission {
@@ -272,7 +278,7 @@ async fn serve_client(
         Some(Arc::clone(&registered.entry)),
     ));
     let codec = FrameCodec::new(prefix, service.spec().framing().max_frame);
-    let mut frames = FramedRead::new(read, codec);
+    let mut frames = FramedRead::with_capacity(read, codec, CLIENT_READ_BUFFER);
     tracing::debug!(service = service.name(), %peer, conn, "client connected");
     let mut timer = ReadTimer::new(
         front.idle_timeout,

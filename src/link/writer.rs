@@ -16,6 +16,12 @@ pub use crate::wire::patch::{PATCH_MAX, PATCHES, Patch, PatchOverflow};
 /// Writes are batched up to this many bytes.
 const BATCH_BYTES: usize = 64 * 1024;
 
+/// A write buffer larger than this is given back when the queue is empty
+/// after a write: a quiet link (most of a POS network's thousands of
+/// terminals) holds at most this much, while a busy one, whose queue is
+/// rarely empty, keeps its batch buffer.
+const IDLE_BUFFER: usize = 1024;
+
 /// A frame for the writer.
 #[derive(Clone, Debug)]
 pub enum Outbound {
@@ -128,7 +134,8 @@ where
     W: AsyncWrite + Unpin,
     T: WriterItem,
 {
-    let mut buf = BytesMut::with_capacity(BATCH_BYTES);
+    // Grown on the first write, to what the link's batches need.
+    let mut buf = BytesMut::new();
     let mut pacing = Pacing::default();
     loop {
         let first = match &mut stop {
@@ -156,7 +163,7 @@ where
         if let Some(conn) = &conn {
             conn.wrote(frames, buf.len() as u64);
         }
-        buf.clear();
+        settle(&mut buf, rx.is_empty());
     }
     (w.shutdown().await, rx)
 }
@@ -206,6 +213,15 @@ impl Pacing {
 
 /// Appends what is already queued, up to the batch size. Returns how many
 /// frames it took.
+/// Empties the write buffer after a write, and gives a large one back when
+/// nothing else is queued (see [`IDLE_BUFFER`]).
+fn settle(buf: &mut BytesMut, queue_empty: bool) {
+    buf.clear();
+    if queue_empty && buf.capacity() > IDLE_BUFFER {
+        *buf = BytesMut::new();
+    }
+}
+
 fn drain<T: WriterItem>(
     prefix: LengthPrefix,
     rx: &mut mpsc::Receiver<T>,
@@ -233,6 +249,22 @@ fn push<T: WriterItem>(prefix: LengthPrefix, item: &T, buf: &mut BytesMut) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quiet_link_gives_its_batch_buffer_back_and_a_busy_one_keeps_it() {
+        let mut buf = BytesMut::with_capacity(BATCH_BYTES);
+        buf.extend_from_slice(&[0u8; 4000]);
+        settle(&mut buf, false);
+        assert!(buf.is_empty());
+        assert!(buf.capacity() >= BATCH_BYTES, "more is queued: keep it");
+        buf.extend_from_slice(&[0u8; 4000]);
+        settle(&mut buf, true);
+        assert_eq!(buf.capacity(), 0, "nothing queued: given back");
+        let mut small = BytesMut::with_capacity(IDLE_BUFFER);
+        small.extend_from_slice(&[0u8; 300]);
+        settle(&mut small, true);
+        assert_eq!(small.capacity(), IDLE_BUFFER, "a small one is kept");
+    }
 
     #[test]
     fn a_writer_whose_waits_gain_nothing_writes_at_once_but_probes() {
