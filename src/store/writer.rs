@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot};
 
 use super::error::StoreError;
-use super::journal::{AdminRow, JournalFilter, JournalRow};
+use super::journal::{AdminRow, JournalFilter, JournalRow, NewRow};
 use super::journal_report::Report;
 use super::saf::{
     ClaimedSaf, NewSafEntry, SafFilter, SafId, SafOwed, SafRow, SafStats, UnixMillis,
@@ -79,7 +79,7 @@ pub(crate) enum Op {
     MetaPut(String, String),
     /// Journal rows and admin rows, inserted with prepared statements.
     JournalPut {
-        rows: Vec<JournalRow>,
+        rows: Vec<NewRow>,
         admin: Vec<AdminRow>,
     },
     JournalQuery(JournalFilter),
