@@ -283,11 +283,11 @@ mod tests {
     fn a_filter_binds_each_value_once_in_order() {
         let (sql, params) = select(
             &JournalFilter {
-            rrn: Some("123456789012".into()),
-            stan: Some("000042".into()),
-            outcome: Some(OutcomeFilter::Late),
-            limit: 10,
-            ..JournalFilter::default()
+                rrn: Some("123456789012".into()),
+                stan: Some("000042".into()),
+                outcome: Some(OutcomeFilter::Late),
+                limit: 10,
+                ..JournalFilter::default()
             },
             Dialect::Sqlite,
         );
