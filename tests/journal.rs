@@ -258,6 +258,32 @@ async fn every_exchange_is_journaled_masked_and_found_again() {
             "{report}"
         );
         assert!(g2["p99_us"].as_u64().is_some(), "{report}");
+
+        // The chart of the day: an SVG file with one series per outcome.
+        let svg = std::path::PathBuf::from(&data).join("day.svg");
+        let out = Command::new(BIN)
+            .args(["journal", "report", "--data-dir", &data, "--svg"])
+            .arg(&svg)
+            .output()
+            .expect("report runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let drawn = std::fs::read_to_string(&svg).expect("the SVG is written");
+        assert!(
+            drawn.starts_with("<svg") && drawn.trim_end().ends_with("</svg>"),
+            "not an SVG document: {drawn:.200}"
+        );
+        assert_eq!(
+            drawn.matches("<svg").count(),
+            drawn.matches("</svg>").count(),
+            "one document"
+        );
+        for series in ["answered", "switch-made"] {
+            assert!(drawn.contains(series), "no {series} series in the chart");
+        }
     })
     .await;
 }

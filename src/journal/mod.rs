@@ -14,6 +14,7 @@
 //! track data, PIN blocks, EMV data, MACs or key material: the row builder
 //! reads a fixed list of fields and nothing else.
 
+pub mod chart;
 pub mod params;
 pub mod report;
 pub mod row;

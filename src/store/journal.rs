@@ -253,7 +253,7 @@ pub fn select_admin(since: Option<UnixMillis>, limit: usize) -> (String, Vec<Par
 
 /// The columns a report pass reads, one row per exchange of the period.
 pub const REPORT_SQL: &str = "SELECT j.service, j.node, j.outcome, j.reason, j.late, \
-     j.reversal_id, s.state, j.latency_us FROM journal j LEFT JOIN saf s ON s.id = j.reversal_id \
+     j.reversal_id, s.state, j.latency_us, j.t_in FROM journal j LEFT JOIN saf s ON s.id = j.reversal_id \
      WHERE j.t_in >= $1 AND j.t_in < $2";
 
 /// One row of [`REPORT_SQL`].
@@ -267,6 +267,7 @@ pub struct ReportInput {
     pub reversal_id: Option<i64>,
     pub reversal_state: Option<String>,
     pub latency_us: Option<i64>,
+    pub t_in: UnixMillis,
 }
 
 /// SQLite spells placeholders `?n`; `$n` reads the same there, but one

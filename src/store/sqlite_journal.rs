@@ -194,6 +194,7 @@ pub(super) fn report(
             reversal_id: r.get(5)?,
             reversal_state: r.get(6)?,
             latency_us: r.get(7)?,
+            t_in: r.get(8)?,
         });
     }
     Ok(Ok(Outcome::Report(Box::new(builder.finish()))))

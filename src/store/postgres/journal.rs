@@ -234,6 +234,7 @@ pub(super) async fn report(
             reversal_id: r.try_get(5)?,
             reversal_state: r.try_get(6)?,
             latency_us: r.try_get(7)?,
+            t_in: r.try_get(8)?,
         });
     }
     Ok(Ok(Outcome::Report(Box::new(builder.finish()))))
