@@ -244,6 +244,26 @@ pub fn insert_rows(rows: usize, mark: char) -> String {
     sql
 }
 
+/// [`insert_rows`] for each of [`INSERT_CHUNKS`], built once: `(size,
+/// SQLite's SQL, PostgreSQL's SQL)`. (A statement cache looks a statement
+/// up by its text: building a 64-row insert's text per batch cost more
+/// than binding its rows.)
+pub fn insert_sql(rows: usize, mark: char) -> &'static str {
+    static SQL: std::sync::OnceLock<Vec<(usize, String, String)>> = std::sync::OnceLock::new();
+    let all = SQL.get_or_init(|| {
+        INSERT_CHUNKS
+            .iter()
+            .map(|&n| (n, insert_rows(n, '?'), insert_rows(n, '$')))
+            .collect()
+    });
+    match all.iter().find(|(n, _, _)| *n == rows) {
+        Some((_, sqlite, _)) if mark == '?' => sqlite,
+        Some((_, _, pg)) => pg,
+        // Not a chunk size: `chunks` yields none other.
+        None => "",
+    }
+}
+
 /// How `n` rows split into [`INSERT_CHUNKS`]: `(chunk size, count)`.
 pub fn chunks(rows: &[NewRow]) -> impl Iterator<Item = &[NewRow]> {
     let mut rest = rows;

@@ -145,6 +145,7 @@ pub(crate) fn open(path: &Path, inbox: Inbox, counters: Arc<Counters>) -> Result
         path: path.to_path_buf(),
         conn,
         counters,
+        synced: std::cell::Cell::new(true),
     };
     std::thread::Builder::new()
         .name("isoswitch-store".into())
@@ -280,6 +281,8 @@ struct Writer {
     path: PathBuf,
     conn: Connection,
     counters: Arc<Counters>,
+    /// `synchronous` is FULL (else NORMAL: the journal's own batches).
+    synced: std::cell::Cell<bool>,
 }
 
 impl Writer {
@@ -333,6 +336,18 @@ impl Writer {
         } else {
             TransactionBehavior::Immediate
         };
+        // FULL syncs the WAL at this commit, and with it every frame an
+        // unsynced (NORMAL) journal batch wrote before.
+        let sync = batch.iter().any(|r| r.op.needs_sync());
+        if sync != self.synced.get() {
+            let pragma = if sync {
+                "PRAGMA synchronous = FULL;"
+            } else {
+                "PRAGMA synchronous = NORMAL;"
+            };
+            self.conn.execute_batch(pragma).map_err(Failed::Batch)?;
+            self.synced.set(sync);
+        }
         let tx = Transaction::new_unchecked(&self.conn, behavior).map_err(Failed::Batch)?;
         let mut answers = Vec::with_capacity(batch.len());
         for request in batch {

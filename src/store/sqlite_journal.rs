@@ -7,7 +7,7 @@ use crate::store::journal::{
     self as j, ADMIN_INSERT, AdminRow, Dialect, JournalFilter, JournalRow, NewRow, PURGE_ADMIN,
     PURGE_JOURNAL, Param, REPORT_SQL, ReportInput, sqlite_placeholders,
 };
-use crate::store::journal_new::{INSERT_ARITY, chunks, insert_rows};
+use crate::store::journal_new::{INSERT_ARITY, chunks, insert_sql};
 use crate::store::journal_report::ReportBuilder;
 use crate::store::saf::UnixMillis;
 use crate::store::writer::{Answer, Outcome};
@@ -19,7 +19,7 @@ pub(super) fn put(
 ) -> rusqlite::Result<Answer> {
     let mut n = 0u64;
     for chunk in chunks(rows) {
-        let mut st = tx.prepare_cached(&insert_rows(chunk.len(), '?'))?;
+        let mut st = tx.prepare_cached(insert_sql(chunk.len(), '?'))?;
         for (i, r) in chunk.iter().enumerate() {
             bind_row(&mut st, i * INSERT_ARITY, r)?;
         }

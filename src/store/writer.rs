@@ -119,6 +119,16 @@ pub(crate) enum Outcome {
 }
 
 impl Op {
+    /// Whether the op's commit must reach the disk before it is answered:
+    /// everything but the journal's own writes (and reads). A batch of
+    /// journal rows only may commit without a sync of its own: a process
+    /// crash loses none of it, and the next synced commit (any SAF change,
+    /// a checkpoint) makes it durable against power loss too
+    /// (docs/journal.md).
+    pub fn needs_sync(&self) -> bool {
+        !(self.reads_only() || matches!(self, Op::JournalPut { .. } | Op::JournalPurge { .. }))
+    }
+
     /// Whether the op only reads: a batch of such ops needs no write lock
     /// (SQLite), so a long query never holds up the switch's writes.
     pub fn reads_only(&self) -> bool {
