@@ -289,7 +289,8 @@ mod tests {
         assert_eq!(s.get(), Some("abé"));
         let mut s: Short<8> = Short::NULL;
         assert!(s.is_null() && s.get().is_none());
-        write!(s, "{}#{}", "client", 12).expect("write");
+        let (link, conn) = ("client", 12);
+        write!(s, "{link}#{conn}").expect("write");
         assert_eq!(s.get(), Some("client#1"));
         assert_eq!(Short::<4>::new("a\0").get(), Some("a\u{FFFD}"));
         assert_eq!(Short::<3>::new("a\0").get(), Some("a"));

@@ -50,7 +50,7 @@ pub async fn journal_suite(store: &Store) {
     made.answered_by = "switch".into();
     made.reason = Some("timeout".into());
     made.outcome = "switch-made".into();
-    let rows = vec![row(now - 2_000, "000001", Some("111111111111")), made, late];
+    let rows = [row(now - 2_000, "000001", Some("111111111111")), made, late];
     let admin = vec![AdminRow {
         at: now,
         peer: "127.0.0.1:5".into(),
