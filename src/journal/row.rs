@@ -12,7 +12,7 @@ use std::fmt::Write;
 use bytes::Bytes;
 
 use super::{AnsweredBy, Exchange, Link};
-use crate::iso8583::{Bitmap, FieldRef, Message, Spec};
+use crate::iso8583::{Bitmap, Data, FieldRef, Message, Spec, is_sensitive};
 use crate::route::DeclineReason;
 use crate::store::journal::{NewRow, Short};
 
@@ -54,12 +54,22 @@ struct Read {
     keepalive: bool,
 }
 
-/// `field`'s masked text into `out`.
+/// `field`'s masked text into `out`: as `show` writes it (masked when
+/// sensitive, binary as hex, control characters escaped). A plain field of
+/// printable ASCII, nearly every one, is copied as it is without going
+/// through `Display` a character at a time (the same text).
 fn shown<const N: usize>(out: &mut Short<N>, field: Option<FieldRef<'_>>) {
-    if let Some(f) = field {
-        *out = Short::empty();
-        let _ = write!(out, "{}", f.show());
+    let Some(f) = field else { return };
+    let def = f.def();
+    if !is_sensitive(def)
+        && def.data != Data::Binary
+        && let Some(plain) = Short::printable(f.logical())
+    {
+        *out = plain;
+        return;
     }
+    *out = Short::empty();
+    let _ = write!(out, "{}", f.show());
 }
 
 impl Read {

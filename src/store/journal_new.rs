@@ -47,6 +47,22 @@ impl<const N: usize> Short<N> {
         s
     }
 
+    /// `bytes` when every one is printable ASCII (clipped to `N`); `None`
+    /// otherwise, for the caller's careful path.
+    pub fn printable(bytes: impl Iterator<Item = u8>) -> Option<Short<N>> {
+        let mut s = Short::empty();
+        for b in bytes {
+            if !(b' '..=b'~').contains(&b) {
+                return None;
+            }
+            if let Some(slot) = s.buf.get_mut(usize::from(s.len)) {
+                *slot = b;
+                s.len += 1;
+            }
+        }
+        Some(s)
+    }
+
     pub fn opt(text: Option<&str>) -> Short<N> {
         text.map_or(Short::NULL, Short::new)
     }
@@ -294,6 +310,12 @@ mod tests {
         assert_eq!(s.get(), Some("client#1"));
         assert_eq!(Short::<4>::new("a\0").get(), Some("a\u{FFFD}"));
         assert_eq!(Short::<3>::new("a\0").get(), Some("a"));
+        assert_eq!(
+            Short::<4>::printable(b"TERM0001".iter().copied())
+                .and_then(|s| s.get().map(str::to_string)),
+            Some("TERM".to_string())
+        );
+        assert!(Short::<8>::printable(b"a\x01".iter().copied()).is_none());
     }
 
     #[test]
