@@ -8,13 +8,21 @@
 #   scripts/bench-journal.sh [RATE] [DURATION] [REPEAT]   # default 10000 10s 3
 #
 # ISOSWITCH_BIN=<binary> measures that build instead of building this tree;
-# JOURNAL_TOML='batch_interval = "50ms"' adds keys to the `[journal]` table.
+# JOURNAL_TOML='batch_interval = "50ms"' adds keys to the `[journal]` table;
+# JOURNAL_PG_URL=postgres://... stores on that PostgreSQL instead of SQLite
+# (in both modes, so off pays for the same store; rows counted with psql):
+#   scripts/pg-test.sh run -- bash -c 'JOURNAL_PG_URL=$ISOSWITCH_TEST_PG_URL scripts/bench-journal.sh'
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate=${1:-10000}
 duration=${2:-10s}
 repeat=${3:-3}
-command -v sqlite3 >/dev/null || { echo "bench-journal.sh: sqlite3 is missing (scripts/deps/store.apt)" >&2; exit 1; }
+pg=${JOURNAL_PG_URL:-}
+if [ -n "$pg" ]; then
+    command -v psql >/dev/null || { echo "bench-journal.sh: psql is missing (scripts/deps/store.apt)" >&2; exit 1; }
+else
+    command -v sqlite3 >/dev/null || { echo "bench-journal.sh: sqlite3 is missing (scripts/deps/store.apt)" >&2; exit 1; }
+fi
 bin=${ISOSWITCH_BIN:-}
 if [ -z "$bin" ]; then
     cargo build --release --quiet
@@ -30,6 +38,7 @@ for i in 1 2 3; do
     $bin sim node --listen 127.0.0.1:2670$i --spec cups --id 0$i >/dev/null 2>&1 & pids+=($!)
 done
 config() { # $1 = true|false
+    if [ -n "$pg" ]; then printf '[store]\nurl = "%s"\n' "$pg"; fi
     cat <<TOML
 [journal]
 enabled = $1
@@ -60,8 +69,17 @@ config true >"$work/on.toml"
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
+journal_rows() { # $1 = data directory
+    if [ -n "$pg" ]; then
+        psql "$pg" -Atc "SELECT count(*) FROM journal" 2>/dev/null || echo 0
+    else
+        sqlite3 -readonly "$1/isoswitch.db" "SELECT count(*) FROM journal"
+    fi
+}
+
 run_once() { # $1 = off|on
-    local data="$work/data-$RANDOM"
+    local data="$work/data-$RANDOM" rows_before=0
+    if [ -n "$pg" ]; then rows_before=$(journal_rows "$data"); fi
     ISOSWITCH_LOG=warn $bin run --config "$work/$1.toml" --data-dir "$data" >/dev/null 2>"$work/switch.log" &
     local sw=$!
     sleep 1.5
@@ -75,7 +93,7 @@ run_once() { # $1 = off|on
     us=$(python3 -c "print(round(($after-$before)/$tck/$answered*1e6, 2))")
     if [ "$1" = on ]; then
         local rows
-        rows=$(sqlite3 -readonly "$data/isoswitch.db" "SELECT count(*) FROM journal")
+        rows=$(( $(journal_rows "$data") - rows_before ))
         note=" journal rows $rows (lost $((answered - rows)))"
     fi
     rm -rf "$data"

@@ -258,6 +258,32 @@ async fn every_exchange_is_journaled_masked_and_found_again() {
             "{report}"
         );
         assert!(g2["p99_us"].as_u64().is_some(), "{report}");
+
+        // The chart of the day: an SVG file with one series per outcome.
+        let svg = std::path::PathBuf::from(&data).join("day.svg");
+        let out = Command::new(BIN)
+            .args(["journal", "report", "--data-dir", &data, "--svg"])
+            .arg(&svg)
+            .output()
+            .expect("report runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let drawn = std::fs::read_to_string(&svg).expect("the SVG is written");
+        assert!(
+            drawn.starts_with("<svg") && drawn.trim_end().ends_with("</svg>"),
+            "not an SVG document: {drawn:.200}"
+        );
+        assert_eq!(
+            drawn.matches("<svg").count(),
+            drawn.matches("</svg>").count(),
+            "one document"
+        );
+        for series in ["answered", "switch-made"] {
+            assert!(drawn.contains(series), "no {series} series in the chart");
+        }
     })
     .await;
 }
@@ -366,6 +392,116 @@ async fn the_journal_survives_a_kill_9_under_load() {
         let want = before.len() + n(&again, "sent") as usize;
         let after = journal_settles(&data, &[], |rows| rows.len() >= want).await;
         assert_eq!(after.len(), want, "one row per exchange after the restart");
+    })
+    .await;
+}
+
+/// `GET PATH` on the admin API with the test token, the body as JSON.
+async fn api_get(admin: std::net::SocketAddr, path: &str) -> serde_json::Value {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(admin)
+        .await
+        .expect("admin listener");
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {admin}\r\nAuthorization: Bearer process-test-token\r\n\
+         Connection: close\r\n\r\n"
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("send GET");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.expect("read answer");
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200"), "GET {path}: {text}");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+}
+
+fn ids(rows: &[serde_json::Value]) -> std::collections::BTreeSet<i64> {
+    rows.iter().filter_map(|r| r["id"].as_i64()).collect()
+}
+
+/// The switch stamps each node's ID into F37 (`f37_stamp`), so an answer's
+/// F37 differs from its request's: `isoswitch journal --rrn R` and `GET
+/// /api/v1/journal?rrn=R` find, for the RRN as answered, exactly the
+/// exchanges of the node it names, and for the RRN as received, all of
+/// them (`isoswitch load` sends one RRN).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_and_the_api_find_exchanges_by_rrn() {
+    within(Duration::from_secs(120), async {
+        let addrs = [free_addr(), free_addr()];
+        let _n1 = node("cups", "01", addrs[0], "1..3ms", &[]).await;
+        let _n2 = node("cups", "02", addrs[1], "1..3ms", &[]).await;
+        let listen = free_addr();
+        let (admin, admin_toml) = admin_toml("journal-rrn");
+        let data = data_dir("journal-rrn");
+        let toml = format!(
+            "{JOURNAL_ON}{admin_toml}[[service]]\nname = \"pos\"\nspec = \"cups\"\n\
+             f37_stamp = {{ offset = 10, width = 2 }}\n\
+             [service.front]\nkind = \"listen\"\nlisten = \"{listen}\"\n\
+             [service.back]\nconnections_per_node = 1\n{}",
+            nodes_toml(&addrs)
+        );
+        let _switch = switch("journal-rrn", &toml, &data, listen).await;
+        let target = listen.to_string();
+        let load = Proc::spawn(
+            "journal-rrn-load",
+            &[
+                "load",
+                "--target",
+                &target,
+                "--spec",
+                "cups",
+                "--rate",
+                "100",
+                "--duration",
+                "1s",
+                "--clients",
+                "4",
+                "--quiet",
+                "--json",
+            ],
+        )
+        .report()
+        .await;
+        let answered = n(&load, "answered") as usize;
+        assert!(answered > 0, "{load}");
+        let rows = journal_settles(&data, &[], |rows| rows.len() >= answered).await;
+        assert_eq!(rows.len(), answered, "one row per exchange");
+
+        let received = text(&rows[0], "f37_in").to_string();
+        assert_eq!(received.len(), 12, "{}", rows[0]);
+        assert!(rows.iter().all(|r| text(r, "f37_in") == received));
+        let by_received = journal(&data, &["--rrn", &received]);
+        assert_eq!(
+            ids(&by_received),
+            ids(&rows),
+            "every exchange, by F37 as received"
+        );
+
+        for id in ["01", "02"] {
+            let mine = where_(&rows, "node", id);
+            assert!(!mine.is_empty(), "node {id} answered some");
+            let stamped = text(mine[0], "f37_out").to_string();
+            assert_eq!(&stamped[10..], id, "the stamp names the node: {}", mine[0]);
+            assert_ne!(stamped, received);
+            let want: std::collections::BTreeSet<i64> =
+                mine.iter().filter_map(|r| r["id"].as_i64()).collect();
+            let by_cli = journal(&data, &["--rrn", &stamped]);
+            assert_eq!(ids(&by_cli), want, "--rrn {stamped}");
+            assert!(by_cli.iter().all(|r| text(r, "f37_out") == stamped));
+            let by_api = api_get(
+                admin,
+                &format!("/api/v1/journal?rrn={stamped}&limit=100000"),
+            )
+            .await;
+            let by_api = by_api.as_array().expect("an array");
+            assert_eq!(ids(by_api), want, "GET ?rrn={stamped}");
+            assert!(by_api.iter().all(|r| !text(r, "pan").contains(PAN)));
+        }
+        assert!(journal(&data, &["--rrn", "999999999999"]).is_empty());
+        let none = api_get(admin, "/api/v1/journal?rrn=999999999999").await;
+        assert_eq!(none.as_array().map(Vec::len), Some(0), "{none}");
     })
     .await;
 }

@@ -433,3 +433,70 @@ async fn journal_rows_queries_report_and_purges() {
     limited(store_support::journal::journal_suite(&store)).await;
     store.close().await.expect("close");
 }
+
+/// `PRAGMA secure_delete`: what the store deletes (a pruned SAF entry, a
+/// purged journal row) or clears (a delivered entry's payload) is zeroed in
+/// the file, not left in free space where a copy of the file would show it.
+#[tokio::test]
+async fn deleted_rows_leave_no_bytes_in_the_file() {
+    use isoswitch::store::journal::{JournalRow, NewRow};
+    const PAN: &[u8] = b"4761739001010119";
+    const MARK: &str = "PURGEDMERCHANT7";
+    let dir = TempDir::new("secure-delete");
+    let store = open(&dir).await;
+    limited(async {
+        let with_pan = |seq| {
+            let mut e = entry("pos", seq, T0);
+            e.payload = [b"0420 F2=".as_slice(), PAN].concat();
+            e
+        };
+        // One delivered (its payload cleared), one delivered and pruned,
+        // one still pending with a payload of its own.
+        for seq in 1..=2 {
+            store.saf_put(with_pan(seq)).await.expect("put");
+        }
+        store.saf_put(entry("pos", 3, T0)).await.expect("put");
+        let claimed = store.saf_claim("me", T0, 2, LEASE).await.expect("claim");
+        assert_eq!(claimed.len(), 2);
+        for c in &claimed {
+            store
+                .saf_delivered(c.id, "me", T0 + 1, "00")
+                .await
+                .expect("delivered");
+        }
+        assert_eq!(store.saf_prune(T0 + 2, 1).await.expect("prune"), 1);
+        let row = |t_in, f42: &str| {
+            NewRow::from(&JournalRow {
+                t_in,
+                t_out: t_in,
+                service: "pos".into(),
+                front: "listen".into(),
+                link: "client#1".into(),
+                origin: "front".into(),
+                mti: "0200".into(),
+                f42: Some(f42.into()),
+                answered_by: "node".into(),
+                outcome: "answered".into(),
+                ..JournalRow::default()
+            })
+        };
+        let rows = vec![row(T0, MARK), row(T0 + 10_000, "KEPTMERCHANT01")];
+        store.journal_put(rows, Vec::new()).await.expect("journal");
+        assert_eq!(store.journal_purge(T0 + 1, 10).await.expect("purge"), 1);
+    })
+    .await;
+    store.close().await.expect("close");
+    let mut bytes = std::fs::read(db(&dir)).expect("read the database");
+    // Closed cleanly, the WAL is checkpointed and gone; if not, it counts.
+    bytes.extend(std::fs::read(dir.path().join("isoswitch.db-wal")).unwrap_or_default());
+    let holds = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    assert!(holds(b"KEPTMERCHANT01"), "the kept row is there");
+    assert!(
+        !holds(PAN),
+        "a deleted or cleared payload's PAN is in the file"
+    );
+    assert!(
+        !holds(MARK.as_bytes()),
+        "a purged journal row is in the file"
+    );
+}

@@ -45,6 +45,9 @@ pub enum JournalCommand {
         day: Option<String>,
         #[arg(long)]
         json: bool,
+        /// Also draw the day's exchanges by outcome and hour into FILE (SVG).
+        #[arg(long, value_name = "FILE")]
+        svg: Option<std::path::PathBuf>,
     },
 }
 
@@ -123,7 +126,12 @@ impl FilterArgs {
 pub fn run(args: JournalArgs) -> ExitCode {
     super::runtime(async move {
         match &args.command {
-            Some(JournalCommand::Report { store, day, json }) => {
+            Some(JournalCommand::Report {
+                store,
+                day,
+                json,
+                svg,
+            }) => {
                 let (since, until) = params::day_bounds(day.as_deref(), SystemTime::now())
                     .map_err(|e| format!("--day: {e}"))?;
                 let store = open(store).await?;
@@ -138,6 +146,12 @@ pub fn run(args: JournalArgs) -> ExitCode {
                     );
                 } else {
                     print!("{}", show::report_table(&report));
+                }
+                if let Some(path) = svg {
+                    let title = day.clone().unwrap_or_else(|| "today (UTC)".to_string());
+                    let drawn = crate::journal::chart::outcomes_svg(&report, &title)?;
+                    std::fs::write(path, drawn)
+                        .map_err(|e| format!("--svg {}: {e}", path.display()))?;
                 }
                 close(store).await;
                 Ok(())

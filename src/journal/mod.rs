@@ -2,16 +2,19 @@
 //! action, in the store (docs/journal.md).
 //!
 //! The message path hands a [`Journal`] an [`Exchange`]: the request and
-//! answer as they already are (reference-counted [`Bytes`], no copy, no
-//! parse) with who answered and when. `try_send` on a bounded queue: a full
-//! queue drops the row and counts it, it never waits. The journal writer
-//! task ([`writer`]) parses off the path, keeps only the fields a
-//! reconciliation needs, with the PAN masked by the one masking rule
-//! (`iso8583::mask`), and inserts a batch every `journal.batch_interval` in
-//! one transaction. Rows never hold track data, PIN blocks, EMV data, MACs
-//! or key material: the row builder ([`row`]) reads a fixed list of fields
-//! and nothing else.
+//! answer as they already are (reference-counted [`Bytes`]) with who
+//! answered and when. The row builder ([`row`]) makes it a fixed-size
+//! [`NewRow`] there and then: one pass over each message, only the fields a
+//! reconciliation needs, the PAN masked by the one masking rule
+//! (`iso8583::mask`), no allocation; the messages' buffers go back to their
+//! connections at once. `try_send` on a bounded queue: a full queue drops
+//! the row and counts it, it never waits. The journal writer task
+//! ([`writer`]) wakes once per `journal.batch_interval` and inserts what
+//! came in one transaction, a few multi-row statements. Rows never hold
+//! track data, PIN blocks, EMV data, MACs or key material: the row builder
+//! reads a fixed list of fields and nothing else.
 
+pub mod chart;
 pub mod params;
 pub mod report;
 pub mod row;
@@ -26,7 +29,7 @@ use tokio::sync::mpsc;
 use crate::iso8583::Spec;
 use crate::route::{DeclineReason, NodeId};
 
-pub use crate::store::journal::{AdminRow, JournalFilter, JournalRow, OutcomeFilter};
+pub use crate::store::journal::{AdminRow, JournalFilter, JournalRow, NewRow, OutcomeFilter};
 
 /// One exchange as the message path saw it; the writer makes it a row.
 /// It holds the messages whole (PAN and all) until then: its `Debug` shows
@@ -160,8 +163,11 @@ impl BadOutcome {
 
 /// What goes on the journal's queue.
 #[derive(Debug)]
+// A row is moved through the queue as it is: boxing it would cost the
+// message path an allocation per exchange, for the rare admin row's sake.
+#[allow(clippy::large_enum_variant)]
 pub enum Entry {
-    Exchange(Box<Exchange>),
+    Row(NewRow),
     Admin(AdminRow),
 }
 
@@ -244,9 +250,12 @@ impl Journal {
         )
     }
 
-    /// Queues an exchange; never waits. A full queue drops it, counted.
+    /// Makes `exchange` a row and queues it; never waits. A full queue
+    /// drops it, counted. An echo test makes no row.
     pub fn exchange(&self, exchange: Exchange) {
-        self.offer(Entry::Exchange(Box::new(exchange)));
+        if let Some(row) = row::build(&exchange) {
+            self.offer(Entry::Row(row));
+        }
     }
 
     /// Queues an admin action; never waits. A full queue drops it, counted.

@@ -1,111 +1,181 @@
-//! An [`Exchange`] made a [`JournalRow`]: the request and answer parsed off
-//! the message path, a fixed list of fields read, the PAN masked by the one
-//! masking rule (`iso8583::mask`, first 6 and last 4). No other field is
-//! ever read, so no track data (F35, F36, F45), PIN block (F52), EMV data
-//! (F55), MAC (F64, F128) or key material can reach the store.
+//! An [`Exchange`] made a [`NewRow`], on the message path as the exchange
+//! completes: each message parsed once (one pass finds every field kept),
+//! a fixed list of fields written into the row's inline buffers (no
+//! allocation), the PAN masked by the one masking rule (`iso8583::mask`,
+//! first 6 and last 4). No other field is ever read, so no track data
+//! (F35, F36, F45), PIN block (F52), EMV data (F55), MAC (F64, F128) or key
+//! material can reach the store. The messages' buffers are let go at once,
+//! not held until the writer's next batch.
+
+use std::fmt::Write;
 
 use bytes::Bytes;
 
-use super::{AnsweredBy, Exchange};
-use crate::iso8583::{Message, Spec};
+use super::{AnsweredBy, Exchange, Link};
+use crate::iso8583::{Bitmap, Data, FieldRef, Message, Spec, is_sensitive};
 use crate::route::DeclineReason;
-use crate::store::journal::JournalRow;
-
-/// The fields a row keeps, besides the PAN. None is sensitive; a custom spec
-/// that flags one of them sensitive gets it masked all the same.
-const KEPT: [u16; 10] = [4, 7, 11, 32, 33, 37, 39, 41, 42, 49];
+use crate::store::journal::{NewRow, Short};
 
 /// The network-management code of an echo test (keep-alive): not journaled.
 const ECHO_F70: &[u8] = b"301";
 
-/// Fields read from one message, shown (masked) as text.
-#[derive(Debug, Default)]
+/// The fields a row reads, F70 to tell a keep-alive.
+const READ: [u16; 12] = [2, 4, 7, 11, 32, 33, 37, 39, 41, 42, 49, 70];
+
+const fn wanted() -> Bitmap {
+    let mut words = [0u64; 3];
+    let mut k = 0;
+    while k < READ.len() {
+        let i = (READ[k] - 1) as usize;
+        words[i / 64] |= 1u64 << (63 - i % 64);
+        k += 1;
+    }
+    Bitmap(words)
+}
+const WANTED: Bitmap = wanted();
+
+/// Fields read from one message, shown (masked) inline. None is sensitive
+/// but F2; a custom spec that flags another sensitive gets it masked all
+/// the same (`show`).
+#[derive(Default)]
 struct Read {
-    mti: Option<String>,
-    pan: Option<String>,
-    kept: [Option<String>; KEPT.len()],
+    mti: Short<8>,
+    pan: Short<24>,
+    f4: Short<16>,
+    f7: Short<12>,
+    f11: Short<12>,
+    f32: Short<16>,
+    f33: Short<16>,
+    f37: Short<16>,
+    f39: Short<8>,
+    f41: Short<16>,
+    f42: Short<24>,
+    f49: Short<8>,
     keepalive: bool,
 }
 
+/// `field`'s masked text into `out`: as `show` writes it (masked when
+/// sensitive, binary as hex, control characters escaped). A plain field of
+/// printable ASCII, nearly every one, is copied as it is without going
+/// through `Display` a character at a time (the same text).
+fn shown<const N: usize>(out: &mut Short<N>, field: Option<FieldRef<'_>>) {
+    let Some(f) = field else { return };
+    let def = f.def();
+    if !is_sensitive(def)
+        && def.data != Data::Binary
+        && let Some(plain) = Short::printable(f.logical())
+    {
+        *out = plain;
+        return;
+    }
+    *out = Short::empty();
+    let _ = write!(out, "{}", f.show());
+}
+
 impl Read {
+    /// One pass over `payload`; a message that does not pass whole (a bad
+    /// request) is read field by field, as far as it goes.
     fn of(spec: &Spec, payload: &Bytes) -> Read {
         let Ok(msg) = Message::parse(spec, payload.clone()) else {
             return Read::default();
         };
-        let text = |id: u16| {
-            msg.field(id)
-                .ok()
-                .flatten()
-                .map(|f| crate::store::saf::clip(&f.show().to_string()))
-        };
-        let mti = msg.mti();
-        let keepalive = mti.is_network_management()
-            && msg
-                .field(70)
-                .ok()
-                .flatten()
-                .is_some_and(|f| f.eq_logical(ECHO_F70));
-        Read {
-            mti: Some(mti.as_str().to_string()),
-            // F2 is always sensitive: `show` masks it as a PAN.
-            pan: text(2),
-            kept: KEPT.map(text),
-            keepalive,
+        match msg.index(&WANTED) {
+            Ok(index) => Read::fields(&msg, |id| msg.indexed(&index, id)),
+            Err(_) => Read::fields(&msg, |id| msg.field(id).ok().flatten()),
         }
     }
 
-    fn get(&self, id: u16) -> Option<String> {
-        let at = KEPT.iter().position(|&k| k == id)?;
-        self.kept[at].clone()
+    fn fields<'m>(msg: &'m Message<'_>, get: impl Fn(u16) -> Option<FieldRef<'m>>) -> Read {
+        let mti = msg.mti();
+        let mut r = Read {
+            mti: Short::new(mti.as_str()),
+            keepalive: mti.is_network_management()
+                && get(70).is_some_and(|f| f.eq_logical(ECHO_F70)),
+            ..Read::default()
+        };
+        // F2 is always sensitive: `show` masks it as a PAN.
+        shown(&mut r.pan, get(2));
+        shown(&mut r.f4, get(4));
+        shown(&mut r.f7, get(7));
+        shown(&mut r.f11, get(11));
+        shown(&mut r.f32, get(32));
+        shown(&mut r.f33, get(33));
+        shown(&mut r.f37, get(37));
+        shown(&mut r.f39, get(39));
+        shown(&mut r.f41, get(41));
+        shown(&mut r.f42, get(42));
+        shown(&mut r.f49, get(49));
+        r
+    }
+}
+
+/// The first of `a` and `b` that is not NULL.
+fn either<const N: usize>(a: Short<N>, b: Short<N>) -> Short<N> {
+    if a.is_null() { b } else { a }
+}
+
+fn link_text(link: Link) -> Short<24> {
+    match link {
+        Link::Client(conn) => {
+            let mut s = Short::empty();
+            let _ = write!(s, "client#{conn}");
+            s
+        }
+        Link::Peer => Short::new("peer"),
+        Link::Node => Short::new("node"),
+        Link::Unknown => Short::new("-"),
     }
 }
 
 /// The row of `ex`; `None` for an echo test (keep-alive).
-pub fn build(ex: &Exchange) -> Option<JournalRow> {
+pub fn build(ex: &Exchange) -> Option<NewRow> {
     let req = Read::of(&ex.spec, &ex.request);
+    if req.keepalive {
+        return None;
+    }
     let resp = ex
         .response
         .as_ref()
         .map(|r| Read::of(&ex.spec, r))
         .unwrap_or_default();
-    if req.keepalive {
-        return None;
-    }
-    // What the request lacks (a bad one, unreadable) the answer may say.
-    let either = |id: u16| req.get(id).or_else(|| resp.get(id));
-    let repeat = req.mti.as_deref().is_some_and(|m| {
-        m.as_bytes()
-            .get(3)
-            .is_some_and(|d| (d - b'0') % 2 == 1 && d.is_ascii_digit())
-    });
+    let repeat = req
+        .mti
+        .get()
+        .and_then(|m| m.as_bytes().get(3))
+        .is_some_and(|d| d.is_ascii_digit() && (d - b'0') % 2 == 1);
     let duplicate = ex.answered_by == AnsweredBy::Switch(DeclineReason::Duplicate);
     let unroutable = ex.answered_by == AnsweredBy::Switch(DeclineReason::NoHealthyNode);
-    Some(JournalRow {
-        id: 0,
+    let mti = if req.mti.is_null() {
+        Short::new("????")
+    } else {
+        req.mti
+    };
+    // What the request lacks (a bad one, unreadable) the answer may say.
+    Some(NewRow {
         t_in: ex.t_in,
         t_out: ex.t_out,
-        service: ex.service.to_string(),
-        front: ex.front.to_string(),
-        link: ex.link.text(),
-        node: ex.node.map(|n| n.as_str().to_string()),
-        origin: if ex.from_node { "node" } else { "front" }.to_string(),
-        mti: req.mti.clone().unwrap_or_else(|| "????".to_string()),
-        mti_out: resp.mti.clone(),
-        f11: either(11),
-        f7: either(7),
-        f37_in: req.get(37),
-        f37_out: resp.get(37),
-        f41: either(41),
-        f42: either(42),
-        f32: either(32),
-        f33: either(33),
-        pan: req.pan.clone().or_else(|| resp.pan.clone()),
-        f4: either(4),
-        f49: either(49),
-        f39: resp.get(39),
-        answered_by: ex.answered_by.who().to_string(),
-        reason: ex.answered_by.reason().map(str::to_string),
-        outcome: outcome(ex, duplicate, unroutable).to_string(),
+        service: Some(ex.service.clone()),
+        front: Short::new(ex.front),
+        link: link_text(ex.link),
+        node: Short::opt(ex.node.as_ref().map(|n| n.as_str())),
+        origin: Short::new(if ex.from_node { "node" } else { "front" }),
+        mti,
+        mti_out: resp.mti,
+        f11: either(req.f11, resp.f11),
+        f7: either(req.f7, resp.f7),
+        f37_in: req.f37,
+        f37_out: resp.f37,
+        f41: either(req.f41, resp.f41),
+        f42: either(req.f42, resp.f42),
+        f32: either(req.f32, resp.f32),
+        f33: either(req.f33, resp.f33),
+        pan: either(req.pan, resp.pan),
+        f4: either(req.f4, resp.f4),
+        f49: either(req.f49, resp.f49),
+        f39: resp.f39,
+        answered_by: Short::new(ex.answered_by.who()),
+        reason: Short::opt(ex.answered_by.reason()),
+        outcome: Short::new(outcome(ex, duplicate, unroutable)),
         latency_us: ex
             .latency_us
             .map(|us| i64::try_from(us).unwrap_or(i64::MAX)),
@@ -113,10 +183,8 @@ pub fn build(ex: &Exchange) -> Option<JournalRow> {
         duplicate,
         repeat,
         unroutable,
-        bad: ex.bad.map(|b| b.as_str().to_string()),
+        bad: Short::opt(ex.bad.map(|b| b.as_str())),
         reversal_id: ex.reversal_id,
-        reversal_state: None,
-        reversal_answer: None,
     })
 }
 
@@ -213,18 +281,18 @@ mod tests {
         let req = request(&spec, "0200", &[]);
         let resp = request(&spec, "0210", &[(39, "00")]);
         let row = build(&exchange(&spec, req, Some(resp), AnsweredBy::Node)).expect("row");
-        assert_eq!(row.mti, "0200");
-        assert_eq!(row.mti_out.as_deref(), Some("0210"));
-        assert_eq!(row.f11.as_deref(), Some("000123"));
-        assert_eq!(row.f37_in.as_deref(), Some("123456789012"));
-        assert_eq!(row.f41.as_deref(), Some("TERM0001"));
-        assert_eq!(row.f39.as_deref(), Some("00"));
-        assert_eq!(row.pan.as_deref(), Some("621234*********4567"));
+        assert_eq!(row.mti.get(), Some("0200"));
+        assert_eq!(row.mti_out.get(), Some("0210"));
+        assert_eq!(row.f11.get(), Some("000123"));
+        assert_eq!(row.f37_in.get(), Some("123456789012"));
+        assert_eq!(row.f41.get(), Some("TERM0001"));
+        assert_eq!(row.f39.get(), Some("00"));
+        assert_eq!(row.pan.get(), Some("621234*********4567"));
         assert_eq!(
-            (row.answered_by.as_str(), row.outcome.as_str()),
+            (row.answered_by.text(), row.outcome.text()),
             ("node", "answered")
         );
-        assert_eq!(row.node.as_deref(), Some("01"));
+        assert_eq!(row.node.get(), Some("01"));
         let shown = format!(
             "{:?}",
             exchange(&spec, request(&spec, "0200", &[]), None, AnsweredBy::Node)
@@ -244,13 +312,13 @@ mod tests {
         let req = request(&spec, "0200", &[]);
         let made = |by| build(&exchange(&spec, req.clone(), None, by)).expect("row");
         let timeout = made(AnsweredBy::Switch(DeclineReason::Timeout));
-        assert_eq!(timeout.answered_by, "switch");
-        assert_eq!(timeout.reason.as_deref(), Some("timeout"));
-        assert_eq!(timeout.outcome, "switch-made");
+        assert_eq!(timeout.answered_by.text(), "switch");
+        assert_eq!(timeout.reason.get(), Some("timeout"));
+        assert_eq!(timeout.outcome.text(), "switch-made");
         let dup = made(AnsweredBy::Switch(DeclineReason::Duplicate));
-        assert!(dup.duplicate && dup.outcome == "duplicate");
+        assert!(dup.duplicate && dup.outcome.text() == "duplicate");
         let none = made(AnsweredBy::Switch(DeclineReason::NoHealthyNode));
-        assert!(none.unroutable && none.outcome == "unroutable");
+        assert!(none.unroutable && none.outcome.text() == "unroutable");
         let mut bad = exchange(
             &spec,
             Bytes::from_static(b"\x00garbage"),
@@ -259,8 +327,8 @@ mod tests {
         );
         bad.bad = Some(BadOutcome::Dropped);
         let bad = build(&bad).expect("row");
-        assert_eq!((bad.mti.as_str(), bad.outcome.as_str()), ("????", "bad"));
-        assert!(bad.pan.is_none());
+        assert_eq!((bad.mti.text(), bad.outcome.text()), ("????", "bad"));
+        assert!(bad.pan.is_null());
         let rep = build(&exchange(
             &spec,
             request(&spec, "0201", &[]),

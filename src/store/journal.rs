@@ -8,6 +8,8 @@ use serde::Serialize;
 
 use super::saf::UnixMillis;
 
+pub use super::journal_new::{NewRow, Short};
+
 /// One exchange, as stored.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct JournalRow {
@@ -161,13 +163,6 @@ pub const ROW_COLUMNS: &str = "j.id, j.t_in, j.t_out, j.service, j.front, j.link
      j.pan, j.f4, j.f49, j.f39, j.answered_by, j.reason, j.outcome, j.latency_us, j.late, \
      j.duplicate, j.repeat, j.unroutable, j.bad, j.reversal_id, s.state, s.answer";
 
-/// The insert both backends prepare (`$n`; SQLite reads `$n` as well).
-pub const INSERT: &str = "INSERT INTO journal (t_in, t_out, service, front, link, node, origin, \
-     mti, mti_out, f11, f7, f37_in, f37_out, f41, f42, f32, f33, pan, f4, f49, f39, \
-     answered_by, reason, outcome, latency_us, late, duplicate, repeat, unroutable, bad, \
-     reversal_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-     $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31)";
-
 pub const ADMIN_INSERT: &str = "INSERT INTO admin_log (at, peer, action, method, path, status, \
      outcome) VALUES ($1, $2, $3, $4, $5, $6, $7)";
 
@@ -179,8 +174,29 @@ pub const PURGE_JOURNAL: &str = "DELETE FROM journal WHERE id IN \
      (SELECT id FROM journal WHERE t_in < $1 ORDER BY t_in LIMIT $2)";
 pub const PURGE_ADMIN: &str = "DELETE FROM admin_log WHERE id IN \
      (SELECT id FROM admin_log WHERE at < $1 ORDER BY at LIMIT $2)";
+/// The backend a query is spelled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+impl Dialect {
+    /// The partial index `journal_f37_out`'s condition, as the query must
+    /// repeat it for the planner to use that index: F37 answered differs
+    /// from F37 received (the switch stamped it, or the node changed it).
+    /// Rows whose F37 comes back unchanged, nearly all of them, cost that
+    /// index nothing.
+    pub fn f37_out_differs(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "j.f37_out IS NOT j.f37_in",
+            Dialect::Postgres => "j.f37_out IS DISTINCT FROM j.f37_in",
+        }
+    }
+}
+
 /// The query for `filter`, `$n` placeholders, and its parameters.
-pub fn select(filter: &JournalFilter) -> (String, Vec<Param>) {
+pub fn select(filter: &JournalFilter, dialect: Dialect) -> (String, Vec<Param>) {
     let mut sql = format!(
         "SELECT {ROW_COLUMNS} FROM journal j LEFT JOIN saf s ON s.id = j.reversal_id WHERE 1 = 1"
     );
@@ -198,7 +214,8 @@ pub fn select(filter: &JournalFilter) -> (String, Vec<Param>) {
     if let Some(r) = &filter.rrn {
         // Twice the same value: each placeholder is bound once.
         bind(&mut sql, " AND (j.f37_in = ?", Param::Text(r.clone()));
-        bind(&mut sql, " OR j.f37_out = ?)", Param::Text(r.clone()));
+        let differs = format!(" OR (j.f37_out = ? AND {}))", dialect.f37_out_differs());
+        bind(&mut sql, &differs, Param::Text(r.clone()));
     }
     if let Some(s) = &filter.stan {
         bind(&mut sql, " AND j.f11 = ?", Param::Text(s.clone()));
@@ -236,7 +253,7 @@ pub fn select_admin(since: Option<UnixMillis>, limit: usize) -> (String, Vec<Par
 
 /// The columns a report pass reads, one row per exchange of the period.
 pub const REPORT_SQL: &str = "SELECT j.service, j.node, j.outcome, j.reason, j.late, \
-     j.reversal_id, s.state, j.latency_us FROM journal j LEFT JOIN saf s ON s.id = j.reversal_id \
+     j.reversal_id, s.state, j.latency_us, j.t_in FROM journal j LEFT JOIN saf s ON s.id = j.reversal_id \
      WHERE j.t_in >= $1 AND j.t_in < $2";
 
 /// One row of [`REPORT_SQL`].
@@ -250,6 +267,7 @@ pub struct ReportInput {
     pub reversal_id: Option<i64>,
     pub reversal_state: Option<String>,
     pub latency_us: Option<i64>,
+    pub t_in: UnixMillis,
 }
 
 /// SQLite spells placeholders `?n`; `$n` reads the same there, but one
@@ -264,14 +282,20 @@ mod tests {
 
     #[test]
     fn a_filter_binds_each_value_once_in_order() {
-        let (sql, params) = select(&JournalFilter {
-            rrn: Some("123456789012".into()),
-            stan: Some("000042".into()),
-            outcome: Some(OutcomeFilter::Late),
-            limit: 10,
-            ..JournalFilter::default()
-        });
-        assert!(sql.contains("(j.f37_in = $1 OR j.f37_out = $2)"), "{sql}");
+        let (sql, params) = select(
+            &JournalFilter {
+                rrn: Some("123456789012".into()),
+                stan: Some("000042".into()),
+                outcome: Some(OutcomeFilter::Late),
+                limit: 10,
+                ..JournalFilter::default()
+            },
+            Dialect::Sqlite,
+        );
+        assert!(
+            sql.contains("(j.f37_in = $1 OR (j.f37_out = $2 AND j.f37_out IS NOT j.f37_in))"),
+            "{sql}"
+        );
         assert!(sql.contains("j.f11 = $3"), "{sql}");
         assert!(sql.contains("j.late = 1"), "{sql}");
         assert!(sql.ends_with("LIMIT $4"), "{sql}");

@@ -16,7 +16,16 @@ pub struct Report {
     pub since: UnixMillis,
     pub until: UnixMillis,
     pub groups: Vec<ReportGroup>,
+    /// Exchanges by outcome and hour of the period (index 0: the hour
+    /// from `since`), every group together: the chart's series.
+    pub by_hour: BTreeMap<String, Vec<u64>>,
 }
+
+/// Most hourly buckets a report keeps (a month); a longer period's later
+/// hours count in the last.
+pub const MAX_HOURS: usize = 31 * 24;
+
+const HOUR_MS: i64 = 3_600_000;
 
 /// One service and node (`-`: none, a request no node took).
 #[derive(Clone, Debug, Default, Serialize)]
@@ -53,6 +62,8 @@ pub struct ReportBuilder {
     until: UnixMillis,
     /// By service and node.
     groups: BTreeMap<(String, String), Building>,
+    by_hour: BTreeMap<String, Vec<u64>>,
+    hours: usize,
 }
 
 impl ReportBuilder {
@@ -61,10 +72,27 @@ impl ReportBuilder {
             since,
             until,
             groups: BTreeMap::new(),
+            by_hour: BTreeMap::new(),
+            hours: usize::try_from(
+                until
+                    .saturating_sub(since)
+                    .max(1)
+                    .saturating_add(HOUR_MS - 1)
+                    / HOUR_MS,
+            )
+            .unwrap_or(MAX_HOURS)
+            .clamp(1, MAX_HOURS),
         }
     }
 
     pub fn add(&mut self, row: ReportInput) {
+        let hour = usize::try_from(row.t_in.saturating_sub(self.since).max(0) / HOUR_MS)
+            .unwrap_or(usize::MAX)
+            .min(self.hours - 1);
+        let hours = self.hours;
+        self.by_hour
+            .entry(row.outcome.clone())
+            .or_insert_with(|| vec![0; hours])[hour] += 1;
         let node = row.node.unwrap_or_else(|| "-".to_string());
         let (g, hist) = self
             .groups
@@ -119,6 +147,7 @@ impl ReportBuilder {
             since: self.since,
             until: self.until,
             groups,
+            by_hour: self.by_hour,
         }
     }
 }
@@ -137,6 +166,7 @@ mod tests {
             reversal_id: late.then_some(7),
             reversal_state: late.then(|| "delivered".to_string()),
             latency_us: Some(1_000),
+            t_in: 0,
         }
     }
 
@@ -155,5 +185,26 @@ mod tests {
         assert_eq!(g.by_reason["timeout"], 1);
         assert_eq!(g.late.reversals["delivered"], 1);
         assert!(g.p50_us.is_some_and(|p| (995..=1005).contains(&p)));
+    }
+
+    #[test]
+    fn exchanges_count_under_their_hour() {
+        let day = 24 * HOUR_MS;
+        let mut b = ReportBuilder::new(day, 2 * day);
+        for (t, outcome) in [
+            (day, "answered"),
+            (day + 2 * HOUR_MS + 5, "answered"),
+            (2 * day - 1, "late"),
+        ] {
+            b.add(ReportInput {
+                t_in: t,
+                ..input(Some("01"), outcome, None, outcome == "late")
+            });
+        }
+        let r = b.finish();
+        assert_eq!(r.by_hour["answered"].len(), 24);
+        assert_eq!(r.by_hour["answered"][0], 1);
+        assert_eq!(r.by_hour["answered"][2], 1);
+        assert_eq!(r.by_hour["late"][23], 1);
     }
 }

@@ -18,6 +18,7 @@
 pub mod config;
 pub mod error;
 pub mod journal;
+mod journal_new;
 pub mod journal_report;
 pub mod policy;
 mod postgres;
@@ -317,7 +318,7 @@ impl Store {
     /// calls it, never the message path.
     pub async fn journal_put(
         &self,
-        rows: Vec<journal::JournalRow>,
+        rows: Vec<journal::NewRow>,
         admin: Vec<journal::AdminRow>,
     ) -> Result<u64, StoreError> {
         match self.handle.call(Op::JournalPut { rows, admin }).await? {

@@ -1,60 +1,29 @@
 //! The SQLite backend's journal statements: batched inserts with cached
 //! prepared statements, queries, bounded purges and the report pass.
 
-use rusqlite::{Transaction, params, params_from_iter};
+use rusqlite::{Statement, Transaction, params, params_from_iter};
 
 use crate::store::journal::{
-    self as j, ADMIN_INSERT, AdminRow, INSERT, JournalFilter, JournalRow, PURGE_ADMIN,
+    self as j, ADMIN_INSERT, AdminRow, Dialect, JournalFilter, JournalRow, NewRow, PURGE_ADMIN,
     PURGE_JOURNAL, Param, REPORT_SQL, ReportInput, sqlite_placeholders,
 };
+use crate::store::journal_new::{INSERT_ARITY, chunks, insert_sql};
 use crate::store::journal_report::ReportBuilder;
 use crate::store::saf::UnixMillis;
 use crate::store::writer::{Answer, Outcome};
 
 pub(super) fn put(
     tx: &Transaction<'_>,
-    rows: &[JournalRow],
+    rows: &[NewRow],
     admin: &[AdminRow],
 ) -> rusqlite::Result<Answer> {
     let mut n = 0u64;
-    if !rows.is_empty() {
-        let mut st = tx.prepare_cached(&sqlite_placeholders(INSERT))?;
-        for r in rows {
-            st.execute(params![
-                r.t_in,
-                r.t_out,
-                r.service,
-                r.front,
-                r.link,
-                r.node,
-                r.origin,
-                r.mti,
-                r.mti_out,
-                r.f11,
-                r.f7,
-                r.f37_in,
-                r.f37_out,
-                r.f41,
-                r.f42,
-                r.f32,
-                r.f33,
-                r.pan,
-                r.f4,
-                r.f49,
-                r.f39,
-                r.answered_by,
-                r.reason,
-                r.outcome,
-                r.latency_us,
-                r.late,
-                r.duplicate,
-                r.repeat,
-                r.unroutable,
-                r.bad,
-                r.reversal_id
-            ])?;
-            n += 1;
+    for chunk in chunks(rows) {
+        let mut st = tx.prepare_cached(insert_sql(chunk.len(), '?'))?;
+        for (i, r) in chunk.iter().enumerate() {
+            bind_row(&mut st, i * INSERT_ARITY, r)?;
         }
+        n += st.raw_execute()? as u64;
     }
     if !admin.is_empty() {
         let mut st = tx.prepare_cached(&sqlite_placeholders(ADMIN_INSERT))?;
@@ -68,6 +37,50 @@ pub(super) fn put(
     Ok(Ok(Outcome::Changed(n)))
 }
 
+/// Binds `r`'s values to parameters `at + 1 ..= at + INSERT_ARITY`, text
+/// straight from the row's inline buffers.
+fn bind_row(st: &mut Statement<'_>, at: usize, r: &NewRow) -> rusqlite::Result<()> {
+    let texts: [Option<&str>; 21] = [
+        Some(r.service()),
+        Some(r.front.text()),
+        Some(r.link.text()),
+        r.node.get(),
+        Some(r.origin.text()),
+        Some(r.mti.text()),
+        r.mti_out.get(),
+        r.f11.get(),
+        r.f7.get(),
+        r.f37_in.get(),
+        r.f37_out.get(),
+        r.f41.get(),
+        r.f42.get(),
+        r.f32.get(),
+        r.f33.get(),
+        r.pan.get(),
+        r.f4.get(),
+        r.f49.get(),
+        r.f39.get(),
+        Some(r.answered_by.text()),
+        r.reason.get(),
+    ];
+    st.raw_bind_parameter(at + 1, r.t_in)?;
+    st.raw_bind_parameter(at + 2, r.t_out)?;
+    for (i, t) in texts.iter().enumerate() {
+        st.raw_bind_parameter(at + 3 + i, t)?;
+    }
+    let rest = at + 3 + texts.len();
+    st.raw_bind_parameter(rest, r.outcome.text())?;
+    st.raw_bind_parameter(rest + 1, r.latency_us)?;
+    st.raw_bind_parameter(rest + 2, r.late)?;
+    st.raw_bind_parameter(rest + 3, r.duplicate)?;
+    st.raw_bind_parameter(rest + 4, r.repeat)?;
+    st.raw_bind_parameter(rest + 5, r.unroutable)?;
+    st.raw_bind_parameter(rest + 6, r.bad.get())?;
+    st.raw_bind_parameter(rest + 7, r.reversal_id)?;
+    debug_assert_eq!(rest + 7, at + INSERT_ARITY);
+    Ok(())
+}
+
 fn bind(params: &[Param]) -> Vec<rusqlite::types::Value> {
     params
         .iter()
@@ -79,7 +92,7 @@ fn bind(params: &[Param]) -> Vec<rusqlite::types::Value> {
 }
 
 pub(super) fn query(tx: &Transaction<'_>, filter: &JournalFilter) -> rusqlite::Result<Answer> {
-    let (sql, params) = j::select(filter);
+    let (sql, params) = j::select(filter, Dialect::Sqlite);
     let mut st = tx.prepare_cached(&sqlite_placeholders(&sql))?;
     let rows = st
         .query_map(params_from_iter(bind(&params)), |r| {
@@ -181,6 +194,7 @@ pub(super) fn report(
             reversal_id: r.get(5)?,
             reversal_state: r.get(6)?,
             latency_us: r.get(7)?,
+            t_in: r.get(8)?,
         });
     }
     Ok(Ok(Outcome::Report(Box::new(builder.finish()))))
@@ -191,7 +205,7 @@ mod tests {
     use std::path::PathBuf;
     use std::time::Instant;
 
-    use crate::store::journal::JournalRow;
+    use crate::store::journal::{JournalRow, NewRow};
     use crate::store::{Store, StoreConfig, now_millis};
 
     fn dir(name: &str) -> PathBuf {
@@ -237,11 +251,11 @@ mod tests {
         for chunk in 0..(total / 5_000) {
             let rows = (0..5_000)
                 .map(|i| {
-                    row(
+                    NewRow::from(&row(
                         base + i64::from(chunk * 5_000 + i) * 10,
                         "000001",
                         Some("123456789012"),
-                    )
+                    ))
                 })
                 .collect();
             store.journal_put(rows, Vec::new()).await.expect("put");

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot};
 
 use super::error::StoreError;
-use super::journal::{AdminRow, JournalFilter, JournalRow};
+use super::journal::{AdminRow, JournalFilter, JournalRow, NewRow};
 use super::journal_report::Report;
 use super::saf::{
     ClaimedSaf, NewSafEntry, SafFilter, SafId, SafOwed, SafRow, SafStats, UnixMillis,
@@ -79,7 +79,7 @@ pub(crate) enum Op {
     MetaPut(String, String),
     /// Journal rows and admin rows, inserted with prepared statements.
     JournalPut {
-        rows: Vec<JournalRow>,
+        rows: Vec<NewRow>,
         admin: Vec<AdminRow>,
     },
     JournalQuery(JournalFilter),
@@ -119,6 +119,16 @@ pub(crate) enum Outcome {
 }
 
 impl Op {
+    /// Whether the op's commit must reach the disk before it is answered:
+    /// everything but the journal's own writes (and reads). A batch of
+    /// journal rows only may commit without a sync of its own: a process
+    /// crash loses none of it, and the next synced commit (any SAF change,
+    /// a checkpoint) makes it durable against power loss too
+    /// (docs/journal.md).
+    pub fn needs_sync(&self) -> bool {
+        !(self.reads_only() || matches!(self, Op::JournalPut { .. } | Op::JournalPurge { .. }))
+    }
+
     /// Whether the op only reads: a batch of such ops needs no write lock
     /// (SQLite), so a long query never holds up the switch's writes.
     pub fn reads_only(&self) -> bool {

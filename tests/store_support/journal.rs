@@ -2,7 +2,7 @@
 //! by RRN, STAN, outcome and time, a late one with its reversal's state,
 //! admin rows, the report, and bounded purges.
 
-use isoswitch::store::journal::{AdminRow, JournalFilter, JournalRow, OutcomeFilter};
+use isoswitch::store::journal::{AdminRow, JournalFilter, JournalRow, NewRow, OutcomeFilter};
 use isoswitch::store::{Direction, NewSafEntry, SafKeys, SafKind, Store, now_millis};
 
 fn row(t_in: i64, f11: &str, f37: Option<&str>) -> JournalRow {
@@ -50,7 +50,7 @@ pub async fn journal_suite(store: &Store) {
     made.answered_by = "switch".into();
     made.reason = Some("timeout".into());
     made.outcome = "switch-made".into();
-    let rows = vec![row(now - 2_000, "000001", Some("111111111111")), made, late];
+    let rows = [row(now - 2_000, "000001", Some("111111111111")), made, late];
     let admin = vec![AdminRow {
         at: now,
         peer: "127.0.0.1:5".into(),
@@ -61,6 +61,7 @@ pub async fn journal_suite(store: &Store) {
         outcome: "node 01 draining".into(),
         ..AdminRow::default()
     }];
+    let rows = rows.iter().map(NewRow::from).collect();
     assert_eq!(store.journal_put(rows, admin).await.expect("put"), 4);
     let q = |f: JournalFilter| store.journal_query(JournalFilter { limit: 100, ..f });
     let by_rrn = q(JournalFilter {

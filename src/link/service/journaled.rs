@@ -1,7 +1,9 @@
 //! What the service tells the journal (`crate::journal`): one call per
-//! exchange as it completes, cheap on the message path. The request and
-//! answer go as they are (reference-counted bytes, no copy, no parse); the
-//! journal's writer task parses and masks them later.
+//! exchange as it completes. The request and answer go as they are
+//! (reference-counted bytes); `Journal::exchange` makes them a fixed-size
+//! masked row there and then (one pass over each message, no allocation)
+//! and lets the buffers go, and the journal's writer task inserts the rows
+//! in batches.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -8,9 +8,10 @@ use tokio_postgres::types::ToSql;
 
 use super::Statements;
 use crate::store::journal::{
-    self as j, AdminRow, JournalFilter, JournalRow, PURGE_ADMIN, PURGE_JOURNAL, Param, REPORT_SQL,
-    ReportInput,
+    self as j, AdminRow, Dialect, JournalFilter, JournalRow, NewRow, PURGE_ADMIN, PURGE_JOURNAL,
+    Param, REPORT_SQL, ReportInput,
 };
+use crate::store::journal_new::{INSERT_ARITY, chunks};
 use crate::store::journal_report::ReportBuilder;
 use crate::store::saf::UnixMillis;
 use crate::store::writer::{Answer, Outcome};
@@ -24,51 +25,32 @@ fn flag(b: bool) -> i16 {
 pub(super) async fn put(
     tx: &Transaction<'_>,
     st: &Statements,
-    rows: &[JournalRow],
+    rows: &[NewRow],
     admin: &[AdminRow],
 ) -> PgResult<Answer> {
-    let inserts = rows.iter().map(|r| async move {
-        let (late, dup, rep, unr) = (
-            flag(r.late),
-            flag(r.duplicate),
-            flag(r.repeat),
-            flag(r.unroutable),
-        );
-        let params: [&(dyn ToSql + Sync); 31] = [
-            &r.t_in,
-            &r.t_out,
-            &r.service,
-            &r.front,
-            &r.link,
-            &r.node,
-            &r.origin,
-            &r.mti,
-            &r.mti_out,
-            &r.f11,
-            &r.f7,
-            &r.f37_in,
-            &r.f37_out,
-            &r.f41,
-            &r.f42,
-            &r.f32,
-            &r.f33,
-            &r.pan,
-            &r.f4,
-            &r.f49,
-            &r.f39,
-            &r.answered_by,
-            &r.reason,
-            &r.outcome,
-            &r.latency_us,
-            &late,
-            &dup,
-            &rep,
-            &unr,
-            &r.bad,
-            &r.reversal_id,
-        ];
-        tx.execute(&st.journal_insert, &params).await
-    });
+    // The service and the flags as the columns take them, held for the
+    // borrows.
+    let held: Vec<(&str, [i16; 4])> = rows
+        .iter()
+        .map(|r| {
+            let flags = [r.late, r.duplicate, r.repeat, r.unroutable].map(flag);
+            (r.service(), flags)
+        })
+        .collect();
+    let mut inserts = Vec::new();
+    let mut at = 0;
+    for chunk in chunks(rows) {
+        let Some((_, statement)) = st.journal_inserts.iter().find(|(n, _)| *n == chunk.len())
+        else {
+            continue;
+        };
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(chunk.len() * INSERT_ARITY);
+        for (r, h) in chunk.iter().zip(&held[at..]) {
+            push_row(&mut params, r, h);
+        }
+        at += chunk.len();
+        inserts.push(async move { tx.execute(statement, &params).await });
+    }
     let admins = admin.iter().map(|a| async move {
         let params: [&(dyn ToSql + Sync); 7] = [
             &a.at, &a.peer, &a.action, &a.method, &a.path, &a.status, &a.outcome,
@@ -83,6 +65,47 @@ pub(super) async fn put(
         n += done?;
     }
     Ok(Ok(Outcome::Changed(n)))
+}
+
+/// `r`'s values in [`crate::store::journal_new::INSERT_COLUMNS`]' order.
+fn push_row<'a>(
+    params: &mut Vec<&'a (dyn ToSql + Sync)>,
+    r: &'a NewRow,
+    (service, flags): &'a (&'a str, [i16; 4]),
+) {
+    params.push(&r.t_in);
+    params.push(&r.t_out);
+    params.push(service);
+    let texts: [&'a (dyn ToSql + Sync); 19] = [
+        &r.front,
+        &r.link,
+        &r.node,
+        &r.origin,
+        &r.mti,
+        &r.mti_out,
+        &r.f11,
+        &r.f7,
+        &r.f37_in,
+        &r.f37_out,
+        &r.f41,
+        &r.f42,
+        &r.f32,
+        &r.f33,
+        &r.pan,
+        &r.f4,
+        &r.f49,
+        &r.f39,
+        &r.answered_by,
+    ];
+    params.extend(texts);
+    params.push(&r.reason);
+    params.push(&r.outcome);
+    params.push(&r.latency_us);
+    for f in flags {
+        params.push(f);
+    }
+    params.push(&r.bad);
+    params.push(&r.reversal_id);
 }
 
 fn bind(params: &[Param]) -> Vec<Box<dyn ToSql + Sync + Send>> {
@@ -105,7 +128,7 @@ fn refs(boxed: &[Box<dyn ToSql + Sync + Send>]) -> Vec<&(dyn ToSql + Sync)> {
 }
 
 pub(super) async fn query(tx: &Transaction<'_>, filter: &JournalFilter) -> PgResult<Answer> {
-    let (sql, params) = j::select(filter);
+    let (sql, params) = j::select(filter, Dialect::Postgres);
     let boxed = bind(&params);
     let rows = tx.query(&sql, &refs(&boxed)).await?;
     let rows = rows
@@ -211,6 +234,7 @@ pub(super) async fn report(
             reversal_id: r.try_get(5)?,
             reversal_state: r.try_get(6)?,
             latency_us: r.try_get(7)?,
+            t_in: r.try_get(8)?,
         });
     }
     Ok(Ok(Outcome::Report(Box::new(builder.finish()))))

@@ -224,6 +224,13 @@ impl Writer {
             return Err(Failed::Down);
         };
         let tx = live.client.transaction().await.map_err(Failed::Batch)?;
+        // The journal's own batches commit without waiting for the server's
+        // WAL flush (as SQLite's commit them without a sync).
+        if !batch.iter().any(|r| r.op.needs_sync()) {
+            tx.batch_execute("SET LOCAL synchronous_commit = off")
+                .await
+                .map_err(Failed::Batch)?;
+        }
         // Pipelined: each op's statements go out without waiting for the
         // previous op's answer, so a batch costs about one round trip plus
         // the commit, not one per op. The ops of a batch come from callers

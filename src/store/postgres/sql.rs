@@ -95,6 +95,12 @@ pub(super) const MIGRATIONS: &[&str] = &[
         outcome TEXT NOT NULL
     );
     CREATE INDEX admin_log_at ON admin_log (at);",
+    // 4: fewer journal indexes (as SQLite's migration 4 says why).
+    "DROP INDEX journal_f37_out;
+    DROP INDEX journal_f11;
+    DROP INDEX journal_f41;
+    CREATE INDEX journal_f37_out ON journal (f37_out) WHERE f37_out IS DISTINCT FROM f37_in;
+    CREATE INDEX journal_f41 ON journal (f41, f11);",
 ];
 
 pub(super) const META_PUT: &str = "INSERT INTO meta (key, value) VALUES ($1, $2) \
@@ -117,7 +123,8 @@ pub(super) struct Statements {
     owed: Statement,
     meta_get: Statement,
     meta_put: Statement,
-    pub(super) journal_insert: Statement,
+    /// The multi-row inserts, one per size of `INSERT_CHUNKS`, in its order.
+    pub(super) journal_inserts: Vec<(usize, Statement)>,
     pub(super) admin_insert: Statement,
 }
 
@@ -216,7 +223,14 @@ impl Statements {
                 .prepare("SELECT value FROM meta WHERE key = $1")
                 .await?,
             meta_put: c.prepare(META_PUT).await?,
-            journal_insert: c.prepare(crate::store::journal::INSERT).await?,
+            journal_inserts: {
+                let mut inserts = Vec::new();
+                for size in crate::store::journal_new::INSERT_CHUNKS {
+                    let sql = crate::store::journal_new::insert_rows(size, '$');
+                    inserts.push((size, c.prepare(&sql).await?));
+                }
+                inserts
+            },
             admin_insert: c
                 .prepare(crate::store::journal::ADMIN_INSERT)
                 .await?,
