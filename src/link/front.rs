@@ -171,7 +171,7 @@ pub async fn serve(
                     .clients_accepted
                     .fetch_add(1, Ordering::Relaxed);
                 let svc = Arc::clone(&service);
-                let f = front.clone();
+                let f = ClientSettings::of(&front);
                 let sd = shutdown.clone();
                 let source_in_flight = Arc::clone(&slot.source_in_flight);
                 tokio::spawn(async move {
@@ -228,9 +228,32 @@ fn refused(service: &Service, peer: SocketAddr, why: Refusal) {
     }
 }
 
+/// What a client's task keeps of its front, taken when it is accepted (a
+/// reload applies to clients accepted after it). Not the whole
+/// [`ListenFront`]: every client task would carry the front's allow list and
+/// TLS table for as long as it lives.
+#[derive(Clone, Copy, Debug)]
+struct ClientSettings {
+    write_queue: usize,
+    max_in_flight: usize,
+    idle_timeout: std::time::Duration,
+    partial_frame_timeout: std::time::Duration,
+}
+
+impl ClientSettings {
+    fn of(front: &ListenFront) -> ClientSettings {
+        ClientSettings {
+            write_queue: front.write_queue,
+            max_in_flight: front.max_in_flight_per_connection,
+            idle_timeout: front.idle_timeout,
+            partial_frame_timeout: front.partial_frame_timeout,
+        }
+    }
+}
+
 async fn serve_client(
     service: Arc<Service>,
-    front: ListenFront,
+    front: ClientSettings,
     stream: TcpStream,
     peer: SocketAddr,
     source_in_flight: Arc<InFlightLimit>,
@@ -266,7 +289,7 @@ async fn serve_client(
         conn,
         peer,
         tx,
-        in_flight: InFlightLimit::new(front.max_in_flight_per_connection),
+        in_flight: InFlightLimit::new(front.max_in_flight),
         source_in_flight,
     };
     registered.entry.track_in_flight(&client.in_flight);

@@ -22,7 +22,10 @@ pub(super) async fn accept(
     let Some(side) = side else {
         return Some(LinkStream::Plain(tcp));
     };
-    match side.accept(tcp).await {
+    // Boxed: the handshake's future is large, and inline it would sit in
+    // every plain client's task too (an async fn is as big as its largest
+    // await).
+    match Box::pin(side.accept(tcp)).await {
         Ok(s) => {
             service.links.tls.handshakes.succeeded(Side::Accept);
             if let Some(e) = entry {
