@@ -10,7 +10,6 @@ pub mod nac;
 pub mod node;
 pub mod original;
 pub mod peer;
-pub mod tls;
 pub mod visa;
 pub mod writer;
 

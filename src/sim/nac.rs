@@ -337,13 +337,13 @@ pub async fn run_tls(
     cfg: NacSimConfig,
     traffic: NacTraffic,
     counters: Arc<NacCounters>,
-    tls: Option<Arc<super::tls::Connector>>,
+    tls: Option<Arc<crate::tls::tools::Connector>>,
 ) -> std::io::Result<NacReport> {
     let templates = templates(&spec).map_err(std::io::Error::other)?;
     let mut uplinks = Vec::with_capacity(cfg.uplinks);
     let mut readers = tokio::task::JoinSet::new();
     for _ in 0..cfg.uplinks.max(1) {
-        let stream = super::tls::connect(tls.as_deref(), cfg.target).await?;
+        let stream = crate::tls::tools::connect(tls.as_deref(), cfg.target).await?;
         let (read, write) = stream.into_split();
         let (tx, rx) = mpsc::channel(4096);
         tokio::spawn(run_writer(write, spec.framing().prefix, rx));

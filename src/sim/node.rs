@@ -309,7 +309,7 @@ impl NodeSim {
         cfg: NodeSimConfig,
         opts: NodeOptions,
         finance: Finance,
-        tls: Option<Arc<super::tls::Acceptor>>,
+        tls: Option<Arc<crate::tls::tools::Acceptor>>,
     ) -> std::io::Result<NodeSim> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
@@ -373,7 +373,7 @@ struct Shared {
     /// Round-robin cursor of key requests over the connections.
     next_key_conn: AtomicUsize,
     /// Accept TLS (the handshake runs in each connection's task).
-    tls: Option<Arc<super::tls::Acceptor>>,
+    tls: Option<Arc<crate::tls::tools::Acceptor>>,
 }
 
 /// Answered requests remembered to classify repeats.
@@ -436,7 +436,7 @@ async fn serve_conn(
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let stream = match super::tls::accept(shared.tls.as_deref(), stream).await {
+    let stream = match crate::tls::tools::accept(shared.tls.as_deref(), stream).await {
         Ok(s) => s,
         Err(e) => {
             shared.stats.tls_refused.fetch_add(1, Ordering::Relaxed);
