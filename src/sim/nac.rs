@@ -27,6 +27,7 @@ use std::collections::{HashSet, VecDeque};
 
 use crate::iso8583::{Decoded, Message, Mti, Spec, samples};
 use crate::sim::answer::response_mti;
+use crate::sim::peer::lock;
 use crate::sim::writer::{Outbound, Patch, run_writer};
 use crate::wire::{Frame, FrameCodec, Tpdu};
 
@@ -271,10 +272,6 @@ impl Uplink {
     fn advice_was_sent(&self, key: &Key) -> bool {
         lock(&self.recent_advices).0.contains(key)
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A message template and where to patch it per terminal and per message.

@@ -35,6 +35,7 @@ use crate::sim::ledger::{
     is_key_management, is_repeated_request, is_reversal,
 };
 use crate::sim::original::OriginalKey;
+use crate::sim::peer::lock;
 use crate::sim::writer::{Outbound, Patch, run_writer};
 use crate::util::{Rng, duration};
 use crate::wire::{Frame, FrameCodec};
@@ -488,10 +489,6 @@ impl Drop for ConnGuard {
         lock(&self.shared.conns).retain(|(c, _)| *c != self.id);
         self.shared.stats.held.fetch_sub(1, Ordering::Relaxed);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn handle(

@@ -23,6 +23,8 @@ pub const RECONNECT_MIN: Duration = Duration::from_millis(100);
 pub const RECONNECT_MAX: Duration = Duration::from_secs(2);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// A simulator's mutex, taken even if a panicking holder poisoned it (the
+/// data is counters and tables, still whole). Every simulator uses this one.
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
