@@ -8,10 +8,12 @@
 #                                 # for checks, not for shipping
 #
 # 1. cargo-deb (the version below) from crates.io, if that one is missing;
-# 2. the release binary, once;
+# 2. the release binary, once, without the `tools` feature
+#    (--no-default-features): the switch ships without the simulators,
+#    `load`, `bench` and `demo` (scripts/checks/production-build.sh);
 # 3. the man pages and shell completions from the command line's own
-#    definitions (examples/package_docs.rs, a debug build of an example: CI's
-#    `cargo build --all-targets` has already made it);
+#    definitions, built with the same features so they list the same
+#    subcommands (examples/package_docs.rs, a debug build of an example);
 # 4. `cargo deb --no-build`: what goes where is [package.metadata.deb] in
 #    Cargo.toml; the unit and the maintainer scripts are in deploy/.
 set -euo pipefail
@@ -33,8 +35,10 @@ command -v objcopy >/dev/null \
     || { echo "package.sh: objcopy is missing (apt-get install binutils; listed in scripts/deps/package.apt)" >&2; exit 1; }
 
 target=${CARGO_TARGET_DIR:-target}
-cargo build --release --locked --bin isoswitch --quiet
+# The production features: everything but `tools` (Cargo.toml [features]).
+features=(--no-default-features)
+cargo build --release --locked "${features[@]}" --bin isoswitch --quiet
 rm -rf "$target/package-docs"
-cargo run --locked --quiet --example package_docs -- "$target/package-docs"
+cargo run --locked --quiet "${features[@]}" --example package_docs -- "$target/package-docs"
 cargo deb --no-build --locked --quiet "${fast[@]}" >&2
 ls -t "$target"/debian/isoswitch_*.deb | head -1

@@ -19,7 +19,8 @@
 //!   PostgreSQL, written by one group-committing writer.
 //! - [`journal`]: the transaction journal: what the message path hands it,
 //!   the masked row built off the path, its writer and retention tasks.
-//! - [`sim`]: simulators (channel node, POS network controller, load generator).
+//! - `sim`: simulators (channel node, POS network controller, load generator),
+//!   with the `tools` feature only (on by default; not in the production build).
 //! - [`cli`]: the `isoswitch` command line.
 //! - [`util`]: the one PRNG and the one duration grammar, below every layer.
 
@@ -33,6 +34,7 @@ pub mod fuzzing;
 pub mod journal;
 pub mod link;
 pub mod ops;
+#[cfg(feature = "tools")]
 pub mod sim;
 mod spec_files;
 pub mod store;

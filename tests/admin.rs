@@ -175,7 +175,13 @@ async fn nodes_are_drained_disabled_enabled_added_and_removed_under_load() {
         .await;
         let drained_at = requests_of(&nodes[1]);
         let sent_at = sent(&svc, 1);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Traffic goes on to the others meanwhile; none of it to 02.
+        let others = || sent(&svc, 0) + sent(&svc, 2);
+        let others_at = others();
+        wait_until("20 more requests to nodes 01 and 03", || {
+            others() >= others_at + 20
+        })
+        .await;
         assert_eq!(
             requests_of(&nodes[1]),
             drained_at,

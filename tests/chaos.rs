@@ -77,9 +77,13 @@ async fn kill_9_of_a_node_under_nac_load() {
     within(Duration::from_secs(90), async {
         let (mut nodes, addrs) = start_nodes("cup-pos", 3, "20..80ms").await;
         let listen = free_addr();
-        let _switch = start_switch("kill9-switch", &pos_config(listen, &addrs, "3s"), listen).await;
+        let (admin, admin_toml) = admin_toml("kill9-switch");
+        let toml = format!("{admin_toml}{}", pos_config(listen, &addrs, "3s"));
+        let _switch = start_switch("kill9-switch", &toml, listen).await;
         let nac = start_nac("kill9-nac", listen, 200, "3s");
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        // Killed with requests in flight, well into the NAC's run.
+        wait_metric_sum(admin, "isoswitch_service_requests", &[], 100.0).await;
+        wait_metric_sum(admin, "isoswitch_server_in_flight", &["server=\"02\""], 1.0).await;
         nodes[1].kill9().await;
         let during = nac.report().await;
         eprintln!("NAC across the kill: {during}");
@@ -134,7 +138,10 @@ async fn every_unionpay_out_link_dropped_at_once_under_load() {
             "drop-switch",
             &["run", "--config", &p, "--data-dir", &data],
         );
-        tokio::time::sleep(Duration::from_millis(4000)).await;
+        // Load both ways across several drops (one each 700 ms): by volume,
+        // about 4 s of it on a machine that keeps up.
+        wait_metric_sum(admin, "isoswitch_service_requests", &[], 600.0).await;
+        wait_metric_sum(admin, "isoswitch_service_node_requests", &[], 250.0).await;
         // The nodes stop originating and report once their requests are
         // settled, while UnionPay still runs; then UnionPay stops and reports.
         for node in &nodes {
@@ -399,7 +406,9 @@ async fn poison_burst_during_a_nac_run_costs_no_good_request() {
     within(Duration::from_secs(90), async {
         let (_nodes, addrs) = start_nodes("cup-pos", 3, "0..20ms").await;
         let listen = free_addr();
-        let switch = start_switch("poison-switch", &pos_config(listen, &addrs, "3s"), listen).await;
+        let (admin, admin_toml) = admin_toml("poison-switch");
+        let toml = format!("{admin_toml}{}", pos_config(listen, &addrs, "3s"));
+        let switch = start_switch("poison-switch", &toml, listen).await;
         let spec = Arc::new(Spec::builtin("cup-pos").expect("cup-pos"));
         let nac = start_nac("poison-nac", listen, 100, "4s");
 
@@ -413,7 +422,8 @@ async fn poison_burst_during_a_nac_run_costs_no_good_request() {
             .expect("connect")
             .into_split();
         let flood_answers = tokio::spawn(read_answers(Arc::clone(&spec), read));
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The poison goes in while the NAC's run is under way.
+        wait_metric_sum(admin, "isoswitch_service_requests", &[], 50.0).await;
         for stan in 1..=30u32 {
             terminal
                 .write_all(&poison_request(&spec, 66, stan))

@@ -291,8 +291,9 @@ async fn unionpay_late_approvals_of_node_requests_are_reversed_toward_the_peer()
         );
         wait_listening(accept).await;
         let data = data_dir("cups-late-switch");
+        let (admin, admin_toml) = admin_toml("cups-late-switch");
         let toml = format!(
-            "[store.saf]\nretry = \"300ms\"\nretry_max = \"300ms\"\n\
+            "{admin_toml}[store.saf]\nretry = \"300ms\"\nretry_max = \"300ms\"\n\
              [[service]]\nname = \"unionpay\"\nspec = \"cups\"\nf37_stamp = {{ offset = 10, width = 2 }}\n\
              [service.front]\nkind = \"simplex\"\nconnect = \"{accept}\"\nlisten = \"{listen}\"\nlinks = 8\n\
              member_id = \"03105840\"\npeer_id = \"00010000\"\nsign_on_retry = \"300ms\"\n\
@@ -303,9 +304,11 @@ async fn unionpay_late_approvals_of_node_requests_are_reversed_toward_the_peer()
         let path = write_config("cups-late-switch", &toml);
         let p = path.to_string_lossy().into_owned();
         let _switch = Proc::spawn("cups-late-switch", &["run", "--config", &p, "--data-dir", &data]);
-        // Three seconds of the nodes' requests, then they stop originating
-        // and settle; the late approvals land within --late-by after.
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        // Three seconds' worth of the nodes' requests (40/s each), some of
+        // them approved late, then they stop originating and settle; the
+        // late approvals still due land within --late-by after.
+        wait_metric_sum(admin, "isoswitch_service_node_requests", &[], 240.0).await;
+        wait_metric_sum(admin, "isoswitch_late_approvals", &[], 3.0).await;
         for host in &nodes {
             host.signal("INT");
         }

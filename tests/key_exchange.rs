@@ -216,7 +216,9 @@ async fn node_key_requests_go_out_and_their_answers_come_back_to_that_node() {
         let cups = start_cups("keys-request-cups", accept, listen, &["--duration", "60s"]).await;
         let _switch = start_switch("keys-request-switch", &toml, listen).await;
         wait_ready(admin, &["01", "02", "03"], 4.0).await;
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // Key requests flowing: five rounds' worth of the three nodes' (one
+        // each 200 ms), about a second on a machine that keeps up.
+        wait_metric_sum(admin, "isoswitch_service_node_key_exchange", &[], 15.0).await;
         // The nodes stop asking and report once their requests are settled,
         // while UnionPay still answers; then UnionPay stops.
         let mut node_reports = Vec::new();

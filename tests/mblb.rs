@@ -160,7 +160,10 @@ async fn killing_a_node_declines_its_in_flight_and_clients_stay_up() {
         load_config(front(&switch), 10, 3),
         counters.clone(),
     ));
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    wait_until("node 02 has requests in flight", || {
+        svc.pool.outstanding(1) > 0
+    })
+    .await;
     let victim = nodes.remove(1);
     let victim_addr = victim.addr;
     victim.stop().await;
@@ -246,7 +249,6 @@ async fn draining_a_node_stops_new_requests_and_lets_in_flight_finish() {
         load_config(front(&switch), 4, 2),
         Arc::new(LoadCounters::default()),
     ));
-    tokio::time::sleep(Duration::from_millis(500)).await;
     wait_until("node 01 has requests in flight", || {
         svc.pool.outstanding(0) > 0
     })

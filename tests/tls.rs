@@ -131,12 +131,12 @@ fn failures(reason: &str) -> String {
 
 /// A client that connects over TLS as `flags` say and reads: the switch
 /// refuses it in the handshake, so the read fails or ends, never a frame.
-async fn refused_client(switch: SocketAddr, flags: isoswitch::sim::tls::TlsFlags) {
+async fn refused_client(switch: SocketAddr, flags: isoswitch::tls::tools::TlsFlags) {
     let tls = flags.client().expect("client TLS loads").expect("TLS on");
     // TLS 1.3: the client's side of the handshake may finish before the
     // server has judged its certificate; the refusal then comes as an alert
     // on the first read.
-    if let Ok(stream) = isoswitch::sim::tls::connect(Some(&tls), switch).await {
+    if let Ok(stream) = isoswitch::tls::tools::connect(Some(&tls), switch).await {
         let (mut read, _write) = stream.into_split();
         let mut buf = [0u8; 64];
         let got = read.read(&mut buf).await;
@@ -147,8 +147,8 @@ async fn refused_client(switch: SocketAddr, flags: isoswitch::sim::tls::TlsFlags
     }
 }
 
-fn flags(ca: &Path, leaf: Option<&Leaf>) -> isoswitch::sim::tls::TlsFlags {
-    isoswitch::sim::tls::TlsFlags {
+fn flags(ca: &Path, leaf: Option<&Leaf>) -> isoswitch::tls::tools::TlsFlags {
+    isoswitch::tls::tools::TlsFlags {
         tls_ca: Some(ca.to_path_buf()),
         tls_cert: leaf.map(|l| l.cert.clone()),
         tls_key: leaf.map(|l| l.key.clone()),
@@ -349,7 +349,7 @@ async fn served_subject(addr: SocketAddr, c: &Certs) -> String {
         .client()
         .expect("TLS loads")
         .expect("TLS on");
-    let stream = isoswitch::sim::tls::connect(Some(&tls), addr)
+    let stream = isoswitch::tls::tools::connect(Some(&tls), addr)
         .await
         .expect("handshake");
     let isoswitch::tls::LinkStream::Tls(s) = stream else {

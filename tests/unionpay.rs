@@ -92,6 +92,19 @@ async fn wait_links_up(svc: &Service) {
     .await;
 }
 
+/// Waits until UnionPay has sent `issuer` requests in all and every node
+/// has had `answered` of its own requests answered: traffic by volume, not
+/// by time, so a slow machine runs the same test.
+async fn wait_traffic(cups: &CupsSim, nodes: &[NodeSim], issuer: u64, answered: u64) {
+    wait_until("traffic both ways", || {
+        cups.report().sent >= issuer
+            && nodes
+                .iter()
+                .all(|n| n.stats.originated_answered.load(Ordering::Relaxed) >= answered)
+    })
+    .await;
+}
+
 struct Rig {
     /// Node requests declined before the out links were signed on.
     unsent_at_start: u64,
@@ -101,18 +114,16 @@ struct Rig {
 }
 
 impl Rig {
-    async fn start(
-        node_delay: Delay,
-        originate: Option<f64>,
-        issuer_rate: Option<f64>,
-        seconds: u64,
-    ) -> Rig {
+    /// UnionPay originates at `issuer_rate` until [`Rig::settle`]: a test
+    /// waits for the traffic it needs ([`wait_traffic`]), however long a
+    /// slow machine takes to carry it.
+    async fn start(node_delay: Delay, originate: Option<f64>, issuer_rate: Option<f64>) -> Rig {
         let spec = spec("cups");
         let nodes = nodes(&spec, node_delay, originate).await;
         let listen = free_addr();
         let cups = CupsSim::start(
             spec.clone(),
-            cups_sim_config("127.0.0.1:0".parse().unwrap(), listen, issuer_rate, seconds),
+            cups_sim_config("127.0.0.1:0".parse().unwrap(), listen, issuer_rate, 3600),
         )
         .await
         .unwrap();
@@ -207,14 +218,9 @@ fn assert_nodes_got_their_own(nodes: &[NodeSim], svc: &Service, unsent_at_start:
 /// 0100s are balanced across the nodes and each answered exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_reach_their_node_and_issuer_requests_balance() {
-    let rig = Rig::start(
-        Delay::parse("0..20ms").unwrap(),
-        Some(100.0),
-        Some(300.0),
-        2,
-    )
-    .await;
-    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let rig = Rig::start(Delay::parse("0..20ms").unwrap(), Some(100.0), Some(300.0)).await;
+    // Two seconds' worth at 300/s, as many as the spread check needs.
+    wait_traffic(&rig.cups, &rig.nodes, 600, 1).await;
     rig.settle().await;
     assert_nodes_got_their_own(&rig.nodes, rig.svc(), rig.unsent_at_start);
     let report = rig.cups.report();
@@ -250,11 +256,16 @@ async fn responses_reach_their_node_and_issuer_requests_balance() {
 /// come back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_links_mid_run_loses_nothing() {
-    let rig = Rig::start(Delay::NONE, Some(50.0), Some(200.0), 3).await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    let rig = Rig::start(Delay::NONE, Some(50.0), Some(200.0)).await;
+    wait_traffic(&rig.cups, &rig.nodes, 150, 1).await;
     assert_eq!(rig.cups.close_out_links(3), 3);
     assert_eq!(rig.cups.close_in_links(3), 3);
-    tokio::time::sleep(Duration::from_millis(2400)).await;
+    // The links come back, and traffic flows over them again.
+    wait_links_up(rig.svc()).await;
+    let sent = rig.cups.report().sent;
+    let own = |n: &NodeSim| n.stats.originated_answered.load(Ordering::Relaxed);
+    let answered = rig.nodes.iter().map(own).max().unwrap_or(0);
+    wait_traffic(&rig.cups, &rig.nodes, sent + 300, answered + 20).await;
     rig.settle().await;
     wait_links_up(rig.svc()).await;
     assert_nodes_got_their_own(&rig.nodes, rig.svc(), rig.unsent_at_start);
@@ -279,10 +290,20 @@ async fn closing_links_mid_run_loses_nothing() {
 /// declines for them, nothing goes unanswered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_node_declines_its_in_flight_issuer_requests() {
-    let mut rig = Rig::start(Delay::parse("100..300ms").unwrap(), None, Some(300.0), 2).await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let mut rig = Rig::start(Delay::parse("100..300ms").unwrap(), None, Some(300.0)).await;
+    let svc = Arc::clone(rig.svc());
+    wait_until("node 03 has requests in flight", || {
+        svc.pool.outstanding(2) > 0
+    })
+    .await;
     rig.nodes.remove(2).stop().await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    wait_until("UnionPay has the switch's declines", || {
+        rig.cups.report().declined > 0
+    })
+    .await;
+    // And traffic goes on through the two nodes left.
+    let sent = rig.cups.report().sent;
+    wait_traffic(&rig.cups, &rig.nodes, sent + 150, 0).await;
     rig.settle().await;
     let report = rig.cups.report();
     assert!(report.declined > 0, "{report}");
@@ -301,9 +322,17 @@ async fn killing_a_node_declines_its_in_flight_issuer_requests() {
 /// switch answers UnionPay's echo test itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keepalives_and_echo_are_handled_by_the_switch() {
-    let rig = Rig::start(Delay::NONE, None, None, 1).await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let rig = Rig::start(Delay::NONE, None, None).await;
     let links = rig.svc().side.out_links().unwrap().clone();
+    wait_until("keep-alives on every idle out link", || {
+        let out: u64 = links
+            .stats
+            .iter()
+            .map(|s| s.keepalives_out.load(Ordering::Relaxed))
+            .sum();
+        out >= LINKS as u64 && rig.cups.report().keepalives_received >= LINKS as u64
+    })
+    .await;
     let ka_out: u64 = links
         .stats
         .iter()
@@ -554,7 +583,6 @@ async fn either_instance_routes_a_response_to_the_stamping_node() {
     for n in &nodes {
         n.stop_originating();
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
     // Keep answering stragglers until every node has its answers.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while nodes.iter().any(|n| n.outstanding() > 0) {
@@ -770,11 +798,15 @@ async fn node_stamps_are_checked_not_rewritten() {
         svc.side.out_links().unwrap().up() == (2, 2)
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    wait_until("both nodes' requests sent through the links", || {
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let (good, bad) = (&sims[0].stats, &sims[1].stats);
+        load(&good.originated_answered) >= 10 && load(&bad.originated_answered) >= 10
+    })
+    .await;
     for n in &sims {
         n.stop_originating();
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
     wait_until("node requests settled", || {
         sims.iter().all(|n| n.outstanding() == 0)
     })
@@ -829,8 +861,10 @@ async fn dropping_every_out_link_at_once_sends_nothing_before_sign_on() {
         .unwrap();
         let svc = service(&switch).clone();
         wait_links_up(&svc).await;
-        for _ in 0..3 {
-            tokio::time::sleep(Duration::from_millis(700)).await;
+        for round in 1..=3 {
+            // Load both ways before each drop: by the end more than the
+            // checks below ask for (500 of UnionPay's, 100 of each node's).
+            wait_traffic(&cups, &nodes, round * 200, round * 40).await;
             assert_eq!(cups.close_out_links(LINKS), LINKS);
             wait_until("every out link down or reconnecting", || {
                 svc.side.out_links().unwrap().up().1 < LINKS

@@ -36,7 +36,8 @@ fail() {
 }
 
 # Inside the namespaces: run the image. $1 = scratch directory (holding
-# rootfs/ and image.env), $2 = the isoswitch binary for the sim nodes.
+# rootfs/ and image.env), $2 = an isoswitch built with the tools, for the
+# sim nodes (the image's own has none).
 inside() {
     local work=$1 bin=$2 root=$1/rootfs
     # shellcheck disable=SC1091
@@ -125,8 +126,11 @@ done
 [ "$(id -u)" -eq 0 ] || fail "needs root: it makes namespaces and chroots as another user"
 
 target=${CARGO_TARGET_DIR:-target}
-cargo build --release --locked --bin isoswitch --quiet
-bin=$(realpath "$target/release/isoswitch")
+# The image's binary as deploy/Containerfile builds it: without the `tools`
+# feature. The sim nodes come from the default (debug) build, which has them.
+cargo build --release --locked --no-default-features --bin isoswitch --quiet
+cargo build --locked --bin isoswitch --quiet
+sims=$(realpath "$target/debug/isoswitch")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/rootfs"
@@ -142,4 +146,4 @@ chmod 0400 "$work/rootfs/run/secrets/admin-token"
 echo "ok image.sh: the runtime stage laid out: $(find "$work/rootfs" -type f | wc -l) files, $(du -sh "$work/rootfs" | cut -f1)"
 
 unshare --net --pid --fork --mount-proc --mount --propagation private \
-    "$0" --inside "$work" "$bin" || fail "the image's runtime stage: see above"
+    "$0" --inside "$work" "$sims" || fail "the image's runtime stage: see above"

@@ -16,10 +16,11 @@
 #    systemd (and where it is, its services are left alone), so a container
 #    (systemd-nspawn) boots this root through a throwaway overlay, with the
 #    package installed as above. Inside: two sim nodes at the example
-#    config's addresses; `systemctl start isoswitch` runs it as isoswitch,
-#    ready, the postinst's token opens the API (LoadCredential=); then
-#    `dpkg -r` stops the running unit and `dpkg --purge` removes the rest
-#    with systemd running.
+#    config's addresses (from the default debug build: the package's binary
+#    has no simulators, and step 2 checks it says so); `systemctl start
+#    isoswitch` runs it as isoswitch, ready, the postinst's token opens the
+#    API (LoadCredential=); then `dpkg -r` stops the running unit and
+#    `dpkg --purge` removes the rest with systemd running.
 # 4. On this machine: `dpkg -r` keeps config, token, data and user;
 #    `dpkg --purge` removes every one, and every path the package held is
 #    back as it was (a file under /etc, /usr, /var/lib named *isoswitch*
@@ -36,9 +37,10 @@ fail() {
 }
 
 # Inside a private mount namespace: boot a container over an overlay of this
-# root (with the package installed) and run the probe. $1 = scratch dir.
+# root (with the package installed) and run the probe. $1 = scratch dir,
+# $2 = a build with the tools (the package's binary has no simulators).
 boot_and_probe() {
-    local work=$1
+    local work=$1 tools=$2
     mount -t tmpfs tmpfs /run
     mkdir -p "$work/ns"
     mount -t tmpfs tmpfs "$work/ns"
@@ -50,13 +52,16 @@ boot_and_probe() {
     # This machine's image forbids maintainer scripts to start or stop
     # services (a Docker-style policy-rc.d that exits 101); a host does not.
     rm -f "$root/usr/sbin/policy-rc.d"
+    # The channel nodes the example config points at come from the default
+    # build (with the `tools` feature): the package ships the switch only.
+    install -m 0755 "$tools" "$root/usr/local/bin/isoswitch-tools"
     cat >"$root/usr/local/sbin/isoswitch-package-probe" <<'PROBE'
 #!/bin/sh
 set -eu
 fail() { echo "FAIL: $*"; systemctl status --no-pager isoswitch || true; journalctl --no-pager -u isoswitch | tail -20; exit 1; }
 [ "$(systemctl is-enabled isoswitch 2>&1 || true)" = disabled ] || fail "the unit is $(systemctl is-enabled isoswitch 2>&1) after install, not disabled"
-isoswitch sim node --listen 127.0.0.1:7001 --spec cup-pos --id 01 >/dev/null 2>&1 &
-isoswitch sim node --listen 127.0.0.1:7002 --spec cup-pos --id 02 >/dev/null 2>&1 &
+isoswitch-tools sim node --listen 127.0.0.1:7001 --spec cup-pos --id 01 >/dev/null 2>&1 &
+isoswitch-tools sim node --listen 127.0.0.1:7002 --spec cup-pos --id 02 >/dev/null 2>&1 &
 systemctl start isoswitch || fail "systemctl start isoswitch"
 for _ in $(seq 100); do curl -sf http://127.0.0.1:9090/readyz >/dev/null 2>&1 && break; sleep 0.1; done
 curl -sf http://127.0.0.1:9090/readyz >/dev/null || fail "not ready: $(curl -s http://127.0.0.1:9090/readyz)"
@@ -98,7 +103,7 @@ UNIT
 }
 
 if [ "${1:-}" = --in-namespace ]; then
-    boot_and_probe "$2"
+    boot_and_probe "$2" "$3"
     exit
 fi
 
@@ -170,6 +175,10 @@ echo "ok package.sh: dpkg -i: system user isoswitch (uid $uid, nologin), /var/li
 checked=$(runuser -u isoswitch -- /usr/bin/isoswitch check --config /etc/isoswitch/isoswitch.toml 2>&1) \
     || fail "isoswitch check on the installed config, as isoswitch: $checked"
 echo "ok package.sh: isoswitch check --config /etc/isoswitch/isoswitch.toml passes as the user isoswitch"
+out=$(/usr/bin/isoswitch sim node 2>&1) && fail "the packaged isoswitch runs \`sim node\`: it must be built without tools"
+grep -q "built without tools" <<<"$out" || fail "the packaged isoswitch sim: $out"
+/usr/bin/isoswitch --help | grep -qE '^  (sim|load|bench|demo) ' && fail "the packaged isoswitch --help lists a tool"
+echo "ok package.sh: the packaged binary is built without tools (no sim, load, bench, demo)"
 token_sum=$(sha256sum </etc/isoswitch/admin-token)
 DEBIAN_FRONTEND=noninteractive dpkg -i "$deb" >"$work/dpkg.log" 2>&1 || { cat "$work/dpkg.log"; fail "dpkg -i again"; }
 [ "$(id -u isoswitch)" = "$uid" ] || fail "a reinstall changed the user's uid"
@@ -185,7 +194,9 @@ if [ -d /run/systemd/system ]; then
 else
     echo "ok package.sh: PID 1 here is $pid1, not systemd: systemctl cannot start units on this machine, so the installed unit is started in a systemd-nspawn container booted from this root through a throwaway overlay"
 fi
-unshare -m --propagation private "$0" --in-namespace "$work" \
+cargo build --locked --quiet --bin isoswitch
+tools=$(realpath "${CARGO_TARGET_DIR:-target}/debug/isoswitch")
+unshare -m --propagation private "$0" --in-namespace "$work" "$tools" \
     || fail "the installed unit under systemd (systemd-nspawn): see above"
 echo "ok package.sh: under systemd the installed unit starts as isoswitch with the package's token; dpkg -r stops it, dpkg --purge cleans up"
 

@@ -31,7 +31,7 @@ pub struct CtlArgs {
     /// For an `https://` admin: --tls-ca, and --tls-cert/--tls-key for a
     /// client certificate; --tls-server-name defaults to the URL's host.
     #[command(flatten)]
-    pub tls: crate::sim::tls::TlsFlags,
+    pub tls: crate::tls::tools::TlsFlags,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -150,7 +150,7 @@ fn host_of(authority: &str) -> &str {
 /// [`request`] over TLS when `admin` is `https://` (`tls` then required).
 pub async fn request_tls(
     admin: &str,
-    tls: Option<&crate::sim::tls::Connector>,
+    tls: Option<&crate::tls::tools::Connector>,
     method: &str,
     path: &str,
     token: Option<&str>,
@@ -168,7 +168,7 @@ pub async fn request_tls(
     let peer = tcp
         .peer_addr()
         .map_err(|e| CtlError::Io(format!("{admin}: {e}")))?;
-    let stream = crate::sim::tls::secure_connect(tls, tcp, peer)
+    let stream = crate::tls::tools::secure_connect(tls, tcp, peer)
         .await
         .map_err(|e| CtlError::Io(format!("{admin}: TLS: {e}")))?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -386,7 +386,7 @@ fn saf_table(rows: &[SafEntryView]) -> String {
 /// The status as a table, one block per service.
 /// The TLS client of an `https://` admin URL: the flags, the server name
 /// defaulting to the URL's host.
-fn connector(args: &CtlArgs) -> Result<Option<Arc<crate::sim::tls::Connector>>, CtlError> {
+fn connector(args: &CtlArgs) -> Result<Option<Arc<crate::tls::tools::Connector>>, CtlError> {
     let (authority, https) = authority(&args.admin)?;
     if !https {
         return Ok(None);

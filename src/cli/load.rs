@@ -73,7 +73,7 @@ pub struct LoadArgs {
     /// Connect over TLS: --tls-ca, and --tls-cert/--tls-key for a client
     /// certificate (the ATM profile then pays a full handshake per request).
     #[command(flatten)]
-    pub tls: crate::sim::tls::TlsFlags,
+    pub tls: crate::tls::tools::TlsFlags,
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {

@@ -286,40 +286,56 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
 
-    #[tokio::test]
+    /// The runtime's clock is paused (the restart backoff passes at once),
+    /// and each start is an event the test awaits.
+    #[tokio::test(start_paused = true)]
     async fn a_killed_task_is_restarted_and_stop_ends_it() {
         let sup = Supervisor::new();
-        let starts = Arc::new(AtomicUsize::new(0));
-        let s = Arc::clone(&starts);
+        let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
         let task_stop = sup.shutdown();
         sup.spawn_critical("svc/sweeper".into(), sup.token(), move || {
-            s.fetch_add(1, Ordering::SeqCst);
+            let _ = started.send(());
             let mut sd = task_stop.clone();
             async move {
                 let _ = sd.wait_for(|v| *v).await;
             }
         });
-        let wait = |n: usize| {
-            let starts = Arc::clone(&starts);
-            async move {
-                while starts.load(Ordering::SeqCst) < n {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(5), wait(1))
-            .await
-            .unwrap();
+        let limit = Duration::from_secs(5);
+        tokio::time::timeout(limit, starts.recv()).await.unwrap();
         assert_eq!(sup.kill("svc"), 1);
-        tokio::time::timeout(Duration::from_secs(5), wait(2))
-            .await
-            .unwrap();
+        tokio::time::timeout(limit, starts.recv()).await.unwrap();
         assert_eq!(sup.restarts(), 1);
-        tokio::time::timeout(Duration::from_secs(5), sup.stop(Duration::from_secs(5)))
-            .await
-            .unwrap();
-        assert_eq!(starts.load(Ordering::SeqCst), 2);
+        tokio::time::timeout(limit, sup.stop(limit)).await.unwrap();
+        assert!(starts.try_recv().is_err(), "no third start");
         assert!(sup.task_names().is_empty());
+    }
+
+    /// A task that keeps ending is restarted after BACKOFF_MIN, then twice
+    /// as long each time up to BACKOFF_MAX: measured on the paused runtime
+    /// clock, so the minute of backoff below takes no real time.
+    #[tokio::test(start_paused = true)]
+    async fn restarts_back_off_doubling_up_to_the_cap() {
+        let sup = Supervisor::new();
+        let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
+        sup.spawn_critical("svc/flaky".into(), sup.token(), move || {
+            let _ = started.send(tokio::time::Instant::now());
+            async {}
+        });
+        let mut at = starts.recv().await.unwrap();
+        let mut want = BACKOFF_MIN;
+        for _ in 0..9 {
+            let next = starts.recv().await.unwrap();
+            let waited = next - at;
+            // The timer wheel ticks in milliseconds.
+            assert!(
+                waited >= want && waited <= want + Duration::from_millis(2),
+                "waited {waited:?} for {want:?}"
+            );
+            at = next;
+            want = (want * 2).min(BACKOFF_MAX);
+        }
+        assert_eq!(want, BACKOFF_MAX, "the cap was reached");
+        sup.stop(Duration::from_secs(5)).await;
     }
 
     /// A task that ends on its own stop signal at shutdown is not a failure,

@@ -123,7 +123,7 @@ pub struct CupsSimConfig {
     /// Starts a key reset (`0800` F70 `101`) this often, for `duration`.
     pub key_reset_every: Option<Duration>,
     /// TLS on both link directions (`--tls-*`); plain by default.
-    pub tls: super::tls::SimTls,
+    pub tls: crate::tls::tools::SimTls,
 }
 
 /// The MTI of UnionPay's advices unless told otherwise.

@@ -8,11 +8,12 @@
 //! that is counted as `untracked` rather than remembered.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::iso8583::Mti;
 use crate::sim::original::OriginalKey;
+use crate::sim::peer::lock;
 use crate::util::Rng;
 
 /// Transactions each book remembers at most.
@@ -62,10 +63,6 @@ pub fn is_key_management(f70: &[u8]) -> bool {
 /// A request repeated: `0101`, `0201`, `0401`.
 pub fn is_repeated_request(mti: Mti) -> bool {
     mti.function() == 0 && mti.is_repeat() && mti.class() != 8
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What a peer saw of reversals, per message and per chain (all the

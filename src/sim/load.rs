@@ -86,7 +86,7 @@ pub struct LoadConfig {
     /// on its long connection, waits for all their answers, thinks, repeats.
     pub requests_per_round: Option<usize>,
     /// Connect over TLS (`--tls-*`); plain by default.
-    pub tls: Option<Arc<crate::sim::tls::Connector>>,
+    pub tls: Option<Arc<crate::tls::tools::Connector>>,
 }
 
 impl LoadConfig {
@@ -361,7 +361,7 @@ pub(crate) async fn connect(
         }
     };
     stream.set_nodelay(true)?;
-    crate::sim::tls::secure_connect(cfg.tls.as_deref(), stream, target).await
+    crate::tls::tools::secure_connect(cfg.tls.as_deref(), stream, target).await
 }
 
 fn templates(spec: &Spec, cfg: &LoadConfig) -> Result<Vec<Template>, String> {

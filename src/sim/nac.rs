@@ -27,6 +27,7 @@ use std::collections::{HashSet, VecDeque};
 
 use crate::iso8583::{Decoded, Message, Mti, Spec, samples};
 use crate::sim::answer::response_mti;
+use crate::sim::peer::lock;
 use crate::sim::writer::{Outbound, Patch, run_writer};
 use crate::wire::{Frame, FrameCodec, Tpdu};
 
@@ -273,10 +274,6 @@ impl Uplink {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// A message template and where to patch it per terminal and per message.
 #[derive(Clone)]
 struct Template {
@@ -337,13 +334,13 @@ pub async fn run_tls(
     cfg: NacSimConfig,
     traffic: NacTraffic,
     counters: Arc<NacCounters>,
-    tls: Option<Arc<super::tls::Connector>>,
+    tls: Option<Arc<crate::tls::tools::Connector>>,
 ) -> std::io::Result<NacReport> {
     let templates = templates(&spec).map_err(std::io::Error::other)?;
     let mut uplinks = Vec::with_capacity(cfg.uplinks);
     let mut readers = tokio::task::JoinSet::new();
     for _ in 0..cfg.uplinks.max(1) {
-        let stream = super::tls::connect(tls.as_deref(), cfg.target).await?;
+        let stream = crate::tls::tools::connect(tls.as_deref(), cfg.target).await?;
         let (read, write) = stream.into_split();
         let (tx, rx) = mpsc::channel(4096);
         tokio::spawn(run_writer(write, spec.framing().prefix, rx));

@@ -35,6 +35,7 @@ use crate::sim::ledger::{
     is_key_management, is_repeated_request, is_reversal,
 };
 use crate::sim::original::OriginalKey;
+use crate::sim::peer::lock;
 use crate::sim::writer::{Outbound, Patch, run_writer};
 use crate::util::{Rng, duration};
 use crate::wire::{Frame, FrameCodec};
@@ -309,7 +310,7 @@ impl NodeSim {
         cfg: NodeSimConfig,
         opts: NodeOptions,
         finance: Finance,
-        tls: Option<Arc<super::tls::Acceptor>>,
+        tls: Option<Arc<crate::tls::tools::Acceptor>>,
     ) -> std::io::Result<NodeSim> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
@@ -373,7 +374,7 @@ struct Shared {
     /// Round-robin cursor of key requests over the connections.
     next_key_conn: AtomicUsize,
     /// Accept TLS (the handshake runs in each connection's task).
-    tls: Option<Arc<super::tls::Acceptor>>,
+    tls: Option<Arc<crate::tls::tools::Acceptor>>,
 }
 
 /// Answered requests remembered to classify repeats.
@@ -436,7 +437,7 @@ async fn serve_conn(
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let stream = match super::tls::accept(shared.tls.as_deref(), stream).await {
+    let stream = match crate::tls::tools::accept(shared.tls.as_deref(), stream).await {
         Ok(s) => s,
         Err(e) => {
             shared.stats.tls_refused.fetch_add(1, Ordering::Relaxed);
@@ -488,10 +489,6 @@ impl Drop for ConnGuard {
         lock(&self.shared.conns).retain(|(c, _)| *c != self.id);
         self.shared.stats.held.fetch_sub(1, Ordering::Relaxed);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn handle(

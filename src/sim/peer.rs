@@ -23,6 +23,8 @@ pub const RECONNECT_MIN: Duration = Duration::from_millis(100);
 pub const RECONNECT_MAX: Duration = Duration::from_secs(2);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// A simulator's mutex, taken even if a panicking holder poisoned it (the
+/// data is counters and tables, still whole). Every simulator uses this one.
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -257,6 +259,36 @@ mod tests {
         }
         assert!(!t.expect(u32::MAX, "full", Duration::from_secs(60)));
         assert_eq!(t.drain().len(), MAX_OUTSTANDING);
+    }
+
+    /// The sweep calls `expire` every quarter of the timeout (within 5..100
+    /// ms) until the shutdown, and no more after it: counted on the paused
+    /// runtime clock, so the test's second passes at once.
+    #[tokio::test(start_paused = true)]
+    async fn the_sweep_runs_every_quarter_timeout_until_the_shutdown() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        for (timeout, every_ms) in [(200, 50), (4, 5), (10_000, 100)] {
+            let calls = Arc::new(AtomicU64::new(0));
+            let (stop, shutdown) = watch::channel(false);
+            let counted = Arc::clone(&calls);
+            let sweep = tokio::spawn(sweep(Duration::from_millis(timeout), shutdown, move |_| {
+                counted.fetch_add(1, Ordering::Relaxed);
+            }));
+            tokio::time::sleep(Duration::from_millis(1000) + Duration::from_micros(1)).await;
+            // One at the start, then one a period.
+            let want = 1 + 1000 / every_ms;
+            let got = calls.load(Ordering::Relaxed);
+            assert_eq!(got, want, "timeout {timeout} ms: {got} sweeps in 1 s");
+            stop.send(true).unwrap();
+            sweep.await.unwrap();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert_eq!(
+                calls.load(Ordering::Relaxed),
+                got,
+                "none after the shutdown"
+            );
+        }
     }
 
     #[test]

@@ -121,7 +121,7 @@ pub struct VisaSimConfig {
     pub paused: bool,
     /// TLS on the links (`--tls-*`): as server when accepting, as client
     /// when dialling; plain by default.
-    pub tls: super::tls::SimTls,
+    pub tls: crate::tls::tools::SimTls,
 }
 
 impl VisaSimConfig {

@@ -7,6 +7,7 @@
 
 pub mod failures;
 pub mod stream;
+pub mod tools;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

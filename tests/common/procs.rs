@@ -178,6 +178,39 @@ pub async fn metrics(admin: SocketAddr, prefixes: &[&str]) -> String {
         .join("\n")
 }
 
+/// The sum of the metric `name` (a counter's `name_total`) in `text`, over
+/// the label sets that contain every one of `labels` (`server="02"`).
+pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| {
+            let rest = l.strip_prefix(name).unwrap_or("");
+            let rest = rest.strip_prefix("_total").unwrap_or(rest);
+            (rest.starts_with('{') || rest.starts_with(' ')) && labels.iter().all(|x| l.contains(x))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until the switch's metric `name` (see [`metric_sum`]) reaches
+/// `at_least`: the event a test of processes waits for instead of a time
+/// (traffic flowing, a node busy, a link dropped). Bounded by the case's
+/// own timeout in practice; 60 s here, as [`Proc::wait_logged`].
+pub async fn wait_metric_sum(admin: SocketAddr, name: &str, labels: &[&str], at_least: f64) {
+    wait_listening(admin).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = metric_sum(&metrics(admin, &[name]).await, name, labels);
+        if now >= at_least {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name}{labels:?} at {now}, never {at_least}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// `n` node processes on `spec`, answering after `delay`, listening.
 pub async fn start_nodes(spec: &str, n: usize, delay: &str) -> (Vec<Proc>, Vec<SocketAddr>) {
     start_nodes_with(spec, n, delay, &[]).await

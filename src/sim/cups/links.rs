@@ -285,7 +285,7 @@ async fn serve_out_link(
 ) {
     // The switch instance this out link comes from.
     let from = stream.peer_addr().ok().map(|a| a.ip());
-    let stream = match crate::sim::tls::accept(shared.cfg.tls.server.as_deref(), stream).await {
+    let stream = match crate::tls::tools::accept(shared.cfg.tls.server.as_deref(), stream).await {
         Ok(s) => s,
         Err(e) => {
             shared.stats.tls_refused.fetch_add(1, Ordering::Relaxed);
@@ -411,7 +411,7 @@ async fn serve_in_link(
         return;
     };
     let tls = shared.cfg.tls.client.as_deref();
-    let stream = match crate::sim::tls::secure_connect(tls, stream, peer).await {
+    let stream = match crate::tls::tools::secure_connect(tls, stream, peer).await {
         Ok(s) => s,
         Err(e) => {
             shared.stats.tls_refused.fetch_add(1, Ordering::Relaxed);

@@ -185,9 +185,9 @@ async fn serve_link(shared: &Arc<Shared>, stream: TcpStream, shutdown: &mut watc
     let _ = stream.set_nodelay(true);
     let tls = &shared.cfg.tls;
     let secured = match shared.cfg.dial {
-        Dial::Accept(_) => crate::sim::tls::accept(tls.server.as_deref(), stream).await,
+        Dial::Accept(_) => crate::tls::tools::accept(tls.server.as_deref(), stream).await,
         Dial::Connect(addr) => {
-            crate::sim::tls::secure_connect(tls.client.as_deref(), stream, addr).await
+            crate::tls::tools::secure_connect(tls.client.as_deref(), stream, addr).await
         }
     };
     let stream = match secured {

@@ -1,7 +1,9 @@
-//! TLS for the simulators and tools: the `--tls-*` flags, and the handshake
-//! on a connection a simulator opens or accepts. The files are read with
-//! the switch's loader (`config::tls`), errors naming the flag; the link
-//! code is the simulators' own.
+//! TLS for the command-line tools (`ctl`, and with the `tools` feature the
+//! simulators and `load`): the `--tls-*` flags, and the handshake on a
+//! connection a tool opens or accepts. The files are read with the switch's
+//! loader (`config::tls`), errors naming the flag; the link code is the
+//! tools' own. It lives here, not under `sim`, because `ctl` is part of the
+//! production binary and `sim` is not.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

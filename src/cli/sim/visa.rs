@@ -59,7 +59,7 @@ pub struct SimVisaArgs {
     /// bank's certificate) with --accept; --tls-ca (and a client
     /// certificate) with --connect.
     #[command(flatten)]
-    pub tls: crate::sim::tls::TlsFlags,
+    pub tls: crate::tls::tools::TlsFlags,
 }
 
 pub fn run(args: SimVisaArgs) -> ExitCode {
@@ -72,33 +72,35 @@ pub fn run(args: SimVisaArgs) -> ExitCode {
         Err(code) => return code,
     };
     if args.rate.is_some_and(|r| !(r.is_finite() && r >= 0.0)) {
-        return super::fail("--rate must be a non-negative number".into());
+        return crate::cli::fail("--rate must be a non-negative number".into());
     }
     let mut mtis = Vec::new();
     for text in &args.mti {
         match text.parse::<Mti>() {
             Ok(m) if m.is_request() && !m.is_network_management() => mtis.push(m),
-            _ => return super::fail(format!("--mti: `{text}` is not a financial request MTI")),
+            _ => {
+                return crate::cli::fail(format!("--mti: `{text}` is not a financial request MTI"));
+            }
         }
     }
     let dial = match (args.accept, args.connect) {
         (Some(a), _) => Dial::Accept(a),
         (None, Some(c)) => Dial::Connect(c),
-        (None, None) => return super::fail("one of --accept or --connect is needed".into()),
+        (None, None) => return crate::cli::fail("one of --accept or --connect is needed".into()),
     };
     let tls = match &dial {
-        Dial::Accept(_) => args.tls.server().map(|server| crate::sim::tls::SimTls {
+        Dial::Accept(_) => args.tls.server().map(|server| crate::tls::tools::SimTls {
             server,
             client: None,
         }),
-        Dial::Connect(_) => args.tls.client().map(|client| crate::sim::tls::SimTls {
+        Dial::Connect(_) => args.tls.client().map(|client| crate::tls::tools::SimTls {
             server: None,
             client,
         }),
     };
     let tls = match tls {
         Ok(t) => t,
-        Err(e) => return super::fail(e),
+        Err(e) => return crate::cli::fail(e),
     };
     let cfg = VisaSimConfig {
         tls,
@@ -115,7 +117,7 @@ pub fn run(args: SimVisaArgs) -> ExitCode {
         ..VisaSimConfig::new(dial, args.links)
     };
     let json = args.json;
-    super::runtime(async move {
+    crate::cli::runtime(async move {
         let report = crate::sim::visa::run(spec, cfg).await.map_err(|e| {
             if e.kind() == std::io::ErrorKind::InvalidInput {
                 e.to_string()
