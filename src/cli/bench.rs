@@ -21,7 +21,10 @@
 //! `--strace` adds system calls per message under load, `--dwell` the time
 //! each message spends inside each proxy, read off the wire.
 
+mod clients;
+mod clients_plot;
 mod dwell;
+mod goals;
 mod paper;
 mod paper_plot;
 pub(crate) mod procs;
@@ -113,14 +116,28 @@ pub struct BenchArgs {
     /// legs in and out of the proxy matched by F11.
     #[arg(long, num_args = 0..=1, default_missing_value = "3s", value_parser = crate::util::duration::parse)]
     pub dwell: Option<Duration>,
-    /// Offered rate of the `--dwell` run, requests/s.
-    #[arg(long, default_value_t = 10_000.0, value_parser = parse_rate)]
-    pub dwell_rate: f64,
-    /// `throughput` (the rows above) or `paper`: the bank paper's Table 1
+    /// Offered rates of the `--dwell` runs, requests/s, comma-separated
+    /// (the goals judge the time inside at 10k and 30k).
+    #[arg(long, value_delimiter = ',', default_values_t = [10_000.0, 30_000.0], value_parser = parse_rate)]
+    pub dwell_rate: Vec<f64>,
+    /// `throughput` (the rows above); `paper`: the bank paper's Table 1
     /// (OneConnect) and Table 2 (MBLB) for isoswitch, HAProxy and direct to a
-    /// node, `--duration` per row (the paper ran 5m).
-    #[arg(long, default_value = "throughput", value_parser = ["throughput", "paper"])]
+    /// node, `--duration` per row (the paper ran 5m); `clients`: the
+    /// many-terminals curve, `--clients-rate` from each of `--client-counts`
+    /// connections (one request in flight each) through HAProxy and the
+    /// switch, `--duration` measured per row.
+    #[arg(long, default_value = "throughput", value_parser = ["throughput", "paper", "clients"])]
     pub scenario: String,
+    /// Client connections of `--scenario clients`, comma-separated. A count
+    /// a proxy cannot hold under the open-file limit is skipped for it.
+    #[arg(long, value_delimiter = ',', default_values_t = [50usize, 1_000, 8_000, 10_000])]
+    pub client_counts: Vec<usize>,
+    /// Total offered rate of `--scenario clients`, requests/s.
+    #[arg(long, default_value_t = 10_000.0, value_parser = parse_rate)]
+    pub clients_rate: f64,
+    /// Where `--scenario clients` writes its plot (SVG).
+    #[arg(long, default_value = "target/bench-clients.svg")]
+    pub clients_plot: String,
     /// Where `--scenario paper` writes its plots (SVG).
     #[arg(long, default_value = "target/paper")]
     pub plot_dir: String,
@@ -324,6 +341,9 @@ async fn bench(args: &BenchArgs, pinning: Option<Pinning>) -> Result<(), String>
     if args.scenario == "paper" {
         return paper::run(args).await;
     }
+    if args.scenario == "clients" {
+        return clients::run(args, pinning).await;
+    }
     let spec = Arc::new(Spec::resolve(&args.spec).map_err(|e| e.to_string())?);
     let proxy_threads = args
         .switch_threads
@@ -381,6 +401,7 @@ async fn bench(args: &BenchArgs, pinning: Option<Pinning>) -> Result<(), String>
         println!("{k} = {v}");
     }
     println!("```");
+    goals::print(&summary.lines);
     println!(
         "\nload average at the end: {} (at the start: {load_average_start})",
         procs::load_average()
@@ -412,6 +433,7 @@ async fn start_rig(
             Some(proxy_threads),
             proxy_cpus,
             integrity_off,
+            None,
         )
     };
     let switch = start_switch(false)?;
@@ -429,7 +451,12 @@ async fn start_rig(
         eprintln!("haproxy not found on PATH: row (b) skipped (scripts/bench.sh installs it)");
         None
     } else {
-        let (mut p, front) = procs::start_haproxy(&nodes, Some(proxy_threads), proxy_cpus)?;
+        let (mut p, front) = procs::start_haproxy(
+            &nodes,
+            Some(proxy_threads),
+            proxy_cpus,
+            procs::HAPROXY_MAXCONN,
+        )?;
         match wait_listening(front).await {
             Ok(()) if p.exited().is_none() => Some((p, front)),
             Ok(()) => {
@@ -554,7 +581,7 @@ impl Haproxy {
     }
 
     pub(super) fn start(nodes: &[SocketAddr]) -> Result<Haproxy, String> {
-        let (proc, front) = procs::start_haproxy(nodes, None, None)?;
+        let (proc, front) = procs::start_haproxy(nodes, None, None, procs::HAPROXY_MAXCONN)?;
         Ok(Haproxy { proc, front })
     }
 }

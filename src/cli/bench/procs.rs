@@ -339,17 +339,27 @@ pub(crate) fn start_node(
 /// remembered for repeats, no answered-for request for late approvals
 /// (logged, not reversed). The store still opens in the data directory,
 /// as it does for the integrity-on switch; nothing on the message path
-/// touches it when nothing is late.
+/// touches it when nothing is late. With `max_clients`, the front's limits
+/// (`max_connections`, `max_per_source`, `max_in_flight_per_source`) admit
+/// that many clients, all from 127.0.0.1, with one request in flight each.
 pub(crate) fn switch_toml(
     spec: &str,
     front: SocketAddr,
     nodes: &[SocketAddr],
     integrity_off: bool,
+    max_clients: Option<usize>,
 ) -> String {
     let mut toml = format!(
-        "[[service]]\nname = \"bench\"\nspec = \"{spec}\"\n[service.front]\nkind = \"listen\"\nlisten = \"{front}\"\n\
-         [service.back]\nconnections_per_node = 2\n"
+        "[[service]]\nname = \"bench\"\nspec = \"{spec}\"\n[service.front]\nkind = \"listen\"\nlisten = \"{front}\"\n"
     );
+    if let Some(n) = max_clients {
+        let n = n.max(1) + 16;
+        toml.push_str(&format!(
+            "max_connections = {n}\nmax_per_source = {n}\nmax_in_flight_per_source = {}\n",
+            n * 4
+        ));
+    }
+    toml.push_str("[service.back]\nconnections_per_node = 2\n");
     if integrity_off {
         toml.push_str(
             "[service.integrity]\nlate_approval = \"log\"\nlate_window = \"0s\"\nrepeat_window = \"0s\"\n",
@@ -371,6 +381,7 @@ pub(crate) fn start_switch(
     threads: Option<usize>,
     cpus: Option<&CpuSet>,
     integrity_off: bool,
+    max_clients: Option<usize>,
 ) -> Result<(Proc, SocketAddr), String> {
     let front = free_port()?;
     // Files of their own: two switches may run side by side.
@@ -379,7 +390,10 @@ pub(crate) fn start_switch(
     } else {
         "isoswitch-bench"
     };
-    let files = SwitchFiles::write(stem, &switch_toml(spec, front, nodes, integrity_off))?;
+    let files = SwitchFiles::write(
+        stem,
+        &switch_toml(spec, front, nodes, integrity_off, max_clients),
+    )?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = command(&exe, cpus);
     files.run_args(&mut cmd);
@@ -402,16 +416,15 @@ pub(crate) fn start_switch(
 
 /// HAProxy in TCP mode, round robin over the nodes: it balances connections,
 /// not messages. `threads` sets `nbthread` (HAProxy's default: one per CPU
-/// it may run on).
+/// it may run on). `maxconn`: client connections at once ([`HAPROXY_MAXCONN`]
+/// for the throughput rows).
 pub(crate) fn haproxy_cfg(
     front: SocketAddr,
     nodes: &[SocketAddr],
     threads: Option<usize>,
+    maxconn: usize,
 ) -> String {
-    // maxconn sizes HAProxy's file descriptor limit (about twice maxconn);
-    // 10000 asks for more than a default hard limit of 20000 and HAProxy 2.6
-    // then refuses to start.
-    let mut cfg = String::from("global\n  maxconn 4000\n");
+    let mut cfg = format!("global\n  maxconn {maxconn}\n");
     if let Some(n) = threads {
         cfg.push_str(&format!("  nbthread {}\n", n.max(1)));
     }
@@ -425,16 +438,30 @@ pub(crate) fn haproxy_cfg(
     cfg
 }
 
+/// HAProxy's `maxconn` in the throughput rows. maxconn sizes HAProxy's file
+/// descriptor need (about twice maxconn, one per client and one per server
+/// connection); 10000 asks for more than a hard limit of 20000, and HAProxy
+/// 2.6 then refuses to start.
+pub(crate) const HAPROXY_MAXCONN: usize = 4000;
+
+/// The open files HAProxy asks for with `maxconn` (two per connection, and
+/// some for listeners, servers and its own use): more than the hard limit
+/// and it refuses to start.
+pub(crate) fn haproxy_files(maxconn: usize) -> u64 {
+    2 * maxconn as u64 + 100
+}
+
 pub(crate) fn start_haproxy(
     nodes: &[SocketAddr],
     threads: Option<usize>,
     cpus: Option<&CpuSet>,
+    maxconn: usize,
 ) -> Result<(Proc, SocketAddr), String> {
     let front = free_port()?;
     let config = TempFile::write(
         "isoswitch-bench-haproxy",
         "cfg",
-        &haproxy_cfg(front, nodes, threads),
+        &haproxy_cfg(front, nodes, threads, maxconn),
     )?;
     let child = command(Path::new("haproxy"), cpus)
         .arg("-f")
@@ -585,9 +612,9 @@ mod tests {
     fn integrity_off_turns_the_books_off_and_parses() {
         let a: SocketAddr = "127.0.0.1:1000".parse().unwrap();
         let n: SocketAddr = "127.0.0.1:1001".parse().unwrap();
-        let on = switch_toml("cups", a, &[n], false);
+        let on = switch_toml("cups", a, &[n], false, None);
         assert!(!on.contains("[service.integrity]"), "{on}");
-        let off = switch_toml("cups", a, &[n], true);
+        let off = switch_toml("cups", a, &[n], true, None);
         let cfg = crate::config::Config::from_toml(&off).unwrap();
         let i = &cfg.services[0].integrity;
         assert_eq!(i.late_approval, crate::config::LateApproval::Log);
@@ -602,10 +629,10 @@ mod tests {
     fn haproxy_gets_the_switch_thread_count() {
         let a: SocketAddr = "127.0.0.1:1000".parse().unwrap();
         let n: SocketAddr = "127.0.0.1:1001".parse().unwrap();
-        let cfg = haproxy_cfg(a, &[n, n], Some(2));
+        let cfg = haproxy_cfg(a, &[n, n], Some(2), HAPROXY_MAXCONN);
         assert!(cfg.contains("\n  nbthread 2\n"), "{cfg}");
         assert!(cfg.contains("mode tcp"));
         assert!(cfg.contains("server n1 127.0.0.1:1001"));
-        assert!(!haproxy_cfg(a, &[n], None).contains("nbthread"));
+        assert!(!haproxy_cfg(a, &[n], None, 100).contains("nbthread"));
     }
 }

@@ -130,6 +130,14 @@ impl Summary {
                     1,
                 );
             }
+            s.add(
+                "ratio.cpu_switch_over_haproxy@saturation",
+                &div(
+                    &per_rep(Target::Switch, None, &cpu),
+                    &per_rep(Target::Haproxy, None, &cpu),
+                ),
+                2,
+            );
             let sw = per_rep(Target::Switch, None, &approved);
             let ha = per_rep(Target::Haproxy, None, &approved);
             let di = per_rep(Target::Direct, None, &approved);
@@ -184,6 +192,9 @@ impl Summary {
                 );
             }
         }
+        // A total, not a median: one lost answer in any row counts.
+        let errors: u64 = rows.iter().map(|r| r.report.errors()).sum();
+        s.lines.push(("errors.all_rows".into(), errors.to_string()));
         s
     }
 

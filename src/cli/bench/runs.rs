@@ -66,10 +66,10 @@ pub(super) async fn strace_run(
     Ok(())
 }
 
-/// Time inside each proxy at `--dwell-rate`: one open-loop row per proxy per
-/// repetition (interleaved) with tcpdump on the loopback, each message's legs
-/// matched by F11 ([`dwell`]). tcpdump runs on the load side's CPUs, as this
-/// process does.
+/// Time inside each proxy at each of `--dwell-rate`: one open-loop row per
+/// proxy per repetition (interleaved) with tcpdump on the loopback, each
+/// message's legs matched by F11 ([`dwell`]). tcpdump runs on the load side's
+/// CPUs, as this process does.
 pub(super) async fn dwell_run(
     rig: &Rig,
     spec: &Arc<Spec>,
@@ -80,7 +80,20 @@ pub(super) async fn dwell_run(
     if !dwell::available() {
         return Err("--dwell: tcpdump is not installed (apt-get install tcpdump)".into());
     }
-    let rate = args.dwell_rate;
+    for &rate in &args.dwell_rate {
+        dwell_at(rig, spec, args, window, rate, summary).await?;
+    }
+    Ok(())
+}
+
+async fn dwell_at(
+    rig: &Rig,
+    spec: &Arc<Spec>,
+    args: &BenchArgs,
+    window: Duration,
+    rate: f64,
+    summary: &mut Summary,
+) -> Result<(), String> {
     let r = format!("{rate:.0}");
     let proxies: Vec<Target> = rig
         .targets()
