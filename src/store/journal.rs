@@ -276,6 +276,49 @@ pub fn sqlite_placeholders(sql: &str) -> String {
     sql.replace('$', "?")
 }
 
+/// A row as read, to insert again (tests, imports). Here, not beside
+/// [`NewRow`]: that module must not depend on this one (no module cycle).
+impl From<&JournalRow> for NewRow {
+    fn from(r: &JournalRow) -> NewRow {
+        fn o(s: &Option<String>) -> Option<&str> {
+            s.as_deref()
+        }
+        NewRow {
+            t_in: r.t_in,
+            t_out: r.t_out,
+            service: Some(std::sync::Arc::from(r.service.as_str())),
+            front: Short::new(&r.front),
+            link: Short::new(&r.link),
+            node: Short::opt(o(&r.node)),
+            origin: Short::new(&r.origin),
+            mti: Short::new(&r.mti),
+            mti_out: Short::opt(o(&r.mti_out)),
+            f11: Short::opt(o(&r.f11)),
+            f7: Short::opt(o(&r.f7)),
+            f37_in: Short::opt(o(&r.f37_in)),
+            f37_out: Short::opt(o(&r.f37_out)),
+            f41: Short::opt(o(&r.f41)),
+            f42: Short::opt(o(&r.f42)),
+            f32: Short::opt(o(&r.f32)),
+            f33: Short::opt(o(&r.f33)),
+            pan: Short::opt(o(&r.pan)),
+            f4: Short::opt(o(&r.f4)),
+            f49: Short::opt(o(&r.f49)),
+            f39: Short::opt(o(&r.f39)),
+            answered_by: Short::new(&r.answered_by),
+            reason: Short::opt(o(&r.reason)),
+            outcome: Short::new(&r.outcome),
+            latency_us: r.latency_us,
+            late: r.late,
+            duplicate: r.duplicate,
+            repeat: r.repeat,
+            unroutable: r.unroutable,
+            bad: Short::opt(o(&r.bad)),
+            reversal_id: r.reversal_id,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
