@@ -40,13 +40,6 @@ async fn node_sim(spec: &Arc<Spec>, id: &str) -> NodeSim {
         .expect("node starts")
 }
 
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
 /// One service's TOML: a `cup-pos` listen front in front of `nodes` (ID,
 /// address, weight), with `extra` service keys.
 fn service_toml(name: &str, extra: &str, nodes: &[(&str, SocketAddr, u32)]) -> String {

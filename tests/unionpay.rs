@@ -18,13 +18,6 @@ use isoswitch::sim::node::{Delay, NodeSim, NodeSimConfig, Originate};
 
 const LINKS: usize = 8;
 
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
 /// Three nodes; with `originate`, each sends its own 0200s at that rate.
 async fn nodes(spec: &Arc<Spec>, delay: Delay, originate: Option<f64>) -> Vec<NodeSim> {
     let mut out = Vec::new();
@@ -92,9 +85,8 @@ async fn wait_links_up(svc: &Service) {
     .await;
 }
 
-/// Waits until UnionPay has sent `issuer` requests in all and every node
-/// has had `answered` of its own requests answered: traffic by volume, not
-/// by time, so a slow machine runs the same test.
+/// Waits until UnionPay sent `issuer` requests and each node had `answered`
+/// of its own answered: by volume, not time, so a slow machine runs the same.
 async fn wait_traffic(cups: &CupsSim, nodes: &[NodeSim], issuer: u64, answered: u64) {
     wait_until("traffic both ways", || {
         cups.report().sent >= issuer
@@ -138,11 +130,8 @@ impl Rig {
         .await
         .unwrap();
         wait_links_up(service(&switch)).await;
-        let unsent_at_start = service(&switch)
-            .counters
-            .peer
-            .node_requests_unsent
-            .load(Ordering::Relaxed);
+        let peer = &service(&switch).counters.peer;
+        let unsent_at_start = peer.node_requests_unsent.load(Ordering::Relaxed);
         Rig {
             unsent_at_start,
             nodes,
@@ -155,10 +144,9 @@ impl Rig {
         service(&self.switch)
     }
 
-    /// Stops every originator (the nodes, and UnionPay should its run still
-    /// be going on a slow machine), then waits until every request is
-    /// answered or timed out, so reports read after this cannot count a
-    /// request sent after the wait.
+    /// Stops every originator (the nodes, and UnionPay if its run is still
+    /// going), then waits until every request is answered or timed out, so
+    /// reports read after this cannot count a request sent after the wait.
     async fn settle(&self) {
         for n in &self.nodes {
             n.stop_originating();

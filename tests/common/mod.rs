@@ -38,6 +38,15 @@ impl Drop for Scratch {
     }
 }
 
+/// An address on 127.0.0.1 that was free a moment ago (for a listener a
+/// test starts later, or one that must refuse).
+pub fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
 pub fn spec(name: &str) -> Arc<Spec> {
     Arc::new(Spec::builtin(name).expect("builtin spec"))
 }
