@@ -416,16 +416,7 @@ async fn start_rig(
 ) -> Result<Rig, String> {
     let load_cpus = pinning.map(|p| &p.load);
     let proxy_cpus = pinning.map(|p| &p.proxy);
-    let mut node_procs = Vec::new();
-    let mut nodes = Vec::new();
-    for i in 0..args.nodes.max(1) {
-        let (p, addr) = procs::start_node(&args.spec, &format!("{:02}", i + 1), load_cpus)?;
-        node_procs.push(p);
-        nodes.push(addr);
-    }
-    for &n in &nodes {
-        wait_accepting(n).await?;
-    }
+    let (node_procs, nodes) = start_nodes(args, load_cpus).await?;
     let start_switch = |integrity_off| {
         procs::start_switch(
             &args.spec,
@@ -557,6 +548,25 @@ pub(super) async fn wait_listening(addr: SocketAddr) -> Result<(), String> {
     wait_accepting(addr).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     Ok(())
+}
+
+/// `args.nodes` (at least one) `sim node` processes with IDs 01, 02, ...,
+/// on `cpus`, each accepting before this returns.
+async fn start_nodes(
+    args: &BenchArgs,
+    cpus: Option<&procs::CpuSet>,
+) -> Result<(Vec<procs::Proc>, Vec<SocketAddr>), String> {
+    let mut node_procs = Vec::new();
+    let mut nodes = Vec::new();
+    for i in 0..args.nodes.max(1) {
+        let (p, addr) = procs::start_node(&args.spec, &format!("{:02}", i + 1), cpus)?;
+        node_procs.push(p);
+        nodes.push(addr);
+    }
+    for &n in &nodes {
+        wait_accepting(n).await?;
+    }
+    Ok((node_procs, nodes))
 }
 
 async fn wait_accepting(addr: SocketAddr) -> Result<(), String> {

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use super::procs::{self, Pinning, Proc};
 use super::report::{Summary, div};
-use super::{BenchArgs, dwell, wait_accepting, wait_listening};
+use super::{BenchArgs, dwell, wait_listening};
 use crate::iso8583::{Spec, SpecFiles};
 use crate::sim::load::{self, LoadConfig, LoadCounters, LoadReport};
 
@@ -88,16 +88,7 @@ pub(super) async fn run(args: &BenchArgs, pinning: Option<Pinning>) -> Result<()
         .or(pinning.as_ref().map(|p| p.proxy.len()))
         .unwrap_or(1)
         .max(1);
-    let mut node_procs: Vec<Proc> = Vec::new();
-    let mut nodes = Vec::new();
-    for i in 0..args.nodes.max(1) {
-        let (p, addr) = procs::start_node(&args.spec, &format!("{:02}", i + 1), load_cpus)?;
-        node_procs.push(p);
-        nodes.push(addr);
-    }
-    for &n in &nodes {
-        wait_accepting(n).await?;
-    }
+    let (node_procs, nodes) = super::start_nodes(args, load_cpus).await?;
     let haproxy = !args.no_haproxy && procs::answers("haproxy", &["-v"]);
     if !haproxy && !args.no_haproxy {
         eprintln!("haproxy not found on PATH: its rows are skipped (scripts/bench.sh installs it)");
