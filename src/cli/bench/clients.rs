@@ -449,7 +449,9 @@ fn print_rows(rows: &[CurveRow], rate: f64) {
     println!(
         "| proxy | clients | in flight | # | msg/s in window | CPU µs/msg | user % | RSS MB | HWM MB | KB/client | node conns | p50 µs | p99 µs | inside p50 µs | inside p99 µs | lost | doubled |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for r in rows {
         let head = format!(
             "| {} | {} | {} |",
