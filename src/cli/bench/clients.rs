@@ -454,9 +454,10 @@ fn print_rows(rows: &[CurveRow], rate: f64) {
     );
     for r in rows {
         let head = format!(
-            "| {} | {} | {} |",
+            "| {} | {} | {} | {} |",
             r.proxy.key(),
             r.clients,
+            in_flight(r.clients, rate),
             r.repetition + 1
         );
         match &r.result {
