@@ -7,8 +7,9 @@
 #   scripts/bench.sh --duration 3s         # shorter rows
 #   scripts/bench.sh --rate 10000 --repeat 3
 #   scripts/bench.sh --strace              # + system calls per message: strace -c -f -p, 10 s at 10k req/s
-#   scripts/bench.sh --dwell               # + time inside each proxy, on the wire: tcpdump, 3 s at 10k req/s
+#   scripts/bench.sh --dwell               # + time inside each proxy, on the wire: tcpdump, 3 s each at 10k and 30k req/s (--dwell-rate)
 #   scripts/bench.sh --no-pin              # let every process run on every CPU
+#   scripts/bench.sh --scenario clients --repeat 2 --dwell 3s   # many terminals: 50..10,000 clients at 10k req/s, plot in target/bench-clients.svg
 #
 # Any `isoswitch bench` option passes through (`isoswitch bench --help`).
 # Nodes, the switch and HAProxy run as processes of their own; the switch and
