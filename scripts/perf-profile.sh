@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Where the switch spends its user-space time per message (issue 24 item 2):
+# three `sim node`s and the load generator on CPU 0, the switch with one
+# worker thread pinned to CPU 1, `perf record -g` on the switch for the
+# middle of the load, and the top symbols by self time. Also prints the
+# switch's user and system CPU per message from /proc.
+#
+#   scripts/perf-profile.sh [RATE|max] [DURATION] [SPEC]   # default max 8s cups
+#
+# RATE `max` is the closed loop (saturation, 50 clients x 4 in flight).
+# ISOSWITCH_BIN=<binary> profiles that build instead of this tree's release
+# build. The report is kept in target/perf-<date>.txt, perf.data beside it.
+# NO_PERF=1 only measures the CPU per message (perf's own sampling and
+# unwinding would be counted as the switch's), for an A/B of two builds:
+#   for b in A B A B; do NO_PERF=1 ISOSWITCH_BIN=/tmp/$b scripts/perf-profile.sh 15000 8s; done
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rate=${1:-max}
+duration=${2:-8s}
+spec=${3:-cups}
+command -v perf >/dev/null || { echo "perf-profile.sh: perf is missing (Debian's linux-perf)" >&2; exit 1; }
+bin=${ISOSWITCH_BIN:-}
+if [ -z "$bin" ]; then
+    cargo build --release --quiet
+    bin="${CARGO_TARGET_DIR:-target}/release/isoswitch"
+fi
+work=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+tck=$(getconf CLK_TCK)
+stamp=$(date -u +%Y%m%d-%H%M%S)
+out="target/perf-$stamp"
+
+for i in 1 2 3; do
+    taskset -c 0 "$bin" sim node --listen 127.0.0.1:2680$i --spec "$spec" --id 0$i >/dev/null 2>&1 &
+    pids+=($!)
+done
+cat >"$work/switch.toml" <<TOML
+[[service]]
+name = "profile"
+spec = "$spec"
+[service.front]
+kind = "listen"
+listen = "127.0.0.1:26800"
+[service.back]
+connections_per_node = 2
+[service.back.health]
+check = "tcp"
+[[service.back.node]]
+id = "01"
+address = "127.0.0.1:26801"
+[[service.back.node]]
+id = "02"
+address = "127.0.0.1:26802"
+[[service.back.node]]
+id = "03"
+address = "127.0.0.1:26803"
+TOML
+ISOSWITCH_LOG=warn taskset -c 1 "$bin" run --worker-threads 1 --config "$work/switch.toml" \
+    --data-dir "$work/data" >/dev/null 2>"$work/switch.log" &
+sw=$!
+pids+=($sw)
+sleep 1.5
+
+ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
+load_args=(--target 127.0.0.1:26800 --spec "$spec" --duration "$duration" --quiet --json --threads 1)
+if [ "$rate" != max ]; then load_args+=(--rate "$rate"); fi
+taskset -c 0 "$bin" load "${load_args[@]}" >"$work/load.json" &
+load=$!
+sleep 1
+read -r u0 s0 < <(ticks $sw)
+secs=${duration%s}
+if [ -n "${NO_PERF:-}" ]; then
+    sleep $((secs - 3))
+else
+    perf record -q --call-graph dwarf,16384 -F 1000 -p "$sw" -o "$out.data" -- sleep $((secs - 3)) 2>/dev/null
+fi
+read -r u1 s1 < <(ticks $sw)
+wait $load
+answered=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("answered", d.get("received", 0)))' "$work/load.json")
+dur_s=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("elapsed_s", d.get("duration_s", 0)))' "$work/load.json")
+{
+    echo "# perf-profile.sh $rate $duration $spec, $bin ($(date -u), load $(cut -d' ' -f1-3 /proc/loadavg))"
+    python3 - "$u0" "$s0" "$u1" "$s1" "$tck" "$answered" "$dur_s" "$((secs - 3))" <<'PY'
+import sys
+u0, s0, u1, s1, tck, answered, dur, window = map(float, sys.argv[1:])
+rate = answered / dur if dur else 0
+msgs = rate * window
+if msgs:
+    print(f"answered {answered:.0f} ({rate:,.0f}/s); in the {window:.0f} s window the switch used "
+          f"user {(u1-u0)/tck/msgs*1e6:.2f} us + system {(s1-s0)/tck/msgs*1e6:.2f} us per message")
+PY
+    if [ -z "${NO_PERF:-}" ]; then
+    echo
+    perf report -i "$out.data" --no-children --sort symbol --stdio --percent-limit 0.7 2>/dev/null |
+        grep -v '^$' | grep -E '^ +[0-9]' | head -60
+    fi
+} | tee "$out.txt"
+echo "perf-profile.sh: report in $out.txt, data in $out.data" >&2
