@@ -10,6 +10,10 @@
 # RATE `max` is the closed loop (saturation, 50 clients x 4 in flight).
 # ISOSWITCH_BIN=<binary> profiles that build instead of this tree's release
 # build. The report is kept in target/perf-<date>.txt, perf.data beside it.
+# CLIENTS=8000 IN_FLIGHT=1 profiles the many-terminals case (the open-file
+# limit is raised for it); SETTLE=12 then waits that many seconds for the
+# clients to connect before the window opens (default 1), so give it a
+# longer DURATION: CLIENTS=8000 IN_FLIGHT=1 SETTLE=12 scripts/perf-profile.sh 10000 30s
 # NO_PERF=1 only measures the CPU per message (perf's own sampling and
 # unwinding would be counted as the switch's), for an A/B of two builds:
 #   for b in A B A B; do NO_PERF=1 ISOSWITCH_BIN=/tmp/$b scripts/perf-profile.sh 15000 8s; done
@@ -33,6 +37,8 @@ cleanup() {
 }
 trap cleanup EXIT
 tck=$(getconf CLK_TCK)
+# Every process here (switch, load) may need a descriptor per client.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 stamp=$(date -u +%Y%m%d-%H%M%S)
 out="target/perf-$stamp"
 
@@ -47,6 +53,9 @@ spec = "$spec"
 [service.front]
 kind = "listen"
 listen = "127.0.0.1:26800"
+max_connections = ${CLIENTS:-50}
+max_per_source = ${CLIENTS:-50}
+max_in_flight_per_source = $(( ${CLIENTS:-50} * ${IN_FLIGHT:-4} + 1000 ))
 [service.back]
 connections_per_node = 2
 [service.back.health]
@@ -68,32 +77,39 @@ pids+=($sw)
 sleep 1.5
 
 ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
-load_args=(--target 127.0.0.1:26800 --spec "$spec" --duration "$duration" --quiet --json --threads 1)
+clients=${CLIENTS:-50}
+in_flight=${IN_FLIGHT:-4}
+load_args=(--target 127.0.0.1:26800 --spec "$spec" --duration "$duration" --quiet --json --threads 1
+    --clients "$clients" --in-flight "$in_flight")
 if [ "$rate" != max ]; then load_args+=(--rate "$rate"); fi
 taskset -c 0 "$bin" load "${load_args[@]}" >"$work/load.json" &
 load=$!
-sleep 1
+settle=${SETTLE:-1}
+sleep "$settle"
 read -r u0 s0 < <(ticks $sw)
 secs=${duration%s}
+window=$((secs - settle - 2))
+[ "$window" -ge 1 ] || { echo "perf-profile.sh: DURATION must exceed SETTLE + 3 s" >&2; exit 1; }
 if [ -n "${NO_PERF:-}" ]; then
-    sleep $((secs - 3))
+    sleep "$window"
 else
-    perf record -q --call-graph dwarf,16384 -F 1000 -p "$sw" -o "$out.data" -- sleep $((secs - 3)) 2>/dev/null
+    perf record -q --call-graph dwarf,16384 -F 1000 -p "$sw" -o "$out.data" -- sleep "$window" 2>/dev/null
 fi
 read -r u1 s1 < <(ticks $sw)
-wait $load
+wait $load || echo "perf-profile.sh: the load generator exited non-zero (see its report)" >&2
 answered=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("answered", d.get("received", 0)))' "$work/load.json")
 dur_s=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("elapsed_s", d.get("duration_s", 0)))' "$work/load.json")
 {
-    echo "# perf-profile.sh $rate $duration $spec, $bin ($(date -u), load $(cut -d' ' -f1-3 /proc/loadavg))"
-    python3 - "$u0" "$s0" "$u1" "$s1" "$tck" "$answered" "$dur_s" "$((secs - 3))" <<'PY'
+    echo "# perf-profile.sh $rate $duration $spec, $clients clients x $in_flight, $bin ($(date -u), load $(cut -d' ' -f1-3 /proc/loadavg))"
+    python3 - "$u0" "$s0" "$u1" "$s1" "$tck" "$answered" "$dur_s" "$window" <<'PY'
 import sys
 u0, s0, u1, s1, tck, answered, dur, window = map(float, sys.argv[1:])
 rate = answered / dur if dur else 0
 msgs = rate * window
 if msgs:
     print(f"answered {answered:.0f} ({rate:,.0f}/s); in the {window:.0f} s window the switch used "
-          f"user {(u1-u0)/tck/msgs*1e6:.2f} us + system {(s1-s0)/tck/msgs*1e6:.2f} us per message")
+          f"user {(u1-u0)/tck/msgs*1e6:.2f} us + system {(s1-s0)/tck/msgs*1e6:.2f} us per message "
+          "(messages in the window taken at the whole run's average rate)")
 PY
     if [ -z "${NO_PERF:-}" ]; then
     echo

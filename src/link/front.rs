@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use futures_util::StreamExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
@@ -18,7 +17,7 @@ use super::client::{ClientLink, InFlightLimit, canonical_peer};
 use super::conns::{ConnKind, Counted};
 use super::log_limit::{LogKind, LogPeer};
 use super::service::{Refusal, Service};
-use super::timer::{ReadTimer, in_frame};
+use super::timer::{Read, ReadTimer, TimedFrames};
 use super::writer::run_coalescing_writer;
 use crate::capture::{Opened, Tapped};
 use crate::config::ListenFront;
@@ -301,14 +300,11 @@ async fn serve_client(
         Some(Arc::clone(&registered.entry)),
     ));
     let codec = FrameCodec::new(prefix, service.spec().framing().max_frame);
-    let mut frames = FramedRead::with_capacity(read, codec, CLIENT_READ_BUFFER);
+    let frames = FramedRead::with_capacity(read, codec, CLIENT_READ_BUFFER);
     tracing::debug!(service = service.name(), %peer, conn, "client connected");
-    let mut timer = ReadTimer::new(
-        front.idle_timeout,
-        front.partial_frame_timeout,
-        Instant::now(),
-    );
-    let mut tick = tokio::time::interval(timer.tick_period());
+    let now = Instant::now();
+    let timer = ReadTimer::new(front.idle_timeout, front.partial_frame_timeout, now);
+    let mut frames = TimedFrames::new(frames, timer, now);
     // Made once: a fresh `changed()` per frame would join and leave the
     // watch's waiter list (a lock each way) for every message.
     let stopping = shutdown.changed();
@@ -319,19 +315,16 @@ async fn serve_client(
         // cooperative budget, and a spent budget reads as pending.
         let item = tokio::select! {
             biased;
-            item = frames.next() => item,
-            _ = tick.tick() => {
-                match timer.check(in_frame(&frames), Instant::now()) {
-                    Some(t) => break Ended::Other(t.as_str().to_string()),
-                    None => continue,
-                }
-            }
+            read = frames.next() => match read {
+                Read::Frame(item) => item,
+                Read::TimedOut(t) => break Ended::Other(t.as_str().to_string()),
+            },
             res = &mut writer => break Ended::Other(format!("writer ended: {res:?}")),
             _ = &mut stopping => break Ended::Other("shutdown".to_string()),
         };
         // One clock read per frame serves the timer and the request's timing.
         let now = Instant::now();
-        timer.frame(now);
+        frames.frame(now);
         registered.entry.received();
         match item {
             Some(Ok(Frame::Message(payload))) => {
