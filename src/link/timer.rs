@@ -165,10 +165,10 @@ impl<R: AsyncRead + Unpin> TimedFrames<R> {
             } else {
                 self.timer.partial_since = None;
             }
-            if let Some(at) = self.timer.deadline() {
-                if at < self.sleep.deadline().into_std() {
-                    self.sleep.as_mut().reset(at.into());
-                }
+            if let Some(at) = self.timer.deadline()
+                && at < self.sleep.deadline().into_std()
+            {
+                self.sleep.as_mut().reset(at.into());
             }
         }
         loop {
@@ -279,7 +279,7 @@ mod tests {
         let writer = tokio::spawn(async move {
             peer.write_all(&[0, 4, b'0', b'8']).await.unwrap();
             tokio::time::sleep(Duration::from_secs(4)).await;
-            peer.write_all(&[b'0', b'0']).await.unwrap();
+            peer.write_all(b"00").await.unwrap();
             // No idle timeout: a silent peer is kept, until it closes.
             tokio::time::sleep(Duration::from_secs(3 * 24 * 3600)).await;
             drop(peer);
