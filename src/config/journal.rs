@@ -43,8 +43,11 @@ mod defaults {
     pub fn queue() -> usize {
         65_536
     }
+    /// 20 ms: at 10k req/s a batch of about 200 rows, which costs SQLite
+    /// about half a 5 ms batch's CPU per row (BENCHMARKS.md, "Journal
+    /// cost"); a kill -9 loses at most about that long of rows.
     pub fn batch_interval() -> Duration {
-        Duration::from_millis(5)
+        Duration::from_millis(20)
     }
 }
 

@@ -64,7 +64,10 @@ impl<'c> RowInserts<'c> {
     /// The statement for `rows` rows, prepared the first time.
     fn stmt(&self, rows: usize) -> rusqlite::Result<*mut ffi::sqlite3_stmt> {
         let Some(k) = INSERT_CHUNKS.iter().position(|&n| n == rows) else {
-            return Err(rusqlite::Error::InvalidParameterCount(rows, INSERT_CHUNKS[0]));
+            return Err(rusqlite::Error::InvalidParameterCount(
+                rows,
+                INSERT_CHUNKS[0],
+            ));
         };
         let cached = self.stmts[k].get();
         if !cached.is_null() {
@@ -81,7 +84,7 @@ impl<'c> RowInserts<'c> {
                 self.conn.handle(),
                 sql.as_ptr().cast(),
                 len,
-                ffi::SQLITE_PREPARE_PERSISTENT as u32,
+                ffi::SQLITE_PREPARE_PERSISTENT,
                 &mut st,
                 ptr::null_mut(),
             )
@@ -192,7 +195,9 @@ impl Binder<'_, '_> {
             None => unsafe { ffi::sqlite3_bind_null(self.st, i) },
             Some(t) => {
                 let len = c_int::try_from(t.len()).map_err(|_| rusqlite::Error::InvalidQuery)?;
-                unsafe { ffi::sqlite3_bind_text(self.st, i, t.as_ptr().cast(), len, ffi::SQLITE_STATIC()) }
+                unsafe {
+                    ffi::sqlite3_bind_text(self.st, i, t.as_ptr().cast(), len, ffi::SQLITE_STATIC())
+                }
             }
         };
         self.check(rc)

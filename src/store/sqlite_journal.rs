@@ -3,11 +3,11 @@
 
 use rusqlite::{Transaction, params, params_from_iter};
 
+use super::RowInserts;
 use crate::store::journal::{
     self as j, ADMIN_INSERT, AdminRow, Dialect, JournalFilter, JournalRow, NewRow, PURGE_ADMIN,
     PURGE_JOURNAL, Param, REPORT_SQL, ReportInput, sqlite_placeholders,
 };
-use super::RowInserts;
 use crate::store::journal_new::chunks;
 use crate::store::journal_report::ReportBuilder;
 use crate::store::saf::UnixMillis;
