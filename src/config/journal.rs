@@ -32,7 +32,7 @@ pub struct JournalConfig {
 mod defaults {
     use std::time::Duration;
     /// Off until its cost meets the goal of at most 10% more CPU per
-    /// message (BENCHMARKS.md, "Journal cost": about 54% today): turning it
+    /// message (BENCHMARKS.md, "Journal cost": about 32% today): turning it
     /// on is the operator's choice, not an upgrade's surprise.
     pub fn enabled() -> bool {
         false
