@@ -32,7 +32,7 @@ pub struct JournalConfig {
 mod defaults {
     use std::time::Duration;
     /// Off until its cost meets the goal of at most 10% more CPU per
-    /// message (BENCHMARKS.md, "Journal cost": about 54% today): turning it
+    /// message (BENCHMARKS.md, "Journal cost": about 32% today): turning it
     /// on is the operator's choice, not an upgrade's surprise.
     pub fn enabled() -> bool {
         false
@@ -43,8 +43,11 @@ mod defaults {
     pub fn queue() -> usize {
         65_536
     }
+    /// 20 ms: at 10k req/s a batch of about 200 rows, which costs SQLite
+    /// about half a 5 ms batch's CPU per row (BENCHMARKS.md, "Journal
+    /// cost"); a kill -9 loses at most about that long of rows.
     pub fn batch_interval() -> Duration {
-        Duration::from_millis(5)
+        Duration::from_millis(20)
     }
 }
 

@@ -23,8 +23,12 @@ use super::saf::{SafId, clip};
 use super::schema::{self, CLAIM_COLUMNS, Change, ROW_COLUMNS, RawClaim, RawRow, VERSION_KEY};
 use super::writer::{self, Answer, Counters, Inbox, Op, Outcome, Request};
 
+#[path = "sqlite_insert.rs"]
+mod insert;
 #[path = "sqlite_journal.rs"]
 mod journal;
+
+use insert::RowInserts;
 
 /// How long the writer waits for another process's write lock (a second
 /// instance on the same file, or an operator's sqlite3 shell).
@@ -287,26 +291,35 @@ struct Writer {
 
 impl Writer {
     fn run(self, mut inbox: Inbox) {
-        while let Some(mut batch) = inbox.next_blocking() {
-            let closer = writer::take_close(&mut batch);
-            self.run_batch(batch);
-            if let Some(closer) = closer {
-                // Close the file before saying so: a caller may reopen it next.
-                drop(self);
-                closer.answer(Ok(Outcome::Done));
-                return;
+        let closer = {
+            let inserts = RowInserts::new(&self.conn);
+            loop {
+                let Some(mut batch) = inbox.next_blocking() else {
+                    break None;
+                };
+                let closer = writer::take_close(&mut batch);
+                self.run_batch(batch, &inserts);
+                if closer.is_some() {
+                    break closer;
+                }
             }
+            // The statements are finalized here, before the connection.
+        };
+        // Close the file before saying so: a caller may reopen it next.
+        drop(self);
+        if let Some(closer) = closer {
+            closer.answer(Ok(Outcome::Done));
         }
     }
 
     /// One transaction for the whole batch; answers go out after the commit.
     /// A statement failing on its request's own data is retried alone so it
     /// fails only that request; any other failure fails the batch.
-    fn run_batch(&self, batch: Vec<Request>) {
+    fn run_batch(&self, batch: Vec<Request>, inserts: &RowInserts<'_>) {
         if batch.is_empty() {
             return;
         }
-        match self.transact(&batch) {
+        match self.transact(&batch, inserts) {
             Ok(answers) => {
                 for (request, answer) in batch.into_iter().zip(answers) {
                     request.answer(answer);
@@ -314,7 +327,7 @@ impl Writer {
             }
             Err(Failed::Request(_)) if batch.len() > 1 => {
                 for request in batch {
-                    self.run_batch(vec![request]);
+                    self.run_batch(vec![request], inserts);
                 }
             }
             Err(Failed::Request(e) | Failed::Batch(e)) => {
@@ -326,7 +339,7 @@ impl Writer {
         }
     }
 
-    fn transact(&self, batch: &[Request]) -> Result<Vec<Answer>, Failed> {
+    fn transact(&self, batch: &[Request], inserts: &RowInserts<'_>) -> Result<Vec<Answer>, Failed> {
         // IMMEDIATE takes the write lock up front: a second process on the
         // same file waits (busy timeout) instead of failing mid-batch.
         // A batch that only reads takes no write lock (WAL readers never
@@ -351,7 +364,7 @@ impl Writer {
         let tx = Transaction::new_unchecked(&self.conn, behavior).map_err(Failed::Batch)?;
         let mut answers = Vec::with_capacity(batch.len());
         for request in batch {
-            answers.push(apply(&tx, &request.op).map_err(Failed::classify)?);
+            answers.push(apply(&tx, inserts, &request.op).map_err(Failed::classify)?);
         }
         tx.commit().map_err(Failed::Batch)?;
         self.counters.committed();
@@ -377,7 +390,11 @@ impl Failed {
 
 /// Runs one op inside the batch's transaction. The outer error aborts the
 /// transaction; the inner one is the op's own answer.
-fn apply(tx: &Transaction<'_>, op: &Op) -> Result<Answer, rusqlite::Error> {
+fn apply(
+    tx: &Transaction<'_>,
+    inserts: &RowInserts<'_>,
+    op: &Op,
+) -> Result<Answer, rusqlite::Error> {
     Ok(match op {
         Op::SafPut(e) => {
             let (direction, node) = e.direction.to_columns();
@@ -575,7 +592,7 @@ fn apply(tx: &Transaction<'_>, op: &Op) -> Result<Answer, rusqlite::Error> {
             meta_put(tx, key, value)?;
             Ok(Outcome::Done)
         }
-        Op::JournalPut { rows, admin } => journal::put(tx, rows, admin)?,
+        Op::JournalPut { rows, admin } => journal::put(tx, inserts, rows, admin)?,
         Op::JournalQuery(filter) => journal::query(tx, filter)?,
         Op::AdminQuery { since, limit } => journal::admin_query(tx, *since, *limit)?,
         Op::JournalPurge { before, limit } => journal::purge(tx, *before, *limit)?,

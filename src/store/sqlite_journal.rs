@@ -1,29 +1,27 @@
-//! The SQLite backend's journal statements: batched inserts with cached
-//! prepared statements, queries, bounded purges and the report pass.
+//! The SQLite backend's journal statements: batched inserts (bound in
+//! place, `sqlite_insert.rs`), queries, bounded purges and the report pass.
 
-use rusqlite::{Statement, Transaction, params, params_from_iter};
+use rusqlite::{Transaction, params, params_from_iter};
 
+use super::RowInserts;
 use crate::store::journal::{
     self as j, ADMIN_INSERT, AdminRow, Dialect, JournalFilter, JournalRow, NewRow, PURGE_ADMIN,
     PURGE_JOURNAL, Param, REPORT_SQL, ReportInput, sqlite_placeholders,
 };
-use crate::store::journal_new::{INSERT_ARITY, chunks, insert_sql};
+use crate::store::journal_new::chunks;
 use crate::store::journal_report::ReportBuilder;
 use crate::store::saf::UnixMillis;
 use crate::store::writer::{Answer, Outcome};
 
 pub(super) fn put(
     tx: &Transaction<'_>,
+    inserts: &RowInserts<'_>,
     rows: &[NewRow],
     admin: &[AdminRow],
 ) -> rusqlite::Result<Answer> {
     let mut n = 0u64;
     for chunk in chunks(rows) {
-        let mut st = tx.prepare_cached(insert_sql(chunk.len(), '?'))?;
-        for (i, r) in chunk.iter().enumerate() {
-            bind_row(&mut st, i * INSERT_ARITY, r)?;
-        }
-        n += st.raw_execute()? as u64;
+        n += inserts.insert(chunk)?;
     }
     if !admin.is_empty() {
         let mut st = tx.prepare_cached(&sqlite_placeholders(ADMIN_INSERT))?;
@@ -35,50 +33,6 @@ pub(super) fn put(
         }
     }
     Ok(Ok(Outcome::Changed(n)))
-}
-
-/// Binds `r`'s values to parameters `at + 1 ..= at + INSERT_ARITY`, text
-/// straight from the row's inline buffers.
-fn bind_row(st: &mut Statement<'_>, at: usize, r: &NewRow) -> rusqlite::Result<()> {
-    let texts: [Option<&str>; 21] = [
-        Some(r.service()),
-        Some(r.front.text()),
-        Some(r.link.text()),
-        r.node.get(),
-        Some(r.origin.text()),
-        Some(r.mti.text()),
-        r.mti_out.get(),
-        r.f11.get(),
-        r.f7.get(),
-        r.f37_in.get(),
-        r.f37_out.get(),
-        r.f41.get(),
-        r.f42.get(),
-        r.f32.get(),
-        r.f33.get(),
-        r.pan.get(),
-        r.f4.get(),
-        r.f49.get(),
-        r.f39.get(),
-        Some(r.answered_by.text()),
-        r.reason.get(),
-    ];
-    st.raw_bind_parameter(at + 1, r.t_in)?;
-    st.raw_bind_parameter(at + 2, r.t_out)?;
-    for (i, t) in texts.iter().enumerate() {
-        st.raw_bind_parameter(at + 3 + i, t)?;
-    }
-    let rest = at + 3 + texts.len();
-    st.raw_bind_parameter(rest, r.outcome.text())?;
-    st.raw_bind_parameter(rest + 1, r.latency_us)?;
-    st.raw_bind_parameter(rest + 2, r.late)?;
-    st.raw_bind_parameter(rest + 3, r.duplicate)?;
-    st.raw_bind_parameter(rest + 4, r.repeat)?;
-    st.raw_bind_parameter(rest + 5, r.unroutable)?;
-    st.raw_bind_parameter(rest + 6, r.bad.get())?;
-    st.raw_bind_parameter(rest + 7, r.reversal_id)?;
-    debug_assert_eq!(rest + 7, at + INSERT_ARITY);
-    Ok(())
 }
 
 fn bind(params: &[Param]) -> Vec<rusqlite::types::Value> {
