@@ -10,16 +10,16 @@ use std::time::Instant;
 
 use futures_util::StreamExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::codec::FramedRead;
 
 use super::budget::ClientPermit;
 use super::client::{ClientLink, InFlightLimit, canonical_peer};
 use super::conns::{ConnKind, Counted};
+use super::direct::start_writer;
 use super::log_limit::{LogKind, LogPeer};
 use super::service::{Refusal, Service};
 use super::timer::{ReadTimer, in_frame};
-use super::writer::run_coalescing_writer;
 use crate::capture::{Opened, Tapped};
 use crate::config::ListenFront;
 use crate::wire::{Frame, FrameCodec};
@@ -283,8 +283,14 @@ async fn serve_client(
         Tapped::reader(read, &tap),
         Some(Arc::clone(&registered.entry)),
     );
-    let write = Tapped::writer(write, &tap);
-    let (tx, rx) = mpsc::channel(front.write_queue);
+    let prefix = service.spec().framing().prefix;
+    let (tx, mut writer) = start_writer(
+        write,
+        &tap,
+        prefix,
+        front.write_queue,
+        Some(Arc::clone(&registered.entry)),
+    );
     let client = ClientLink {
         conn,
         peer,
@@ -293,13 +299,6 @@ async fn serve_client(
         source_in_flight,
     };
     registered.entry.track_in_flight(&client.in_flight);
-    let prefix = service.spec().framing().prefix;
-    let mut writer = tokio::spawn(run_coalescing_writer(
-        write,
-        prefix,
-        rx,
-        Some(Arc::clone(&registered.entry)),
-    ));
     let codec = FrameCodec::new(prefix, service.spec().framing().max_frame);
     let mut frames = FramedRead::with_capacity(read, codec, CLIENT_READ_BUFFER);
     tracing::debug!(service = service.name(), %peer, conn, "client connected");

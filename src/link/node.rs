@@ -6,14 +6,14 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::codec::FramedRead;
 
+use super::direct::start_writer;
 use super::log_limit::{LogKind, LogPeer};
 use super::pool::ConnHandle;
 use super::service::Service;
 use super::timer::{ReadTimer, in_frame};
-use super::writer::run_coalescing_writer;
 use crate::capture::{Opened, Tapped};
 use crate::wire::{Frame, FrameCodec};
 
@@ -81,10 +81,9 @@ async fn run_connection(
     let (read, write) = stream.into_split();
     let entry = registered.as_ref().map(|r| Arc::clone(&r.entry));
     let read = super::conns::Counted::new(Tapped::reader(read, &tap), entry.clone());
-    let write = Tapped::writer(write, &tap);
-    let (tx, rx) = mpsc::channel(service.config.back.write_queue);
     let prefix = service.spec().framing().prefix;
-    let mut writer = tokio::spawn(run_coalescing_writer(write, prefix, rx, entry));
+    let queue = service.config.back.write_queue;
+    let (tx, mut writer) = start_writer(write, &tap, prefix, queue, entry);
     let handle = ConnHandle { id, tx };
     service
         .pool

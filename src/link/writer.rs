@@ -14,7 +14,7 @@ use crate::wire::LengthPrefix;
 pub use crate::wire::patch::{PATCH_MAX, PATCHES, Patch, PatchOverflow};
 
 /// Writes are batched up to this many bytes.
-const BATCH_BYTES: usize = 64 * 1024;
+pub(super) const BATCH_BYTES: usize = 64 * 1024;
 
 /// A write buffer larger than this is given back when the queue is empty
 /// after a write: a quiet link (most of a POS network's thousands of
@@ -178,7 +178,7 @@ where
 /// [`FUTILE_WAITS`] yields in a row gained no frame writes at once, and
 /// yields once every [`PROBE_EVERY`] writes to notice the load coming back.
 #[derive(Debug, Default)]
-struct Pacing {
+pub(super) struct Pacing {
     /// Waits in a row that gained no frame.
     futile: u32,
     /// Writes since the last probe, once waiting stopped paying.
@@ -189,7 +189,7 @@ const FUTILE_WAITS: u32 = 8;
 const PROBE_EVERY: u32 = 16;
 
 impl Pacing {
-    fn should_wait(&mut self) -> bool {
+    pub(super) fn should_wait(&mut self) -> bool {
         if self.futile < FUTILE_WAITS {
             return true;
         }
@@ -202,7 +202,7 @@ impl Pacing {
     }
 
     /// After a wait: `gained` frames were queued meanwhile.
-    fn waited(&mut self, gained: u64) {
+    pub(super) fn waited(&mut self, gained: u64) {
         self.futile = if gained > 0 {
             0
         } else {
@@ -215,14 +215,14 @@ impl Pacing {
 /// frames it took.
 /// Empties the write buffer after a write, and gives a large one back when
 /// nothing else is queued (see [`IDLE_BUFFER`]).
-fn settle(buf: &mut BytesMut, queue_empty: bool) {
+pub(super) fn settle(buf: &mut BytesMut, queue_empty: bool) {
     buf.clear();
     if queue_empty && buf.capacity() > IDLE_BUFFER {
         *buf = BytesMut::new();
     }
 }
 
-fn drain<T: WriterItem>(
+pub(super) fn drain<T: WriterItem>(
     prefix: LengthPrefix,
     rx: &mut mpsc::Receiver<T>,
     buf: &mut BytesMut,
@@ -240,7 +240,7 @@ fn drain<T: WriterItem>(
     frames
 }
 
-fn push<T: WriterItem>(prefix: LengthPrefix, item: &T, buf: &mut BytesMut) {
+pub(super) fn push<T: WriterItem>(prefix: LengthPrefix, item: &T, buf: &mut BytesMut) {
     if let Err(e) = encode_into(prefix, item.outbound(), buf) {
         tracing::warn!(error = %e, "outbound frame dropped: it does not fit the length prefix");
     }

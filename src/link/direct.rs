@@ -1,0 +1,455 @@
+//! A link's sender: the task that has a frame for an idle link writes it
+//! itself, and the link's writer task takes over only while frames wait.
+//!
+//! Today's shape was a bounded queue to a writer task per connection: every
+//! request a client's task read was queued for its node link's writer, which
+//! woke, yielded once and wrote; the answer went back the same way. On a link
+//! with nothing queued and no write in progress that costs two task wakeups
+//! per message and the time the woken writer waits for its turn. Here the
+//! sender, holding the link's lock, writes the frame with a non-blocking
+//! `try_write`:
+//!
+//! - **All of it written:** done; no task is woken.
+//! - **Part of it, or nothing (the socket buffer is full):** the remainder is
+//!   left in the link's `pending` bytes, the link is marked busy and its
+//!   writer task woken. While busy, every sender queues, as before; the
+//!   writer writes the remainder first, then the queue (coalescing bursts as
+//!   [`super::writer::run_coalescing_writer`] does), and hands the link back
+//!   (not busy) only when, under the lock, the queue is empty.
+//!
+//! So the bytes of two frames never interleave, and frames leave in the
+//! order their senders took the lock. Only plain TCP links without a capture
+//! tap take this path: a TLS session needs its writer's `&mut`, and a tap
+//! records what its writer half writes; those links keep the queue alone.
+
+use std::cell::RefCell;
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::BytesMut;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinHandle;
+
+use super::conns::ConnEntry;
+use super::writer::{BATCH_BYTES, Outbound, Pacing, drain, encode_into, push, settle};
+use crate::capture::{ConnTap, Tapped};
+use crate::tls::LinkWrite;
+use crate::wire::LengthPrefix;
+
+/// Where a link's frames go: its writer's queue, and on a plain link the
+/// socket itself when the link is idle. Cloned by everything that answers on
+/// the link; the writer task ends once every clone is gone.
+#[derive(Clone, Debug)]
+pub struct LinkTx {
+    tx: mpsc::Sender<Outbound>,
+    direct: Option<Arc<Direct>>,
+}
+
+impl From<mpsc::Sender<Outbound>> for LinkTx {
+    /// A link whose frames all go through the queue.
+    fn from(tx: mpsc::Sender<Outbound>) -> LinkTx {
+        LinkTx { tx, direct: None }
+    }
+}
+
+/// What a plain link's senders and its writer task share.
+#[derive(Debug)]
+struct Direct {
+    sock: OwnedWriteHalf,
+    prefix: LengthPrefix,
+    state: Mutex<DirectState>,
+    /// Wakes the writer task when a sender leaves it a remainder.
+    wake: Notify,
+    conn: Option<Arc<ConnEntry>>,
+}
+
+#[derive(Debug, Default)]
+struct DirectState {
+    /// The writer task owns the socket: senders queue.
+    busy: bool,
+    /// The unwritten end of a frame a sender began; written before anything
+    /// queued. Empty (no storage) on an idle link.
+    pending: BytesMut,
+    /// A sender's write failed: the writer task ends with this error.
+    failed: Option<io::ErrorKind>,
+}
+
+thread_local! {
+    /// Where a sender encodes its frame before `try_write`: one per worker
+    /// thread, not one per link (a front holds thousands of quiet links).
+    static SCRATCH: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+}
+
+impl LinkTx {
+    /// Sends a frame, or says why not, as `mpsc::Sender::try_send` does: a
+    /// full queue while the link is busy, or a link whose writer has ended.
+    pub fn try_send(&self, item: Outbound) -> Result<(), TrySendError<Outbound>> {
+        match &self.direct {
+            None => self.tx.try_send(item),
+            Some(d) => d.send(&self.tx, item),
+        }
+    }
+
+    /// Whether the link's writer has ended (no frame can go out any more).
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Whether the link's writer task owns it now (tests).
+    #[cfg(test)]
+    fn is_busy(&self) -> bool {
+        self.direct.as_ref().is_some_and(|d| d.lock().busy)
+    }
+}
+
+impl Direct {
+    fn lock(&self) -> MutexGuard<'_, DirectState> {
+        // Nothing panics under the lock; a poisoned one holds consistent state.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn send(
+        &self,
+        tx: &mpsc::Sender<Outbound>,
+        item: Outbound,
+    ) -> Result<(), TrySendError<Outbound>> {
+        let mut st = self.lock();
+        if st.busy {
+            // Queued under the lock, so the writer's check that the queue is
+            // empty before it hands the link back cannot miss this frame.
+            return tx.try_send(item);
+        }
+        if tx.is_closed() {
+            return Err(TrySendError::Closed(item));
+        }
+        SCRATCH.with(|scratch| {
+            let mut buf = scratch.borrow_mut();
+            buf.clear();
+            if let Err(e) = encode_into(self.prefix, &item, &mut buf) {
+                // As the writer does: a frame the prefix cannot carry is dropped.
+                tracing::warn!(error = %e, "outbound frame dropped: it does not fit the length prefix");
+                return Ok(());
+            }
+            let written = match self.sock.try_write(&buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                Err(e) => {
+                    st.busy = true;
+                    st.failed = Some(e.kind());
+                    self.wake.notify_one();
+                    return Err(TrySendError::Closed(item));
+                }
+            };
+            if let Some(conn) = &self.conn {
+                conn.wrote(1, buf.len() as u64);
+            }
+            if written < buf.len() {
+                st.pending.extend_from_slice(&buf[written..]);
+                st.busy = true;
+                self.wake.notify_one();
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Starts the writer task of a link's write half. A plain link without a
+/// capture tap gets the direct path; any other keeps its queue alone
+/// ([`super::writer::run_coalescing_writer`]).
+pub fn start_writer(
+    write: LinkWrite,
+    tap: &Option<ConnTap>,
+    prefix: LengthPrefix,
+    queue: usize,
+    conn: Option<Arc<ConnEntry>>,
+) -> (LinkTx, JoinHandle<io::Result<()>>) {
+    let (tx, rx) = mpsc::channel(queue.max(1));
+    match (write, tap) {
+        (LinkWrite::Plain(sock), None) => {
+            let (tx, writer) = direct_link(sock, prefix, tx, conn);
+            (tx, tokio::spawn(run_direct_writer(writer, rx)))
+        }
+        (write, tap) => {
+            let write = Tapped::writer(write, tap);
+            let task = tokio::spawn(super::writer::run_coalescing_writer(
+                write, prefix, rx, conn,
+            ));
+            (tx.into(), task)
+        }
+    }
+}
+
+fn direct_link(
+    sock: OwnedWriteHalf,
+    prefix: LengthPrefix,
+    tx: mpsc::Sender<Outbound>,
+    conn: Option<Arc<ConnEntry>>,
+) -> (LinkTx, Arc<Direct>) {
+    let direct = Arc::new(Direct {
+        sock,
+        prefix,
+        state: Mutex::default(),
+        wake: Notify::new(),
+        conn,
+    });
+    let tx = LinkTx {
+        tx,
+        direct: Some(Arc::clone(&direct)),
+    };
+    (tx, direct)
+}
+
+/// What woke a direct link's writer.
+enum Woke {
+    /// A sender left a remainder (or a failure).
+    Handed,
+    /// A frame queued while the link was busy.
+    Frame(Outbound),
+    /// Every sender is gone.
+    Closed,
+}
+
+/// The writer task of a direct link: idle until a sender hands it the link,
+/// then writes the remainder and what queues behind it, and hands the link
+/// back once the queue is empty. Ends when every sender is gone (dropping the
+/// write half shuts the socket's sending side) or a write fails.
+async fn run_direct_writer(d: Arc<Direct>, mut rx: mpsc::Receiver<Outbound>) -> io::Result<()> {
+    let mut buf = BytesMut::new();
+    let mut pacing = Pacing::default();
+    loop {
+        let woke = tokio::select! {
+            biased;
+            _ = d.wake.notified() => Woke::Handed,
+            item = rx.recv() => item.map_or(Woke::Closed, Woke::Frame),
+        };
+        let mut closing = matches!(woke, Woke::Closed);
+        let mut next = match woke {
+            Woke::Frame(item) => Some(item),
+            Woke::Handed | Woke::Closed => None,
+        };
+        loop {
+            // The remainder a sender began goes before anything queued: those
+            // frames were queued after it marked the link busy.
+            let counted = {
+                let mut st = d.lock();
+                if let Some(kind) = st.failed {
+                    return Err(kind.into());
+                }
+                buf.extend_from_slice(&st.pending);
+                settle(&mut st.pending, true);
+                buf.len()
+            };
+            let mut frames = 0;
+            if let Some(item) = next.take() {
+                push(d.prefix, &item, &mut buf);
+                frames += 1;
+            }
+            frames += drain(d.prefix, &mut rx, &mut buf);
+            if frames > 0 && buf.len() < BATCH_BYTES && pacing.should_wait() {
+                // Coalescing under bursts, as the queue-only writer does.
+                tokio::task::yield_now().await;
+                let gained = drain(d.prefix, &mut rx, &mut buf);
+                pacing.waited(gained);
+                frames += gained;
+            }
+            write_all(&d.sock, &buf).await?;
+            if let Some(conn) = &d.conn {
+                conn.wrote(frames, (buf.len() - counted) as u64);
+            }
+            let mut st = d.lock();
+            if !st.pending.is_empty() || st.failed.is_some() {
+                // Handed over again meanwhile (the link was idle when this
+                // wake began: a stale wake-up).
+                drop(st);
+                settle(&mut buf, false);
+                continue;
+            }
+            match rx.try_recv() {
+                Ok(item) => {
+                    drop(st);
+                    next = Some(item);
+                    settle(&mut buf, false);
+                }
+                Err(TryRecvError::Empty) => {
+                    st.busy = false;
+                    drop(st);
+                    settle(&mut buf, true);
+                    break;
+                }
+                Err(TryRecvError::Disconnected) => {
+                    st.busy = false;
+                    closing = true;
+                    drop(st);
+                    settle(&mut buf, true);
+                    break;
+                }
+            }
+        }
+        if closing {
+            return Ok(());
+        }
+    }
+}
+
+/// Writes all of `buf`, waiting for the socket to take more when it is full.
+async fn write_all(sock: &OwnedWriteHalf, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        match sock.try_write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => sock.writable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// A frame whose every byte is its number, so that the reader can tell
+    /// frames apart and see any interleaving.
+    fn frame(n: u8, len: usize) -> Outbound {
+        Outbound::message(Bytes::from(vec![n; len]))
+    }
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        (client.unwrap(), accepted.unwrap().0)
+    }
+
+    /// Reads every frame (Binary2 prefix) until the peer closes: each one's
+    /// number, checking that all its bytes carry it.
+    async fn read_frames(mut peer: TcpStream) -> Vec<u8> {
+        let mut all = Vec::new();
+        peer.read_to_end(&mut all).await.unwrap();
+        let mut seen = Vec::new();
+        let mut rest = &all[..];
+        while !rest.is_empty() {
+            let len = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
+            let body = &rest[2..2 + len];
+            assert!(body.iter().all(|b| *b == body[0]), "frames interleaved");
+            seen.push(body[0]);
+            rest = &rest[2 + len..];
+        }
+        seen
+    }
+
+    fn start(sock: TcpStream, queue: usize) -> (LinkTx, JoinHandle<io::Result<()>>, TcpStreamHalf) {
+        let (read, write) = sock.into_split();
+        let (tx, rx) = mpsc::channel(queue);
+        let (tx, d) = direct_link(write, LengthPrefix::Binary2, tx, None);
+        (tx, tokio::spawn(run_direct_writer(d, rx)), read)
+    }
+
+    type TcpStreamHalf = tokio::net::tcp::OwnedReadHalf;
+
+    #[tokio::test]
+    async fn an_idle_link_is_written_by_the_sender_with_no_wakeup() {
+        let (ours, peer) = pair().await;
+        let (tx, writer, _read) = start(ours, 4);
+        for n in 0..3 {
+            tx.try_send(frame(n, 10)).unwrap();
+            assert!(!tx.is_busy(), "written at once: the writer stays idle");
+        }
+        drop(tx);
+        writer.await.unwrap().unwrap();
+        assert_eq!(read_frames(peer).await, [0, 1, 2]);
+    }
+
+    /// The peer does not read, so the socket fills: a frame is written in
+    /// part, the rest of it and every frame after it must follow in order,
+    /// including those queued while the writer is inside a blocked write.
+    #[tokio::test]
+    async fn a_remainder_and_frames_queued_behind_a_write_keep_their_order() {
+        let (ours, peer) = pair().await;
+        let (tx, writer, _read) = start(ours, 64);
+        let len = 60_000;
+        let mut sent = 0u8;
+        // Fill the socket: the sender writes directly until a write is short.
+        while !tx.is_busy() {
+            assert!(sent < 250, "the socket never filled");
+            tx.try_send(frame(sent, len)).unwrap();
+            sent += 1;
+        }
+        // Busy: these queue behind the remainder.
+        for _ in 0..2 {
+            tx.try_send(frame(sent, len)).unwrap();
+            sent += 1;
+        }
+        // Let the writer start its (blocked) write, then queue more behind it.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(tx.is_busy(), "the peer still does not read");
+        for _ in 0..3 {
+            tx.try_send(frame(sent, len)).unwrap();
+            sent += 1;
+        }
+        drop(tx);
+        let reading = tokio::spawn(read_frames(peer));
+        writer.await.unwrap().unwrap();
+        let seen = reading.await.unwrap();
+        assert_eq!(seen, (0..sent).collect::<Vec<u8>>());
+    }
+
+    #[tokio::test]
+    async fn once_the_queue_is_drained_the_link_is_handed_back() {
+        let (ours, peer) = pair().await;
+        let (tx, writer, _read) = start(ours, 64);
+        let len = 60_000;
+        let mut sent = 0u8;
+        while !tx.is_busy() {
+            assert!(sent < 250, "the socket never filled");
+            tx.try_send(frame(sent, len)).unwrap();
+            sent += 1;
+        }
+        let reading = tokio::spawn(read_frames(peer));
+        // The writer drains everything and hands the link back.
+        while tx.is_busy() {
+            tokio::task::yield_now().await;
+        }
+        tx.try_send(frame(sent, 5)).unwrap();
+        sent += 1;
+        drop(tx);
+        writer.await.unwrap().unwrap();
+        assert_eq!(reading.await.unwrap(), (0..sent).collect::<Vec<u8>>());
+    }
+
+    #[tokio::test]
+    async fn a_busy_link_refuses_frames_past_its_queue() {
+        let (ours, _peer) = pair().await;
+        let (tx, _writer, _read) = start(ours, 1);
+        let mut sent = 0u8;
+        while !tx.is_busy() {
+            assert!(sent < 250, "the socket never filled");
+            tx.try_send(frame(sent, 60_000)).unwrap();
+            sent += 1;
+        }
+        tx.try_send(frame(sent, 10)).unwrap();
+        assert!(matches!(
+            tx.try_send(frame(sent + 1, 10)),
+            Err(TrySendError::Full(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_link_whose_writer_ended_refuses_frames() {
+        let (ours, _peer) = pair().await;
+        let (tx, writer, _read) = start(ours, 4);
+        writer.abort();
+        let _ = writer.await;
+        assert!(matches!(
+            tx.try_send(frame(0, 10)),
+            Err(TrySendError::Closed(_))
+        ));
+    }
+}
