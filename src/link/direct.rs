@@ -22,11 +22,11 @@
 //! tap take this path: a TLS session needs its writer's `&mut`, and a tap
 //! records what its writer half writes; those links keep the queue alone.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
 use tokio::sync::{Notify, mpsc};
@@ -36,7 +36,8 @@ use super::conns::ConnEntry;
 use super::writer::{BATCH_BYTES, Outbound, Pacing, drain, encode_into, push, settle};
 use crate::capture::{ConnTap, Tapped};
 use crate::tls::LinkWrite;
-use crate::wire::LengthPrefix;
+use crate::wire::{FrameCodec, LengthPrefix};
+use tokio_util::codec::FramedRead;
 
 /// Where a link's frames go: its writer's queue, and on a plain link the
 /// socket itself when the link is idle. Cloned by everything that answers on
@@ -80,6 +81,51 @@ thread_local! {
     /// Where a sender encodes its frame before `try_write`: one per worker
     /// thread, not one per link (a front holds thousands of quiet links).
     static SCRATCH: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+    /// This thread's reader is handling a frame with another whole frame
+    /// behind it in its read buffer: what it sends waits in each link's
+    /// `pending` until the last frame of the burst ([`corked`]).
+    static CORKING: Cell<bool> = const { Cell::new(false) };
+    /// The links this thread left corked bytes on.
+    static CORKED: RefCell<Vec<Arc<Direct>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs a reader's handling of one frame. With `more` (another whole frame
+/// is already read), what it sends on idle links is held back and leaves
+/// with what the next frames send, one write per link; without, everything
+/// this thread held back is written now. So a lone frame goes straight out
+/// and a burst read at once costs one write per link, not one per frame.
+pub fn corked<R>(more: bool, handle: impl FnOnce() -> R) -> R {
+    CORKING.set(more);
+    let r = handle();
+    CORKING.set(false);
+    if !more {
+        flush_corked();
+    }
+    r
+}
+
+/// Writes what this thread held back (see [`corked`]). A reader calls it
+/// when it stops, whatever frame it was in.
+pub fn flush_corked() {
+    CORKING.set(false);
+    while let Some(d) = CORKED.with(|c| c.borrow_mut().pop()) {
+        let mut st = d.lock();
+        d.flush(&mut st);
+    }
+}
+
+/// Whether a reader's buffer already holds the whole next frame (so the
+/// frame it handles now is not the last of what it read).
+pub fn frame_ready<R>(frames: &FramedRead<R, FrameCodec>) -> bool {
+    let codec = frames.decoder();
+    if codec.in_frame() {
+        return false;
+    }
+    let (prefix, buf) = (codec.prefix(), frames.read_buffer());
+    match prefix.parse_header(buf, codec.max_frame()) {
+        Ok(Some(h)) => buf.len() - prefix.len() >= h.payload_len,
+        _ => false,
+    }
 }
 
 impl LinkTx {
@@ -110,8 +156,34 @@ impl Direct {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Writes the bytes held back on an idle link; what the socket does not
+    /// take is left to the writer task, which then owns the link.
+    fn flush(&self, st: &mut DirectState) {
+        if st.busy || st.pending.is_empty() {
+            return;
+        }
+        match self.sock.try_write(&st.pending) {
+            Ok(n) if n == st.pending.len() => settle(&mut st.pending, true),
+            Ok(n) => {
+                st.pending.advance(n);
+                self.hand_over(st);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.hand_over(st),
+            Err(e) => {
+                st.failed = Some(e.kind());
+                self.hand_over(st);
+            }
+        }
+    }
+
+    /// Marks the link busy and wakes its writer task to take it over.
+    fn hand_over(&self, st: &mut DirectState) {
+        st.busy = true;
+        self.wake.notify_one();
+    }
+
     fn send(
-        &self,
+        self: &Arc<Self>,
         tx: &mpsc::Sender<Outbound>,
         item: Outbound,
     ) -> Result<(), TrySendError<Outbound>> {
@@ -123,6 +195,26 @@ impl Direct {
         }
         if tx.is_closed() {
             return Err(TrySendError::Closed(item));
+        }
+        let corking = CORKING.get();
+        if corking || !st.pending.is_empty() {
+            // Behind bytes held back (by this thread or another): append, and
+            // write them all unless this thread is still in its burst.
+            let was_empty = st.pending.is_empty();
+            let start = st.pending.len();
+            if let Err(e) = encode_into(self.prefix, &item, &mut st.pending) {
+                tracing::warn!(error = %e, "outbound frame dropped: it does not fit the length prefix");
+                return Ok(());
+            }
+            if let Some(conn) = &self.conn {
+                conn.wrote(1, (st.pending.len() - start) as u64);
+            }
+            if !corking {
+                self.flush(&mut st);
+            } else if was_empty {
+                CORKED.with(|c| c.borrow_mut().push(Arc::clone(self)));
+            }
+            return Ok(());
         }
         SCRATCH.with(|scratch| {
             let mut buf = scratch.borrow_mut();
@@ -136,9 +228,8 @@ impl Direct {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
                 Err(e) => {
-                    st.busy = true;
                     st.failed = Some(e.kind());
-                    self.wake.notify_one();
+                    self.hand_over(&mut st);
                     return Err(TrySendError::Closed(item));
                 }
             };
@@ -147,8 +238,7 @@ impl Direct {
             }
             if written < buf.len() {
                 st.pending.extend_from_slice(&buf[written..]);
-                st.busy = true;
-                self.wake.notify_one();
+                self.hand_over(&mut st);
             }
             Ok(())
         })
@@ -236,6 +326,16 @@ async fn run_direct_writer(d: Arc<Direct>, mut rx: mpsc::Receiver<Outbound>) -> 
                 let mut st = d.lock();
                 if let Some(kind) = st.failed {
                     return Err(kind.into());
+                }
+                if !st.busy {
+                    // Frames queue only while busy, so this is a stale wake-up
+                    // on an idle link: its held-back bytes, if any, are its
+                    // senders' to write. Unless every sender is gone: then
+                    // they are this task's.
+                    if !(closing && !st.pending.is_empty()) {
+                        break;
+                    }
+                    st.busy = true;
                 }
                 buf.extend_from_slice(&st.pending);
                 settle(&mut st.pending, true);
@@ -439,6 +539,70 @@ mod tests {
             tx.try_send(frame(sent + 1, 10)),
             Err(TrySendError::Full(_))
         ));
+    }
+
+    /// Nothing has arrived at `peer` yet.
+    fn nothing_arrived(peer: &TcpStream) -> bool {
+        let mut byte = [0u8; 1];
+        matches!(peer.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    #[tokio::test]
+    async fn a_burst_is_held_back_until_its_last_frame_and_keeps_its_order() {
+        let (ours, peer) = pair().await;
+        let (tx, writer, _read) = start(ours, 4);
+        corked(true, || tx.try_send(frame(0, 10))).unwrap();
+        corked(true, || tx.try_send(frame(1, 10))).unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(nothing_arrived(&peer), "held back while the burst lasts");
+        corked(false, || tx.try_send(frame(2, 10))).unwrap();
+        assert!(!tx.is_busy());
+        drop(tx);
+        writer.await.unwrap().unwrap();
+        assert_eq!(read_frames(peer).await, [0, 1, 2]);
+    }
+
+    #[tokio::test]
+    async fn a_sender_outside_the_burst_writes_the_held_back_bytes_first() {
+        let (ours, peer) = pair().await;
+        let (tx, writer, _read) = start(ours, 4);
+        corked(true, || tx.try_send(frame(0, 10))).unwrap();
+        // Another task (here on the same thread, outside any burst) sends:
+        // frame 0 must not be overtaken.
+        tx.try_send(frame(1, 10)).unwrap();
+        flush_corked();
+        tx.try_send(frame(2, 10)).unwrap();
+        drop(tx);
+        writer.await.unwrap().unwrap();
+        assert_eq!(read_frames(peer).await, [0, 1, 2]);
+    }
+
+    #[tokio::test]
+    async fn held_back_bytes_reach_the_peer_when_every_sender_is_gone() {
+        let (ours, peer) = pair().await;
+        let (tx, writer, _read) = start(ours, 4);
+        corked(true, || tx.try_send(frame(7, 10))).unwrap();
+        drop(tx);
+        // The writer may end first; the bytes are still written by the flush.
+        flush_corked();
+        writer.await.unwrap().unwrap();
+        assert_eq!(read_frames(peer).await, [7]);
+    }
+
+    #[tokio::test]
+    async fn frame_ready_sees_a_whole_next_frame_only() {
+        use futures_util::StreamExt;
+        let codec = || FrameCodec::new(LengthPrefix::Binary2, 1000);
+        // Two whole frames, then two bytes of a third.
+        let bytes: &[u8] = b"\x00\x02ab\x00\x01c\x00\x05de";
+        let mut frames = FramedRead::new(bytes, codec());
+        frames.next().await.unwrap().unwrap();
+        assert!(frame_ready(&frames), "the second frame is read already");
+        frames.next().await.unwrap().unwrap();
+        assert!(!frame_ready(&frames), "the third is partial");
+        let mut alone = FramedRead::new(&b"\x00\x01x"[..], codec());
+        alone.next().await.unwrap().unwrap();
+        assert!(!frame_ready(&alone));
     }
 
     #[tokio::test]

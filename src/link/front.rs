@@ -16,7 +16,7 @@ use tokio_util::codec::FramedRead;
 use super::budget::ClientPermit;
 use super::client::{ClientLink, InFlightLimit, canonical_peer};
 use super::conns::{ConnKind, Counted};
-use super::direct::start_writer;
+use super::direct::{self, start_writer};
 use super::log_limit::{LogKind, LogPeer};
 use super::service::{Refusal, Service};
 use super::timer::{ReadTimer, in_frame};
@@ -334,10 +334,13 @@ async fn serve_client(
         registered.entry.received();
         match item {
             Some(Ok(Frame::Message(payload))) => {
-                let keep = match service.side.oneconnect() {
+                // A request with another behind it in the read buffer holds
+                // its writes back until the last one (one write per link).
+                let more = direct::frame_ready(&frames);
+                let keep = direct::corked(more, || match service.side.oneconnect() {
                     Some(oc) => super::oneconnect::on_request(&service, oc, &client, payload, now),
                     None => service.on_request(&client, payload, now),
-                };
+                });
                 if !keep {
                     break Ended::Other("bad request (on_bad_message = close)".into());
                 }
@@ -353,6 +356,7 @@ async fn serve_client(
             None => break Ended::HalfClosed,
         }
     };
+    direct::flush_corked();
     drop(frames);
     // The writer ends once every queue handle is gone: ours, and the one each
     // request in flight holds until it is answered or declined.

@@ -9,7 +9,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_util::codec::FramedRead;
 
-use super::direct::start_writer;
+use super::direct::{self, start_writer};
 use super::log_limit::{LogKind, LogPeer};
 use super::pool::ConnHandle;
 use super::service::Service;
@@ -119,7 +119,11 @@ async fn run_connection(
                     r.entry.received();
                 }
                 match item {
-                    Some(Ok(Frame::Message(payload))) => service.on_node_frame(node, id, payload, now),
+                    Some(Ok(Frame::Message(payload))) => {
+                        // Answers read together leave together (see front.rs).
+                        let more = direct::frame_ready(&frames);
+                        direct::corked(more, || service.on_node_frame(node, id, payload, now));
+                    }
                     Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => {}
                     Some(Err(e)) => break format!("bad frame: {e}"),
                     None => break "closed by node".to_string(),
@@ -134,6 +138,7 @@ async fn run_connection(
             _ = &mut stopping => break "shutdown".to_string(),
         }
     };
+    direct::flush_corked();
     writer.abort();
     service.pool.set_conn(node, slot, None, Instant::now());
     if let Some(n) = service.pool.node(node) {
