@@ -17,6 +17,15 @@
 //!   [`super::writer::run_coalescing_writer`] does), and hands the link back
 //!   (not busy) only when, under the lock, the queue is empty.
 //!
+//! - **A loaded link** (the writer's waits gain frames: ready readers queue
+//!   more for it) hands every frame to the writer, which coalesces them as
+//!   before: on loopback one write per frame costs more CPU than the wakeups
+//!   it saves. One idle frame in [`PROBE_EVERY`] goes through the writer, to
+//!   notice the load coming back; [`FUTILE_WAITS`] waits in a row that gain
+//!   nothing turn the link back to direct writes.
+//! - **A burst one reader read at once** ([`corked`]) leaves in one write per
+//!   link at its last frame.
+//!
 //! So the bytes of two frames never interleave, and frames leave in the
 //! order their senders took the lock. Only plain TCP links without a capture
 //! tap take this path: a TLS session needs its writer's `&mut`, and a tap
@@ -33,7 +42,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 
 use super::conns::ConnEntry;
-use super::writer::{BATCH_BYTES, Outbound, Pacing, drain, encode_into, push, settle};
+use super::writer::{BATCH_BYTES, Outbound, drain, encode_into, push, settle};
 use crate::capture::{ConnTap, Tapped};
 use crate::tls::LinkWrite;
 use crate::wire::{FrameCodec, LengthPrefix};
@@ -64,6 +73,9 @@ struct Direct {
     /// Wakes the writer task when a sender leaves it a remainder.
     wake: Notify,
     conn: Option<Arc<ConnEntry>>,
+    /// [`PROBE_EVERY`] (tests that fill a socket by direct writes turn
+    /// probes off).
+    probe_every: u32,
 }
 
 #[derive(Debug, Default)]
@@ -75,7 +87,22 @@ struct DirectState {
     pending: BytesMut,
     /// A sender's write failed: the writer task ends with this error.
     failed: Option<io::ErrorKind>,
+    /// The writer's last waits gained frames (the link is loaded): senders
+    /// hand every frame to the writer, which coalesces what the ready
+    /// readers queue into one write, as the queue-only writer does. One
+    /// write per frame would cost more CPU than the wakeups it saves there.
+    coalescing: bool,
+    /// Frames written directly since one last went through the writer: one
+    /// in [`PROBE_EVERY`] does, so the writer notices the load coming back.
+    since_probe: u32,
 }
+
+/// A writer whose last this many waits in a row gained no frame hands its
+/// link back to direct writes (as [`super::writer`]'s pacing stops waiting).
+const FUTILE_WAITS: u32 = 8;
+/// One frame in this many of an idle link's goes through the writer, whose
+/// wait measures whether coalescing would gain.
+const PROBE_EVERY: u32 = 16;
 
 thread_local! {
     /// Where a sender encodes its frame before `try_write`: one per worker
@@ -196,6 +223,14 @@ impl Direct {
         if tx.is_closed() {
             return Err(TrySendError::Closed(item));
         }
+        st.since_probe += 1;
+        if st.coalescing || st.since_probe >= self.probe_every {
+            // Through the writer: it writes the bytes held back (if any)
+            // first, then this frame with whatever the ready readers queue.
+            st.since_probe = 0;
+            st.busy = true;
+            return tx.try_send(item);
+        }
         let corking = CORKING.get();
         if corking || !st.pending.is_empty() {
             // Behind bytes held back (by this thread or another): append, and
@@ -258,7 +293,7 @@ pub fn start_writer(
     let (tx, rx) = mpsc::channel(queue.max(1));
     match (write, tap) {
         (LinkWrite::Plain(sock), None) => {
-            let (tx, writer) = direct_link(sock, prefix, tx, conn);
+            let (tx, writer) = direct_link(sock, prefix, tx, conn, PROBE_EVERY);
             (tx, tokio::spawn(run_direct_writer(writer, rx)))
         }
         (write, tap) => {
@@ -276,6 +311,7 @@ fn direct_link(
     prefix: LengthPrefix,
     tx: mpsc::Sender<Outbound>,
     conn: Option<Arc<ConnEntry>>,
+    probe_every: u32,
 ) -> (LinkTx, Arc<Direct>) {
     let direct = Arc::new(Direct {
         sock,
@@ -283,6 +319,7 @@ fn direct_link(
         state: Mutex::default(),
         wake: Notify::new(),
         conn,
+        probe_every,
     });
     let tx = LinkTx {
         tx,
@@ -307,7 +344,8 @@ enum Woke {
 /// write half shuts the socket's sending side) or a write fails.
 async fn run_direct_writer(d: Arc<Direct>, mut rx: mpsc::Receiver<Outbound>) -> io::Result<()> {
     let mut buf = BytesMut::new();
-    let mut pacing = Pacing::default();
+    // Waits in a row that gained no frame; a new link starts direct.
+    let mut futile = FUTILE_WAITS;
     loop {
         let woke = tokio::select! {
             biased;
@@ -347,11 +385,16 @@ async fn run_direct_writer(d: Arc<Direct>, mut rx: mpsc::Receiver<Outbound>) -> 
                 frames += 1;
             }
             frames += drain(d.prefix, &mut rx, &mut buf);
-            if frames > 0 && buf.len() < BATCH_BYTES && pacing.should_wait() {
-                // Coalescing under bursts, as the queue-only writer does.
+            if frames > 0 && buf.len() < BATCH_BYTES {
+                // A frame handed over on a loaded link, or a probe: let the
+                // ready readers run first; what they queue joins this write.
                 tokio::task::yield_now().await;
                 let gained = drain(d.prefix, &mut rx, &mut buf);
-                pacing.waited(gained);
+                futile = if gained > 0 {
+                    0
+                } else {
+                    futile.saturating_add(1)
+                };
                 frames += gained;
             }
             write_all(&d.sock, &buf).await?;
@@ -374,6 +417,7 @@ async fn run_direct_writer(d: Arc<Direct>, mut rx: mpsc::Receiver<Outbound>) -> 
                 }
                 Err(TryRecvError::Empty) => {
                     st.busy = false;
+                    st.coalescing = futile < FUTILE_WAITS;
                     drop(st);
                     settle(&mut buf, true);
                     break;
@@ -443,10 +487,19 @@ mod tests {
         seen
     }
 
+    /// A direct link over `sock` whose idle frames are never probes.
     fn start(sock: TcpStream, queue: usize) -> (LinkTx, JoinHandle<io::Result<()>>, TcpStreamHalf) {
+        start_probing(sock, queue, u32::MAX)
+    }
+
+    fn start_probing(
+        sock: TcpStream,
+        queue: usize,
+        probe_every: u32,
+    ) -> (LinkTx, JoinHandle<io::Result<()>>, TcpStreamHalf) {
         let (read, write) = sock.into_split();
         let (tx, rx) = mpsc::channel(queue);
-        let (tx, d) = direct_link(write, LengthPrefix::Binary2, tx, None);
+        let (tx, d) = direct_link(write, LengthPrefix::Binary2, tx, None, probe_every);
         (tx, tokio::spawn(run_direct_writer(d, rx)), read)
     }
 
@@ -539,6 +592,38 @@ mod tests {
             tx.try_send(frame(sent + 1, 10)),
             Err(TrySendError::Full(_))
         ));
+    }
+
+    /// A probe whose wait gains a frame turns the link to coalescing (every
+    /// frame through the writer); waits that gain nothing turn it back.
+    #[tokio::test]
+    async fn a_probe_that_gains_turns_the_link_to_coalescing_and_back() {
+        let (ours, peer) = pair().await;
+        let (tx, writer, _read) = start_probing(ours, 16, 2);
+        let coalescing = |tx: &LinkTx| tx.direct.as_ref().is_some_and(|d| d.lock().coalescing);
+        tx.try_send(frame(0, 10)).unwrap();
+        assert!(!tx.is_busy(), "written directly");
+        tx.try_send(frame(1, 10)).unwrap();
+        assert!(tx.is_busy(), "a probe: through the writer");
+        // The writer takes the probe and waits; meanwhile another frame.
+        tokio::task::yield_now().await;
+        tx.try_send(frame(2, 10)).unwrap();
+        while tx.is_busy() {
+            tokio::task::yield_now().await;
+        }
+        assert!(coalescing(&tx), "the wait gained a frame");
+        let mut n = 3;
+        while coalescing(&tx) {
+            assert!(n < 3 + 2 * FUTILE_WAITS as u8, "never turned back");
+            tx.try_send(frame(n, 10)).unwrap();
+            n += 1;
+            while tx.is_busy() {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(tx);
+        writer.await.unwrap().unwrap();
+        assert_eq!(read_frames(peer).await, (0..n).collect::<Vec<u8>>());
     }
 
     /// Nothing has arrived at `peer` yet.

@@ -346,6 +346,8 @@ async fn serve_client(
                 }
             }
             Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => {
+                // It may end a burst whose requests were held back.
+                direct::flush_corked();
                 service.counters.keep_alives.fetch_add(1, Ordering::Relaxed);
             }
             Some(Err(e)) if is_disconnect(&e) => break Ended::Other(format!("disconnected: {e}")),

@@ -124,7 +124,8 @@ async fn run_connection(
                         let more = direct::frame_ready(&frames);
                         direct::corked(more, || service.on_node_frame(node, id, payload, now));
                     }
-                    Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => {}
+                    // It may end a burst whose answers were held back.
+                    Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => direct::flush_corked(),
                     Some(Err(e)) => break format!("bad frame: {e}"),
                     None => break "closed by node".to_string(),
                 }

@@ -178,7 +178,7 @@ where
 /// [`FUTILE_WAITS`] yields in a row gained no frame writes at once, and
 /// yields once every [`PROBE_EVERY`] writes to notice the load coming back.
 #[derive(Debug, Default)]
-pub(super) struct Pacing {
+struct Pacing {
     /// Waits in a row that gained no frame.
     futile: u32,
     /// Writes since the last probe, once waiting stopped paying.
@@ -189,7 +189,7 @@ const FUTILE_WAITS: u32 = 8;
 const PROBE_EVERY: u32 = 16;
 
 impl Pacing {
-    pub(super) fn should_wait(&mut self) -> bool {
+    fn should_wait(&mut self) -> bool {
         if self.futile < FUTILE_WAITS {
             return true;
         }
@@ -202,7 +202,7 @@ impl Pacing {
     }
 
     /// After a wait: `gained` frames were queued meanwhile.
-    pub(super) fn waited(&mut self, gained: u64) {
+    fn waited(&mut self, gained: u64) {
         self.futile = if gained > 0 {
             0
         } else {
