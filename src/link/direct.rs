@@ -370,7 +370,7 @@ async fn run_direct_writer(d: Arc<Direct>, mut rx: mpsc::Receiver<Outbound>) -> 
                     // on an idle link: its held-back bytes, if any, are its
                     // senders' to write. Unless every sender is gone: then
                     // they are this task's.
-                    if !(closing && !st.pending.is_empty()) {
+                    if !closing || st.pending.is_empty() {
                         break;
                     }
                     st.busy = true;
