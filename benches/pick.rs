@@ -35,7 +35,15 @@ fn pool(algorithm: &str, now: Instant) -> (NodePool, Vec<mpsc::Receiver<Outbound
     let receivers = (0..NODES)
         .map(|i| {
             let (tx, rx) = mpsc::channel(1);
-            pool.set_conn(i, 0, Some(ConnHandle { id: i as u64, tx }), now);
+            pool.set_conn(
+                i,
+                0,
+                Some(ConnHandle {
+                    id: i as u64,
+                    tx: tx.into(),
+                }),
+                now,
+            );
             rx
         })
         .collect();

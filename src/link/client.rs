@@ -11,10 +11,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
-
+pub use super::direct::LinkTx;
 pub use super::share::{InFlightLimit, InFlightSlot};
-use super::writer::Outbound;
 
 /// A client connection, handed to [`Service::on_request`](super::Service::on_request)
 /// with each of its requests.
@@ -24,8 +22,8 @@ pub struct ClientLink {
     pub conn: u64,
     /// The client's address, v4-mapped IPv6 turned into IPv4.
     pub peer: SocketAddr,
-    /// The connection's writer queue.
-    pub tx: mpsc::Sender<Outbound>,
+    /// Where the connection's answers go.
+    pub tx: LinkTx,
     /// This connection's in-flight limit.
     pub in_flight: Arc<InFlightLimit>,
     /// The in-flight limit shared by every connection from the same source IP.
@@ -52,11 +50,11 @@ mod tests {
     use super::*;
 
     fn link(conn_max: usize, source: &Arc<InFlightLimit>) -> ClientLink {
-        let (tx, _rx) = mpsc::channel(1);
+        let (tx, _rx) = tokio::sync::mpsc::channel(1);
         ClientLink {
             conn: 1,
             peer: "127.0.0.1:1".parse().unwrap(),
-            tx,
+            tx: tx.into(),
             in_flight: InFlightLimit::new(conn_max),
             source_in_flight: Arc::clone(source),
         }

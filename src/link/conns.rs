@@ -31,7 +31,9 @@ pub enum ConnKind {
     InLink,
 }
 
-/// One live connection. Counters are written by its own task only.
+/// One live connection. Counters are atomics: its reader counts what comes
+/// in; what goes out is counted by whichever task writes it (its writer task,
+/// or a sender writing on an idle link, `direct.rs`).
 #[derive(Debug)]
 pub struct ConnEntry {
     pub id: u64,

@@ -9,16 +9,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::codec::FramedRead;
 
 use super::budget::ClientPermit;
 use super::client::{ClientLink, InFlightLimit, canonical_peer};
 use super::conns::{ConnKind, Counted};
+use super::direct::{self, start_writer};
 use super::log_limit::{LogKind, LogPeer};
 use super::service::{Refusal, Service};
 use super::timer::{Read, ReadTimer, TimedFrames};
-use super::writer::run_coalescing_writer;
 use crate::capture::{Opened, Tapped};
 use crate::config::ListenFront;
 use crate::wire::{Frame, FrameCodec};
@@ -282,8 +282,14 @@ async fn serve_client(
         Tapped::reader(read, &tap),
         Some(Arc::clone(&registered.entry)),
     );
-    let write = Tapped::writer(write, &tap);
-    let (tx, rx) = mpsc::channel(front.write_queue);
+    let prefix = service.spec().framing().prefix;
+    let (tx, mut writer) = start_writer(
+        write,
+        &tap,
+        prefix,
+        front.write_queue,
+        Some(Arc::clone(&registered.entry)),
+    );
     let client = ClientLink {
         conn,
         peer,
@@ -292,13 +298,6 @@ async fn serve_client(
         source_in_flight,
     };
     registered.entry.track_in_flight(&client.in_flight);
-    let prefix = service.spec().framing().prefix;
-    let mut writer = tokio::spawn(run_coalescing_writer(
-        write,
-        prefix,
-        rx,
-        Some(Arc::clone(&registered.entry)),
-    ));
     let codec = FrameCodec::new(prefix, service.spec().framing().max_frame);
     let frames = FramedRead::with_capacity(read, codec, CLIENT_READ_BUFFER);
     tracing::debug!(service = service.name(), %peer, conn, "client connected");
@@ -328,15 +327,20 @@ async fn serve_client(
         registered.entry.received();
         match item {
             Some(Ok(Frame::Message(payload))) => {
-                let keep = match service.side.oneconnect() {
+                // A request with another behind it in the read buffer holds
+                // its writes back until the last one (one write per link).
+                let more = direct::frame_ready(frames.framed());
+                let keep = direct::corked(more, || match service.side.oneconnect() {
                     Some(oc) => super::oneconnect::on_request(&service, oc, &client, payload, now),
                     None => service.on_request(&client, payload, now),
-                };
+                });
                 if !keep {
                     break Ended::Other("bad request (on_bad_message = close)".into());
                 }
             }
             Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => {
+                // It may end a burst whose requests were held back.
+                direct::flush_corked();
                 service.counters.keep_alives.fetch_add(1, Ordering::Relaxed);
             }
             Some(Err(e)) if is_disconnect(&e) => break Ended::Other(format!("disconnected: {e}")),
@@ -347,6 +351,7 @@ async fn serve_client(
             None => break Ended::HalfClosed,
         }
     };
+    direct::flush_corked();
     drop(frames);
     // The writer ends once every queue handle is gone: ours, and the one each
     // request in flight holds until it is answered or declined.

@@ -80,7 +80,7 @@ impl Rig {
             let (tx, rx) = mpsc::channel(RIG_QUEUE);
             let handle = ConnHandle {
                 id: 1_000_000 + index as u64,
-                tx,
+                tx: tx.into(),
             };
             service.pool.set_conn(index, 0, Some(handle), now);
             nodes.push(rx);
@@ -89,7 +89,7 @@ impl Rig {
         let client = ClientLink {
             conn: service.links.next_conn_id(),
             peer: SocketAddr::from(([127, 0, 0, 1], 40_000)),
-            tx,
+            tx: tx.into(),
             in_flight: InFlightLimit::new(RIG_QUEUE),
             source_in_flight: InFlightLimit::new(RIG_QUEUE),
         };

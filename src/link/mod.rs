@@ -6,6 +6,7 @@ pub mod budget;
 pub mod client;
 pub mod conns;
 pub mod decline;
+pub mod direct;
 pub mod front;
 pub mod health;
 #[doc(hidden)]

@@ -6,14 +6,14 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::codec::FramedRead;
 
+use super::direct::{self, start_writer};
 use super::log_limit::{LogKind, LogPeer};
 use super::pool::ConnHandle;
 use super::service::Service;
 use super::timer::{ReadTimer, in_frame};
-use super::writer::run_coalescing_writer;
 use crate::capture::{Opened, Tapped};
 use crate::wire::{Frame, FrameCodec};
 
@@ -81,10 +81,9 @@ async fn run_connection(
     let (read, write) = stream.into_split();
     let entry = registered.as_ref().map(|r| Arc::clone(&r.entry));
     let read = super::conns::Counted::new(Tapped::reader(read, &tap), entry.clone());
-    let write = Tapped::writer(write, &tap);
-    let (tx, rx) = mpsc::channel(service.config.back.write_queue);
     let prefix = service.spec().framing().prefix;
-    let mut writer = tokio::spawn(run_coalescing_writer(write, prefix, rx, entry));
+    let queue = service.config.back.write_queue;
+    let (tx, mut writer) = start_writer(write, &tap, prefix, queue, entry);
     let handle = ConnHandle { id, tx };
     service
         .pool
@@ -120,8 +119,13 @@ async fn run_connection(
                     r.entry.received();
                 }
                 match item {
-                    Some(Ok(Frame::Message(payload))) => service.on_node_frame(node, id, payload, now),
-                    Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => {}
+                    Some(Ok(Frame::Message(payload))) => {
+                        // Answers read together leave together (see front.rs).
+                        let more = direct::frame_ready(&frames);
+                        direct::corked(more, || service.on_node_frame(node, id, payload, now));
+                    }
+                    // It may end a burst whose answers were held back.
+                    Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => direct::flush_corked(),
                     Some(Err(e)) => break format!("bad frame: {e}"),
                     None => break "closed by node".to_string(),
                 }
@@ -135,6 +139,7 @@ async fn run_connection(
             _ = &mut stopping => break "shutdown".to_string(),
         }
     };
+    direct::flush_corked();
     writer.abort();
     service.pool.set_conn(node, slot, None, Instant::now());
     if let Some(n) = service.pool.node(node) {

@@ -77,7 +77,7 @@ pub enum Origin {
     /// the request leaves the correlator, however it leaves).
     Client {
         conn: u64,
-        tx: mpsc::Sender<Outbound>,
+        tx: super::direct::LinkTx,
         slot: Option<InFlightSlot>,
     },
     /// The peer of a simplex front: the answer leaves on any live out link.

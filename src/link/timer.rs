@@ -146,6 +146,11 @@ impl<R: AsyncRead + Unpin> TimedFrames<R> {
         std::future::poll_fn(|cx| self.poll_read(cx)).await
     }
 
+    /// The framed reader, to look into its buffer.
+    pub fn framed(&self) -> &FramedRead<R, FrameCodec> {
+        &self.frames
+    }
+
     /// A whole frame arrived at `now` (the caller reads the clock once per
     /// frame for its own timing too).
     pub fn frame(&mut self, now: Instant) {

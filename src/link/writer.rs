@@ -14,7 +14,7 @@ use crate::wire::LengthPrefix;
 pub use crate::wire::patch::{PATCH_MAX, PATCHES, Patch, PatchOverflow};
 
 /// Writes are batched up to this many bytes.
-const BATCH_BYTES: usize = 64 * 1024;
+pub(super) const BATCH_BYTES: usize = 64 * 1024;
 
 /// A write buffer larger than this is given back when the queue is empty
 /// after a write: a quiet link (most of a POS network's thousands of
@@ -215,14 +215,14 @@ impl Pacing {
 /// frames it took.
 /// Empties the write buffer after a write, and gives a large one back when
 /// nothing else is queued (see [`IDLE_BUFFER`]).
-fn settle(buf: &mut BytesMut, queue_empty: bool) {
+pub(super) fn settle(buf: &mut BytesMut, queue_empty: bool) {
     buf.clear();
     if queue_empty && buf.capacity() > IDLE_BUFFER {
         *buf = BytesMut::new();
     }
 }
 
-fn drain<T: WriterItem>(
+pub(super) fn drain<T: WriterItem>(
     prefix: LengthPrefix,
     rx: &mut mpsc::Receiver<T>,
     buf: &mut BytesMut,
@@ -240,7 +240,7 @@ fn drain<T: WriterItem>(
     frames
 }
 
-fn push<T: WriterItem>(prefix: LengthPrefix, item: &T, buf: &mut BytesMut) {
+pub(super) fn push<T: WriterItem>(prefix: LengthPrefix, item: &T, buf: &mut BytesMut) {
     if let Err(e) = encode_into(prefix, item.outbound(), buf) {
         tracing::warn!(error = %e, "outbound frame dropped: it does not fit the length prefix");
     }

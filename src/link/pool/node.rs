@@ -6,11 +6,10 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
-use tokio::sync::mpsc;
 
 use super::NodeCounters;
 use crate::config::NodeConfig;
-use crate::link::writer::Outbound;
+use crate::link::direct::LinkTx;
 use crate::route::{AdminState, EwmaCell, NodeId, NodeState};
 
 /// A live connection to a node: where to queue frames for it.
@@ -19,7 +18,7 @@ pub struct ConnHandle {
     /// Unique across the process: the correlator tags requests with it so that
     /// a dying connection declines exactly its own in-flight requests.
     pub id: u64,
-    pub tx: mpsc::Sender<Outbound>,
+    pub tx: LinkTx,
 }
 
 /// One channel node: its config, its connections and its counters.

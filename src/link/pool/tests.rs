@@ -43,7 +43,7 @@ fn connected_pool(
 fn connect(pool: &NodePool, node: usize, now: Instant) -> mpsc::Receiver<Outbound> {
     let (tx, rx) = mpsc::channel(1);
     let id = 100 + node as u64;
-    pool.set_conn(node, 0, Some(ConnHandle { id, tx }), now);
+    pool.set_conn(node, 0, Some(ConnHandle { id, tx: tx.into() }), now);
     rx
 }
 

@@ -1,0 +1,704 @@
+//! A link's sender: the task that has a frame for an idle link writes it
+//! itself, and the link's writer task takes over only while frames wait.
+//!
+//! Today's shape was a bounded queue to a writer task per connection: every
+//! request a client's task read was queued for its node link's writer, which
+//! woke, yielded once and wrote; the answer went back the same way. On a link
+//! with nothing queued and no write in progress that costs two task wakeups
+//! per message and the time the woken writer waits for its turn. Here the
+//! sender, holding the link's lock, writes the frame with a non-blocking
+//! `try_write`:
+//!
+//! - **All of it written:** done; no task is woken.
+//! - **Part of it, or nothing (the socket buffer is full):** the remainder is
+//!   left in the link's `pending` bytes, the link is marked busy and its
+//!   writer task woken. While busy, every sender queues, as before; the
+//!   writer writes the remainder first, then the queue (coalescing bursts as
+//!   [`super::writer::run_coalescing_writer`] does), and hands the link back
+//!   (not busy) only when, under the lock, the queue is empty.
+//!
+//! - **A loaded link** (the writer's waits gain frames: ready readers queue
+//!   more for it) hands every frame to the writer, which coalesces them as
+//!   before: on loopback one write per frame costs more CPU than the wakeups
+//!   it saves. One idle frame in [`PROBE_EVERY`] goes through the writer, to
+//!   notice the load coming back; [`FUTILE_WAITS`] waits in a row that gain
+//!   nothing turn the link back to direct writes.
+//! - **A burst one reader read at once** ([`corked`]) leaves in one write per
+//!   link at its last frame.
+//!
+//! So the bytes of two frames never interleave, and frames leave in the
+//! order their senders took the lock. Only plain TCP links without a capture
+//! tap take this path: a TLS session needs its writer's `&mut`, and a tap
+//! records what its writer half writes; those links keep the queue alone.
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::{Buf, BytesMut};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinHandle;
+
+use super::conns::ConnEntry;
+use super::writer::{BATCH_BYTES, Outbound, drain, encode_into, push, settle};
+use crate::capture::{ConnTap, Tapped};
+use crate::tls::LinkWrite;
+use crate::wire::{FrameCodec, LengthPrefix};
+use tokio_util::codec::FramedRead;
+
+/// Where a link's frames go: its writer's queue, and on a plain link the
+/// socket itself when the link is idle. Cloned by everything that answers on
+/// the link; the writer task ends once every clone is gone.
+#[derive(Clone, Debug)]
+pub struct LinkTx {
+    tx: mpsc::Sender<Outbound>,
+    direct: Option<Arc<Direct>>,
+}
+
+impl From<mpsc::Sender<Outbound>> for LinkTx {
+    /// A link whose frames all go through the queue.
+    fn from(tx: mpsc::Sender<Outbound>) -> LinkTx {
+        LinkTx { tx, direct: None }
+    }
+}
+
+/// What a plain link's senders and its writer task share.
+#[derive(Debug)]
+struct Direct {
+    sock: OwnedWriteHalf,
+    prefix: LengthPrefix,
+    state: Mutex<DirectState>,
+    /// Wakes the writer task when a sender leaves it a remainder.
+    wake: Notify,
+    conn: Option<Arc<ConnEntry>>,
+    /// [`PROBE_EVERY`] (tests that fill a socket by direct writes turn
+    /// probes off).
+    probe_every: u32,
+}
+
+#[derive(Debug, Default)]
+struct DirectState {
+    /// The writer task owns the socket: senders queue.
+    busy: bool,
+    /// The unwritten end of a frame a sender began; written before anything
+    /// queued. Empty (no storage) on an idle link.
+    pending: BytesMut,
+    /// A sender's write failed: the writer task ends with this error.
+    failed: Option<io::ErrorKind>,
+    /// The writer's last waits gained frames (the link is loaded): senders
+    /// hand every frame to the writer, which coalesces what the ready
+    /// readers queue into one write, as the queue-only writer does. One
+    /// write per frame would cost more CPU than the wakeups it saves there.
+    coalescing: bool,
+    /// Frames written directly since one last went through the writer: one
+    /// in [`PROBE_EVERY`] does, so the writer notices the load coming back.
+    since_probe: u32,
+}
+
+/// A writer whose last this many waits in a row gained no frame hands its
+/// link back to direct writes (as [`super::writer`]'s pacing stops waiting).
+const FUTILE_WAITS: u32 = 8;
+/// One frame in this many of an idle link's goes through the writer, whose
+/// wait measures whether coalescing would gain.
+const PROBE_EVERY: u32 = 16;
+
+thread_local! {
+    /// Where a sender encodes its frame before `try_write`: one per worker
+    /// thread, not one per link (a front holds thousands of quiet links).
+    static SCRATCH: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+    /// This thread's reader is handling a frame with another whole frame
+    /// behind it in its read buffer: what it sends waits in each link's
+    /// `pending` until the last frame of the burst ([`corked`]).
+    static CORKING: Cell<bool> = const { Cell::new(false) };
+    /// The links this thread left corked bytes on.
+    static CORKED: RefCell<Vec<Arc<Direct>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs a reader's handling of one frame. With `more` (another whole frame
+/// is already read), what it sends on idle links is held back and leaves
+/// with what the next frames send, one write per link; without, everything
+/// this thread held back is written now. So a lone frame goes straight out
+/// and a burst read at once costs one write per link, not one per frame.
+pub fn corked<R>(more: bool, handle: impl FnOnce() -> R) -> R {
+    CORKING.set(more);
+    let r = handle();
+    CORKING.set(false);
+    if !more {
+        flush_corked();
+    }
+    r
+}
+
+/// Writes what this thread held back (see [`corked`]). A reader calls it
+/// when it stops, whatever frame it was in.
+pub fn flush_corked() {
+    CORKING.set(false);
+    while let Some(d) = CORKED.with(|c| c.borrow_mut().pop()) {
+        let mut st = d.lock();
+        d.flush(&mut st);
+    }
+}
+
+/// Whether a reader's buffer already holds the whole next frame (so the
+/// frame it handles now is not the last of what it read).
+pub fn frame_ready<R>(frames: &FramedRead<R, FrameCodec>) -> bool {
+    let codec = frames.decoder();
+    if codec.in_frame() {
+        return false;
+    }
+    let (prefix, buf) = (codec.prefix(), frames.read_buffer());
+    match prefix.parse_header(buf, codec.max_frame()) {
+        Ok(Some(h)) => buf.len() - prefix.len() >= h.payload_len,
+        _ => false,
+    }
+}
+
+impl LinkTx {
+    /// Sends a frame, or says why not, as `mpsc::Sender::try_send` does: a
+    /// full queue while the link is busy, or a link whose writer has ended.
+    pub fn try_send(&self, item: Outbound) -> Result<(), TrySendError<Outbound>> {
+        match &self.direct {
+            None => self.tx.try_send(item),
+            Some(d) => d.send(&self.tx, item),
+        }
+    }
+
+    /// Whether the link's writer has ended (no frame can go out any more).
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Whether the link's writer task owns it now (tests).
+    #[cfg(test)]
+    fn is_busy(&self) -> bool {
+        self.direct.as_ref().is_some_and(|d| d.lock().busy)
+    }
+}
+
+impl Direct {
+    fn lock(&self) -> MutexGuard<'_, DirectState> {
+        // Nothing panics under the lock; a poisoned one holds consistent state.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes the bytes held back on an idle link; what the socket does not
+    /// take is left to the writer task, which then owns the link.
+    fn flush(&self, st: &mut DirectState) {
+        if st.busy || st.pending.is_empty() {
+            return;
+        }
+        match self.sock.try_write(&st.pending) {
+            Ok(n) if n == st.pending.len() => settle(&mut st.pending, true),
+            Ok(n) => {
+                st.pending.advance(n);
+                self.hand_over(st);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.hand_over(st),
+            Err(e) => {
+                st.failed = Some(e.kind());
+                self.hand_over(st);
+            }
+        }
+    }
+
+    /// Marks the link busy and wakes its writer task to take it over.
+    fn hand_over(&self, st: &mut DirectState) {
+        st.busy = true;
+        self.wake.notify_one();
+    }
+
+    fn send(
+        self: &Arc<Self>,
+        tx: &mpsc::Sender<Outbound>,
+        item: Outbound,
+    ) -> Result<(), TrySendError<Outbound>> {
+        let mut st = self.lock();
+        if st.busy {
+            // Queued under the lock, so the writer's check that the queue is
+            // empty before it hands the link back cannot miss this frame.
+            return tx.try_send(item);
+        }
+        if tx.is_closed() {
+            return Err(TrySendError::Closed(item));
+        }
+        st.since_probe += 1;
+        if st.coalescing || st.since_probe >= self.probe_every {
+            // Through the writer: it writes the bytes held back (if any)
+            // first, then this frame with whatever the ready readers queue.
+            st.since_probe = 0;
+            st.busy = true;
+            return tx.try_send(item);
+        }
+        let corking = CORKING.get();
+        if corking || !st.pending.is_empty() {
+            // Behind bytes held back (by this thread or another): append, and
+            // write them all unless this thread is still in its burst.
+            let was_empty = st.pending.is_empty();
+            let start = st.pending.len();
+            if let Err(e) = encode_into(self.prefix, &item, &mut st.pending) {
+                tracing::warn!(error = %e, "outbound frame dropped: it does not fit the length prefix");
+                return Ok(());
+            }
+            if let Some(conn) = &self.conn {
+                conn.wrote(1, (st.pending.len() - start) as u64);
+            }
+            if !corking {
+                self.flush(&mut st);
+            } else if was_empty {
+                CORKED.with(|c| c.borrow_mut().push(Arc::clone(self)));
+            }
+            return Ok(());
+        }
+        SCRATCH.with(|scratch| {
+            let mut buf = scratch.borrow_mut();
+            buf.clear();
+            if let Err(e) = encode_into(self.prefix, &item, &mut buf) {
+                // As the writer does: a frame the prefix cannot carry is dropped.
+                tracing::warn!(error = %e, "outbound frame dropped: it does not fit the length prefix");
+                return Ok(());
+            }
+            let written = match self.sock.try_write(&buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                Err(e) => {
+                    st.failed = Some(e.kind());
+                    self.hand_over(&mut st);
+                    return Err(TrySendError::Closed(item));
+                }
+            };
+            if let Some(conn) = &self.conn {
+                conn.wrote(1, buf.len() as u64);
+            }
+            if written < buf.len() {
+                st.pending.extend_from_slice(&buf[written..]);
+                self.hand_over(&mut st);
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Starts the writer task of a link's write half. A plain link without a
+/// capture tap gets the direct path; any other keeps its queue alone
+/// ([`super::writer::run_coalescing_writer`]).
+pub fn start_writer(
+    write: LinkWrite,
+    tap: &Option<ConnTap>,
+    prefix: LengthPrefix,
+    queue: usize,
+    conn: Option<Arc<ConnEntry>>,
+) -> (LinkTx, JoinHandle<io::Result<()>>) {
+    let (tx, rx) = mpsc::channel(queue.max(1));
+    match (write, tap) {
+        (LinkWrite::Plain(sock), None) => {
+            let (tx, writer) = direct_link(sock, prefix, tx, conn, PROBE_EVERY);
+            (tx, tokio::spawn(run_direct_writer(writer, rx)))
+        }
+        (write, tap) => {
+            let write = Tapped::writer(write, tap);
+            let task = tokio::spawn(super::writer::run_coalescing_writer(
+                write, prefix, rx, conn,
+            ));
+            (tx.into(), task)
+        }
+    }
+}
+
+fn direct_link(
+    sock: OwnedWriteHalf,
+    prefix: LengthPrefix,
+    tx: mpsc::Sender<Outbound>,
+    conn: Option<Arc<ConnEntry>>,
+    probe_every: u32,
+) -> (LinkTx, Arc<Direct>) {
+    let direct = Arc::new(Direct {
+        sock,
+        prefix,
+        state: Mutex::default(),
+        wake: Notify::new(),
+        conn,
+        probe_every,
+    });
+    let tx = LinkTx {
+        tx,
+        direct: Some(Arc::clone(&direct)),
+    };
+    (tx, direct)
+}
+
+/// What woke a direct link's writer.
+enum Woke {
+    /// A sender left a remainder (or a failure).
+    Handed,
+    /// A frame queued while the link was busy.
+    Frame(Outbound),
+    /// Every sender is gone.
+    Closed,
+}
+
+/// The writer task of a direct link: idle until a sender hands it the link,
+/// then writes the remainder and what queues behind it, and hands the link
+/// back once the queue is empty. Ends when every sender is gone (dropping the
+/// write half shuts the socket's sending side) or a write fails.
+async fn run_direct_writer(d: Arc<Direct>, mut rx: mpsc::Receiver<Outbound>) -> io::Result<()> {
+    let mut buf = BytesMut::new();
+    // Waits in a row that gained no frame; a new link starts direct.
+    let mut futile = FUTILE_WAITS;
+    loop {
+        let woke = tokio::select! {
+            biased;
+            _ = d.wake.notified() => Woke::Handed,
+            item = rx.recv() => item.map_or(Woke::Closed, Woke::Frame),
+        };
+        let mut closing = matches!(woke, Woke::Closed);
+        let mut next = match woke {
+            Woke::Frame(item) => Some(item),
+            Woke::Handed | Woke::Closed => None,
+        };
+        loop {
+            // The remainder a sender began goes before anything queued: those
+            // frames were queued after it marked the link busy.
+            let counted = {
+                let mut st = d.lock();
+                if let Some(kind) = st.failed {
+                    return Err(kind.into());
+                }
+                if !st.busy {
+                    // Frames queue only while busy, so this is a stale wake-up
+                    // on an idle link: its held-back bytes, if any, are its
+                    // senders' to write. Unless every sender is gone: then
+                    // they are this task's.
+                    if !closing || st.pending.is_empty() {
+                        break;
+                    }
+                    st.busy = true;
+                }
+                buf.extend_from_slice(&st.pending);
+                settle(&mut st.pending, true);
+                buf.len()
+            };
+            let mut frames = 0;
+            if let Some(item) = next.take() {
+                push(d.prefix, &item, &mut buf);
+                frames += 1;
+            }
+            frames += drain(d.prefix, &mut rx, &mut buf);
+            if frames > 0 && buf.len() < BATCH_BYTES {
+                // A frame handed over on a loaded link, or a probe: let the
+                // ready readers run first; what they queue joins this write.
+                tokio::task::yield_now().await;
+                let gained = drain(d.prefix, &mut rx, &mut buf);
+                futile = if gained > 0 {
+                    0
+                } else {
+                    futile.saturating_add(1)
+                };
+                frames += gained;
+            }
+            write_all(&d.sock, &buf).await?;
+            if let Some(conn) = &d.conn {
+                conn.wrote(frames, (buf.len() - counted) as u64);
+            }
+            let mut st = d.lock();
+            if !st.pending.is_empty() || st.failed.is_some() {
+                // Handed over again meanwhile (the link was idle when this
+                // wake began: a stale wake-up).
+                drop(st);
+                settle(&mut buf, false);
+                continue;
+            }
+            match rx.try_recv() {
+                Ok(item) => {
+                    drop(st);
+                    next = Some(item);
+                    settle(&mut buf, false);
+                }
+                Err(TryRecvError::Empty) => {
+                    st.busy = false;
+                    st.coalescing = futile < FUTILE_WAITS;
+                    drop(st);
+                    settle(&mut buf, true);
+                    break;
+                }
+                Err(TryRecvError::Disconnected) => {
+                    st.busy = false;
+                    closing = true;
+                    drop(st);
+                    settle(&mut buf, true);
+                    break;
+                }
+            }
+        }
+        if closing {
+            return Ok(());
+        }
+    }
+}
+
+/// Writes all of `buf`, waiting for the socket to take more when it is full.
+async fn write_all(sock: &OwnedWriteHalf, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        match sock.try_write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => sock.writable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// A frame whose every byte is its number, so that the reader can tell
+    /// frames apart and see any interleaving.
+    fn frame(n: u8, len: usize) -> Outbound {
+        Outbound::message(Bytes::from(vec![n; len]))
+    }
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        (client.unwrap(), accepted.unwrap().0)
+    }
+
+    /// Reads every frame (Binary2 prefix) until the peer closes: each one's
+    /// number, checking that all its bytes carry it.
+    async fn read_frames(mut peer: TcpStream) -> Vec<u8> {
+        let mut all = Vec::new();
+        peer.read_to_end(&mut all).await.unwrap();
+        let mut seen = Vec::new();
+        let mut rest = &all[..];
+        while !rest.is_empty() {
+            let len = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
+            let body = &rest[2..2 + len];
+            assert!(body.iter().all(|b| *b == body[0]), "frames interleaved");
+            seen.push(body[0]);
+            rest = &rest[2 + len..];
+        }
+        seen
+    }
+
+    /// A direct link over `sock` whose idle frames are never probes.
+    fn start(sock: TcpStream, queue: usize) -> (LinkTx, JoinHandle<io::Result<()>>, TcpStreamHalf) {
+        start_probing(sock, queue, u32::MAX)
+    }
+
+    fn start_probing(
+        sock: TcpStream,
+        queue: usize,
+        probe_every: u32,
+    ) -> (LinkTx, JoinHandle<io::Result<()>>, TcpStreamHalf) {
+        let (read, write) = sock.into_split();
+        let (tx, rx) = mpsc::channel(queue);
+        let (tx, d) = direct_link(write, LengthPrefix::Binary2, tx, None, probe_every);
+        (tx, tokio::spawn(run_direct_writer(d, rx)), read)
+    }
+
+    type TcpStreamHalf = tokio::net::tcp::OwnedReadHalf;
+
+    #[tokio::test]
+    async fn an_idle_link_is_written_by_the_sender_with_no_wakeup() {
+        let (ours, peer) = pair().await;
+        let (tx, writer, _read) = start(ours, 4);
+        for n in 0..3 {
+            tx.try_send(frame(n, 10)).unwrap();
+            assert!(!tx.is_busy(), "written at once: the writer stays idle");
+        }
+        drop(tx);
+        writer.await.unwrap().unwrap();
+        assert_eq!(read_frames(peer).await, [0, 1, 2]);
+    }
+
+    /// The peer does not read, so the socket fills: a frame is written in
+    /// part, the rest of it and every frame after it must follow in order,
+    /// including those queued while the writer is inside a blocked write.
+    #[tokio::test]
+    async fn a_remainder_and_frames_queued_behind_a_write_keep_their_order() {
+        let (ours, peer) = pair().await;
+        let (tx, writer, _read) = start(ours, 64);
+        let len = 60_000;
+        let mut sent = 0u8;
+        // Fill the socket: the sender writes directly until a write is short.
+        while !tx.is_busy() {
+            assert!(sent < 250, "the socket never filled");
+            tx.try_send(frame(sent, len)).unwrap();
+            sent += 1;
+        }
+        // Busy: these queue behind the remainder.
+        for _ in 0..2 {
+            tx.try_send(frame(sent, len)).unwrap();
+            sent += 1;
+        }
+        // Let the writer start its (blocked) write, then queue more behind it.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(tx.is_busy(), "the peer still does not read");
+        for _ in 0..3 {
+            tx.try_send(frame(sent, len)).unwrap();
+            sent += 1;
+        }
+        drop(tx);
+        let reading = tokio::spawn(read_frames(peer));
+        writer.await.unwrap().unwrap();
+        let seen = reading.await.unwrap();
+        assert_eq!(seen, (0..sent).collect::<Vec<u8>>());
+    }
+
+    #[tokio::test]
+    async fn once_the_queue_is_drained_the_link_is_handed_back() {
+        let (ours, peer) = pair().await;
+        let (tx, writer, _read) = start(ours, 64);
+        let len = 60_000;
+        let mut sent = 0u8;
+        while !tx.is_busy() {
+            assert!(sent < 250, "the socket never filled");
+            tx.try_send(frame(sent, len)).unwrap();
+            sent += 1;
+        }
+        let reading = tokio::spawn(read_frames(peer));
+        // The writer drains everything and hands the link back.
+        while tx.is_busy() {
+            tokio::task::yield_now().await;
+        }
+        tx.try_send(frame(sent, 5)).unwrap();
+        sent += 1;
+        drop(tx);
+        writer.await.unwrap().unwrap();
+        assert_eq!(reading.await.unwrap(), (0..sent).collect::<Vec<u8>>());
+    }
+
+    #[tokio::test]
+    async fn a_busy_link_refuses_frames_past_its_queue() {
+        let (ours, _peer) = pair().await;
+        let (tx, _writer, _read) = start(ours, 1);
+        let mut sent = 0u8;
+        while !tx.is_busy() {
+            assert!(sent < 250, "the socket never filled");
+            tx.try_send(frame(sent, 60_000)).unwrap();
+            sent += 1;
+        }
+        tx.try_send(frame(sent, 10)).unwrap();
+        assert!(matches!(
+            tx.try_send(frame(sent + 1, 10)),
+            Err(TrySendError::Full(_))
+        ));
+    }
+
+    /// A probe whose wait gains a frame turns the link to coalescing (every
+    /// frame through the writer); waits that gain nothing turn it back.
+    #[tokio::test]
+    async fn a_probe_that_gains_turns_the_link_to_coalescing_and_back() {
+        let (ours, peer) = pair().await;
+        let (tx, writer, _read) = start_probing(ours, 16, 2);
+        let coalescing = |tx: &LinkTx| tx.direct.as_ref().is_some_and(|d| d.lock().coalescing);
+        tx.try_send(frame(0, 10)).unwrap();
+        assert!(!tx.is_busy(), "written directly");
+        tx.try_send(frame(1, 10)).unwrap();
+        assert!(tx.is_busy(), "a probe: through the writer");
+        // The writer takes the probe and waits; meanwhile another frame.
+        tokio::task::yield_now().await;
+        tx.try_send(frame(2, 10)).unwrap();
+        while tx.is_busy() {
+            tokio::task::yield_now().await;
+        }
+        assert!(coalescing(&tx), "the wait gained a frame");
+        let mut n = 3;
+        while coalescing(&tx) {
+            assert!(n < 3 + 2 * FUTILE_WAITS as u8, "never turned back");
+            tx.try_send(frame(n, 10)).unwrap();
+            n += 1;
+            while tx.is_busy() {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(tx);
+        writer.await.unwrap().unwrap();
+        assert_eq!(read_frames(peer).await, (0..n).collect::<Vec<u8>>());
+    }
+
+    /// Nothing has arrived at `peer` yet.
+    fn nothing_arrived(peer: &TcpStream) -> bool {
+        let mut byte = [0u8; 1];
+        matches!(peer.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    #[tokio::test]
+    async fn a_burst_is_held_back_until_its_last_frame_and_keeps_its_order() {
+        let (ours, peer) = pair().await;
+        let (tx, writer, _read) = start(ours, 4);
+        corked(true, || tx.try_send(frame(0, 10))).unwrap();
+        corked(true, || tx.try_send(frame(1, 10))).unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(nothing_arrived(&peer), "held back while the burst lasts");
+        corked(false, || tx.try_send(frame(2, 10))).unwrap();
+        assert!(!tx.is_busy());
+        drop(tx);
+        writer.await.unwrap().unwrap();
+        assert_eq!(read_frames(peer).await, [0, 1, 2]);
+    }
+
+    #[tokio::test]
+    async fn a_sender_outside_the_burst_writes_the_held_back_bytes_first() {
+        let (ours, peer) = pair().await;
+        let (tx, writer, _read) = start(ours, 4);
+        corked(true, || tx.try_send(frame(0, 10))).unwrap();
+        // Another task (here on the same thread, outside any burst) sends:
+        // frame 0 must not be overtaken.
+        tx.try_send(frame(1, 10)).unwrap();
+        flush_corked();
+        tx.try_send(frame(2, 10)).unwrap();
+        drop(tx);
+        writer.await.unwrap().unwrap();
+        assert_eq!(read_frames(peer).await, [0, 1, 2]);
+    }
+
+    #[tokio::test]
+    async fn held_back_bytes_reach_the_peer_when_every_sender_is_gone() {
+        let (ours, peer) = pair().await;
+        let (tx, writer, _read) = start(ours, 4);
+        corked(true, || tx.try_send(frame(7, 10))).unwrap();
+        drop(tx);
+        // The writer may end first; the bytes are still written by the flush.
+        flush_corked();
+        writer.await.unwrap().unwrap();
+        assert_eq!(read_frames(peer).await, [7]);
+    }
+
+    #[tokio::test]
+    async fn frame_ready_sees_a_whole_next_frame_only() {
+        use futures_util::StreamExt;
+        let codec = || FrameCodec::new(LengthPrefix::Binary2, 1000);
+        // Two whole frames, then two bytes of a third.
+        let bytes: &[u8] = b"\x00\x02ab\x00\x01c\x00\x05de";
+        let mut frames = FramedRead::new(bytes, codec());
+        frames.next().await.unwrap().unwrap();
+        assert!(frame_ready(&frames), "the second frame is read already");
+        frames.next().await.unwrap().unwrap();
+        assert!(!frame_ready(&frames), "the third is partial");
+        let mut alone = FramedRead::new(&b"\x00\x01x"[..], codec());
+        alone.next().await.unwrap().unwrap();
+        assert!(!frame_ready(&alone));
+    }
+
+    #[tokio::test]
+    async fn a_link_whose_writer_ended_refuses_frames() {
+        let (ours, _peer) = pair().await;
+        let (tx, writer, _read) = start(ours, 4);
+        writer.abort();
+        let _ = writer.await;
+        assert!(matches!(
+            tx.try_send(frame(0, 10)),
+            Err(TrySendError::Closed(_))
+        ));
+    }
+}
