@@ -164,7 +164,8 @@ async fn late_approvals_during_a_store_outage_are_reversed_once_it_is_back() {
         }
         let listen = free_addr();
         let data = data_dir("outage-switch");
-        let toml = pair_toml(&url, listen, &addrs);
+        let (admin, admin_toml) = admin_toml("outage-switch");
+        let toml = format!("{admin_toml}{}", pair_toml(&url, listen, &addrs));
         let _switch = switch("outage-switch", &toml, &data, listen).await;
         let server = std::sync::Arc::new(server);
         let halted = std::sync::Arc::clone(&server);
@@ -179,15 +180,34 @@ async fn late_approvals_during_a_store_outage_are_reversed_once_it_is_back() {
         // Every late approval has come (1 s after the NAC's last request)
         // while the store is away; then it is back.
         tokio::time::sleep(Duration::from_millis(1500)).await;
+        let held = metric_sum(
+            &metrics(admin, &["isoswitch_reversals_awaiting_store"]).await,
+            "isoswitch_reversals_awaiting_store",
+            &[],
+        );
+        assert!(
+            held > 0.0,
+            "the switch holds the reversals while the store is away"
+        );
         let resumed = std::sync::Arc::clone(&server);
         tokio::task::spawn_blocking(move || resumed.resume())
             .await
             .expect("start PostgreSQL again");
+        // Done when the switch holds no reversal back (each waits up to 5 s
+        // between offers, so the rows alone can look settled while some are
+        // still to come: this test failed so on a loaded machine) and the
+        // store owes nothing.
         let mut last = None;
         let done = loop {
+            let awaiting = metric_sum(
+                &metrics(admin, &["isoswitch_reversals_awaiting_store"]).await,
+                "isoswitch_reversals_awaiting_store",
+                &[],
+            );
             let rows = pg_rows(&url).await;
             let now = Some((rows.len(), owed_count(&rows, "delivered")));
-            if !rows.is_empty() && owed_count(&rows, "pending") == 0 && now == last {
+            let settled = !rows.is_empty() && owed_count(&rows, "pending") == 0;
+            if awaiting == 0.0 && settled && now == last {
                 break rows;
             }
             last = now;

@@ -688,7 +688,23 @@ fn encode_integrity(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::
     for (f, _) in &single {
         encode_counters(enc, f)?;
     }
-    encode_counters(enc, &advices)
+    encode_counters(enc, &advices)?;
+    let mut awaiting = gauge(
+        "isoswitch_reversals_awaiting_store",
+        "Reversals of late approvals held in memory and offered to the store again until it takes them (the store away or full); each is logged, masked, for reconciliation should the switch die first.",
+    );
+    for r in handle.services.iter() {
+        let s = &r.service;
+        let v = s
+            .made
+            .counters
+            .reversals_awaiting_store
+            .load(Ordering::Relaxed);
+        awaiting
+            .samples
+            .push((vec![("service", label_value(s.name()))], v as f64));
+    }
+    encode_gauges(enc, &awaiting)
 }
 
 /// The store-and-forward queue, when there is a store. What it owes

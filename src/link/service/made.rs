@@ -58,6 +58,11 @@ pub struct IntegrityCounters {
     /// queue, a store error or a reversal that could not be built (each
     /// logged at ERROR with its masked keys, for reconciliation).
     pub late_unreversed: AtomicU64,
+    /// Reversals of late approvals held in memory, offered to the store
+    /// until it takes them (a store away or full): what a crash now would
+    /// leave to the logs. A gauge: up when offered, down when stored or
+    /// given up.
+    pub reversals_awaiting_store: AtomicU64,
     /// Late answers that did not approve (nothing to reverse).
     pub late_declines: AtomicU64,
     /// Late answers to a request already reversed.

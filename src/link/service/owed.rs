@@ -261,8 +261,30 @@ struct StoreReversal {
     exchange: Option<(Journal, Exchange)>,
 }
 
+/// Counts a reversal in [`super::IntegrityCounters::reversals_awaiting_store`]
+/// while its task lives, however it ends.
+struct Awaiting(std::sync::Arc<super::IntegrityCounters>);
+
+impl Awaiting {
+    fn new(counters: &std::sync::Arc<super::IntegrityCounters>) -> Awaiting {
+        counters
+            .reversals_awaiting_store
+            .fetch_add(1, Ordering::Relaxed);
+        Awaiting(std::sync::Arc::clone(counters))
+    }
+}
+
+impl Drop for Awaiting {
+    fn drop(&mut self) {
+        self.0
+            .reversals_awaiting_store
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl StoreReversal {
     async fn run(self, entry: NewSafEntry) {
+        let _awaiting = Awaiting::new(&self.counters);
         let deadline = tokio::time::Instant::now() + self.give_up_after;
         let mut wait = std::time::Duration::from_millis(100);
         let mut warned = false;
