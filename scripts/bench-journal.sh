@@ -7,6 +7,9 @@
 #
 #   scripts/bench-journal.sh [RATE] [DURATION] [REPEAT]   # default 10000 10s 3
 #
+# The load varies F37 and F41 (`load --vary-keys`: a terminal per client, an
+# RRN per request), so the journal's indexes see real keys; SAME_KEYS=1
+# sends the template's on every request, as runs before Dec 4 did.
 # ISOSWITCH_BIN=<binary> measures that build instead of building this tree;
 # JOURNAL_TOML='batch_interval = "50ms"' adds keys to the `[journal]` table;
 # JOURNAL_PG_URL=postgres://... stores on that PostgreSQL instead of SQLite
@@ -85,7 +88,9 @@ run_once() { # $1 = off|on
     sleep 1.5
     local before after out
     before=$(cpu_ticks $sw)
-    out=$($bin load --target 127.0.0.1:26700 --spec cups --rate "$rate" --duration "$duration" --quiet --json)
+    local keys=(--vary-keys)
+    if [ -n "${SAME_KEYS:-}" ]; then keys=(); fi
+    out=$($bin load --target 127.0.0.1:26700 --spec cups --rate "$rate" --duration "$duration" --quiet --json "${keys[@]}")
     after=$(cpu_ticks $sw)
     kill -INT $sw; wait $sw || true
     local answered us note=""

@@ -62,6 +62,11 @@ pub struct LoadArgs {
     /// `--in-flight` is ignored.
     #[arg(long, conflicts_with = "requests_per_round")]
     pub connection_per_request: bool,
+    /// Each client a terminal of its own (F41) and each request its own
+    /// RRN (F37), as real traffic; by default all carry the template's.
+    /// Long-connection mode only.
+    #[arg(long, conflicts_with_all = ["connection_per_request", "requests_per_round"])]
+    pub vary_keys: bool,
     /// Pause after each answer (after each round with `--requests-per-round`).
     #[arg(long, default_value = "0s", value_parser = crate::util::duration::parse)]
     pub think: Duration,
@@ -139,6 +144,7 @@ async fn drive(spec: Arc<Spec>, args: &LoadArgs) -> Result<LoadReport, String> {
     cfg.connection_per_request = args.connection_per_request;
     cfg.think = args.think;
     cfg.requests_per_round = args.requests_per_round;
+    cfg.vary_keys = args.vary_keys;
     cfg.tls = args.tls.client().map_err(|e| e.to_string())?;
     let counters = Arc::new(LoadCounters::default());
     let bar = progress_bar(

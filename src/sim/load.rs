@@ -87,6 +87,11 @@ pub struct LoadConfig {
     pub requests_per_round: Option<usize>,
     /// Connect over TLS (`--tls-*`); plain by default.
     pub tls: Option<Arc<crate::tls::tools::Connector>>,
+    /// Each client sends its own F41 (terminal) and each request its own
+    /// F37 (RRN), as a network's terminals do; by default every request
+    /// carries the template's. What indexes those fields (the journal) sees
+    /// real keys only with this. Long-connection mode only.
+    pub vary_keys: bool,
 }
 
 impl LoadConfig {
@@ -114,6 +119,7 @@ impl LoadConfig {
             think: Duration::ZERO,
             requests_per_round: None,
             tls: None,
+            vary_keys: false,
         }
     }
 }
@@ -258,6 +264,10 @@ pub(crate) struct Template {
     /// Offset and width of F11: 6 for ASCII digits, 3 for BCD.
     pub(crate) f11: usize,
     pub(crate) f11_width: usize,
+    /// Offsets of F37 (12 characters) and F41 (8), where the template
+    /// carries them as text, for `vary_keys`.
+    pub(crate) f37: Option<usize>,
+    pub(crate) f41: Option<usize>,
     pub(crate) share: u32,
 }
 
@@ -382,9 +392,18 @@ fn templates(spec: &Spec, cfg: &LoadConfig) -> Result<Vec<Template>, String> {
             if !matches!(f11.range().len(), 3 | 6) {
                 return Err("F11 must be n6 as 6 ASCII digits or 3 BCD bytes".into());
             }
+            let text_at = |id: u16, width: usize| {
+                msg.field(id).ok().flatten().and_then(|f| {
+                    let r = f.range();
+                    let text = payload.get(r.clone())?;
+                    (r.len() == width && text.iter().all(u8::is_ascii_graphic)).then_some(r.start)
+                })
+            };
             Ok(Template {
                 f11: f11.range().start,
                 f11_width: f11.range().len(),
+                f37: text_at(37, 12),
+                f41: text_at(41, 8),
                 payload,
                 share,
             })
@@ -431,6 +450,7 @@ async fn run_client(
             timeout: cfg.timeout,
             think: cfg.think,
             seed: (client as u64) << 20 | slot as u64 | 1,
+            terminal: cfg.vary_keys.then_some(client as u32),
         };
         // Paced slots start spread over one period, so that the rate is
         // smooth: started together, they would all fire in the same instant,
@@ -463,6 +483,8 @@ struct SlotEnv {
     timeout: Duration,
     think: Duration,
     seed: u64,
+    /// With `vary_keys`: this client's number, for its F41 and F37s.
+    terminal: Option<u32>,
 }
 
 /// One request at a time; a client runs `in_flight` of these on one connection.
@@ -487,6 +509,9 @@ async fn run_slot(env: SlotEnv, stop_at: Instant, pace: Option<Duration>, phase:
         let mut patch = Patch::default();
         if patch.overwrite(t.f11, encoded).is_err() {
             return;
+        }
+        if let Some(terminal) = env.terminal {
+            vary_keys(&mut patch, t, terminal, stan);
         }
         let (done, outcome) = oneshot::channel();
         let sent_at = Instant::now();
@@ -580,6 +605,30 @@ pub(crate) fn pick_template<'t>(
     &templates[0]
 }
 
+/// F41 `T` and the client's number; F37 the client's number and the STAN,
+/// so that every request's RRN differs and each client is a terminal.
+fn vary_keys(patch: &mut Patch, t: &Template, terminal: u32, stan: u32) {
+    if let Some(at) = t.f41 {
+        let mut f41 = *b"T0000000";
+        put_digits(&mut f41[1..], terminal);
+        let _ = patch.overwrite(at, &f41);
+    }
+    if let Some(at) = t.f37 {
+        let mut f37 = [b'0'; 12];
+        put_digits(&mut f37[..6], terminal);
+        put_digits(&mut f37[6..], stan);
+        let _ = patch.overwrite(at, &f37);
+    }
+}
+
+/// `n`'s last `out.len()` decimal digits into `out`, zero-padded.
+fn put_digits(out: &mut [u8], mut n: u32) {
+    for d in out.iter_mut().rev() {
+        *d = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+}
+
 /// F11 both ways a spec may encode it: six ASCII digits and three BCD bytes.
 pub(crate) fn stan_bytes(stan: u32) -> ([u8; 6], [u8; 3]) {
     let mut ascii = [b'0'; 6];
@@ -649,6 +698,42 @@ pub(crate) async fn read_responses(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn varied_keys_give_each_client_a_terminal_and_each_request_an_rrn() {
+        let spec = Spec::builtin("cups").unwrap();
+        let cfg = LoadConfig::new("127.0.0.1:1".parse().unwrap());
+        let t = &templates(&spec, &cfg).unwrap()[0];
+        assert!(
+            t.f37.is_some() && t.f41.is_some(),
+            "cups carries both as text"
+        );
+        let keys = |terminal, stan| {
+            let mut patch = Patch::default();
+            vary_keys(&mut patch, t, terminal, stan);
+            let mut body = t.payload.to_vec();
+            patch.apply(&mut body);
+            let msg = Message::parse(&spec, Bytes::from(body)).unwrap();
+            let text = |id| {
+                msg.field(id)
+                    .unwrap()
+                    .unwrap()
+                    .logical()
+                    .collect::<Vec<u8>>()
+            };
+            (text(41), text(37))
+        };
+        assert_eq!(
+            keys(42, 7),
+            (b"T0000042".to_vec(), b"000042000007".to_vec())
+        );
+        assert_eq!(
+            keys(12_345_678, 1_234_567).0,
+            b"T2345678".to_vec(),
+            "last digits"
+        );
+        assert_ne!(keys(1, 7).1, keys(1, 8).1);
+    }
 
     #[test]
     fn stan_encodings_round_trip() {
