@@ -1,0 +1,114 @@
+//! The message path's integrity counters: late approvals by action,
+//! reversals and advices, and the reversals held in memory for the store.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::encoding::DescriptorEncoder;
+
+use super::{Family, counter, encode_counters, encode_gauges, gauge, label_value};
+use crate::link::service::IntegrityCounters;
+use crate::ops::control::SwitchHandle;
+
+/// Which of a service's integrity counters a family shows.
+type ReadCounter = fn(&IntegrityCounters) -> &AtomicU64;
+
+/// What the switch did about the answers it gave for its nodes: late
+/// approvals by action, reversals, advices (counters of the message path).
+pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fmt::Result {
+    let mut late = counter(
+        "isoswitch_late_approvals",
+        "Approvals that came after the switch had answered for the node (declined or let expire), by action: reversed (a reversal stored for delivery), logged (late_approval = \"log\"), unreversed (could not be reversed: no store, store full or failing; logged at ERROR for reconciliation).",
+    );
+    let mut single: Vec<(Family<u64>, ReadCounter)> = vec![
+        (
+            counter(
+                "isoswitch_late_declines",
+                "Late answers that did not approve: nothing to reverse.",
+            ),
+            |c| &c.late_declines,
+        ),
+        (
+            counter(
+                "isoswitch_late_answers_after_reversal",
+                "Late answers to a request already reversed: not reversed again.",
+            ),
+            |c| &c.late_again,
+        ),
+        (
+            counter(
+                "isoswitch_reversals_sent",
+                "Reversal advices sent from the store-and-forward queue (each 0420 and each repeat 0421).",
+            ),
+            |c| &c.reversals_sent,
+        ),
+        (
+            counter(
+                "isoswitch_reversals_acknowledged",
+                "Reversals a host or the peer acknowledged (its 0430): the entry is delivered.",
+            ),
+            |c| &c.reversals_acknowledged,
+        ),
+        (
+            counter(
+                "isoswitch_switch_made_withheld",
+                "Answers the switch would have made itself but did not send (integrity.switch_made = \"silent\").",
+            ),
+            |c| &c.switch_made_withheld,
+        ),
+    ];
+    let mut advices = counter(
+        "isoswitch_advices",
+        "Advices (0120/0220/0420 from clients) by outcome: stored (durably, then acknowledged by the switch; integrity.advices = \"store-and-forward\"), delivered (a host acknowledged a stored one), unanswered (no node or a timeout in forward mode, or the store could not take it: the sender repeats).",
+    );
+    for r in handle.services.iter() {
+        let s = &r.service;
+        let c = &s.made.counters;
+        let sl = || vec![("service", label_value(s.name()))];
+        let labelled = |key: &'static str, value: &str| {
+            let mut l = sl();
+            l.push((key, value.to_string()));
+            l
+        };
+        for (action, v) in [
+            ("reversed", &c.late_reversed),
+            ("logged", &c.late_logged),
+            ("unreversed", &c.late_unreversed),
+        ] {
+            late.samples
+                .push((labelled("action", action), v.load(Ordering::Relaxed)));
+        }
+        for (outcome, v) in [
+            ("stored", &c.advices_stored),
+            ("delivered", &c.advices_delivered),
+            ("unanswered", &c.advices_unanswered),
+        ] {
+            advices
+                .samples
+                .push((labelled("outcome", outcome), v.load(Ordering::Relaxed)));
+        }
+        for (f, read) in &mut single {
+            f.samples.push((sl(), read(c).load(Ordering::Relaxed)));
+        }
+    }
+    encode_counters(enc, &late)?;
+    for (f, _) in &single {
+        encode_counters(enc, f)?;
+    }
+    encode_counters(enc, &advices)?;
+    let mut awaiting = gauge(
+        "isoswitch_reversals_awaiting_store",
+        "Reversals of late approvals held in memory and offered to the store again until it takes them (the store away or full); each is logged, masked, for reconciliation should the switch die first.",
+    );
+    for r in handle.services.iter() {
+        let s = &r.service;
+        let v = s
+            .made
+            .counters
+            .reversals_awaiting_store
+            .load(Ordering::Relaxed);
+        awaiting
+            .samples
+            .push((vec![("service", label_value(s.name()))], v as f64));
+    }
+    encode_gauges(enc, &awaiting)
+}
