@@ -146,6 +146,12 @@ async fn reversals_stored_through_a_are_delivered_by_b_after_a_is_killed() {
     .await;
 }
 
+/// Reversals the switch holds in memory until the store takes them.
+async fn awaiting_store(admin: SocketAddr) -> f64 {
+    let name = "isoswitch_reversals_awaiting_store";
+    metric_sum(&metrics(admin, &[name]).await, name, &[])
+}
+
 /// The store away (PostgreSQL stopped) while late approvals come in: each
 /// reversal is offered to the store again until it is back, then stored
 /// and delivered; none is lost, none is only logged.
@@ -180,11 +186,7 @@ async fn late_approvals_during_a_store_outage_are_reversed_once_it_is_back() {
         // Every late approval has come (1 s after the NAC's last request)
         // while the store is away; then it is back.
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let held = metric_sum(
-            &metrics(admin, &["isoswitch_reversals_awaiting_store"]).await,
-            "isoswitch_reversals_awaiting_store",
-            &[],
-        );
+        let held = awaiting_store(admin).await;
         assert!(
             held > 0.0,
             "the switch holds the reversals while the store is away"
@@ -199,11 +201,7 @@ async fn late_approvals_during_a_store_outage_are_reversed_once_it_is_back() {
         // store owes nothing.
         let mut last = None;
         let done = loop {
-            let awaiting = metric_sum(
-                &metrics(admin, &["isoswitch_reversals_awaiting_store"]).await,
-                "isoswitch_reversals_awaiting_store",
-                &[],
-            );
+            let awaiting = awaiting_store(admin).await;
             let rows = pg_rows(&url).await;
             let now = Some((rows.len(), owed_count(&rows, "delivered")));
             let settled = !rows.is_empty() && owed_count(&rows, "pending") == 0;

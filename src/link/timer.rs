@@ -164,12 +164,7 @@ impl<R: AsyncRead + Unpin> TimedFrames<R> {
         // Nothing whole yet. Bytes of a frame in the buffer start its clock.
         let partial = in_frame(&self.frames);
         if partial != self.timer.partial_since.is_some() {
-            let now = clock();
-            if partial {
-                self.timer.partial_since = Some(now);
-            } else {
-                self.timer.partial_since = None;
-            }
+            self.timer.partial_since = partial.then(clock);
             if let Some(at) = self.timer.deadline()
                 && at < self.sleep.deadline().into_std()
             {
