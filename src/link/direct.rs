@@ -30,19 +30,27 @@
 //! order their senders took the lock. Only plain TCP links without a capture
 //! tap take this path: a TLS session needs its writer's `&mut`, and a tap
 //! records what its writer half writes; those links keep the queue alone.
+//!
+//! The queue of a direct link is a `VecDeque` under the same lock, not a
+//! channel: senders take the lock anyway, and a tokio channel allocates a
+//! block of 32 slots (about 3 KB of `Outbound`s) per link up front. Here an
+//! idle link's queue holds no storage, which is most of a front's thousands
+//! of quiet terminals.
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::io;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{Buf, BytesMut};
 use tokio::net::tcp::OwnedWriteHalf;
-use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 
 use super::conns::ConnEntry;
-use super::writer::{BATCH_BYTES, Outbound, drain, encode_into, push, settle};
+use super::writer::{BATCH_BYTES, Outbound, encode_into, push, settle};
 use crate::capture::{ConnTap, Tapped};
 use crate::tls::LinkWrite;
 use crate::wire::{FrameCodec, LengthPrefix};
@@ -51,16 +59,45 @@ use tokio_util::codec::FramedRead;
 /// Where a link's frames go: its writer's queue, and on a plain link the
 /// socket itself when the link is idle. Cloned by everything that answers on
 /// the link; the writer task ends once every clone is gone.
-#[derive(Clone, Debug)]
-pub struct LinkTx {
-    tx: mpsc::Sender<Outbound>,
-    direct: Option<Arc<Direct>>,
+#[derive(Debug)]
+pub struct LinkTx(Route);
+
+#[derive(Debug)]
+enum Route {
+    /// A TLS or tapped link: every frame through the writer's channel.
+    Queue(mpsc::Sender<Outbound>),
+    /// A plain link (one of [`Direct::senders`]).
+    Direct(Arc<Direct>),
 }
 
 impl From<mpsc::Sender<Outbound>> for LinkTx {
     /// A link whose frames all go through the queue.
     fn from(tx: mpsc::Sender<Outbound>) -> LinkTx {
-        LinkTx { tx, direct: None }
+        LinkTx(Route::Queue(tx))
+    }
+}
+
+impl Clone for LinkTx {
+    fn clone(&self) -> LinkTx {
+        match &self.0 {
+            Route::Queue(tx) => LinkTx(Route::Queue(tx.clone())),
+            Route::Direct(d) => {
+                // As `Arc`'s own count: a new clone comes from a live one.
+                d.senders.fetch_add(1, Ordering::Relaxed);
+                LinkTx(Route::Direct(Arc::clone(d)))
+            }
+        }
+    }
+}
+
+impl Drop for LinkTx {
+    fn drop(&mut self) {
+        if let Route::Direct(d) = &self.0
+            && d.senders.fetch_sub(1, Ordering::AcqRel) == 1
+        {
+            // The last one: the writer writes what is left, then ends.
+            d.wake.notify_one();
+        }
     }
 }
 
@@ -70,12 +107,21 @@ struct Direct {
     sock: OwnedWriteHalf,
     prefix: LengthPrefix,
     state: Mutex<DirectState>,
-    /// Wakes the writer task when a sender leaves it a remainder.
+    /// Wakes the writer task when a sender leaves it a remainder, queues a
+    /// probe, or was the last one.
     wake: Notify,
     conn: Option<Arc<ConnEntry>>,
     /// [`PROBE_EVERY`] (tests that fill a socket by direct writes turn
     /// probes off).
     probe_every: u32,
+    /// The most frames [`DirectState::queue`] holds (the link's
+    /// `write_queue`): a sender past it gets `Full`, as from a channel.
+    capacity: usize,
+    /// Live [`LinkTx`] clones: the writer ends once none is left and
+    /// everything they sent is written.
+    senders: AtomicUsize,
+    /// The writer task has ended (returned or dropped): nothing goes out.
+    ended: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -95,7 +141,15 @@ struct DirectState {
     /// Frames written directly since one last went through the writer: one
     /// in [`PROBE_EVERY`] does, so the writer notices the load coming back.
     since_probe: u32,
+    /// Frames for the writer, queued while it owns the link (and probes).
+    /// Given back when it is handed back with more than [`IDLE_QUEUE`]
+    /// slots.
+    queue: VecDeque<Outbound>,
 }
+
+/// A queue or batch holding more slots than this gives them back when the
+/// link goes idle (as the write buffer's [`settle`] does with its bytes).
+const IDLE_QUEUE: usize = 8;
 
 /// A writer whose last this many waits in a row gained no frame hands its
 /// link back to direct writes (as [`super::writer`]'s pacing stops waiting).
@@ -159,21 +213,33 @@ impl LinkTx {
     /// Sends a frame, or says why not, as `mpsc::Sender::try_send` does: a
     /// full queue while the link is busy, or a link whose writer has ended.
     pub fn try_send(&self, item: Outbound) -> Result<(), TrySendError<Outbound>> {
-        match &self.direct {
-            None => self.tx.try_send(item),
-            Some(d) => d.send(&self.tx, item),
+        match &self.0 {
+            Route::Queue(tx) => tx.try_send(item),
+            Route::Direct(d) => d.send(item),
         }
     }
 
     /// Whether the link's writer has ended (no frame can go out any more).
     pub fn is_closed(&self) -> bool {
-        self.tx.is_closed()
+        match &self.0 {
+            Route::Queue(tx) => tx.is_closed(),
+            Route::Direct(d) => d.ended.load(Ordering::Acquire),
+        }
+    }
+
+    /// The shared state of a direct link (tests).
+    #[cfg(test)]
+    fn direct(&self) -> &Direct {
+        match &self.0 {
+            Route::Direct(d) => d,
+            Route::Queue(_) => panic!("not a direct link"),
+        }
     }
 
     /// Whether the link's writer task owns it now (tests).
     #[cfg(test)]
     fn is_busy(&self) -> bool {
-        self.direct.as_ref().is_some_and(|d| d.lock().busy)
+        self.direct().lock().busy
     }
 }
 
@@ -209,27 +275,33 @@ impl Direct {
         self.wake.notify_one();
     }
 
-    fn send(
-        self: &Arc<Self>,
-        tx: &mpsc::Sender<Outbound>,
-        item: Outbound,
-    ) -> Result<(), TrySendError<Outbound>> {
+    /// Queues a frame for the writer, or gives it back if the queue is full.
+    fn enqueue(&self, st: &mut DirectState, item: Outbound) -> Result<(), TrySendError<Outbound>> {
+        if st.queue.len() >= self.capacity {
+            return Err(TrySendError::Full(item));
+        }
+        st.queue.push_back(item);
+        Ok(())
+    }
+
+    fn send(self: &Arc<Self>, item: Outbound) -> Result<(), TrySendError<Outbound>> {
         let mut st = self.lock();
+        if self.ended.load(Ordering::Acquire) {
+            return Err(TrySendError::Closed(item));
+        }
         if st.busy {
             // Queued under the lock, so the writer's check that the queue is
             // empty before it hands the link back cannot miss this frame.
-            return tx.try_send(item);
-        }
-        if tx.is_closed() {
-            return Err(TrySendError::Closed(item));
+            return self.enqueue(&mut st, item);
         }
         st.since_probe += 1;
         if st.coalescing || st.since_probe >= self.probe_every {
             // Through the writer: it writes the bytes held back (if any)
             // first, then this frame with whatever the ready readers queue.
             st.since_probe = 0;
-            st.busy = true;
-            return tx.try_send(item);
+            self.enqueue(&mut st, item)?;
+            self.hand_over(&mut st);
+            return Ok(());
         }
         let corking = CORKING.get();
         if corking || !st.pending.is_empty() {
@@ -290,13 +362,13 @@ pub fn start_writer(
     queue: usize,
     conn: Option<Arc<ConnEntry>>,
 ) -> (LinkTx, JoinHandle<io::Result<()>>) {
-    let (tx, rx) = mpsc::channel(queue.max(1));
     match (write, tap) {
         (LinkWrite::Plain(sock), None) => {
-            let (tx, writer) = direct_link(sock, prefix, tx, conn, PROBE_EVERY);
-            (tx, tokio::spawn(run_direct_writer(writer, rx)))
+            let (tx, writer) = direct_link(sock, prefix, queue, conn, PROBE_EVERY);
+            (tx, tokio::spawn(run_direct_writer(writer)))
         }
         (write, tap) => {
+            let (tx, rx) = mpsc::channel(queue.max(1));
             let write = Tapped::writer(write, tap);
             let task = tokio::spawn(super::writer::run_coalescing_writer(
                 write, prefix, rx, conn,
@@ -309,7 +381,7 @@ pub fn start_writer(
 fn direct_link(
     sock: OwnedWriteHalf,
     prefix: LengthPrefix,
-    tx: mpsc::Sender<Outbound>,
+    queue: usize,
     conn: Option<Arc<ConnEntry>>,
     probe_every: u32,
 ) -> (LinkTx, Arc<Direct>) {
@@ -320,76 +392,110 @@ fn direct_link(
         wake: Notify::new(),
         conn,
         probe_every,
+        capacity: queue.max(1),
+        senders: AtomicUsize::new(1),
+        ended: AtomicBool::new(false),
     });
-    let tx = LinkTx {
-        tx,
-        direct: Some(Arc::clone(&direct)),
-    };
-    (tx, direct)
+    (LinkTx(Route::Direct(Arc::clone(&direct))), direct)
 }
 
-/// What woke a direct link's writer.
-enum Woke {
-    /// A sender left a remainder (or a failure).
-    Handed,
-    /// A frame queued while the link was busy.
-    Frame(Outbound),
-    /// Every sender is gone.
-    Closed,
+/// Marks a direct link's writer ended however its task stops (returned,
+/// failed, or aborted), so that senders get `Closed` as from a channel.
+struct WriterEnded(Arc<Direct>);
+
+impl Drop for WriterEnded {
+    fn drop(&mut self) {
+        self.0.ended.store(true, Ordering::Release);
+    }
+}
+
+/// Moves what senders queued behind what the writer has not encoded yet.
+fn take_queue(st: &mut DirectState, batch: &mut VecDeque<Outbound>) {
+    if batch.is_empty() {
+        std::mem::swap(&mut st.queue, batch);
+    } else {
+        batch.extend(st.queue.drain(..));
+    }
+}
+
+/// Encodes frames from `batch` into `buf` up to [`BATCH_BYTES`]; the rest
+/// waits for the next write. Returns how many.
+fn encode_batch(prefix: LengthPrefix, batch: &mut VecDeque<Outbound>, buf: &mut BytesMut) -> u64 {
+    let mut frames = 0;
+    while buf.len() < BATCH_BYTES {
+        let Some(item) = batch.pop_front() else { break };
+        push(prefix, &item, buf);
+        frames += 1;
+    }
+    frames
+}
+
+/// Gives back a queue's slots once it is empty and larger than an idle
+/// link needs.
+fn settle_queue(q: &mut VecDeque<Outbound>) {
+    if q.is_empty() && q.capacity() > IDLE_QUEUE {
+        *q = VecDeque::new();
+    }
 }
 
 /// The writer task of a direct link: idle until a sender hands it the link,
 /// then writes the remainder and what queues behind it, and hands the link
-/// back once the queue is empty. Ends when every sender is gone (dropping the
-/// write half shuts the socket's sending side) or a write fails.
-async fn run_direct_writer(d: Arc<Direct>, mut rx: mpsc::Receiver<Outbound>) -> io::Result<()> {
+/// back once the queue is empty. Ends when every sender is gone and all they
+/// sent is written (dropping the write half shuts the socket's sending
+/// side), or a write fails.
+fn run_direct_writer(d: Arc<Direct>) -> impl Future<Output = io::Result<()>> {
+    // Made before the task's first poll: a task aborted before it ran drops
+    // its future, and with it this guard.
+    let ended = WriterEnded(Arc::clone(&d));
+    async move {
+        let _ended = ended;
+        write_direct(d).await
+    }
+}
+
+async fn write_direct(d: Arc<Direct>) -> io::Result<()> {
     let mut buf = BytesMut::new();
+    // Frames taken from the queue and not yet encoded (a batch past
+    // BATCH_BYTES leaves the rest for the next write).
+    let mut batch = VecDeque::new();
     // Waits in a row that gained no frame; a new link starts direct.
     let mut futile = FUTILE_WAITS;
     loop {
-        let woke = tokio::select! {
-            biased;
-            _ = d.wake.notified() => Woke::Handed,
-            item = rx.recv() => item.map_or(Woke::Closed, Woke::Frame),
-        };
-        let mut closing = matches!(woke, Woke::Closed);
-        let mut next = match woke {
-            Woke::Frame(item) => Some(item),
-            Woke::Handed | Woke::Closed => None,
-        };
+        d.wake.notified().await;
         loop {
             // The remainder a sender began goes before anything queued: those
             // frames were queued after it marked the link busy.
-            let counted = {
+            let (counted, closing) = {
                 let mut st = d.lock();
                 if let Some(kind) = st.failed {
                     return Err(kind.into());
                 }
+                let closing = d.senders.load(Ordering::Acquire) == 0;
                 if !st.busy {
                     // Frames queue only while busy, so this is a stale wake-up
                     // on an idle link: its held-back bytes, if any, are its
                     // senders' to write. Unless every sender is gone: then
                     // they are this task's.
-                    if !closing || st.pending.is_empty() {
+                    if closing && st.pending.is_empty() {
+                        return Ok(());
+                    }
+                    if !closing {
                         break;
                     }
                     st.busy = true;
                 }
                 buf.extend_from_slice(&st.pending);
                 settle(&mut st.pending, true);
-                buf.len()
+                take_queue(&mut st, &mut batch);
+                (buf.len(), closing)
             };
-            let mut frames = 0;
-            if let Some(item) = next.take() {
-                push(d.prefix, &item, &mut buf);
-                frames += 1;
-            }
-            frames += drain(d.prefix, &mut rx, &mut buf);
-            if frames > 0 && buf.len() < BATCH_BYTES {
+            let mut frames = encode_batch(d.prefix, &mut batch, &mut buf);
+            if frames > 0 && buf.len() < BATCH_BYTES && !closing {
                 // A frame handed over on a loaded link, or a probe: let the
                 // ready readers run first; what they queue joins this write.
                 tokio::task::yield_now().await;
-                let gained = drain(d.prefix, &mut rx, &mut buf);
+                take_queue(&mut d.lock(), &mut batch);
+                let gained = encode_batch(d.prefix, &mut batch, &mut buf);
                 futile = if gained > 0 {
                     0
                 } else {
@@ -402,37 +508,28 @@ async fn run_direct_writer(d: Arc<Direct>, mut rx: mpsc::Receiver<Outbound>) -> 
                 conn.wrote(frames, (buf.len() - counted) as u64);
             }
             let mut st = d.lock();
-            if !st.pending.is_empty() || st.failed.is_some() {
-                // Handed over again meanwhile (the link was idle when this
-                // wake began: a stale wake-up).
+            if !st.pending.is_empty()
+                || st.failed.is_some()
+                || !st.queue.is_empty()
+                || !batch.is_empty()
+            {
+                // More to write: queued meanwhile, left past the batch, or
+                // handed over again (the link was idle when this wake began:
+                // a stale wake-up).
                 drop(st);
                 settle(&mut buf, false);
                 continue;
             }
-            match rx.try_recv() {
-                Ok(item) => {
-                    drop(st);
-                    next = Some(item);
-                    settle(&mut buf, false);
-                }
-                Err(TryRecvError::Empty) => {
-                    st.busy = false;
-                    st.coalescing = futile < FUTILE_WAITS;
-                    drop(st);
-                    settle(&mut buf, true);
-                    break;
-                }
-                Err(TryRecvError::Disconnected) => {
-                    st.busy = false;
-                    closing = true;
-                    drop(st);
-                    settle(&mut buf, true);
-                    break;
-                }
+            st.busy = false;
+            st.coalescing = futile < FUTILE_WAITS;
+            settle_queue(&mut st.queue);
+            drop(st);
+            settle_queue(&mut batch);
+            settle(&mut buf, true);
+            if closing {
+                return Ok(());
             }
-        }
-        if closing {
-            return Ok(());
+            break;
         }
     }
 }
@@ -498,9 +595,8 @@ mod tests {
         probe_every: u32,
     ) -> (LinkTx, JoinHandle<io::Result<()>>, TcpStreamHalf) {
         let (read, write) = sock.into_split();
-        let (tx, rx) = mpsc::channel(queue);
-        let (tx, d) = direct_link(write, LengthPrefix::Binary2, tx, None, probe_every);
-        (tx, tokio::spawn(run_direct_writer(d, rx)), read)
+        let (tx, d) = direct_link(write, LengthPrefix::Binary2, queue, None, probe_every);
+        (tx, tokio::spawn(run_direct_writer(d)), read)
     }
 
     type TcpStreamHalf = tokio::net::tcp::OwnedReadHalf;
@@ -577,6 +673,34 @@ mod tests {
         assert_eq!(reading.await.unwrap(), (0..sent).collect::<Vec<u8>>());
     }
 
+    /// Thousands of quiet terminals each have a link: once a busy one is
+    /// handed back it holds no queue slots (a channel held 32 from the start).
+    #[tokio::test]
+    async fn a_link_handed_back_gives_its_queue_slots_back() {
+        let (ours, peer) = pair().await;
+        let (tx, writer, _read) = start(ours, 64);
+        assert_eq!(tx.direct().lock().queue.capacity(), 0, "a new link");
+        let mut sent = 0u8;
+        while !tx.is_busy() {
+            assert!(sent < 250, "the socket never filled");
+            tx.try_send(frame(sent, 60_000)).unwrap();
+            sent += 1;
+        }
+        for _ in 0..40 {
+            tx.try_send(frame(sent, 10)).unwrap();
+            sent += 1;
+        }
+        assert!(tx.direct().lock().queue.capacity() >= 40);
+        let reading = tokio::spawn(read_frames(peer));
+        while tx.is_busy() {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(tx.direct().lock().queue.capacity(), 0, "given back");
+        drop(tx);
+        writer.await.unwrap().unwrap();
+        assert_eq!(reading.await.unwrap(), (0..sent).collect::<Vec<u8>>());
+    }
+
     #[tokio::test]
     async fn a_busy_link_refuses_frames_past_its_queue() {
         let (ours, _peer) = pair().await;
@@ -600,7 +724,7 @@ mod tests {
     async fn a_probe_that_gains_turns_the_link_to_coalescing_and_back() {
         let (ours, peer) = pair().await;
         let (tx, writer, _read) = start_probing(ours, 16, 2);
-        let coalescing = |tx: &LinkTx| tx.direct.as_ref().is_some_and(|d| d.lock().coalescing);
+        let coalescing = |tx: &LinkTx| tx.direct().lock().coalescing;
         tx.try_send(frame(0, 10)).unwrap();
         assert!(!tx.is_busy(), "written directly");
         tx.try_send(frame(1, 10)).unwrap();
