@@ -50,11 +50,11 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 
 use super::conns::ConnEntry;
+use super::frames::Buffered;
 use super::writer::{BATCH_BYTES, Outbound, encode_into, push, settle};
 use crate::capture::{ConnTap, Tapped};
 use crate::tls::LinkWrite;
-use crate::wire::{FrameCodec, LengthPrefix};
-use tokio_util::codec::FramedRead;
+use crate::wire::LengthPrefix;
 
 /// Where a link's frames go: its writer's queue, and on a plain link the
 /// socket itself when the link is idle. Cloned by everything that answers on
@@ -197,7 +197,7 @@ pub fn flush_corked() {
 
 /// Whether a reader's buffer already holds the whole next frame (so the
 /// frame it handles now is not the last of what it read).
-pub fn frame_ready<R>(frames: &FramedRead<R, FrameCodec>) -> bool {
+pub fn frame_ready(frames: &impl Buffered) -> bool {
     let codec = frames.decoder();
     if codec.in_frame() {
         return false;
@@ -800,7 +800,9 @@ mod tests {
 
     #[tokio::test]
     async fn frame_ready_sees_a_whole_next_frame_only() {
+        use crate::wire::FrameCodec;
         use futures_util::StreamExt;
+        use tokio_util::codec::FramedRead;
         let codec = || FrameCodec::new(LengthPrefix::Binary2, 1000);
         // Two whole frames, then two bytes of a third.
         let bytes: &[u8] = b"\x00\x02ab\x00\x01c\x00\x05de";

@@ -10,24 +10,18 @@ use std::time::Instant;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tokio_util::codec::FramedRead;
 
 use super::budget::ClientPermit;
 use super::client::{ClientLink, InFlightLimit, canonical_peer};
 use super::conns::{ConnKind, Counted};
 use super::direct::{self, start_writer};
+use super::frames::LeanFrames;
 use super::log_limit::{LogKind, LogPeer};
 use super::service::{Refusal, Service};
 use super::timer::{Read, ReadTimer, TimedFrames};
 use crate::capture::{Opened, Tapped};
 use crate::config::ListenFront;
 use crate::wire::{Frame, FrameCodec};
-
-/// A client's read buffer to start with (tokio-util's default is 8 KiB). A
-/// terminal sends a request or two at a time, a few hundred bytes each, and a
-/// front holds thousands of them; a longer frame grows the buffer to its
-/// length ([`crate::wire::Framer::decode`] reserves it).
-const CLIENT_READ_BUFFER: usize = 2 * 1024;
 
 /// Connections open per source IP and in total, to enforce the front's limits.
 #[derive(Debug, Default)]
@@ -299,7 +293,7 @@ async fn serve_client(
     };
     registered.entry.track_in_flight(&client.in_flight);
     let codec = FrameCodec::new(prefix, service.spec().framing().max_frame);
-    let frames = FramedRead::with_capacity(read, codec, CLIENT_READ_BUFFER);
+    let frames = LeanFrames::new(read, codec);
     tracing::debug!(service = service.name(), %peer, conn, "client connected");
     let now = Instant::now();
     let timer = ReadTimer::new(front.idle_timeout, front.partial_frame_timeout, now);

@@ -7,6 +7,7 @@ pub mod client;
 pub mod conns;
 pub mod decline;
 pub mod direct;
+pub mod frames;
 pub mod front;
 pub mod health;
 #[doc(hidden)]

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use tokio::io::AsyncRead;
 use tokio::time::Sleep;
-use tokio_util::codec::FramedRead;
 
-use crate::wire::{Frame, FrameCodec, FrameError};
+use super::frames::{Buffered, LeanFrames};
+use crate::wire::{Frame, FrameError};
 
 /// How far ahead the timer is set when no deadline applies (no idle timeout,
 /// no frame started): it then wakes once a day to look again.
@@ -120,7 +120,7 @@ pub enum Read {
 /// frame left in the buffer), which a read-ready wake shows at once. So a
 /// quiet client wakes once an idle timeout, not once a tick.
 pub struct TimedFrames<R> {
-    frames: FramedRead<R, FrameCodec>,
+    frames: LeanFrames<R>,
     timer: ReadTimer,
     /// Boxed: `Sleep` cannot move once polled, and the client's task keeps
     /// this beside the rest of its state.
@@ -131,7 +131,7 @@ pub struct TimedFrames<R> {
 }
 
 impl<R: AsyncRead + Unpin> TimedFrames<R> {
-    pub fn new(frames: FramedRead<R, FrameCodec>, timer: ReadTimer, now: Instant) -> Self {
+    pub fn new(frames: LeanFrames<R>, timer: ReadTimer, now: Instant) -> Self {
         let at = timer.deadline().unwrap_or(now + NO_DEADLINE);
         TimedFrames {
             frames,
@@ -147,7 +147,7 @@ impl<R: AsyncRead + Unpin> TimedFrames<R> {
     }
 
     /// The framed reader, to look into its buffer.
-    pub fn framed(&self) -> &FramedRead<R, FrameCodec> {
+    pub fn framed(&self) -> &LeanFrames<R> {
         &self.frames
     }
 
@@ -194,7 +194,7 @@ fn clock() -> Instant {
 }
 
 /// Whether a framed reader holds part of a frame (a prefix read, or bytes buffered).
-pub fn in_frame<R>(frames: &FramedRead<R, FrameCodec>) -> bool {
+pub fn in_frame(frames: &impl Buffered) -> bool {
     frames.decoder().in_frame() || !frames.read_buffer().is_empty()
 }
 
@@ -206,7 +206,10 @@ mod tests {
 
     fn timed(idle: Duration, partial: Duration) -> (TimedFrames<DuplexStream>, DuplexStream) {
         let (ours, theirs) = tokio::io::duplex(1024);
-        let frames = FramedRead::new(ours, FrameCodec::new(LengthPrefix::Binary2, 4096));
+        let frames = LeanFrames::new(
+            ours,
+            crate::wire::FrameCodec::new(LengthPrefix::Binary2, 4096),
+        );
         let now = clock();
         (
             TimedFrames::new(frames, ReadTimer::new(idle, partial, now), now),
