@@ -21,7 +21,13 @@ if [ -z "$bin" ]; then
 fi
 work=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
+# Waits for them too: a switch still exiting holds the port the next run
+# (an A/B of two builds back to back) must bind.
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    rm -rf "$work"
+}
 trap cleanup EXIT
 for i in 1 2 3; do
     $bin sim node --listen 127.0.0.1:$((base + i)) --spec cups --id 0$i >/dev/null 2>&1 & pids+=($!)
