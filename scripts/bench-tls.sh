@@ -13,6 +13,10 @@
 #
 # CPU is utime + stime of the proxy process (/proc/PID/stat) over the row,
 # divided by the answers it carried (a message = a request and its answer).
+# As scripts/bench.sh: the proxy on CPU 1 with one thread (the switch's
+# `--worker-threads 1`, HAProxy's `nbthread 1`), the load generator and the
+# nodes on CPU 0, so that neither proxy's CPU is taken by the other side of
+# the rig (unpinned, rows moved by several µs a message between runs).
 # Needs openssl (certificates, made in a temp dir) and haproxy (Debian's
 # package); fails saying so when one is missing. Release build.
 set -euo pipefail
@@ -45,7 +49,7 @@ ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 NODES=()
 for id in 01 02 03; do
     port=$(tls_free_port)
-    "$BIN" sim node --listen "127.0.0.1:$port" --spec cup-pos --id "$id" 2>>"$WORK/nodes.log" &
+    taskset -c 0 "$BIN" sim node --listen "127.0.0.1:$port" --spec cup-pos --id "$id" 2>>"$WORK/nodes.log" &
     PIDS+=($!)
     NODES+=("127.0.0.1:$port")
 done
@@ -73,19 +77,19 @@ start_proxy() {
             [ "$kind" = switch-tls ] && table=$SERVER_TLS
             [ "$kind" = switch-mtls ] && table=$MUTUAL_TLS
             switch_config "$port" "$table" > "$WORK/$kind.toml"
-            "$BIN" run --config "$WORK/$kind.toml" --data-dir "$WORK/$kind.data" 2>"$WORK/$kind.log" &
+            taskset -c 1 "$BIN" run --worker-threads 1 --config "$WORK/$kind.toml" --data-dir "$WORK/$kind.data" 2>"$WORK/$kind.log" &
             ;;
         haproxy*)
             local ssl=""
             [ "$kind" = haproxy-ssl ] && ssl=" ssl crt $WORK/haproxy.pem"
             {
-                printf 'global\n  maxconn 4000\n  nbthread %s\n' "$(nproc)"
+                printf 'global\n  maxconn 4000\n  nbthread 1\n'
                 printf 'defaults\n  mode tcp\n  timeout connect 2s\n  timeout client 60s\n  timeout server 60s\n'
                 printf 'frontend f\n  bind 127.0.0.1:%s%s\n  default_backend b\nbackend b\n  balance roundrobin\n' "$port" "$ssl"
                 local i=0
                 for n in "${NODES[@]}"; do i=$((i + 1)); printf '  server n%s %s\n' "$i" "$n"; done
             } > "$WORK/$kind.cfg"
-            haproxy -f "$WORK/$kind.cfg" -q -db &
+            taskset -c 1 haproxy -f "$WORK/$kind.cfg" -q -db &
             ;;
     esac
     PROXY=$!
@@ -104,7 +108,7 @@ row() {
     start_proxy "$kind" "$port"
     local before after
     before=$(ticks "$PROXY")
-    "$BIN" load --target "127.0.0.1:$port" --spec cup-pos --json --quiet "$@" > "$WORK/load.json" || true
+    taskset -c 0 "$BIN" load --target "127.0.0.1:$port" --spec cup-pos --json --quiet --threads 1 "$@" > "$WORK/load.json" || true
     after=$(ticks "$PROXY")
     kill "$PROXY"; wait "$PROXY" 2>/dev/null || true
     python3 - "$name" "$before" "$after" "$HZ" "$WORK/load.json" <<'PY'
