@@ -246,8 +246,16 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
     // and a delivered entry's payload, set to NULL, are overwritten with
     // zeros in the file, not left in free pages with their PAN bytes
     // (docs/store.md).
-    conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA secure_delete = ON;")
-        .map_err(&e)?;
+    // temp_store = MEMORY: a journal batch is one multi-row INSERT into a
+    // table with five indexes and NOT NULL columns, so SQLite keeps a
+    // statement journal (the pages it changes, to undo the statement alone)
+    // for every batch. In a temp file that was a pwrite per page: 21% of the
+    // switch's samples with the journal on at 10k req/s. In memory it is a
+    // copy, freed when the statement ends; nothing durable moves there.
+    conn.execute_batch(
+        "PRAGMA synchronous = FULL; PRAGMA secure_delete = ON; PRAGMA temp_store = MEMORY;",
+    )
+    .map_err(&e)?;
     Ok(conn)
 }
 
@@ -669,5 +677,23 @@ mod tests {
     #[test]
     fn there_is_one_migration_per_schema_version() {
         assert_eq!(MIGRATIONS.len() as i64, schema::SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn a_connection_keeps_its_statement_journals_in_memory_and_syncs_fully() {
+        let dir = std::env::temp_dir().join(format!("isoswitch-pragmas-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("store.db");
+        Connection::open(&path).unwrap();
+        let conn = connect(&path).unwrap();
+        let pragma = |name: &str| -> i64 {
+            conn.query_row(&format!("PRAGMA {name}"), [], |r| r.get(0))
+                .unwrap()
+        };
+        assert_eq!(pragma("temp_store"), 2, "MEMORY");
+        assert_eq!(pragma("synchronous"), 2, "FULL");
+        assert_eq!(pragma("secure_delete"), 1);
+        drop(conn);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
