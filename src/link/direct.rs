@@ -601,6 +601,19 @@ mod tests {
 
     type TcpStreamHalf = tokio::net::tcp::OwnedReadHalf;
 
+    /// Fills the socket of a link whose peer does not read: the sender
+    /// writes 60,000-byte frames directly until a write is short and the
+    /// writer takes the link. Returns how many frames were sent.
+    fn fill(tx: &LinkTx) -> u8 {
+        let mut sent = 0u8;
+        while !tx.is_busy() {
+            assert!(sent < 250, "the socket never filled");
+            tx.try_send(frame(sent, 60_000)).unwrap();
+            sent += 1;
+        }
+        sent
+    }
+
     #[tokio::test]
     async fn an_idle_link_is_written_by_the_sender_with_no_wakeup() {
         let (ours, peer) = pair().await;
@@ -622,13 +635,7 @@ mod tests {
         let (ours, peer) = pair().await;
         let (tx, writer, _read) = start(ours, 64);
         let len = 60_000;
-        let mut sent = 0u8;
-        // Fill the socket: the sender writes directly until a write is short.
-        while !tx.is_busy() {
-            assert!(sent < 250, "the socket never filled");
-            tx.try_send(frame(sent, len)).unwrap();
-            sent += 1;
-        }
+        let mut sent = fill(&tx);
         // Busy: these queue behind the remainder.
         for _ in 0..2 {
             tx.try_send(frame(sent, len)).unwrap();
@@ -654,13 +661,7 @@ mod tests {
     async fn once_the_queue_is_drained_the_link_is_handed_back() {
         let (ours, peer) = pair().await;
         let (tx, writer, _read) = start(ours, 64);
-        let len = 60_000;
-        let mut sent = 0u8;
-        while !tx.is_busy() {
-            assert!(sent < 250, "the socket never filled");
-            tx.try_send(frame(sent, len)).unwrap();
-            sent += 1;
-        }
+        let mut sent = fill(&tx);
         let reading = tokio::spawn(read_frames(peer));
         // The writer drains everything and hands the link back.
         while tx.is_busy() {
@@ -680,12 +681,7 @@ mod tests {
         let (ours, peer) = pair().await;
         let (tx, writer, _read) = start(ours, 64);
         assert_eq!(tx.direct().lock().queue.capacity(), 0, "a new link");
-        let mut sent = 0u8;
-        while !tx.is_busy() {
-            assert!(sent < 250, "the socket never filled");
-            tx.try_send(frame(sent, 60_000)).unwrap();
-            sent += 1;
-        }
+        let mut sent = fill(&tx);
         for _ in 0..40 {
             tx.try_send(frame(sent, 10)).unwrap();
             sent += 1;
@@ -705,12 +701,7 @@ mod tests {
     async fn a_busy_link_refuses_frames_past_its_queue() {
         let (ours, _peer) = pair().await;
         let (tx, _writer, _read) = start(ours, 1);
-        let mut sent = 0u8;
-        while !tx.is_busy() {
-            assert!(sent < 250, "the socket never filled");
-            tx.try_send(frame(sent, 60_000)).unwrap();
-            sent += 1;
-        }
+        let sent = fill(&tx);
         tx.try_send(frame(sent, 10)).unwrap();
         assert!(matches!(
             tx.try_send(frame(sent + 1, 10)),
