@@ -14,32 +14,11 @@ cd "$(dirname "$0")/.."
 clients=${1:-2000}
 rate=${2:-4000}
 base=${3:-27700}
-bin=${ISOSWITCH_BIN:-}
-if [ -z "$bin" ]; then
-    cargo build --release --quiet --bin isoswitch
-    bin="${CARGO_TARGET_DIR:-target}/release/isoswitch"
-fi
-work=$(mktemp -d)
-pids=()
-# Waits for them too: a switch still exiting holds the port the next run
-# (an A/B of two builds back to back) must bind.
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-for i in 1 2 3; do
-    $bin sim node --listen 127.0.0.1:$((base + i)) --spec cups --id 0$i >/dev/null 2>&1 & pids+=($!)
-done
-{
-    printf '[[service]]\nname = "bench"\nspec = "cups"\n[service.front]\nkind = "listen"\n'
-    printf 'listen = "127.0.0.1:%s"\nmax_connections = 20000\nmax_per_source = 20000\n' "$base"
-    printf '[service.back]\nconnections_per_node = 2\n[service.back.health]\ncheck = "tcp"\n'
-    for i in 1 2 3; do
-        printf '[[service.back.node]]\nid = "0%s"\naddress = "127.0.0.1:%s"\n' "$i" $((base + i))
-    done
-} >"$work/switch.toml"
+source scripts/lib/rig.sh
+rig_binary
+rig_start
+rig_nodes "$base" cups
+rig_switch_toml "$base" cups "$clients" 1 >"$work/switch.toml"
 ISOSWITCH_LOG=warn $bin run --worker-threads 1 --config "$work/switch.toml" --data-dir "$work/data" \
     >/dev/null 2>"$work/switch.log" & sw=$!; pids+=($sw)
 sleep 1.5

@@ -17,34 +17,13 @@ rate=${2:-10000}
 for tool in perf haproxy; do
     command -v "$tool" >/dev/null || { echo "bench-syscalls.sh: $tool is missing" >&2; exit 1; }
 done
-bin=${ISOSWITCH_BIN:-}
-if [ -z "$bin" ]; then
-    cargo build --release --quiet --bin isoswitch
-    bin="${CARGO_TARGET_DIR:-target}/release/isoswitch"
-fi
-work=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
+source scripts/lib/rig.sh
+rig_binary
+rig_start
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 base=26900
-for i in 1 2 3; do
-    taskset -c 0 "$bin" sim node --listen 127.0.0.1:$((base + i)) --spec cups --id 0$i >/dev/null 2>&1 &
-    pids+=($!)
-done
-{
-    printf '[[service]]\nname = "syscalls"\nspec = "cups"\n[service.front]\nkind = "listen"\n'
-    printf 'listen = "127.0.0.1:%s"\nmax_connections = %s\nmax_per_source = %s\n' "$base" $((clients + 100)) $((clients + 100))
-    printf 'max_in_flight_per_source = %s\n' $((clients + 1000))
-    printf '[service.back]\nconnections_per_node = 2\n[service.back.health]\ncheck = "tcp"\n'
-    for i in 1 2 3; do
-        printf '[[service.back.node]]\nid = "0%s"\naddress = "127.0.0.1:%s"\n' "$i" $((base + i))
-    done
-} >"$work/switch.toml"
+rig_nodes "$base" cups 0
+rig_switch_toml "$base" cups "$clients" 1 >"$work/switch.toml"
 {
     printf 'global\n  maxconn %s\n  nbthread 1\n' $((clients + 100))
     printf 'defaults\n  mode tcp\n  timeout connect 2s\n  timeout client 60s\n  timeout server 60s\n'

@@ -23,53 +23,17 @@ rate=${1:-max}
 duration=${2:-8s}
 spec=${3:-cups}
 command -v perf >/dev/null || { echo "perf-profile.sh: perf is missing (Debian's linux-perf)" >&2; exit 1; }
-bin=${ISOSWITCH_BIN:-}
-if [ -z "$bin" ]; then
-    cargo build --release --quiet
-    bin="${CARGO_TARGET_DIR:-target}/release/isoswitch"
-fi
-work=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
+source scripts/lib/rig.sh
+rig_binary
+rig_start
 tck=$(getconf CLK_TCK)
 # Every process here (switch, load) may need a descriptor per client.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 stamp=$(date -u +%Y%m%d-%H%M%S)
 out="target/perf-$stamp"
 
-for i in 1 2 3; do
-    taskset -c 0 "$bin" sim node --listen 127.0.0.1:2680$i --spec "$spec" --id 0$i >/dev/null 2>&1 &
-    pids+=($!)
-done
-cat >"$work/switch.toml" <<TOML
-[[service]]
-name = "profile"
-spec = "$spec"
-[service.front]
-kind = "listen"
-listen = "127.0.0.1:26800"
-max_connections = ${CLIENTS:-50}
-max_per_source = ${CLIENTS:-50}
-max_in_flight_per_source = $(( ${CLIENTS:-50} * ${IN_FLIGHT:-4} + 1000 ))
-[service.back]
-connections_per_node = 2
-[service.back.health]
-check = "tcp"
-[[service.back.node]]
-id = "01"
-address = "127.0.0.1:26801"
-[[service.back.node]]
-id = "02"
-address = "127.0.0.1:26802"
-[[service.back.node]]
-id = "03"
-address = "127.0.0.1:26803"
-TOML
+rig_nodes 26800 "$spec" 0
+rig_switch_toml 26800 "$spec" "${CLIENTS:-50}" "${IN_FLIGHT:-4}" >"$work/switch.toml"
 ISOSWITCH_LOG=warn taskset -c 1 "$bin" run --worker-threads 1 --config "$work/switch.toml" \
     --data-dir "$work/data" >/dev/null 2>"$work/switch.log" &
 sw=$!
