@@ -172,6 +172,11 @@ pub const ADMIN_COLUMNS: &str = "id, at, peer, action, method, path, status, out
 /// transaction per batch, so retention never holds the write lock long.
 pub const PURGE_JOURNAL: &str = "DELETE FROM journal WHERE id IN \
      (SELECT id FROM journal WHERE t_in < $1 ORDER BY t_in LIMIT $2)";
+/// SQLite: forgets the oldest parts (at most 64 a batch) whose rows are
+/// all older than `$1` and gone.
+pub const PURGE_PARTS: &str = "DELETE FROM journal_part WHERE part IN \
+     (SELECT part FROM journal_part ORDER BY part LIMIT 64) AND t_max < $1 \
+     AND NOT EXISTS (SELECT 1 FROM journal j WHERE j.part = journal_part.part)";
 pub const PURGE_ADMIN: &str = "DELETE FROM admin_log WHERE id IN \
      (SELECT id FROM admin_log WHERE at < $1 ORDER BY at LIMIT $2)";
 /// The backend a query is spelled for.
@@ -197,21 +202,48 @@ impl Dialect {
 
 /// The query for `filter`, `$n` placeholders, and its parameters.
 pub fn select(filter: &JournalFilter, dialect: Dialect) -> (String, Vec<Param>) {
-    let mut sql = format!(
-        "SELECT {ROW_COLUMNS} FROM journal j LEFT JOIN saf s ON s.id = j.reversal_id WHERE 1 = 1"
-    );
+    // SQLite's key indexes lead with the journal part (its migration 5): a
+    // query by key seeks it once per part whose times overlap the range.
+    // CROSS JOIN keeps `journal_part` the outer loop; the RRN's two lookups
+    // sit in the join, each with the part, so each uses its index.
+    let by_part = dialect == Dialect::Sqlite && (filter.rrn.is_some() || filter.terminal.is_some());
+    let mut sql = format!("SELECT {ROW_COLUMNS} FROM ");
     let mut params = Vec::new();
     let mut bind = |sql: &mut String, cond: &str, p: Param| {
         params.push(p);
         sql.push_str(&cond.replace('?', &format!("${}", params.len())));
     };
+    match (&filter.rrn, by_part) {
+        (Some(r), true) => {
+            sql.push_str("journal_part p CROSS JOIN journal j ON ");
+            bind(
+                &mut sql,
+                "(j.part = p.part AND j.f37_in = ?)",
+                Param::Text(r.clone()),
+            );
+            let differs = format!(
+                " OR (j.part = p.part AND j.f37_out = ? AND {})",
+                dialect.f37_out_differs()
+            );
+            bind(&mut sql, &differs, Param::Text(r.clone()));
+        }
+        (None, true) => sql.push_str("journal_part p CROSS JOIN journal j ON j.part = p.part"),
+        (_, false) => sql.push_str("journal j"),
+    }
+    sql.push_str(" LEFT JOIN saf s ON s.id = j.reversal_id WHERE 1 = 1");
     if let Some(t) = filter.since {
         bind(&mut sql, " AND j.t_in >= ?", Param::Int(t));
+        if by_part {
+            bind(&mut sql, " AND p.t_max >= ?", Param::Int(t));
+        }
     }
     if let Some(t) = filter.until {
         bind(&mut sql, " AND j.t_in < ?", Param::Int(t));
+        if by_part {
+            bind(&mut sql, " AND p.t_min < ?", Param::Int(t));
+        }
     }
-    if let Some(r) = &filter.rrn {
+    if let Some(r) = filter.rrn.as_ref().filter(|_| !by_part) {
         // Twice the same value: each placeholder is bound once.
         bind(&mut sql, " AND (j.f37_in = ?", Param::Text(r.clone()));
         let differs = format!(" OR (j.f37_out = ? AND {}))", dialect.f37_out_differs());
@@ -333,10 +365,12 @@ mod tests {
                 limit: 10,
                 ..JournalFilter::default()
             },
-            Dialect::Sqlite,
+            Dialect::Postgres,
         );
         assert!(
-            sql.contains("(j.f37_in = $1 OR (j.f37_out = $2 AND j.f37_out IS NOT j.f37_in))"),
+            sql.contains(
+                "(j.f37_in = $1 OR (j.f37_out = $2 AND j.f37_out IS DISTINCT FROM j.f37_in))"
+            ),
             "{sql}"
         );
         assert!(sql.contains("j.f11 = $3"), "{sql}");
@@ -344,6 +378,29 @@ mod tests {
         assert!(sql.ends_with("LIMIT $4"), "{sql}");
         assert_eq!(params.len(), 4);
         assert_eq!(params[3], Param::Int(10));
+        // SQLite looks the RRN up part by part, in the join.
+        let (sql, params) = select(
+            &JournalFilter {
+                rrn: Some("123456789012".into()),
+                since: Some(5),
+                stan: Some("000042".into()),
+                limit: 10,
+                ..JournalFilter::default()
+            },
+            Dialect::Sqlite,
+        );
+        assert!(
+            sql.contains(
+                "FROM journal_part p CROSS JOIN journal j ON (j.part = p.part AND j.f37_in = $1) \
+                 OR (j.part = p.part AND j.f37_out = $2 AND j.f37_out IS NOT j.f37_in) LEFT JOIN"
+            ),
+            "{sql}"
+        );
+        assert!(
+            sql.contains("j.t_in >= $3 AND p.t_max >= $4 AND j.f11 = $5"),
+            "{sql}"
+        );
+        assert_eq!(params.len(), 6);
         assert!("nope".parse::<OutcomeFilter>().is_err());
         assert_eq!(
             "switch-made".parse::<OutcomeFilter>(),

@@ -199,7 +199,18 @@ pub const INSERT_CHUNKS: [usize; 3] = [64, 8, 1];
 /// One insert of `rows` rows, placeholders `{mark}1`, `{mark}2`, ... (`$`
 /// for PostgreSQL, `?` for SQLite).
 pub fn insert_rows(rows: usize, mark: char) -> String {
-    let mut sql = format!("INSERT INTO journal ({INSERT_COLUMNS}) VALUES ");
+    insert_rows_with(rows, mark, None)
+}
+
+/// [`insert_rows`] for SQLite, plus the `part` column, the same value for
+/// every row: one more parameter, `?{rows * INSERT_ARITY + 1}`, bound once.
+pub fn insert_rows_in_part(rows: usize) -> String {
+    insert_rows_with(rows, '?', Some(rows * INSERT_ARITY + 1))
+}
+
+fn insert_rows_with(rows: usize, mark: char, part: Option<usize>) -> String {
+    let extra = if part.is_some() { ", part" } else { "" };
+    let mut sql = format!("INSERT INTO journal ({INSERT_COLUMNS}{extra}) VALUES ");
     for r in 0..rows {
         if r > 0 {
             sql.push_str(", ");
@@ -212,26 +223,29 @@ pub fn insert_rows(rows: usize, mark: char) -> String {
             sql.push(mark);
             sql.push_str(&(r * INSERT_ARITY + c + 1).to_string());
         }
+        if let Some(p) = part {
+            sql.push_str(", ");
+            sql.push(mark);
+            sql.push_str(&p.to_string());
+        }
         sql.push(')');
     }
     sql
 }
 
-/// [`insert_rows`] for each of [`INSERT_CHUNKS`], built once: `(size,
-/// SQLite's SQL, PostgreSQL's SQL)`. (A statement cache looks a statement
-/// up by its text: building a 64-row insert's text per batch cost more
-/// than binding its rows.)
-pub fn insert_sql(rows: usize, mark: char) -> &'static str {
-    static SQL: std::sync::OnceLock<Vec<(usize, String, String)>> = std::sync::OnceLock::new();
+/// [`insert_rows_in_part`] for each of [`INSERT_CHUNKS`], built once. (A
+/// statement cache looks a statement up by its text: building a 64-row
+/// insert's text per batch cost more than binding its rows.)
+pub fn sqlite_insert_sql(rows: usize) -> &'static str {
+    static SQL: std::sync::OnceLock<Vec<(usize, String)>> = std::sync::OnceLock::new();
     let all = SQL.get_or_init(|| {
         INSERT_CHUNKS
             .iter()
-            .map(|&n| (n, insert_rows(n, '?'), insert_rows(n, '$')))
+            .map(|&n| (n, insert_rows_in_part(n)))
             .collect()
     });
-    match all.iter().find(|(n, _, _)| *n == rows) {
-        Some((_, sqlite, _)) if mark == '?' => sqlite,
-        Some((_, _, pg)) => pg,
+    match all.iter().find(|(n, _)| *n == rows) {
+        Some((_, sql)) => sql,
         // Not a chunk size: `chunks` yields none other.
         None => "",
     }
@@ -283,5 +297,9 @@ mod tests {
         let sql = insert_rows(2, '?');
         assert!(sql.ends_with("?61, ?62)"), "{sql}");
         assert!(sql.contains("?31), (?32"), "{sql}");
+        let sql = insert_rows_in_part(2);
+        assert!(sql.contains("reversal_id, part) VALUES"), "{sql}");
+        assert!(sql.contains("?31, ?63), (?32"), "{sql}");
+        assert!(sql.ends_with("?62, ?63)"), "{sql}");
     }
 }

@@ -8,6 +8,13 @@
 //! the C API: about a quarter of SQLite's per-row cost on the store thread
 //! (docs/journal.md, "Cost"). Every pointer bound is cleared before
 //! [`RowInserts::insert`] returns, so none outlives the rows it points into.
+//!
+//! Rows go into the newest **part** (schema migration 5): the key indexes
+//! lead with the part, so a batch's random RRNs and terminals share the few
+//! index pages of one part, whatever the table's size, and the WAL writes
+//! those pages, not a page per key. A part takes [`PART_ROWS`] rows (a
+//! batch never splits); `journal_part` records each part's rows and the
+//! range of their `t_in`, in the batch's transaction.
 
 use std::cell::Cell;
 use std::ffi::{CStr, c_int};
@@ -16,7 +23,26 @@ use std::ptr;
 use rusqlite::{Connection, ffi};
 
 use crate::store::journal::NewRow;
-use crate::store::journal_new::{INSERT_ARITY, INSERT_CHUNKS, insert_sql};
+use crate::store::journal_new::{INSERT_ARITY, INSERT_CHUNKS, chunks, sqlite_insert_sql};
+
+/// Rows per journal part. Smaller parts share index pages better (a part's
+/// slice of each key index is about PART_ROWS / 130 pages); larger ones
+/// mean fewer seeks for a query by key, one per part in its time range
+/// (docs/journal.md, "Parts").
+pub(crate) const PART_ROWS: i64 = 2048;
+
+/// Records a batch in its part's `journal_part` row.
+const PART_UPSERT: &str = "INSERT INTO journal_part (part, t_min, t_max, rows) \
+     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (part) DO UPDATE SET \
+     t_min = min(t_min, excluded.t_min), t_max = max(t_max, excluded.t_max), \
+     rows = rows + excluded.rows";
+
+/// The part rows go into, and how many it holds.
+#[derive(Clone, Copy, Debug)]
+struct PartCursor {
+    part: i64,
+    rows: i64,
+}
 
 /// The insert statements of one connection, prepared on first use;
 /// finalized when dropped, before the connection they borrow can close.
@@ -24,6 +50,8 @@ pub(super) struct RowInserts<'c> {
     conn: &'c Connection,
     /// One per [`INSERT_CHUNKS`] size; null until first used.
     stmts: [Cell<*mut ffi::sqlite3_stmt>; INSERT_CHUNKS.len()],
+    /// Read from `journal_part` at the first batch.
+    cursor: Cell<Option<PartCursor>>,
 }
 
 impl<'c> RowInserts<'c> {
@@ -31,17 +59,84 @@ impl<'c> RowInserts<'c> {
         RowInserts {
             conn,
             stmts: std::array::from_fn(|_| Cell::new(ptr::null_mut())),
+            cursor: Cell::new(None),
         }
     }
 
-    /// Inserts `chunk` (one of [`INSERT_CHUNKS`] rows long) with one
-    /// statement, in the connection's open transaction.
-    pub fn insert(&self, chunk: &[NewRow]) -> rusqlite::Result<u64> {
+    /// Inserts a batch into the newest part, in the connection's open
+    /// transaction, and records it in `journal_part`.
+    pub fn put(&self, rows: &[NewRow]) -> rusqlite::Result<u64> {
+        let (Some(t_min), Some(t_max)) = (
+            rows.iter().map(|r| r.t_in).min(),
+            rows.iter().map(|r| r.t_in).max(),
+        ) else {
+            return Ok(0);
+        };
+        let cursor = self.part()?;
+        let mut n = 0;
+        for chunk in chunks(rows) {
+            n += self.insert(chunk, cursor.part)?;
+        }
+        let added = i64::try_from(n).unwrap_or(i64::MAX);
+        self.conn
+            .prepare_cached(PART_UPSERT)?
+            .execute(rusqlite::params![cursor.part, t_min, t_max, added])?;
+        // Ahead of the commit: a batch rolled back only starts the next
+        // part a little early.
+        self.cursor.set(Some(PartCursor {
+            part: cursor.part,
+            rows: cursor.rows.saturating_add(added),
+        }));
+        Ok(n)
+    }
+
+    /// The part the next batch goes into: the newest one until it is full.
+    fn part(&self) -> rusqlite::Result<PartCursor> {
+        let cursor = match self.cursor.get() {
+            Some(c) => c,
+            None => {
+                use rusqlite::OptionalExtension;
+                self.conn
+                    .query_row(
+                        "SELECT part, rows FROM journal_part ORDER BY part DESC LIMIT 1",
+                        [],
+                        |r| {
+                            Ok(PartCursor {
+                                part: r.get(0)?,
+                                rows: r.get(1)?,
+                            })
+                        },
+                    )
+                    .optional()?
+                    .unwrap_or(PartCursor { part: 0, rows: 0 })
+            }
+        };
+        Ok(if cursor.rows >= PART_ROWS {
+            PartCursor {
+                part: cursor.part.saturating_add(1),
+                rows: 0,
+            }
+        } else {
+            cursor
+        })
+    }
+
+    /// Inserts `chunk` (one of [`INSERT_CHUNKS`] rows long) into `part`
+    /// with one statement.
+    fn insert(&self, chunk: &[NewRow], part: i64) -> rusqlite::Result<u64> {
         let st = self.stmt(chunk.len())?;
         let result = chunk
             .iter()
             .enumerate()
             .try_for_each(|(i, r)| self.bind_row(st, i * INSERT_ARITY, r))
+            .and_then(|()| {
+                let mut b = Binder {
+                    st,
+                    next: chunk.len() * INSERT_ARITY + 1,
+                    owner: self,
+                };
+                b.int(Some(part))
+            })
             .and_then(|()| {
                 // SAFETY: `st` is a live statement of `self.conn`, used on
                 // this thread only; every text bound points into `chunk`,
@@ -73,7 +168,7 @@ impl<'c> RowInserts<'c> {
         if !cached.is_null() {
             return Ok(cached);
         }
-        let sql = insert_sql(rows, '?');
+        let sql = sqlite_insert_sql(rows);
         let len = c_int::try_from(sql.len()).map_err(|_| rusqlite::Error::InvalidQuery)?;
         let mut st = ptr::null_mut();
         // SAFETY: `sql` is valid for `len` bytes; the handle is this
@@ -267,8 +362,8 @@ mod tests {
         let conn = store();
         let inserts = RowInserts::new(&conn);
         let rows: Vec<NewRow> = (0..8).map(|i| row(i, "front")).collect();
-        assert_eq!(inserts.insert(&rows).expect("insert 8"), 8);
-        assert_eq!(inserts.insert(&rows[..1]).expect("insert 1"), 1);
+        assert_eq!(inserts.insert(&rows, 0).expect("insert 8"), 8);
+        assert_eq!(inserts.insert(&rows[..1], 0).expect("insert 1"), 1);
         let got: Vec<ReadBack> = conn
             .prepare("SELECT t_in, link, f11, pan, outcome, f42, late FROM journal ORDER BY id")
             .expect("prepare")
@@ -312,17 +407,60 @@ mod tests {
         let inserts = RowInserts::new(&conn);
         let mut rows: Vec<NewRow> = (0..8).map(|i| row(i, "front")).collect();
         rows[5] = row(5, "bogus");
-        let e = inserts.insert(&rows).expect_err("CHECK (origin IN ...)");
+        let e = inserts.insert(&rows, 0).expect_err("CHECK (origin IN ...)");
         assert_eq!(
             e.sqlite_error_code(),
             Some(rusqlite::ErrorCode::ConstraintViolation),
             "{e}"
         );
         rows[5] = row(5, "node");
-        assert_eq!(inserts.insert(&rows).expect("insert again"), 8);
+        assert_eq!(inserts.insert(&rows, 0).expect("insert again"), 8);
         let n: i64 = conn
             .query_row("SELECT count(*) FROM journal", [], |r| r.get(0))
             .expect("count");
         assert_eq!(n, 8);
+    }
+
+    /// Batches fill a part up to PART_ROWS rows, never split, and the
+    /// next part starts after; `journal_part` holds each part's rows and
+    /// `t_in` range; a new connection's inserts carry on in the newest part.
+    #[test]
+    fn batches_fill_parts_and_journal_part_says_what_each_holds() {
+        let conn = store();
+        let batch = 1_000;
+        let put = |inserts: &RowInserts<'_>, from: i64| {
+            let rows: Vec<NewRow> = (from..from + batch).map(|i| row(i, "front")).collect();
+            assert_eq!(inserts.put(&rows).expect("put"), batch as u64);
+        };
+        let inserts = RowInserts::new(&conn);
+        for k in 0..3 {
+            put(&inserts, k * batch);
+        }
+        drop(inserts);
+        // A restart: the newest part (1, 1,000 rows) takes the next batch.
+        let inserts = RowInserts::new(&conn);
+        put(&inserts, 3 * batch);
+        drop(inserts);
+        let parts: Vec<(i64, i64, i64, i64)> = conn
+            .prepare("SELECT part, t_min, t_max, rows FROM journal_part ORDER BY part")
+            .expect("prepare")
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert!(super::PART_ROWS > batch && super::PART_ROWS <= 3 * batch);
+        assert_eq!(
+            parts,
+            [(0, 1_000, 3_999, 3_000), (1, 4_000, 4_999, 1_000)],
+            "3,000 rows fill part 0 past PART_ROWS; the fourth batch starts part 1"
+        );
+        let in_parts: Vec<(i64, i64, i64)> = conn
+            .prepare("SELECT part, min(t_in), count(*) FROM journal GROUP BY part")
+            .expect("prepare")
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert_eq!(in_parts, [(0, 1_000, 3_000), (1, 4_000, 1_000)]);
     }
 }

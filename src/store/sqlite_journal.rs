@@ -6,9 +6,8 @@ use rusqlite::{Transaction, params, params_from_iter};
 use super::RowInserts;
 use crate::store::journal::{
     self as j, ADMIN_INSERT, AdminRow, Dialect, JournalFilter, JournalRow, NewRow, PURGE_ADMIN,
-    PURGE_JOURNAL, Param, REPORT_SQL, ReportInput, sqlite_placeholders,
+    PURGE_JOURNAL, PURGE_PARTS, Param, REPORT_SQL, ReportInput, sqlite_placeholders,
 };
-use crate::store::journal_new::chunks;
 use crate::store::journal_report::ReportBuilder;
 use crate::store::saf::UnixMillis;
 use crate::store::writer::{Answer, Outcome};
@@ -19,10 +18,7 @@ pub(super) fn put(
     rows: &[NewRow],
     admin: &[AdminRow],
 ) -> rusqlite::Result<Answer> {
-    let mut n = 0u64;
-    for chunk in chunks(rows) {
-        n += inserts.insert(chunk)?;
-    }
+    let mut n = inserts.put(rows)?;
     if !admin.is_empty() {
         let mut st = tx.prepare_cached(&sqlite_placeholders(ADMIN_INSERT))?;
         for a in admin {
@@ -127,6 +123,9 @@ pub(super) fn purge(
             .prepare_cached(&sqlite_placeholders(sql))?
             .execute(params![before, limit])? as u64;
     }
+    // Not counted: a part's record, not a row of the journal.
+    tx.prepare_cached(&sqlite_placeholders(PURGE_PARTS))?
+        .execute(params![before])?;
     Ok(Ok(Outcome::Changed(n)))
 }
 
@@ -152,6 +151,264 @@ pub(super) fn report(
         });
     }
     Ok(Ok(Outcome::Report(Box::new(builder.finish()))))
+}
+
+#[cfg(test)]
+mod parts {
+    use rusqlite::{Connection, TransactionBehavior};
+
+    use super::super::{MIGRATIONS, RowInserts, migrate};
+    use crate::store::journal::{
+        self as j, Dialect, JournalFilter, JournalRow, NewRow, sqlite_placeholders,
+    };
+    use crate::store::writer::Outcome;
+
+    const BASE: i64 = 1_700_000_000_000;
+
+    /// Row `i`: its own RRN, stamped on the way out for even `i`; one of
+    /// 100 terminals; STAN = `i`.
+    fn row(i: i64) -> JournalRow {
+        let rrn = format!("{i:012}");
+        JournalRow {
+            t_in: BASE + i,
+            t_out: BASE + i + 3,
+            service: "pos".into(),
+            front: "listen".into(),
+            link: "client#1".into(),
+            origin: "front".into(),
+            mti: "0200".into(),
+            f11: Some(format!("{:06}", i % 1_000_000)),
+            f37_out: Some(if i % 2 == 0 {
+                format!("S{}", &rrn[1..])
+            } else {
+                rrn.clone()
+            }),
+            f37_in: Some(rrn),
+            f41: Some(format!("T{:07}", i % 100)),
+            answered_by: "node".into(),
+            outcome: "answered".into(),
+            ..JournalRow::default()
+        }
+    }
+
+    /// 12,500 rows in batches of 500: five parts.
+    fn filled() -> Connection {
+        let mut conn = Connection::open_in_memory().expect("open");
+        assert!(migrate(&mut conn).is_ok(), "migrate");
+        let inserts = RowInserts::new(&conn);
+        for b in 0..25 {
+            let rows: Vec<NewRow> = (b * 500..(b + 1) * 500)
+                .map(|i| NewRow::from(&row(i)))
+                .collect();
+            inserts.put(&rows).expect("put");
+        }
+        drop(inserts);
+        conn
+    }
+
+    fn query(conn: &mut Connection, filter: &JournalFilter) -> Vec<i64> {
+        let tx = conn.transaction().expect("tx");
+        let Ok(Outcome::JournalRows(rows)) = super::query(&tx, filter).expect("query") else {
+            panic!("not rows");
+        };
+        rows.iter().map(|r| r.t_in - BASE).collect()
+    }
+
+    fn plan(conn: &Connection, filter: &JournalFilter) -> String {
+        let (sql, params) = j::select(filter, Dialect::Sqlite);
+        let mut st = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", sqlite_placeholders(&sql)))
+            .expect("prepare");
+        let rows = st
+            .query_map(rusqlite::params_from_iter(super::bind(&params)), |r| {
+                r.get::<_, String>(3)
+            })
+            .expect("plan")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("plan rows");
+        rows.join("; ")
+    }
+
+    fn filter() -> JournalFilter {
+        JournalFilter {
+            limit: 100_000,
+            ..JournalFilter::default()
+        }
+    }
+
+    #[test]
+    fn queries_by_key_find_every_row_in_every_part_through_the_indexes() {
+        let mut conn = filled();
+        let parts: i64 = conn
+            .query_row("SELECT count(*) FROM journal_part", [], |r| r.get(0))
+            .expect("parts");
+        assert_eq!(parts, 5);
+        let all: Vec<JournalRow> = (0..12_500).map(row).collect();
+        let expect = |keep: &dyn Fn(&JournalRow) -> bool| -> Vec<i64> {
+            all.iter()
+                .filter(|r| keep(r))
+                .map(|r| r.t_in - BASE)
+                .collect()
+        };
+        for (name, f, want) in [
+            (
+                "rrn as received",
+                JournalFilter {
+                    rrn: Some("000000007777".into()),
+                    ..filter()
+                },
+                vec![7_777],
+            ),
+            (
+                "rrn as stamped",
+                JournalFilter {
+                    rrn: Some("S00000008888".into()),
+                    ..filter()
+                },
+                vec![8_888],
+            ),
+            (
+                "terminal",
+                JournalFilter {
+                    terminal: Some("T0000042".into()),
+                    ..filter()
+                },
+                expect(&|r| r.f41.as_deref() == Some("T0000042")),
+            ),
+            (
+                "terminal and STAN",
+                JournalFilter {
+                    terminal: Some("T0000042".into()),
+                    stan: Some("010042".into()),
+                    ..filter()
+                },
+                vec![10_042],
+            ),
+            (
+                "terminal within a time range across a part boundary",
+                JournalFilter {
+                    terminal: Some("T0000007".into()),
+                    since: Some(BASE + 2_000),
+                    until: Some(BASE + 6_000),
+                    ..filter()
+                },
+                expect(&|r| {
+                    r.f41.as_deref() == Some("T0000007")
+                        && (BASE + 2_000..BASE + 6_000).contains(&r.t_in)
+                }),
+            ),
+        ] {
+            assert!(!want.is_empty());
+            assert_eq!(query(&mut conn, &f), want, "{name}");
+            let plan = plan(&conn, &f);
+            assert!(plan.contains("SCAN p"), "{name}: {plan}");
+            assert!(!plan.contains("SCAN j"), "{name} scans the journal: {plan}");
+            let indexes: &[&str] = if f.rrn.is_some() {
+                &[
+                    "journal_f37 (part=? AND f37_in=?)",
+                    "journal_f37_out (part=? AND f37_out=?)",
+                ]
+            } else {
+                &["journal_f41 (part=? AND f41=?"]
+            };
+            for index in indexes {
+                assert!(plan.contains(index), "{name}: {plan}");
+            }
+        }
+    }
+
+    /// A database at schema 4 (no parts) gets its rows parted by id, and
+    /// queries by key find them.
+    #[test]
+    fn a_version_4_journal_is_parted_on_open() {
+        let mut conn = Connection::open_in_memory().expect("open");
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .expect("tx");
+        tx.execute_batch("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);")
+            .expect("meta");
+        for sql in &MIGRATIONS[..4] {
+            tx.execute_batch(sql).expect("migration");
+        }
+        tx.execute("INSERT INTO meta VALUES ('schema_version', '4')", [])
+            .expect("version");
+        for i in 0..5_000i64 {
+            tx.execute(
+                "INSERT INTO journal (t_in, t_out, service, front, link, origin, mti, \
+                 f37_in, f41, f11, answered_by, outcome, late, duplicate, repeat, unroutable) \
+                 VALUES (?1, ?1, 'pos', 'listen', 'client#1', 'front', '0200', ?2, 'T1', ?3, \
+                 'node', 'answered', 0, 0, 0, 0)",
+                rusqlite::params![BASE + i, format!("{i:012}"), format!("{i:06}")],
+            )
+            .expect("old row");
+        }
+        tx.commit().expect("commit");
+        assert!(migrate(&mut conn).is_ok(), "migrate 4 -> 5");
+        let parts: Vec<(i64, i64)> = conn
+            .prepare("SELECT part, rows FROM journal_part ORDER BY part")
+            .expect("prepare")
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .expect("parts")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert_eq!(parts, [(0, 2_047), (1, 2_048), (2, 905)]);
+        let f = JournalFilter {
+            rrn: Some("000000004321".into()),
+            ..filter()
+        };
+        assert_eq!(query(&mut conn, &f), [4_321]);
+        let f = JournalFilter {
+            terminal: Some("T1".into()),
+            stan: Some("000007".into()),
+            ..filter()
+        };
+        assert_eq!(query(&mut conn, &f), [7]);
+        // New rows go on after the migrated ones.
+        let inserts = RowInserts::new(&conn);
+        inserts.put(&[NewRow::from(&row(9_999))]).expect("put");
+        drop(inserts);
+        let newest: (i64, i64) = conn
+            .query_row(
+                "SELECT part, rows FROM journal_part ORDER BY part DESC LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .expect("newest");
+        assert_eq!(newest, (2, 906));
+    }
+
+    /// Retention forgets a part once its rows are gone, not before.
+    #[test]
+    fn purging_old_rows_forgets_their_parts() {
+        let mut conn = filled();
+        let parts = |conn: &Connection| -> Vec<i64> {
+            conn.prepare("SELECT part FROM journal_part ORDER BY part")
+                .expect("prepare")
+                .query_map([], |r| r.get(0))
+                .expect("parts")
+                .collect::<Result<_, _>>()
+                .expect("rows")
+        };
+        // Part 0 holds t_in 0..2,500 and part 1 2,500..5,000: a cutoff at
+        // 3,000 empties part 0 only, and only once its rows are gone.
+        let tx = conn.transaction().expect("tx");
+        let purged = super::purge(&tx, BASE + 3_000, 1_000).expect("purge");
+        assert!(matches!(purged, Ok(Outcome::Changed(1_000))), "{purged:?}");
+        tx.commit().expect("commit");
+        assert_eq!(parts(&conn), [0, 1, 2, 3, 4], "part 0 still has rows");
+        let tx = conn.transaction().expect("tx");
+        let purged = super::purge(&tx, BASE + 3_000, 10_000).expect("purge");
+        assert!(matches!(purged, Ok(Outcome::Changed(2_000))), "{purged:?}");
+        tx.commit().expect("commit");
+        assert_eq!(parts(&conn), [1, 2, 3, 4]);
+        let f = JournalFilter {
+            terminal: Some("T0000001".into()),
+            ..filter()
+        };
+        let got = query(&mut conn, &f);
+        assert_eq!(got.first(), Some(&3_001));
+        assert_eq!(got.len(), 95);
+    }
 }
 
 #[cfg(test)]
