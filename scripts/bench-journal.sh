@@ -12,6 +12,9 @@
 # sends the template's on every request, as runs before Dec 4 did.
 # ISOSWITCH_BIN=<binary> measures that build instead of building this tree;
 # JOURNAL_TOML='batch_interval = "50ms"' adds keys to the `[journal]` table;
+# PREFILL=N starts each journal-on round on a journal that already holds N
+# rows (random keys, written with sqlite3 into the schema this build
+# creates), as a switch that has run for a while does; SQLite only.
 # JOURNAL_PG_URL=postgres://... stores on that PostgreSQL instead of SQLite
 # (in both modes, so off pays for the same store; rows counted with psql):
 #   scripts/pg-test.sh run -- bash -c 'JOURNAL_PG_URL=$ISOSWITCH_TEST_PG_URL scripts/bench-journal.sh'
@@ -80,9 +83,53 @@ journal_rows() { # $1 = data directory
     fi
 }
 
+# The journal a PREFILL round starts on: the schema as this build makes
+# it (a switch started once on an empty directory), then N rows in one
+# transaction, parted as the switch parts them where the schema has parts.
+prefill=${PREFILL:-0}
+prefilled() {
+    local data="$work/prefill"
+    ISOSWITCH_LOG=warn $bin run --config "$work/on.toml" --data-dir "$data" >/dev/null 2>"$work/switch.log" &
+    local sw=$!
+    for _ in $(seq 100); do
+        if [ -s "$data/isoswitch.db" ] && sqlite3 -readonly "$data/isoswitch.db" "SELECT 1 FROM journal LIMIT 0" 2>/dev/null; then break; fi
+        sleep 0.1
+    done
+    kill -INT $sw; wait $sw || true
+    local part_col="" part_val="" parts=""
+    if [ "$(sqlite3 "$data/isoswitch.db" "SELECT count(*) FROM pragma_table_info('journal') WHERE name = 'part'")" = 1 ]; then
+        part_col=", part" part_val=", value / 2048"
+        parts="INSERT INTO journal_part (part, t_min, t_max, rows) SELECT part, min(t_in), max(t_in), count(*) FROM journal GROUP BY part;"
+    fi
+    local t0=$(( $(date +%s) * 1000 - 86400000 ))
+    sqlite3 "$data/isoswitch.db" "PRAGMA temp_store = MEMORY; BEGIN;
+INSERT INTO journal (t_in, t_out, service, front, link, node, origin, mti, mti_out, f11, f7,
+    f37_in, f37_out, f41, f42, f32, pan, f4, f49, f39, answered_by, outcome, latency_us, late,
+    duplicate, repeat, unroutable$part_col)
+SELECT $t0 + value / 10, $t0 + value / 10 + 1, 'bench', 'listen', 'client#' || (value % 50), '01',
+    'front', '0200', '0210', printf('%06d', value % 1000000), '1204101010',
+    printf('%012d', abs(random()) % 1000000000000), printf('%012d', abs(random()) % 1000000000000),
+    printf('%08d', abs(random()) % 8000), '123456789012345', '12345678', '622202*********0123',
+    '000000010000', '156', '00', 'node', 'answered', 100, 0, 0, 0, 0$part_val
+FROM generate_series(1, $prefill);
+$parts
+COMMIT; PRAGMA wal_checkpoint(TRUNCATE);" >/dev/null
+    echo "$data/isoswitch.db"
+}
+if [ "$prefill" -gt 0 ]; then
+    [ -z "$pg" ] || { echo "bench-journal.sh: PREFILL is for SQLite" >&2; exit 1; }
+    echo "prefilling a journal of $prefill rows" >&2
+    prefill_db=$(prefilled)
+fi
+
 run_once() { # $1 = off|on
     local data="$work/data-$RANDOM" rows_before=0
     if [ -n "$pg" ]; then rows_before=$(journal_rows "$data"); fi
+    if [ "$1" = on ] && [ "$prefill" -gt 0 ]; then
+        mkdir -m 700 "$data"
+        cp "$prefill_db" "$data/isoswitch.db"
+        rows_before=$prefill
+    fi
     ISOSWITCH_LOG=warn $bin run --config "$work/$1.toml" --data-dir "$data" >/dev/null 2>"$work/switch.log" &
     local sw=$!
     sleep 1.5
