@@ -3,7 +3,8 @@
 # second into a SQLite file and into a throwaway PostgreSQL
 # (scripts/pg-test.sh), then sqlite3 and psql, not our code, check what is
 # there: exactly the acknowledged entries, an intact WAL-mode file with mode
-# 0600 in a 0700 directory, schema version 4, and no more of a PAN than its
+# 0600 in a 0700 directory, the schema version the source declares
+# (src/store/schema.rs), and no more of a PAN than its
 # first 6 and last 4 digits in the listing column. Fails (never skips)
 # without sqlite3, psql or PostgreSQL (scripts/deps/store.apt).
 set -euo pipefail
@@ -18,6 +19,10 @@ cargo build --locked --quiet --example saf_bench
 BIN="$PWD/${CARGO_TARGET_DIR:-target}/debug/examples/saf_bench"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
+
+# The version both backends must be at: what this build writes.
+schema=$(sed -n 's/^pub const SCHEMA_VERSION: i64 = \([0-9]*\);.*/\1/p' src/store/schema.rs)
+[ -n "$schema" ] || fail "no SCHEMA_VERSION in src/store/schema.rs"
 
 acked_of() { sed -n 's/.* acked=\([0-9]*\) .*/\1/p' <<<"$1"; }
 
@@ -37,7 +42,7 @@ db="$WORK/data/isoswitch.db"
 [ "$(stat -c %a "$WORK/data")" = 700 ] || fail "sqlite: the data dir has mode $(stat -c %a "$WORK/data"), not 700"
 [ "$(sqlite3 "$db" 'PRAGMA integrity_check')" = ok ] || fail "sqlite: integrity_check"
 [ "$(sqlite3 "$db" 'PRAGMA journal_mode')" = wal ] || fail "sqlite: not in WAL mode"
-[ "$(sqlite3 "$db" "SELECT value FROM meta WHERE key = 'schema_version'")" = 4 ] || fail "sqlite: schema_version"
+[ "$(sqlite3 "$db" "SELECT value FROM meta WHERE key = 'schema_version'")" = "$schema" ] || fail "sqlite: schema_version is not $schema"
 count=$(sqlite3 "$db" "SELECT count(*) FROM saf WHERE state = 'pending'")
 [ "$count" = "$acked" ] || fail "sqlite: $acked entries acknowledged, $count stored"
 check_pans "$(sqlite3 "$db" 'SELECT DISTINCT pan_masked FROM saf')" sqlite
@@ -58,6 +63,6 @@ acked=$(value acked)
 count=$(value count)
 [ -n "$acked" ] && [ "$acked" -gt 0 ] || fail "postgres: no entries acknowledged: $(cat "$WORK/pg.out")"
 [ "$count" = "$acked" ] || fail "postgres: $acked entries acknowledged, $count stored"
-[ "$(value version)" = 4 ] || fail "postgres: schema_version"
+[ "$(value version)" = "$schema" ] || fail "postgres: schema_version is not $schema"
 check_pans "$(value pans | tr ' ' '\n')" postgres
 echo "ok store.sh postgres: $acked acknowledged, $count in the table"
