@@ -241,6 +241,9 @@ pub(super) fn sub(a: &[Option<f64>], b: &[Option<f64>]) -> Vec<Option<f64>> {
     a.iter().zip(b).map(|(a, b)| Some((*a)? - (*b)?)).collect()
 }
 
+/// The ratios as measured. The goals they are judged against are the goal
+/// lines' (`goals.rs`), printed after: issue 10's older bars (CPU ≤ 0.5×
+/// HAProxy, saturation ≥ 1.5×, 300 µs added) no longer sit beside them.
 pub(super) fn print_ratios(s: &Summary, args: &BenchArgs) {
     println!("\n## Ratios (same run)\n");
     let line = |what: &str, key: &str, goal: &str| {
@@ -253,7 +256,7 @@ pub(super) fn print_ratios(s: &Summary, args: &BenchArgs) {
         line(
             &format!("switch CPU/msg ÷ HAProxy CPU/msg at {r} req/s"),
             &format!("ratio.cpu_switch_over_haproxy@{r}"),
-            " (goal ≤ 0.5)",
+            "",
         );
         line(
             &format!("CPU µs/msg integrity on ÷ off at {r} req/s (switch (c) ÷ (c0))"),
@@ -264,12 +267,12 @@ pub(super) fn print_ratios(s: &Summary, args: &BenchArgs) {
     line(
         "saturation, switch ÷ HAProxy (approved/s)",
         "ratio.saturation_switch_over_haproxy",
-        " (goal ≥ 1.5)",
+        "",
     );
     line(
         "saturation, switch ÷ direct to one node (approved/s)",
         "ratio.saturation_switch_over_direct",
-        " (goal ≥ 0.8)",
+        "",
     );
     line(
         "saturation, switch ÷ direct with the clients spread over the nodes (approved/s)",
@@ -286,11 +289,7 @@ pub(super) fn print_ratios(s: &Summary, args: &BenchArgs) {
         line(
             &format!("switch-added p99 at {r} req/s (switch p99 − direct p99)"),
             &format!("p99_added_us.switch@{r}"),
-            if rate == 10_000.0 {
-                " µs (goal ≤ 300 µs)"
-            } else {
-                " µs"
-            },
+            " µs",
         );
         line(
             &format!("HAProxy-added p99 at {r} req/s"),

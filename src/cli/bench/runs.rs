@@ -161,7 +161,7 @@ async fn dwell_at(
                 "switch-added p99 on the wire at {r} req/s (time inside the switch, both legs)"
             ),
             format!("dwell_p99_us.switch@{r}"),
-            " µs (goal ≤ 300 µs)",
+            " µs",
         ),
         (
             format!("HAProxy-added p99 on the wire at {r} req/s"),
