@@ -29,6 +29,11 @@ struct Args {
     /// 12-digit RRNs, 500 terminals, STANs in turn.
     #[arg(long, value_delimiter = ',', default_value = "same,random")]
     keys: Vec<String>,
+    /// Journal indexes to drop before inserting (`journal_t_in`,
+    /// `journal_f37`, `journal_f37_out`, `journal_f41`): what each one costs
+    /// the store thread per row.
+    #[arg(long, value_delimiter = ',')]
+    drop_index: Vec<String>,
 }
 
 /// xorshift: the same keys every run, no dependency.
@@ -102,7 +107,7 @@ fn thread_cpu(name: &str) -> f64 {
     total as f64 / ticks
 }
 
-async fn run(rows: usize, batch: usize, keys: &str) {
+async fn run(rows: usize, batch: usize, keys: &str, drop_index: &[String]) {
     let dir = std::env::temp_dir().join(format!(
         "isoswitch-jins-{}-{batch}-{keys}",
         std::process::id()
@@ -111,6 +116,14 @@ async fn run(rows: usize, batch: usize, keys: &str) {
     let store = Store::open(&StoreConfig::default(), &dir)
         .await
         .expect("open the store");
+    if !drop_index.is_empty() {
+        let db = rusqlite::Connection::open(dir.join(isoswitch::store::config::DEFAULT_FILE))
+            .expect("open the file beside the store");
+        for name in drop_index {
+            db.execute_batch(&format!("DROP INDEX {name}"))
+                .expect("drop the index");
+        }
+    }
     let mut random = (keys == "random").then_some(Keys(88_172_645_463_325_252));
     let base = now_millis();
     // Rows built before the clock starts: only the store's work is timed.
@@ -130,7 +143,7 @@ async fn run(rows: usize, batch: usize, keys: &str) {
     store.close().await.expect("close");
     let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "keys {keys:6} batch {batch:5}: {rows} rows, store thread {:.2} us CPU/row, {:.2} us wall/row",
+        "keys {keys:6} batch {batch:5} dropped {drop_index:?}: {rows} rows, store thread {:.2} us CPU/row, {:.2} us wall/row",
         cpu / rows as f64 * 1e6,
         wall / rows as f64 * 1e6
     );
@@ -141,7 +154,7 @@ async fn main() {
     let args = Args::parse();
     for keys in &args.keys {
         for &batch in &args.batch {
-            run(args.rows, batch, keys).await;
+            run(args.rows, batch, keys, &args.drop_index).await;
         }
     }
 }
