@@ -1,5 +1,6 @@
 # The switch-and-three-nodes rig the measuring scripts share
-# (perf-profile.sh, bench-syscalls.sh, bench-client-memory.sh). Source it
+# (perf-profile.sh, bench-syscalls.sh, bench-client-memory.sh,
+# bench-per-core.sh). Source it
 # from the repository's root.
 
 # rig_binary: sets `bin` to $ISOSWITCH_BIN, or builds this tree's release
