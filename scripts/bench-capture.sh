@@ -16,41 +16,13 @@ rate=${1:-10000}
 duration=${2:-10s}
 repeat=${3:-3}
 # ISOSWITCH_BIN=<binary> measures that build instead of building this tree.
-bin=${ISOSWITCH_BIN:-}
-if [ -z "$bin" ]; then
-    cargo build --release --quiet
-    bin="${CARGO_TARGET_DIR:-target}/release/isoswitch"
-fi
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
-trap cleanup EXIT
+source scripts/lib/rig.sh
+rig_binary
+rig_start
 tck=$(getconf CLK_TCK)
 
-for i in 1 2 3; do
-    $bin sim node --listen 127.0.0.1:2660$i --spec cups --id 0$i >/dev/null 2>&1 & pids+=($!)
-done
-cat >"$work/bench.toml" <<TOML
-[[service]]
-name = "bench"
-spec = "cups"
-[service.front]
-kind = "listen"
-listen = "127.0.0.1:26600"
-[service.back]
-connections_per_node = 2
-[service.back.health]
-check = "tcp"
-[[service.back.node]]
-id = "01"
-address = "127.0.0.1:26601"
-[[service.back.node]]
-id = "02"
-address = "127.0.0.1:26602"
-[[service.back.node]]
-id = "03"
-address = "127.0.0.1:26603"
-TOML
+rig_nodes 26600 cups
+rig_switch_toml 26600 cups 50 4 >"$work/bench.toml"
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 

@@ -29,46 +29,16 @@ if [ -n "$pg" ]; then
 else
     command -v sqlite3 >/dev/null || { echo "bench-journal.sh: sqlite3 is missing (scripts/deps/store.apt)" >&2; exit 1; }
 fi
-bin=${ISOSWITCH_BIN:-}
-if [ -z "$bin" ]; then
-    cargo build --release --quiet
-    bin="${CARGO_TARGET_DIR:-target}/release/isoswitch"
-fi
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
-trap cleanup EXIT
+source scripts/lib/rig.sh
+rig_binary
+rig_start
 tck=$(getconf CLK_TCK)
 
-for i in 1 2 3; do
-    $bin sim node --listen 127.0.0.1:2670$i --spec cups --id 0$i >/dev/null 2>&1 & pids+=($!)
-done
+rig_nodes 26700 cups
 config() { # $1 = true|false
     if [ -n "$pg" ]; then printf '[store]\nurl = "%s"\n' "$pg"; fi
-    cat <<TOML
-[journal]
-enabled = $1
-${JOURNAL_TOML:-}
-[[service]]
-name = "bench"
-spec = "cups"
-[service.front]
-kind = "listen"
-listen = "127.0.0.1:26700"
-[service.back]
-connections_per_node = 2
-[service.back.health]
-check = "tcp"
-[[service.back.node]]
-id = "01"
-address = "127.0.0.1:26701"
-[[service.back.node]]
-id = "02"
-address = "127.0.0.1:26702"
-[[service.back.node]]
-id = "03"
-address = "127.0.0.1:26703"
-TOML
+    printf '[journal]\nenabled = %s\n%s\n' "$1" "${JOURNAL_TOML:-}"
+    rig_switch_toml 26700 cups 50 4
 }
 config false >"$work/off.toml"
 config true >"$work/on.toml"

@@ -1,6 +1,7 @@
 # The switch-and-three-nodes rig the measuring scripts share
 # (perf-profile.sh, bench-syscalls.sh, bench-client-memory.sh,
-# bench-per-core.sh). Source it from the repository's root.
+# bench-capture.sh, bench-journal.sh, bench-per-core.sh). Source it from
+# the repository's root.
 
 # rig_binary: sets `bin` to $ISOSWITCH_BIN, or builds this tree's release
 # binary and points at it.
