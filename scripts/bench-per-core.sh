@@ -3,7 +3,9 @@
 # workers share nothing beat today's runtime, where a worker's clients and
 # node links are the runtime's to move between threads?
 #
-#   scripts/bench-per-core.sh [RATE] [DURATION] [REPEAT]   # default 10000 10s 3
+#   scripts/bench-per-core.sh [RATE|max] [DURATION] [REPEAT]   # default 10000 10s 3
+#
+# RATE `max` is the closed loop: as fast as the answers come back.
 #
 # Both modes get the same load generator (CLIENTS clients, default 50, 4
 # requests in flight each, RATE in all) and the same three `sim node`s,
@@ -68,8 +70,10 @@ round() { # MODE
     sleep 1.5
     # One load generator: the same clients, keys and pacing in both modes;
     # with two targets it spreads its clients over them in turn.
+    local pace=()
+    [ "$rate" != max ] && pace=(--rate "$rate")
     "$bin" load --target "$target" --spec cups --clients "$clients" --in-flight 4 \
-        --rate "$rate" --duration "$duration" --quiet --json --threads 1 >"$work/load.json" &
+        "${pace[@]}" --duration "$duration" --quiet --json --threads 1 >"$work/load.json" &
     local load=$!
     sleep "$settle"
     local t0=0 t1=0 p futex=0 n perfs=()
@@ -93,7 +97,7 @@ mode, t0, t1, tck, window, futex = sys.argv[1], *map(float, sys.argv[2:7])
 d = json.load(open(sys.argv[7]))
 rate = d["answered"] / d["elapsed_s"]
 msgs = rate * window
-print(f"{mode:8} answered {d['answered']} of {d['requests']}, declined {d['declined']}, "
+print(f"{mode:8} answered {d['answered']} of {d['requests']} ({rate:,.0f}/s), declined {d['declined']}, "
       f"p50 {d['latency_us']['p50']} us, p99 {d['latency_us']['p99']} us: switch CPU "
       f"{(t1 - t0) / tck / msgs * 1e6:.2f} us per message, futex {futex / msgs:.3f} per message")
 PY
