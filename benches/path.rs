@@ -44,6 +44,9 @@ const DIALECTS: [Dialect; 3] = [
 /// A warm rig, its request frames and the node's answers to them.
 fn setup(d: &Dialect) -> (Rig, Vec<Vec<u8>>, Vec<Vec<u8>>) {
     let mut rig = Rig::new(&service_toml(d.spec, d.stamp)).expect("rig");
+    if journal_on() {
+        rig = rig.with_journal();
+    }
     let requests = purchase_frames(rig.service.spec(), BATCH).expect("frames");
     let mut answers = Vec::with_capacity(BATCH);
     for req in &requests {
@@ -53,7 +56,19 @@ fn setup(d: &Dialect) -> (Rig, Vec<Vec<u8>>, Vec<Vec<u8>>) {
         rig.response(node, &answer).expect("answered");
         answers.push(answer);
     }
+    let rows = rig.drain_journal();
+    assert!(
+        !journal_on() || rows == BATCH,
+        "{rows} journal rows for {BATCH} exchanges"
+    );
     (rig, requests, answers)
+}
+
+/// `PATH_JOURNAL=1`: the rig journals every exchange, as a switch with
+/// `[journal] enabled = true` does (the rows are made on the path and
+/// dropped off the queue, untimed): the journal's cost to the workers.
+fn journal_on() -> bool {
+    std::env::var("PATH_JOURNAL").is_ok_and(|v| v == "1")
 }
 
 /// Times `iters` requests (in batches of [`BATCH`] in flight) or their
@@ -86,6 +101,9 @@ fn run(
         if !time_requests {
             total += t1.elapsed();
         }
+        // The journal writer's side of the queue, untimed and outside
+        // `Rig::response`, which path-ir.sh counts.
+        rig.drain_journal();
         done += n as u64;
     }
     total
@@ -122,6 +140,13 @@ fn count_pairs(pairs: u64) {
     let (mut rig, requests, answers) = setup(d);
     run(&mut rig, &requests, &answers, pairs, true);
     assert_eq!(rig.service.counters.declined_total(), 0, "declined");
+    if let Some(journal) = rig.service.journal() {
+        let dropped = journal
+            .counters
+            .dropped
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(dropped, 0, "journal rows dropped");
+    }
 }
 
 criterion_group!(benches, path);

@@ -22,6 +22,7 @@ use super::service::Service;
 use super::writer::{Outbound, encode_into};
 use crate::config::Config;
 use crate::iso8583::{MtiEncoding, Spec};
+use crate::journal::{Entry, Journal};
 use crate::wire::{Frame, FrameCodec, LengthPrefix};
 
 /// Queue depth of the rig's channels: the most requests a caller may leave
@@ -46,6 +47,9 @@ pub struct Rig {
     inbound: BytesMut,
     /// Bytes as a writer would write them.
     outbound: BytesMut,
+    /// With [`Rig::with_journal`]: the rows the path queued for the
+    /// journal's writer.
+    journal: Option<mpsc::Receiver<Entry>>,
 }
 
 /// Why a rig could not be built or a message did not go through.
@@ -102,8 +106,34 @@ impl Rig {
             codec: FrameCodec::new(framing.prefix, framing.max_frame),
             inbound: BytesMut::with_capacity(READ_BUFFER),
             outbound: BytesMut::with_capacity(64 * 1024),
+            journal: None,
             service,
         })
+    }
+
+    /// The same rig with the journal on, as `[journal] enabled = true` has
+    /// it: each exchange becomes a row on the message path and is queued
+    /// for the journal's writer. Here the rig drains the queue
+    /// ([`Rig::drain_journal`]) and nothing is stored. What is left on the
+    /// path is the row's cost to the workers.
+    pub fn with_journal(mut self) -> Rig {
+        let (journal, rx) = Journal::channel(RIG_QUEUE);
+        self.service.set_journal(journal);
+        self.journal = Some(rx);
+        self
+    }
+
+    /// Drops the rows queued since the last call, the writer's side of the
+    /// queue; how many there were.
+    pub fn drain_journal(&mut self) -> usize {
+        let Some(rx) = self.journal.as_mut() else {
+            return 0;
+        };
+        let mut rows = 0;
+        while rx.try_recv().is_ok() {
+            rows += 1;
+        }
+        rows
     }
 
     /// A request frame (length prefix included) from the client: routed and
