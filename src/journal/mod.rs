@@ -258,6 +258,15 @@ impl Journal {
         }
     }
 
+    /// [`Journal::exchange`] for an answer the router has already parsed
+    /// and indexed (`exchange.response` is not read): the row takes the
+    /// answer's fields from that parse.
+    pub fn answered(&self, exchange: Exchange, response: &crate::route::Checked<'_>) {
+        if let Some(row) = row::build_answered(&exchange, response) {
+            self.offer(Entry::Row(row));
+        }
+    }
+
     /// Queues an admin action; never waits. A full queue drops it, counted.
     pub fn admin(&self, row: AdminRow) {
         self.offer(Entry::Admin(row));

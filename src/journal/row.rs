@@ -13,7 +13,7 @@ use bytes::Bytes;
 
 use super::{AnsweredBy, Exchange, Link};
 use crate::iso8583::{Bitmap, Data, FieldRef, Message, Spec, is_sensitive};
-use crate::route::DeclineReason;
+use crate::route::{Checked, DeclineReason};
 use crate::store::journal::{NewRow, Short};
 
 /// The network-management code of an echo test (keep-alive): not journaled.
@@ -112,6 +112,51 @@ impl Read {
         }
     }
 
+    /// The fields of an answer a row keeps, given its request's (see
+    /// [`build_answered`]).
+    fn answer_of(checked: &Checked<'_>, req: &Read) -> Read {
+        let msg = &checked.msg;
+        let get = |id: u16| {
+            msg.indexed(&checked.index, id)
+                .or_else(|| msg.field(id).ok().flatten())
+        };
+        let mut r = Read {
+            mti: Short::new(msg.mti().as_str()),
+            ..Read::default()
+        };
+        shown(&mut r.f37, get(37));
+        shown(&mut r.f39, get(39));
+        // Of the rest, only what the request lacks reaches the row (`either`).
+        if req.pan.is_null() {
+            shown(&mut r.pan, get(2));
+        }
+        if req.f4.is_null() {
+            shown(&mut r.f4, get(4));
+        }
+        if req.f7.is_null() {
+            shown(&mut r.f7, get(7));
+        }
+        if req.f11.is_null() {
+            shown(&mut r.f11, get(11));
+        }
+        if req.f32.is_null() {
+            shown(&mut r.f32, get(32));
+        }
+        if req.f33.is_null() {
+            shown(&mut r.f33, get(33));
+        }
+        if req.f41.is_null() {
+            shown(&mut r.f41, get(41));
+        }
+        if req.f42.is_null() {
+            shown(&mut r.f42, get(42));
+        }
+        if req.f49.is_null() {
+            shown(&mut r.f49, get(49));
+        }
+        r
+    }
+
     fn fields<'m>(msg: &'m Message<'_>, get: impl Fn(u16) -> Option<FieldRef<'m>>) -> Read {
         let mti = msg.mti();
         let mut r = Read {
@@ -156,15 +201,31 @@ fn link_text(link: Link) -> Short<24> {
 
 /// The row of `ex`; `None` for an echo test (keep-alive).
 pub fn build(ex: &Exchange) -> Option<NewRow> {
+    build_with(ex, |_| {
+        ex.response
+            .as_ref()
+            .map(|r| Read::of(&ex.spec, r))
+            .unwrap_or_default()
+    })
+}
+
+/// The row of `ex`, answered by `response` as the router parsed and
+/// indexed it (`ex.response` is not read). The same row as [`build`] of the
+/// answer's bytes: of the answer, a row keeps its MTI, F37 and F39, and
+/// any other field only where the request lacks it; those are read off
+/// the index where the router kept them, and looked up otherwise.
+pub fn build_answered(ex: &Exchange, response: &Checked<'_>) -> Option<NewRow> {
+    build_with(ex, |req| Read::answer_of(response, req))
+}
+
+/// The row of `ex`, with the answer read by `response` once the request
+/// is read (and found not to be a keep-alive).
+fn build_with(ex: &Exchange, response: impl FnOnce(&Read) -> Read) -> Option<NewRow> {
     let req = Read::of(&ex.spec, &ex.request);
     if req.keepalive {
         return None;
     }
-    let resp = ex
-        .response
-        .as_ref()
-        .map(|r| Read::of(&ex.spec, r))
-        .unwrap_or_default();
+    let resp = response(&req);
     let repeat = req
         .mti
         .get()
@@ -331,6 +392,70 @@ mod tests {
         let text = format!("{row:?}");
         assert!(!text.contains(PAN), "the PAN in clear: {text}");
         assert!(!text.contains("=2512"), "track 2 data: {text}");
+    }
+
+    /// A message of `mti` with exactly `fields` (those the spec defines).
+    fn message(spec: &Spec, mti: &str, fields: &[(u16, &str)]) -> Bytes {
+        let mut d = Decoded::new(
+            crate::iso8583::samples::envelope(spec),
+            mti.parse().expect("mti"),
+        );
+        for (id, v) in fields {
+            if spec.field(*id).is_some() {
+                d.set(*id, Value::Text((*v).to_string()));
+            }
+        }
+        Bytes::from(spec.encode(&d).expect("encode"))
+    }
+
+    /// The row made off the router's parse and index of an answer equals
+    /// the row made by parsing the answer's bytes again: with a request
+    /// that has every field, and with ones that lack what the answer has.
+    #[test]
+    fn an_answer_read_off_the_routers_index_makes_the_same_row() {
+        let spec = spec();
+        let answer: &[(u16, &str)] = &[
+            (2, PAN),
+            (4, "000000002000"),
+            (7, "1204101011"),
+            (11, "000123"),
+            (32, "87654321"),
+            (33, "11112222"),
+            (37, "000001234567"),
+            (39, "05"),
+            (41, "TERM0002"),
+            (42, "MERCHANT0000002"),
+            (49, "840"),
+        ];
+        let full = request(&spec, "0200", &[(33, "33334444")]);
+        let bare = message(
+            &spec,
+            "0200",
+            &[(3, "000000"), (11, "000123"), (37, "123456789012")],
+        );
+        let half = message(
+            &spec,
+            "0100",
+            &[(2, PAN), (11, "000123"), (41, "TERM0001"), (49, "156")],
+        );
+        // The router indexes the key fields and these; other answers' fields
+        // are looked up.
+        let mut routed = Bitmap::default();
+        for id in [11, 37, 39, 41, 70] {
+            routed.set(id);
+        }
+        for (req, mti) in [(full, "0210"), (bare, "0210"), (half, "0110")] {
+            let resp = message(&spec, mti, answer);
+            let msg = Message::parse(&spec, resp.clone()).expect("answer parses");
+            let index = msg.index(&routed).expect("answer is whole");
+            let checked = Checked { msg, index };
+            let from_bytes = build(&exchange(&spec, req.clone(), Some(resp), AnsweredBy::Node));
+            let from_index =
+                build_answered(&exchange(&spec, req, None, AnsweredBy::Node), &checked);
+            let (a, b) = (format!("{from_bytes:?}"), format!("{from_index:?}"));
+            assert_eq!(a, b);
+            assert!(a.contains("\"05\""), "the answer's F39 is kept: {a}");
+        }
     }
 
     #[test]

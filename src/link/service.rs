@@ -552,7 +552,7 @@ impl Service {
         };
         let taken = self.in_flight.take(&key, now);
         match taken {
-            Ok(p) => self.deliver(&key, p, msg, now),
+            Ok(p) => self.deliver(&key, p, checked, now),
             Err(miss) => {
                 let counter = match miss {
                     Miss::Late => &self.counters.late_responses,
@@ -586,9 +586,10 @@ impl Service {
         &self,
         key: &CorrelationKey,
         p: Pending,
-        response: &Message<'_>,
+        checked: &Checked<'_>,
         now: Instant,
     ) {
+        let response = &checked.msg;
         let Pending {
             origin,
             request,
@@ -607,13 +608,13 @@ impl Service {
                     peer.answer_node(node, response);
                 }
                 let (link, by) = (Link::Node, AnsweredBy::Peer);
-                return self.note_answer(link, by, (node, sent_at), &request, response, now);
+                return self.note_answer(link, by, (node, sent_at), &request, checked, now);
             }
             Origin::Client { conn, tx, .. } => (conn, tx),
             Origin::Peer => {
                 self.answered(key, node, sent_at, response, now);
                 let (link, by) = (Link::Peer, AnsweredBy::Node);
-                self.note_answer(link, by, (node, sent_at), &request, response, now);
+                self.note_answer(link, by, (node, sent_at), &request, checked, now);
                 if let Some(peer) = self.peer() {
                     peer.answer(Outbound::message(response.payload().clone()));
                 }
@@ -622,7 +623,7 @@ impl Service {
         };
         self.answered(key, node, sent_at, response, now);
         let (link, by) = (Link::Client(conn), AnsweredBy::Node);
-        self.note_answer(link, by, (node, sent_at), &request, response, now);
+        self.note_answer(link, by, (node, sent_at), &request, checked, now);
         let patch = self.router.response_tpdu_patch(&request);
         let out = Outbound::Message(response.payload().clone(), patch);
         if tx.try_send(out).is_err() && self.undeliverable(now) {

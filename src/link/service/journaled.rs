@@ -12,9 +12,8 @@ use bytes::Bytes;
 
 use super::{Origin, Pending, Service};
 use crate::config::FrontConfig;
-use crate::iso8583::Message;
 use crate::journal::{AnsweredBy, BadOutcome, Exchange, Journal, Link};
-use crate::route::DeclineReason;
+use crate::route::{Checked, DeclineReason};
 
 /// The journal as one service sees it: the handle and what every row of the
 /// service shares.
@@ -109,7 +108,7 @@ impl Service {
         by: AnsweredBy,
         sent: (usize, Instant),
         request: &Bytes,
-        response: &Message<'_>,
+        response: &Checked<'_>,
         now: Instant,
     ) {
         // The common case (no journal) touches nothing of the response.
@@ -120,10 +119,13 @@ impl Service {
         let seen = Seen {
             node: Some(sent.0),
             since: Some(sent.1),
-            response: Some(response.payload().clone()),
             ..seen
         };
-        self.note(seen, now);
+        // The answer is read off the router's parse and index of it, not
+        // parsed again.
+        if let Some((journal, exchange)) = self.exchange_of(seen, now) {
+            journal.answered(exchange, response);
+        }
     }
 
     /// A request that failed validation and got no answer (dropped, or its

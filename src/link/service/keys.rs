@@ -177,7 +177,7 @@ impl NetworkManagement<'_> {
         };
         match self.svc.in_flight.take(&key, now) {
             Ok(p) => {
-                self.svc.deliver(&key, p, &checked.msg, now);
+                self.svc.deliver(&key, p, checked, now);
                 true
             }
             Err(_) => false,

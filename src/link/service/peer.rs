@@ -275,7 +275,7 @@ impl Peer<'_> {
         let svc = self.svc;
         if let Ok(key) = svc.router.key_of(checked) {
             match svc.in_flight.take(&key, now) {
-                Ok(p) => return svc.deliver(&key, p, &checked.msg, now),
+                Ok(p) => return svc.deliver(&key, p, checked, now),
                 Err(_) => {
                     let from = super::owed::AnswerFrom::Peer;
                     if super::owed::late_answer(svc, &key, &checked.msg, from, now) {
