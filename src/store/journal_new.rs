@@ -96,6 +96,18 @@ impl<const N: usize> fmt::Write for Short<N> {
         if self.is_null() {
             self.len = 0;
         }
+        // Nearly every text (an MTI, a field, a word) fits whole and has no
+        // NUL: one copy, not a character at a time.
+        let at = usize::from(self.len);
+        if !self.full
+            && !s.as_bytes().contains(&0)
+            && let Some(dst) = self.buf.get_mut(at..at + s.len())
+            && at + s.len() < usize::from(NULL_LEN)
+        {
+            dst.copy_from_slice(s.as_bytes());
+            self.len += s.len() as u8;
+            return Ok(());
+        }
         for c in s.chars() {
             if self.full {
                 break;
@@ -281,6 +293,18 @@ mod tests {
         assert_eq!(s.get(), Some("client#1"));
         assert_eq!(Short::<4>::new("a\0").get(), Some("a\u{FFFD}"));
         assert_eq!(Short::<3>::new("a\0").get(), Some("a"));
+        // Pieces that fit are copied whole; the first that does not is
+        // clipped, and nothing is written after it.
+        let mut s: Short<4> = Short::empty();
+        for piece in ["ab", "cde", "x"] {
+            s.write_str(piece).expect("write");
+        }
+        assert_eq!(s.get(), Some("abcd"));
+        let mut s: Short<4> = Short::empty();
+        for piece in ["abcd", "x"] {
+            s.write_str(piece).expect("write");
+        }
+        assert_eq!(s.get(), Some("abcd"));
         assert_eq!(
             Short::<4>::printable(b"TERM0001".iter().copied())
                 .and_then(|s| s.get().map(str::to_string)),
