@@ -189,20 +189,13 @@ fn either<const N: usize>(a: Short<N>, b: Short<N>) -> Short<N> {
 fn link_text(link: Link) -> Short<24> {
     match link {
         // "client#" and the number's digits, without `write!`'s formatting
-        // machinery (about 700 instructions a row, scripts/path-ir.sh).
+        // machinery (scripts/path-ir.sh with PATH_JOURNAL=1).
         Link::Client(conn) => {
             let mut digits = [0u8; 20];
-            let mut at = digits.len();
-            let mut n = conn;
-            loop {
-                at -= 1;
-                digits[at] = b'0' + (n % 10) as u8;
-                n /= 10;
-                if n == 0 {
-                    break;
-                }
-            }
-            let text = b"client#".iter().chain(&digits[at..]).copied();
+            crate::wire::write_ascii_decimal(&mut digits, conn);
+            let first = digits.iter().position(|&d| d != b'0');
+            let digits = &digits[first.unwrap_or(digits.len() - 1)..];
+            let text = b"client#".iter().chain(digits).copied();
             Short::printable(text).unwrap_or_else(|| Short::new("client#?"))
         }
         Link::Peer => Short::new("peer"),
