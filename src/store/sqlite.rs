@@ -308,8 +308,91 @@ fn migrate(conn: &mut Connection) -> Result<(), Migration> {
     for sql in MIGRATIONS.iter().skip(from) {
         tx.execute_batch(sql)?;
     }
+    inline_list_checks(&tx)?;
     meta_put(&tx, VERSION_KEY, &schema::SCHEMA_VERSION.to_string())?;
     tx.commit()?;
+    Ok(())
+}
+
+/// The CHECKs the migrations wrote as `column IN (...)` with more than two
+/// values: (table, column, values).
+///
+/// SQLite inlines an IN list of up to two constants as comparisons, but
+/// for a longer one it fills a temporary b-tree with the list and probes
+/// it, and in a CHECK it does so again for every row written: for the
+/// journal's `answered_by` that was four b-tree inserts, a clear and a
+/// probe a row, about a quarter of the store thread's instructions per
+/// journal row (BENCHMARKS.md, "Journal cost").
+const LIST_CHECKS: &[(&str, &str, &[&str])] = &[
+    ("saf", "direction", &["to_node", "to_peer", "to_any_node"]),
+    ("saf", "state", &["pending", "delivered", "dead", "dropped"]),
+    (
+        "journal",
+        "answered_by",
+        &["node", "peer", "switch", "none"],
+    ),
+];
+
+/// A check's text as the migrations wrote it, and the same check as a
+/// chain of comparisons SQLite evaluates in place.
+fn list_check_texts(column: &str, values: &[&str]) -> (String, String) {
+    let quoted: Vec<String> = values.iter().map(|v| format!("'{v}'")).collect();
+    let as_list = format!("CHECK ({column} IN ({}))", quoted.join(", "));
+    let compared: Vec<String> = quoted.iter().map(|v| format!("{column} = {v}")).collect();
+    let as_or = format!("CHECK ({})", compared.join(" OR "));
+    (as_list, as_or)
+}
+
+/// Rewrites each of [`LIST_CHECKS`] still written as a list into its
+/// comparisons, in the migration's transaction; a file already rewritten
+/// is left as it is.
+///
+/// This is SQLite's documented way to change a constraint without
+/// rebuilding the table (lang_altertable.html, "Making Other Kinds Of
+/// Table Schema Changes"): edit the table's text in `sqlite_schema` and
+/// bump `schema_version` so every connection reparses it. It is safe here
+/// because the new check accepts exactly the values the old one did, so no
+/// stored row can violate it. It is not a schema version: the file stays
+/// openable by a build from before it, which reads either text the same.
+fn inline_list_checks(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    let mut edits = Vec::new();
+    for &(table, column, values) in LIST_CHECKS {
+        let (as_list, as_or) = list_check_texts(column, values);
+        let listed: bool = tx.query_row(
+            "SELECT count(*) > 0 FROM sqlite_schema \
+             WHERE type = 'table' AND name = ?1 AND instr(sql, ?2) > 0",
+            params![table, as_list],
+            |r| r.get(0),
+        )?;
+        if listed {
+            edits.push((table, as_list, as_or));
+        }
+    }
+    if edits.is_empty() {
+        return Ok(());
+    }
+    let version: i64 = tx.query_row("PRAGMA schema_version", [], |r| r.get(0))?;
+    tx.execute_batch("PRAGMA writable_schema = ON")?;
+    let edited = edits
+        .iter()
+        .try_for_each(|(table, as_list, as_or)| {
+            tx.execute(
+                "UPDATE sqlite_schema SET sql = replace(sql, ?1, ?2) \
+                 WHERE type = 'table' AND name = ?3",
+                params![as_list, as_or, table],
+            )
+            .map(drop)
+        })
+        .and_then(|()| tx.execute_batch(&format!("PRAGMA schema_version = {}", version + 1)));
+    // Off whatever happened: with it on, SQLite overlooks a schema it
+    // cannot parse.
+    let closed = tx.execute_batch("PRAGMA writable_schema = OFF");
+    edited.and(closed)?;
+    // The next statement reparses every table's text: one SQLite cannot
+    // parse fails here, and the migration's transaction undoes the edit.
+    tx.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
+        r.get::<_, i64>(0)
+    })?;
     Ok(())
 }
 
@@ -697,6 +780,94 @@ fn meta_put(conn: &Connection, key: &str, value: &str) -> rusqlite::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn migrated() -> Connection {
+        let mut conn = Connection::open_in_memory().expect("open");
+        assert!(migrate(&mut conn).is_ok(), "migrate");
+        conn
+    }
+
+    /// The program SQLite runs for `sql`, its parameters left unbound.
+    fn opcodes(conn: &Connection, sql: &str) -> Vec<String> {
+        let mut st = conn.prepare(&format!("EXPLAIN {sql}")).expect("explain");
+        let mut rows = st.raw_query();
+        let mut ops = Vec::new();
+        while let Some(r) = rows.next().expect("opcode") {
+            ops.push(r.get(1).expect("opcode name"));
+        }
+        ops
+    }
+
+    /// No write that checks a listed column fills a temporary b-tree: the
+    /// journal's own insert, and an update of each such column.
+    #[test]
+    fn list_checks_are_evaluated_in_place_not_through_a_temporary_btree() {
+        let conn = migrated();
+        let mut writes = vec![crate::store::journal_new::sqlite_insert_sql(1).to_string()];
+        for (table, column, _) in LIST_CHECKS {
+            writes.push(format!("UPDATE {table} SET {column} = ?1"));
+        }
+        for sql in writes {
+            let ops = opcodes(&conn, &sql);
+            assert!(!ops.is_empty(), "{sql}");
+            assert!(
+                !ops.iter().any(|op| op == "OpenEphemeral"),
+                "{sql} builds a temporary b-tree: {ops:?}"
+            );
+        }
+    }
+
+    /// The rewritten checks accept exactly the listed values, and the file
+    /// holds the new text only.
+    #[test]
+    fn inlined_checks_accept_what_the_lists_accepted_and_nothing_else() {
+        let conn = migrated();
+        conn.execute_batch(
+            "INSERT INTO saf (service, direction, kind, mti, created_at, expires_at, \
+             next_attempt_at, state) VALUES ('pos', 'to_node', 'reversal', '0400', 0, 0, 0, 'pending');
+             INSERT INTO journal (t_in, t_out, service, front, link, origin, mti, answered_by, \
+             outcome, late, duplicate, repeat, unroutable) \
+             VALUES (0, 0, 'pos', 'listen', 'client#1', 'front', '0200', 'node', 'answered', 0, 0, 0, 0);",
+        )
+        .expect("a row in each table");
+        for &(table, column, values) in LIST_CHECKS {
+            let (as_list, as_or) = list_check_texts(column, values);
+            let sql: String = conn
+                .query_row(
+                    "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?1",
+                    params![table],
+                    |r| r.get(0),
+                )
+                .expect("table text");
+            assert!(sql.contains(&as_or) && !sql.contains(&as_list), "{sql}");
+            let set = |v: &str| conn.execute(&format!("UPDATE {table} SET {column} = ?1"), [v]);
+            for v in values {
+                assert_eq!(set(v).expect(v), 1, "{table}.{column} = {v}");
+            }
+            for bad in ["bogus", "", "NODE"] {
+                let e = set(bad).expect_err(bad);
+                assert_eq!(
+                    e.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::ConstraintViolation),
+                    "{table}.{column} = {bad:?}: {e}"
+                );
+            }
+        }
+    }
+
+    /// A file already rewritten is not edited again: its schema cookie
+    /// stays, so other connections keep their parsed schema.
+    #[test]
+    fn the_check_rewrite_happens_once() {
+        let mut conn = migrated();
+        let cookie = |c: &Connection| -> i64 {
+            c.query_row("PRAGMA schema_version", [], |r| r.get(0))
+                .expect("schema_version")
+        };
+        let before = cookie(&conn);
+        assert!(migrate(&mut conn).is_ok(), "migrate again");
+        assert_eq!(cookie(&conn), before);
+    }
 
     #[test]
     fn there_is_one_migration_per_schema_version() {
