@@ -7,6 +7,10 @@
 #
 #   scripts/path-ir.sh [PAIRS] [DIALECT...]     # default 20000, cups cup-pos visa
 #
+# PATH_JOURNAL=1 gives the rig's service a journal, so every exchange also
+# builds and queues its journal row (the queue is drained outside the
+# counted calls): the row's cost on the message path is the difference.
+#
 # Needs valgrind (Debian package; installed when missing, as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."

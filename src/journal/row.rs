@@ -189,13 +189,14 @@ fn either<const N: usize>(a: Short<N>, b: Short<N>) -> Short<N> {
 fn link_text(link: Link) -> Short<24> {
     match link {
         // "client#" and the number's digits, without `write!`'s formatting
-        // machinery (scripts/path-ir.sh with PATH_JOURNAL=1).
+        // machinery: itoa writes only the digits the number has, two at a
+        // time (scripts/path-ir.sh with PATH_JOURNAL=1).
         Link::Client(conn) => {
-            let mut digits = [0u8; 20];
-            crate::wire::write_ascii_decimal(&mut digits, conn);
-            let first = digits.iter().position(|&d| d != b'0');
-            let digits = &digits[first.unwrap_or(digits.len() - 1)..];
-            let text = b"client#".iter().chain(digits).copied();
+            let mut digits = itoa::Buffer::new();
+            let text = b"client#"
+                .iter()
+                .chain(digits.format(conn).as_bytes())
+                .copied();
             Short::printable(text).unwrap_or_else(|| Short::new("client#?"))
         }
         Link::Peer => Short::new("peer"),
