@@ -68,6 +68,9 @@ prefilled() {
     kill -INT $sw; wait $sw || true
     local part_col="" part_val="" parts=""
     if [ "$(sqlite3 "$data/isoswitch.db" "SELECT count(*) FROM pragma_table_info('journal') WHERE name = 'part'")" = 1 ]; then
+        # Parts of PART_ROWS (src/store/sqlite_insert.rs) rows, as the
+        # switch fills them; a build with another PART_ROWS carries on from
+        # the newest part by its own size.
         part_col=", part" part_val=", value / 2048"
         parts="INSERT INTO journal_part (part, t_min, t_max, rows) SELECT part, min(t_in), max(t_in), count(*) FROM journal GROUP BY part;"
     fi
