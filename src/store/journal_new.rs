@@ -216,13 +216,25 @@ pub fn insert_rows(rows: usize, mark: char) -> String {
 
 /// [`insert_rows`] for SQLite, plus the `part` column, the same value for
 /// every row: one more parameter, `?{rows * INSERT_ARITY + 1}`, bound once.
+///
+/// `OR FAIL`: a refused row stops the statement without undoing the rows
+/// it already wrote, so SQLite keeps no statement journal for it. Under
+/// the default (`ABORT`) it copied every page each 64-row statement was
+/// about to change, to undo that statement alone: 2,113 of the store
+/// thread's 27,198 instructions a row (BENCHMARKS.md, "Journal cost"). The writer never needs that undo:
+/// an insert that fails fails its whole transaction, which is rolled back
+/// (`Writer::transact`), and only then are the batch's requests retried one
+/// by one.
 pub fn insert_rows_in_part(rows: usize) -> String {
     insert_rows_with(rows, '?', Some(rows * INSERT_ARITY + 1))
 }
 
 fn insert_rows_with(rows: usize, mark: char, part: Option<usize>) -> String {
-    let extra = if part.is_some() { ", part" } else { "" };
-    let mut sql = format!("INSERT INTO journal ({INSERT_COLUMNS}{extra}) VALUES ");
+    let (verb, extra) = match part {
+        Some(_) => ("INSERT OR FAIL", ", part"),
+        None => ("INSERT", ""),
+    };
+    let mut sql = format!("{verb} INTO journal ({INSERT_COLUMNS}{extra}) VALUES ");
     for r in 0..rows {
         if r > 0 {
             sql.push_str(", ");

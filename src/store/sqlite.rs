@@ -270,12 +270,13 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
     // and a delivered entry's payload, set to NULL, are overwritten with
     // zeros in the file, not left in free pages with their PAN bytes
     // (docs/store.md).
-    // temp_store = MEMORY: a journal batch is one multi-row INSERT into a
-    // table with five indexes and NOT NULL columns, so SQLite keeps a
-    // statement journal (the pages it changes, to undo the statement alone)
-    // for every batch. In a temp file that was a pwrite per page: 21% of the
-    // switch's samples with the journal on at 10k req/s. In memory it is a
-    // copy, freed when the statement ends; nothing durable moves there.
+    // temp_store = MEMORY: a statement that writes several b-trees and may
+    // stop midway on a constraint keeps a statement journal (the pages it
+    // changes, to undo the statement alone). The journal's inserts did, until
+    // they became `INSERT OR FAIL` (journal_new.rs); in a temp file that was
+    // a pwrite per page, 21% of the switch's samples with the journal on at
+    // 10k req/s. The SAF's statements still may; in memory it is a copy,
+    // freed when the statement ends, and nothing durable moves there.
     conn.execute_batch(
         "PRAGMA synchronous = FULL; PRAGMA secure_delete = ON; PRAGMA temp_store = MEMORY;",
     )

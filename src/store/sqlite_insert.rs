@@ -399,26 +399,37 @@ mod tests {
     }
 
     /// A row its CHECK refuses fails its statement as a constraint (so the
-    /// writer retries the batch's requests one by one), inserts nothing of
-    /// its chunk, and leaves the statement ready for the next chunk.
+    /// writer retries the batch's requests one by one) and leaves the
+    /// statement ready for the next chunk. The statement does not undo the
+    /// rows before the refused one (`OR FAIL`: no statement journal to
+    /// keep); the writer's rollback of the transaction does, as here.
     #[test]
     fn a_refused_row_is_a_constraint_error_and_the_statement_recovers() {
         let conn = store();
+        let count = || -> i64 {
+            conn.query_row("SELECT count(*) FROM journal", [], |r| r.get(0))
+                .expect("count")
+        };
         let inserts = RowInserts::new(&conn);
         let mut rows: Vec<NewRow> = (0..8).map(|i| row(i, "front")).collect();
         rows[5] = row(5, "bogus");
+        conn.execute_batch("BEGIN IMMEDIATE").expect("begin");
         let e = inserts.insert(&rows, 0).expect_err("CHECK (origin IN ...)");
         assert_eq!(
             e.sqlite_error_code(),
             Some(rusqlite::ErrorCode::ConstraintViolation),
             "{e}"
         );
+        assert_eq!(
+            count(),
+            5,
+            "the rows before the refused one, until rollback"
+        );
+        conn.execute_batch("ROLLBACK").expect("rollback");
+        assert_eq!(count(), 0);
         rows[5] = row(5, "node");
         assert_eq!(inserts.insert(&rows, 0).expect("insert again"), 8);
-        let n: i64 = conn
-            .query_row("SELECT count(*) FROM journal", [], |r| r.get(0))
-            .expect("count");
-        assert_eq!(n, 8);
+        assert_eq!(count(), 8);
     }
 
     /// Batches fill a part up to PART_ROWS rows, never split, and the

@@ -446,6 +446,49 @@ mod tests {
         }
     }
 
+    /// A journal batch with a refused row, past a first 64-row statement
+    /// that succeeded, lands none of its rows: the insert stops at the row
+    /// (`OR FAIL`) and the writer rolls the transaction back. A batch sent
+    /// beside it lands whole.
+    #[tokio::test]
+    async fn a_batch_with_a_refused_row_lands_none_of_its_rows() {
+        let d = dir("journal-refused");
+        let store = Store::open(&StoreConfig::default(), &d)
+            .await
+            .expect("open");
+        let base = now_millis();
+        let batch = |from: i64, bad: Option<i64>| -> Vec<NewRow> {
+            (from..from + 70)
+                .map(|i| {
+                    let mut r = row(base + i, &format!("{i:06}"), None);
+                    if Some(i) == bad {
+                        r.answered_by = "bogus".into();
+                    }
+                    NewRow::from(&r)
+                })
+                .collect()
+        };
+        let (refused, landed) = tokio::join!(
+            store.journal_put(batch(0, Some(66)), Vec::new()),
+            store.journal_put(batch(100, None), Vec::new()),
+        );
+        assert!(refused.is_err(), "{refused:?}");
+        assert_eq!(landed.expect("the good batch"), 70);
+        let rows = store
+            .journal_query(crate::store::journal::JournalFilter {
+                limit: 1_000,
+                ..Default::default()
+            })
+            .await
+            .expect("query");
+        let mut stans: Vec<String> = rows.into_iter().filter_map(|r| r.f11).collect();
+        stans.sort();
+        let want: Vec<String> = (100..170).map(|i| format!("{i:06}")).collect();
+        assert_eq!(stans, want);
+        store.close().await.expect("close");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
     /// The write lock one retention batch holds, on a table of a million
     /// rows: `cargo test --lib retention_batch_lock -- --ignored
     /// --nocapture` (numbers in docs/journal.md).
