@@ -126,34 +126,18 @@ impl Read {
         };
         shown(&mut r.f37, get(37));
         shown(&mut r.f39, get(39));
-        // Of the rest, only what the request lacks reaches the row (`either`).
-        if req.pan.is_null() {
-            shown(&mut r.pan, get(2));
-        }
-        if req.f4.is_null() {
-            shown(&mut r.f4, get(4));
-        }
-        if req.f7.is_null() {
-            shown(&mut r.f7, get(7));
-        }
-        if req.f11.is_null() {
-            shown(&mut r.f11, get(11));
-        }
-        if req.f32.is_null() {
-            shown(&mut r.f32, get(32));
-        }
-        if req.f33.is_null() {
-            shown(&mut r.f33, get(33));
-        }
-        if req.f41.is_null() {
-            shown(&mut r.f41, get(41));
-        }
-        if req.f42.is_null() {
-            shown(&mut r.f42, get(42));
-        }
-        if req.f49.is_null() {
-            shown(&mut r.f49, get(49));
-        }
+        // Of the rest, only what the request lacks reaches the row (`either`),
+        // so only that is looked up.
+        let lacked = |known: bool, id: u16| if known { None } else { get(id) };
+        shown(&mut r.pan, lacked(!req.pan.is_null(), 2));
+        shown(&mut r.f4, lacked(!req.f4.is_null(), 4));
+        shown(&mut r.f7, lacked(!req.f7.is_null(), 7));
+        shown(&mut r.f11, lacked(!req.f11.is_null(), 11));
+        shown(&mut r.f32, lacked(!req.f32.is_null(), 32));
+        shown(&mut r.f33, lacked(!req.f33.is_null(), 33));
+        shown(&mut r.f41, lacked(!req.f41.is_null(), 41));
+        shown(&mut r.f42, lacked(!req.f42.is_null(), 42));
+        shown(&mut r.f49, lacked(!req.f49.is_null(), 49));
         r
     }
 

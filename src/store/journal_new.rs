@@ -221,10 +221,10 @@ pub fn insert_rows(rows: usize, mark: char) -> String {
 /// it already wrote, so SQLite keeps no statement journal for it. Under
 /// the default (`ABORT`) it copied every page each 64-row statement was
 /// about to change, to undo that statement alone: 2,113 of the store
-/// thread's 27,198 instructions a row (BENCHMARKS.md, "Journal cost"). The writer never needs that undo:
-/// an insert that fails fails its whole transaction, which is rolled back
-/// (`Writer::transact`), and only then are the batch's requests retried one
-/// by one.
+/// thread's 27,198 instructions a row (BENCHMARKS.md, "Journal cost").
+/// The writer never needs that undo: an insert that fails fails its whole
+/// transaction, which is rolled back (`Writer::transact`), and only then
+/// are the batch's requests retried one by one.
 pub fn insert_rows_in_part(rows: usize) -> String {
     insert_rows_with(rows, '?', Some(rows * INSERT_ARITY + 1))
 }

@@ -322,8 +322,8 @@ fn migrate(conn: &mut Connection) -> Result<(), Migration> {
 /// for a longer one it fills a temporary b-tree with the list and probes
 /// it, and in a CHECK it does so again for every row written: for the
 /// journal's `answered_by` that was four b-tree inserts, a clear and a
-/// probe a row, about a quarter of the store thread's instructions per
-/// journal row (BENCHMARKS.md, "Journal cost").
+/// probe a row: 5,871 of the store thread's 33,069 instructions a journal
+/// row (BENCHMARKS.md, "Journal cost").
 const LIST_CHECKS: &[(&str, &str, &[&str])] = &[
     ("saf", "direction", &["to_node", "to_peer", "to_any_node"]),
     ("saf", "state", &["pending", "delivered", "dead", "dropped"]),
