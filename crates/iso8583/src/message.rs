@@ -192,6 +192,17 @@ impl fmt::Debug for FieldRef<'_> {
 }
 
 impl Spec {
+    /// Field `id` of `payload`, read where it starts (`at`, as
+    /// [`FieldIndex::start`] recorded it): its length prefix is read again,
+    /// the fields before it are not walked. `None` when the spec does not
+    /// define `id` or the bytes at `at` cannot hold it (checked: any `at` is
+    /// safe, though only a recorded one gives the field).
+    pub fn field_at<'a>(&'a self, payload: &'a [u8], id: u16, at: usize) -> Option<FieldRef<'a>> {
+        let def = self.field(id)?;
+        let span = codec::span(def, payload, at).ok()?;
+        Some(field_ref(def, payload, span))
+    }
+
     /// Finds the envelope, MTI and bitmaps of a payload.
     pub fn layout(&self, payload: &[u8]) -> Result<Layout, IsoError> {
         let max = self.framing().max_frame;
@@ -707,6 +718,23 @@ impl FieldIndex {
             end: end as usize,
             units: units as usize,
         })
+    }
+
+    /// Where field `id` starts (its length prefix, if any), for
+    /// [`Spec::field_at`]; `None` when it is absent or was not asked for.
+    pub fn start(&self, id: u16) -> Option<usize> {
+        let i = self.ids[..self.n as usize].iter().position(|&x| x == id)?;
+        Some(self.spans[i].0 as usize)
+    }
+
+    /// Every field indexed and where it starts, in message order: what
+    /// [`FieldIndex::start`] gives one id at a time, in one pass.
+    pub fn starts(&self) -> impl Iterator<Item = (u16, usize)> + '_ {
+        let n = usize::from(self.n);
+        self.ids[..n]
+            .iter()
+            .zip(&self.spans[..n])
+            .map(|(&id, span)| (id, span.0 as usize))
     }
 
     /// End of the last field.

@@ -203,6 +203,43 @@ fn every_builtin_sample_roundtrips() {
     }
 }
 
+/// A field read again where the index says it starts is the field the
+/// index gives, on every builtin spec; a start the index did not record
+/// gives whatever lies there, or nothing, and never panics.
+#[test]
+fn a_field_read_at_its_recorded_start_is_the_indexed_field() {
+    for name in Spec::builtin_names() {
+        let spec = spec(name);
+        let payload = Bytes::from(samples::purchase_payload(&spec).unwrap());
+        let msg = Message::parse(&spec, payload.clone()).unwrap();
+        let index = msg.index(&Bitmap([u64::MAX; 3])).unwrap();
+        let mut seen = 0;
+        for id in 1..=192u16 {
+            let Some(indexed) = msg.indexed(&index, id) else {
+                assert_eq!(index.start(id), None, "{name} F{id}");
+                continue;
+            };
+            let at = index.start(id).expect("an indexed field has a start");
+            assert_eq!(index.starts().find(|&(i, _)| i == id), Some((id, at)));
+            let again = spec.field_at(&payload, id, at).expect("read again");
+            assert_eq!(logical(&again), logical(&indexed), "{name} F{id}");
+            assert_eq!(
+                (again.range(), again.prefix_at(), again.units()),
+                (indexed.range(), indexed.prefix_at(), indexed.units()),
+                "{name} F{id}"
+            );
+            seen += 1;
+        }
+        assert!(seen > 5, "{name}: {seen} fields");
+        assert_eq!(index.starts().count(), seen, "{name}");
+        for at in 0..payload.len() + 3 {
+            for id in [2, 35, 55, 128, 0, 193] {
+                let _ = spec.field_at(&payload, id, at);
+            }
+        }
+    }
+}
+
 #[test]
 fn patch_fixed_checks_width_and_encoding() {
     let (spec, mut payload) = samples::pos_0200();

@@ -218,6 +218,23 @@ impl Router {
         &self.spec
     }
 
+    /// Indexes `ids` too, in the same pass, in every message checked from
+    /// now on, so that a reader of every exchange (the journal) finds them
+    /// without walking the message again. Before the first message: `&mut`.
+    /// False, and nothing changed, when routing's fields and these do not
+    /// fit one [`FieldIndex`] together.
+    pub fn index_also(&mut self, ids: &[u16]) -> bool {
+        let mut wanted = self.wanted;
+        for &id in ids {
+            wanted.set(id);
+        }
+        if wanted.iter().count() > FieldIndex::CAPACITY {
+            return false;
+        }
+        self.wanted = wanted;
+        true
+    }
+
     /// Checks a message in full against the service's spec and finds its
     /// routing fields, in one pass. Allocates nothing.
     #[inline]
@@ -474,6 +491,30 @@ mod tests {
                 .unwrap();
             assert_ne!(kq, ko, "{spec}: another STAN is another request");
         }
+    }
+
+    /// Fields asked for besides routing's are indexed from then on, routing
+    /// still finds its own, and a set that would overflow the index is
+    /// refused whole.
+    #[test]
+    fn fields_indexed_also_are_found_and_an_overflow_is_refused() {
+        let mut r = router("cups", RouterConfig::default());
+        let q = encode(&r, &samples::purchase(r.spec()));
+        let before = r.check(q.clone()).expect("valid");
+        assert!(before.field(4).is_none(), "F4 is not routing's");
+        let key = r.key_of(&before).expect("key");
+        assert!(r.index_also(&[2, 4, 7, 42, 49]));
+        let after = r.check(q).expect("valid");
+        for id in [2, 4, 7, 49] {
+            assert!(after.field(id).is_some(), "F{id} indexed");
+        }
+        assert_eq!(r.key_of(&after).expect("key"), key);
+        let many: Vec<u16> = (50..80).collect();
+        assert!(!r.index_also(&many));
+        let still = r
+            .check(encode(&r, &samples::purchase(r.spec())))
+            .expect("valid");
+        assert!(still.field(4).is_some() && still.field(60).is_none());
     }
 
     #[test]
