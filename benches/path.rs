@@ -45,7 +45,7 @@ const DIALECTS: [Dialect; 3] = [
 fn setup(d: &Dialect) -> (Rig, Vec<Vec<u8>>, Vec<Vec<u8>>) {
     let mut rig = Rig::new(&service_toml(d.spec, d.stamp)).expect("rig");
     if journal_on() {
-        rig = rig.with_journal();
+        rig = rig.with_journal().expect("journal");
     }
     let requests = purchase_frames(rig.service.spec(), BATCH).expect("frames");
     let mut answers = Vec::with_capacity(BATCH);

@@ -51,6 +51,9 @@ pub struct Exchange {
     pub latency_us: Option<u64>,
     /// The request as received.
     pub request: Bytes,
+    /// Where the router found the request's journal fields, when it did
+    /// (a request answered in flight); else the row walks the request.
+    pub request_at: Option<row::RequestAt>,
     /// The answer as sent (a node's, the peer's or the switch's), if any.
     pub response: Option<Bytes>,
     pub answered_by: AnsweredBy,

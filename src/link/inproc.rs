@@ -116,11 +116,17 @@ impl Rig {
     /// for the journal's writer. Here the rig drains the queue
     /// ([`Rig::drain_journal`]) and nothing is stored. What is left on the
     /// path is the row's cost to the workers.
-    pub fn with_journal(mut self) -> Rig {
+    pub fn with_journal(mut self) -> Result<Rig, RigError> {
         let (journal, rx) = Journal::channel(RIG_QUEUE);
-        self.service.set_journal(journal);
+        // Before any message, as `run` does: the router then indexes the
+        // row's fields too.
+        Arc::get_mut(&mut self.service)
+            .ok_or(RigError::Config(
+                "the rig's service is already shared".into(),
+            ))?
+            .set_journal(journal);
         self.journal = Some(rx);
-        self
+        Ok(self)
     }
 
     /// Drops the rows queued since the last call, the writer's side of the

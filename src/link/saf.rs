@@ -268,6 +268,7 @@ fn register(
             expires_at: entry.expires_at,
         },
         request: payload,
+        journal_at: None,
         node,
         sent_at: now,
         on_timeout: OnTimeout::Silent,

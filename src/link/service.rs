@@ -41,6 +41,7 @@ mod owed;
 pub mod peer;
 mod side;
 
+use crate::journal::row::RequestAt;
 use crate::journal::{AnsweredBy, BadOutcome, Link};
 pub use counters::{PeerCounters, Refusal, ServiceCounters};
 pub use journaled::JournalTap;
@@ -106,6 +107,8 @@ pub struct Pending {
     pub origin: Origin,
     /// The request as received, to build a decline from.
     pub request: Bytes,
+    /// Where its journal fields lie, for its row (journaled services).
+    pub journal_at: Option<RequestAt>,
     pub node: usize,
     pub sent_at: Instant,
     /// What the switch does if no answer comes by the deadline.
@@ -442,6 +445,7 @@ impl Service {
         let pending = Pending {
             origin,
             request: msg.payload().clone(),
+            journal_at: self.journal_at(req),
             node,
             sent_at: now,
             on_timeout: timeout.action,
@@ -593,10 +597,12 @@ impl Service {
         let Pending {
             origin,
             request,
+            journal_at,
             node,
             sent_at,
             ..
         } = p;
+        let request = (&request, journal_at);
         let (conn, tx) = match origin {
             Origin::Check(waiter) => {
                 let _ = waiter.send(());
@@ -608,13 +614,13 @@ impl Service {
                     peer.answer_node(node, response);
                 }
                 let (link, by) = (Link::Node, AnsweredBy::Peer);
-                return self.note_answer(link, by, (node, sent_at), &request, checked, now);
+                return self.note_answer(link, by, (node, sent_at), request, checked, now);
             }
             Origin::Client { conn, tx, .. } => (conn, tx),
             Origin::Peer => {
                 self.answered(key, node, sent_at, response, now);
                 let (link, by) = (Link::Peer, AnsweredBy::Node);
-                self.note_answer(link, by, (node, sent_at), &request, checked, now);
+                self.note_answer(link, by, (node, sent_at), request, checked, now);
                 if let Some(peer) = self.peer() {
                     peer.answer(Outbound::message(response.payload().clone()));
                 }
@@ -623,8 +629,8 @@ impl Service {
         };
         self.answered(key, node, sent_at, response, now);
         let (link, by) = (Link::Client(conn), AnsweredBy::Node);
-        self.note_answer(link, by, (node, sent_at), &request, checked, now);
-        let patch = self.router.response_tpdu_patch(&request);
+        self.note_answer(link, by, (node, sent_at), request, checked, now);
+        let patch = self.router.response_tpdu_patch(request.0);
         let out = Outbound::Message(response.payload().clone(), patch);
         if tx.try_send(out).is_err() && self.undeliverable(now) {
             tracing::warn!(

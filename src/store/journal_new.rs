@@ -62,6 +62,22 @@ impl<const N: usize> Short<N> {
         Some(s)
     }
 
+    /// [`Short::printable`] of a slice: the same text, checked and copied
+    /// a slice at a time.
+    pub fn printable_slice(bytes: &[u8]) -> Option<Short<N>> {
+        if !bytes.iter().all(|b| (b' '..=b'~').contains(b)) {
+            return None;
+        }
+        let mut s = Short::empty();
+        let n = bytes.len().min(N);
+        if let (Some(to), Some(from)) = (s.buf.get_mut(..n), bytes.get(..n)) {
+            to.copy_from_slice(from);
+            // n <= N < NULL_LEN: the buffers are at most 24 bytes.
+            s.len = u8::try_from(n).unwrap_or(0);
+        }
+        Some(s)
+    }
+
     pub fn opt(text: Option<&str>) -> Short<N> {
         text.map_or(Short::NULL, Short::new)
     }
@@ -323,6 +339,23 @@ mod tests {
             Some("TERM".to_string())
         );
         assert!(Short::<8>::printable(b"a\x01".iter().copied()).is_none());
+    }
+
+    proptest::proptest! {
+        /// The slice path gives what the byte-at-a-time path gives: the
+        /// same text, clipped the same, refused for the same bytes.
+        #[test]
+        fn printable_slice_is_printable(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)) {
+            let a = Short::<8>::printable(bytes.iter().copied());
+            let b = Short::<8>::printable_slice(&bytes);
+            proptest::prop_assert_eq!(a.map(|s| s.get().map(str::to_string)), b.map(|s| s.get().map(str::to_string)));
+            // Mostly printable input, so the clipping is exercised too.
+            let text: Vec<u8> = bytes.iter().map(|b| b' ' + b % 95).collect();
+            let a = Short::<8>::printable(text.iter().copied());
+            let b = Short::<8>::printable_slice(&text);
+            proptest::prop_assert!(a.is_some());
+            proptest::prop_assert_eq!(a.map(|s| s.get().map(str::to_string)), b.map(|s| s.get().map(str::to_string)));
+        }
     }
 
     #[test]

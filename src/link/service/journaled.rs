@@ -12,6 +12,7 @@ use bytes::Bytes;
 
 use super::{Origin, Pending, Service};
 use crate::config::FrontConfig;
+use crate::journal::row::{self, RequestAt};
 use crate::journal::{AnsweredBy, BadOutcome, Exchange, Journal, Link};
 use crate::route::{Checked, DeclineReason};
 
@@ -21,6 +22,9 @@ pub struct JournalTap {
     pub journal: Journal,
     service: Arc<str>,
     front: &'static str,
+    /// The router indexes every field a row reads ([`row::READ`]), so a
+    /// request in flight keeps where they lie ([`RequestAt`]).
+    indexed: bool,
 }
 
 impl JournalTap {
@@ -35,6 +39,7 @@ impl JournalTap {
             journal,
             service: service.name().into(),
             front,
+            indexed: false,
         }
     }
 }
@@ -48,6 +53,8 @@ pub(crate) struct Seen<'a> {
     /// `None`: answered at once.
     pub since: Option<Instant>,
     pub request: &'a Bytes,
+    /// Where the router found the request's journal fields, if kept.
+    pub request_at: Option<RequestAt>,
     pub response: Option<Bytes>,
     pub by: AnsweredBy,
     pub late: bool,
@@ -63,6 +70,7 @@ impl<'a> Seen<'a> {
             node: None,
             since: None,
             request,
+            request_at: None,
             response: None,
             by,
             late: false,
@@ -89,10 +97,28 @@ fn unix_millis(t: SystemTime) -> i64 {
 }
 
 impl Service {
-    /// Gives the service its journal (once, at start).
-    pub fn set_journal(&self, journal: Journal) -> bool {
-        let tap = JournalTap::new(journal, self);
+    /// Gives the service its journal (once, at start, before the first
+    /// message: the router then indexes the fields a row reads as it checks
+    /// each message, for the price of recording them).
+    pub fn set_journal(&mut self, journal: Journal) -> bool {
+        let mut tap = JournalTap::new(journal, self);
+        tap.indexed = self.router.index_also(&row::READ);
+        if !tap.indexed {
+            tracing::info!(
+                service = self.name(),
+                "routing reads too many fields to index the journal's too: each row reads its request again"
+            );
+        }
         self.journal.set(tap).is_ok()
+    }
+
+    /// Where `req`'s journal fields lie, to keep while it is in flight;
+    /// `None` without a journal, or when the router does not index them.
+    pub(super) fn journal_at(&self, req: &Checked<'_>) -> Option<RequestAt> {
+        self.journal
+            .get()
+            .filter(|tap| tap.indexed)
+            .and_then(|_| RequestAt::of(req))
     }
 
     /// The service's journal, if it has one.
@@ -107,7 +133,7 @@ impl Service {
         link: Link,
         by: AnsweredBy,
         sent: (usize, Instant),
-        request: &Bytes,
+        (request, request_at): (&Bytes, Option<RequestAt>),
         response: &Checked<'_>,
         now: Instant,
     ) {
@@ -119,6 +145,7 @@ impl Service {
         let seen = Seen {
             node: Some(sent.0),
             since: Some(sent.1),
+            request_at,
             ..seen
         };
         // The answer is read off the router's parse and index of it, not
@@ -230,6 +257,7 @@ impl Service {
                 .since
                 .map(|_| u64::try_from(waited.as_micros()).unwrap_or(u64::MAX)),
             request: seen.request.clone(),
+            request_at: seen.request_at,
             response: seen.response,
             answered_by: seen.by,
             late: seen.late,

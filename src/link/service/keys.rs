@@ -130,6 +130,7 @@ impl NetworkManagement<'_> {
         let pending = Pending {
             origin: Origin::Node,
             request: payload.clone(),
+            journal_at: self.svc.journal_at(req),
             node,
             sent_at: now,
             on_timeout: timeout.action,

@@ -133,6 +133,7 @@ impl Peer<'_> {
         let pending = super::Pending {
             origin: Origin::Node,
             request: req.msg.payload().clone(),
+            journal_at: svc.journal_at(req),
             node,
             sent_at: now,
             on_timeout: timeout.action,
