@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -258,6 +259,86 @@ async fn a_client_that_never_reads_cannot_hurt_the_others() {
         eprintln!("NAC beside a client that never reads: {report}; switch peak RSS {peak_kib} KiB");
         assert!(peak_kib < 256 * 1024, "switch peak RSS {peak_kib} KiB");
         writer.abort();
+    })
+    .await;
+}
+
+/// Ctrl-C while the switch is still starting (held at its store's open by
+/// another process's write lock, as a long migration would hold it) stops
+/// it once it has started, even when SIGINT came in ignored, as it does to
+/// a switch a script starts with `&`. The switch used to listen for it only
+/// from its main loop on: such a signal was lost and the switch ran on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_during_startup_stops_the_switch_once_started() {
+    within(Duration::from_secs(60), async {
+        let name = "startup-int";
+        let data = data_dir(name);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&data)
+            .expect("data dir");
+        let db = std::path::Path::new(&data).join("isoswitch.db");
+        let lock = rusqlite::Connection::open(&db).expect("open the store's file");
+        std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o600)).expect("0600");
+        lock.execute_batch("BEGIN EXCLUSIVE")
+            .expect("hold the write lock");
+        let listen = free_addr();
+        let config = write_config(name, &pos_config(listen, &[free_addr()], "1s"));
+        let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("{name}-{}.log", std::process::id()));
+        // `trap '' INT` then exec: the switch starts with SIGINT ignored.
+        let child = tokio::process::Command::new("sh")
+            .args([
+                "-c",
+                "trap '' INT; exec \"$0\" \"$@\"",
+                BIN,
+                "run",
+                "--config",
+            ])
+            .arg(&config)
+            .args(["--data-dir", &data])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("sh runs");
+        let switch = Proc {
+            name: name.into(),
+            child,
+            log,
+        };
+        // Once the switch has its own handler (the store still locked, so
+        // it is still starting), Ctrl-C.
+        let caught = |pid: u32| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("SigCgt:"))
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+                .is_some_and(|mask| mask & (1 << (2 - 1)) != 0)
+        };
+        let mut waited = 0;
+        while !caught(switch.pid()) && waited < 300 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            waited += 1;
+        }
+        assert!(
+            caught(switch.pid()),
+            "the switch did not listen for Ctrl-C while it was starting"
+        );
+        assert!(
+            std::net::TcpStream::connect(listen).is_err(),
+            "the switch is still starting"
+        );
+        switch.signal("INT");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        lock.execute_batch("COMMIT").expect("let the store open");
+        drop(lock);
+        let finished = tokio::time::timeout(Duration::from_secs(20), switch.finish())
+            .await
+            .expect("the switch stops after it has started, on the Ctrl-C it got while starting");
+        assert!(finished.0.success(), "switch exit: {}", finished.0);
     })
     .await;
 }

@@ -520,6 +520,12 @@ pub async fn run_until_interrupted(
     data_dir: &Path,
     stats_every: Duration,
 ) -> Result<(), StartError> {
+    // Listening for the stop signals before starting, and for the whole
+    // run: one that comes while the switch starts (a store migration can
+    // take minutes) stops it once started, instead of being lost (SIGINT
+    // comes in ignored to a process a script started with `&`) or killing
+    // it midway; and none falls between two turns of the loop below.
+    let mut stop = StopSignals::listen();
     prepare_open_file_limit(config);
     let switch = Switch::start_in(config, Some(data_dir)).await?;
     switch.set_source(source);
@@ -546,8 +552,7 @@ pub async fn run_until_interrupted(
                 }
             }
             why = &mut fatal => { failed = Some(why); break }
-            _ = tokio::signal::ctrl_c() => break,
-            _ = terminated() => break,
+            _ = stop.recv() => break,
         }
     }
     tracing::info!("shutting down: declining new requests, answering those in flight");
@@ -584,15 +589,55 @@ fn hangups() -> tokio::sync::mpsc::Receiver<()> {
     rx
 }
 
-/// SIGTERM (what service managers send), on Unix; never elsewhere.
-async fn terminated() {
+/// Ctrl-C (SIGINT) and SIGTERM (what service managers send), registered
+/// with the OS when made and kept for as long as this lives: a signal that
+/// comes before [`StopSignals::recv`] is first awaited is kept, not lost.
+struct StopSignals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            term.recv().await;
-            return;
+    interrupt: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    fn listen() -> StopSignals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let listen = |kind: SignalKind, name: &str| {
+                signal(kind)
+                    .map_err(|e| tracing::warn!(error = %e, "no {name} handler"))
+                    .ok()
+            };
+            StopSignals {
+                interrupt: listen(SignalKind::interrupt(), "SIGINT"),
+                terminate: listen(SignalKind::terminate(), "SIGTERM"),
+            }
+        }
+        #[cfg(not(unix))]
+        StopSignals {}
+    }
+
+    /// The next stop signal; never, where none could be listened for.
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+                if let Some(s) = s
+                    && s.recv().await.is_some()
+                {
+                    return;
+                }
+                std::future::pending().await
+            }
+            tokio::select! {
+                _ = next(&mut self.interrupt) => {}
+                _ = next(&mut self.terminate) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
         }
     }
-    std::future::pending::<()>().await
 }
