@@ -284,30 +284,9 @@ async fn ctrl_c_during_startup_stops_the_switch_once_started() {
             .expect("hold the write lock");
         let listen = free_addr();
         let config = write_config(name, &pos_config(listen, &[free_addr()], "1s"));
-        let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("{name}-{}.log", std::process::id()));
-        // `trap '' INT` then exec: the switch starts with SIGINT ignored.
-        let child = tokio::process::Command::new("sh")
-            .args([
-                "-c",
-                "trap '' INT; exec \"$0\" \"$@\"",
-                BIN,
-                "run",
-                "--config",
-            ])
-            .arg(&config)
-            .args(["--data-dir", &data])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .kill_on_drop(true)
-            .spawn()
-            .expect("sh runs");
-        let switch = Proc {
-            name: name.into(),
-            child,
-            log,
-        };
+        let config = config.to_string_lossy();
+        let switch =
+            Proc::spawn_ignoring_sigint(name, &["run", "--config", &config, "--data-dir", &data]);
         // Once the switch has its own handler (the store still locked, so
         // it is still starting), Ctrl-C.
         let caught = |pid: u32| {

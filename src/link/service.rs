@@ -602,7 +602,8 @@ impl Service {
             sent_at,
             ..
         } = p;
-        let request = (&request, journal_at);
+        // What the journal's row reads the request by.
+        let asked = (&request, journal_at);
         let (conn, tx) = match origin {
             Origin::Check(waiter) => {
                 let _ = waiter.send(());
@@ -614,13 +615,13 @@ impl Service {
                     peer.answer_node(node, response);
                 }
                 let (link, by) = (Link::Node, AnsweredBy::Peer);
-                return self.note_answer(link, by, (node, sent_at), request, checked, now);
+                return self.note_answer(link, by, (node, sent_at), asked, checked, now);
             }
             Origin::Client { conn, tx, .. } => (conn, tx),
             Origin::Peer => {
                 self.answered(key, node, sent_at, response, now);
                 let (link, by) = (Link::Peer, AnsweredBy::Node);
-                self.note_answer(link, by, (node, sent_at), request, checked, now);
+                self.note_answer(link, by, (node, sent_at), asked, checked, now);
                 if let Some(peer) = self.peer() {
                     peer.answer(Outbound::message(response.payload().clone()));
                 }
@@ -629,8 +630,8 @@ impl Service {
         };
         self.answered(key, node, sent_at, response, now);
         let (link, by) = (Link::Client(conn), AnsweredBy::Node);
-        self.note_answer(link, by, (node, sent_at), request, checked, now);
-        let patch = self.router.response_tpdu_patch(request.0);
+        self.note_answer(link, by, (node, sent_at), asked, checked, now);
+        let patch = self.router.response_tpdu_patch(&request);
         let out = Outbound::Message(response.payload().clone(), patch);
         if tx.try_send(out).is_err() && self.undeliverable(now) {
             tracing::warn!(

@@ -521,8 +521,8 @@ pub async fn run_until_interrupted(
     stats_every: Duration,
 ) -> Result<(), StartError> {
     // Listening for the stop signals before starting, and for the whole
-    // run: one that comes while the switch starts (a store migration can
-    // take minutes) stops it once started, instead of being lost (SIGINT
+    // run: one that comes while the switch starts (opening and migrating a
+    // large store, say) stops it once started, instead of being lost (SIGINT
     // comes in ignored to a process a script started with `&`) or killing
     // it midway; and none falls between two turns of the loop below.
     let mut stop = StopSignals::listen();

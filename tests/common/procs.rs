@@ -27,11 +27,23 @@ impl Proc {
     /// Starts `isoswitch ARGS`; stderr goes to a log file (named in failures),
     /// stdout is kept for the report.
     pub fn spawn(name: &str, args: &[&str]) -> Proc {
+        Proc::start(name, Command::new(BIN).args(args))
+    }
+
+    /// [`Proc::spawn`] with SIGINT ignored, as a script's `cmd &` starts
+    /// it without job control (`trap '' INT`, then exec).
+    pub fn spawn_ignoring_sigint(name: &str, args: &[&str]) -> Proc {
+        let mut sh = Command::new("sh");
+        sh.args(["-c", "trap '' INT; exec \"$0\" \"$@\"", BIN])
+            .args(args);
+        Proc::start(name, &mut sh)
+    }
+
+    fn start(name: &str, command: &mut Command) -> Proc {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
         let log = dir.join(format!("{name}-{}.log", std::process::id()));
         let stderr = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(BIN)
-            .args(args)
+        let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)

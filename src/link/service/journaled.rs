@@ -28,7 +28,7 @@ pub struct JournalTap {
 }
 
 impl JournalTap {
-    pub fn new(journal: Journal, service: &Service) -> JournalTap {
+    pub fn new(journal: Journal, service: &Service, indexed: bool) -> JournalTap {
         let front = match &service.config.front {
             FrontConfig::Listen(_) if service.side.oneconnect().is_some() => "oneconnect",
             FrontConfig::Listen(_) => "listen",
@@ -39,7 +39,7 @@ impl JournalTap {
             journal,
             service: service.name().into(),
             front,
-            indexed: false,
+            indexed,
         }
     }
 }
@@ -101,14 +101,14 @@ impl Service {
     /// message: the router then indexes the fields a row reads as it checks
     /// each message, for the price of recording them).
     pub fn set_journal(&mut self, journal: Journal) -> bool {
-        let mut tap = JournalTap::new(journal, self);
-        tap.indexed = self.router.index_also(&row::READ);
-        if !tap.indexed {
+        let indexed = self.router.index_also(&row::READ);
+        if !indexed {
             tracing::info!(
                 service = self.name(),
                 "routing reads too many fields to index the journal's too: each row reads its request again"
             );
         }
+        let tap = JournalTap::new(journal, self, indexed);
         self.journal.set(tap).is_ok()
     }
 
