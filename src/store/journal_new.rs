@@ -92,12 +92,28 @@ impl<const N: usize> Short<N> {
             return None;
         }
         // Only whole characters of `&str`s are ever copied in.
-        std::str::from_utf8(self.buf.get(..usize::from(self.len))?).ok()
+        std::str::from_utf8(self.bytes()?).ok()
     }
 
     /// The text, `""` for NULL (a NOT NULL column).
     pub fn text(&self) -> &str {
         self.get().unwrap_or("")
+    }
+
+    /// The text's bytes, `None` for NULL: what the store binds. Always
+    /// UTF-8 (only whole characters and printable ASCII are written in),
+    /// so it is not checked again for every column of every row: that
+    /// check was 1,800 of the store thread's 27,400 instructions a row.
+    pub fn bytes(&self) -> Option<&[u8]> {
+        if self.is_null() {
+            return None;
+        }
+        self.buf.get(..usize::from(self.len))
+    }
+
+    /// [`Short::bytes`], empty for NULL (a NOT NULL column).
+    pub fn text_bytes(&self) -> &[u8] {
+        self.bytes().unwrap_or_default()
     }
 }
 
@@ -355,6 +371,30 @@ mod tests {
             let b = Short::<8>::printable_slice(&text);
             proptest::prop_assert!(a.is_some());
             proptest::prop_assert_eq!(a.map(|s| s.get().map(str::to_string)), b.map(|s| s.get().map(str::to_string)));
+        }
+
+        /// The store binds `bytes()` as text unchecked: whatever is
+        /// written in, in whatever pieces, they are UTF-8 and the text.
+        #[test]
+        fn bytes_are_always_the_utf8_text(
+            pieces in proptest::collection::vec(".{0,9}", 0..5),
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..12),
+        ) {
+            let mut s: Short<8> = Short::NULL;
+            for piece in &pieces {
+                s.write_str(piece).expect("write");
+            }
+            let shorts = [
+                s,
+                Short::<8>::new(&pieces.concat()),
+                Short::<8>::printable_slice(&raw).unwrap_or(Short::NULL),
+                Short::<8>::printable(raw.iter().copied()).unwrap_or(Short::NULL),
+            ];
+            for s in shorts {
+                let bytes = s.bytes();
+                proptest::prop_assert_eq!(bytes.map(std::str::from_utf8), s.get().map(Ok));
+                proptest::prop_assert_eq!(s.text_bytes(), s.text().as_bytes());
+            }
         }
     }
 

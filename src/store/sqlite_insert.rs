@@ -201,34 +201,34 @@ impl<'c> RowInserts<'c> {
         };
         b.int(Some(r.t_in))?;
         b.int(Some(r.t_out))?;
-        b.text(Some(r.service()))?;
-        b.text(Some(r.front.text()))?;
-        b.text(Some(r.link.text()))?;
-        b.text(r.node.get())?;
-        b.text(Some(r.origin.text()))?;
-        b.text(Some(r.mti.text()))?;
-        b.text(r.mti_out.get())?;
-        b.text(r.f11.get())?;
-        b.text(r.f7.get())?;
-        b.text(r.f37_in.get())?;
-        b.text(r.f37_out.get())?;
-        b.text(r.f41.get())?;
-        b.text(r.f42.get())?;
-        b.text(r.f32.get())?;
-        b.text(r.f33.get())?;
-        b.text(r.pan.get())?;
-        b.text(r.f4.get())?;
-        b.text(r.f49.get())?;
-        b.text(r.f39.get())?;
-        b.text(Some(r.answered_by.text()))?;
-        b.text(r.reason.get())?;
-        b.text(Some(r.outcome.text()))?;
+        b.text(Some(r.service().as_bytes()))?;
+        b.text(Some(r.front.text_bytes()))?;
+        b.text(Some(r.link.text_bytes()))?;
+        b.text(r.node.bytes())?;
+        b.text(Some(r.origin.text_bytes()))?;
+        b.text(Some(r.mti.text_bytes()))?;
+        b.text(r.mti_out.bytes())?;
+        b.text(r.f11.bytes())?;
+        b.text(r.f7.bytes())?;
+        b.text(r.f37_in.bytes())?;
+        b.text(r.f37_out.bytes())?;
+        b.text(r.f41.bytes())?;
+        b.text(r.f42.bytes())?;
+        b.text(r.f32.bytes())?;
+        b.text(r.f33.bytes())?;
+        b.text(r.pan.bytes())?;
+        b.text(r.f4.bytes())?;
+        b.text(r.f49.bytes())?;
+        b.text(r.f39.bytes())?;
+        b.text(Some(r.answered_by.text_bytes()))?;
+        b.text(r.reason.bytes())?;
+        b.text(Some(r.outcome.text_bytes()))?;
         b.int(r.latency_us)?;
         b.int(Some(i64::from(r.late)))?;
         b.int(Some(i64::from(r.duplicate)))?;
         b.int(Some(i64::from(r.repeat)))?;
         b.int(Some(i64::from(r.unroutable)))?;
-        b.text(r.bad.get())?;
+        b.text(r.bad.bytes())?;
         b.int(r.reversal_id)?;
         debug_assert_eq!(b.next, at + INSERT_ARITY + 1);
         Ok(())
@@ -281,8 +281,9 @@ impl Binder<'_, '_> {
     }
 
     /// A text bound in place (`SQLITE_STATIC`): the caller keeps it alive
-    /// until the statement is reset and its bindings cleared.
-    fn text(&mut self, value: Option<&str>) -> rusqlite::Result<()> {
+    /// until the statement is reset and its bindings cleared. UTF-8, as
+    /// every [`Short`](crate::store::journal_new::Short) holds.
+    fn text(&mut self, value: Option<&[u8]>) -> rusqlite::Result<()> {
         let i = self.index()?;
         // SAFETY: `st` is live; `t` outlives the statement's step (see
         // `RowInserts::insert`), and its length is what is passed.
