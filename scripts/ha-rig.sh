@@ -341,6 +341,11 @@ up() {
     keepalived_config a 150 >"$WORK/keepalived-a.conf"
     keepalived_config b 100 >"$WORK/keepalived-b.conf"
     for h in a b; do
+        # A keepalived killed with -9 (every `down`) leaves its PID files,
+        # and one that finds a live process under a PID it recorded, now
+        # another's, says "daemon is already running" and exits: the VIP
+        # never comes up. These files are the rig's own.
+        rm -f "$WORK/keepalived-$h.pid" "$WORK/keepalived-$h-vrrp.pid"
         # -n: stay in the foreground (its PID is ours); -P: VRRP only; own
         # PID files, so nothing under /run is shared with a host keepalived.
         spawn "keepalived-$h" "$h" keepalived -n -l -D -P -f "$WORK/keepalived-$h.conf" \
@@ -375,6 +380,7 @@ down_quiet() {
         ip netns del "$(ns "$h")" 2>/dev/null || true
     done
     rm -rf "$WORK/pids"
+    rm -f "$WORK"/keepalived-*.pid
 }
 
 down() {
