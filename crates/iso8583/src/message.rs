@@ -193,7 +193,7 @@ impl fmt::Debug for FieldRef<'_> {
 
 impl Spec {
     /// Field `id` of `payload`, read where it starts (`at`, as
-    /// [`FieldIndex::start`] recorded it): its length prefix is read again,
+    /// [`FieldIndex::starts`] recorded it): its length prefix is read again,
     /// the fields before it are not walked. `None` when the spec does not
     /// define `id` or the bytes at `at` cannot hold it (checked: any `at` is
     /// safe, though only a recorded one gives the field).
@@ -720,15 +720,8 @@ impl FieldIndex {
         })
     }
 
-    /// Where field `id` starts (its length prefix, if any), for
-    /// [`Spec::field_at`]; `None` when it is absent or was not asked for.
-    pub fn start(&self, id: u16) -> Option<usize> {
-        let i = self.ids[..self.n as usize].iter().position(|&x| x == id)?;
-        Some(self.spans[i].0 as usize)
-    }
-
-    /// Every field indexed and where it starts, in message order: what
-    /// [`FieldIndex::start`] gives one id at a time, in one pass.
+    /// Every field indexed and where it starts (its length prefix, if
+    /// any), in message order, for [`Spec::field_at`].
     pub fn starts(&self) -> impl Iterator<Item = (u16, usize)> + '_ {
         let n = usize::from(self.n);
         self.ids[..n]
