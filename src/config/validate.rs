@@ -171,6 +171,16 @@ impl ServiceConfig {
         let node_ids: Vec<&str> = self.back.nodes.iter().map(|n| n.id.as_str()).collect();
         self.integrity
             .validate(&format!("{key}.integrity"), &node_ids)?;
+        if let Some(codes) = &self.integrity.approval_codes {
+            // Compared as the F39 text of this spec: each must be a value of
+            // its F39 (a letter is not, in a BCD one).
+            spec.field_codes(39, codes).map_err(|e| {
+                invalid(
+                    format!("{key}.integrity.approval_codes"),
+                    format!("not values of spec `{}`'s F39: {e}", self.spec),
+                )
+            })?;
+        }
         self.advices_can_be_stored(key)?;
         for (j, text) in self.accept_mti.iter().enumerate() {
             if crate::route::MtiPattern::parse(text).is_none() {

@@ -19,7 +19,7 @@ use bytes::Bytes;
 
 pub use super::outlinks::NmKind;
 use crate::config::{FrontConfig, NetworkConfig, ServiceConfig};
-use crate::iso8583::{Decoded, IsoError, Message, Mti, Spec};
+use crate::iso8583::{Decoded, FieldCodes, IsoError, Message, Mti, Spec};
 use crate::route::CorrelationKey;
 use crate::wire::{CupsHeader, HeaderKind, Tpdu, VisaHeader};
 
@@ -35,16 +35,12 @@ pub enum NmScope {
 }
 
 /// The scope of a network-management message: institution-level when its
-/// F70 is one of the dialect's `institution_f70`, else link-level (codes a
-/// dialect does not list are answered as today).
-pub fn scope(msg: &Message<'_>, institution_f70: &[String]) -> NmScope {
-    let f70: Option<Vec<u8>> = msg.field(70).ok().flatten().map(|f| f.logical().collect());
-    scope_of_code(f70.as_deref(), institution_f70)
-}
-
-fn scope_of_code(f70: Option<&[u8]>, institution_f70: &[String]) -> NmScope {
-    match f70 {
-        Some(code) if institution_f70.iter().any(|c| c.as_bytes() == code) => NmScope::Institution,
+/// F70 is one of the dialect's `institution_f70` (packed for its F70 at
+/// start, so compared as the text `decode` shows in any encoding), else
+/// link-level (codes a dialect does not list are answered as today).
+pub fn scope(msg: &Message<'_>, institution_f70: Option<&FieldCodes>) -> NmScope {
+    match institution_f70 {
+        Some(codes) if codes.in_message(msg) => NmScope::Institution,
         _ => NmScope::Link,
     }
 }
@@ -349,36 +345,46 @@ mod tests {
 
     const INSTITUTION: [&str; 3] = ["101", "161", "201"];
 
-    fn codes() -> Vec<String> {
-        INSTITUTION.iter().map(|c| (*c).into()).collect()
+    /// An 0800 of `spec` with F70 `f70` (none for `None`), parsed.
+    fn nm(spec: &Spec, f70: Option<&str>) -> Bytes {
+        let mut d = crate::iso8583::samples::echo(spec);
+        d.remove(70);
+        if let Some(f70) = f70 {
+            d.set_text(70, f70);
+        }
+        Bytes::from(spec.encode(&d).unwrap())
     }
 
+    /// Whole codes, read as text whatever F70's encoding (ASCII on CUPS,
+    /// BCD on VISA).
     #[test]
     fn key_exchange_and_cut_over_are_the_institutions_the_rest_the_links() {
-        let codes = codes();
-        for f70 in ["101", "161", "201"] {
-            assert_eq!(
-                scope_of_code(Some(f70.as_bytes()), &codes),
-                NmScope::Institution,
-                "{f70}"
-            );
+        for name in ["cups", "visa-base1"] {
+            let spec = Spec::builtin(name).unwrap();
+            let codes = spec.field_codes(70, &INSTITUTION).unwrap();
+            let scope_of = |f70| {
+                scope(
+                    &Message::parse(&spec, nm(&spec, f70)).unwrap(),
+                    Some(&codes),
+                )
+            };
+            for f70 in ["101", "161", "201"] {
+                assert_eq!(scope_of(Some(f70)), NmScope::Institution, "{name} {f70}");
+            }
+            for f70 in [Some("001"), Some("002"), Some("301"), Some("999"), None] {
+                assert_eq!(scope_of(f70), NmScope::Link, "{name} {f70:?}");
+            }
         }
-        for f70 in [Some("001"), Some("002"), Some("301"), Some("999"), None] {
-            assert_eq!(
-                scope_of_code(f70.map(str::as_bytes), &codes),
-                NmScope::Link,
-                "{f70:?}"
-            );
-        }
-        // Whole codes, not prefixes.
-        assert_eq!(scope_of_code(Some(b"10"), &codes), NmScope::Link);
     }
 
     /// The spec's list decides, on a real message.
     #[test]
     fn a_cups_key_reset_is_the_institutions_and_an_echo_the_links() {
         let spec = Spec::builtin("cups").unwrap();
-        let list = &spec.integrity().institution_f70;
+        let list = spec
+            .field_codes(70, &spec.integrity().institution_f70)
+            .unwrap();
+        let list = Some(&list);
         let mut d = crate::iso8583::samples::echo(&spec);
         let echo = spec.encode(&d).unwrap();
         d.set_text(70, "101");

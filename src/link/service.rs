@@ -68,6 +68,9 @@ pub enum ServiceError {
     Pool(#[from] super::pool::PoolError),
     #[error(transparent)]
     OneConnect(#[from] super::oneconnect_pool::IdleTimeoutZero),
+    /// An approval code that is not a value of the spec's F39.
+    #[error("integrity.approval_codes: {0}")]
+    ApprovalCodes(#[from] crate::iso8583::IsoError),
 }
 
 /// Where the answer to a request goes.
@@ -166,7 +169,7 @@ impl Service {
             NetworkTemplate::for_service(&config, &spec)?,
             &config,
             &spec,
-        );
+        )?;
         Ok(Service {
             side: FrontSide::for_service(&config, now)?,
             live: ArcSwap::from_pointee(LiveSettings::of(&config)?),

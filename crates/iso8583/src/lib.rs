@@ -14,6 +14,7 @@
 //!   ([`Shown::reveal`]).
 
 mod codec;
+mod codes;
 mod datetime;
 mod decoded;
 mod error;
@@ -30,6 +31,7 @@ pub use codec::ebcdic;
 /// spec's step table as [`Message::index`] does.
 #[doc(hidden)]
 pub use codec::span as field_span;
+pub use codes::FieldCodes;
 pub use datetime::{civil_from_days, transmission_date_time};
 pub use decoded::{Decoded, ShownMessage, Value};
 pub use error::{IsoError, SpecError};

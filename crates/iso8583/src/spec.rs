@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::error::SpecError;
+use super::error::{IsoError, SpecError};
 use super::mti::Mti;
 use isoswitch_wire::{EnvelopeSpec, LengthPrefix};
 
@@ -626,7 +626,7 @@ impl Spec {
             }
         })?;
 
-        Ok(Spec {
+        Spec {
             name: file.name,
             description: file.description,
             framing: file.framing,
@@ -644,7 +644,29 @@ impl Spec {
             fields,
             slot,
             step,
-        })
+        }
+        .with_codes_checked(file.integrity.approval_codes.is_some())
+    }
+
+    /// The integrity codes are compared with messages as values of their
+    /// fields (F39, F70): each must be one. The default approval codes are
+    /// checked only where a spec names its own (a spec whose F39 is not two
+    /// characters serves decode only, and says so elsewhere).
+    fn with_codes_checked(self, own_approval_codes: bool) -> Result<Spec, SpecError> {
+        let bad = |key: &'static str, e: IsoError| SpecError::BadKey {
+            spec: self.name.clone(),
+            key,
+            reason: e.to_string(),
+        };
+        if own_approval_codes && self.field(39).is_some() {
+            self.field_codes(39, &self.integrity.approval_codes)
+                .map_err(|e| bad("integrity.approval_codes", e))?;
+        }
+        if self.field(70).is_some() {
+            self.field_codes(70, &self.integrity.institution_f70)
+                .map_err(|e| bad("integrity.institution_f70", e))?;
+        }
+        Ok(self)
     }
 }
 

@@ -26,7 +26,7 @@ use dashmap::DashMap;
 
 use super::correlator::CorrelationKey;
 use super::decline::DeclineReason;
-use isoswitch_iso8583::{Decoded, IsoError, Mti, Spec};
+use isoswitch_iso8583::{Decoded, FieldCodes, IsoError, Message, Mti, Spec};
 
 /// An authorization or financial request (0100, 0200 and their repeats):
 /// the messages whose approval moves money and so can need reversing.
@@ -40,9 +40,12 @@ pub fn is_advice(mti: Mti) -> bool {
     mti.function() == 2
 }
 
-/// Does `f39` approve, by the dialect's (or the service's) approval codes?
-pub fn approves(f39: &[u8], codes: &[String]) -> bool {
-    codes.iter().any(|c| c.as_bytes() == f39)
+/// Does `response` approve, by the dialect's (or the service's) approval
+/// codes, packed for its spec's F39 ([`Spec::field_codes`]): compared as
+/// the text `decode` shows, so an EBCDIC `F0 F0` is "00". A response
+/// without a readable F39 does not approve.
+pub fn approves(response: &Message<'_>, codes: &FieldCodes) -> bool {
+    codes.in_message(response)
 }
 
 /// What the switch did about a request it answered for its node.
@@ -633,6 +636,31 @@ mod tests {
         assert!(is_approvable(m("0100")) && is_approvable(m("0201")));
         assert!(!is_approvable(m("0420")) && !is_approvable(m("0220")));
         assert!(is_advice(m("0220")) && is_advice(m("0421")) && !is_advice(m("0200")));
-        assert!(approves(b"00", &["00".into()]) && !approves(b"05", &["00".into()]));
+    }
+
+    /// The defect VISA found: an EBCDIC F39 "00" (`F0 F0`) never approved
+    /// when codes were compared as ASCII bytes.
+    #[test]
+    fn approval_is_read_as_text_in_every_dialect() {
+        for name in ["cups", "cup-pos", "visa-base1", "iso87binary"] {
+            let spec = Spec::builtin(name).unwrap();
+            let codes = spec
+                .field_codes(39, &spec.integrity().approval_codes)
+                .unwrap();
+            for (f39, want) in [
+                ("00", true),
+                ("10", true),
+                ("11", true),
+                ("05", false),
+                ("68", false),
+            ] {
+                let mut d = samples::purchase(&spec);
+                d.mti = "0210".parse().unwrap();
+                d.set_text(39, f39);
+                let bytes = Bytes::from(spec.encode(&d).unwrap());
+                let msg = Message::parse(&spec, bytes).unwrap();
+                assert_eq!(approves(&msg, &codes), want, "{name}: F39 {f39}");
+            }
+        }
     }
 }

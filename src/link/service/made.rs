@@ -12,7 +12,7 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 
 use crate::config::{IntegrityConfig, ServiceConfig};
-use crate::iso8583::{IsoError, Spec};
+use crate::iso8583::{FieldCodes, IsoError, Spec};
 use crate::link::netmgmt::NetworkTemplate;
 use crate::link::outlinks::NmKind;
 use crate::route::integrity::{LateBook, RepeatBook};
@@ -24,8 +24,12 @@ pub struct SwitchMade {
     next_stan: AtomicU64,
     /// `[service.integrity]`, fixed at start.
     pub integrity: IntegrityConfig,
-    /// F39 codes that approve: the service's, else the dialect's.
-    pub approval_codes: Vec<String>,
+    /// F39 codes that approve: the service's, else the dialect's, packed
+    /// once in the spec's F39 encoding (an EBCDIC "00" is `F0 F0`).
+    pub approval_codes: FieldCodes,
+    /// The dialect's `institution_f70`, packed for its F70; none when the
+    /// dialect has no F70 (POS sign-in) or lists no code.
+    pub institution_f70: Option<FieldCodes>,
     /// Requests the switch answered for a node (or let expire in silence).
     pub late: LateBook,
     /// Which node each request went to, for its repeats.
@@ -92,13 +96,25 @@ pub struct IntegrityCounters {
 }
 
 impl SwitchMade {
-    pub fn new(network: NetworkTemplate, config: &ServiceConfig, spec: &Spec) -> SwitchMade {
+    /// Fails when an approval code is not a value of the spec's F39
+    /// (`check` says so first, naming the key).
+    pub fn new(
+        network: NetworkTemplate,
+        config: &ServiceConfig,
+        spec: &Spec,
+    ) -> Result<SwitchMade, IsoError> {
         let integrity = config.integrity.clone();
-        let approval_codes = integrity
+        let texts = integrity
             .approval_codes
-            .clone()
-            .unwrap_or_else(|| spec.integrity().approval_codes.clone());
-        SwitchMade {
+            .as_deref()
+            .unwrap_or(&spec.integrity().approval_codes);
+        let approval_codes = spec.field_codes(39, texts)?;
+        let institution = &spec.integrity().institution_f70;
+        let institution_f70 = match spec.field(70) {
+            Some(_) if !institution.is_empty() => Some(spec.field_codes(70, institution)?),
+            _ => None,
+        };
+        Ok(SwitchMade {
             network,
             // Each instance starts its STANs somewhere else: two instances
             // behind one address sign on to the same peer, and a sign-on
@@ -109,9 +125,10 @@ impl SwitchMade {
             repeats: RepeatBook::new(integrity.repeat_window, integrity.repeat_capacity),
             integrity,
             approval_codes,
+            institution_f70,
             saf: OnceLock::new(),
             counters: std::sync::Arc::default(),
-        }
+        })
     }
 
     /// A STAN for a switch-made message (1..=999999, then round again).

@@ -109,11 +109,7 @@ pub(super) fn late_answer(
     from: AnswerFrom,
     now: Instant,
 ) -> bool {
-    let approves = msg
-        .field(39)
-        .ok()
-        .flatten()
-        .is_some_and(|f| integrity::approves(f.data(), &svc.made.approval_codes));
+    let approves = integrity::approves(msg, &svc.made.approval_codes);
     let reverse = approves && svc.made.integrity.late_approval == LateApproval::Reverse;
     let c = &svc.made.counters;
     let late = svc.made.late.late(key, now, reverse);
@@ -465,7 +461,7 @@ pub(super) fn delivered(svc: &Service, id: SafId, kind: SafKind, answer: &Messag
         .field(39)
         .ok()
         .flatten()
-        .map(|f| String::from_utf8_lossy(f.data()).into_owned())
+        .map(|f| f.show().to_string())
         .unwrap_or_default();
     let mti = answer.mti();
     let counter = match kind {
