@@ -14,7 +14,13 @@
 //!   F37 and F41 of its request;
 //! - as **issuer for the bank's acquiring**, answers the requests the bank's
 //!   nodes send, on a link **other than** the one the request came on, so that
-//!   only the F37 node stamp can bring each answer back to its node.
+//!   only the F37 node stamp can bring each answer back to its node;
+//! - approves a share of those late (`late`), past the switch's timeout,
+//!   and keeps books of the reversals the switch then owes it
+//!   ([`crate::sim::ledger`], as `sim node` and `sim cups` do): each
+//!   `0420`/`0421` is read by its own F90 parse ([`crate::sim::original`]),
+//!   booked in its chain and answered `0430` (the first
+//!   `ignore_reversals` of each chain are left unanswered).
 //!
 //! Written independently of the switch: it frames with [`crate::wire`], parses
 //! and builds with [`crate::iso8583`], and has its own writer and its own
@@ -43,7 +49,9 @@ use links::{LinkHandle, accept_links, keep_link};
 
 use crate::iso8583::{Decoded, IsoError, Message, Mti, Spec};
 use crate::sim::answer;
+use crate::sim::ledger::{LateApprovals, is_approvable, is_reversal};
 use crate::sim::node::Delay;
+use crate::sim::original::OriginalKey;
 use crate::sim::peer::{Outstanding, Pacer, deadline_after, lock};
 use crate::util::rng::{Rng, entropy_seed};
 use crate::wire::VisaHeader;
@@ -122,6 +130,11 @@ pub struct VisaSimConfig {
     /// TLS on the links (`--tls-*`): as server when accepting, as client
     /// when dialling; plain by default.
     pub tls: crate::tls::tools::SimTls,
+    /// A share of the bank's requests it approves answered late, each
+    /// recorded: the switch should reverse every one toward VISA.
+    pub late: Option<LateApprovals>,
+    /// The first N reversal messages of each chain are left unanswered.
+    pub ignore_reversals: u32,
 }
 
 impl VisaSimConfig {
@@ -145,6 +158,8 @@ impl VisaSimConfig {
             stamp: Some((10, 2)),
             paused: false,
             tls: Default::default(),
+            late: None,
+            ignore_reversals: 0,
         }
     }
 }
@@ -312,14 +327,29 @@ impl VisaSim {
 /// Runs until origination is over (`count` sent or `duration` passed), waits up
 /// to `timeout` for the answers still due, stops and reports.
 pub async fn run(spec: Arc<Spec>, cfg: VisaSimConfig) -> std::io::Result<VisaReport> {
+    run_until(spec, cfg, std::future::pending()).await
+}
+
+/// [`run`], ended early when `interrupted` completes (Ctrl-C): origination
+/// stops there, and the answers still due are waited for as at the end.
+pub async fn run_until(
+    spec: Arc<Spec>,
+    cfg: VisaSimConfig,
+    interrupted: impl std::future::Future<Output = ()>,
+) -> std::io::Result<VisaReport> {
     let timeout = cfg.timeout;
     let sim = VisaSim::start(spec, cfg).await?;
     if let Some(addr) = sim.local_addr() {
         eprintln!("sim visa listening on {addr}");
     }
+    tokio::pin!(interrupted);
     while !sim.originated_all() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            _ = &mut interrupted => break,
+        }
     }
+    sim.pause();
     let deadline = deadline_after(timeout);
     while sim.outstanding() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -636,6 +666,8 @@ impl Shared {
             self.on_response(&msg);
         } else if msg.mti().is_network_management() {
             self.on_network_request(link, &msg);
+        } else if is_reversal(msg.mti()) {
+            self.on_reversal(&msg);
         } else {
             self.on_bank_request(link, &msg, rng);
         }
@@ -746,11 +778,47 @@ impl Shared {
                 return;
             }
         };
-        let delay = self.cfg.delay.sample(rng);
+        // A late approval is one the simulator can name (and so book).
+        let late = match &self.cfg.late {
+            Some(late) if is_approvable(msg.mti()) && self.stats.reversals.has_room() => late
+                .draw(rng)
+                .and_then(|by| Some((by, OriginalKey::of_message(msg).ok()?))),
+            _ => None,
+        };
+        let (extra, approved_late) = late.map_or((Duration::ZERO, None), |(by, k)| (by, Some(k)));
+        let delay = self.cfg.delay.sample(rng) + extra;
         if delay.is_zero() {
             self.deliver(link, &resp);
         } else {
-            self.deliver_later(link, resp, delay);
+            self.deliver_later(link, resp, delay, approved_late);
+        }
+    }
+
+    /// The bank's reversal (`0420`, repeated as `0421`) of an approval of
+    /// ours: booked in its chain by our own reading of its F90 and answered
+    /// `0430` on any link, unless it is one of the first `ignore_reversals`
+    /// of its chain. One whose F90 names no original is answered F39 `30`.
+    fn on_reversal(&self, msg: &Message<'_>) {
+        let book = &self.stats.reversals;
+        let code = match OriginalKey::of_reversal(msg) {
+            Ok(original) => {
+                if book.reversal(original, msg.mti().is_repeat()) <= self.cfg.ignore_reversals {
+                    book.ignored();
+                    return;
+                }
+                "00"
+            }
+            Err(_) => {
+                book.unreadable();
+                "30"
+            }
+        };
+        let Ok(resp) = answer(&self.spec, msg, code) else {
+            self.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if self.send_where(&resp, |_| true).is_some() {
+            book.answered();
         }
     }
 }

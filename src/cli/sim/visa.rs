@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::iso8583::Mti;
+use crate::sim::ledger::LateApprovals;
 use crate::sim::visa::{Dial, VisaSimConfig};
 
 #[derive(Debug, clap::Args)]
@@ -52,6 +53,16 @@ pub struct SimVisaArgs {
     /// Leave the bank's requests unanswered (exercises its timeouts).
     #[arg(long)]
     pub no_answer: bool,
+    /// Share of the bank's requests it approves answered late, each booked:
+    /// the switch should reverse every one toward VISA (0..=1).
+    #[arg(long, default_value_t = 0.0)]
+    pub late_share: f64,
+    /// How much later than --delay a late approval is answered.
+    #[arg(long, default_value = "0s", value_parser = crate::util::duration::parse)]
+    pub late_by: Duration,
+    /// Leave the first N reversal messages of each chain unanswered.
+    #[arg(long, default_value_t = 0)]
+    pub ignore_reversals: u32,
     /// Print the report as one JSON object instead of a summary line.
     #[arg(long)]
     pub json: bool,
@@ -73,6 +84,9 @@ pub fn run(args: SimVisaArgs) -> ExitCode {
     };
     if args.rate.is_some_and(|r| !(r.is_finite() && r >= 0.0)) {
         return crate::cli::fail("--rate must be a non-negative number".into());
+    }
+    if !(0.0..=1.0).contains(&args.late_share) {
+        return crate::cli::fail("--late-share must be within 0..=1".into());
     }
     let mut mtis = Vec::new();
     for text in &args.mti {
@@ -114,17 +128,28 @@ pub fn run(args: SimVisaArgs) -> ExitCode {
         keepalive_idle: args.keepalive_idle,
         delay,
         answer_bank_requests: !args.no_answer,
+        late: (args.late_share > 0.0).then_some(LateApprovals {
+            share: args.late_share,
+            by: args.late_by,
+        }),
+        ignore_reversals: args.ignore_reversals,
         ..VisaSimConfig::new(dial, args.links)
     };
     let json = args.json;
     crate::cli::runtime(async move {
-        let report = crate::sim::visa::run(spec, cfg).await.map_err(|e| {
-            if e.kind() == std::io::ErrorKind::InvalidInput {
-                e.to_string()
-            } else {
-                format!("cannot listen on {dial:?}: {e}")
-            }
-        })?;
+        // Ctrl-C (SIGINT) ends the run early, with the usual report.
+        let interrupted = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        let report = crate::sim::visa::run_until(spec, cfg, interrupted)
+            .await
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::InvalidInput {
+                    e.to_string()
+                } else {
+                    format!("cannot listen on {dial:?}: {e}")
+                }
+            })?;
         if json {
             println!("{}", report.to_json());
         } else {

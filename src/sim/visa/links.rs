@@ -14,6 +14,7 @@ use tokio::task::JoinSet;
 use tokio_util::codec::FramedRead;
 
 use super::{ACCEPT_FACTOR, CLOSE_GRACE, Dial, LINK_QUEUE, MAX_PARKED, NmKind, STOP_GRACE, Shared};
+use crate::sim::original::OriginalKey;
 use crate::sim::peer::{RECONNECT_MIN, keep_dialled, lock};
 use crate::sim::writer::{Outbound, run_writer};
 use crate::wire::{Frame, FrameCodec};
@@ -116,9 +117,22 @@ impl Shared {
         }
     }
 
-    pub(super) fn deliver_later(self: &Arc<Shared>, came_on: u64, resp: Bytes, delay: Duration) {
+    /// [`Shared::deliver`] after `delay`; a late approval is booked as it
+    /// leaves (before the bank can have it, so before any reversal of it).
+    pub(super) fn deliver_later(
+        self: &Arc<Shared>,
+        came_on: u64,
+        resp: Bytes,
+        delay: Duration,
+        approved_late: Option<OriginalKey>,
+    ) {
         let shared = Arc::clone(self);
-        let send = move || shared.deliver(came_on, &resp);
+        let send = move || {
+            if let Some(key) = approved_late {
+                shared.stats.reversals.approved_late(key);
+            }
+            shared.deliver(came_on, &resp);
+        };
         if !self.delayed.send_after(delay, self.shutdown.clone(), send) {
             self.stats.answers_unsent.fetch_add(1, Ordering::Relaxed);
         }

@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::sim::ledger::{ReversalBook, ReversalReport};
+
 /// Counters a test can read while the simulator runs.
 #[derive(Debug, Default)]
 pub struct VisaSimStats {
@@ -61,6 +63,8 @@ pub struct VisaSimStats {
     pub bad_frames: AtomicU64,
     /// Reject messages (header bit 0x80) received.
     pub rejects: AtomicU64,
+    /// Late approvals of the bank's requests and the bank's reversals of them.
+    pub reversals: ReversalBook,
 }
 
 /// What the simulated VISA saw. `lost` and `doubled` are the verdict: a run is
@@ -94,6 +98,7 @@ pub struct VisaReport {
     pub rejects: u64,
     /// Bank requests per F37 stamp (the node ID the switch wrote).
     pub stamps: BTreeMap<String, u64>,
+    pub reversals: ReversalReport,
 }
 
 impl VisaReport {
@@ -126,6 +131,7 @@ impl VisaReport {
             bad_frames: get(&s.bad_frames),
             rejects: get(&s.rejects),
             stamps,
+            reversals: s.reversals.report(),
         }
     }
 
@@ -190,6 +196,14 @@ impl std::fmt::Display for VisaReport {
                 .map(|(k, v)| format!("{k}:{v}"))
                 .collect();
             write!(f, " | stamps {}", s.join(" "))?;
+        }
+        let r = &self.reversals;
+        if r.late_approvals + r.received + r.repeats > 0 {
+            write!(
+                f,
+                " | late approvals {} reversals {}+{} repeats, chains {} (never reversed {})",
+                r.late_approvals, r.received, r.repeats, r.chains, r.late_never_reversed
+            )?;
         }
         Ok(())
     }
