@@ -7,6 +7,9 @@
 //!   and each answer comes back to the node that asked, by F11 + F7.
 //! - With no key node up, the switch declines a key reset (F39 91), never
 //!   answering 00 for a key no host holds.
+//! - The same both ways on VISA's duplex links (`sim visa`), where F70 is
+//!   BCD and F39 EBCDIC: VISA's key exchanges (F70 161) reach the key node,
+//!   and the nodes' key requests reach VISA and come back to their node.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -304,6 +307,155 @@ async fn with_no_key_node_up_a_key_reset_is_declined_not_approved() {
             "{report}"
         );
         assert_eq!(key_resets(&node_reports[0]), 0);
+    })
+    .await;
+}
+
+/// A VISA duplex service: 2 links dialled to `visa`, signed on per link,
+/// the nodes at `nodes`, `integrity` appended to `[service.integrity]`.
+fn visa_config(
+    admin_toml: &str,
+    visa: SocketAddr,
+    nodes: &[SocketAddr],
+    integrity: &str,
+) -> String {
+    format!(
+        "{admin_toml}[[service]]\nname = \"visa\"\nspec = \"visa-base1\"\nf37_stamp = {{ offset = 10, width = 2 }}\n\
+         [service.front]\nkind = \"connect\"\nconnect = \"{visa}\"\nlinks = 2\nsign_on = \"per-link\"\n\
+         sign_on_retry = \"300ms\"\nreconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n\
+         [service.integrity]\n{integrity}\n\
+         [service.back]\nconnections_per_node = 2\nreconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n{}",
+        nodes_toml(nodes)
+    )
+}
+
+/// `sim visa` accepting the switch's 2 links on `at`, with `extra`.
+async fn start_visa(name: &str, at: SocketAddr, extra: &[&str]) -> Proc {
+    let a = at.to_string();
+    let mut args = vec![
+        "sim",
+        "visa",
+        "--accept",
+        &a,
+        "--links",
+        "2",
+        "--timeout",
+        "3s",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let visa = Proc::spawn(name, &args);
+    wait_listening(at).await;
+    visa
+}
+
+/// VISA starts a dynamic key exchange (0800 F70 161, an institution code)
+/// every 200 ms for 3 s: every one reaches node 02 (the key node, by its
+/// BCD F70 read as text), none another node, and every 0810 comes back to
+/// VISA with the node's F39 00.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn visa_key_exchanges_reach_the_key_node_and_its_answers_visa() {
+    within(Duration::from_secs(90), async {
+        let (nodes, addrs) = start_nodes_with("visa-base1", 3, "0..5ms", &["--json"]).await;
+        let visa_addr = free_addr();
+        let (admin, admin_toml) = admin_toml("keys-visa-switch");
+        let toml = visa_config(&admin_toml, visa_addr, &addrs, "key_nodes = [\"02\"]");
+        let path = write_config("keys-visa-switch", &toml);
+        let p = path.to_string_lossy().into_owned();
+        let data = data_dir("keys-visa-switch");
+        let _switch = Proc::spawn(
+            "keys-visa-switch",
+            &["run", "--config", &p, "--data-dir", &data],
+        );
+        wait_ready(admin, &["01", "02", "03"], 0.0).await;
+        let visa = start_visa(
+            "keys-visa",
+            visa_addr,
+            &["--duration", "3s", "--key-reset-every", "200ms"],
+        )
+        .await;
+        // It stops by itself after --duration, once its exchanges are answered.
+        let report = visa.report().await;
+        let mut node_reports = Vec::new();
+        for node in nodes {
+            node.signal("INT");
+            node_reports.push(node.report().await);
+        }
+        eprintln!("VISA: {report}");
+        for (i, r) in node_reports.iter().enumerate() {
+            eprintln!("node {:02}: {r}", i + 1);
+        }
+        let sent = n(&report, "key_resets_sent");
+        assert!(sent >= 5, "key exchanges sent: {report}");
+        assert_eq!(n(&report, "key_resets_unanswered"), 0, "{report}");
+        assert_eq!(n(&report, "key_resets_answered"), sent, "{report}");
+        assert_eq!(
+            report["key_reset_f39"],
+            serde_json::json!({ "00": sent }),
+            "every 0810 is the key node's approval: {report}"
+        );
+        assert_eq!(
+            node_reports[1]["key_resets"],
+            serde_json::json!({ "161": sent }),
+            "every exchange reached the key node"
+        );
+        for i in [0, 2] {
+            assert_eq!(key_resets(&node_reports[i]), 0, "node {:02}", i + 1);
+        }
+    })
+    .await;
+}
+
+/// Three nodes each send a key request every 200 ms over VISA's duplex
+/// links: every one reaches VISA, and every answer comes back to the node
+/// that asked, by F11 + F7 + F70 (none to another).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_key_requests_reach_visa_and_their_answers_that_node() {
+    within(Duration::from_secs(90), async {
+        let (nodes, addrs) = start_nodes_with(
+            "visa-base1",
+            3,
+            "0..5ms",
+            &["--key-request-every", "200ms", "--json"],
+        )
+        .await;
+        let visa_addr = free_addr();
+        let (admin, admin_toml) = admin_toml("keys-visa-request-switch");
+        let toml = visa_config(&admin_toml, visa_addr, &addrs, "");
+        let visa = start_visa("keys-visa-requests", visa_addr, &["--duration", "60s"]).await;
+        let path = write_config("keys-visa-request-switch", &toml);
+        let p = path.to_string_lossy().into_owned();
+        let data = data_dir("keys-visa-request-switch");
+        let _switch = Proc::spawn(
+            "keys-visa-request-switch",
+            &["run", "--config", &p, "--data-dir", &data],
+        );
+        wait_ready(admin, &["01", "02", "03"], 2.0).await;
+        wait_metric_sum(admin, "isoswitch_service_node_key_exchange", &[], 15.0).await;
+        let mut node_reports = Vec::new();
+        for node in nodes {
+            node.signal("INT");
+            node_reports.push(node.report().await);
+        }
+        visa.signal("INT");
+        let report = visa.report().await;
+        eprintln!("VISA: {report}");
+        let mut total = 0;
+        for (i, r) in node_reports.iter().enumerate() {
+            eprintln!("node {:02}: {r}", i + 1);
+            let k = &r["key_requests"];
+            let sent = n(k, "sent");
+            assert!(sent >= 1, "node {:02} sent no key request: {r}", i + 1);
+            assert_eq!(n(k, "answered"), sent, "node {:02}: {r}", i + 1);
+            assert_eq!(n(k, "unanswered"), 0, "node {:02}: {r}", i + 1);
+            assert_eq!(n(r, "foreign_responses"), 0, "node {:02}: {r}", i + 1);
+            total += sent;
+        }
+        assert_eq!(
+            report["bank_key_requests"],
+            serde_json::json!({ "101": total }),
+            "every key request reached VISA: {report}"
+        );
     })
     .await;
 }

@@ -20,7 +20,10 @@
 //!   ([`crate::sim::ledger`], as `sim node` and `sim cups` do): each
 //!   `0420`/`0421` is read by its own F90 parse ([`crate::sim::original`]),
 //!   booked in its chain and answered `0430` (the first
-//!   `ignore_reversals` of each chain are left unanswered).
+//!   `ignore_reversals` of each chain are left unanswered);
+//! - starts key exchanges (`0800` F70 `161`) every `key_reset_every` and
+//!   counts the answers by F39, and counts the bank's own key requests by
+//!   F70: key management belongs to the bank's hosts, not to the switch.
 //!
 //! Written independently of the switch: it frames with [`crate::wire`], parses
 //! and builds with [`crate::iso8583`], and has its own writer and its own
@@ -49,7 +52,7 @@ use links::{LinkHandle, accept_links, keep_link};
 
 use crate::iso8583::{Decoded, IsoError, Message, Mti, Spec};
 use crate::sim::answer;
-use crate::sim::ledger::{LateApprovals, is_approvable, is_reversal};
+use crate::sim::ledger::{LateApprovals, is_approvable, is_key_management, is_reversal};
 use crate::sim::node::Delay;
 use crate::sim::original::OriginalKey;
 use crate::sim::peer::{Outstanding, Pacer, deadline_after, lock};
@@ -135,7 +138,15 @@ pub struct VisaSimConfig {
     pub late: Option<LateApprovals>,
     /// The first N reversal messages of each chain are left unanswered.
     pub ignore_reversals: u32,
+    /// Start a dynamic key exchange (`0800` F70 [`KEY_RESET_F70`]) this
+    /// often while originating, on a signed-on link: the bank's key node
+    /// must answer it (none = never).
+    pub key_reset_every: Option<Duration>,
 }
+
+/// F70 of the key exchange VISA starts: 161, "new key" of BASE I's dynamic
+/// key exchange (an institution code in `visa-base1`).
+pub const KEY_RESET_F70: &str = "161";
 
 impl VisaSimConfig {
     /// Defaults: no issuer requests, 10 s run, 3 s timeout, sign-on on, echo
@@ -160,6 +171,7 @@ impl VisaSimConfig {
             tls: Default::default(),
             late: None,
             ignore_reversals: 0,
+            key_reset_every: None,
         }
     }
 }
@@ -219,6 +231,9 @@ impl VisaSim {
         };
         if shared.cfg.rate.is_some_and(|r| r > 0.0) {
             tasks.spawn(originate(Arc::clone(&shared), rx.clone()));
+        }
+        if let Some(every) = shared.cfg.key_reset_every.filter(|d| !d.is_zero()) {
+            tasks.spawn(reset_keys(Arc::clone(&shared), every, rx.clone()));
         }
         let (expiring, timeout) = (Arc::clone(&shared), shared.cfg.timeout);
         tasks.spawn(crate::sim::peer::sweep(timeout, rx, move |now| {
@@ -420,6 +435,8 @@ enum Kind {
         link: u64,
     },
     Echo,
+    /// A key exchange of VISA's, answered by the bank's key node.
+    KeyReset,
 }
 
 #[derive(Clone, Debug)]
@@ -507,6 +524,7 @@ impl Shared {
         let c = match p.kind {
             Kind::Issuer { .. } => &self.stats.issuer_unanswered,
             Kind::Echo => &self.stats.echo_unanswered,
+            Kind::KeyReset => &self.stats.key_resets_unanswered,
             // An unanswered sign-on is retried by its link.
             Kind::SignOn { .. } => return,
         };
@@ -718,7 +736,43 @@ impl Shared {
             Kind::Echo => {
                 stats.echo_answered.fetch_add(1, Ordering::Relaxed);
             }
+            Kind::KeyReset => {
+                stats.key_resets_answered.fetch_add(1, Ordering::Relaxed);
+                let f39 = logical(msg, 39);
+                stats
+                    .key_reset_f39
+                    .add(if f39.is_empty() { b"none" } else { &f39 });
+            }
         }
+    }
+
+    /// A key exchange of VISA's (`0800` F70 [`KEY_RESET_F70`]) on a
+    /// signed-on link; its `0810` may come back on any link.
+    fn send_key_reset(&self) -> bool {
+        let mti = self
+            .spec
+            .network()
+            .echo_mti
+            .unwrap_or_else(|| mti(*b"0800"));
+        let Some(response) = answer::response_mti(mti) else {
+            return false;
+        };
+        let (mut d, key, _) = self.fresh(mti);
+        d.set_text(70, KEY_RESET_F70);
+        let Ok(payload) = self.spec.encode(&d).map(Bytes::from) else {
+            return false;
+        };
+        let pending = Pending {
+            kind: Kind::KeyReset,
+            response,
+        };
+        let sent = self.send_expected(&payload, key, pending, |l| {
+            l.signed_on.load(Ordering::Relaxed)
+        });
+        if sent {
+            self.stats.key_resets_sent.fetch_add(1, Ordering::Relaxed);
+        }
+        sent
     }
 
     /// The bank's `0800`: answered `0810` F39 `00` on the link it came on (a
@@ -735,6 +789,8 @@ impl Shared {
             stats.bank_sign_offs.fetch_add(1, Ordering::Relaxed);
         } else if is(&net.echo_f70, "301") {
             stats.bank_echoes.fetch_add(1, Ordering::Relaxed);
+        } else if is_key_management(&f70) {
+            stats.bank_key_requests.add(&f70);
         }
         let Ok(resp) = answer(&self.spec, msg, "00") else {
             stats.bad_frames.fetch_add(1, Ordering::Relaxed);
@@ -819,6 +875,26 @@ impl Shared {
         };
         if self.send_where(&resp, |_| true).is_some() {
             book.answered();
+        }
+    }
+}
+
+/// Starts a key exchange every `every` until `duration` has passed (none
+/// while paused; a tick with no signed-on link is skipped).
+async fn reset_keys(shared: Arc<Shared>, every: Duration, mut shutdown: watch::Receiver<bool>) {
+    let stop_at = shared.base.checked_add(shared.cfg.duration);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        if stop_at.is_some_and(|s| Instant::now() >= s) {
+            return;
+        }
+        if !shared.paused.load(Ordering::Relaxed) {
+            shared.send_key_reset();
         }
     }
 }

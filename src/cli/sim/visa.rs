@@ -63,6 +63,10 @@ pub struct SimVisaArgs {
     /// Leave the first N reversal messages of each chain unanswered.
     #[arg(long, default_value_t = 0)]
     pub ignore_reversals: u32,
+    /// Start a key exchange (0800 F70 161) this often, for --duration; the
+    /// bank's key node must answer each.
+    #[arg(long, value_parser = crate::util::duration::parse)]
+    pub key_reset_every: Option<Duration>,
     /// Print the report as one JSON object instead of a summary line.
     #[arg(long)]
     pub json: bool,
@@ -133,6 +137,7 @@ pub fn run(args: SimVisaArgs) -> ExitCode {
             by: args.late_by,
         }),
         ignore_reversals: args.ignore_reversals,
+        key_reset_every: args.key_reset_every,
         ..VisaSimConfig::new(dial, args.links)
     };
     let json = args.json;

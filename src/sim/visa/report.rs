@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::sim::ledger::{ReversalBook, ReversalReport};
+use crate::sim::ledger::{CodeCounts, ReversalBook, ReversalReport};
 
 /// Counters a test can read while the simulator runs.
 #[derive(Debug, Default)]
@@ -65,6 +65,13 @@ pub struct VisaSimStats {
     pub rejects: AtomicU64,
     /// Late approvals of the bank's requests and the bank's reversals of them.
     pub reversals: ReversalBook,
+    /// Our key exchanges written, answered (by F39) and unanswered.
+    pub key_resets_sent: AtomicU64,
+    pub key_resets_answered: AtomicU64,
+    pub key_resets_unanswered: AtomicU64,
+    pub key_reset_f39: CodeCounts,
+    /// The bank's own key requests (F70 1xx), by F70.
+    pub bank_key_requests: CodeCounts,
 }
 
 /// What the simulated VISA saw. `lost` and `doubled` are the verdict: a run is
@@ -99,6 +106,11 @@ pub struct VisaReport {
     /// Bank requests per F37 stamp (the node ID the switch wrote).
     pub stamps: BTreeMap<String, u64>,
     pub reversals: ReversalReport,
+    pub key_resets_sent: u64,
+    pub key_resets_answered: u64,
+    pub key_resets_unanswered: u64,
+    pub key_reset_f39: BTreeMap<String, u64>,
+    pub bank_key_requests: BTreeMap<String, u64>,
 }
 
 impl VisaReport {
@@ -132,12 +144,17 @@ impl VisaReport {
             rejects: get(&s.rejects),
             stamps,
             reversals: s.reversals.report(),
+            key_resets_sent: get(&s.key_resets_sent),
+            key_resets_answered: get(&s.key_resets_answered),
+            key_resets_unanswered: get(&s.key_resets_unanswered),
+            key_reset_f39: s.key_reset_f39.snapshot(),
+            bank_key_requests: s.bank_key_requests.snapshot(),
         }
     }
 
-    /// Issuer requests that got no answer.
+    /// Issuer requests and key exchanges that got no answer.
     pub fn lost(&self) -> u64 {
-        self.issuer_unanswered
+        self.issuer_unanswered + self.key_resets_unanswered
     }
 
     /// Answers that should not have come: second, crossed (wrong key) or
@@ -196,6 +213,16 @@ impl std::fmt::Display for VisaReport {
                 .map(|(k, v)| format!("{k}:{v}"))
                 .collect();
             write!(f, " | stamps {}", s.join(" "))?;
+        }
+        if self.key_resets_sent > 0 {
+            write!(
+                f,
+                " | key exchanges {}/{} {:?}",
+                self.key_resets_answered, self.key_resets_sent, self.key_reset_f39
+            )?;
+        }
+        if !self.bank_key_requests.is_empty() {
+            write!(f, " | bank key requests {:?}", self.bank_key_requests)?;
         }
         let r = &self.reversals;
         if r.late_approvals + r.received + r.repeats > 0 {
