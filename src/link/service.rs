@@ -301,12 +301,19 @@ impl Service {
             return;
         }
         let mti = req.msg.mti();
-        if self.made.integrity.advices == Advices::StoreAndForward
+        let origin = if self.made.integrity.advices == Advices::StoreAndForward
             && crate::route::integrity::is_advice(mti)
             && mti.class() != 8
         {
-            return owed::store_advice(self, req, origin);
-        }
+            // Back when it cannot be stored without sensitive
+            // authentication data: then it is forwarded, as in forward mode.
+            match owed::store_advice(self, req, origin) {
+                Ok(()) => return,
+                Err(origin) => origin,
+            }
+        } else {
+            origin
+        };
         // A repeat goes where its original went, never to another node.
         let only = mti
             .is_repeat()

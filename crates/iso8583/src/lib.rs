@@ -22,6 +22,7 @@ mod mask;
 mod message;
 mod mti;
 mod nom_form;
+mod sad;
 #[doc(hidden)]
 pub mod samples;
 mod spec;
@@ -41,6 +42,7 @@ pub use mti::Mti;
 /// The field walk written with nom's primitives, for `benches/codec.rs`.
 #[doc(hidden)]
 pub use nom_form::validate as validate_nom_form;
+pub use sad::{EMV_FIELD, SAD_EMV_TAGS, SAD_FIELDS, SadError, Stripped, strip_sad};
 #[doc(hidden)]
 pub use spec::Step;
 pub use spec::{

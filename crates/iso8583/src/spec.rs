@@ -691,6 +691,19 @@ fn validate_integrity(
         out.reversal_mti = mti;
     }
     if let Some(fields) = &file.reversal_fields {
+        // A reversal is stored until delivered: it must never carry
+        // sensitive authentication data (docs/store.md).
+        if let Some(id) = fields
+            .iter()
+            .find(|id| super::sad::SAD_FIELDS.contains(id) || **id == super::sad::EMV_FIELD)
+        {
+            return Err((
+                "integrity.reversal_fields",
+                format!(
+                    "F{id} is sensitive authentication data (track, PIN block or EMV data): a reversal is stored until delivered and may not carry it"
+                ),
+            ));
+        }
         let mut fields = fields.clone();
         fields.sort_unstable();
         fields.dedup();

@@ -82,6 +82,10 @@ pub struct IntegrityCounters {
     /// Advices the switch did not answer itself (`advices = "forward"`: no
     /// node, a timeout), or could not store: the sender repeats.
     pub advices_unanswered: AtomicU64,
+    /// Advices in `store-and-forward` mode that could not be stored without
+    /// sensitive authentication data (PAN only in track data, F55 not
+    /// TLV): forwarded to a node instead, never acknowledged by the switch.
+    pub advices_unstorable: AtomicU64,
     /// Switch-made answers not sent because `switch_made = "silent"`.
     pub switch_made_withheld: AtomicU64,
     /// Repeats sent to the node that had the original.

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use super::SafOutbox;
 use super::journaled::Seen;
 use super::{Origin, Pending, Service, summary};
-use crate::config::{Advices, LateApproval};
+use crate::config::LateApproval;
 use crate::iso8583::{Decoded, Message};
 use crate::journal::{AnsweredBy, Exchange, Journal, Link};
 use crate::link::writer::Outbound;
@@ -373,22 +373,36 @@ fn keys_of(svc: &Service, d: &Decoded) -> SafKeys {
     }
 }
 
-/// An advice from the front in `store-and-forward` mode: stored and synced,
-/// then acknowledged by the switch (0x30, F39 00), then delivered to a node
-/// from the queue. A store that cannot take it means no acknowledgement:
-/// the sender repeats.
-pub(super) fn store_advice(svc: &Service, req: &Checked<'_>, origin: Origin) {
+/// An advice from the front in `store-and-forward` mode: stripped of its
+/// sensitive authentication data (track, PIN block, the EMV track
+/// equivalents: `iso8583::strip_sad`), stored and synced, then acknowledged
+/// by the switch (0x30, F39 00), then delivered to a node from the queue. A
+/// store that cannot take it means no acknowledgement: the sender repeats.
+/// One that cannot be stored without its SAD (its PAN only in the track,
+/// F55 not TLV) is given back, to be forwarded as in `forward` mode.
+pub(super) fn store_advice(svc: &Service, req: &Checked<'_>, origin: Origin) -> Result<(), Origin> {
     let c = &svc.made.counters;
     let Some(outbox) = svc.made.saf() else {
         c.advices_unanswered.fetch_add(1, Ordering::Relaxed);
-        return;
+        return Ok(());
     };
     let payload = req.msg.payload().clone();
-    let decoded = match req.msg.decode() {
+    let mut decoded = match req.msg.decode() {
         Ok(d) => d,
         Err(_) => {
             c.advices_unanswered.fetch_add(1, Ordering::Relaxed);
-            return;
+            return Ok(());
+        }
+    };
+    let kept = crate::iso8583::strip_sad(&mut decoded)
+        .map_err(|e| e.to_string())
+        .and_then(|_| svc.spec().encode(&decoded).map_err(|e| e.to_string()));
+    let kept = match kept {
+        Ok(k) => k,
+        Err(why) => {
+            c.advices_unstorable.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(service = svc.name(), why, message = %summary(&req.msg), "advice not storable without its sensitive authentication data: forwarded, not acknowledged by the switch");
+            return Err(origin);
         }
     };
     let now = now_millis();
@@ -397,7 +411,7 @@ pub(super) fn store_advice(svc: &Service, req: &Checked<'_>, origin: Origin) {
         direction: Direction::ToAnyNode,
         kind: SafKind::Advice,
         mti: req.msg.mti().as_str().to_string(),
-        payload: payload.to_vec(),
+        payload: kept,
         keys: keys_of(svc, &decoded),
         created_at: now,
         expires_at: outbox.policy.expires_at(now),
@@ -408,7 +422,7 @@ pub(super) fn store_advice(svc: &Service, req: &Checked<'_>, origin: Origin) {
         Err(e) => {
             c.advices_unanswered.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(service = svc.name(), error = %e, message = %summary(&req.msg), "advice not stored: not acknowledged (the sender repeats)");
-            return;
+            return Ok(());
         }
     };
     let acknowledgement = crate::link::decline::build(svc.spec(), &payload, *b"00").map(|resp| {
@@ -450,6 +464,7 @@ pub(super) fn store_advice(svc: &Service, req: &Checked<'_>, origin: Origin) {
             }
         }
     });
+    Ok(())
 }
 
 /// The answer to an owed message arrived: its entry is complete.
@@ -498,8 +513,8 @@ pub(super) fn attempt_failed(
 }
 
 /// Whether a switch-made answer to `request` may go out at all: never with
-/// `switch_made = "silent"`, and never to an advice in `forward` mode (a
-/// sender that takes any 0x30 as the acknowledgement would not repeat).
+/// `switch_made = "silent"`, and never to an advice the switch did not store
+/// (a sender that takes any 0x30 as the acknowledgement would not repeat).
 pub(super) fn may_answer(svc: &Service, request: &Bytes) -> bool {
     let c = &svc.made.counters;
     if svc.made.integrity.switch_made == crate::config::SwitchMadePolicy::Silent {
@@ -508,7 +523,9 @@ pub(super) fn may_answer(svc: &Service, request: &Bytes) -> bool {
     }
     let advice = Message::parse(svc.spec(), request.clone())
         .is_ok_and(|m| integrity::is_advice(m.mti()) && m.mti().class() != 8);
-    if advice && svc.made.integrity.advices == Advices::Forward {
+    // In `forward` mode, and in `store-and-forward` mode for an advice that
+    // could not be stored without its sensitive authentication data.
+    if advice {
         c.advices_unanswered.fetch_add(1, Ordering::Relaxed);
         return false;
     }

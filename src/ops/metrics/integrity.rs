@@ -58,7 +58,7 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
     ];
     let mut advices = counter(
         "isoswitch_advices",
-        "Advices (0120/0220/0420 from clients) by outcome: stored (durably, then acknowledged by the switch; integrity.advices = \"store-and-forward\"), delivered (a host acknowledged a stored one), unanswered (no node or a timeout in forward mode, or the store could not take it: the sender repeats).",
+        "Advices (0120/0220/0420 from clients) by outcome: stored (durably, then acknowledged by the switch; integrity.advices = \"store-and-forward\"), delivered (a host acknowledged a stored one), unanswered (no node or a timeout in forward mode, or the store could not take it: the sender repeats), forwarded (store-and-forward mode, but its PAN is only in track data or its F55 is not TLV: it cannot be stored without sensitive authentication data, so it went to a node as in forward mode).",
     );
     for r in handle.services.iter() {
         let s = &r.service;
@@ -81,6 +81,7 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
             ("stored", &c.advices_stored),
             ("delivered", &c.advices_delivered),
             ("unanswered", &c.advices_unanswered),
+            ("forwarded", &c.advices_unstorable),
         ] {
             advices
                 .samples
