@@ -32,7 +32,14 @@ struct Args {
     /// Concurrent putters, one run each.
     #[arg(long, value_delimiter = ',', default_value = "1,64")]
     putters: Vec<usize>,
+    /// The store's key file (`store.key_file`). Default: the data dir's own
+    /// with SQLite; with PostgreSQL, one made in a temp dir for the run.
+    #[arg(long)]
+    key_file: Option<PathBuf>,
 }
+
+/// A PAN in every payload, for scripts/checks/store.sh to look for in clear.
+const PAN: &[u8] = b"6234567890121234";
 
 /// A reversal advice about the size of a real one (~200 bytes).
 fn entry(putter: usize, seq: u64) -> NewSafEntry {
@@ -42,7 +49,7 @@ fn entry(putter: usize, seq: u64) -> NewSafEntry {
         direction: Direction::ToPeer,
         kind: SafKind::Reversal,
         mti: "0420".into(),
-        payload: vec![0x30 + (seq % 10) as u8; 200],
+        payload: [PAN, &[0x30 + (seq % 10) as u8; 184][..]].concat(),
         keys: SafKeys {
             f11: Some(format!("{:06}", seq % 1_000_000)),
             f37: Some(format!("{putter:04}{seq:08}")),
@@ -111,8 +118,24 @@ async fn run(cfg: &StoreConfig, dir: &std::path::Path, putters: usize, seconds: 
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
+    let postgres = args
+        .url
+        .as_deref()
+        .is_some_and(|u| u.starts_with("postgres"));
+    let key_file = args.key_file.clone().or_else(|| {
+        postgres.then(|| {
+            let dir = std::env::temp_dir()
+                .join(format!("isoswitch-saf-bench-key-{}", std::process::id()));
+            let path = dir.join("store.key");
+            if !path.exists() {
+                isoswitch::store::seal::Keyring::create(&path).expect("a key file for the run");
+            }
+            path
+        })
+    });
     let cfg = StoreConfig {
         url: args.url.clone(),
+        key_file,
         ..StoreConfig::default()
     };
     for &putters in &args.putters {

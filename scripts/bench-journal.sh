@@ -48,10 +48,12 @@ tck=$(getconf CLK_TCK)
 
 rig_nodes 26700 cups
 config() { # $1 = true|false
-    if [ -n "$pg" ]; then printf '[store]\nurl = "%s"\n' "$pg"; fi
+    if [ -n "$pg" ]; then printf '[store]\nurl = "%s"\nkey_file = "%s"\n' "$pg" "$work/store.key"; fi
     printf '[journal]\nenabled = %s\n%s\n' "$1" "${JOURNAL_TOML:-}"
     rig_switch_toml 26700 cups 50 4
 }
+# A PostgreSQL store needs a key file: the bench makes one.
+(umask 077; printf '1 %s\n' "$(python3 -c 'import secrets; print(secrets.token_hex(32))')" >"$work/store.key")
 config false >"$work/off.toml"
 config true >"$work/on.toml"
 JOURNAL_TOML="${JOURNAL_TOML:-}"$'\nqueue = 1' config true >"$work/built.toml"

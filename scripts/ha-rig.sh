@@ -139,6 +139,8 @@ listen = "$ADMIN"
 
 [store]
 url = "$STORE_URL"
+# Both instances seal and open the shared SAF entries with this key.
+key_file = "$WORK/store.key"
 [store.saf]
 # A failed reversal attempt is tried again 20 s later: A is killed before
 # that, so the second attempt is B's. A lease outlives a dead instance 3 s.
@@ -310,6 +312,10 @@ up() {
     rm -rf "$WORK/pg"
     STORE_URL=$(in_ns db scripts/pg-test.sh start "$WORK/pg" 5432 "${IP[db]}" "$NET.0/24") \
         || die "PostgreSQL did not start in $(ns db)"
+
+    log "the store's data key (both instances seal with it)"
+    rm -f "$WORK/store.key"
+    (umask 077; printf '1 %s\n' "$(python3 -c 'import secrets; print(secrets.token_hex(32))')" >"$WORK/store.key")
 
     log "channel nodes"
     for id in 01 02; do

@@ -24,15 +24,30 @@ use procs::*;
 /// reversals wait 1 s for their answer, a failed attempt is retried after
 /// 8 s, and a lease lasts 3 s (what B waits for once A is gone).
 fn pair_toml(url: &str, listen: SocketAddr, nodes: &[SocketAddr]) -> String {
+    let key = pair_key_file();
     format!(
-        "[store]\nurl = \"{url}\"\n\
+        "[store]\nurl = \"{url}\"\nkey_file = \"{}\"\n\
          [store.saf]\nretry = \"8s\"\nretry_max = \"8s\"\nlease = \"3s\"\n\
          [[service]]\nname = \"pos\"\nspec = \"cup-pos\"\n\
          [service.front]\nkind = \"listen\"\nlisten = \"{listen}\"\n\
          [service.back]\nconnections_per_node = 1\nreconnect_min = \"50ms\"\nreconnect_max = \"200ms\"\n\
          [service.timeouts]\nrequest = \"500ms\"\nby_mti = {{ \"04x0\" = \"1s\" }}\n{}",
+        key.display(),
         nodes_toml(nodes)
     )
+}
+
+/// The key file both instances seal and open with (the store is shared).
+fn pair_key_file() -> std::path::PathBuf {
+    static KEY: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| {
+        let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("pair-{}.key", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        isoswitch::store::seal::Keyring::create(&path).expect("a key file");
+        path
+    })
+    .clone()
 }
 
 /// (kind, state, completed_by) of every SAF row.

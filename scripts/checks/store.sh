@@ -5,7 +5,8 @@
 # there: exactly the acknowledged entries, an intact WAL-mode file with mode
 # 0600 in a 0700 directory, the schema version the source declares
 # (src/store/schema.rs), and no more of a PAN than its
-# first 6 and last 4 digits in the listing column. Fails (never skips)
+# first 6 and last 4 digits in the listing column, and no payload that is
+# not sealed (AES-256-GCM, src/store/seal.rs). Fails (never skips)
 # without sqlite3, psql or PostgreSQL (scripts/deps/store.apt).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -46,7 +47,13 @@ db="$WORK/data/isoswitch.db"
 count=$(sqlite3 "$db" "SELECT count(*) FROM saf WHERE state = 'pending'")
 [ "$count" = "$acked" ] || fail "sqlite: $acked entries acknowledged, $count stored"
 check_pans "$(sqlite3 "$db" 'SELECT DISTINCT pan_masked FROM saf')" sqlite
-echo "ok store.sh sqlite: $acked acknowledged, $count in the file"
+# Every payload carries the PAN 6234567890121234: sealed, none shows it.
+clear=$(sqlite3 "$db" "SELECT count(*) FROM saf WHERE instr(payload, CAST('6234567890121234' AS BLOB)) > 0")
+[ "$clear" = 0 ] || fail "sqlite: $clear payloads hold the PAN in clear"
+sealed=$(sqlite3 "$db" "SELECT count(*) FROM saf WHERE substr(payload, 1, 4) = X'49535701'")
+[ "$sealed" = "$count" ] || fail "sqlite: $sealed of $count payloads sealed"
+[ "$(stat -c %a "$WORK/data/store.key")" = 600 ] || fail "sqlite: the key file is not 0600"
+echo "ok store.sh sqlite: $acked acknowledged, $count in the file, every payload sealed"
 
 # PostgreSQL
 export BIN
@@ -57,6 +64,8 @@ scripts/pg-test.sh run -- bash -c '
     echo "count=$(psql "$ISOSWITCH_TEST_PG_URL" -Atc "SELECT count(*) FROM saf WHERE state = '"'"'pending'"'"'")"
     echo "version=$(psql "$ISOSWITCH_TEST_PG_URL" -Atc "SELECT value FROM meta WHERE key = '"'"'schema_version'"'"'")"
     echo "pans=$(psql "$ISOSWITCH_TEST_PG_URL" -Atc "SELECT string_agg(DISTINCT pan_masked, '"'"' '"'"') FROM saf")"
+    echo "clear=$(psql "$ISOSWITCH_TEST_PG_URL" -Atc "SELECT count(*) FROM saf WHERE position(convert_to('"'"'6234567890121234'"'"', '"'"'UTF8'"'"') in payload) > 0")"
+    echo "sealed=$(psql "$ISOSWITCH_TEST_PG_URL" -Atc "SELECT count(*) FROM saf WHERE substring(payload from 1 for 4) = '"'"'\x49535701'"'"'::bytea")"
 ' > "$WORK/pg.out" || fail "postgres: $(cat "$WORK/pg.out")"
 value() { sed -n "s/^$1=//p" "$WORK/pg.out"; }
 acked=$(value acked)
@@ -65,4 +74,6 @@ count=$(value count)
 [ "$count" = "$acked" ] || fail "postgres: $acked entries acknowledged, $count stored"
 [ "$(value version)" = "$schema" ] || fail "postgres: schema_version is not $schema"
 check_pans "$(value pans | tr ' ' '\n')" postgres
-echo "ok store.sh postgres: $acked acknowledged, $count in the table"
+[ "$(value clear)" = 0 ] || fail "postgres: $(value clear) payloads hold the PAN in clear"
+[ "$(value sealed)" = "$count" ] || fail "postgres: $(value sealed) of $count payloads sealed"
+echo "ok store.sh postgres: $acked acknowledged, $count in the table, every payload sealed"

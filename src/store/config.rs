@@ -39,6 +39,12 @@ pub struct StoreConfig {
     pub batch: usize,
     #[serde(default)]
     pub saf: SafPolicy,
+    /// The data keys SAF payloads are sealed with (src/store/seal.rs); a
+    /// relative path is under the data dir. Absent: `store.key` in the data
+    /// dir, made on first start. Required with PostgreSQL: every instance
+    /// of a pair must open what another sealed.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
 }
 
 mod defaults {
@@ -57,6 +63,7 @@ impl Default for StoreConfig {
             queue: defaults::queue(),
             batch: defaults::batch(),
             saf: SafPolicy::default(),
+            key_file: None,
         }
     }
 }
@@ -94,7 +101,19 @@ impl StoreConfig {
             return Err(bad_config("store.batch", "must be at least 1"));
         }
         self.saf.validate()?;
-        self.location(data_dir).map(|_| ())
+        let location = self.location(data_dir)?;
+        if matches!(location, Location::Postgres(_)) && self.key_file.is_none() {
+            return Err(bad_config(
+                "store.key_file",
+                "required with PostgreSQL: every instance sharing the store must seal and open its entries with the same keys",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The key file, resolved against the data dir; `None`: the data dir's own.
+    pub fn key_path(&self, data_dir: &Path) -> Option<PathBuf> {
+        self.key_file.as_ref().map(|p| data_dir.join(p))
     }
 
     /// Where the store lives, for this data dir.
@@ -235,13 +254,16 @@ impl fmt::Debug for StoreConfig {
 impl Serialize for StoreConfig {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("StoreConfig", 4)?;
+        let mut st = s.serialize_struct("StoreConfig", 5)?;
         if let Some(url) = &self.url {
             st.serialize_field("url", &redact_url(url))?;
         }
         st.serialize_field("queue", &self.queue)?;
         st.serialize_field("batch", &self.batch)?;
         st.serialize_field("saf", &self.saf)?;
+        if let Some(k) = &self.key_file {
+            st.serialize_field("key_file", k)?;
+        }
         st.end()
     }
 }

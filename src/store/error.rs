@@ -95,6 +95,18 @@ pub enum StoreError {
     #[error("store writer answered {op} with {got}")]
     WrongAnswer { op: &'static str, got: String },
 
+    /// The store's key file cannot be used (`line` 0: the file as a whole).
+    #[error("store key file {}: line {line}: {reason}", path.display())]
+    BadKeyFile {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
+
+    /// A payload could not be sealed or opened (never names its content).
+    #[error("sealed payload: {reason}")]
+    Seal { reason: String },
+
     /// A value read back from the database is not one this code writes.
     #[error("store column {column}: unexpected value `{value}`")]
     Corrupt { column: &'static str, value: String },

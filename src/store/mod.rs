@@ -24,6 +24,7 @@ pub mod policy;
 mod postgres;
 pub mod saf;
 mod schema;
+pub mod seal;
 mod sqlite;
 mod state;
 mod writer;
@@ -54,6 +55,8 @@ use writer::{Answer, Counters, Handle, Op, Outcome, mismatch};
 pub struct Store {
     handle: Handle,
     location: Arc<Location>,
+    /// What SAF payloads are sealed and opened with.
+    keys: Arc<seal::Keyring>,
 }
 
 /// The answer to a queued [`Store::saf_submit`]: resolves once the entry is
@@ -82,6 +85,14 @@ impl Store {
     pub async fn open(cfg: &StoreConfig, data_dir: &Path) -> Result<Store, StoreError> {
         cfg.validate(data_dir)?;
         let location = cfg.location(data_dir)?;
+        let key_path = cfg.key_path(data_dir);
+        let dir = data_dir.to_path_buf();
+        // Reading or making the key file touches the disk: not on a worker.
+        let keys = tokio::task::spawn_blocking(move || {
+            seal::Keyring::for_store(key_path.as_deref(), &dir)
+        })
+        .await
+        .map_err(|_| StoreError::Closed)??;
         let (tx, inbox) = writer::queue(cfg.queue, cfg.batch);
         let counters = Arc::new(Counters::default());
         match &location {
@@ -101,6 +112,7 @@ impl Store {
         Ok(Store {
             handle: Handle::new(tx, cfg.queue, counters),
             location: Arc::new(location),
+            keys: Arc::new(keys),
         })
     }
 
@@ -124,8 +136,15 @@ impl Store {
     /// Queues an entry without waiting: [`StoreError::QueueFull`] at once if
     /// the writer is behind, else an ack that resolves once the entry is
     /// durable. What the message path calls.
-    pub fn saf_submit(&self, entry: NewSafEntry) -> Result<SafAck, StoreError> {
+    pub fn saf_submit(&self, mut entry: NewSafEntry) -> Result<SafAck, StoreError> {
         entry.validate()?;
+        let row = seal::RowBinding {
+            service: &entry.service,
+            kind: entry.kind,
+            mti: &entry.mti,
+            created_at: entry.created_at,
+        };
+        entry.payload = self.keys.seal(row, &entry.payload)?;
         let rx = self.handle.submit(Op::SafPut(entry))?;
         Ok(SafAck { rx })
     }
@@ -155,10 +174,38 @@ impl Store {
             max,
             lease_until,
         };
-        match self.handle.call(op).await? {
-            Outcome::Claimed(claimed) => Ok(claimed),
-            other => Err(mismatch("saf_claim", &other)),
+        let claimed = match self.handle.call(op).await? {
+            Outcome::Claimed(claimed) => claimed,
+            other => return Err(mismatch("saf_claim", &other)),
+        };
+        let mut opened = Vec::with_capacity(claimed.len());
+        for mut c in claimed {
+            let row = seal::RowBinding {
+                service: &c.service,
+                kind: c.kind,
+                mti: &c.mti,
+                created_at: c.created_at,
+            };
+            match self.keys.open(row, &c.payload) {
+                Ok(plain) => {
+                    c.payload = plain;
+                    opened.push(c);
+                }
+                Err(e) => {
+                    // Never delivered as it is, never left to block the
+                    // queue: a dead letter an operator sees, with why.
+                    let reason = format!("cannot be opened: {e}");
+                    tracing::error!(id = %c.id, service = %c.service, %reason, "store-and-forward: entry parked as a dead letter");
+                    self.saf_dead(c.id, now, &reason).await?;
+                }
+            }
         }
+        Ok(opened)
+    }
+
+    /// The key file the store seals with.
+    pub fn key_file(&self) -> &Path {
+        self.keys.path()
     }
 
     /// Records a failed attempt by the lease owner and when to try next;

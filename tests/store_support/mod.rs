@@ -65,11 +65,28 @@ impl Drop for TempDir {
     }
 }
 
+/// A store config on `url`; with PostgreSQL, the test run's one key file
+/// (a PostgreSQL store needs one: every instance seals with the same keys).
 pub fn config(url: Option<String>) -> StoreConfig {
+    let postgres = url.as_deref().is_some_and(|u| u.starts_with("postgres"));
     StoreConfig {
         url,
+        key_file: postgres.then(shared_key_file),
         ..StoreConfig::default()
     }
+}
+
+/// One key file for every PostgreSQL store of this test process.
+pub fn shared_key_file() -> std::path::PathBuf {
+    static KEY: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| {
+        let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("store-{}.key", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        isoswitch::store::seal::Keyring::create(&path).expect("a key file");
+        path
+    })
+    .clone()
 }
 
 fn ids(rows: &[isoswitch::store::ClaimedSaf]) -> Vec<SafId> {
