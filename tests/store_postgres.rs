@@ -339,3 +339,37 @@ async fn journal_rows_queries_report_and_purges() {
     })
     .await;
 }
+
+/// `saf_rekey` on PostgreSQL: a payload written in clear before sealing is
+/// sealed; those already under the first key are left.
+#[tokio::test]
+async fn rekey_seals_what_is_in_clear() {
+    limited(async {
+        let (_server, url) = fresh("rekey").await;
+        let store = open(&url).await;
+        for seq in 1..=2 {
+            store.saf_put(entry("cups", seq, T0)).await.expect("put");
+        }
+        admin(&url)
+            .await
+            .execute("UPDATE saf SET payload = convert_to('payload cups 1', 'UTF8') WHERE id = 1", &[])
+            .await
+            .expect("a payload in clear");
+        let done = store.saf_rekey().await.expect("rekey");
+        assert_eq!((done.resealed, done.current, done.unopenable), (1, 1, 0));
+        let sealed: i64 = admin(&url)
+            .await
+            .query_one(
+                "SELECT count(*) FROM saf WHERE substring(payload from 1 for 4) = '\\x49535701'::bytea",
+                &[],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        assert_eq!(sealed, 2);
+        let claimed = store.saf_claim("a", T0, 10, LEASE).await.expect("claim");
+        assert_eq!(claimed[0].payload, b"payload cups 1");
+        store.close().await.expect("close");
+    })
+    .await;
+}

@@ -500,3 +500,91 @@ async fn deleted_rows_leave_no_bytes_in_the_file() {
         "a purged journal row is in the file"
     );
 }
+
+/// A key rotation: a new key put first in the key file seals new entries;
+/// `saf_rekey` seals the old ones (and one written in clear before sealing)
+/// again under it; then the old key can go and every entry still opens.
+#[tokio::test]
+async fn a_rotated_key_reseals_every_kept_payload() {
+    limited(async {
+        let dir = TempDir::new("rekey");
+        let store = open(&dir).await;
+        for seq in 1..=3 {
+            store.saf_put(entry("cups", seq, T0)).await.expect("put");
+        }
+        store.close().await.expect("close");
+        // The first entry as an isoswitch from before sealing wrote it.
+        let conn = rusqlite::Connection::open(db(&dir)).expect("sqlite3 open");
+        conn.execute(
+            "UPDATE saf SET payload = CAST('payload cups 1' AS BLOB) WHERE id = 1",
+            [],
+        )
+        .expect("a payload in clear");
+        let key_ids = |conn: &rusqlite::Connection| -> Vec<String> {
+            let mut st = conn
+                .prepare("SELECT hex(substr(payload, 1, 8)) FROM saf ORDER BY id")
+                .expect("prepare");
+            st.query_map([], |r| r.get(0))
+                .expect("query")
+                .map(|r| r.expect("row"))
+                .collect()
+        };
+        assert_eq!(
+            key_ids(&conn)[1..],
+            ["4953570100000001", "4953570100000001"]
+        );
+
+        let old = std::fs::read_to_string(dir.path().join("store.key")).expect("the key file");
+        let old_line = old
+            .lines()
+            .find(|l| l.starts_with("1 "))
+            .expect("key 1")
+            .to_string();
+        let new_line = format!("2 {}", "ab".repeat(32));
+        let key_file = dir.path().join("rotated.key");
+        let write = |text: String| {
+            use std::os::unix::fs::OpenOptionsExt;
+            let _ = std::fs::remove_file(&key_file);
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&key_file)
+                .expect("key file");
+            std::io::Write::write_all(&mut f, text.as_bytes()).expect("write");
+        };
+        write(format!("{new_line}\n{old_line}\n"));
+        let cfg = isoswitch::store::StoreConfig {
+            key_file: Some(key_file.clone()),
+            ..config(None)
+        };
+        let store = Store::open(&cfg, dir.path()).await.expect("open");
+        let done = store.saf_rekey().await.expect("rekey");
+        assert_eq!(
+            (done.key, done.resealed, done.current, done.unopenable),
+            (2, 3, 0, 0)
+        );
+        assert_eq!(store.saf_rekey().await.expect("again").current, 3);
+        store.close().await.expect("close");
+        assert!(
+            key_ids(&conn).iter().all(|k| k == "4953570100000002"),
+            "{:?}",
+            key_ids(&conn)
+        );
+
+        // The old key out: every entry still opens, as it was put.
+        write(format!("{new_line}\n"));
+        let store = Store::open(&cfg, dir.path()).await.expect("open");
+        let claimed = store.saf_claim("a", T0, 10, LEASE).await.expect("claim");
+        let payloads: Vec<String> = claimed
+            .iter()
+            .map(|c| String::from_utf8_lossy(&c.payload).into_owned())
+            .collect();
+        assert_eq!(
+            payloads,
+            ["payload cups 1", "payload cups 2", "payload cups 3"]
+        );
+        store.close().await.expect("close");
+    })
+    .await;
+}

@@ -37,7 +37,34 @@ pub fn run(path: &Path) -> ExitCode {
         }
         Err(e) => eprintln!("warning: cannot read the open-file limit: {e}"),
     }
+    if let Some(warning) = key_beside_data(&cfg) {
+        eprintln!("warning: {warning}");
+    }
     ExitCode::SUCCESS
+}
+
+/// The store's data key in the directory of the data it seals: whoever
+/// copies the one gets the other (PCI DSS 3.6.1). Made there by default so
+/// that a first `run` needs nothing; production keeps it apart.
+fn key_beside_data(cfg: &Config) -> Option<String> {
+    let state_directory = std::env::var(crate::ops::data_dir::STATE_DIRECTORY_ENV).ok();
+    let (data_dir, _) =
+        crate::ops::data_dir::resolve(None, cfg.data_dir.as_deref(), state_directory.as_deref());
+    let db = match cfg.store.location(&data_dir).ok()? {
+        crate::store::Location::Sqlite(path) => path,
+        crate::store::Location::Postgres(_) => return None,
+    };
+    let key = cfg
+        .store
+        .key_path(&data_dir)
+        .unwrap_or_else(|| data_dir.join(crate::store::seal::DEFAULT_KEY_FILE));
+    (key.parent() == db.parent()).then(|| {
+        format!(
+            "store.key_file: the data key {} lies beside the store it seals ({}); in production keep it apart, as a credential (systemd LoadCredential, a container secret)",
+            key.display(),
+            db.display()
+        )
+    })
 }
 
 /// Reads every certificate and key the `tls` tables name, as `run` will;

@@ -134,7 +134,7 @@ pub fn run(args: JournalArgs) -> ExitCode {
             }) => {
                 let (since, until) = params::day_bounds(day.as_deref(), SystemTime::now())
                     .map_err(|e| format!("--day: {e}"))?;
-                let store = open(store).await?;
+                let store = open_store(store).await?;
                 let report = store
                     .journal_report(since, until)
                     .await
@@ -163,7 +163,7 @@ pub fn run(args: JournalArgs) -> ExitCode {
 
 async fn list(args: &JournalArgs) -> Result<(), String> {
     let filter = args.filter.filter(SystemTime::now())?;
-    let store = open(&args.store).await?;
+    let store = open_store(&args.store).await?;
     let printed = if args.admin {
         let rows = store
             .admin_query(filter.since, filter.limit)
@@ -194,7 +194,7 @@ async fn list(args: &JournalArgs) -> Result<(), String> {
 
 /// Opens the store the flags name; a SQLite store that is not there is an
 /// error (a query never creates one).
-async fn open(args: &StoreArgs) -> Result<Store, String> {
+pub(super) async fn open_store(args: &StoreArgs) -> Result<Store, String> {
     let loaded = match &args.config {
         Some(path) => Some(
             crate::config::Config::load(path).map_err(|e| format!("{}: {e}", path.display()))?,

@@ -21,6 +21,7 @@ pub mod load;
 pub mod replay;
 #[cfg(feature = "tools")]
 pub mod sim;
+pub mod store;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -80,6 +81,8 @@ pub enum Command {
     /// The exchanges and admin actions the switch journaled (masked), and
     /// the day's reconciliation report.
     Journal(journal::JournalArgs),
+    /// The store's upkeep: `rekey` after a key rotation.
+    Store(store::StoreCmdArgs),
     /// Decode framed messages like a protocol dissector.
     Decode(decode::DecodeArgs),
     /// Measure the load generator direct to a node, through HAProxy (if
@@ -121,6 +124,7 @@ pub fn main() -> ExitCode {
         Command::Decode(args) => decode::run(&args),
         Command::Ctl(args) => ctl::run(&args),
         Command::Journal(args) => journal::run(args),
+        Command::Store(args) => store::run(args),
         #[cfg(feature = "tools")]
         Command::Demo(args) => demo::run(&args),
         #[cfg(feature = "tools")]

@@ -50,6 +50,21 @@ pub use schema::SCHEMA_VERSION;
 use saf::check_time;
 use writer::{Answer, Counters, Handle, Op, Outcome, mismatch};
 
+/// What [`Store::saf_rekey`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Rekeyed {
+    /// The key id every payload is now sealed under.
+    pub key: u32,
+    /// Payloads sealed again under it.
+    pub resealed: u64,
+    /// Payloads already under it.
+    pub current: u64,
+    /// Payloads delivered or dropped while the rekey ran (nothing to do).
+    pub gone: u64,
+    /// Payloads no key of the key file opens: left as they are.
+    pub unopenable: u64,
+}
+
 /// A handle on the open store; clones share the one writer.
 #[derive(Clone)]
 pub struct Store {
@@ -206,6 +221,69 @@ impl Store {
     /// The key file the store seals with.
     pub fn key_file(&self) -> &Path {
         self.keys.path()
+    }
+
+    /// Seals again, under the key file's first key, every payload kept
+    /// under another key or in clear (written before sealing): what
+    /// `isoswitch store rekey` runs after a new key is put first. A payload
+    /// no key opens is left as it is and counted. Safe beside a running
+    /// switch: a payload delivered meanwhile is not written back.
+    pub async fn saf_rekey(&self) -> Result<Rekeyed, StoreError> {
+        let mut out = Rekeyed {
+            key: self.keys.sealing_key(),
+            ..Rekeyed::default()
+        };
+        let mut after = SafId(0);
+        loop {
+            let page = match self
+                .handle
+                .call(Op::SafPayloads { after, limit: 500 })
+                .await?
+            {
+                Outcome::Payloads(p) => p,
+                other => return Err(mismatch("saf_payloads", &other)),
+            };
+            let Some(last) = page.last() else {
+                return Ok(out);
+            };
+            after = last.id;
+            for p in page {
+                self.reseal(p, &mut out).await?;
+            }
+        }
+    }
+
+    async fn reseal(&self, p: writer::StoredPayload, out: &mut Rekeyed) -> Result<(), StoreError> {
+        if seal::sealing(&p.payload) == seal::Sealing::Key(out.key) {
+            out.current += 1;
+            return Ok(());
+        }
+        let row = seal::RowBinding {
+            service: &p.service,
+            kind: p.kind,
+            mti: &p.mti,
+            created_at: p.created_at,
+        };
+        let plain = match self.keys.open(row, &p.payload) {
+            Ok(plain) => plain,
+            Err(e) => {
+                tracing::error!(id = %p.id, error = %e, "store rekey: payload left as it is");
+                out.unopenable += 1;
+                return Ok(());
+            }
+        };
+        let new = self.keys.seal(row, &plain)?;
+        let op = Op::SafReseal {
+            id: p.id,
+            old: p.payload,
+            new,
+        };
+        match self.handle.call(op).await? {
+            Outcome::Changed(1) => out.resealed += 1,
+            Outcome::Changed(_) => out.gone += 1,
+            other => return Err(mismatch("saf_reseal", &other)),
+        }
+        Ok(())
     }
 
     /// Records a failed attempt by the lease owner and when to try next;

@@ -9,7 +9,7 @@ use super::error::StoreError;
 use super::saf::{
     ClaimedSaf, Direction, SafId, SafKeys, SafKind, SafOwed, SafRow, SafState, SafStats, UnixMillis,
 };
-use super::writer::Outcome;
+use super::writer::{Outcome, StoredPayload};
 
 /// The schema version this build writes; `meta.schema_version` holds the
 /// version a database is at. Each backend has exactly this many migrations.
@@ -137,6 +137,26 @@ pub fn claims_in_order(
         .collect::<Result<Vec<_>, _>>()?;
     claimed.sort_by_key(|c| c.id);
     Ok(claimed)
+}
+
+/// One row of `SafPayloads` as the drivers read it: id, service, kind,
+/// MTI, created_at, payload.
+pub type RawPayload = (i64, String, String, String, i64, Vec<u8>);
+
+/// `SafPayloads` rows, their kind parsed.
+pub fn stored_payloads(raw: Vec<RawPayload>) -> Result<Vec<StoredPayload>, StoreError> {
+    raw.into_iter()
+        .map(|(id, service, kind, mti, created_at, payload)| {
+            Ok(StoredPayload {
+                id: SafId(id),
+                service,
+                kind: kind.parse()?,
+                mti,
+                created_at,
+                payload,
+            })
+        })
+        .collect()
 }
 
 /// The state changes an update may refuse, and what each needs.

@@ -650,6 +650,33 @@ fn apply(
             )?;
             Ok(Outcome::Changed(pruned as u64))
         }
+        Op::SafPayloads { after, limit } => {
+            let limit = i64::try_from(*limit).unwrap_or(i64::MAX);
+            let mut st = tx.prepare_cached(
+                "SELECT id, service, kind, mti, created_at, payload FROM saf \
+                 WHERE id > ?1 AND payload IS NOT NULL ORDER BY id LIMIT ?2",
+            )?;
+            let raw = st
+                .query_map(params![after.0, limit], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, i64>(4)?,
+                        r.get::<_, Vec<u8>>(5)?,
+                    ))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            schema::stored_payloads(raw).map(Outcome::Payloads)
+        }
+        Op::SafReseal { id, old, new } => {
+            let n = tx.execute(
+                "UPDATE saf SET payload = ?2 WHERE id = ?1 AND payload = ?3",
+                params![id.0, new, old],
+            )?;
+            Ok(Outcome::Changed(n as u64))
+        }
         Op::SafList(filter) => {
             let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
             let mut st = tx.prepare_cached(&format!(

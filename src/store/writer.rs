@@ -97,8 +97,32 @@ pub(crate) enum Op {
         since: UnixMillis,
         until: UnixMillis,
     },
+    /// Entries that keep a payload (pending and dead ones), ascending from
+    /// after `after`, at most `limit`: what `store rekey` walks.
+    SafPayloads {
+        after: SafId,
+        limit: usize,
+    },
+    /// Replaces an entry's payload, only if it is still `old` (a delivery
+    /// that cleared it meanwhile wins).
+    SafReseal {
+        id: SafId,
+        old: Vec<u8>,
+        new: Vec<u8>,
+    },
     /// Finish the queue ahead of it, then close the database.
     Close,
+}
+
+/// An entry's payload as stored, with what its seal is bound to.
+#[derive(Clone, Debug)]
+pub(crate) struct StoredPayload {
+    pub id: SafId,
+    pub service: String,
+    pub kind: super::saf::SafKind,
+    pub mti: String,
+    pub created_at: UnixMillis,
+    pub payload: Vec<u8>,
 }
 
 /// What an op produced.
@@ -116,6 +140,7 @@ pub(crate) enum Outcome {
     JournalRows(Vec<JournalRow>),
     AdminRows(Vec<AdminRow>),
     Report(Box<Report>),
+    Payloads(Vec<StoredPayload>),
 }
 
 impl Op {
@@ -141,6 +166,7 @@ impl Op {
                 | Op::JournalQuery(_)
                 | Op::AdminQuery { .. }
                 | Op::JournalReport { .. }
+                | Op::SafPayloads { .. }
         )
     }
 }

@@ -367,6 +367,39 @@ pub(super) async fn apply(
             let pruned = tx.execute(&st.prune, &[before, &limit]).await?;
             Ok(Outcome::Changed(pruned))
         }
+        Op::SafPayloads { after, limit } => {
+            let limit = i64::try_from(*limit).unwrap_or(i64::MAX);
+            let rows = tx
+                .query(
+                    "SELECT id, service, kind, mti, created_at, payload FROM saf \
+                     WHERE id > $1 AND payload IS NOT NULL ORDER BY id LIMIT $2",
+                    &[&after.0, &limit],
+                )
+                .await?;
+            let raw = rows
+                .iter()
+                .map(|r| {
+                    Ok((
+                        r.try_get::<_, i64>(0)?,
+                        r.try_get::<_, String>(1)?,
+                        r.try_get::<_, String>(2)?,
+                        r.try_get::<_, String>(3)?,
+                        r.try_get::<_, i64>(4)?,
+                        r.try_get::<_, Vec<u8>>(5)?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
+            schema::stored_payloads(raw).map(Outcome::Payloads)
+        }
+        Op::SafReseal { id, old, new } => {
+            let n = tx
+                .execute(
+                    "UPDATE saf SET payload = $2 WHERE id = $1 AND payload = $3",
+                    &[&id.0, new, old],
+                )
+                .await?;
+            Ok(Outcome::Changed(n))
+        }
         Op::SafList(filter) => {
             let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
             let state = filter.state.map(|s| s.as_str());

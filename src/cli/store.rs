@@ -1,0 +1,47 @@
+//! `isoswitch store`: the store's own upkeep, beside a running switch.
+//!
+//! `rekey` seals every payload the store keeps again under the key file's
+//! first key (src/store/seal.rs): the step of a key rotation between
+//! putting a new key first and taking the old one out.
+
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+
+use super::journal::{StoreArgs, open_store};
+
+#[derive(Debug, Args)]
+pub struct StoreCmdArgs {
+    #[command(subcommand)]
+    pub command: StoreCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// Seal every kept payload under the key file's first key (after a
+    /// new key was put first); prints what it did as JSON.
+    Rekey(StoreArgs),
+}
+
+pub fn run(args: StoreCmdArgs) -> ExitCode {
+    match args.command {
+        StoreCommand::Rekey(at) => super::runtime(async move {
+            let store = open_store(&at).await?;
+            eprintln!(
+                "store rekey: sealing under the first key of {}",
+                store.key_file().display()
+            );
+            let done = store.saf_rekey().await.map_err(|e| e.to_string());
+            let _ = store.close().await;
+            let done = done?;
+            println!("{}", serde_json::to_string(&done).unwrap_or_default());
+            if done.unopenable > 0 {
+                return Err(format!(
+                    "{} payloads open under no key of the key file: left as they are (see the log)",
+                    done.unopenable
+                ));
+            }
+            Ok(())
+        }),
+    }
+}
