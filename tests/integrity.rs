@@ -344,3 +344,105 @@ async fn unionpay_late_approvals_of_node_requests_are_reversed_toward_the_peer()
     })
     .await;
 }
+
+/// Only a host's "done" closes what the switch owes. Three hosts approve
+/// 10% late and answer each reversal chain their own way: node 01 with 96
+/// (system error) twice, then 00; node 02 with 25 (original not found);
+/// node 03 with 12 (invalid transaction). Node 01's reversals are tried
+/// three times, then delivered; node 02's are delivered at once, flagged
+/// for reconciliation; node 03's are dead letters at once, never repeated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reversal_closes_only_on_the_host_done_code() {
+    within(Duration::from_secs(120), async {
+        let answers = ["96,96,00", "25", "12"];
+        let addrs = [free_addr(), free_addr(), free_addr()];
+        let mut nodes = Vec::new();
+        for (i, a) in addrs.iter().enumerate() {
+            let extra = [
+                "--late-share",
+                "0.1",
+                "--late-by",
+                "1s",
+                "--reversal-answers",
+                answers[i],
+            ];
+            nodes.push(node("cup-pos", &format!("0{}", i + 1), *a, "2..20ms", &extra).await);
+        }
+        let listen = free_addr();
+        let data = data_dir("host-done-switch");
+        let _switch = switch(
+            "host-done-switch",
+            &pos_toml(listen, &addrs, "300ms", ""),
+            &data,
+            listen,
+        )
+        .await;
+        let report = nac("host-done-nac", listen, 100, ("3s", "5s"), &[])
+            .report()
+            .await;
+        assert_exactly_once(&report);
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
+            !rows.is_empty() && rows.iter().all(|r| r.state != "pending")
+        })
+        .await;
+        let of = |id: &str| -> Vec<&SafRow> {
+            rows.iter()
+                .filter(|r| r.node_id.as_deref() == Some(id))
+                .collect()
+        };
+        let mut books_of = Vec::new();
+        for host in nodes {
+            books_of.push(books(host).await);
+        }
+        for (i, r) in books_of.iter().enumerate() {
+            let id = format!("0{}", i + 1);
+            eprintln!("node {id}: {r}");
+            let late = sub(r, "reversals", "late_approvals");
+            assert!(late > 0, "node {id} approved some late: {r}");
+            assert_eq!(
+                of(&id).len() as u64,
+                late,
+                "node {id}: one entry per late approval"
+            );
+            assert_eq!(sub(r, "reversals", "chains"), late, "node {id}: {r}");
+        }
+        for row in of("01") {
+            assert_eq!(
+                (row.state.as_str(), row.attempts),
+                ("delivered", 3),
+                "{row:?}"
+            );
+            assert_eq!(row.answer.as_deref(), Some("0430 F39 00"), "{row:?}");
+            assert_eq!(row.reason, None, "{row:?}");
+        }
+        assert_eq!(
+            sub(&books_of[0], "reversals", "repeats"),
+            2 * sub(&books_of[0], "reversals", "chains"),
+            "each chain: 0420 (96), 0421 (96), 0421 (00)"
+        );
+        for row in of("02") {
+            assert_eq!(
+                (row.state.as_str(), row.attempts),
+                ("delivered", 1),
+                "{row:?}"
+            );
+            let reason = row.reason.as_deref().unwrap_or_default();
+            assert!(
+                reason.contains("reconcile") && reason.contains("25"),
+                "{row:?}"
+            );
+        }
+        for row in of("03") {
+            assert_eq!((row.state.as_str(), row.attempts), ("dead", 1), "{row:?}");
+            let reason = row.reason.as_deref().unwrap_or_default();
+            assert!(reason.contains("F39 12"), "{row:?}");
+        }
+        assert_eq!(
+            sub(&books_of[2], "reversals", "repeats"),
+            0,
+            "a refusal is not repeated"
+        );
+    })
+    .await;
+}

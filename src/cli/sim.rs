@@ -55,6 +55,10 @@ pub enum SimCommand {
         /// the switch repeats them as 0421.
         #[arg(long, default_value_t = 0)]
         ignore_reversals: u32,
+        /// F39 of the answers to each reversal chain's messages in turn,
+        /// the last for the rest (`96,96,00`: two system errors, then done).
+        #[arg(long, value_delimiter = ',')]
+        reversal_answers: Vec<String>,
         /// Send an 0820 key request (F70 101) this often, on the node's
         /// connections in turn; each answer must come back within 10 s.
         #[arg(long, value_parser = crate::util::duration::parse)]
@@ -201,6 +205,7 @@ pub fn run(sim: SimCommand) -> ExitCode {
             late_share,
             late_by,
             ignore_reversals,
+            reversal_answers,
             key_request_every,
             json,
             tls,
@@ -240,6 +245,7 @@ pub fn run(sim: SimCommand) -> ExitCode {
                     by: late_by,
                 }),
                 ignore_reversals,
+                reversal_answers,
                 key_requests: key_request_every.map(|every| crate::sim::node::KeyRequests {
                     every,
                     timeout: Duration::from_secs(10),

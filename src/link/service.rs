@@ -619,7 +619,12 @@ impl Service {
                 let _ = waiter.send(());
                 return;
             }
-            Origin::Owed { id, kind, .. } => return owed::delivered(self, id, kind, response),
+            Origin::Owed {
+                id,
+                kind,
+                attempt,
+                expires_at,
+            } => return owed::answered(self, (id, kind, attempt, expires_at), response),
             Origin::Node => {
                 if let Some(peer) = self.peer() {
                     peer.answer_node(node, response);

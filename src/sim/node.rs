@@ -126,6 +126,10 @@ pub struct Finance {
     pub ignore_reversals: u32,
     /// Key requests the node sends itself.
     pub key_requests: Option<KeyRequests>,
+    /// F39 of the answers to each reversal chain's messages in turn (the
+    /// last one for the rest): `96, 96, 00` makes the switch try three
+    /// times. Empty: `00`.
+    pub reversal_answers: Vec<String>,
 }
 
 /// Node-originated key requests: an `0820` F70 `101` (with F7 and F11, no
@@ -536,7 +540,7 @@ fn handle(
 /// How the node answers one message.
 struct Plan {
     /// F39 of the answer.
-    code: &'static str,
+    code: String,
     /// Added to the normal delay (a late approval).
     extra: Duration,
     /// What the node records as the answer leaves.
@@ -545,9 +549,9 @@ struct Plan {
 }
 
 impl Plan {
-    fn answer(code: &'static str, tally: Tally) -> Plan {
+    fn answer(code: &str, tally: Tally) -> Plan {
         Plan {
-            code,
+            code: code.to_string(),
             extra: Duration::ZERO,
             on_sent: OnSent::Nothing,
             tally,
@@ -585,7 +589,7 @@ fn respond(
     shutdown: &watch::Receiver<bool>,
 ) -> Option<bool> {
     let spec = &*shared.spec;
-    let built = crate::sim::answer::answer(spec, msg, plan.code)
+    let built = crate::sim::answer::answer(spec, msg, &plan.code)
         .ok()
         .and_then(|r| {
             if shared.opts.no_key {
@@ -677,7 +681,14 @@ impl Shared {
             book.ignored();
             return None;
         }
-        Some(Plan::answer("00", Tally::Reversal))
+        // The answers count from the first message answered.
+        let codes = &self.finance.reversal_answers;
+        let turn = (place - self.finance.ignore_reversals) as usize;
+        let code = codes
+            .get(turn - 1)
+            .or(codes.last())
+            .map_or("00", String::as_str);
+        Some(Plan::answer(code, Tally::Reversal))
     }
 
     /// An advice (`0120`/`0220`, or a repeat): booked and acknowledged.

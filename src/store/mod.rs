@@ -318,6 +318,20 @@ impl Store {
         now: UnixMillis,
         answer: &str,
     ) -> Result<(), StoreError> {
+        self.saf_completed(id, owner, now, answer, None).await
+    }
+
+    /// [`Store::saf_delivered`], flagged for reconciliation with `flag`
+    /// (kept in `reason`) when the host took it with a code a
+    /// reconciliation team must look at; `None` is a plain delivery.
+    pub async fn saf_completed(
+        &self,
+        id: SafId,
+        owner: &str,
+        now: UnixMillis,
+        answer: &str,
+        flag: Option<&str>,
+    ) -> Result<(), StoreError> {
         check_time("now", now)?;
         self.done(
             "saf_delivered",
@@ -326,6 +340,7 @@ impl Store {
                 owner: owner.to_string(),
                 now,
                 answer: answer.to_string(),
+                reason: flag.map(str::to_string),
             },
         )
         .await

@@ -592,15 +592,16 @@ fn apply(
             owner,
             now,
             answer,
+            reason,
         } => change(
             tx,
             Change::Delivered,
             *id,
             owner,
             "UPDATE saf SET state = 'delivered', completed_at = ?2, answer = ?3, completed_by = ?4, \
-             payload = NULL, lease_owner = NULL, lease_until = NULL \
+             reason = ?5, payload = NULL, lease_owner = NULL, lease_until = NULL \
              WHERE id = ?1 AND state = 'pending'",
-            params![id.0, now, clip(answer), owner],
+            params![id.0, now, clip(answer), owner, reason.as_deref().map(clip)],
         )?,
         Op::SafDead { id, now, reason } => change(
             tx,

@@ -42,6 +42,9 @@ pub(crate) enum Op {
         owner: String,
         now: UnixMillis,
         answer: String,
+        /// Why a reconciliation team should look at it (the host took it
+        /// with a code such as 25 "original not found"); none when plain.
+        reason: Option<String>,
     },
     SafDead {
         id: SafId,

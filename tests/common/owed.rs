@@ -82,6 +82,11 @@ pub struct SafRow {
     pub direction: String,
     pub f11: Option<String>,
     pub pan_masked: Option<String>,
+    /// Why it is dead or dropped, or flagged for reconciliation.
+    pub reason: Option<String>,
+    /// The host's answer as recorded, or the last error.
+    pub answer: Option<String>,
+    pub last_error: Option<String>,
 }
 
 pub fn db_path(data: &str) -> PathBuf {
@@ -104,7 +109,8 @@ pub fn saf_rows(data: &str) -> Vec<SafRow> {
         .expect("busy timeout");
     let mut st = db
         .prepare(
-            "SELECT kind, state, mti, attempts, node_id, direction, f11, pan_masked FROM saf ORDER BY id",
+            "SELECT kind, state, mti, attempts, node_id, direction, f11, pan_masked, reason, answer, \
+             last_error FROM saf ORDER BY id",
         )
         .expect("the saf table");
     st.query_map([], |r| {
@@ -117,6 +123,9 @@ pub fn saf_rows(data: &str) -> Vec<SafRow> {
             direction: r.get(5)?,
             f11: r.get(6)?,
             pan_masked: r.get(7)?,
+            reason: r.get(8)?,
+            answer: r.get(9)?,
+            last_error: r.get(10)?,
         })
     })
     .expect("query saf")

@@ -231,6 +231,50 @@ pub struct Integrity {
     /// every other code (sign-on, sign-off, echo test) is the link's own and
     /// the switch answers it. Default: [`INSTITUTION_F70`].
     pub institution_f70: Vec<String>,
+    /// How a host's answer to a message the switch owes (its reversal, an
+    /// advice it stored) is taken, by F39: see [`SafAnswerClass`].
+    pub saf_answers: SafAnswerCodes,
+}
+
+/// What a host's answer to an owed message does to its store entry, by F39.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SafAnswerClass {
+    /// The host took it: the entry is delivered.
+    Done,
+    /// The host took it but says something a reconciliation team must look
+    /// at ("original not found", "duplicate"): delivered, flagged.
+    Reconcile,
+    /// The host could not take it now (system error, MAC or format error,
+    /// no F39 at all): tried again, as an unanswered attempt.
+    Retry,
+    /// The host refused it: a dead letter for an operator.
+    Dead,
+}
+
+/// The F39 codes of each [`SafAnswerClass`]; a code in none is
+/// [`SafAnswerClass::Dead`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SafAnswerCodes {
+    pub done: Vec<String>,
+    pub reconcile: Vec<String>,
+    pub retry: Vec<String>,
+}
+
+impl Default for SafAnswerCodes {
+    fn default() -> Self {
+        let v = |codes: &[&str]| codes.iter().map(|c| (*c).to_string()).collect();
+        SafAnswerCodes {
+            done: v(&["00"]),
+            // 25: unable to locate the original; 94: a duplicate (already
+            // reversed or booked).
+            reconcile: v(&["25", "94"]),
+            // 19 re-enter, 30 format error, 68 too late, 91 issuer or
+            // switch inoperative, 92 no route, 96 system malfunction, 98
+            // (UnionPay) no answer from the issuer, A0 (UnionPay) MAC
+            // failure.
+            retry: v(&["19", "30", "68", "91", "92", "96", "98", "A0"]),
+        }
+    }
 }
 
 /// The institution's network management codes when a spec names none: key
@@ -254,6 +298,7 @@ impl Default for Integrity {
             original_data: Some(90),
             approval_codes: vec!["00".into(), "10".into(), "11".into()],
             institution_f70: INSTITUTION_F70.iter().map(|c| (*c).into()).collect(),
+            saf_answers: SafAnswerCodes::default(),
         }
     }
 }
@@ -267,6 +312,9 @@ struct IntegrityFile {
     original_data: Option<u16>,
     approval_codes: Option<Vec<String>>,
     institution_f70: Option<Vec<String>>,
+    saf_done: Option<Vec<String>>,
+    saf_reconcile: Option<Vec<String>>,
+    saf_retry: Option<Vec<String>>,
 }
 
 /// `[defaults]`: values fields inherit unless they say otherwise.
@@ -661,6 +709,14 @@ impl Spec {
         if own_approval_codes && self.field(39).is_some() {
             self.field_codes(39, &self.integrity.approval_codes)
                 .map_err(|e| bad("integrity.approval_codes", e))?;
+            let a = &self.integrity.saf_answers;
+            for (key, codes) in [
+                ("integrity.saf_done", &a.done),
+                ("integrity.saf_reconcile", &a.reconcile),
+                ("integrity.saf_retry", &a.retry),
+            ] {
+                self.field_codes(39, codes).map_err(|e| bad(key, e))?;
+            }
         }
         if self.field(70).is_some() {
             self.field_codes(70, &self.integrity.institution_f70)
@@ -732,16 +788,50 @@ fn validate_integrity(
         None => out.original_data = out.original_data.filter(|&id| defined(id)),
     }
     if let Some(codes) = &file.approval_codes {
-        if let Some(bad) = codes
-            .iter()
-            .find(|c| c.len() != 2 || !c.bytes().all(|b| b.is_ascii_alphanumeric()))
-        {
-            return Err((
-                "integrity.approval_codes",
-                format!("{bad:?} is not a 2-character response code"),
-            ));
+        out.approval_codes = response_codes("integrity.approval_codes", codes)?;
+    }
+    let classes = [
+        (
+            "integrity.saf_done",
+            &file.saf_done,
+            &mut out.saf_answers.done,
+        ),
+        (
+            "integrity.saf_reconcile",
+            &file.saf_reconcile,
+            &mut out.saf_answers.reconcile,
+        ),
+        (
+            "integrity.saf_retry",
+            &file.saf_retry,
+            &mut out.saf_answers.retry,
+        ),
+    ];
+    for (key, given, codes) in classes {
+        if let Some(given) = given {
+            *codes = response_codes(key, given)?;
         }
-        out.approval_codes = codes.clone();
+    }
+    let a = &out.saf_answers;
+    if let Some(c) = a.done.iter().chain(&a.reconcile).find(|c| {
+        a.done
+            .iter()
+            .chain(&a.reconcile)
+            .chain(&a.retry)
+            .filter(|d| d == c)
+            .count()
+            > 1
+    }) {
+        return Err((
+            "integrity.saf_done",
+            format!("{c:?} is in more than one of saf_done, saf_reconcile, saf_retry"),
+        ));
+    }
+    if a.done.is_empty() {
+        return Err((
+            "integrity.saf_done",
+            "empty: no host answer would ever complete what the switch owes".into(),
+        ));
     }
     if let Some(codes) = &file.institution_f70 {
         if let Some(bad) = codes
@@ -756,6 +846,20 @@ fn validate_integrity(
         out.institution_f70 = codes.clone();
     }
     Ok(out)
+}
+
+/// 2-character response codes, as `key` lists them.
+fn response_codes(
+    key: &'static str,
+    codes: &[String],
+) -> Result<Vec<String>, (&'static str, String)> {
+    match codes
+        .iter()
+        .find(|c| c.len() != 2 || !c.bytes().all(|b| b.is_ascii_alphanumeric()))
+    {
+        Some(bad) => Err((key, format!("{bad:?} is not a 2-character response code"))),
+        None => Ok(codes.to_vec()),
+    }
 }
 
 fn validate_field(

@@ -26,7 +26,7 @@ use dashmap::DashMap;
 
 use super::correlator::CorrelationKey;
 use super::decline::DeclineReason;
-use isoswitch_iso8583::{Decoded, FieldCodes, IsoError, Message, Mti, Spec};
+use isoswitch_iso8583::{Decoded, FieldCodes, IsoError, Message, Mti, SafAnswerClass, Spec};
 
 /// An authorization or financial request (0100, 0200 and their repeats):
 /// the messages whose approval moves money and so can need reversing.
@@ -46,6 +46,44 @@ pub fn is_advice(mti: Mti) -> bool {
 /// without a readable F39 does not approve.
 pub fn approves(response: &Message<'_>, codes: &FieldCodes) -> bool {
     codes.in_message(response)
+}
+
+/// The F39 codes of a dialect's [`SafAnswerClass`]es, packed for its F39:
+/// how a host's answer to an owed message is taken.
+#[derive(Clone, Debug)]
+pub struct SafAnswers {
+    done: FieldCodes,
+    reconcile: FieldCodes,
+    retry: FieldCodes,
+}
+
+impl SafAnswers {
+    /// The spec's classes, packed for its F39.
+    pub fn of(spec: &Spec) -> Result<SafAnswers, IsoError> {
+        let a = &spec.integrity().saf_answers;
+        Ok(SafAnswers {
+            done: spec.field_codes(39, &a.done)?,
+            reconcile: spec.field_codes(39, &a.reconcile)?,
+            retry: spec.field_codes(39, &a.retry)?,
+        })
+    }
+
+    /// What `answer` does to the entry it answers: an answer without a
+    /// readable F39 is tried again; a code in no class is a refusal.
+    pub fn class(&self, answer: &Message<'_>) -> SafAnswerClass {
+        let Ok(Some(f39)) = answer.field(39) else {
+            return SafAnswerClass::Retry;
+        };
+        if self.done.matches(&f39) {
+            SafAnswerClass::Done
+        } else if self.reconcile.matches(&f39) {
+            SafAnswerClass::Reconcile
+        } else if self.retry.matches(&f39) {
+            SafAnswerClass::Retry
+        } else {
+            SafAnswerClass::Dead
+        }
+    }
 }
 
 /// What the switch did about a request it answered for its node.
@@ -636,6 +674,34 @@ mod tests {
         assert!(is_approvable(m("0100")) && is_approvable(m("0201")));
         assert!(!is_approvable(m("0420")) && !is_approvable(m("0220")));
         assert!(is_advice(m("0220")) && is_advice(m("0421")) && !is_advice(m("0200")));
+    }
+
+    /// A host's answer to a reversal, by its F39 text in every dialect.
+    #[test]
+    fn saf_answers_sort_by_class() {
+        for name in ["cups", "cup-pos", "visa-base1", "iso87binary"] {
+            let spec = Spec::builtin(name).unwrap();
+            let classes = SafAnswers::of(&spec).unwrap();
+            let mut d = samples::purchase(&spec);
+            d.mti = "0430".parse().unwrap();
+            for (f39, want) in [
+                (Some("00"), SafAnswerClass::Done),
+                (Some("25"), SafAnswerClass::Reconcile),
+                (Some("96"), SafAnswerClass::Retry),
+                (Some("91"), SafAnswerClass::Retry),
+                (None, SafAnswerClass::Retry),
+                (Some("12"), SafAnswerClass::Dead),
+                (Some("05"), SafAnswerClass::Dead),
+            ] {
+                match f39 {
+                    Some(c) => drop(d.set_text(39, c)),
+                    None => drop(d.remove(39)),
+                }
+                let bytes = Bytes::from(spec.encode(&d).unwrap());
+                let msg = Message::parse(&spec, bytes).unwrap();
+                assert_eq!(classes.class(&msg), want, "{name}: {f39:?}");
+            }
+        }
     }
 
     /// The defect VISA found: an EBCDIC F39 "00" (`F0 F0`) never approved

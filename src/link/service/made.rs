@@ -15,7 +15,7 @@ use crate::config::{IntegrityConfig, ServiceConfig};
 use crate::iso8583::{FieldCodes, IsoError, Spec};
 use crate::link::netmgmt::NetworkTemplate;
 use crate::link::outlinks::NmKind;
-use crate::route::integrity::{LateBook, RepeatBook};
+use crate::route::integrity::{LateBook, RepeatBook, SafAnswers};
 use crate::store::{SafPolicy, Store};
 
 /// The switch's own messages and promises for one service.
@@ -27,6 +27,8 @@ pub struct SwitchMade {
     /// F39 codes that approve: the service's, else the dialect's, packed
     /// once in the spec's F39 encoding (an EBCDIC "00" is `F0 F0`).
     pub approval_codes: FieldCodes,
+    /// How a host's answer to an owed message is taken, by its F39.
+    pub saf_answers: SafAnswers,
     /// The dialect's `institution_f70`, packed for its F70; none when the
     /// dialect has no F70 (POS sign-in) or lists no code.
     pub institution_f70: Option<FieldCodes>,
@@ -93,6 +95,14 @@ pub struct IntegrityCounters {
     /// Repeats whose original's node could not take them (declined as no
     /// node, never sent to another).
     pub repeats_node_gone: AtomicU64,
+    /// Answers to owed messages that completed them but are flagged for
+    /// reconciliation (`saf_reconcile` codes: 25, 94).
+    pub saf_answers_reconcile: AtomicU64,
+    /// Answers to owed messages that leave them to be tried again
+    /// (`saf_retry` codes: 91, 96, MAC and format errors, no F39).
+    pub saf_answers_retry: AtomicU64,
+    /// Answers to owed messages that refused them: each a dead letter.
+    pub saf_answers_dead: AtomicU64,
     /// Delivery attempts of owed messages (first sends and repeats).
     pub saf_sent: AtomicU64,
     /// Owed messages sent as repeats (MTI ending in 1).
@@ -113,6 +123,7 @@ impl SwitchMade {
             .as_deref()
             .unwrap_or(&spec.integrity().approval_codes);
         let approval_codes = spec.field_codes(39, texts)?;
+        let saf_answers = SafAnswers::of(spec)?;
         let institution = &spec.integrity().institution_f70;
         let institution_f70 = match spec.field(70) {
             Some(_) if !institution.is_empty() => Some(spec.field_codes(70, institution)?),
@@ -129,6 +140,7 @@ impl SwitchMade {
             repeats: RepeatBook::new(integrity.repeat_window, integrity.repeat_capacity),
             integrity,
             approval_codes,
+            saf_answers,
             institution_f70,
             saf: OnceLock::new(),
             counters: std::sync::Arc::default(),

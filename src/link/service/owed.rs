@@ -25,7 +25,7 @@ use super::SafOutbox;
 use super::journaled::Seen;
 use super::{Origin, Pending, Service, summary};
 use crate::config::LateApproval;
-use crate::iso8583::{Decoded, Message};
+use crate::iso8583::{Decoded, Message, SafAnswerClass};
 use crate::journal::{AnsweredBy, Exchange, Journal, Link};
 use crate::link::writer::Outbound;
 use crate::route::integrity::{self, Late, LateEntry, Said};
@@ -467,8 +467,15 @@ pub(super) fn store_advice(svc: &Service, req: &Checked<'_>, origin: Origin) -> 
     Ok(())
 }
 
-/// The answer to an owed message arrived: its entry is complete.
-pub(super) fn delivered(svc: &Service, id: SafId, kind: SafKind, answer: &Message<'_>) {
+/// The host answered an owed message (`entry`: its id, kind, attempt and
+/// deadline). Its F39 decides, by the dialect's classes
+/// (`route::integrity::SafAnswers`): done completes the entry; reconcile
+/// completes it flagged (`reason`); retry counts as an unanswered attempt
+/// (the next one is scheduled, or it is a dead letter past its limits);
+/// any other code makes it a dead letter at once. Only a host's "done"
+/// closes what the switch owes.
+pub(super) fn answered(svc: &Service, entry: (SafId, SafKind, u32, i64), answer: &Message<'_>) {
+    let (id, kind, attempt, expires_at) = entry;
     let Some(outbox) = svc.made.saf() else {
         return;
     };
@@ -478,19 +485,40 @@ pub(super) fn delivered(svc: &Service, id: SafId, kind: SafKind, answer: &Messag
         .flatten()
         .map(|f| f.show().to_string())
         .unwrap_or_default();
-    let mti = answer.mti();
+    let said = format!("{} F39 {f39}", answer.mti());
+    let c = &svc.made.counters;
+    let class = svc.made.saf_answers.class(answer);
+    let flag = match class {
+        SafAnswerClass::Done => None,
+        SafAnswerClass::Reconcile => {
+            c.saf_answers_reconcile.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(service = svc.name(), %id, answer = %said, "owed message taken with a code to reconcile");
+            Some(format!("reconcile: the host answered {f39}"))
+        }
+        SafAnswerClass::Retry => {
+            c.saf_answers_retry.fetch_add(1, Ordering::Relaxed);
+            let why = format!("the host answered {said}");
+            failed(outbox, svc.name(), id, attempt, expires_at, &why);
+            return;
+        }
+        SafAnswerClass::Dead => {
+            c.saf_answers_dead.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(service = svc.name(), %id, answer = %said, "owed message refused by the host: a dead letter");
+            record_dead(&outbox.store, id, format!("the host refused it: {said}"));
+            return;
+        }
+    };
     let counter = match kind {
-        SafKind::Reversal => &svc.made.counters.reversals_acknowledged,
-        SafKind::Advice => &svc.made.counters.advices_delivered,
+        SafKind::Reversal => &c.reversals_acknowledged,
+        SafKind::Advice => &c.advices_delivered,
     };
     counter.fetch_add(1, Ordering::Relaxed);
     let store = outbox.store.clone();
     let owner = outbox.owner.clone();
     let service = svc.name().to_string();
-    let summary = format!("{mti} F39 {f39}");
     tokio::spawn(async move {
         if let Err(e) = store
-            .saf_delivered(id, &owner, now_millis(), &summary)
+            .saf_completed(id, &owner, now_millis(), &said, flag.as_deref())
             .await
         {
             tracing::warn!(service, %id, error = %e, "owed message answered, but the store did not record it: it will be sent again (a repeat)");

@@ -60,9 +60,24 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
         "isoswitch_advices",
         "Advices (0120/0220/0420 from clients) by outcome: stored (durably, then acknowledged by the switch; integrity.advices = \"store-and-forward\"), delivered (a host acknowledged a stored one), unanswered (no node or a timeout in forward mode, or the store could not take it: the sender repeats), forwarded (store-and-forward mode, but its PAN is only in track data or its F55 is not TLV: it cannot be stored without sensitive authentication data, so it went to a node as in forward mode).",
     );
+    let mut host_answers = counter(
+        "isoswitch_saf_host_answers",
+        "Hosts' answers to owed messages (reversals, stored advices) that did not simply complete them, by class of their F39 (the dialect's saf_reconcile / saf_retry codes): reconcile (completed, flagged for reconciliation: 25, 94), retry (tried again: 91, 96, MAC and format errors, no F39), dead (refused: a dead letter at once).",
+    );
     for r in handle.services.iter() {
         let s = &r.service;
         let c = &s.made.counters;
+        for (class, v) in [
+            ("reconcile", &c.saf_answers_reconcile),
+            ("retry", &c.saf_answers_retry),
+            ("dead", &c.saf_answers_dead),
+        ] {
+            let l = vec![
+                ("service", label_value(s.name())),
+                ("class", class.to_string()),
+            ];
+            host_answers.samples.push((l, v.load(Ordering::Relaxed)));
+        }
         let sl = || vec![("service", label_value(s.name()))];
         let labelled = |key: &'static str, value: &str| {
             let mut l = sl();
@@ -96,6 +111,7 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
         encode_counters(enc, f)?;
     }
     encode_counters(enc, &advices)?;
+    encode_counters(enc, &host_answers)?;
     let mut awaiting = gauge(
         "isoswitch_reversals_awaiting_store",
         "Reversals of late approvals held in memory and offered to the store again until it takes them (the store away or full); each is logged, masked, for reconciliation should the switch die first.",

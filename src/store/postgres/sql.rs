@@ -163,8 +163,8 @@ impl Statements {
             delivered: c
                 .prepare(
                     "UPDATE saf SET state = 'delivered', completed_at = $2, answer = $3, \
-                     completed_by = $4, payload = NULL, lease_owner = NULL, lease_until = NULL \
-                     WHERE id = $1 AND state = 'pending'",
+                     completed_by = $4, reason = $5, payload = NULL, lease_owner = NULL, \
+                     lease_until = NULL WHERE id = $1 AND state = 'pending'",
                 )
                 .await?,
             dead: c
@@ -325,8 +325,10 @@ pub(super) async fn apply(
             owner,
             now,
             answer,
+            reason,
         } => {
-            let params: [&(dyn ToSql + Sync); 4] = [&id.0, now, &clip(answer), owner];
+            let reason = reason.as_deref().map(clip);
+            let params: [&(dyn ToSql + Sync); 5] = [&id.0, now, &clip(answer), owner, &reason];
             change(
                 tx,
                 st,
