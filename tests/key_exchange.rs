@@ -355,6 +355,18 @@ async fn start_visa(name: &str, at: SocketAddr, extra: &[&str]) -> Proc {
 /// VISA with the node's F39 00.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn visa_key_exchanges_reach_the_key_node_and_its_answers_visa() {
+    visa_key_exchanges_with_f70("161").await;
+}
+
+/// Key exchange is an allowlist: a code the dialect names nowhere (188) is
+/// not the link's, so the switch never answers it 00 itself: it reaches the
+/// key node like any institution code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlisted_network_code_goes_to_the_key_node_not_answered_by_the_switch() {
+    visa_key_exchanges_with_f70("188").await;
+}
+
+async fn visa_key_exchanges_with_f70(f70: &str) {
     within(Duration::from_secs(90), async {
         let (nodes, addrs) = start_nodes_with("visa-base1", 3, "0..5ms", &["--json"]).await;
         let visa_addr = free_addr();
@@ -371,7 +383,14 @@ async fn visa_key_exchanges_reach_the_key_node_and_its_answers_visa() {
         let visa = start_visa(
             "keys-visa",
             visa_addr,
-            &["--duration", "3s", "--key-reset-every", "200ms"],
+            &[
+                "--duration",
+                "3s",
+                "--key-reset-every",
+                "200ms",
+                "--key-reset-f70",
+                f70,
+            ],
         )
         .await;
         // It stops by itself after --duration, once its exchanges are answered.
@@ -396,7 +415,7 @@ async fn visa_key_exchanges_reach_the_key_node_and_its_answers_visa() {
         );
         assert_eq!(
             node_reports[1]["key_resets"],
-            serde_json::json!({ "161": sent }),
+            serde_json::json!({ f70: sent }),
             "every exchange reached the key node"
         );
         for i in [0, 2] {

@@ -34,13 +34,17 @@ pub enum NmScope {
     Institution,
 }
 
-/// The scope of a network-management message: institution-level when its
-/// F70 is one of the dialect's `institution_f70` (packed for its F70 at
-/// start, so compared as the text `decode` shows in any encoding), else
-/// link-level (codes a dialect does not list are answered as today).
-pub fn scope(msg: &Message<'_>, institution_f70: Option<&FieldCodes>) -> NmScope {
-    match institution_f70 {
-        Some(codes) if codes.in_message(msg) => NmScope::Institution,
+/// The scope of a network-management message, by an allowlist: the link's
+/// own when it has no F70 or its F70 is one of `link_f70` (sign-on,
+/// sign-off, echo test, packed for the dialect's F70 at start, so compared
+/// as the text `decode` shows in any encoding); every other code is the
+/// institution's (key exchange, cut-over, and any code the dialect does not
+/// name), and goes to a key node: the switch never answers 00 for a key no
+/// host has. `None`: the dialect's F70 is no network management code, and
+/// every message is the link's.
+pub fn scope(msg: &Message<'_>, link_f70: Option<&FieldCodes>) -> NmScope {
+    match (link_f70, msg.field(70)) {
+        (Some(link), Ok(Some(f70))) if !link.matches(&f70) => NmScope::Institution,
         _ => NmScope::Link,
     }
 }
@@ -343,8 +347,6 @@ mod tests {
             .unwrap_or_default()
     }
 
-    const INSTITUTION: [&str; 3] = ["101", "161", "201"];
-
     /// An 0800 of `spec` with F70 `f70` (none for `None`), parsed.
     fn nm(spec: &Spec, f70: Option<&str>) -> Bytes {
         let mut d = crate::iso8583::samples::echo(spec);
@@ -356,35 +358,39 @@ mod tests {
     }
 
     /// Whole codes, read as text whatever F70's encoding (ASCII on CUPS,
-    /// BCD on VISA).
+    /// BCD on VISA): the link's three are the switch's, every other code
+    /// (key exchange, cut-over, a code nobody listed) the institution's.
     #[test]
-    fn key_exchange_and_cut_over_are_the_institutions_the_rest_the_links() {
+    fn only_sign_on_sign_off_and_echo_are_the_links() {
         for name in ["cups", "visa-base1"] {
             let spec = Spec::builtin(name).unwrap();
-            let codes = spec.field_codes(70, &INSTITUTION).unwrap();
-            let scope_of = |f70| {
-                scope(
-                    &Message::parse(&spec, nm(&spec, f70)).unwrap(),
-                    Some(&codes),
-                )
-            };
-            for f70 in ["101", "161", "201"] {
+            let link = spec.field_codes(70, &["001", "002", "301"]).unwrap();
+            let scope_of =
+                |f70| scope(&Message::parse(&spec, nm(&spec, f70)).unwrap(), Some(&link));
+            for f70 in ["101", "161", "201", "999", "000", "010"] {
                 assert_eq!(scope_of(Some(f70)), NmScope::Institution, "{name} {f70}");
             }
-            for f70 in [Some("001"), Some("002"), Some("301"), Some("999"), None] {
+            for f70 in [Some("001"), Some("002"), Some("301"), None] {
                 assert_eq!(scope_of(f70), NmScope::Link, "{name} {f70:?}");
             }
+            // A dialect whose F70 is no network management code.
+            let m = Message::parse(&spec, nm(&spec, Some("101"))).unwrap();
+            assert_eq!(scope(&m, None), NmScope::Link);
         }
     }
 
-    /// The spec's list decides, on a real message.
+    /// The link codes the service is built with, on a real message.
     #[test]
     fn a_cups_key_reset_is_the_institutions_and_an_echo_the_links() {
         let spec = Spec::builtin("cups").unwrap();
-        let list = spec
-            .field_codes(70, &spec.integrity().institution_f70)
-            .unwrap();
-        let list = Some(&list);
+        let cfg = service("", "cups", LISTEN);
+        let made = crate::link::service::SwitchMade::new(
+            NetworkTemplate::for_service(&cfg, &spec).unwrap(),
+            &cfg,
+            &spec,
+        )
+        .unwrap();
+        let list = made.link_f70.as_ref();
         let mut d = crate::iso8583::samples::echo(&spec);
         let echo = spec.encode(&d).unwrap();
         d.set_text(70, "101");

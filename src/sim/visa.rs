@@ -142,10 +142,12 @@ pub struct VisaSimConfig {
     /// often while originating, on a signed-on link: the bank's key node
     /// must answer it (none = never).
     pub key_reset_every: Option<Duration>,
+    /// F70 of those key exchanges (default [`KEY_RESET_F70`]).
+    pub key_reset_f70: String,
 }
 
-/// F70 of the key exchange VISA starts: 161, "new key" of BASE I's dynamic
-/// key exchange (an institution code in `visa-base1`).
+/// F70 of the key exchange VISA starts by default: 161, "new key" of BASE
+/// I's dynamic key exchange (an institution code in `visa-base1`).
 pub const KEY_RESET_F70: &str = "161";
 
 impl VisaSimConfig {
@@ -172,6 +174,7 @@ impl VisaSimConfig {
             late: None,
             ignore_reversals: 0,
             key_reset_every: None,
+            key_reset_f70: KEY_RESET_F70.to_string(),
         }
     }
 }
@@ -746,7 +749,7 @@ impl Shared {
         }
     }
 
-    /// A key exchange of VISA's (`0800` F70 [`KEY_RESET_F70`]) on a
+    /// A key exchange of VISA's (`0800` F70 `key_reset_f70`) on a
     /// signed-on link; its `0810` may come back on any link.
     fn send_key_reset(&self) -> bool {
         let mti = self
@@ -758,7 +761,7 @@ impl Shared {
             return false;
         };
         let (mut d, key, _) = self.fresh(mti);
-        d.set_text(70, KEY_RESET_F70);
+        d.set_text(70, self.cfg.key_reset_f70.clone());
         let Ok(payload) = self.spec.encode(&d).map(Bytes::from) else {
             return false;
         };

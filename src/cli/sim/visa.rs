@@ -67,6 +67,9 @@ pub struct SimVisaArgs {
     /// bank's key node must answer each.
     #[arg(long, value_parser = crate::util::duration::parse)]
     pub key_reset_every: Option<Duration>,
+    /// F70 of those key exchanges.
+    #[arg(long, default_value = crate::sim::visa::KEY_RESET_F70)]
+    pub key_reset_f70: String,
     /// Print the report as one JSON object instead of a summary line.
     #[arg(long)]
     pub json: bool,
@@ -138,6 +141,7 @@ pub fn run(args: SimVisaArgs) -> ExitCode {
         }),
         ignore_reversals: args.ignore_reversals,
         key_reset_every: args.key_reset_every,
+        key_reset_f70: args.key_reset_f70.clone(),
         ..VisaSimConfig::new(dial, args.links)
     };
     let json = args.json;

@@ -28,7 +28,7 @@ impl Service {
 impl NetworkManagement<'_> {
     /// Whose a network-management message is, by the dialect's list.
     pub(super) fn scope(&self, checked: &Checked<'_>) -> NmScope {
-        scope(&checked.msg, self.svc.made.institution_f70.as_ref())
+        scope(&checked.msg, self.svc.made.link_f70.as_ref())
     }
 
     /// The nodes that may hold the institution's keys, in order of

@@ -29,9 +29,13 @@ pub struct SwitchMade {
     pub approval_codes: FieldCodes,
     /// How a host's answer to an owed message is taken, by its F39.
     pub saf_answers: SafAnswers,
-    /// The dialect's `institution_f70`, packed for its F70; none when the
-    /// dialect has no F70 (POS sign-in) or lists no code.
-    pub institution_f70: Option<FieldCodes>,
+    /// The F70 codes that are the link's own (sign-on, sign-off, echo:
+    /// the spec's `[network]` codes, else 001, 002, 301), packed for its
+    /// F70. Every other F70 is the institution's and goes to a key node.
+    /// None when the dialect has no F70 or says its F70 is no network
+    /// management code (`institution_f70 = []`): then the switch answers
+    /// every network management message itself.
+    pub link_f70: Option<FieldCodes>,
     /// Requests the switch answered for a node (or let expire in silence).
     pub late: LateBook,
     /// Which node each request went to, for its repeats.
@@ -124,9 +128,16 @@ impl SwitchMade {
             .unwrap_or(&spec.integrity().approval_codes);
         let approval_codes = spec.field_codes(39, texts)?;
         let saf_answers = SafAnswers::of(spec)?;
-        let institution = &spec.integrity().institution_f70;
-        let institution_f70 = match spec.field(70) {
-            Some(_) if !institution.is_empty() => Some(spec.field_codes(70, institution)?),
+        let net = spec.network();
+        let link_codes = [
+            net.sign_on_f70.as_deref().unwrap_or("001"),
+            net.sign_off_f70.as_deref().unwrap_or("002"),
+            net.echo_f70.as_deref().unwrap_or("301"),
+        ];
+        let link_f70 = match spec.field(70) {
+            Some(_) if !spec.integrity().institution_f70.is_empty() => {
+                Some(spec.field_codes(70, &link_codes)?)
+            }
             _ => None,
         };
         Ok(SwitchMade {
@@ -141,7 +152,7 @@ impl SwitchMade {
             integrity,
             approval_codes,
             saf_answers,
-            institution_f70,
+            link_f70,
             saf: OnceLock::new(),
             counters: std::sync::Arc::default(),
         })
