@@ -61,18 +61,51 @@ fn store_column<T: rusqlite::types::FromSql>(data: &str, query: &str) -> Vec<T> 
 }
 
 /// The payload of a reversal still owed (a delivered one keeps none),
-/// polled for until one is stored; the case's timeout bounds it.
+/// polled for until one is stored, and opened with the store's key (it is
+/// sealed at rest); the case's timeout bounds it.
 async fn an_owed_reversal(data: &str) -> Vec<u8> {
-    let query = "SELECT payload FROM saf WHERE kind = 'reversal' AND state = 'pending' \
+    let query = "SELECT id FROM saf WHERE kind = 'reversal' AND state = 'pending' \
                  AND payload IS NOT NULL ORDER BY id LIMIT 1";
-    loop {
+    let id = loop {
         if db_path(data).exists()
-            && let Some(p) = store_column::<Vec<u8>>(data, query).pop()
+            && let Some(id) = store_column::<i64>(data, query).pop()
         {
-            return p;
+            break id;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
+    let row = |column: &str| -> Vec<rusqlite::types::Value> {
+        store_column(data, &format!("SELECT {column} FROM saf WHERE id = {id}"))
+    };
+    let text = |column: &str| match row(column).pop() {
+        Some(rusqlite::types::Value::Text(t)) => t,
+        other => panic!("{column}: {other:?}"),
+    };
+    let created_at = match row("created_at").pop() {
+        Some(rusqlite::types::Value::Integer(n)) => n,
+        other => panic!("created_at: {other:?}"),
+    };
+    let sealed = match row("payload").pop() {
+        Some(rusqlite::types::Value::Blob(b)) => b,
+        other => panic!("payload: {other:?}"),
+    };
+    let (service, mti) = (text("service"), text("mti"));
+    let keys = isoswitch::store::seal::Keyring::load(&std::path::Path::new(data).join("store.key"))
+        .expect("the store's key file");
+    let row = isoswitch::store::seal::RowBinding {
+        service: &service,
+        kind: isoswitch::store::SafKind::Reversal,
+        mti: &mti,
+        created_at,
+    };
+    assert!(
+        matches!(
+            isoswitch::store::seal::sealing(&sealed),
+            isoswitch::store::seal::Sealing::Key(_)
+        ),
+        "sealed at rest"
+    );
+    keys.open(row, &sealed).expect("opens with the store's key")
 }
 
 /// `isoswitch decode --json --spec visa-base1` of one stored payload,

@@ -862,7 +862,21 @@ async fn a_stored_reversal_advice_is_counted_as_an_advice_delivered() {
     let switch = start_switch(&cfg).await;
     let svc = service(&switch).clone();
     wait_connected(&svc, 2).await;
+    // Naming its original in F90 (MTI, F11, F7, F32, F33), as a terminal's
+    // reversal does: a host answers one that names none with 30 (format
+    // error), which is not a "done" and is tried again.
     let advice = isoswitch::sim::sample_request(&spec, "0420").unwrap();
+    let mut advice = spec.decode(&advice).unwrap();
+    let text = |id| {
+        advice
+            .get(id)
+            .and_then(|v| v.as_text())
+            .unwrap_or("")
+            .to_string()
+    };
+    let f90 = format!("0200{:0>6}{:0>10}{:0>22}", text(11), text(7), 0);
+    advice.set_text(90, f90);
+    let advice = spec.encode(&advice).unwrap();
     let mut client = RawClient::connect(front(&switch), &spec).await;
     client.send_raw(&RawClient::frame(&spec, &advice)).await;
     let ack = Message::parse(&spec, client.recv().await.unwrap()).unwrap();

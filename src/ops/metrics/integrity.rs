@@ -61,7 +61,7 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
         "Advices (0120/0220/0420 from clients) by outcome: stored (durably, then acknowledged by the switch; integrity.advices = \"store-and-forward\"), delivered (a host acknowledged a stored one), unanswered (no node or a timeout in forward mode, or the store could not take it: the sender repeats), forwarded (store-and-forward mode, but its PAN is only in track data or its F55 is not TLV: it cannot be stored without sensitive authentication data, so it went to a node as in forward mode).",
     );
     let mut host_answers = counter(
-        "isoswitch_saf_host_answers",
+        "isoswitch_owed_host_answers",
         "Hosts' answers to owed messages (reversals, stored advices) that did not simply complete them, by class of their F39 (the dialect's saf_reconcile / saf_retry codes): reconcile (completed, flagged for reconciliation: 25, 94), retry (tried again: 91, 96, MAC and format errors, no F39), dead (refused: a dead letter at once).",
     );
     for r in handle.services.iter() {
