@@ -446,3 +446,154 @@ async fn a_reversal_closes_only_on_the_host_done_code() {
     })
     .await;
 }
+
+/// The host never answers 5% of the requests (the terminal gets 68 at the
+/// switch's 500 ms): the outcome at the host is unknown, so each gets one
+/// timeout reversal at that node, stored as the switch declines, and
+/// nothing else gets one. The nodes' books say which they left unanswered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_host_never_answers_is_reversed_once_at_that_node() {
+    within(Duration::from_secs(120), async {
+        let addrs = [free_addr(), free_addr()];
+        let mut nodes = Vec::new();
+        for (i, a) in addrs.iter().enumerate() {
+            let extra = ["--fail-rate", "0.05"];
+            nodes.push(node("cup-pos", &format!("0{}", i + 1), *a, "2..20ms", &extra).await);
+        }
+        let listen = free_addr();
+        let data = data_dir("unanswered-switch");
+        let _switch = switch(
+            "unanswered-switch",
+            &pos_toml(listen, &addrs, "300ms", ""),
+            &data,
+            listen,
+        )
+        .await;
+        let report = nac("unanswered-nac", listen, 100, ("3s", "5s"), &[])
+            .report()
+            .await;
+        assert_exactly_once(&report);
+        let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
+            !rows.is_empty() && count(rows, "reversal", "pending") == 0
+        })
+        .await;
+        let mut unanswered = 0;
+        for (i, host) in nodes.into_iter().enumerate() {
+            let id = format!("0{}", i + 1);
+            let r = books(host).await;
+            eprintln!("node {id}: {r}");
+            let n = sub(&r, "reversals", "unanswered");
+            assert!(n > 0, "node {id} left some unanswered: {r}");
+            assert_eq!(
+                sub(&r, "reversals", "chains_unanswered"),
+                n,
+                "node {id}: {r}"
+            );
+            assert_eq!(
+                sub(&r, "reversals", "unanswered_never_reversed"),
+                0,
+                "node {id}: {r}"
+            );
+            assert_eq!(sub(&r, "reversals", "chains_not_late"), 0, "node {id}: {r}");
+            assert_eq!(
+                sub(&r, "reversals", "duplicate_chains"),
+                0,
+                "node {id}: {r}"
+            );
+            let stored = rows
+                .iter()
+                .filter(|row| row.node_id.as_deref() == Some(id.as_str()))
+                .count() as u64;
+            assert_eq!(
+                stored,
+                sub(&r, "reversals", "chains"),
+                "node {id}: one entry a chain"
+            );
+            unanswered += n;
+        }
+        assert!(
+            n(&report, "declined") >= unanswered,
+            "the terminal got a decline for each: {report}"
+        );
+        for row in &rows {
+            assert_eq!(
+                (row.kind.as_str(), row.state.as_str()),
+                ("reversal", "delivered")
+            );
+        }
+    })
+    .await;
+}
+
+/// A terminal's repeat (0201) of a purchase the switch declined at its
+/// timeout and reversed is declined by the switch itself, never relayed: the
+/// host, which approved the original late, would approve the repeat, and the
+/// terminal would show an approval for a reversed sale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_of_a_reversed_purchase_is_never_relayed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    within(Duration::from_secs(60), async {
+        let addr = free_addr();
+        let extra = ["--late-share", "1", "--late-by", "1s"];
+        let host = node("cup-pos", "01", addr, "0ms", &extra).await;
+        let listen = free_addr();
+        let data = data_dir("repeat-switch");
+        let _switch = switch(
+            "repeat-switch",
+            &pos_toml(listen, &[addr], "300ms", ""),
+            &data,
+            listen,
+        )
+        .await;
+        let spec = isoswitch::iso8583::Spec::builtin("cup-pos").expect("cup-pos");
+        let original = isoswitch::sim::sample_request(&spec, "0200").expect("a 0200");
+        let mut repeat = spec.decode(&original).expect("decodes");
+        repeat.mti = "0201".parse().expect("an MTI");
+        let repeat = spec.encode(&repeat).expect("encodes");
+        let mut s = tokio::net::TcpStream::connect(listen)
+            .await
+            .expect("connect");
+        let mut exchange = async |payload: &[u8]| -> (String, String) {
+            let mut framed = u16::try_from(payload.len())
+                .expect("short")
+                .to_be_bytes()
+                .to_vec();
+            framed.extend_from_slice(payload);
+            s.write_all(&framed).await.expect("write");
+            let mut len = [0u8; 2];
+            s.read_exact(&mut len).await.expect("an answer");
+            let mut answer = vec![0u8; usize::from(u16::from_be_bytes(len))];
+            s.read_exact(&mut answer).await.expect("an answer");
+            let msg = isoswitch::iso8583::Message::parse(&spec, bytes::Bytes::from(answer))
+                .expect("parses");
+            let f39 = msg
+                .field(39)
+                .ok()
+                .flatten()
+                .map(|f| f.logical().map(char::from).collect());
+            (msg.mti().as_str().to_string(), f39.unwrap_or_default())
+        };
+        assert_eq!(exchange(&original).await, ("0210".into(), "68".into()));
+        assert_eq!(exchange(&repeat).await, ("0210".into(), "68".into()));
+        let rows = store_settles(&data, Duration::from_millis(1500), |rows| {
+            count(rows, "reversal", "delivered") == 1
+        })
+        .await;
+        assert_eq!(rows.len(), 1, "one chain: {rows:?}");
+        let r = books(host).await;
+        eprintln!("node: {r}");
+        assert_eq!(
+            n(&r, "repeat_requests"),
+            0,
+            "the repeat never reached the host: {r}"
+        );
+        assert_eq!(sub(&r, "reversals", "late_approvals"), 1, "{r}");
+        assert_eq!(sub(&r, "reversals", "chains"), 1, "{r}");
+        assert_eq!(
+            sub(&r, "reversals", "chains_late"),
+            1,
+            "the late approval attached: {r}"
+        );
+    })
+    .await;
+}

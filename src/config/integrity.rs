@@ -118,6 +118,14 @@ pub struct IntegrityConfig {
     /// until acknowledged) or `log` (counted and logged only).
     #[serde(default)]
     pub late_approval: LateApproval,
+    /// Whether the switch stores a reversal at once whenever it declines or
+    /// stays silent for an approvable request whose outcome at the host is
+    /// unknown (a timeout, a node connection lost, a shutdown): an acquirer's
+    /// timeout reversal. A late answer attaches to it. With `false`, only a
+    /// late approval the switch reads is reversed. Needs
+    /// `late_approval = "reverse"` and a store.
+    #[serde(default = "defaults::timeout_reversal")]
+    pub timeout_reversal: bool,
     /// How long a request the switch answered for its node is remembered.
     #[serde(default = "defaults::late_window", with = "duration")]
     pub late_window: Duration,
@@ -163,6 +171,7 @@ impl Default for IntegrityConfig {
     fn default() -> Self {
         IntegrityConfig {
             late_approval: LateApproval::default(),
+            timeout_reversal: defaults::timeout_reversal(),
             late_window: defaults::late_window(),
             late_capacity: defaults::late_capacity(),
             approval_codes: None,
@@ -249,6 +258,10 @@ impl IntegrityConfig {
 
 mod defaults {
     use std::time::Duration;
+
+    pub fn timeout_reversal() -> bool {
+        true
+    }
 
     use crate::route::OnTimeout;
 

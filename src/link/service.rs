@@ -314,6 +314,22 @@ impl Service {
         } else {
             origin
         };
+        // A repeat of an original the switch has reversed (a timeout
+        // reversal, or a late approval's) is never relayed: the host's
+        // approval of it would leave the ledger reversed and the terminal
+        // approved.
+        if mti.is_repeat()
+            && crate::route::integrity::is_approvable(mti)
+            && self.made.late.reversal_owed(&key, now)
+        {
+            self.made
+                .counters
+                .repeats_of_reversed
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::info!(service = self.name(), message = %summary(&req.msg), "repeat of a request the switch reversed: declined, not relayed");
+            self.decline(origin, req.msg.payload(), DeclineReason::Timeout);
+            return;
+        }
         // A repeat goes where its original went, never to another node.
         let only = mti
             .is_repeat()

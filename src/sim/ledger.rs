@@ -92,6 +92,14 @@ pub struct ReversalReport {
     pub late_never_reversed: u64,
     /// Reversals whose F90 does not name an original (answered F39 `30`).
     pub unreadable: u64,
+    /// Approvable requests the peer left unanswered on purpose: their
+    /// outcome is unknown to the switch, which should reverse each (a
+    /// timeout reversal).
+    pub unanswered: u64,
+    /// Chains for those.
+    pub chains_unanswered: u64,
+    /// Those never reversed (at the time of the report).
+    pub unanswered_never_reversed: u64,
     /// Late approvals or chains past [`MAX_TRACKED`], not remembered.
     pub untracked: u64,
 }
@@ -106,6 +114,8 @@ pub struct ReversalBook {
 #[derive(Debug, Default)]
 struct Reversals {
     late: HashSet<OriginalKey>,
+    /// Approvable requests left unanswered on purpose.
+    unanswered: HashSet<OriginalKey>,
     /// Reversal messages seen per original.
     chains: HashMap<OriginalKey, u32>,
     counts: ReversalReport,
@@ -130,6 +140,18 @@ impl ReversalBook {
         }
     }
 
+    /// An approvable request left unanswered on purpose: the switch does
+    /// not know its outcome, so it owes a timeout reversal.
+    pub fn not_answered(&self, original: OriginalKey) {
+        let mut b = lock(&self.inner);
+        b.counts.unanswered += 1;
+        if b.unanswered.len() < MAX_TRACKED {
+            b.unanswered.insert(original);
+        } else {
+            b.counts.untracked += 1;
+        }
+    }
+
     /// A reversal (`repeat`: an `0421`) of `original`: counted in its
     /// chain. Returns its place in the chain, 1 for the first message.
     pub fn reversal(&self, original: OriginalKey, repeat: bool) -> u32 {
@@ -147,12 +169,9 @@ impl ReversalBook {
             }
             return *seen;
         }
+        // Late or not is told at the report: a timeout reversal comes as
+        // the switch gives up, before the late approval it covers leaves.
         b.counts.chains += 1;
-        if b.late.contains(&original) {
-            b.counts.chains_late += 1;
-        } else {
-            b.counts.chains_not_late += 1;
-        }
         if b.chains.len() < MAX_TRACKED {
             b.chains.insert(original, 1);
         } else {
@@ -176,12 +195,21 @@ impl ReversalBook {
         lock(&self.inner).counts.answered += 1;
     }
 
-    /// The counts now, with the late approvals not (yet) reversed.
+    /// The counts now: the late approvals not (yet) reversed, and each
+    /// chain as late or not by what the peer approved late by now.
     pub fn report(&self) -> ReversalReport {
         let b = lock(&self.inner);
-        let reversed = b.late.iter().filter(|k| b.chains.contains_key(*k)).count();
+        let reversed = |set: &HashSet<OriginalKey>| {
+            set.iter().filter(|k| b.chains.contains_key(*k)).count() as u64
+        };
+        let (late, unanswered) = (reversed(&b.late), reversed(&b.unanswered));
+        let tracked = b.chains.len() as u64;
         ReversalReport {
-            late_never_reversed: (b.late.len() - reversed) as u64,
+            late_never_reversed: b.late.len() as u64 - late,
+            chains_late: late,
+            unanswered_never_reversed: b.unanswered.len() as u64 - unanswered,
+            chains_unanswered: unanswered,
+            chains_not_late: tracked.saturating_sub(late + unanswered),
             ..b.counts.clone()
         }
     }

@@ -647,6 +647,9 @@ impl Shared {
         let fail_rate = self.cfg.fail_rate;
         if fail_rate > 0.0 && rng.chance(fail_rate) {
             stats.unanswered.fetch_add(1, Ordering::Relaxed);
+            if let (true, Some(k)) = (is_approvable(mti), &key) {
+                stats.reversals.not_answered(k.clone());
+            }
             return None;
         }
         let mut plan = Plan::answer("00", Tally::Request);

@@ -234,6 +234,10 @@ pub struct Integrity {
     /// How a host's answer to a message the switch owes (its reversal, an
     /// advice it stored) is taken, by F39: see [`SafAnswerClass`].
     pub saf_answers: SafAnswerCodes,
+    /// F3 (processing code) prefixes of requests that move no money: never
+    /// reversed (a balance inquiry's late approval only confuses the host).
+    /// Default: `30` (available funds inquiry), `31` (balance inquiry).
+    pub no_reversal_f3: Vec<String>,
 }
 
 /// What a host's answer to an owed message does to its store entry, by F39.
@@ -299,6 +303,7 @@ impl Default for Integrity {
             approval_codes: vec!["00".into(), "10".into(), "11".into()],
             institution_f70: INSTITUTION_F70.iter().map(|c| (*c).into()).collect(),
             saf_answers: SafAnswerCodes::default(),
+            no_reversal_f3: vec!["30".into(), "31".into()],
         }
     }
 }
@@ -315,6 +320,7 @@ struct IntegrityFile {
     saf_done: Option<Vec<String>>,
     saf_reconcile: Option<Vec<String>>,
     saf_retry: Option<Vec<String>>,
+    no_reversal_f3: Option<Vec<String>>,
 }
 
 /// `[defaults]`: values fields inherit unless they say otherwise.
@@ -827,6 +833,19 @@ fn validate_integrity(
             format!("{c:?} is in more than one of saf_done, saf_reconcile, saf_retry"),
         ));
     }
+    if let Some(prefixes) = &file.no_reversal_f3 {
+        if let Some(bad) = prefixes
+            .iter()
+            .find(|p| !(1..=6).contains(&p.len()) || !p.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err((
+                "integrity.no_reversal_f3",
+                format!("{bad:?} is not the start of a processing code: 1 to 6 digits"),
+            ));
+        }
+        out.no_reversal_f3 = prefixes.clone();
+    }
+    let a = &out.saf_answers;
     if a.done.is_empty() {
         return Err((
             "integrity.saf_done",

@@ -34,6 +34,20 @@ pub fn is_approvable(mti: Mti) -> bool {
     matches!(mti.class(), 1 | 2) && mti.function() == 0
 }
 
+/// Whether `request` moves money: not when its F3 (processing code, read
+/// as text) starts with one of the dialect's `no_reversal_f3` (a balance
+/// inquiry), whose approval nobody reverses. A request without F3 moves
+/// money, as far as the switch can tell.
+pub fn moves_money(request: &Message<'_>, no_reversal_f3: &[String]) -> bool {
+    let Ok(Some(f3)) = request.field(3) else {
+        return true;
+    };
+    !no_reversal_f3.iter().any(|p| {
+        let text = f3.logical();
+        text.len() >= p.len() && text.zip(p.bytes()).all(|(a, b)| a == b)
+    })
+}
+
 /// An advice (0120, 0220, 0420 and their repeats): the sender tells, and
 /// many senders take any 0x30 as the acknowledgement and never repeat.
 pub fn is_advice(mti: Mti) -> bool {
@@ -104,8 +118,20 @@ pub struct LateEntry {
     pub node: usize,
     pub said: Said,
     pub at: Instant,
-    /// A reversal is already owed for it: never a second.
-    reversed: bool,
+    /// What is owed for it already: never a second reversal.
+    owed: Owed,
+}
+
+/// The reversal owed for a remembered request, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Owed {
+    Nothing,
+    /// A timeout reversal, stored when the switch answered for the node:
+    /// a late answer attaches to it.
+    TimeoutReversal,
+    /// A reversal of a late approval (or a late approval attached to the
+    /// timeout reversal).
+    Reversed,
 }
 
 impl LateEntry {
@@ -115,7 +141,15 @@ impl LateEntry {
             node,
             said,
             at,
-            reversed: false,
+            owed: Owed::Nothing,
+        }
+    }
+
+    /// A timeout reversal is owed for it (stored as the switch answered).
+    pub fn with_timeout_reversal(self) -> LateEntry {
+        LateEntry {
+            owed: Owed::TimeoutReversal,
+            ..self
         }
     }
 }
@@ -130,6 +164,9 @@ pub enum Late {
     /// Remembered: the request and what the switch said. The book now
     /// counts it as reversed if the caller reverses it.
     Found(LateEntry),
+    /// Remembered, with a timeout reversal already owed: the late answer
+    /// attaches to it (an approval is reversed by it, never by a second).
+    Covered(LateEntry),
 }
 
 /// Counters of a book, readable at any time.
@@ -189,13 +226,27 @@ impl LateBook {
         if now.saturating_duration_since(e.at) > self.window {
             return Late::NotRemembered;
         }
-        if e.reversed {
-            return Late::AlreadyReversed;
+        match (e.owed, reverse) {
+            (Owed::Reversed, _) => Late::AlreadyReversed,
+            (Owed::TimeoutReversal, true) => {
+                e.owed = Owed::Reversed;
+                Late::Covered(e.clone())
+            }
+            (Owed::TimeoutReversal, false) => Late::Covered(e.clone()),
+            (Owed::Nothing, true) => {
+                e.owed = Owed::Reversed;
+                Late::Found(e.clone())
+            }
+            (Owed::Nothing, false) => Late::Found(e.clone()),
         }
-        if reverse {
-            e.reversed = true;
-        }
-        Late::Found(e.clone())
+    }
+
+    /// Whether a reversal is owed for the request `key` names (a timeout
+    /// reversal, or a late approval's): its repeat must not be approved.
+    pub fn reversal_owed(&self, key: &CorrelationKey, now: Instant) -> bool {
+        self.entries.get(key).is_some_and(|e| {
+            e.owed != Owed::Nothing && now.saturating_duration_since(e.at) <= self.window
+        })
     }
 
     /// A request under `key` went to a node again (the repeat of one the
@@ -535,6 +586,33 @@ mod tests {
     }
 
     #[test]
+    fn a_late_answer_attaches_to_the_timeout_reversal() {
+        let t0 = Instant::now();
+        let book = LateBook::new(Duration::from_secs(300), 10);
+        let e = LateEntry::new(Bytes::new(), 1, Said::Silent, t0).with_timeout_reversal();
+        assert!(book.record(key(1), e));
+        assert!(book.reversal_owed(&key(1), t0));
+        assert!(!book.reversal_owed(&key(2), t0));
+        // A late decline finds it, and changes nothing.
+        assert!(matches!(book.late(&key(1), t0, false), Late::Covered(_)));
+        // A late approval attaches, once.
+        assert!(matches!(book.late(&key(1), t0, true), Late::Covered(_)));
+        assert!(matches!(
+            book.late(&key(1), t0, true),
+            Late::AlreadyReversed
+        ));
+        // A plain entry owes nothing until a late approval.
+        assert!(book.record(key(2), LateEntry::new(Bytes::new(), 1, Said::Silent, t0)));
+        assert!(!book.reversal_owed(&key(2), t0));
+        assert!(matches!(book.late(&key(2), t0, true), Late::Found(_)));
+        assert!(book.reversal_owed(&key(2), t0));
+        assert!(
+            !book.reversal_owed(&key(2), t0 + Duration::from_secs(301)),
+            "past the window"
+        );
+    }
+
+    #[test]
     fn a_request_sent_again_is_forgotten() {
         let t0 = Instant::now();
         let book = LateBook::new(Duration::from_secs(300), 10);
@@ -674,6 +752,26 @@ mod tests {
         assert!(is_approvable(m("0100")) && is_approvable(m("0201")));
         assert!(!is_approvable(m("0420")) && !is_approvable(m("0220")));
         assert!(is_advice(m("0220")) && is_advice(m("0421")) && !is_advice(m("0200")));
+    }
+
+    #[test]
+    fn a_balance_inquiry_moves_no_money() {
+        for name in ["cups", "cup-pos", "visa-base1", "iso87binary"] {
+            let spec = Spec::builtin(name).unwrap();
+            let no = &spec.integrity().no_reversal_f3;
+            for (f3, want) in [
+                ("000000", true),
+                ("310000", false),
+                ("300000", false),
+                ("200000", true),
+            ] {
+                let mut d = samples::purchase(&spec);
+                d.set_text(3, f3);
+                let bytes = Bytes::from(spec.encode(&d).unwrap());
+                let msg = Message::parse(&spec, bytes).unwrap();
+                assert_eq!(moves_money(&msg, no), want, "{name}: F3 {f3}");
+            }
+        }
     }
 
     /// A host's answer to a reversal, by its F39 text in every dialect.

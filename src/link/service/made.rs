@@ -62,6 +62,12 @@ pub struct IntegrityCounters {
     pub silent_timeouts: AtomicU64,
     /// Late approvals a reversal was stored for.
     pub late_reversed: AtomicU64,
+    /// Timeout reversals stored: the switch answered for the host with the
+    /// outcome unknown (timeout, node lost, shutdown).
+    pub timeout_reversals: AtomicU64,
+    /// Late approvals of requests that move no money (`no_reversal_f3`):
+    /// not reversed.
+    pub late_not_monetary: AtomicU64,
     /// Late approvals only logged (`late_approval = "log"`).
     pub late_logged: AtomicU64,
     /// Late approvals that could not be reversed: no store, a full store
@@ -94,6 +100,9 @@ pub struct IntegrityCounters {
     pub advices_unstorable: AtomicU64,
     /// Switch-made answers not sent because `switch_made = "silent"`.
     pub switch_made_withheld: AtomicU64,
+    /// Repeats (0201) of an original the switch reversed: declined by the
+    /// switch, never relayed.
+    pub repeats_of_reversed: AtomicU64,
     /// Repeats sent to the node that had the original.
     pub repeats_same_node: AtomicU64,
     /// Repeats whose original's node could not take them (declined as no

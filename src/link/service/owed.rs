@@ -68,9 +68,46 @@ pub(super) fn answered_for_node(
     } else {
         Said::Declined(reason)
     };
-    svc.made
-        .late
-        .record(*key, LateEntry::new(as_sent(svc, p), p.node, said, now));
+    let mut entry = LateEntry::new(as_sent(svc, p), p.node, said, now);
+    if let Some(direction) = timeout_reversal_to(svc, p, &msg) {
+        owe_reversal(svc, &entry, direction, (Cause::Timeout(reason), &msg), None);
+        entry = entry.with_timeout_reversal();
+    }
+    svc.made.late.record(*key, entry);
+}
+
+/// Where a timeout reversal of `p`'s request goes, if it gets one: the host
+/// may have approved what the switch declined (or let expire), so the
+/// acquirer reverses it at once (UnionPay's reason 98 exists for this). Not
+/// with `timeout_reversal = false` or `late_approval = "log"`, not without a
+/// store, not for a request that moves no money (`no_reversal_f3`).
+fn timeout_reversal_to(svc: &Service, p: &Pending, request: &Message<'_>) -> Option<Direction> {
+    let integrity = &svc.made.integrity;
+    if !integrity.timeout_reversal
+        || integrity.late_approval != LateApproval::Reverse
+        || svc.made.saf().is_none()
+        || !integrity::moves_money(request, &svc.spec().integrity().no_reversal_f3)
+    {
+        return None;
+    }
+    match p.origin {
+        Origin::Node => Some(Direction::ToPeer),
+        Origin::Client { .. } | Origin::Peer => svc
+            .pool
+            .node(p.node)
+            .map(|n| Direction::ToNode(n.id.to_string())),
+        Origin::Check(_) | Origin::Owed { .. } => None,
+    }
+}
+
+/// Why the switch reverses a request.
+#[derive(Clone, Copy, Debug)]
+enum Cause {
+    /// The host's answer came after the switch answered for it, and approved.
+    LateApproval,
+    /// The switch answered for the host (for this reason) with the outcome
+    /// unknown.
+    Timeout(DeclineReason),
 }
 
 /// The request of `p` as its node (or the peer) got it: with the F37 stamp
@@ -114,8 +151,15 @@ pub(super) fn late_answer(
     let c = &svc.made.counters;
     let late = svc.made.late.late(key, now, reverse);
     let (request, node) = match &late {
-        Late::Found(entry) => (&entry.request, Some(entry.node)),
+        Late::Found(entry) | Late::Covered(entry) => (&entry.request, Some(entry.node)),
         _ => (msg.payload(), None),
+    };
+    // A balance inquiry's approval moves no money: nothing to reverse.
+    let moves_money = match &late {
+        Late::Found(entry) => Message::parse(svc.spec(), entry.request.clone()).map_or(true, |m| {
+            integrity::moves_money(&m, &svc.spec().integrity().no_reversal_f3)
+        }),
+        _ => true,
     };
     let link = match from {
         AnswerFrom::Node => Link::Unknown,
@@ -132,7 +176,7 @@ pub(super) fn late_answer(
         late: true,
         ..seen
     };
-    let reversing = matches!(late, Late::Found(_)) && approves && reverse;
+    let reversing = matches!(late, Late::Found(_)) && approves && reverse && moves_money;
     let exchange = if reversing {
         // Recorded once its reversal is stored, with the reversal's id.
         svc.exchange_of(seen, now).map(|(j, ex)| (j.clone(), ex))
@@ -148,8 +192,20 @@ pub(super) fn late_answer(
             c.late_again.fetch_add(1, Ordering::Relaxed);
             true
         }
-        Late::Found(_) if !approves => {
+        Late::Found(_) | Late::Covered(_) if !approves => {
             c.late_declines.fetch_add(1, Ordering::Relaxed);
+            true
+        }
+        Late::Covered(_) => {
+            // Its timeout reversal, stored as the switch answered, reverses
+            // it: counted as reversed, never a second chain.
+            c.late_reversed.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(service = svc.name(), message = %summary(msg), "late approval: its timeout reversal is already owed");
+            true
+        }
+        Late::Found(_) if !moves_money => {
+            c.late_not_monetary.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(service = svc.name(), message = %summary(msg), "late approval of a request that moves no money (integrity.no_reversal_f3): not reversed");
             true
         }
         Late::Found(entry) if !reverse => {
@@ -166,7 +222,7 @@ pub(super) fn late_answer(
                 AnswerFrom::Peer => Some(Direction::ToPeer),
             };
             match direction {
-                Some(d) => owe_reversal(svc, &entry, d, msg, exchange),
+                Some(d) => owe_reversal(svc, &entry, d, (Cause::LateApproval, msg), exchange),
                 None => {
                     unreversed(svc, msg, "its node is gone");
                     if let Some((journal, ex)) = exchange {
@@ -185,7 +241,7 @@ fn owe_reversal(
     svc: &Service,
     entry: &LateEntry,
     direction: Direction,
-    answer: &Message<'_>,
+    (cause, answer): (Cause, &Message<'_>),
     exchange: Option<(Journal, Exchange)>,
 ) {
     let unreversed = |svc, answer, why| {
@@ -224,8 +280,16 @@ fn owe_reversal(
     };
     // Logged (masked) before the store has it: if the process dies before
     // the commit, this line is what the reconciliation starts from.
-    tracing::warn!(service = svc.name(), message = %summary(answer), "late approval: reversing it");
+    match cause {
+        Cause::LateApproval => {
+            tracing::warn!(service = svc.name(), message = %summary(answer), "late approval: reversing it");
+        }
+        Cause::Timeout(reason) => {
+            tracing::info!(service = svc.name(), message = %summary(answer), reason = reason.as_str(), "outcome unknown at the host: a timeout reversal");
+        }
+    }
     let task = StoreReversal {
+        cause,
         store: outbox.store.clone(),
         wake: std::sync::Arc::clone(&outbox.wake),
         counters: std::sync::Arc::clone(&svc.made.counters),
@@ -247,6 +311,7 @@ const MIN_STORE_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
 /// once committed, as unreversed (and logged for reconciliation) if it never
 /// is.
 struct StoreReversal {
+    cause: Cause,
     store: Store,
     wake: std::sync::Arc<tokio::sync::Notify>,
     counters: std::sync::Arc<super::IntegrityCounters>,
@@ -293,8 +358,12 @@ impl StoreReversal {
             let e = match stored {
                 Ok(id) => {
                     // Counted once durable: "reversed" means owed in the store.
-                    self.counters.late_reversed.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(service, %id, message = %what, "late approval: reversal stored");
+                    let counter = match self.cause {
+                        Cause::LateApproval => &self.counters.late_reversed,
+                        Cause::Timeout(_) => &self.counters.timeout_reversals,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(service, %id, message = %what, cause = ?self.cause, "reversal stored");
                     self.wake.notify_one();
                     if let Some((journal, mut ex)) = self.exchange {
                         ex.reversal_id = Some(id.0);

@@ -17,7 +17,7 @@ type ReadCounter = fn(&IntegrityCounters) -> &AtomicU64;
 pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fmt::Result {
     let mut late = counter(
         "isoswitch_late_approvals",
-        "Approvals that came after the switch had answered for the node (declined or let expire), by action: reversed (a reversal stored for delivery), logged (late_approval = \"log\"), unreversed (could not be reversed: no store, store full or failing; logged at ERROR for reconciliation).",
+        "Approvals that came after the switch had answered for the node (declined or let expire), by action: reversed (a reversal stored for delivery), logged (late_approval = \"log\"), unreversed (could not be reversed: no store, store full or failing; logged at ERROR for reconciliation), not_monetary (a balance inquiry and the like, integrity.no_reversal_f3: nothing to reverse). A late approval covered by the request's timeout reversal counts as reversed.",
     );
     let mut single: Vec<(Family<u64>, ReadCounter)> = vec![
         (
@@ -47,6 +47,20 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
                 "Reversals a host or the peer acknowledged (its 0430): the entry is delivered.",
             ),
             |c| &c.reversals_acknowledged,
+        ),
+        (
+            counter(
+                "isoswitch_timeout_reversals",
+                "Timeout reversals stored: the switch declined or let expire an approvable request whose outcome at the host was unknown (a timeout, a node connection lost, a shutdown); a late answer attaches to it (integrity.timeout_reversal).",
+            ),
+            |c| &c.timeout_reversals,
+        ),
+        (
+            counter(
+                "isoswitch_repeats_of_reversed",
+                "Repeats (0201) of an original the switch had reversed: declined by the switch, never relayed to a host that could approve them.",
+            ),
+            |c| &c.repeats_of_reversed,
         ),
         (
             counter(
@@ -88,6 +102,7 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
             ("reversed", &c.late_reversed),
             ("logged", &c.late_logged),
             ("unreversed", &c.late_unreversed),
+            ("not_monetary", &c.late_not_monetary),
         ] {
             late.samples
                 .push((labelled("action", action), v.load(Ordering::Relaxed)));
