@@ -275,3 +275,61 @@ async fn what_the_switch_owes_is_kept_without_card_data_and_delivered_with_its_p
     })
     .await;
 }
+
+/// A crash writes no core: the switch's core size limit is 0 and it is not
+/// dumpable, so a SIGSEGV leaves nothing of the card data in flight on
+/// disk (`--allow-core-dumps` is for debugging only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_writes_no_core() {
+    within(Duration::from_secs(60), async {
+        let listen = free_addr();
+        let data = data_dir("no-core-switch");
+        let toml = format!(
+            "[[service]]\nname = \"pos\"\nspec = \"cup-pos\"\n\
+             [service.front]\nkind = \"listen\"\nlisten = \"{listen}\"\n\
+             [[service.back.node]]\nid = \"01\"\naddress = \"{}\"\n",
+            free_addr()
+        );
+        let switch = switch("no-core-switch", &toml, &data, listen).await;
+        let pid = switch.pid();
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+        let core = limits
+            .lines()
+            .find(|l| l.starts_with("Max core file size"))
+            .expect("a core size line");
+        assert_eq!(
+            core.split_whitespace().skip(4).take(2).collect::<Vec<_>>(),
+            ["0", "0"],
+            "{core}"
+        );
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).expect("cwd");
+        let cores = |dir: &Path| -> Vec<PathBuf> {
+            std::fs::read_dir(dir)
+                .map(|d| {
+                    d.flatten()
+                        .map(|e| e.path())
+                        .filter(|p| {
+                            p.file_name()
+                                .is_some_and(|n| n.to_string_lossy().starts_with("core"))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let before = cores(&cwd);
+        // Rust's runtime catches the first SIGSEGV (its stack-overflow
+        // guard), puts the default action back and returns: a second one,
+        // as a real fault repeating would be, ends the process.
+        switch.signal("SEGV");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let _ = std::process::Command::new("kill")
+            .args(["-SEGV", &pid.to_string()])
+            .status();
+        let (status, _) = switch.finish().await;
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(11), "{status}");
+        assert!(!status.core_dumped(), "{status}: a core was dumped");
+        assert_eq!(cores(&cwd), before, "a core file in {}", cwd.display());
+    })
+    .await;
+}

@@ -70,6 +70,11 @@ pub enum Command {
         /// $STATE_DIRECTORY, else ./isoswitch-data.
         #[arg(long, value_name = "DIR")]
         data_dir: Option<PathBuf>,
+        /// Let a crash write a core dump (debugging only: a core holds the
+        /// PANs and PIN blocks in flight). Off by default: the process is
+        /// not dumpable and its core size limit is 0.
+        #[arg(long)]
+        allow_core_dumps: bool,
     },
     /// Validate a config file and print it resolved (defaults filled in).
     Check {
@@ -140,7 +145,11 @@ pub fn main() -> ExitCode {
             capture,
             capture_clear,
             data_dir,
+            allow_core_dumps,
         } => {
+            if !allow_core_dumps && let Err(e) = no_core_dumps() {
+                return fail(format!("cannot turn core dumps off: {e}"));
+            }
             let loaded = match &config {
                 Some(path) => Config::load(path).map_err(|e| format!("{}: {e}", path.display())),
                 None => Config::embedded_default().map_err(|e| format!("embedded default: {e}")),
@@ -192,6 +201,21 @@ fn refuse_missing_tool(first: Option<std::ffi::OsString>) -> Option<ExitCode> {
          (the simulators, load, bench and demo); build with the `tools` \
          feature (cargo's default) for them"
     )))
+}
+
+/// No core dump, ever, unless asked for: a crash of a switch writes the
+/// card data in flight (PANs, PIN blocks, tracks) to disk in a core. The
+/// core size limit goes to 0 and the process becomes undumpable (which
+/// also keeps other processes of the same user from ptrace-reading it).
+fn no_core_dumps() -> std::io::Result<()> {
+    rlimit::setrlimit(rlimit::Resource::CORE, 0, 0)?;
+    // SAFETY: prctl(PR_SET_DUMPABLE, 0) takes no pointers and changes only
+    // this process's dumpable flag.
+    let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn runtime<F>(fut: F) -> ExitCode

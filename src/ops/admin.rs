@@ -211,7 +211,31 @@ fn router(admin: Admin, request_timeout: Duration) -> Router {
             request_timeout,
             within_request_timeout,
         ))
+        .layer(axum::middleware::from_fn(never_kept))
         .with_state(admin)
+}
+
+/// Every admin answer (the status page, the API's JSON, a refusal) is kept
+/// by no cache and shown in no frame: what it says about the switch's
+/// traffic must not outlive the request in a browser or a proxy. The page
+/// has inline style and no script, and says so in its policy.
+async fn never_kept(req: Request, next: Next) -> Response {
+    use axum::http::header::{self, HeaderValue};
+    let mut answer = next.run(req).await;
+    let h = answer.headers_mut();
+    for (name, value) in [
+        (header::CACHE_CONTROL, "no-store"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+        ),
+    ] {
+        h.insert(name, HeaderValue::from_static(value));
+    }
+    answer
 }
 
 /// Cuts a request that takes longer than `admin.request_timeout` (a body

@@ -440,3 +440,49 @@ async fn a_node_added_through_the_api_outlives_the_admin_thread() {
     .await
     .expect("test within its time limit");
 }
+
+/// Every admin answer says it may be kept by no cache and shown in no
+/// frame: the page, the API, the probes, a refusal and a 404 alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_admin_answer_is_no_store_and_never_framed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tokio::time::timeout(TEST_LIMIT, async {
+        let spec = spec("cup-pos");
+        let nodes = start_nodes(&spec, 1, Delay::NONE).await;
+        let mut cfg = Rig::on("cup-pos").config(&[nodes[0].addr]);
+        cfg.admin = Some(admin_config("headers"));
+        let switch = start_switch(&cfg).await;
+        let addr = switch.admin_addr().unwrap();
+        for (path, auth) in [
+            ("/healthz", false),
+            ("/metrics", false),
+            ("/api/v1/status", true),
+            ("/api/v1/status", false),
+            ("/no/such/thing", true),
+        ] {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let auth = if auth {
+                format!("Authorization: Bearer {TOKEN}\r\n")
+            } else {
+                String::new()
+            };
+            let head = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n");
+            s.write_all(head.as_bytes()).await.unwrap();
+            let mut answer = Vec::new();
+            let _ = s.read_to_end(&mut answer).await;
+            let answer = String::from_utf8_lossy(&answer).to_lowercase();
+            let head = answer.split("\r\n\r\n").next().unwrap_or_default();
+            for want in [
+                "cache-control: no-store",
+                "x-frame-options: deny",
+                "x-content-type-options: nosniff",
+                "content-security-policy: default-src 'none'",
+            ] {
+                assert!(head.contains(want), "{path}: no {want:?} in {head}");
+            }
+        }
+        switch.stop().await;
+    })
+    .await
+    .expect("test within its time limit");
+}

@@ -13,6 +13,8 @@
 //!   data and MACs whatever the spec says) unless explicitly revealed
 //!   ([`Shown::reveal`]).
 
+#![forbid(unsafe_code)]
+
 mod codec;
 mod codes;
 mod datetime;

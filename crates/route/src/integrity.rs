@@ -120,6 +120,9 @@ pub struct LateEntry {
     pub at: Instant,
     /// What is owed for it already: never a second reversal.
     owed: Owed,
+    /// The store id of its timeout reversal, once stored: what a late
+    /// approval that attaches to it is journaled with.
+    pub reversal_id: std::sync::Arc<std::sync::OnceLock<i64>>,
 }
 
 /// The reversal owed for a remembered request, if any.
@@ -142,6 +145,7 @@ impl LateEntry {
             said,
             at,
             owed: Owed::Nothing,
+            reversal_id: std::sync::Arc::default(),
         }
     }
 

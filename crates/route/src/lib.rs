@@ -67,6 +67,8 @@
 //! # Ok::<(), KeyTooLong>(())
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod balancer;
 pub mod correlator;
 pub mod decline;

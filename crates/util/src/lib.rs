@@ -4,6 +4,8 @@
 //! dependency on any other module of the crate, so `wire`, `route`, `link`,
 //! `ops`, `sim` and `cli` can all use them without an arrow pointing up.
 
+#![forbid(unsafe_code)]
+
 pub mod duration;
 pub mod name;
 pub mod rng;

@@ -8,6 +8,8 @@
 //!   whole-frame form (`Tpdu::parse`, ...) where a short input is `Truncated`.
 //! - [`envelope`]: parses the whole envelope of a frame as a spec describes it.
 
+#![forbid(unsafe_code)]
+
 pub mod codec;
 pub mod cups;
 pub mod envelope;

@@ -177,14 +177,22 @@ pub(super) fn late_answer(
         ..seen
     };
     let reversing = matches!(late, Late::Found(_)) && approves && reverse && moves_money;
-    let exchange = if reversing {
+    let exchange = match &late {
         // Recorded once its reversal is stored, with the reversal's id.
-        svc.exchange_of(seen, now).map(|(j, ex)| (j.clone(), ex))
-    } else {
-        if !matches!(late, Late::NotRemembered) {
-            svc.note(seen, now);
+        _ if reversing => svc.exchange_of(seen, now).map(|(j, ex)| (j.clone(), ex)),
+        // Recorded now, with its timeout reversal's id (known once stored).
+        Late::Covered(entry) if approves => {
+            if let Some((journal, mut ex)) = svc.exchange_of(seen, now) {
+                ex.reversal_id = entry.reversal_id.get().copied();
+                journal.exchange(ex);
+            }
+            None
         }
-        None
+        Late::NotRemembered => None,
+        _ => {
+            svc.note(seen, now);
+            None
+        }
     };
     match late {
         Late::NotRemembered => false,
@@ -244,6 +252,7 @@ fn owe_reversal(
     (cause, answer): (Cause, &Message<'_>),
     exchange: Option<(Journal, Exchange)>,
 ) {
+    let stored_as = std::sync::Arc::clone(&entry.reversal_id);
     let unreversed = |svc, answer, why| {
         unreversed(svc, answer, why);
         if let Some((journal, ex)) = exchange.as_ref() {
@@ -290,6 +299,7 @@ fn owe_reversal(
     }
     let task = StoreReversal {
         cause,
+        stored_as,
         store: outbox.store.clone(),
         wake: std::sync::Arc::clone(&outbox.wake),
         counters: std::sync::Arc::clone(&svc.made.counters),
@@ -312,6 +322,8 @@ const MIN_STORE_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
 /// is.
 struct StoreReversal {
     cause: Cause,
+    /// Where its store id goes once stored (the late book's entry).
+    stored_as: std::sync::Arc<std::sync::OnceLock<i64>>,
     store: Store,
     wake: std::sync::Arc<tokio::sync::Notify>,
     counters: std::sync::Arc<super::IntegrityCounters>,
@@ -363,6 +375,7 @@ impl StoreReversal {
                         Cause::Timeout(_) => &self.counters.timeout_reversals,
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
+                    let _ = self.stored_as.set(id.0);
                     tracing::info!(service, %id, message = %what, cause = ?self.cause, "reversal stored");
                     self.wake.notify_one();
                     if let Some((journal, mut ex)) = self.exchange {
