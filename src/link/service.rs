@@ -664,7 +664,11 @@ impl Service {
         self.note_answer(link, by, (node, sent_at), asked, checked, now);
         let patch = self.router.response_tpdu_patch(&request);
         let out = Outbound::Message(response.payload().clone(), patch);
-        if tx.try_send(out).is_err() && self.undeliverable(now) {
+        let delivered = tx.try_send(out).is_ok();
+        if !delivered {
+            owed::undelivered(self, key, (node, &request), response, now);
+        }
+        if !delivered && self.undeliverable(now) {
             tracing::warn!(
                 service = self.name(),
                 conn,

@@ -107,6 +107,9 @@ pub enum Said {
     Declined(DeclineReason),
     /// It let the deadline pass without a word (`on_timeout = "silent"`).
     Silent,
+    /// The node approved in time, but its answer could not be delivered
+    /// (the client gone, its queue full): the terminal never saw it.
+    Undelivered,
 }
 
 /// A request the switch answered for its node.
@@ -149,7 +152,8 @@ impl LateEntry {
         }
     }
 
-    /// A timeout reversal is owed for it (stored as the switch answered).
+    /// A reversal is owed for it already (a timeout reversal, stored as the
+    /// switch answered; an undelivered approval's): a late answer attaches.
     pub fn with_timeout_reversal(self) -> LateEntry {
         LateEntry {
             owed: Owed::TimeoutReversal,

@@ -65,6 +65,9 @@ pub struct IntegrityCounters {
     /// Timeout reversals stored: the switch answered for the host with the
     /// outcome unknown (timeout, node lost, shutdown).
     pub timeout_reversals: AtomicU64,
+    /// Approvals in time whose answer could not be delivered (the client
+    /// gone, its queue full): reversed at the node.
+    pub undelivered_reversed: AtomicU64,
     /// Late approvals of requests that move no money (`no_reversal_f3`):
     /// not reversed.
     pub late_not_monetary: AtomicU64,

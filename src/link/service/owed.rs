@@ -108,6 +108,60 @@ enum Cause {
     /// The switch answered for the host (for this reason) with the outcome
     /// unknown.
     Timeout(DeclineReason),
+    /// The host approved in time, and the answer could not be delivered.
+    Undelivered,
+}
+
+/// The node approved `request` in time, but its answer could not be
+/// delivered (the client gone, its write queue full): the terminal never
+/// saw the approval, so it is reversed at that node, as a late approval
+/// would be, and remembered so that a repeat of it is not relayed.
+pub(super) fn undelivered(
+    svc: &Service,
+    key: &CorrelationKey,
+    (node, request): (usize, &Bytes),
+    response: &Message<'_>,
+    now: Instant,
+) {
+    if !integrity::approves(response, &svc.made.approval_codes)
+        || svc.made.integrity.late_approval != LateApproval::Reverse
+    {
+        return;
+    }
+    let Ok(msg) = Message::parse(svc.spec(), request.clone()) else {
+        return;
+    };
+    if !integrity::is_approvable(msg.mti())
+        || !integrity::moves_money(&msg, &svc.spec().integrity().no_reversal_f3)
+    {
+        return;
+    }
+    let sent = stamped(svc, request, node);
+    let entry = LateEntry::new(sent, node, Said::Undelivered, now);
+    let Some(to) = svc
+        .pool
+        .node(node)
+        .map(|n| Direction::ToNode(n.id.to_string()))
+    else {
+        return unreversed(svc, response, "its node is gone");
+    };
+    if svc.made.saf().is_none() {
+        return unreversed(svc, response, "no store (set data_dir or [store])");
+    }
+    owe_reversal(svc, &entry, to, (Cause::Undelivered, response), None);
+    svc.made.late.record(*key, entry.with_timeout_reversal());
+}
+
+/// `request` from a client as node `node` got it: with the F37 stamp the
+/// switch wrote, if any.
+fn stamped(svc: &Service, request: &Bytes, node: usize) -> Bytes {
+    let Ok(checked) = svc.check(request.clone()) else {
+        return request.clone();
+    };
+    match svc.stamp_patch(&checked, node) {
+        Ok(patch) if !patch.is_empty() => Bytes::from(patch.applied_to(request)),
+        _ => request.clone(),
+    }
 }
 
 /// The request of `p` as its node (or the peer) got it: with the F37 stamp
@@ -296,6 +350,9 @@ fn owe_reversal(
         Cause::Timeout(reason) => {
             tracing::info!(service = svc.name(), message = %summary(answer), reason = reason.as_str(), "outcome unknown at the host: a timeout reversal");
         }
+        Cause::Undelivered => {
+            tracing::warn!(service = svc.name(), message = %summary(answer), "approval in time that the client never got: reversing it");
+        }
     }
     let task = StoreReversal {
         cause,
@@ -373,6 +430,7 @@ impl StoreReversal {
                     let counter = match self.cause {
                         Cause::LateApproval => &self.counters.late_reversed,
                         Cause::Timeout(_) => &self.counters.timeout_reversals,
+                        Cause::Undelivered => &self.counters.undelivered_reversed,
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
                     let _ = self.stored_as.set(id.0);

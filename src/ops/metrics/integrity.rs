@@ -57,6 +57,13 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
         ),
         (
             counter(
+                "isoswitch_undelivered_approvals_reversed",
+                "Approvals a node sent in time that could not be delivered (the client gone, its write queue full): the terminal never saw them, so each is reversed at that node.",
+            ),
+            |c| &c.undelivered_reversed,
+        ),
+        (
+            counter(
                 "isoswitch_repeats_of_reversed",
                 "Repeats (0201) of an original the switch had reversed: declined by the switch, never relayed to a host that could approve them.",
             ),
