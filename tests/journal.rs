@@ -505,3 +505,40 @@ async fn the_cli_and_the_api_find_exchanges_by_rrn() {
     })
     .await;
 }
+
+/// The reasons docs/journal.md gives for switch-made rows are the ones the
+/// switch writes (`DeclineReason::as_str`, the same text as the metrics'
+/// `reason` label): a query by a documented name finds its rows.
+#[test]
+fn every_documented_decline_reason_is_what_the_store_holds() {
+    use isoswitch::route::DeclineReason;
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/journal.md"))
+        .expect("docs/journal.md");
+    let documented: Vec<String> = doc
+        .lines()
+        .filter(|l| l.starts_with("| ") && l.contains("| `switch` |"))
+        .filter_map(|l| l.split('|').nth(3).map(str::to_string))
+        .flat_map(|cell| {
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .filter(|r| r != "stored")
+        .collect();
+    let written: Vec<&str> = DeclineReason::ALL.iter().map(|r| r.as_str()).collect();
+    assert!(!documented.is_empty());
+    for r in &documented {
+        assert!(
+            written.contains(&r.as_str()),
+            "documented {r:?}, written: {written:?}"
+        );
+    }
+    for r in written {
+        assert!(
+            documented.iter().any(|d| d == r),
+            "{r} written, not documented: {documented:?}"
+        );
+    }
+}
