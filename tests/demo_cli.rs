@@ -125,6 +125,31 @@ fn assert_readable(screen: &str) {
     let last = lines.last().and_then(|l| named(l));
     let path = first.unwrap_or_else(|| panic!("the log file named first:\n{screen}"));
     assert_eq!(last.as_deref(), Some(path.as_str()), "and last:\n{screen}");
+    // The journal, on by default, is named with the command for its report,
+    // and that command prints the day's table.
+    let report = lines
+        .iter()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("isoswitch journal report --data-dir ")
+        })
+        .unwrap_or_else(|| panic!("the journal report command:\n{screen}"))
+        .to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_isoswitch"))
+        .args(["journal", "report", "--data-dir", &report])
+        .output()
+        .expect("journal report runs");
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let _ = std::fs::remove_dir_all(&report);
+    assert!(
+        out.status.success(),
+        "{table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        table.contains("switch-made") || table.contains("answered"),
+        "{table}"
+    );
     let log = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let _ = std::fs::remove_file(&path);
     assert!(

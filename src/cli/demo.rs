@@ -400,6 +400,13 @@ async fn demo(seconds: u64) -> Result<bool, String> {
         let report = t.await.map_err(|e| e.to_string())??;
         ok &= a.summary(&switch, &report);
     }
+    // The journal is on by default: what the switch did, to reconcile.
+    let db = files.data_dir.join(crate::store::config::DEFAULT_FILE);
+    println!("\njournal      {} (kept after the demo)", db.display());
+    println!(
+        "             isoswitch journal report --data-dir {}",
+        files.data_dir.display()
+    );
     // The switch first (it signs off its links), then its peers.
     switch.stop().await;
     cups.stop().await;
@@ -697,7 +704,7 @@ impl Drop for DemoFiles {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.token);
         let _ = std::fs::remove_file(&self.config);
-        let _ = std::fs::remove_dir_all(&self.data_dir);
+        // The data dir stays: its journal is the demo's record.
     }
 }
 
