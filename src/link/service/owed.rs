@@ -69,7 +69,7 @@ pub(super) fn answered_for_node(
         Said::Declined(reason)
     };
     let mut entry = LateEntry::new(as_sent(svc, p), p.node, said, now);
-    if let Some(direction) = timeout_reversal_to(svc, p, &msg) {
+    if let Some(direction) = timeout_reversal_to(svc, p, &msg, silent) {
         owe_reversal(svc, &entry, direction, (Cause::Timeout(reason), &msg), None);
         entry = entry.with_timeout_reversal();
     }
@@ -80,8 +80,17 @@ pub(super) fn answered_for_node(
 /// may have approved what the switch declined (or let expire), so the
 /// acquirer reverses it at once (UnionPay's reason 98 exists for this). Not
 /// with `timeout_reversal = false` or `late_approval = "log"`, not without a
-/// store, not for a request that moves no money (`no_reversal_f3`).
-fn timeout_reversal_to(svc: &Service, p: &Pending, request: &Message<'_>) -> Option<Direction> {
+/// store, not for a request that moves no money (`no_reversal_f3`). Not
+/// for a node's own request the switch let expire in silence: in a pair the
+/// peer may have answered it through the other instance, to the node, which
+/// as the acquirer owns its outcome; the switch reverses it only once it
+/// told the node "declined".
+fn timeout_reversal_to(
+    svc: &Service,
+    p: &Pending,
+    request: &Message<'_>,
+    silent: bool,
+) -> Option<Direction> {
     let integrity = &svc.made.integrity;
     if !integrity.timeout_reversal
         || integrity.late_approval != LateApproval::Reverse
@@ -91,6 +100,7 @@ fn timeout_reversal_to(svc: &Service, p: &Pending, request: &Message<'_>) -> Opt
         return None;
     }
     match p.origin {
+        Origin::Node if silent => None,
         Origin::Node => Some(Direction::ToPeer),
         Origin::Client { .. } | Origin::Peer => svc
             .pool
