@@ -597,3 +597,119 @@ async fn a_repeat_of_a_reversed_purchase_is_never_relayed() {
     })
     .await;
 }
+
+/// Frames `payload` (cup-pos: a 2-byte length), sends it on `s`, and reads
+/// the answer's MTI and F39, or `None` when none comes within `wait`.
+async fn ask(
+    s: &mut tokio::net::TcpStream,
+    payload: &[u8],
+    wait: Duration,
+) -> Option<(String, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let spec = isoswitch::iso8583::Spec::builtin("cup-pos").expect("cup-pos");
+    let mut framed = u16::try_from(payload.len())
+        .expect("short")
+        .to_be_bytes()
+        .to_vec();
+    framed.extend_from_slice(payload);
+    s.write_all(&framed).await.expect("write");
+    let mut len = [0u8; 2];
+    tokio::time::timeout(wait, s.read_exact(&mut len))
+        .await
+        .ok()?
+        .expect("read");
+    let mut answer = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    s.read_exact(&mut answer).await.expect("an answer");
+    let msg =
+        isoswitch::iso8583::Message::parse(&spec, bytes::Bytes::from(answer)).expect("parses");
+    let f39 = msg
+        .field(39)
+        .ok()
+        .flatten()
+        .map(|f| f.logical().map(char::from).collect());
+    Some((msg.mti().as_str().to_string(), f39.unwrap_or_default()))
+}
+
+/// A cup-pos request `mti` with STAN `stan` and processing code `f3`.
+fn pos_request(mti: &str, stan: &str, f3: &str) -> Vec<u8> {
+    let spec = isoswitch::iso8583::Spec::builtin("cup-pos").expect("cup-pos");
+    let sample = isoswitch::sim::sample_request(&spec, "0200").expect("a 0200");
+    let mut d = spec.decode(&sample).expect("decodes");
+    d.mti = mti.parse().expect("an MTI");
+    d.set_text(11, stan);
+    d.set_text(3, f3);
+    spec.encode(&d).expect("encodes")
+}
+
+/// A terminal's reversal request (0400) that its host never answers gets
+/// no switch-made 0410: the terminal would take it as done and stop
+/// repeating. A purchase in the same state is declined 68, as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_reversal_is_never_answered_by_the_switch() {
+    within(Duration::from_secs(60), async {
+        let addr = free_addr();
+        let _host = node("cup-pos", "01", addr, "0ms", &["--fail-rate", "1"]).await;
+        let listen = free_addr();
+        let data = data_dir("terminal-reversal-switch");
+        let toml = pos_toml(listen, &[addr], "300ms", "");
+        let _switch = switch("terminal-reversal-switch", &toml, &data, listen).await;
+        let mut s = tokio::net::TcpStream::connect(listen)
+            .await
+            .expect("connect");
+        let wait = Duration::from_millis(2500);
+        let purchase = ask(&mut s, &pos_request("0200", "000301", "000000"), wait).await;
+        assert_eq!(purchase, Some(("0210".into(), "68".into())));
+        let reversal = ask(&mut s, &pos_request("0400", "000302", "000000"), wait).await;
+        assert_eq!(
+            reversal, None,
+            "the switch answered a terminal's 0400 itself"
+        );
+    })
+    .await;
+}
+
+/// A balance inquiry the host approves late moves no money: the switch
+/// declines it at its timeout and reverses nothing; a purchase beside it,
+/// approved late as well, is reversed once. The host's books (which book
+/// no inquiry as owed) agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_balance_inquiry_is_not_reversed() {
+    within(Duration::from_secs(60), async {
+        let addr = free_addr();
+        let host = node(
+            "cup-pos",
+            "01",
+            addr,
+            "0ms",
+            &["--late-share", "1", "--late-by", "1s"],
+        )
+        .await;
+        let listen = free_addr();
+        let data = data_dir("inquiry-switch");
+        let toml = pos_toml(listen, &[addr], "300ms", "");
+        let _switch = switch("inquiry-switch", &toml, &data, listen).await;
+        let mut s = tokio::net::TcpStream::connect(listen)
+            .await
+            .expect("connect");
+        let wait = Duration::from_millis(2500);
+        let inquiry = ask(&mut s, &pos_request("0200", "000401", "310000"), wait).await;
+        assert_eq!(inquiry, Some(("0210".into(), "68".into())));
+        let purchase = ask(&mut s, &pos_request("0200", "000402", "000000"), wait).await;
+        assert_eq!(purchase, Some(("0210".into(), "68".into())));
+        // Both late approvals come within a second; then the store holds
+        // the purchase's reversal only.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
+            count(rows, "reversal", "delivered") >= 1
+        })
+        .await;
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].f11.as_deref(), Some("000402"), "{rows:?}");
+        let r = books(host).await;
+        eprintln!("node: {r}");
+        assert_eq!(sub(&r, "reversals", "late_approvals"), 1, "{r}");
+        assert_eq!(sub(&r, "reversals", "chains"), 1, "{r}");
+        assert_eq!(sub(&r, "reversals", "chains_not_late"), 0, "{r}");
+    })
+    .await;
+}

@@ -44,6 +44,18 @@ pub fn is_approvable(mti: Mti) -> bool {
     matches!(mti.class(), 1 | 2) && mti.function() == 0
 }
 
+/// A balance or available-funds inquiry (F3 starting `31` or `30`, read as
+/// text): it moves no money, so nothing of it is ever reversed.
+pub fn is_inquiry(msg: &crate::iso8583::Message<'_>) -> bool {
+    match msg.field(3) {
+        Ok(Some(f3)) => {
+            let text: Vec<u8> = f3.logical().take(2).collect();
+            text == b"30" || text == b"31"
+        }
+        _ => false,
+    }
+}
+
 /// A reversal or its repeat: `0420`, `0421`.
 pub fn is_reversal(mti: Mti) -> bool {
     mti.class() == 4 && mti.function() == 2

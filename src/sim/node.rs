@@ -32,7 +32,7 @@ use tokio_util::codec::FramedRead;
 use crate::iso8583::{Message, Mti, Spec, samples};
 use crate::sim::ledger::{
     AdviceBook, Answered, CodeCounts, LateApprovals, ReversalBook, is_advice, is_approvable,
-    is_key_management, is_repeated_request, is_reversal,
+    is_inquiry, is_key_management, is_repeated_request, is_reversal,
 };
 use crate::sim::original::OriginalKey;
 use crate::sim::peer::lock;
@@ -659,7 +659,13 @@ impl Shared {
             }
             _ => None,
         };
+        // A late approval is one the switch must reverse only when it moves
+        // money: an inquiry's is answered as late, and not booked.
         plan.on_sent = match (late, key) {
+            (Some(by), Some(k)) if is_inquiry(msg) => {
+                plan.extra = by;
+                OnSent::Answered(k)
+            }
             (Some(by), Some(k)) => {
                 plan.extra = by;
                 OnSent::ApprovedLate(k)

@@ -101,6 +101,9 @@ pub struct IntegrityCounters {
     /// sensitive authentication data (PAN only in track data, F55 not
     /// TLV): forwarded to a node instead, never acknowledged by the switch.
     pub advices_unstorable: AtomicU64,
+    /// Reversal requests (0400, 0401) from a sender that got no host's
+    /// answer: left unanswered by the switch (the sender repeats).
+    pub reversals_unanswered: AtomicU64,
     /// Switch-made answers not sent because `switch_made = "silent"`.
     pub switch_made_withheld: AtomicU64,
     /// Repeats (0201) of an original the switch reversed: declined by the

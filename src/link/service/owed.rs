@@ -691,16 +691,26 @@ pub(super) fn attempt_failed(
 }
 
 /// Whether a switch-made answer to `request` may go out at all: never with
-/// `switch_made = "silent"`, and never to an advice the switch did not store
-/// (a sender that takes any 0x30 as the acknowledgement would not repeat).
+/// `switch_made = "silent"`, never to a reversal request (0400), and never
+/// to an advice the switch did not store (a sender that takes any 0x30 or
+/// 0x10 as the acknowledgement would not repeat).
 pub(super) fn may_answer(svc: &Service, request: &Bytes) -> bool {
     let c = &svc.made.counters;
     if svc.made.integrity.switch_made == crate::config::SwitchMadePolicy::Silent {
         c.switch_made_withheld.fetch_add(1, Ordering::Relaxed);
         return false;
     }
-    let advice = Message::parse(svc.spec(), request.clone())
-        .is_ok_and(|m| integrity::is_advice(m.mti()) && m.mti().class() != 8);
+    let mti = Message::parse(svc.spec(), request.clone())
+        .ok()
+        .map(|m| m.mti());
+    // A reversal request (0400, 0401) is the sender's own reversal: a
+    // switch-made 0410 would tell it the host took what no host has seen,
+    // and it would stop repeating. Silent: the sender repeats it.
+    if mti.is_some_and(|m| m.class() == 4 && m.function() == 0) {
+        c.reversals_unanswered.fetch_add(1, Ordering::Relaxed);
+        return false;
+    }
+    let advice = mti.is_some_and(|m| integrity::is_advice(m) && m.class() != 8);
     // In `forward` mode, and in `store-and-forward` mode for an advice that
     // could not be stored without its sensitive authentication data.
     if advice {

@@ -64,6 +64,13 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
         ),
         (
             counter(
+                "isoswitch_reversal_requests_unanswered",
+                "Reversal requests (0400, 0401) that got no host's answer (a timeout, no node, a lost connection): the switch never answers one itself, so the sender repeats it.",
+            ),
+            |c| &c.reversals_unanswered,
+        ),
+        (
+            counter(
                 "isoswitch_repeats_of_reversed",
                 "Repeats (0201) of an original the switch had reversed: declined by the switch, never relayed to a host that could approve them.",
             ),
