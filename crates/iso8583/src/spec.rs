@@ -223,7 +223,9 @@ pub struct Integrity {
     /// The field that carries the original data elements (F90: original MTI,
     /// F11, F7, F32, F33), or none in a dialect without it.
     pub original_data: Option<u16>,
-    /// F39 codes that approve (default `00`, `10`, `11`).
+    /// F39 codes that approve (default `00` approved, `08` honour with
+    /// identification, `10` partial, `11` VIP, `16` approved with a track 3
+    /// update).
     pub approval_codes: Vec<String>,
     /// F70 codes of network management that belongs to the institution, not
     /// to the link: key exchange and cut-over. On simplex and duplex fronts
@@ -300,7 +302,7 @@ impl Default for Integrity {
             reversal_fields: vec![2, 3, 4, 7, 11, 12, 13, 22, 25, 32, 33, 37, 41, 42, 49],
             reversal_reason: "68".into(),
             original_data: Some(90),
-            approval_codes: vec!["00".into(), "10".into(), "11".into()],
+            approval_codes: ["00", "08", "10", "11", "16"].map(String::from).to_vec(),
             institution_f70: INSTITUTION_F70.iter().map(|c| (*c).into()).collect(),
             saf_answers: SafAnswerCodes::default(),
             no_reversal_f3: vec!["30".into(), "31".into()],

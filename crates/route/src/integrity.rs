@@ -548,9 +548,13 @@ pub fn original_data_elements(original: &Decoded) -> String {
         let text = &text[text.len().saturating_sub(width)..];
         format!("{text:0>width$}")
     };
+    // The original, not its repeat: a 0201 that timed out names the 0200
+    // (the last digit's repeat bit cleared), which is what an issuer books.
+    let mti = original.mti.as_str();
+    let (head, last) = mti.split_at(3);
+    let last = last.bytes().next().map_or('0', |d| char::from(d & !1));
     format!(
-        "{}{}{}{}{}",
-        original.mti.as_str(),
+        "{head}{last}{}{}{}{}",
         digits(11, 6),
         digits(7, 10),
         digits(32, 11),
@@ -755,6 +759,21 @@ mod tests {
     }
 
     #[test]
+    fn the_reversal_of_a_repeat_names_the_original_mti() {
+        let spec = Spec::builtin("cups").unwrap();
+        for (mti, named) in [
+            ("0201", "0200"),
+            ("0200", "0200"),
+            ("0101", "0100"),
+            ("0203", "0202"),
+        ] {
+            let mut d = samples::purchase(&spec);
+            d.mti = mti.parse().unwrap();
+            assert!(original_data_elements(&d).starts_with(named), "{mti}");
+        }
+    }
+
+    #[test]
     fn classes_of_messages() {
         let m = |s: &str| s.parse::<Mti>().unwrap();
         assert!(is_approvable(m("0100")) && is_approvable(m("0201")));
@@ -821,8 +840,10 @@ mod tests {
                 .unwrap();
             for (f39, want) in [
                 ("00", true),
+                ("08", true),
                 ("10", true),
                 ("11", true),
+                ("16", true),
                 ("05", false),
                 ("68", false),
             ] {
