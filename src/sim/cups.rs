@@ -693,26 +693,15 @@ impl Originated {
 
 /// Starts a key reset every `every` for `duration` (none once origination
 /// stops).
-async fn reset_keys(shared: Arc<Shared>, every: Duration, mut shutdown: watch::Receiver<bool>) {
+async fn reset_keys(shared: Arc<Shared>, every: Duration, shutdown: watch::Receiver<bool>) {
     let stop_at = shared.base.checked_add(shared.cfg.duration);
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.changed() => return,
-        }
-        if stop_at.is_some_and(|s| Instant::now() >= s) {
-            return;
-        }
-        if shared
+    crate::sim::peer::every_until(every, stop_at, shutdown, || {
+        shared
             .originating
             .issue(|| shared.send_key_reset())
-            .is_none()
-        {
-            return;
-        }
-    }
+            .is_some()
+    })
+    .await;
 }
 
 /// Sends `what` at `rate` a second for `duration`.

@@ -116,6 +116,17 @@ pub struct ReversalReport {
     pub untracked: u64,
 }
 
+/// What a peer does with a reversal message ([`ReversalBook::take`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Taken {
+    /// One of the first of its chain, left unanswered on purpose.
+    Ignored,
+    /// Answered: its turn among the answered messages of its chain, from 1.
+    Answer(u32),
+    /// Its F90 names no original: answered F39 `30` (format error).
+    Unreadable,
+}
+
 /// The reversal book: late approvals, and the chains of reversals that come
 /// for them (or for anything else).
 #[derive(Debug, Default)]
@@ -190,6 +201,24 @@ impl ReversalBook {
             b.counts.untracked += 1;
         }
         1
+    }
+
+    /// A reversal message (`0420`/`0421`) a peer got, booked in its chain
+    /// by its own reading of F90: left unanswered while it is one of the
+    /// first `ignore` of its chain, else answered (its turn among the
+    /// answered ones, from 1); a reversal that names no original is
+    /// counted and answered F39 `30`.
+    pub fn take(&self, msg: &crate::iso8583::Message<'_>, ignore: u32) -> Taken {
+        let Ok(original) = OriginalKey::of_reversal(msg) else {
+            self.unreadable();
+            return Taken::Unreadable;
+        };
+        let place = self.reversal(original, msg.mti().is_repeat());
+        if place <= ignore {
+            self.ignored();
+            return Taken::Ignored;
+        }
+        Taken::Answer(place - ignore)
     }
 
     /// A reversal whose F90 names no original.

@@ -31,7 +31,7 @@ use tokio_util::codec::FramedRead;
 
 use crate::iso8583::{Message, Mti, Spec, samples};
 use crate::sim::ledger::{
-    AdviceBook, Answered, CodeCounts, LateApprovals, ReversalBook, is_advice, is_approvable,
+    AdviceBook, Answered, CodeCounts, LateApprovals, ReversalBook, Taken, is_advice, is_approvable,
     is_inquiry, is_key_management, is_repeated_request, is_reversal,
 };
 use crate::sim::original::OriginalKey;
@@ -680,19 +680,17 @@ impl Shared {
     /// unless it is one of the first `ignore_reversals` of its chain. One
     /// whose F90 names no original is answered F39 `30` (format error).
     fn on_reversal(&self, msg: &Message<'_>) -> Option<Plan> {
-        let book = &self.stats.reversals;
-        let Ok(original) = OriginalKey::of_reversal(msg) else {
-            book.unreadable();
-            return Some(Plan::answer("30", Tally::Reversal));
+        let turn = match self
+            .stats
+            .reversals
+            .take(msg, self.finance.ignore_reversals)
+        {
+            Taken::Ignored => return None,
+            Taken::Unreadable => return Some(Plan::answer("30", Tally::Reversal)),
+            Taken::Answer(turn) => turn as usize,
         };
-        let place = book.reversal(original, msg.mti().is_repeat());
-        if place <= self.finance.ignore_reversals {
-            book.ignored();
-            return None;
-        }
         // The answers count from the first message answered.
         let codes = &self.finance.reversal_answers;
-        let turn = (place - self.finance.ignore_reversals) as usize;
         let code = codes
             .get(turn - 1)
             .or(codes.last())

@@ -183,6 +183,28 @@ pub async fn sweep(
     }
 }
 
+/// Calls `tick` every `every` (the first after one period) until it says
+/// stop, `stop_at` passes or the shutdown: a simulator's periodic work of
+/// its own (key resets).
+pub async fn every_until(
+    every: Duration,
+    stop_at: Option<Instant>,
+    mut shutdown: watch::Receiver<bool>,
+    mut tick: impl FnMut() -> bool,
+) {
+    let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        if stop_at.is_some_and(|s| Instant::now() >= s) || !tick() {
+            return;
+        }
+    }
+}
+
 /// Keeps one dialled link up until the shutdown: connects to `target`,
 /// runs `serve` on it until it returns, waits a short backoff (longer after
 /// each failed attempt), connects again. `what` names the link in logs.

@@ -44,11 +44,13 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 mod links;
+mod owed;
 mod report;
 
 pub use report::{VisaReport, VisaSimStats};
 
 use links::{LinkHandle, accept_links, keep_link};
+use owed::reset_keys;
 
 use crate::iso8583::{Decoded, IsoError, Message, Mti, Spec};
 use crate::sim::answer;
@@ -749,35 +751,6 @@ impl Shared {
         }
     }
 
-    /// A key exchange of VISA's (`0800` F70 `key_reset_f70`) on a
-    /// signed-on link; its `0810` may come back on any link.
-    fn send_key_reset(&self) -> bool {
-        let mti = self
-            .spec
-            .network()
-            .echo_mti
-            .unwrap_or_else(|| mti(*b"0800"));
-        let Some(response) = answer::response_mti(mti) else {
-            return false;
-        };
-        let (mut d, key, _) = self.fresh(mti);
-        d.set_text(70, self.cfg.key_reset_f70.clone());
-        let Ok(payload) = self.spec.encode(&d).map(Bytes::from) else {
-            return false;
-        };
-        let pending = Pending {
-            kind: Kind::KeyReset,
-            response,
-        };
-        let sent = self.send_expected(&payload, key, pending, |l| {
-            l.signed_on.load(Ordering::Relaxed)
-        });
-        if sent {
-            self.stats.key_resets_sent.fetch_add(1, Ordering::Relaxed);
-        }
-        sent
-    }
-
     /// The bank's `0800`: answered `0810` F39 `00` on the link it came on (a
     /// link-level exchange), or any link if that one is gone.
     fn on_network_request(&self, link: u64, msg: &Message<'_>) {
@@ -852,54 +825,6 @@ impl Shared {
             self.deliver_later(link, resp, delay, approved_late);
         }
     }
-
-    /// The bank's reversal (`0420`, repeated as `0421`) of an approval of
-    /// ours: booked in its chain by our own reading of its F90 and answered
-    /// `0430` on any link, unless it is one of the first `ignore_reversals`
-    /// of its chain. One whose F90 names no original is answered F39 `30`.
-    fn on_reversal(&self, msg: &Message<'_>) {
-        let book = &self.stats.reversals;
-        let code = match OriginalKey::of_reversal(msg) {
-            Ok(original) => {
-                if book.reversal(original, msg.mti().is_repeat()) <= self.cfg.ignore_reversals {
-                    book.ignored();
-                    return;
-                }
-                "00"
-            }
-            Err(_) => {
-                book.unreadable();
-                "30"
-            }
-        };
-        let Ok(resp) = answer(&self.spec, msg, code) else {
-            self.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
-        if self.send_where(&resp, |_| true).is_some() {
-            book.answered();
-        }
-    }
-}
-
-/// Starts a key exchange every `every` until `duration` has passed (none
-/// while paused; a tick with no signed-on link is skipped).
-async fn reset_keys(shared: Arc<Shared>, every: Duration, mut shutdown: watch::Receiver<bool>) {
-    let stop_at = shared.base.checked_add(shared.cfg.duration);
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.changed() => return,
-        }
-        if stop_at.is_some_and(|s| Instant::now() >= s) {
-            return;
-        }
-        if !shared.paused.load(Ordering::Relaxed) {
-            shared.send_key_reset();
-        }
-    }
 }
 
 /// Sends issuer requests at `rate` until `count` are sent or `duration` has
@@ -934,94 +859,4 @@ async fn originate(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spec() -> Spec {
-        Spec::builtin("visa-base1").unwrap()
-    }
-
-    #[test]
-    fn answer_turns_a_bank_request_around() {
-        let spec = spec();
-        let req = crate::sim::sample_request(&spec, "0200").unwrap();
-        let msg = Message::parse(&spec, req).unwrap();
-        let resp = Message::parse(&spec, answer(&spec, &msg, "00").unwrap()).unwrap();
-        assert_eq!(resp.mti().as_str(), "0210");
-        for id in [2, 3, 4, 7, 11, 32, 37, 41] {
-            assert_eq!(logical(&resp, id), logical(&msg, id), "F{id} echoed");
-        }
-        assert_eq!(logical(&resp, 39), b"00");
-        assert_eq!(logical(&resp, 38).len(), 6, "an approval code");
-        let (Some(crate::wire::Header::Visa(q)), Some(crate::wire::Header::Visa(r))) =
-            (msg.envelope().header, resp.envelope().header)
-        else {
-            panic!("VISA headers");
-        };
-        assert_eq!(r.source_id(), q.destination_id());
-        assert_eq!(r.destination_id(), q.source_id());
-    }
-
-    #[test]
-    fn answer_keeps_no_secrets() {
-        let spec = spec();
-        let d = crate::iso8583::samples::purchase(&spec);
-        let msg = Message::parse(&spec, Bytes::from(spec.encode(&d).unwrap())).unwrap();
-        assert!(msg.has_field(35) && msg.has_field(52));
-        let resp = Message::parse(&spec, answer(&spec, &msg, "05").unwrap()).unwrap();
-        for id in [35, 52, 128] {
-            assert!(!resp.has_field(id), "F{id} not echoed");
-        }
-        assert!(!resp.has_field(38), "no approval code on a decline");
-    }
-
-    #[test]
-    fn answering_a_response_is_an_error() {
-        let spec = spec();
-        let req = crate::sim::sample_request(&spec, "0210").unwrap();
-        let msg = Message::parse(&spec, req).unwrap();
-        assert!(answer(&spec, &msg, "00").is_err());
-    }
-
-    #[test]
-    fn keys_join_f7_and_f11() {
-        let spec = spec();
-        let mut d = crate::iso8583::samples::echo(&spec);
-        d.set_text(7, "1203045959");
-        d.set_text(11, "000042");
-        let msg = Message::parse(&spec, Bytes::from(spec.encode(&d).unwrap())).unwrap();
-        assert_eq!(key_of(&msg), Some(1_203_045_959_000_042));
-    }
-
-    #[test]
-    fn done_is_bounded_and_remembers_answers() {
-        let mut done = Done::default();
-        for k in 0..(MAX_DONE as u64 + 10) {
-            done.insert(k, k % 2 == 0);
-        }
-        assert_eq!(done.keys.len(), MAX_DONE);
-        assert!(!done.keys.contains_key(&0), "oldest forgotten");
-        assert_eq!(done.keys.get(&(MAX_DONE as u64 + 8)), Some(&true));
-    }
-
-    #[test]
-    fn a_non_visa_spec_is_refused() {
-        let cups = Spec::builtin("cups").unwrap();
-        assert!(check_spec(&cups).is_err());
-        assert!(check_spec(&spec()).is_ok());
-    }
-
-    #[test]
-    fn report_verdict() {
-        let mut r = VisaReport {
-            issuer_sent: 3,
-            issuer_approved: 3,
-            ..VisaReport::default()
-        };
-        assert!(r.is_clean());
-        assert!(r.to_string().starts_with("issuer sent 3 approved 3"));
-        assert!(r.to_json().contains("\"issuer_sent\":3"));
-        r.doubled = 1;
-        assert!(!r.is_clean());
-    }
-}
+mod tests;

@@ -12,6 +12,7 @@ use super::links::To;
 use super::{Key, Kind, Pending, Shared, Tally, from_cups_envelope, key_of, transmission_time};
 use crate::iso8583::{Decoded, Message, Mti, samples};
 use crate::sim::answer::{self, response_mti};
+use crate::sim::ledger::Taken;
 use crate::sim::original::{OriginalData, OriginalKey};
 use crate::sim::writer::Outbound;
 use crate::util::rng::Rng;
@@ -93,19 +94,10 @@ impl Shared {
         rng: &mut Rng,
         from: Option<IpAddr>,
     ) {
-        let book = &self.stats.reversals;
-        let code = match OriginalKey::of_reversal(msg) {
-            Ok(original) => {
-                if book.reversal(original, msg.mti().is_repeat()) <= self.cfg.ignore_reversals {
-                    book.ignored();
-                    return;
-                }
-                "00"
-            }
-            Err(_) => {
-                book.unreadable();
-                "30"
-            }
+        let code = match self.stats.reversals.take(msg, self.cfg.ignore_reversals) {
+            Taken::Ignored => return,
+            Taken::Answer(_) => "00",
+            Taken::Unreadable => "30",
         };
         self.answer_member(msg, code, Tally::Reversal, rng, from);
     }
