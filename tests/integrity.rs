@@ -605,29 +605,9 @@ async fn ask(
     payload: &[u8],
     wait: Duration,
 ) -> Option<(String, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let spec = isoswitch::iso8583::Spec::builtin("cup-pos").expect("cup-pos");
-    let mut framed = u16::try_from(payload.len())
-        .expect("short")
-        .to_be_bytes()
-        .to_vec();
-    framed.extend_from_slice(payload);
-    s.write_all(&framed).await.expect("write");
-    let mut len = [0u8; 2];
-    tokio::time::timeout(wait, s.read_exact(&mut len))
-        .await
-        .ok()?
-        .expect("read");
-    let mut answer = vec![0u8; usize::from(u16::from_be_bytes(len))];
-    s.read_exact(&mut answer).await.expect("an answer");
-    let msg =
-        isoswitch::iso8583::Message::parse(&spec, bytes::Bytes::from(answer)).expect("parses");
-    let f39 = msg
-        .field(39)
-        .ok()
-        .flatten()
-        .map(|f| f.logical().map(char::from).collect());
-    Some((msg.mti().as_str().to_string(), f39.unwrap_or_default()))
+    use tokio::io::AsyncWriteExt;
+    s.write_all(&framed(payload)).await.expect("write");
+    read_answer(s, wait).await
 }
 
 /// A cup-pos request `mti` with STAN `stan` and processing code `f3`.
@@ -712,4 +692,127 @@ async fn a_late_balance_inquiry_is_not_reversed() {
         assert_eq!(sub(&r, "reversals", "chains_not_late"), 0, "{r}");
     })
     .await;
+}
+
+/// F5's meaning of "disable": the node's in-flight requests finish. Ten
+/// purchases in flight at node 01 when it is disabled: ten approvals reach
+/// the terminal and nothing is reversed. Ten more in flight when it is
+/// forced offline: ten declines at once, and ten timeout reversals, each
+/// delivered to node 01 once it is back, one chain each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disable_lets_in_flight_finish_and_force_offline_reverses_them() {
+    use isoswitch::cli::ctl::{CtlArgs, CtlCommand, execute};
+    use tokio::io::AsyncWriteExt;
+    within(Duration::from_secs(90), async {
+        let addr = free_addr();
+        let host = node("cup-pos", "01", addr, "1s", &[]).await;
+        let listen = free_addr();
+        let data = data_dir("disable-switch");
+        let (admin, admin_extra) = admin_toml("disable-switch");
+        // Answers in 1 s, well inside the request timeout: only the admin
+        // action decides what happens to them.
+        let toml = pos_toml(listen, &[addr], "300ms", "")
+            .replace("\"02x0\" = \"500ms\"", "\"02x0\" = \"10s\"")
+            .replace("request = \"500ms\"", "request = \"10s\"");
+        let _switch = switch(
+            "disable-switch",
+            &format!("{admin_extra}{toml}"),
+            &data,
+            listen,
+        )
+        .await;
+        let ctl = |command| CtlArgs {
+            admin: format!("http://{admin}"),
+            json: false,
+            token: Some("process-test-token".into()),
+            command,
+            tls: Default::default(),
+        };
+        let action = |force: bool| {
+            let (service, node) = ("pos".to_string(), "01".to_string());
+            if force {
+                CtlCommand::ForceOffline { service, node }
+            } else {
+                CtlCommand::Disable { service, node }
+            }
+        };
+        let enable = || CtlCommand::Enable {
+            service: "pos".into(),
+            node: "01".into(),
+        };
+        wait_metric_sum(admin, "isoswitch_server_current_connections", &[], 2.0).await;
+        let mut s = tokio::net::TcpStream::connect(listen)
+            .await
+            .expect("connect");
+        let wait = Duration::from_secs(15);
+        for (round, force) in [(0, false), (1, true)] {
+            for i in 0..10 {
+                let stan = format!("0006{round}{i}");
+                let framed = framed(&pos_request("0200", &stan, "000000"));
+                s.write_all(&framed).await.expect("write");
+            }
+            wait_metric_sum(admin, "isoswitch_service_in_flight", &[], 10.0).await;
+            execute(&ctl(action(force))).await.expect("admin action");
+            let mut codes = Vec::new();
+            for _ in 0..10 {
+                let (mti, code) = read_answer(&mut s, wait).await.expect("an answer");
+                assert_eq!(mti, "0210");
+                codes.push(code);
+            }
+            if force {
+                assert!(codes.iter().all(|c| c != "00"), "declined: {codes:?}");
+            } else {
+                assert!(codes.iter().all(|c| c == "00"), "approved: {codes:?}");
+                assert!(saf_rows(&data).is_empty(), "disable reversed nothing");
+            }
+            execute(&ctl(enable())).await.expect("enable");
+        }
+        let rows = store_settles(&data, Duration::from_millis(1500), |rows| {
+            count(rows, "reversal", "delivered") == 10
+        })
+        .await;
+        assert_eq!(rows.len(), 10, "{rows:?}");
+        assert!(
+            rows.iter()
+                .all(|r| r.f11.as_deref().is_some_and(|f| f.starts_with("00061"))),
+            "only the forced-offline round: {rows:?}"
+        );
+        let r = books(host).await;
+        eprintln!("node: {r}");
+        assert_eq!(sub(&r, "reversals", "chains"), 10, "{r}");
+        assert_eq!(sub(&r, "reversals", "duplicate_chains"), 0, "{r}");
+    })
+    .await;
+}
+
+/// `payload` with cup-pos's 2-byte length prefix.
+fn framed(payload: &[u8]) -> Vec<u8> {
+    let mut framed = u16::try_from(payload.len())
+        .expect("short")
+        .to_be_bytes()
+        .to_vec();
+    framed.extend_from_slice(payload);
+    framed
+}
+
+/// Reads one cup-pos answer from `s`: its MTI and F39, or `None` when none
+/// comes within `wait`.
+async fn read_answer(s: &mut tokio::net::TcpStream, wait: Duration) -> Option<(String, String)> {
+    use tokio::io::AsyncReadExt;
+    let spec = isoswitch::iso8583::Spec::builtin("cup-pos").expect("cup-pos");
+    let mut len = [0u8; 2];
+    tokio::time::timeout(wait, s.read_exact(&mut len))
+        .await
+        .ok()?
+        .expect("read");
+    let mut answer = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    s.read_exact(&mut answer).await.expect("an answer");
+    let msg =
+        isoswitch::iso8583::Message::parse(&spec, bytes::Bytes::from(answer)).expect("parses");
+    let f39 = msg
+        .field(39)
+        .ok()
+        .flatten()
+        .map(|f| f.logical().map(char::from).collect());
+    Some((msg.mti().as_str().to_string(), f39.unwrap_or_default()))
 }

@@ -539,10 +539,10 @@ async fn directed_rule_on_bcd_processing_code_picks_its_nodes() {
     switch.stop().await;
 }
 
-/// Disabling a node declines its in-flight requests at once and sends it
-/// nothing new; re-enabling brings it back without reconnecting.
+/// Forcing a node offline declines its in-flight requests at once and sends
+/// it nothing new; re-enabling brings it back without reconnecting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn disabling_a_node_declines_its_in_flight_at_once() {
+async fn forcing_a_node_offline_declines_its_in_flight_at_once() {
     let spec = spec("cups");
     let (_nodes, switch) = Rig::on("cups").nodes(2).delay("1s").start().await;
     let svc = service(&switch).clone();
@@ -557,7 +557,7 @@ async fn disabling_a_node_declines_its_in_flight_at_once() {
     })
     .await;
     let now = std::time::Instant::now;
-    assert!(svc.set_node_admin(0, isoswitch::route::AdminState::Disabled, now()));
+    assert!(svc.set_node_admin(0, isoswitch::route::AdminState::ForcedOffline, now()));
     assert_eq!(svc.pool.outstanding(0), 0, "in-flight declined at once");
     let at_disable = sent(&svc, 0);
     let report = load.await.unwrap().unwrap();

@@ -42,8 +42,12 @@ pub enum CtlCommand {
     Conns,
     /// No new requests to NODE; its in-flight requests finish.
     Drain { service: String, node: String },
-    /// No traffic to NODE; its in-flight requests are declined at once.
+    /// NODE out of service: no new requests; its in-flight requests finish
+    /// up to their deadlines.
     Disable { service: String, node: String },
+    /// NODE out of service now: its in-flight requests are declined at once,
+    /// and those the host may have approved get timeout reversals.
+    ForceOffline { service: String, node: String },
     /// NODE takes traffic again (through slow start).
     Enable { service: String, node: String },
     /// Adds a node at runtime.
@@ -237,6 +241,9 @@ pub async fn execute(args: &CtlArgs) -> Result<String, CtlError> {
         CtlCommand::Drain { service, node } => ("POST", node_path(service, node, "drain"), None),
         CtlCommand::Disable { service, node } => {
             ("POST", node_path(service, node, "disable"), None)
+        }
+        CtlCommand::ForceOffline { service, node } => {
+            ("POST", node_path(service, node, "force-offline"), None)
         }
         CtlCommand::Enable { service, node } => ("POST", node_path(service, node, "enable"), None),
         CtlCommand::AddNode {

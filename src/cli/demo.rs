@@ -4,7 +4,8 @@
 //! VISA (2 duplex links, see `demo::visa`) and ATMs through a OneConnect front
 //! send traffic through the switch to three channel nodes. Through the admin
 //! API, as an operator would: node 02 is drained (and a VISA link dropped),
-//! node 01 disabled and re-enabled, a weight change is reloaded from the
+//! node 01 disabled (in-flight finish) and node 03 forced offline (in-flight
+//! declined and reversed), both re-enabled, a weight change is reloaded from the
 //! config file, then node 03 is killed and brought back; the status table
 //! from the API is printed at each step. One progress line a second, a
 //! summary at the end with a row per scenario, and a non-zero exit status if
@@ -341,16 +342,18 @@ async fn demo(seconds: u64) -> Result<bool, String> {
             api.show().await?;
         } else if t == disable_at {
             println!(
-                "== t={t}s: disabling node 01 (its in-flight requests are declined at once), enabling node 02"
+                "== t={t}s: disabling node 01 (its in-flight requests finish), forcing node 03 offline (its in-flight requests are declined at once and reversed), enabling node 02"
             );
             api.node_everywhere("01", "disable").await?;
+            api.node_everywhere("03", "force-offline").await?;
             api.node_everywhere("02", "enable").await?;
             api.show().await?;
         } else if t == enable_at {
             println!(
-                "== t={t}s: enabling node 01; reloading the config file with node 03 at weight 3"
+                "== t={t}s: enabling nodes 01 and 03; reloading the config file with node 03 at weight 3"
             );
             api.node_everywhere("01", "enable").await?;
+            api.node_everywhere("03", "enable").await?;
             for svc in &mut cfg.services {
                 if let Some(n) = svc.back.nodes.iter_mut().find(|n| n.id == "03") {
                     n.weight = 3;
@@ -450,7 +453,7 @@ fn integrity_row(nodes: &[ChannelNode], pos: &Service, cups: &CupsReport) -> Sce
         label: "integrity",
         // Reversed counts every approval that came after the switch had
         // answered for its node: the nodes' late share, and approvals racing
-        // a decline (a node disabled, a timeout by a hair).
+        // a decline (a node forced offline, a timeout by a hair).
         line: format!(
             "late approvals {late} (nodes' books), approvals after a switch decline reversed {reversed}, acknowledged {acked} | key resets sent {}, at key node 01 {at_key_node} (elsewhere {elsewhere}), answered {}",
             cups.key_resets_sent, cups.key_resets_answered

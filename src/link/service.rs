@@ -836,10 +836,12 @@ impl Service {
         n
     }
 
-    /// Sets a node's administrative state: `drain` lets its in-flight requests
-    /// finish; `disabled` also declines them at once (reason `shutdown`). The
-    /// connections stay up so that re-enabling is immediate. The admin API
-    /// calls this.
+    /// Sets a node's administrative state: `drain` and `disabled` let its
+    /// in-flight requests finish up to their deadlines (F5's "disabled":
+    /// an approval in time is never turned into a decline); `forced-offline`
+    /// declines them at once (reason `shutdown`), and each one whose outcome
+    /// the host may have decided gets its timeout reversal. The connections
+    /// stay up so that re-enabling is immediate. The admin API calls this.
     pub fn set_node_admin(
         &self,
         node: usize,
@@ -849,7 +851,7 @@ impl Service {
         if !self.pool.set_admin(node, admin, now) {
             return false;
         }
-        if admin == crate::route::AdminState::Disabled
+        if !admin.keeps_in_flight()
             && let Some(n) = self.pool.node(node)
         {
             let mut gone = Vec::new();

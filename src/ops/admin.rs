@@ -489,11 +489,12 @@ async fn node_action(
     let state = match action.as_str() {
         "drain" => AdminState::Drain,
         "disable" => AdminState::Disabled,
+        "force-offline" => AdminState::ForcedOffline,
         "enable" => AdminState::Enabled,
         other => {
             return error(
                 StatusCode::BAD_REQUEST,
-                format!("action `{other}`: expected drain, disable or enable"),
+                format!("action `{other}`: expected drain, disable, force-offline or enable"),
             );
         }
     };

@@ -86,8 +86,9 @@ impl SwitchHandle {
             })
     }
 
-    /// Drain (no new requests, in-flight finish), disable (in-flight declined
-    /// at once) or enable (back through slow start).
+    /// Drain (no new requests, in-flight finish), disable (the same, out of
+    /// service), force offline (in-flight declined at once, their timeout
+    /// reversals stored) or enable (from disabled: back through slow start).
     pub async fn set_node_admin(
         &self,
         service: &str,
@@ -254,7 +255,7 @@ impl SwitchHandle {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         // Anything still in flight gets its decline now, before the links go.
-        svc.set_node_admin(index, AdminState::Disabled, Instant::now());
+        svc.set_node_admin(index, AdminState::ForcedOffline, Instant::now());
         let _ = svc.pool.remove_node(index, Instant::now());
         self.supervisor
             .end_scope(&link::node_scope(svc.name(), index));

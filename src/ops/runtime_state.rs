@@ -210,6 +210,7 @@ fn admin_word(a: AdminState) -> &'static str {
         AdminState::Enabled => "enabled",
         AdminState::Drain => "drain",
         AdminState::Disabled => "disabled",
+        AdminState::ForcedOffline => "forced-offline",
     }
 }
 

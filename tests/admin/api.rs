@@ -4,7 +4,8 @@ use super::*;
 
 /// The acceptance run: under NAC load, drain node 02 (no new
 /// requests, in-flight answered, no declines), enable it (traffic returns),
-/// disable node 03 (its in-flight declined at once), add node 04 (takes
+/// disable node 03 (its in-flight answered, no declines), force it offline
+/// (its in-flight declined at once), add node 04 (takes
 /// traffic), remove node 01 (nothing lost); at the end every request got one
 /// answer and /metrics agrees with the NAC's own counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,13 +51,33 @@ async fn nodes_are_drained_disabled_enabled_added_and_removed_under_load() {
         })
         .await;
 
-        // Disable 03: its in-flight requests are declined at once.
+        // Disable 03 (F5's "disabled"): no new requests, and those in
+        // flight are answered by the node, never declined.
         wait_until("node 03 busy", || svc.pool.outstanding(2) > 0).await;
         api.node("03", "disable").await;
+        assert_eq!(api.status().await.services[0].nodes[2].state, "disabled");
+        wait_until("node 03 in-flight answered", || {
+            svc.pool.outstanding(2) == 0
+        })
+        .await;
+        assert_eq!(
+            svc.counters.declined_total(),
+            0,
+            "a disable declines nothing: in-flight finish"
+        );
+        api.node("03", "enable").await;
+
+        // Force 03 offline: its in-flight requests are declined at once.
+        wait_until("node 03 busy again", || svc.pool.outstanding(2) > 0).await;
+        api.node("03", "force-offline").await;
         assert_eq!(
             svc.pool.outstanding(2),
             0,
-            "disable declines the node's in-flight at once"
+            "force-offline declines the node's in-flight at once"
+        );
+        assert_eq!(
+            api.status().await.services[0].nodes[2].state,
+            "forced-offline"
         );
         let declined_by_disable = svc.counters.declined(DeclineReason::Shutdown);
         assert!(declined_by_disable > 0);
@@ -102,7 +123,7 @@ async fn nodes_are_drained_disabled_enabled_added_and_removed_under_load() {
         assert_eq!(report.answered + report.declined, report.sent, "{report}");
         assert_eq!(
             report.declined, declined_by_disable,
-            "only the disable declined: {report}"
+            "only the force-offline declined: {report}"
         );
 
         // The metrics agree with the NAC's own counts.
@@ -206,7 +227,10 @@ async fn tokens_and_bad_input_are_refused_with_the_reason() {
             .call("POST", "/api/v1/services/svc/nodes/01/explode", None)
             .await;
         assert_eq!(code, 400, "{body}");
-        assert!(body.contains("expected drain, disable or enable"), "{body}");
+        assert!(
+            body.contains("expected drain, disable, force-offline or enable"),
+            "{body}"
+        );
         let (code, body) = api
             .call(
                 "POST",

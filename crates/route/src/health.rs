@@ -3,7 +3,8 @@
 //! A node may take a new request ([`Health::eligible`]) only when all of:
 //!
 //! - **admin** state is [`AdminState::Enabled`] (`Drain`: no new requests, the
-//!   in-flight ones finish; `Disabled`: nothing at all);
+//!   in-flight ones finish; `Disabled`: the same, out of service, back through
+//!   slow start; `ForcedOffline`: in-flight declined at once by the owner);
 //! - it has a **live connection** ([`Health::set_connected`]);
 //! - **active checks** say up: down after `fall` consecutive failed checks, up
 //!   again after `rise` consecutive good ones ([`Health::record_check`]);
@@ -14,7 +15,7 @@
 //!   last ejection ended.
 //!
 //! After it comes back (checks up again, ejection over, reconnected, or
-//! re-enabled from `Disabled`) its **slow start** begins: its [`Health::ramp`]
+//! re-enabled from `Disabled` or `ForcedOffline`) its **slow start** begins: its [`Health::ramp`]
 //! climbs linearly from 10% to 100% over `slow_start`, and with it the
 //! effective weight. Every balancing algorithm honours the ramp (see
 //! [`Balancer`](super::Balancer)).
@@ -38,16 +39,29 @@ pub const RAMP_FULL: u16 = 1000;
 pub enum AdminState {
     #[default]
     Enabled,
-    /// No new requests; those in flight finish normally.
+    /// No new requests; those in flight finish normally. Back to `Enabled`
+    /// at its full share at once (a short pause, a removal's first step).
     Drain,
-    /// No traffic at all: the owner declines what is in flight and closes.
+    /// Out of service (F5's "disabled"): no new requests, those in flight
+    /// finish up to their deadlines, never turned into declines. Back to
+    /// `Enabled` through slow start.
     Disabled,
+    /// Out of service now (F5's "forced offline"): the owner declines what
+    /// is in flight at once, and the switch reverses what the node may have
+    /// approved of it (timeout reversals). Back through slow start.
+    ForcedOffline,
 }
 
 impl AdminState {
     /// Do requests already in flight on this node still wait for their answer?
     pub fn keeps_in_flight(self) -> bool {
-        !matches!(self, AdminState::Disabled)
+        !matches!(self, AdminState::ForcedOffline)
+    }
+
+    /// Is the node out of service (not merely draining)? Leaving this state
+    /// starts slow start.
+    pub fn is_out_of_service(self) -> bool {
+        matches!(self, AdminState::Disabled | AdminState::ForcedOffline)
     }
 }
 
@@ -470,7 +484,7 @@ impl Health {
             return Transition::Unchanged;
         }
         self.admin = to;
-        if from == AdminState::Disabled {
+        if from.is_out_of_service() && !to.is_out_of_service() {
             self.ramp_from = Some(now);
         }
         Transition::Admin { from, to }
@@ -674,6 +688,8 @@ mod tests {
         ));
         assert_eq!(h.effective_weight(t0), 10, "leaving drain: no ramp");
         let _ = h.set_admin(AdminState::Disabled, t0);
+        assert!(h.admin().keeps_in_flight(), "disable lets in-flight finish");
+        let _ = h.set_admin(AdminState::ForcedOffline, t0);
         assert!(!h.eligible(t0));
         assert!(!h.admin().keeps_in_flight());
         let _ = h.set_admin(AdminState::Enabled, t0);

@@ -108,11 +108,13 @@ pub struct NodeStatus {
 }
 
 impl NodeStatus {
-    /// One word for people: `removed`, `disabled`, `draining`, `down`,
+    /// One word for people: `removed`, `forced-offline`, `disabled`, `draining`, `down`,
     /// `ejected`, `up`.
     pub fn state(&self) -> &'static str {
         if self.removed {
             "removed"
+        } else if self.admin == AdminState::ForcedOffline {
+            "forced-offline"
         } else if self.admin == AdminState::Disabled {
             "disabled"
         } else if self.admin == AdminState::Drain {
