@@ -12,7 +12,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group};
-use isoswitch::link::inproc::{Rig, purchase_frames, service_toml};
+use isoswitch::link::inproc::{Rig, purchase_frames, purchase_round, service_toml};
 
 /// Requests in flight per batch: distinct keys, answered after the batch.
 const BATCH: usize = 256;
@@ -41,8 +41,26 @@ const DIALECTS: [Dialect; 3] = [
     },
 ];
 
+/// The batch's requests, as new transactions each round, and the node's
+/// answers to them (which match every round).
+struct Traffic {
+    requests: Vec<Vec<u8>>,
+    answers: Vec<Vec<u8>>,
+    round: u32,
+}
+
+impl Traffic {
+    /// The same STANs again as new transactions: sent again unchanged they
+    /// would be duplicates, answered by the switch from its duplicate book
+    /// without reaching a node. Made outside the timed and counted calls.
+    fn next_round(&mut self, rig: &Rig) {
+        self.round += 1;
+        self.requests = purchase_round(rig.service.spec(), BATCH, self.round).expect("frames");
+    }
+}
+
 /// A warm rig, its request frames and the node's answers to them.
-fn setup(d: &Dialect) -> (Rig, Vec<Vec<u8>>, Vec<Vec<u8>>) {
+fn setup(d: &Dialect) -> (Rig, Traffic) {
     let mut rig = Rig::new(&service_toml(d.spec, d.stamp)).expect("rig");
     if journal_on() {
         rig = rig.with_journal().expect("journal");
@@ -61,7 +79,13 @@ fn setup(d: &Dialect) -> (Rig, Vec<Vec<u8>>, Vec<Vec<u8>>) {
         !journal_on() || rows == BATCH,
         "{rows} journal rows for {BATCH} exchanges"
     );
-    (rig, requests, answers)
+    let mut traffic = Traffic {
+        requests,
+        answers,
+        round: 0,
+    };
+    traffic.next_round(&rig);
+    (rig, traffic)
 }
 
 /// `PATH_JOURNAL=1`: the rig journals every exchange, as a switch with
@@ -73,20 +97,14 @@ fn journal_on() -> bool {
 
 /// Times `iters` requests (in batches of [`BATCH`] in flight) or their
 /// responses, whichever `time_requests` says; the other half runs untimed.
-fn run(
-    rig: &mut Rig,
-    requests: &[Vec<u8>],
-    answers: &[Vec<u8>],
-    iters: u64,
-    time_requests: bool,
-) -> Duration {
+fn run(rig: &mut Rig, traffic: &mut Traffic, iters: u64, time_requests: bool) -> Duration {
     let mut total = Duration::ZERO;
     let mut nodes = [0usize; BATCH];
     let mut done = 0u64;
     while done < iters {
         let n = (iters - done).min(BATCH as u64) as usize;
         let t0 = Instant::now();
-        for (i, req) in requests.iter().take(n).enumerate() {
+        for (i, req) in traffic.requests.iter().take(n).enumerate() {
             let (node, bytes) = rig.request(req).expect("routes").expect("to a node");
             black_box(bytes);
             nodes[i] = node;
@@ -95,7 +113,7 @@ fn run(
             total += t0.elapsed();
         }
         let t1 = Instant::now();
-        for (i, answer) in answers.iter().take(n).enumerate() {
+        for (i, answer) in traffic.answers.iter().take(n).enumerate() {
             black_box(rig.response(nodes[i], answer).expect("answered"));
         }
         if !time_requests {
@@ -104,6 +122,7 @@ fn run(
         // The journal writer's side of the queue, untimed and outside
         // `Rig::response`, which path-ir.sh counts.
         rig.drain_journal();
+        traffic.next_round(rig);
         done += n as u64;
     }
     total
@@ -113,12 +132,12 @@ fn path(c: &mut Criterion) {
     let mut g = c.benchmark_group("path");
     g.throughput(Throughput::Elements(1));
     for d in &DIALECTS {
-        let (mut rig, requests, answers) = setup(d);
+        let (mut rig, mut traffic) = setup(d);
         g.bench_function(format!("{}_request", d.name), |b| {
-            b.iter_custom(|iters| run(&mut rig, &requests, &answers, iters, true))
+            b.iter_custom(|iters| run(&mut rig, &mut traffic, iters, true))
         });
         g.bench_function(format!("{}_response", d.name), |b| {
-            b.iter_custom(|iters| run(&mut rig, &requests, &answers, iters, false))
+            b.iter_custom(|iters| run(&mut rig, &mut traffic, iters, false))
         });
         let c = &rig.service.counters;
         assert_eq!(c.declined_total(), 0, "{}: the bench declined", d.name);
@@ -137,8 +156,8 @@ fn count_pairs(pairs: u64) {
         .iter()
         .find(|d| d.name == name)
         .unwrap_or_else(|| panic!("PATH_IR_DIALECT: no dialect {name}"));
-    let (mut rig, requests, answers) = setup(d);
-    run(&mut rig, &requests, &answers, pairs, true);
+    let (mut rig, mut traffic) = setup(d);
+    run(&mut rig, &mut traffic, pairs, true);
     assert_eq!(rig.service.counters.declined_total(), 0, "declined");
     if let Some(journal) = rig.service.journal() {
         let dropped = journal

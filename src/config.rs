@@ -35,7 +35,8 @@ use env::{blame, reason};
 pub use validate::unswitchable;
 
 pub use integrity::{
-    Advices, IntegrityConfig, LateApproval, SwitchMadePolicy, TimeoutConfig, TimeoutRule,
+    Advices, DuplicateAction, IntegrityConfig, LateApproval, SwitchMadePolicy, TimeoutConfig,
+    TimeoutRule,
 };
 
 /// Everything `isoswitch run` needs.

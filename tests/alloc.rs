@@ -8,7 +8,7 @@ use std::cell::Cell;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use isoswitch::link::inproc::{READ_BUFFER, Rig, purchase_frames, service_toml};
+use isoswitch::link::inproc::{READ_BUFFER, Rig, purchase_frames, purchase_round, service_toml};
 
 struct Counting;
 
@@ -96,8 +96,15 @@ fn allocations_per_pair(spec: &str, stamp: bool, pairs: usize) -> (usize, usize,
         assert!(!to_client.is_empty());
         answers.push(answer);
     }
-    for _ in 0..4 {
-        for (req, answer) in requests.iter().zip(&answers) {
+    // Each round the same STANs as new transactions (another F7, or F41):
+    // the same frames again would be duplicates, answered by the switch
+    // from its duplicate book and never sent to a node.
+    let spec = std::sync::Arc::clone(rig.service.spec());
+    let rounds: Vec<_> = (1..=(4 + pairs.div_ceil(DISTINCT)) as u32)
+        .map(|r| purchase_round(&spec, DISTINCT, r).expect("frames"))
+        .collect();
+    for round in &rounds[..4] {
+        for (req, answer) in round.iter().zip(&answers) {
             let (node, _) = rig.request(req).expect("routes").expect("to a node");
             rig.response(node, answer).expect("answered");
         }
@@ -105,12 +112,10 @@ fn allocations_per_pair(spec: &str, stamp: bool, pairs: usize) -> (usize, usize,
     let mut bytes_read = 0;
     let (n, refills) = allocations_and_refills(|| {
         for i in 0..pairs {
-            bytes_read += requests[i % DISTINCT].len() + answers[i % DISTINCT].len();
             let k = i % DISTINCT;
-            let (node, bytes) = rig
-                .request(&requests[k])
-                .expect("routes")
-                .expect("to a node");
+            let request = &rounds[4 + i / DISTINCT][k];
+            bytes_read += request.len() + answers[k].len();
+            let (node, bytes) = rig.request(request).expect("routes").expect("to a node");
             black_box(bytes);
             black_box(rig.response(node, &answers[k]).expect("answered"));
         }

@@ -267,9 +267,9 @@ async fn requests_outside_accept_mti_are_declined() {
 }
 
 /// Declines that are not the node's fault (here: its in-flight requests
-/// declined because an operator disabled it) do not eject it.
+/// declined because an operator forced it offline) do not eject it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn disable_declines_do_not_count_against_the_node() {
+async fn force_offline_declines_do_not_count_against_the_node() {
     bounded(async {
         let spec = spec("cup-pos");
         let back = "[service.back.health]\ncheck = \"none\"\nejection_threshold = 1";
@@ -282,7 +282,11 @@ async fn disable_declines_do_not_count_against_the_node() {
                 .await;
         }
         wait_until("three in flight", || svc.in_flight() == 3).await;
-        assert!(svc.set_node_admin(0, isoswitch::route::AdminState::Disabled, Instant::now()));
+        assert!(svc.set_node_admin(
+            0,
+            isoswitch::route::AdminState::ForcedOffline,
+            Instant::now()
+        ));
         for _ in 0..3 {
             let answer = c.recv().await.expect("declined at once");
             assert_eq!(text(&spec, &answer, 39).as_deref(), Some("91"));

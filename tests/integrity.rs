@@ -317,10 +317,18 @@ async fn unionpay_late_approvals_of_node_requests_are_reversed_toward_the_peer()
             node_reports.push(host.report().await);
         }
         tokio::time::sleep(Duration::from_millis(1500)).await;
+        // UnionPay's own requests in flight at a node as it stops get
+        // timeout reversals to that node, pending until it is back: not
+        // what this case counts.
+        let to_peer = |rows: Vec<SafRow>| -> Vec<SafRow> {
+            rows.into_iter().filter(|r| r.direction == "to_peer").collect()
+        };
         let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
-            !rows.is_empty() && count(rows, "reversal", "pending") == 0
+            let rows: Vec<_> = rows.iter().filter(|r| r.direction == "to_peer").collect();
+            !rows.is_empty() && rows.iter().all(|r| r.state != "pending")
         })
         .await;
+        let rows = to_peer(rows);
         cups.signal("INT");
         let report = cups.report().await;
         for (i, r) in node_reports.iter().enumerate() {
@@ -815,4 +823,91 @@ async fn read_answer(s: &mut tokio::net::TcpStream, wait: Duration) -> Option<(S
         .flatten()
         .map(|f| f.logical().map(char::from).collect());
     Some((msg.mti().as_str().to_string(), f39.unwrap_or_default()))
+}
+
+/// The same purchase sent again (same F7, F11, F41: a retransmission not
+/// marked as a repeat) never reaches the host a second time: sent while
+/// the first is in flight it waits for the host's answer; sent after it,
+/// it gets that answer again from the switch. A repeat (0201) still goes
+/// to the host, which answers repeats itself. The host's own count is
+/// the judge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_purchase_twice_reaches_the_host_once() {
+    use tokio::io::AsyncWriteExt;
+    within(Duration::from_secs(60), async {
+        let addr = free_addr();
+        let host = node("cup-pos", "01", addr, "300ms", &[]).await;
+        let listen = free_addr();
+        let data = data_dir("duplicate-switch");
+        // No echo checks: the host counts the purchases alone.
+        let toml = pos_toml(listen, &[addr], "300ms", "")
+            .replace("\"02x0\" = \"500ms\"", "\"02x0\" = \"10s\"")
+            + "[service.back.health]\ncheck = \"none\"\n";
+        let _switch = switch("duplicate-switch", &toml, &data, listen).await;
+        let mut s = tokio::net::TcpStream::connect(listen)
+            .await
+            .expect("connect");
+        let wait = Duration::from_secs(5);
+        let purchase = pos_request("0200", "000701", "000000");
+        // Twice back to back: the second arrives while the first is in
+        // flight at the host.
+        s.write_all(&framed(&purchase)).await.expect("write");
+        s.write_all(&framed(&purchase)).await.expect("write");
+        let approved = Some(("0210".to_string(), "00".to_string()));
+        assert_eq!(read_answer(&mut s, wait).await, approved);
+        assert_eq!(read_answer(&mut s, wait).await, approved);
+        // Again once answered: the switch's book answers it.
+        assert_eq!(ask(&mut s, &purchase, wait).await, approved);
+        // A repeat is the terminal saying "I never got it": the host's.
+        let repeat = pos_request("0201", "000701", "000000");
+        assert_eq!(ask(&mut s, &repeat, wait).await, approved);
+        let r = books(host).await;
+        eprintln!("node: {r}");
+        assert_eq!(n(&r, "requests"), 2, "one purchase and its repeat: {r}");
+        assert_eq!(n(&r, "repeat_requests"), 1, "{r}");
+    })
+    .await;
+}
+
+/// A terminal's reversal (0400) goes to the node that answered the
+/// purchase it reverses (the host that holds the money), not to whichever
+/// node the balancer would pick: six purchases over two nodes, each
+/// reversed, and each node's own books say every 0400 it got names a
+/// purchase it answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_reversal_goes_to_the_node_of_its_purchase() {
+    within(Duration::from_secs(60), async {
+        let addrs = [free_addr(), free_addr()];
+        let mut hosts = Vec::new();
+        for (i, a) in addrs.iter().enumerate() {
+            hosts.push(node("cup-pos", &format!("0{}", i + 1), *a, "0ms", &[]).await);
+        }
+        let listen = free_addr();
+        let data = data_dir("terminal-reversal-node-switch");
+        let toml = pos_toml(listen, &addrs, "300ms", "");
+        let _switch = switch("terminal-reversal-node-switch", &toml, &data, listen).await;
+        let mut s = tokio::net::TcpStream::connect(listen)
+            .await
+            .expect("connect");
+        let wait = Duration::from_secs(5);
+        let approved = Some(("0210".to_string(), "00".to_string()));
+        for i in 0..6 {
+            let stan = format!("00081{i}");
+            let purchase = pos_request("0200", &stan, "000000");
+            assert_eq!(ask(&mut s, &purchase, wait).await, approved);
+            let reversal = pos_request("0400", &stan, "000000");
+            let answer = ask(&mut s, &reversal, wait).await;
+            assert_eq!(answer.map(|a| a.0).as_deref(), Some("0410"));
+        }
+        let (mut reversals, mut of_answered) = (0, 0);
+        for host in hosts {
+            let r = books(host).await;
+            eprintln!("node: {r}");
+            reversals += n(&r, "terminal_reversals");
+            of_answered += n(&r, "terminal_reversals_of_answered");
+        }
+        assert_eq!(reversals, 6);
+        assert_eq!(of_answered, 6, "each 0400 at the node of its purchase");
+    })
+    .await;
 }

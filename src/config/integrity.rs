@@ -165,6 +165,29 @@ pub struct IntegrityConfig {
     /// healthy node owns the keys.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub key_nodes: Vec<String>,
+    /// A request (0100, 0200 and their advices' originals, not a repeat)
+    /// whose correlation key and `duplicate_fields` match one answered
+    /// within this long is a duplicate: it never reaches a node, and gets
+    /// `duplicates`. One that matches a request still in flight waits for
+    /// that request's answer. `0s` turns it off.
+    #[serde(default = "defaults::duplicate_window", with = "duration")]
+    pub duplicate_window: Duration,
+    /// What a duplicate gets: `replay` (the first answer, as it was sent;
+    /// 94 when that answer came from the switch or is no longer held) or
+    /// `decline` (94, "duplicate transmission").
+    #[serde(default)]
+    pub duplicates: DuplicateAction,
+    /// The fields that make two requests with one correlation key the same
+    /// transaction.
+    #[serde(default = "defaults::duplicate_fields")]
+    pub duplicate_fields: Vec<u16>,
+    /// The most requests remembered for duplicates.
+    #[serde(default = "defaults::duplicate_capacity")]
+    pub duplicate_capacity: usize,
+    /// Bytes of answers held for replay, in all (a ring: the oldest are
+    /// written over, and their duplicates declined instead).
+    #[serde(default = "defaults::duplicate_replay_bytes")]
+    pub duplicate_replay_bytes: usize,
 }
 
 impl Default for IntegrityConfig {
@@ -180,6 +203,11 @@ impl Default for IntegrityConfig {
             repeat_capacity: defaults::repeat_capacity(),
             switch_made: SwitchMadePolicy::default(),
             key_nodes: Vec::new(),
+            duplicate_window: defaults::duplicate_window(),
+            duplicates: DuplicateAction::default(),
+            duplicate_fields: defaults::duplicate_fields(),
+            duplicate_capacity: defaults::duplicate_capacity(),
+            duplicate_replay_bytes: defaults::duplicate_replay_bytes(),
         }
     }
 }
@@ -198,6 +226,14 @@ pub enum Advices {
     #[default]
     Forward,
     StoreAndForward,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DuplicateAction {
+    #[default]
+    Replay,
+    Decline,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -252,6 +288,23 @@ impl IntegrityConfig {
         if self.repeat_capacity == 0 {
             return Err(invalid(format!("{key}.repeat_capacity"), "must be > 0"));
         }
+        if self.duplicate_capacity == 0 {
+            return Err(invalid(format!("{key}.duplicate_capacity"), "must be > 0"));
+        }
+        if !self.duplicate_window.is_zero() && self.duplicate_fields.is_empty() {
+            return Err(invalid(
+                format!("{key}.duplicate_fields"),
+                "empty: every request with one correlation key would be the same; set duplicate_window = \"0s\" to turn duplicates off",
+            ));
+        }
+        for (i, &id) in self.duplicate_fields.iter().enumerate() {
+            if !(2..=128).contains(&id) {
+                return Err(invalid(
+                    format!("{key}.duplicate_fields[{i}]"),
+                    format!("{id} is not a data field (2..=128)"),
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -282,6 +335,18 @@ mod defaults {
     }
     pub fn repeat_capacity() -> usize {
         1_000_000
+    }
+    pub fn duplicate_window() -> Duration {
+        Duration::from_secs(300)
+    }
+    pub fn duplicate_fields() -> Vec<u16> {
+        vec![7, 11, 32, 33, 41]
+    }
+    pub fn duplicate_capacity() -> usize {
+        1_000_000
+    }
+    pub fn duplicate_replay_bytes() -> usize {
+        64 << 20
     }
 }
 

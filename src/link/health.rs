@@ -91,6 +91,7 @@ fn send_echo(
         node,
         sent_at: now,
         on_timeout: OnTimeout::Silent,
+        same: Default::default(),
     };
     service
         .in_flight

@@ -242,7 +242,23 @@ pub fn service_toml(spec: &str, stamp: bool) -> String {
 /// with its length prefix, and the rig's answers to them come from
 /// [`Rig::answer_frame`].
 pub fn purchase_frames(spec: &Spec, n: usize) -> Result<Vec<Vec<u8>>, RigError> {
+    purchase_round(spec, n, 0)
+}
+
+/// The purchases of [`purchase_frames`] sent again as new transactions:
+/// round `round` changes a field the duplicate check tells transactions
+/// apart by (`integrity.duplicate_fields`) that is not in the spec's
+/// correlation key: F7 (the transmission time), or F41 where F7 is part of
+/// the key (UnionPay). So a round is not taken for duplicates of the last
+/// one, and the node's answers to round 0 still match every round.
+pub fn purchase_round(spec: &Spec, n: usize, round: u32) -> Result<Vec<Vec<u8>>, RigError> {
     let mut d = crate::iso8583::samples::purchase(spec);
+    let in_key = crate::route::default_key(spec).contains(&crate::route::KeyPart::Field(7));
+    if in_key {
+        d.set_text(41, format!("{:08}", round % 100_000_000));
+    } else {
+        d.set_text(7, format!("1206{:06}", round % 1_000_000));
+    }
     (1..=n)
         .map(|stan| {
             d.set_text(11, format!("{:06}", stan % 1_000_000));

@@ -272,6 +272,7 @@ fn register(
         node,
         sent_at: now,
         on_timeout: OnTimeout::Silent,
+        same: Default::default(),
     };
     svc.in_flight
         .insert(key, pending, via, now + wait)

@@ -68,6 +68,12 @@ pub enum ServiceError {
     Pool(#[from] super::pool::PoolError),
     #[error(transparent)]
     OneConnect(#[from] super::oneconnect_pool::IdleTimeoutZero),
+    /// The duplicate check's fields do not fit the field index beside
+    /// routing's.
+    #[error(
+        "integrity.duplicate_fields: with the correlation key, rules and routing, more fields than one pass can index"
+    )]
+    TooManyFields,
     /// An approval code that is not a value of the spec's F39.
     #[error("integrity.approval_codes: {0}")]
     ApprovalCodes(#[from] crate::iso8583::IsoError),
@@ -116,6 +122,18 @@ pub struct Pending {
     pub sent_at: Instant,
     /// What the switch does if no answer comes by the deadline.
     pub on_timeout: OnTimeout,
+    /// What makes it the same as another request, and who else waits for
+    /// its answer.
+    pub same: SameRequest,
+}
+
+/// A request's duplicate fingerprint (0: it has none: not approvable, or
+/// duplicates are off), and the senders of its duplicates and repeats that
+/// arrived while it was in flight: each gets its answer too.
+#[derive(Debug, Default)]
+pub struct SameRequest {
+    pub fingerprint: u64,
+    pub waiting: Option<Box<Vec<Origin>>>,
 }
 
 pub use crate::route::{Checked, Invalid};
@@ -148,7 +166,7 @@ impl Service {
             ..CorrelatorConfig::default()
         });
         let spec = Arc::new(spec);
-        let router = Router::new(
+        let mut router = Router::new(
             RouterConfig {
                 key: config.correlation.key.clone(),
                 rule_fields: config
@@ -165,6 +183,14 @@ impl Service {
             },
             Arc::clone(&spec),
         )?;
+        // The duplicate check reads its fields from the index validation
+        // builds, in the same pass.
+        let duplicates = &config.integrity;
+        if !duplicates.duplicate_window.is_zero()
+            && !router.index_also(&duplicates.duplicate_fields)
+        {
+            return Err(ServiceError::TooManyFields);
+        }
         let made = SwitchMade::new(
             NetworkTemplate::for_service(&config, &spec)?,
             &config,
@@ -330,12 +356,20 @@ impl Service {
             self.decline(origin, req.msg.payload(), DeclineReason::Timeout);
             return;
         }
-        // A repeat goes where its original went, never to another node.
-        let only = mti
+        let fingerprint = self.fingerprint_of(req);
+        let Some(origin) = self.same_as_before(req, &key, fingerprint, origin, now) else {
+            return;
+        };
+        // A repeat goes where its original went, never to another node; a
+        // terminal's reversal goes to the node that answered its purchase.
+        let mut only = mti
             .is_repeat()
             .then(|| self.made.repeats.node_of(&key, now))
             .flatten();
-        match self.dispatch(req, key, origin, only, now) {
+        if only.is_none() && mti.class() == 4 {
+            only = self.original_node(req, now);
+        }
+        match self.dispatch(req, (key, fingerprint), origin, only, now) {
             Ok(()) => {
                 // Only once it is at the node: a repeat declined here leaves
                 // the original's answer still owed by the node.
@@ -344,6 +378,133 @@ impl Service {
             Err((origin, reason)) => {
                 self.decline(origin, req.msg.payload(), reason);
             }
+        }
+    }
+
+    /// The node that answered the original of a reversal from the front,
+    /// while the repeat book remembers it: looked up under the original's
+    /// key (its MTI class from F90 when the reversal carries one, else a
+    /// purchase's or an authorization's), since a terminal's 0400 carries
+    /// its original's STAN and terminal ID.
+    fn original_node(&self, req: &Checked<'_>, now: Instant) -> Option<usize> {
+        let from_f90 = req.msg.field(90).ok().flatten().and_then(|f| {
+            let mut digits = f.logical();
+            Some([digits.next()?, digits.next()?])
+        });
+        let classes = match from_f90 {
+            Some(class) => vec![class],
+            None => vec![*b"02", *b"01"],
+        };
+        classes.into_iter().find_map(|class| {
+            let key = self.router.key_as(req, class).ok()?;
+            self.made.repeats.node_of(&key, now)
+        })
+    }
+
+    /// The duplicate fingerprint of a request that may have duplicates: an
+    /// approvable one (0100, 0200 and their repeats); 0 for the rest, or
+    /// with duplicates off.
+    fn fingerprint_of(&self, req: &Checked<'_>) -> u64 {
+        let book = &self.made.duplicates;
+        if !book.is_on() || !crate::route::integrity::is_approvable(req.msg.mti()) {
+            return 0;
+        }
+        let fields = &self.made.integrity.duplicate_fields;
+        book.fingerprint(
+            fields
+                .iter()
+                .map(|&id| req.field(id).map_or(&[][..], |f| f.data())),
+        )
+    }
+
+    /// A request answered before, within `duplicate_window`, gets that
+    /// answer again (or 94) and never reaches a node (one still in flight:
+    /// see [`Service::wait_for_same`]). The origin comes back when the
+    /// request is new, or a repeat (which goes by its own rules).
+    fn same_as_before(
+        &self,
+        req: &Checked<'_>,
+        key: &CorrelationKey,
+        fingerprint: u64,
+        origin: Origin,
+        now: Instant,
+    ) -> Option<Origin> {
+        if fingerprint == 0
+            || req.msg.mti().is_repeat()
+            || !matches!(origin, Origin::Client { .. } | Origin::Peer)
+        {
+            return Some(origin);
+        }
+        let c = &self.made.counters;
+        let request = req.msg.payload();
+        let Some(seen) = self.made.duplicates.find(key, fingerprint, now) else {
+            return Some(origin);
+        };
+        match seen {
+            crate::route::integrity::Duplicate::Replay(answer) => {
+                c.duplicates_replayed.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(service = self.name(), message = %summary(&req.msg), "duplicate of a request answered before: its answer sent again, not relayed");
+                self.replay(origin, request, Bytes::from(answer), now);
+            }
+            crate::route::integrity::Duplicate::Answered => {
+                c.duplicates_declined.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(service = self.name(), message = %summary(&req.msg), "duplicate of a request answered before: declined, not relayed");
+                self.decline(origin, request, DeclineReason::Duplicate);
+            }
+        }
+        None
+    }
+
+    /// A request refused registration because its key is in flight: when
+    /// it is the same transaction (a duplicate, or a repeat sent before the
+    /// answer came), its sender waits for that answer instead of a 94.
+    /// Gives the request back otherwise.
+    fn wait_for_same(&self, key: &CorrelationKey, p: Pending) -> Option<Pending> {
+        let fingerprint = p.same.fingerprint;
+        if fingerprint == 0 || !matches!(p.origin, Origin::Client { .. } | Origin::Peer) {
+            return Some(p);
+        }
+        let mut p = Some(p);
+        self.in_flight.with_mut(key, |first| {
+            if first.same.fingerprint != fingerprint {
+                return;
+            }
+            if let Some(p) = p.take() {
+                let waiting = first.same.waiting.get_or_insert_with(Default::default);
+                waiting.push(p.origin);
+            }
+        });
+        // Taken only by a request in flight with the same fingerprint.
+        p
+    }
+
+    /// Sends a duplicate the answer its first sending got, and journals it.
+    fn replay(&self, origin: Origin, request: &Bytes, answer: Bytes, now: Instant) {
+        let Some(link) = link_of(&origin) else {
+            return;
+        };
+        self.note_decline(
+            link,
+            request,
+            None,
+            (
+                AnsweredBy::Switch(DeclineReason::Duplicate),
+                Some(answer.clone()),
+            ),
+            now,
+        );
+        let sent = match origin {
+            Origin::Client { tx, .. } => {
+                let patch = self.router.response_tpdu_patch(request);
+                tx.try_send(Outbound::Message(answer, patch)).is_ok()
+            }
+            Origin::Peer => self
+                .peer()
+                .is_some_and(|p| p.answer(Outbound::message(answer))),
+            Origin::Check(_) | Origin::Owed { .. } | Origin::Node => true,
+        };
+        if !sent {
+            self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -403,7 +564,7 @@ impl Service {
     fn dispatch(
         &self,
         req: &Checked<'_>,
-        key: CorrelationKey,
+        key: (CorrelationKey, u64),
         origin: Origin,
         only: Option<usize>,
         now: Instant,
@@ -449,7 +610,7 @@ impl Service {
     fn send_picked(
         &self,
         req: &Checked<'_>,
-        key: CorrelationKey,
+        (key, fingerprint): (CorrelationKey, u64),
         origin: Origin,
         picked: super::pool::Picked<'_>,
         conn: super::pool::ConnHandle,
@@ -475,14 +636,23 @@ impl Service {
             node,
             sent_at: now,
             on_timeout: timeout.action,
+            same: SameRequest {
+                fingerprint,
+                waiting: None,
+            },
         };
         // Register before sending, so a fast response always finds its entry.
         if let Err(rejected) = self.in_flight.insert(key, pending, conn.id, deadline) {
-            let reason = match rejected.error {
-                CorrelateError::Duplicate => DeclineReason::Duplicate,
-                CorrelateError::Full => DeclineReason::QueueFull,
+            let p = match rejected.error {
+                CorrelateError::Duplicate => match self.wait_for_same(&key, rejected.value) {
+                    None => return Ok(()),
+                    Some(p) => p,
+                },
+                CorrelateError::Full => {
+                    return refuse(rejected.value.origin, DeclineReason::QueueFull);
+                }
             };
-            return refuse(rejected.value.origin, reason);
+            return refuse(p.origin, DeclineReason::Duplicate);
         }
         match conn
             .tx
@@ -626,6 +796,7 @@ impl Service {
             journal_at,
             node,
             sent_at,
+            same,
             ..
         } = p;
         // What the journal's row reads the request by.
@@ -653,9 +824,10 @@ impl Service {
                 self.answered(key, node, sent_at, response, now);
                 let (link, by) = (Link::Peer, AnsweredBy::Node);
                 self.note_answer(link, by, (node, sent_at), asked, checked, now);
-                if let Some(peer) = self.peer() {
-                    peer.answer(Outbound::message(response.payload().clone()));
-                }
+                let sent = self
+                    .peer()
+                    .is_some_and(|peer| peer.answer(Outbound::message(response.payload().clone())));
+                self.answer_same(key, same, &request, response.payload(), sent, now);
                 return;
             }
         };
@@ -668,12 +840,42 @@ impl Service {
         if !delivered {
             owed::undelivered(self, key, (node, &request), response, now);
         }
+        self.answer_same(key, same, &request, response.payload(), delivered, now);
         if !delivered && self.undeliverable(now) {
             tracing::warn!(
                 service = self.name(),
                 conn,
                 "client gone or not reading: response dropped"
             );
+        }
+    }
+
+    /// The node's answer to a request also goes to the duplicates and
+    /// repeats that waited for it, and is kept for later duplicates. An
+    /// answer its sender never got is kept as the switch's (a duplicate is
+    /// declined, never approved: the approval is being reversed).
+    fn answer_same(
+        &self,
+        key: &CorrelationKey,
+        same: SameRequest,
+        request: &Bytes,
+        response: &Bytes,
+        delivered: bool,
+        now: Instant,
+    ) {
+        if same.fingerprint == 0 {
+            return;
+        }
+        let kept: &[u8] = if delivered { response } else { &[] };
+        self.made
+            .duplicates
+            .record(key, same.fingerprint, kept, now);
+        for origin in same.waiting.map(|w| *w).into_iter().flatten() {
+            self.made
+                .counters
+                .duplicates_waited
+                .fetch_add(1, Ordering::Relaxed);
+            self.replay(origin, request, response.clone(), now);
         }
     }
 
@@ -700,7 +902,14 @@ impl Service {
     /// that a late approval is reversed. A health check's waiter just sees
     /// its sender dropped (a failed check); an owed message waits for its
     /// next attempt.
-    fn fail(&self, key: &CorrelationKey, p: Pending, reason: DeclineReason, now: Instant) {
+    fn fail(&self, key: &CorrelationKey, mut p: Pending, reason: DeclineReason, now: Instant) {
+        let waiting = p.same.waiting.take();
+        if matches!(p.origin, Origin::Client { .. } | Origin::Peer) {
+            // Answered by the switch: a duplicate of it is declined.
+            self.made
+                .duplicates
+                .record(key, p.same.fingerprint, &[], now);
+        }
         match p.origin {
             Origin::Check(_) => return,
             Origin::Owed {
@@ -732,6 +941,13 @@ impl Service {
                 .silent_timeouts
                 .fetch_add(1, Ordering::Relaxed);
             return;
+        }
+        for origin in waiting.map(|w| *w).into_iter().flatten() {
+            self.made
+                .counters
+                .duplicates_waited
+                .fetch_add(1, Ordering::Relaxed);
+            self.decline_noted(origin, &p.request, reason, sent, now);
         }
         if matches!(p.origin, Origin::Node) {
             if let Some(peer) = self.peer() {

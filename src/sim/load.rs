@@ -268,6 +268,10 @@ pub(crate) struct Template {
     /// carries them as text, for `vary_keys`.
     pub(crate) f37: Option<usize>,
     pub(crate) f41: Option<usize>,
+    /// Offset and width of F7 (10 ASCII digits or 5 BCD bytes): changed
+    /// each time a slot's STANs come round again, so a STAN sent again is a
+    /// new transaction, not a duplicate the switch answers from its book.
+    pub(crate) f7: Option<(usize, usize)>,
     pub(crate) share: u32,
 }
 
@@ -383,7 +387,7 @@ fn templates(spec: &Spec, cfg: &LoadConfig) -> Result<Vec<Template>, String> {
         .sizes()
         .into_iter()
         .map(|(size, share)| {
-            let payload = crate::sim::sized_request(spec, &cfg.mti, size)?;
+            let payload = with_f7(spec, crate::sim::sized_request(spec, &cfg.mti, size)?)?;
             let msg = Message::parse(spec, payload.clone()).map_err(|e| e.to_string())?;
             let f11 = msg
                 .field(11)
@@ -399,7 +403,15 @@ fn templates(spec: &Spec, cfg: &LoadConfig) -> Result<Vec<Template>, String> {
                     (r.len() == width && text.iter().all(u8::is_ascii_graphic)).then_some(r.start)
                 })
             };
+            let f7 = msg
+                .field(7)
+                .ok()
+                .flatten()
+                .map(|f| f.range())
+                .filter(|r| matches!(r.len(), 10 | 5))
+                .map(|r| (r.start, r.len()));
             Ok(Template {
+                f7,
                 f11: f11.range().start,
                 f11_width: f11.range().len(),
                 f37: text_at(37, 12),
@@ -409,6 +421,21 @@ fn templates(spec: &Spec, cfg: &LoadConfig) -> Result<Vec<Template>, String> {
             })
         })
         .collect()
+}
+
+/// The template with an F7 where the dialect defines one: a STAN sent
+/// again in another run (or once a slot's STANs come round) must be a new
+/// transaction, not a duplicate the switch answers from its book.
+fn with_f7(spec: &Spec, payload: Bytes) -> Result<Bytes, String> {
+    if spec.field(7).is_none() {
+        return Ok(payload);
+    }
+    let mut d = spec.decode(&payload).map_err(|e| e.to_string())?;
+    if d.get(7).is_some() {
+        return Ok(payload);
+    }
+    d.set_text(7, "0000000000");
+    spec.encode(&d).map(Bytes::from).map_err(|e| e.to_string())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -440,6 +467,9 @@ async fn run_client(
         // unique across clients whatever the service's correlation key.
         let slots_total = (cfg.clients * cfg.in_flight.max(1)) as u32;
         let env = SlotEnv {
+            started: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
             stan_base: (client * cfg.in_flight.max(1) + slot) as u32,
             stan_step: slots_total.max(1),
             templates: Arc::clone(&templates),
@@ -485,12 +515,17 @@ struct SlotEnv {
     seed: u64,
     /// With `vary_keys`: this client's number, for its F41 and F37s.
     terminal: Option<u32>,
+    /// The run's start, in seconds since the epoch: F7 of the slot's first
+    /// pass over its STANs, a second later for each pass after.
+    started: u64,
 }
 
 /// One request at a time; a client runs `in_flight` of these on one connection.
 async fn run_slot(env: SlotEnv, stop_at: Instant, pace: Option<Duration>, phase: Duration) {
     let mut rng = Rng::new(env.seed);
     let mut stan = env.stan_base;
+    // How many times this slot's STANs came round: seconds added to F7.
+    let mut rounds = 0u64;
     let mut next_send = Instant::now() + phase;
     let total_share: u32 = env.templates.iter().map(|t| t.share).sum();
     while Instant::now() < stop_at {
@@ -498,7 +533,11 @@ async fn run_slot(env: SlotEnv, stop_at: Instant, pace: Option<Duration>, phase:
             tokio::time::sleep_until(next_send.into()).await;
             next_send += p;
         }
-        stan = (stan + env.stan_step) % 1_000_000;
+        let next = (stan + env.stan_step) % 1_000_000;
+        if next < stan {
+            rounds = rounds.wrapping_add(1);
+        }
+        stan = next;
         let t = pick_template(&env.templates, total_share, &mut rng);
         let digits = stan_bytes(stan);
         let encoded = if t.f11_width == 3 {
@@ -513,6 +552,7 @@ async fn run_slot(env: SlotEnv, stop_at: Instant, pace: Option<Duration>, phase:
         if let Some(terminal) = env.terminal {
             vary_keys(&mut patch, t, terminal, stan);
         }
+        vary_f7(&mut patch, t, env.started + rounds);
         let (done, outcome) = oneshot::channel();
         let sent_at = Instant::now();
         let timed = !env.counters.latency_paused.load(Ordering::Relaxed);
@@ -618,6 +658,22 @@ fn vary_keys(patch: &mut Patch, t: &Template, terminal: u32, stan: u32) {
         put_digits(&mut f37[..6], terminal);
         put_digits(&mut f37[6..], stan);
         let _ = patch.overwrite(at, &f37);
+    }
+}
+
+/// F7 = `secs` (since the epoch) as MMDDhhmmss, in the template's
+/// encoding.
+fn vary_f7(patch: &mut Patch, t: &Template, secs: u64) {
+    let Some((at, width)) = t.f7 else { return };
+    let f7 = crate::iso8583::transmission_date_time(secs);
+    if width == 10 {
+        let _ = patch.overwrite(at, &f7);
+    } else {
+        let mut bcd = [0u8; 5];
+        for (i, b) in bcd.iter_mut().enumerate() {
+            *b = ((f7[2 * i] - b'0') << 4) | (f7[2 * i + 1] - b'0');
+        }
+        let _ = patch.overwrite(at, &bcd);
     }
 }
 

@@ -206,6 +206,10 @@ pub struct NodeSimStats {
     /// repeats of a request the node had already answered.
     pub repeat_requests: AtomicU64,
     pub repeats_of_answered: AtomicU64,
+    /// Terminals' reversal requests (0400, 0401).
+    pub terminal_reversals: AtomicU64,
+    /// ...whose original this node answered.
+    pub terminal_reversals_of_answered: AtomicU64,
 }
 
 /// One line of a node's counters, as `sim node` prints them on exit.
@@ -262,6 +266,8 @@ pub fn summary_json(s: &NodeSimStats) -> String {
         },
         "repeat_requests": get(&s.repeat_requests),
         "repeats_of_answered": get(&s.repeats_of_answered),
+        "terminal_reversals": get(&s.terminal_reversals),
+        "terminal_reversals_of_answered": get(&s.terminal_reversals_of_answered),
     })
     .to_string()
 }
@@ -634,6 +640,21 @@ impl Shared {
             stats.repeat_requests.fetch_add(1, Ordering::Relaxed);
             if key.as_ref().is_some_and(|k| self.answered_keys.contains(k)) {
                 stats.repeats_of_answered.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if mti.class() == 4 && mti.function() == 0 {
+            // A terminal's reversal names its purchase (or authorization)
+            // by that one's STAN, F7 and terminal: was it answered here?
+            stats.terminal_reversals.fetch_add(1, Ordering::Relaxed);
+            let here = key.as_ref().is_some_and(|k| {
+                [*b"0200", *b"0100"]
+                    .iter()
+                    .any(|m| self.answered_keys.contains(&k.under(*m)))
+            });
+            if here {
+                stats
+                    .terminal_reversals_of_answered
+                    .fetch_add(1, Ordering::Relaxed);
             }
         }
         if mti.is_network_management()

@@ -63,6 +63,16 @@ impl OriginalKey {
         })
     }
 
+    /// The same transaction under another MTI: a terminal's reversal
+    /// (0400) names its purchase by the purchase's own STAN, F7 and
+    /// terminal, so its original is `self.under(*b"0200")`.
+    pub fn under(&self, mti: [u8; 4]) -> OriginalKey {
+        OriginalKey {
+            mti,
+            ..self.clone()
+        }
+    }
+
     /// `MTI/F11/F7[/F41]`, for logs and test messages.
     pub fn describe(&self) -> String {
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();

@@ -261,6 +261,17 @@ mod spec_tests {
                 e.contains("integrity.reversal_fields") && e.contains(&format!("F{id}")),
                 "{e}"
             );
+            let text = base.replacen(
+                "answer_fields = [4, 38]",
+                &format!("answer_fields = [4, {id}, 38]"),
+                1,
+            );
+            assert_ne!(text, base, "the template was edited");
+            let e = Spec::from_toml(&text).map(|_| ()).unwrap_err().to_string();
+            assert!(
+                e.contains("integrity.answer_fields") && e.contains(&format!("F{id}")),
+                "{e}"
+            );
         }
     }
 }

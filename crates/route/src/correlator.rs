@@ -373,6 +373,24 @@ impl<V> Correlator<V> {
             .copied()
     }
 
+    /// Lets `f` change the value of the request in flight under `key`;
+    /// `None` when there is none.
+    pub fn with_mut<R>(&mut self, key: &CorrelationKey, f: impl FnOnce(&mut V) -> R) -> Option<R> {
+        let hash = self.hash(key);
+        self.with_mut_hashed(hash, key, f)
+    }
+
+    fn with_mut_hashed<R>(
+        &mut self,
+        hash: u64,
+        key: &CorrelationKey,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> Option<R> {
+        let slot = self.find(hash, key)?;
+        let entry = self.slab.get_mut(slot as usize)?.as_mut()?;
+        Some(f(&mut entry.value))
+    }
+
     /// The earliest deadline in the table: when to call [`expire`](Self::expire) next.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.entry(self.head).map(|e| e.deadline)
@@ -762,6 +780,12 @@ impl<V> Shards<V> {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
             false
         })
+    }
+
+    /// See [`Correlator::with_mut`].
+    pub fn with_mut<R>(&self, key: &CorrelationKey, f: impl FnOnce(&mut V) -> R) -> Option<R> {
+        let (mut shard, hash) = self.shard(key);
+        shard.with_mut_hashed(hash, key, f)
     }
 
     /// See [`Correlator::take`].

@@ -17,8 +17,7 @@
 //! Both books are bounded: past `capacity` a new record is refused and
 //! counted, so a flood of timeouts costs memory up to a limit and no more.
 
-use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -27,6 +26,12 @@ use dashmap::DashMap;
 use super::correlator::CorrelationKey;
 use super::decline::DeclineReason;
 use isoswitch_iso8583::{Decoded, FieldCodes, IsoError, Message, Mti, SafAnswerClass, Spec};
+
+mod duplicates;
+mod repeats;
+pub use crate::generations::GENERATIONS;
+pub use duplicates::{Duplicate, DuplicateBook, DuplicateCounters};
+pub use repeats::{REPEAT_SHARDS, RepeatBook};
 
 /// An authorization or financial request (0100, 0200 and their repeats):
 /// the messages whose approval moves money and so can need reversing.
@@ -294,209 +299,6 @@ impl LateBook {
     }
 }
 
-/// Which node each request went to, by a hash of its correlation key, for
-/// `window`.
-///
-/// Kept in generations, each `window / GENERATIONS` long, in
-/// [`REPEAT_SHARDS`] locked shards: a record goes into its shard's newest
-/// generation, and a generation whose newest entry is older than the window
-/// is dropped whole (its table cleared and reused by the next generation).
-/// So a record touches a small, recent table that stays in cache, instead
-/// of one table of every request of the window (a million entries at 30 s
-/// of 30,000 a second, a cache miss each), and forgetting costs nothing per
-/// entry, where a sweep of one big table held its locks for milliseconds
-/// once a second. An entry lives between `window` and `window + window /
-/// GENERATIONS`; [`RepeatBook::node_of`] answers by the exact window.
-#[derive(Debug)]
-pub struct RepeatBook {
-    shards: Box<[std::sync::Mutex<Generations>]>,
-    hasher: foldhash::fast::RandomState,
-    window: Duration,
-    generation: Duration,
-    capacity: usize,
-    /// Entries in every generation of every shard, so the capacity check
-    /// does not lock every shard.
-    held: AtomicUsize,
-    pub counters: BookCounters,
-}
-
-/// Generations per window (see [`RepeatBook`]).
-pub const GENERATIONS: u32 = 8;
-
-/// Shards of the repeat book: worker threads recording at once rarely meet
-/// on one lock.
-pub const REPEAT_SHARDS: usize = 16;
-
-/// One shard's generations, oldest first.
-#[derive(Debug, Default)]
-struct Generations {
-    ring: std::collections::VecDeque<Generation>,
-    /// The table of the last generation dropped, cleared, for the next one
-    /// opened: in a steady stream the book allocates nothing.
-    spare: Option<Generation>,
-}
-
-/// The records of one stretch of time: node and milliseconds since `start`,
-/// by key hash.
-#[derive(Debug)]
-struct Generation {
-    start: Instant,
-    nodes: hashbrown::HashMap<u64, (u32, u32), KeyIsHash>,
-}
-
-/// The keys are already foldhash hashes: used as they are.
-#[derive(Clone, Copy, Debug, Default)]
-struct KeyIsHash;
-
-impl BuildHasher for KeyIsHash {
-    type Hasher = PassThrough;
-    fn build_hasher(&self) -> PassThrough {
-        PassThrough(0)
-    }
-}
-
-#[derive(Debug)]
-struct PassThrough(u64);
-
-impl std::hash::Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Only u64 keys are hashed; fold anything else in, to stay correct.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-impl Generations {
-    /// Drops the generations wholly past the window at `now`; returns the
-    /// entries dropped.
-    fn expire(&mut self, now: Instant, window: Duration, generation: Duration) -> usize {
-        let mut gone = 0;
-        while let Some(oldest) = self.ring.front() {
-            let newest_entry = oldest.start + generation;
-            if now.saturating_duration_since(newest_entry) <= window {
-                break;
-            }
-            if let Some(mut g) = self.ring.pop_front() {
-                gone += g.nodes.len();
-                g.nodes.clear();
-                self.spare = Some(g);
-            }
-        }
-        gone
-    }
-
-    /// The generation a record at `now` goes into, opened if needed.
-    fn current(&mut self, now: Instant, generation: Duration) -> &mut Generation {
-        let open = self
-            .ring
-            .back()
-            .is_none_or(|g| now.saturating_duration_since(g.start) >= generation);
-        if open {
-            let g = match self.spare.take() {
-                Some(mut g) => {
-                    g.start = now;
-                    g
-                }
-                None => Generation {
-                    start: now,
-                    nodes: hashbrown::HashMap::with_hasher(KeyIsHash),
-                },
-            };
-            self.ring.push_back(g);
-        }
-        let last = self.ring.len() - 1;
-        &mut self.ring[last]
-    }
-}
-
-impl RepeatBook {
-    pub fn new(window: Duration, capacity: usize) -> RepeatBook {
-        RepeatBook {
-            shards: (0..REPEAT_SHARDS).map(|_| Default::default()).collect(),
-            hasher: foldhash::fast::RandomState::default(),
-            window,
-            generation: (window / GENERATIONS).max(Duration::from_millis(1)),
-            capacity,
-            held: AtomicUsize::new(0),
-            counters: BookCounters::default(),
-        }
-    }
-
-    pub fn is_on(&self) -> bool {
-        !self.window.is_zero()
-    }
-
-    fn shard(&self, hash: u64) -> std::sync::MutexGuard<'_, Generations> {
-        // The top bits: hashbrown places by the low ones.
-        let i = (hash >> 60) as usize % self.shards.len();
-        // A panic elsewhere while a shard was held leaves plain data behind.
-        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The request of `key` went to `node` (it was answered, by the node or
-    /// by the switch).
-    pub fn record(&self, key: &CorrelationKey, node: usize, now: Instant) {
-        if !self.is_on() {
-            return;
-        }
-        let hash = self.hasher.hash_one(key.as_bytes());
-        let node = u32::try_from(node).unwrap_or(u32::MAX);
-        let mut shard = self.shard(hash);
-        let gone = shard.expire(now, self.window, self.generation);
-        self.held.fetch_sub(gone, Ordering::Relaxed);
-        let g = shard.current(now, self.generation);
-        let full = self.held.load(Ordering::Relaxed) >= self.capacity;
-        if full && !g.nodes.contains_key(&hash) {
-            self.counters.overflow.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let ms =
-            u32::try_from(now.saturating_duration_since(g.start).as_millis()).unwrap_or(u32::MAX);
-        if g.nodes.insert(hash, (node, ms)).is_none() {
-            self.held.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// The node the original of a repeat went to, if within the window.
-    pub fn node_of(&self, key: &CorrelationKey, now: Instant) -> Option<usize> {
-        let hash = self.hasher.hash_one(key.as_bytes());
-        let shard = self.shard(hash);
-        // Newest first: a request recorded again lives in a later generation.
-        shard.ring.iter().rev().find_map(|g| {
-            let &(node, ms) = g.nodes.get(&hash)?;
-            let at = g.start + Duration::from_millis(u64::from(ms));
-            Some((now.saturating_duration_since(at) <= self.window).then_some(node as usize))
-        })?
-    }
-
-    /// Drops the generations past the window in every shard (a shard also
-    /// does it when it records). Returns how many entries went.
-    pub fn sweep(&self, now: Instant) -> usize {
-        let mut gone = 0;
-        for i in 0..self.shards.len() {
-            let mut shard = self.shards[i].lock().unwrap_or_else(|e| e.into_inner());
-            gone += shard.expire(now, self.window, self.generation);
-        }
-        self.held.fetch_sub(gone, Ordering::Relaxed);
-        gone
-    }
-
-    pub fn len(&self) -> usize {
-        self.held.load(Ordering::Relaxed)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
 /// Why a reversal cannot be built.
 #[derive(Debug, thiserror::Error)]
 pub enum ReversalError {
@@ -531,6 +333,39 @@ pub fn reversal(spec: &Spec, original: &Decoded) -> Result<Decoded, ReversalErro
         out.set_text(id, original_data_elements(original));
     }
     Ok(out)
+}
+
+/// What the reversal of an approval takes from the host's `answer`, by the
+/// dialect's template: its `answer_fields` (F38, the approval code issuers
+/// match a reversal on; F4 where hosts reverse the amount they approved),
+/// and, when the answer approved another amount than was asked (a partial
+/// approval) in a dialect with `replacement_amounts`, that field (F95) with
+/// the amount approved while F4 keeps the amount asked. A timeout reversal
+/// has no answer to take them from.
+pub fn with_answer(spec: &Spec, reversal: &mut Decoded, answer: &Decoded) {
+    let t = spec.integrity();
+    let asked = reversal.get(4).and_then(|v| v.as_text()).map(str::to_owned);
+    for &id in &t.answer_fields {
+        if let Some(v) = answer.get(id) {
+            reversal.set(id, v.clone());
+        }
+    }
+    let Some(field) = t.replacement_amounts else {
+        return;
+    };
+    let approved = answer.get(4).and_then(|v| v.as_text());
+    if let (Some(asked), Some(approved)) = (asked.as_deref(), approved)
+        && asked != approved
+    {
+        // n12 actual amount, n12 actual settlement amount, x+n8 twice
+        // (fees): only the amount is known.
+        let digits: String = approved.chars().filter(char::is_ascii_digit).collect();
+        let digits = &digits[digits.len().saturating_sub(12)..];
+        reversal.set_text(
+            field,
+            format!("{digits:0>12}000000000000C00000000C00000000"),
+        );
+    }
 }
 
 /// F90, "original data elements", n42: the original's MTI (4 digits), F11
@@ -569,13 +404,6 @@ mod tests {
 
     fn key(n: u8) -> CorrelationKey {
         CorrelationKey::builder().push(&[n]).build().unwrap()
-    }
-
-    fn key_n(n: u64) -> CorrelationKey {
-        CorrelationKey::builder()
-            .push(&n.to_le_bytes())
-            .build()
-            .unwrap()
     }
 
     #[test]
@@ -653,82 +481,36 @@ mod tests {
     }
 
     #[test]
-    fn repeats_find_their_node_within_the_window() {
-        let t0 = Instant::now();
-        let book = RepeatBook::new(Duration::from_secs(30), 100);
-        book.record(&key(1), 3, t0);
-        assert_eq!(book.node_of(&key(1), t0 + Duration::from_secs(30)), Some(3));
-        assert_eq!(book.node_of(&key(1), t0 + Duration::from_secs(31)), None);
-        assert_eq!(book.node_of(&key(9), t0), None);
-        // Forgotten with its generation, within window / GENERATIONS after
-        // the window.
-        assert_eq!(book.sweep(t0 + Duration::from_secs(31)), 0);
-        assert_eq!(book.sweep(t0 + Duration::from_millis(33_751)), 1);
-        assert!(book.is_empty());
-        let off = RepeatBook::new(Duration::ZERO, 100);
-        off.record(&key(1), 3, t0);
-        assert!(off.is_empty());
-    }
-
-    #[test]
-    fn a_request_recorded_again_answers_with_its_latest_node() {
-        let t0 = Instant::now();
-        let book = RepeatBook::new(Duration::from_secs(8), 100);
-        book.record(&key(1), 1, t0);
-        let later = t0 + Duration::from_secs(5);
-        book.record(&key(1), 2, later);
-        assert_eq!(book.node_of(&key(1), later), Some(2));
-        // The first generation goes; the second still knows the request.
-        let t = t0 + Duration::from_millis(9_001);
-        assert_eq!(book.sweep(t), 1);
-        assert_eq!(book.node_of(&key(1), t), Some(2));
-        assert_eq!(book.len(), 1);
-    }
-
-    #[test]
-    fn the_repeat_book_reuses_its_tables_and_counts_what_it_holds() {
-        let t0 = Instant::now();
-        let window = Duration::from_secs(8);
-        let book = RepeatBook::new(window, 1_000_000);
-        // A steady stream over five windows: the book holds at most a
-        // window, a generation and the time since the last sweep of it (a
-        // shard that records nothing drops its generations at the sweep):
-        // 10 s of 100 a second.
-        for ms in (0..40_000u64).step_by(10) {
-            let now = t0 + Duration::from_millis(ms);
-            book.record(&key_n(ms), 1, now);
-            if ms % 1000 == 0 {
-                book.sweep(now);
-            }
-            assert!(book.len() <= 1001, "{} held at {ms} ms", book.len());
+    fn an_approval_reversal_names_what_was_approved() {
+        // A partial approval: 1000.00 asked, 500.00 approved, F38 AB1234.
+        for (name, f4, f95) in [
+            ("cups", "000000050000", None),
+            ("cup-pos", "000000050000", None),
+            (
+                "visa-base1",
+                "000000100000",
+                Some("000000050000000000000000C00000000C00000000"),
+            ),
+        ] {
+            let spec = Spec::builtin(name).unwrap();
+            let mut original = samples::purchase(&spec);
+            original.set_text(4, "000000100000");
+            let mut answer = original.clone();
+            answer.set_text(4, "000000050000");
+            answer.set_text(38, "AB1234");
+            answer.set_text(39, "10");
+            let mut rev = reversal(&spec, &original).unwrap();
+            with_answer(&spec, &mut rev, &answer);
+            let text = |id| rev.get(id).and_then(|v| v.as_text()).map(str::to_owned);
+            assert_eq!(text(38).as_deref(), Some("AB1234"), "{name}");
+            assert_eq!(text(4).as_deref(), Some(f4), "{name}");
+            assert_eq!(text(95).as_deref(), f95, "{name}");
+            assert!(spec.encode(&rev).is_ok(), "{name}");
+            // Approved in full: nothing replaces the amount.
+            let mut rev = reversal(&spec, &original).unwrap();
+            with_answer(&spec, &mut rev, &original);
+            assert_eq!(rev.get(95), None, "{name}");
         }
-        assert!(book.len() >= 800, "the last window is still known");
-        // Its count of what it holds never drifted: all gone means zero.
-        book.sweep(t0 + Duration::from_secs(60));
-        assert!(book.is_empty(), "{} left", book.len());
-        let spares = book
-            .shards
-            .iter()
-            .filter(|s| s.lock().unwrap().spare.is_some())
-            .count();
-        assert!(spares > 0, "dropped generations left their tables to reuse");
-    }
-
-    #[test]
-    fn a_full_repeat_book_refuses_new_requests_and_counts_them() {
-        let t0 = Instant::now();
-        let book = RepeatBook::new(Duration::from_secs(30), 2);
-        book.record(&key(1), 1, t0);
-        book.record(&key(2), 1, t0);
-        book.record(&key(3), 1, t0);
-        assert_eq!(book.node_of(&key(3), t0), None);
-        assert_eq!(book.counters.overflow.load(Ordering::Relaxed), 1);
-        book.record(&key(1), 4, t0);
-        assert_eq!(
-            book.node_of(&key(1), t0),
-            Some(4),
-            "a known request is updated"
-        );
     }
 
     #[test]

@@ -72,6 +72,7 @@
 pub mod balancer;
 pub mod correlator;
 pub mod decline;
+mod generations;
 // Config durations in this layer use the crate's one grammar.
 use isoswitch_util::duration;
 pub mod health;

@@ -325,10 +325,23 @@ impl Router {
     /// (first two MTI digits) keeps a reversal or a network message apart
     /// from a purchase that shares its key fields.
     pub fn key_of(&self, checked: &Checked<'_>) -> Result<CorrelationKey, KeyError> {
+        let mti = checked.msg.mti().digits();
+        self.key_as(checked, [mti[0], mti[1]])
+    }
+
+    /// The key `checked` would have with the MTI version and class `class`
+    /// (two digits): a reversal (04xx) under its original's class (02) is
+    /// the key its original was answered under, when the dialect's
+    /// reversals carry the original's identifying fields (a terminal's 0400
+    /// carries its purchase's STAN and terminal ID).
+    pub fn key_as(
+        &self,
+        checked: &Checked<'_>,
+        class: [u8; 2],
+    ) -> Result<CorrelationKey, KeyError> {
         let msg = &checked.msg;
-        let mti = msg.mti().digits();
         let mut b = CorrelationKey::builder();
-        b.append(&mti[..2]);
+        b.append(&class);
         for part in &self.key_parts {
             match part {
                 KeyPart::Tpdu => {

@@ -69,7 +69,7 @@ impl NetworkManagement<'_> {
             match self.svc.pool.pick_first(self.key_node_order(), now) {
                 Ok((picked, conn)) => {
                     self.svc
-                        .send_picked(req, key, Origin::Peer, picked, conn, now)
+                        .send_picked(req, (key, 0), Origin::Peer, picked, conn, now)
                 }
                 Err(_) => Err((Origin::Peer, DeclineReason::NoHealthyNode)),
             }
@@ -134,6 +134,7 @@ impl NetworkManagement<'_> {
             node,
             sent_at: now,
             on_timeout: timeout.action,
+            same: Default::default(),
         };
         if let Err(rejected) = self
             .svc

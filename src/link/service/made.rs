@@ -11,11 +11,12 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::sync::Notify;
 
+use crate::config::DuplicateAction;
 use crate::config::{IntegrityConfig, ServiceConfig};
 use crate::iso8583::{FieldCodes, IsoError, Spec};
 use crate::link::netmgmt::NetworkTemplate;
 use crate::link::outlinks::NmKind;
-use crate::route::integrity::{LateBook, RepeatBook, SafAnswers};
+use crate::route::integrity::{DuplicateBook, LateBook, RepeatBook, SafAnswers};
 use crate::store::{SafPolicy, Store};
 
 /// The switch's own messages and promises for one service.
@@ -40,6 +41,8 @@ pub struct SwitchMade {
     pub late: LateBook,
     /// Which node each request went to, for its repeats.
     pub repeats: RepeatBook,
+    /// What each request was answered, for its duplicates.
+    pub duplicates: DuplicateBook,
     /// Where what the switch owes goes; none without a store.
     saf: OnceLock<SafOutbox>,
     pub counters: std::sync::Arc<IntegrityCounters>,
@@ -109,6 +112,14 @@ pub struct IntegrityCounters {
     /// Repeats (0201) of an original the switch reversed: declined by the
     /// switch, never relayed.
     pub repeats_of_reversed: AtomicU64,
+    /// Duplicates of an answered request given its first answer again.
+    pub duplicates_replayed: AtomicU64,
+    /// Duplicates declined 94 (`duplicates = "decline"`, an answer the
+    /// switch made, or one no longer held).
+    pub duplicates_declined: AtomicU64,
+    /// Duplicates and repeats of a request in flight that waited for its
+    /// answer.
+    pub duplicates_waited: AtomicU64,
     /// Repeats sent to the node that had the original.
     pub repeats_same_node: AtomicU64,
     /// Repeats whose original's node could not take them (declined as no
@@ -164,6 +175,14 @@ impl SwitchMade {
             next_stan: AtomicU64::new(crate::util::rng::entropy_seed() % 999_999),
             late: LateBook::new(integrity.late_window, integrity.late_capacity),
             repeats: RepeatBook::new(integrity.repeat_window, integrity.repeat_capacity),
+            duplicates: DuplicateBook::new(
+                integrity.duplicate_window,
+                integrity.duplicate_capacity,
+                match integrity.duplicates {
+                    DuplicateAction::Replay => integrity.duplicate_replay_bytes,
+                    DuplicateAction::Decline => 0,
+                },
+            ),
             integrity,
             approval_codes,
             saf_answers,
@@ -194,9 +213,10 @@ impl SwitchMade {
         self.saf.get()
     }
 
-    /// Forgets what is past its window in both books.
+    /// Forgets what is past its window in every book.
     pub fn sweep(&self, now: Instant) {
         self.late.sweep(now);
         self.repeats.sweep(now);
+        self.duplicates.sweep(now);
     }
 }

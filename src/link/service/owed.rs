@@ -331,7 +331,15 @@ fn owe_reversal(
         .decode(&entry.request)
         .map_err(|e| e.to_string())
         .and_then(|original| {
-            let rev = integrity::reversal(svc.spec(), &original).map_err(|e| e.to_string())?;
+            let mut rev = integrity::reversal(svc.spec(), &original).map_err(|e| e.to_string())?;
+            // An approval's reversal names what was approved: its F38, and
+            // the amount approved where it differs from the amount asked.
+            if matches!(cause, Cause::LateApproval | Cause::Undelivered) {
+                let approval = svc.spec().decode(answer.payload());
+                if let Ok(approval) = approval {
+                    integrity::with_answer(svc.spec(), &mut rev, &approval);
+                }
+            }
             let payload = svc.spec().encode(&rev).map_err(|e| e.to_string())?;
             Ok((rev, payload))
         });

@@ -137,6 +137,7 @@ impl Peer<'_> {
             node,
             sent_at: now,
             on_timeout: timeout.action,
+            same: Default::default(),
         };
         svc.in_flight
             .insert(key, pending, 0, now + timeout.after)

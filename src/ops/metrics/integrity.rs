@@ -88,6 +88,10 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
         "isoswitch_advices",
         "Advices (0120/0220/0420 from clients) by outcome: stored (durably, then acknowledged by the switch; integrity.advices = \"store-and-forward\"), delivered (a host acknowledged a stored one), unanswered (no node or a timeout in forward mode, or the store could not take it: the sender repeats), forwarded (store-and-forward mode, but its PAN is only in track data or its F55 is not TLV: it cannot be stored without sensitive authentication data, so it went to a node as in forward mode).",
     );
+    let mut duplicates = counter(
+        "isoswitch_duplicates",
+        "Requests that were the same as one answered within integrity.duplicate_window (same correlation key and duplicate_fields), none of them sent to a node, by outcome: replayed (the first answer sent again), declined (94: duplicates = \"decline\", the first answer was the switch's or is no longer held), waited (arrived while the first was in flight, a repeat too, and got its answer).",
+    );
     let mut host_answers = counter(
         "isoswitch_owed_host_answers",
         "Hosts' answers to owed messages (reversals, stored advices) that did not simply complete them, by class of their F39 (the dialect's saf_reconcile / saf_retry codes): reconcile (completed, flagged for reconciliation: 25, 94), retry (tried again: 91, 96, MAC and format errors, no F39), dead (refused: a dead letter at once).",
@@ -122,6 +126,15 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
                 .push((labelled("action", action), v.load(Ordering::Relaxed)));
         }
         for (outcome, v) in [
+            ("replayed", &c.duplicates_replayed),
+            ("declined", &c.duplicates_declined),
+            ("waited", &c.duplicates_waited),
+        ] {
+            duplicates
+                .samples
+                .push((labelled("outcome", outcome), v.load(Ordering::Relaxed)));
+        }
+        for (outcome, v) in [
             ("stored", &c.advices_stored),
             ("delivered", &c.advices_delivered),
             ("unanswered", &c.advices_unanswered),
@@ -140,6 +153,7 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
         encode_counters(enc, f)?;
     }
     encode_counters(enc, &advices)?;
+    encode_counters(enc, &duplicates)?;
     encode_counters(enc, &host_answers)?;
     let mut awaiting = gauge(
         "isoswitch_reversals_awaiting_store",

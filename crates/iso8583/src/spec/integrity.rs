@@ -40,6 +40,16 @@ pub struct Integrity {
     /// reversed (a balance inquiry's late approval only confuses the host).
     /// Default: `30` (available funds inquiry), `31` (balance inquiry).
     pub no_reversal_f3: Vec<String>,
+    /// Fields the reversal of an approval takes from the host's answer
+    /// when it has them, over the original's: F38, the approval code the
+    /// issuer matches a reversal on (default), and in dialects whose hosts
+    /// reverse the amount they approved, F4.
+    pub answer_fields: Vec<u16>,
+    /// The field that carries the amount actually approved when an answer
+    /// approved less than was asked (a partial approval, F39 10): F95,
+    /// "replacement amounts", its first 12 digits the answered F4, while
+    /// F4 keeps the amount asked. None: the dialect reverses by F4 alone.
+    pub replacement_amounts: Option<u16>,
 }
 
 /// What a host's answer to an owed message does to its store entry, by F39.
@@ -106,6 +116,8 @@ impl Default for Integrity {
             institution_f70: INSTITUTION_F70.iter().map(|c| (*c).into()).collect(),
             saf_answers: SafAnswerCodes::default(),
             no_reversal_f3: vec!["30".into(), "31".into()],
+            answer_fields: vec![38],
+            replacement_amounts: None,
         }
     }
 }
@@ -123,6 +135,8 @@ pub(super) struct IntegrityFile {
     saf_reconcile: Option<Vec<String>>,
     saf_retry: Option<Vec<String>>,
     no_reversal_f3: Option<Vec<String>>,
+    answer_fields: Option<Vec<u16>>,
+    replacement_amounts: Option<u16>,
 }
 
 /// `[integrity]` checked against the fields the spec defines; absent keys
@@ -244,6 +258,33 @@ pub(super) fn validate_integrity(
             "integrity.saf_done",
             "empty: no host answer would ever complete what the switch owes".into(),
         ));
+    }
+    if let Some(fields) = &file.answer_fields {
+        if let Some(id) = fields.iter().find(|id| {
+            crate::sad::SAD_FIELDS.contains(id) || **id == crate::sad::EMV_FIELD || !defined(**id)
+        }) {
+            return Err((
+                "integrity.answer_fields",
+                format!(
+                    "F{id}: not a field of this dialect, or sensitive authentication data a stored reversal may not carry"
+                ),
+            ));
+        }
+        let mut fields = fields.clone();
+        fields.sort_unstable();
+        fields.dedup();
+        out.answer_fields = fields;
+    }
+    out.answer_fields.retain(|&id| defined(id));
+    match file.replacement_amounts {
+        Some(0) | None => {}
+        Some(id) if !defined(id) || !defined(4) => {
+            return Err((
+                "integrity.replacement_amounts",
+                format!("field {id} (or F4, the amount it replaces) is not defined"),
+            ));
+        }
+        Some(id) => out.replacement_amounts = Some(id),
     }
     if let Some(codes) = &file.institution_f70 {
         if let Some(bad) = codes

@@ -1,0 +1,143 @@
+//! The tables behind the books that remember every request for a window
+//! ([`RepeatBook`](crate::integrity::RepeatBook),
+//! [`DuplicateBook`](crate::integrity::DuplicateBook)).
+//!
+//! Kept in generations, each `window / GENERATIONS` long: a record goes into
+//! the newest generation, and a generation whose newest entry is older than
+//! the window is dropped whole (its table cleared and kept for the next
+//! generation opened). So a record touches a small, recent table that stays
+//! in cache, instead of one table of every request of the window (a million
+//! entries at 30 s of 30,000 a second, a cache miss each), forgetting costs
+//! nothing per entry, and in a steady stream nothing is allocated. An entry
+//! lives between `window` and `window + window / GENERATIONS`; lookups
+//! answer by the exact window.
+
+use std::collections::VecDeque;
+use std::hash::BuildHasher;
+use std::time::{Duration, Instant};
+
+/// Generations per window.
+pub const GENERATIONS: u32 = 8;
+
+/// One shard's generations, oldest first.
+#[derive(Debug)]
+pub(crate) struct Generations<V> {
+    pub(crate) ring: VecDeque<Generation<V>>,
+    /// The table of the last generation dropped, cleared, for the next one
+    /// opened: in a steady stream the book allocates nothing.
+    pub(crate) spare: Option<Generation<V>>,
+}
+
+impl<V> Default for Generations<V> {
+    fn default() -> Self {
+        Generations {
+            ring: VecDeque::new(),
+            spare: None,
+        }
+    }
+}
+
+/// The records of one stretch of time, by key hash.
+#[derive(Debug)]
+pub(crate) struct Generation<V> {
+    pub(crate) start: Instant,
+    pub(crate) entries: hashbrown::HashMap<u64, V, KeyIsHash>,
+}
+
+impl<V> Generation<V> {
+    /// Milliseconds from the generation's start to `now`, as kept per entry.
+    pub(crate) fn ms_at(&self, now: Instant) -> u32 {
+        u32::try_from(now.saturating_duration_since(self.start).as_millis()).unwrap_or(u32::MAX)
+    }
+
+    /// The instant an entry recorded `ms` after the start stands for.
+    pub(crate) fn at(&self, ms: u32) -> Instant {
+        self.start + Duration::from_millis(u64::from(ms))
+    }
+}
+
+/// The length of one generation of `window`.
+pub(crate) fn generation_of(window: Duration) -> Duration {
+    (window / GENERATIONS).max(Duration::from_millis(1))
+}
+
+impl<V> Generations<V> {
+    /// Drops the generations wholly past the window at `now`; returns the
+    /// entries dropped.
+    pub(crate) fn expire(&mut self, now: Instant, window: Duration, generation: Duration) -> usize {
+        let mut gone = 0;
+        while let Some(oldest) = self.ring.front() {
+            let newest_entry = oldest.start + generation;
+            if now.saturating_duration_since(newest_entry) <= window {
+                break;
+            }
+            if let Some(mut g) = self.ring.pop_front() {
+                gone += g.entries.len();
+                g.entries.clear();
+                self.spare = Some(g);
+            }
+        }
+        gone
+    }
+
+    /// The generation a record at `now` goes into, opened if needed.
+    pub(crate) fn current(&mut self, now: Instant, generation: Duration) -> &mut Generation<V> {
+        let open = self
+            .ring
+            .back()
+            .is_none_or(|g| now.saturating_duration_since(g.start) >= generation);
+        if open {
+            let g = match self.spare.take() {
+                Some(mut g) => {
+                    g.start = now;
+                    g
+                }
+                None => Generation {
+                    start: now,
+                    entries: hashbrown::HashMap::with_hasher(KeyIsHash),
+                },
+            };
+            self.ring.push_back(g);
+        }
+        let last = self.ring.len() - 1;
+        &mut self.ring[last]
+    }
+
+    /// The newest record of `hash` and its generation: a request recorded
+    /// again lives in a later generation.
+    pub(crate) fn newest(&self, hash: u64) -> Option<(&Generation<V>, &V)> {
+        self.ring
+            .iter()
+            .rev()
+            .find_map(|g| g.entries.get(&hash).map(|v| (g, v)))
+    }
+}
+
+/// The keys are already foldhash hashes: used as they are.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct KeyIsHash;
+
+impl BuildHasher for KeyIsHash {
+    type Hasher = PassThrough;
+    fn build_hasher(&self) -> PassThrough {
+        PassThrough(0)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct PassThrough(u64);
+
+impl std::hash::Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are hashed; fold anything else in, to stay correct.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
