@@ -24,6 +24,7 @@ mod env;
 pub mod host_port;
 pub mod integrity;
 pub mod journal;
+pub mod space;
 pub mod strict;
 #[cfg(test)]
 mod tests;
