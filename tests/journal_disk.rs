@@ -113,10 +113,18 @@ async fn a_full_disk_pauses_the_journal_not_what_the_switch_owes() {
         );
         let _switch = switch("journal-disk", &toml, &data, listen).await;
 
+        // Each NAC its own terminals (--nac-id): the nodes' books would
+        // take a repeated terminal and STAN for the same original.
         // 1. Space enough: journaled.
-        let first = nac("journal-disk-nac1", listen, 50, ("2s", "5s"), &[])
-            .report()
-            .await;
+        let first = nac(
+            "journal-disk-nac1",
+            listen,
+            50,
+            ("2s", "5s"),
+            &["--nac-id", "1"],
+        )
+        .report()
+        .await;
         assert_exactly_once(&first);
         let sent1 = n(&first, "sent") as usize;
         while journal_rows(&data) < sent1 {
@@ -153,9 +161,15 @@ async fn a_full_disk_pauses_the_journal_not_what_the_switch_owes() {
         eprintln!("filled: {} bytes free", avail(&disk.0));
         wait_gauge(admin, "isoswitch_journal_disk_paused", 1.0).await;
 
-        let second = nac("journal-disk-nac2", listen, 50, ("2s", "5s"), &[])
-            .report()
-            .await;
+        let second = nac(
+            "journal-disk-nac2",
+            listen,
+            50,
+            ("2s", "5s"),
+            &["--nac-id", "2"],
+        )
+        .report()
+        .await;
         assert_exactly_once(&second);
         let sent2 = n(&second, "sent") as usize;
         // Every one of them reached the writer and was counted, not written.
@@ -182,17 +196,30 @@ async fn a_full_disk_pauses_the_journal_not_what_the_switch_owes() {
         // 3. Space back: the journal resumes by itself.
         std::fs::remove_file(&filler).expect("remove the filler");
         wait_gauge(admin, "isoswitch_journal_disk_paused", 0.0).await;
-        let third = nac("journal-disk-nac3", listen, 50, ("1s", "5s"), &[])
-            .report()
-            .await;
+        let third = nac(
+            "journal-disk-nac3",
+            listen,
+            50,
+            ("1s", "5s"),
+            &["--nac-id", "3"],
+        )
+        .report()
+        .await;
         assert_exactly_once(&third);
         let sent3 = n(&third, "sent") as usize;
         while journal_rows(&data) < rows1 + sent3 {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
 
-        // Every late approval was reversed, the paused phase's too.
+        // Every late approval was reversed, the paused phase's too: the
+        // last ones' reversals delivered before the nodes close their books.
         tokio::time::sleep(Duration::from_millis(1500)).await;
+        store_settles(&data, Duration::from_millis(500), |rows| {
+            rows.iter()
+                .filter(|r| r.kind == "reversal")
+                .all(|r| r.state == "delivered")
+        })
+        .await;
         let mut late_total = 0;
         for host in nodes {
             late_total += assert_reversed_exactly("node", &books(host).await);
