@@ -24,6 +24,7 @@ mod env;
 pub mod host_port;
 pub mod integrity;
 pub mod journal;
+pub mod space;
 pub mod strict;
 #[cfg(test)]
 mod tests;
@@ -232,6 +233,10 @@ pub struct CaptureConfig {
     /// ...or past this many bytes in all.
     #[serde(default = "defaults::capture_max_total_bytes")]
     pub max_total_bytes: u64,
+    /// The free space left on the directory's filesystem (none: 10%); under
+    /// it the oldest files go, then the capture pauses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_free: Option<space::SpaceLimit>,
     /// Keep PAN, track data, PIN blocks, EMV data and MACs in clear (test
     /// systems only: logged as a warning at start).
     #[serde(default)]
@@ -253,6 +258,7 @@ impl CaptureConfig {
             max_file_bytes: defaults::capture_max_file_bytes(),
             max_files: defaults::capture_max_files(),
             max_total_bytes: defaults::capture_max_total_bytes(),
+            min_free: None,
             clear: false,
             queue: defaults::capture_queue(),
         }
@@ -291,6 +297,12 @@ impl CaptureConfig {
         }
         if self.queue == 0 {
             return Err(invalid(format!("{key}.queue"), "must be at least 1"));
+        }
+        if matches!(self.min_free, Some(space::SpaceLimit::Percent(p)) if p >= 10_000) {
+            return Err(invalid(
+                format!("{key}.min_free"),
+                "must be less than 100% (the capture would never write)",
+            ));
         }
         Ok(())
     }

@@ -225,6 +225,10 @@ pub struct RotatingFiles {
     /// 4 MiB buffer per file had the kernel fault in and zero fresh huge
     /// pages, ~2.5% of the switch's samples over a rotation on a VM.
     spare: Option<Vec<u8>>,
+    /// The disk guard paused the capture (`min_free`): packets are skipped.
+    paused: bool,
+    /// Packets skipped while paused, not yet counted by the writer.
+    skipped: u64,
 }
 
 impl RotatingFiles {
@@ -264,6 +268,8 @@ impl RotatingFiles {
             body: Vec::new(),
             spare: None,
             block: Vec::new(),
+            paused: false,
+            skipped: 0,
         })
     }
 
@@ -284,7 +290,40 @@ impl RotatingFiles {
             body: Vec::new(),
             spare: None,
             block: Vec::new(),
+            paused: false,
+            skipped: 0,
         }
+    }
+
+    /// The directory the files go to (its filesystem is the one guarded).
+    pub fn directory(&self) -> &Path {
+        &self.rotation.directory
+    }
+
+    /// Deletes the oldest finished file (never the one being written);
+    /// false when there is none.
+    pub fn drop_oldest(&mut self) -> bool {
+        let Some((oldest, _)) = self.done.pop_front() else {
+            return false;
+        };
+        if let Err(e) = std::fs::remove_file(&oldest) {
+            tracing::warn!(file = %oldest.display(), error = %e, "cannot delete an old capture file");
+        }
+        true
+    }
+
+    /// Pauses (skips every packet, counted) or resumes writing.
+    pub fn set_paused(&mut self, paused: bool) {
+        self.paused = paused;
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// Packets skipped while paused since the last call.
+    pub fn take_skipped(&mut self) -> u64 {
+        std::mem::take(&mut self.skipped)
     }
 
     /// Whether the next packet goes into a new file (the caller then writes
@@ -363,6 +402,10 @@ impl RotatingFiles {
 
     /// Appends one packet to the current file.
     pub fn write(&mut self, at: SystemTime, packet: &[u8]) -> Result<(), FileError> {
+        if self.paused {
+            self.skipped += 1;
+            return Ok(());
+        }
         let Some(open) = self.current.as_mut() else {
             return Ok(());
         };

@@ -13,6 +13,7 @@
 //! - Replay: [`replay`] sends the client side of captured connections to a
 //!   target and compares the answers with the captured ones.
 
+pub mod disk;
 pub mod file;
 pub mod mask;
 pub mod peer;

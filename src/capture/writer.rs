@@ -7,6 +7,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::config::space::SpaceLimit;
 use bytes::BytesMut;
 use tokio::sync::{mpsc, watch};
 
@@ -194,6 +195,11 @@ impl Recorder {
             packet: Vec::new(),
             frames: Vec::new(),
         }
+    }
+
+    /// The files, for the disk guard.
+    pub fn rotating(&mut self) -> &mut RotatingFiles {
+        &mut self.files
     }
 
     /// Records one event.
@@ -549,9 +555,14 @@ pub async fn run(
     cfg: WriterConfig,
     rx: mpsc::Receiver<Event>,
     shutdown: watch::Receiver<bool>,
+    min_free: SpaceLimit,
 ) {
     let worker = tokio::task::spawn_blocking(move || {
-        run_blocking(&service, spec, &capture, cfg, rx, shutdown)
+        let guard = DiskGuard {
+            probe: &crate::store::disk::Statvfs,
+            min_free,
+        };
+        run_blocking(&service, spec, &capture, cfg, rx, shutdown, &guard)
     });
     if let Err(e) = worker.await
         && e.is_panic()
@@ -565,6 +576,12 @@ fn stopping(s: &watch::Receiver<bool>) -> bool {
     !matches!(s.has_changed(), Ok(false))
 }
 
+/// The capture's disk guard: its probe and `min_free` (docs/capture.md).
+struct DiskGuard<'a> {
+    probe: &'a dyn crate::store::disk::DiskProbe,
+    min_free: SpaceLimit,
+}
+
 fn run_blocking(
     service: &str,
     spec: Arc<Spec>,
@@ -572,6 +589,7 @@ fn run_blocking(
     cfg: WriterConfig,
     mut rx: mpsc::Receiver<Event>,
     shutdown: watch::Receiver<bool>,
+    guard: &DiskGuard<'_>,
 ) {
     let mut recorder = match Recorder::new(spec, &cfg) {
         Ok(r) => r,
@@ -598,8 +616,14 @@ fn run_blocking(
     let mut reported_drops = 0u64;
     let mut last_drop_log: Option<std::time::Instant> = None;
     let mut last_error_log: Option<std::time::Instant> = None;
+    let mut last_disk = std::time::Instant::now();
+    let mut last_pause_log: Option<std::time::Instant> = None;
     while !stopping(&shutdown) {
         std::thread::sleep(DRAIN_EVERY);
+        if last_disk.elapsed() >= super::disk::DISK_EVERY {
+            last_disk = std::time::Instant::now();
+            guard_disk(service, &mut recorder, guard, &mut last_pause_log);
+        }
         loop {
             match rx.try_recv() {
                 Ok(ev) => {
@@ -618,6 +642,7 @@ fn run_blocking(
                 }
             }
         }
+        capture.count_dropped(recorder.rotating().take_skipped());
         if last_flush.elapsed() >= FLUSH_EVERY {
             last_flush = std::time::Instant::now();
             if let Err(e) = recorder.flush() {
@@ -645,6 +670,56 @@ fn run_blocking(
     }
 }
 
+/// One reading of the capture directory's filesystem: old files deleted,
+/// paused or resumed, logged (while paused, at WARN at most once a minute).
+fn guard_disk(
+    service: &str,
+    recorder: &mut Recorder,
+    guard: &DiskGuard<'_>,
+    last_log: &mut Option<std::time::Instant>,
+) {
+    let every = std::time::Duration::from_secs(60);
+    let files = recorder.rotating();
+    match super::disk::keep_free(files, guard.probe, guard.min_free) {
+        Ok(step) => {
+            if step.deleted > 0 {
+                tracing::warn!(
+                    service,
+                    deleted = step.deleted,
+                    free = step.avail,
+                    min_free = step.min_free,
+                    "capture: oldest files deleted to keep min_free free"
+                );
+            }
+            let paused = files.is_paused();
+            if step.paused == Some(false) {
+                tracing::warn!(
+                    service,
+                    free = step.avail,
+                    "capture resumed: back above min_free"
+                );
+                *last_log = None;
+            } else if paused
+                && (step.paused == Some(true) || last_log.is_none_or(|t| t.elapsed() >= every))
+            {
+                *last_log = Some(std::time::Instant::now());
+                tracing::warn!(
+                    service,
+                    free = step.avail,
+                    min_free = step.min_free,
+                    "capture PAUSED: its filesystem is under min_free with no old file left to delete; copies are dropped (capture_dropped) until space returns"
+                );
+            }
+        }
+        Err(e) => {
+            if last_log.is_none_or(|t| t.elapsed() >= every) {
+                *last_log = Some(std::time::Instant::now());
+                tracing::warn!(service, error = %e, "capture: cannot read its filesystem's free space");
+            }
+        }
+    }
+}
+
 /// A capture set up for a service that has not started yet: the writer task
 /// still to spawn.
 pub struct Pending {
@@ -653,6 +728,7 @@ pub struct Pending {
     capture: Capture,
     cfg: WriterConfig,
     rx: mpsc::Receiver<Event>,
+    min_free: SpaceLimit,
 }
 
 /// The capture `config` asks for (warning when in clear), as the handle the
@@ -686,6 +762,7 @@ pub fn open(config: &ServiceConfig, spec: Arc<Spec>) -> Option<(Capture, Pending
             clear: cfg.clear,
         },
         rx,
+        min_free: cfg.min_free.unwrap_or(super::disk::DEFAULT_MIN_FREE),
     };
     Some((capture, pending))
 }
@@ -700,6 +777,7 @@ impl Pending {
             self.cfg,
             self.rx,
             shutdown,
+            self.min_free,
         )
         .await
     }

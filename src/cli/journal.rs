@@ -90,7 +90,8 @@ pub struct FilterArgs {
     /// switch-made, late, reversed, bad, duplicate, unroutable or repeat.
     #[arg(long, value_parser = |s: &str| s.parse::<OutcomeFilter>())]
     pub outcome: Option<OutcomeFilter>,
-    /// Most rows printed.
+    /// Most rows printed: 1000 by default, at most 100000 (narrow the
+    /// query with --since/--until for more).
     #[arg(long, default_value_t = DEFAULT_LIMIT)]
     pub limit: usize,
     /// Newest first.

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::space::SpaceLimit;
 use super::{ConfigError, duration, invalid};
 
 /// `[journal]`.
@@ -27,7 +28,22 @@ pub struct JournalConfig {
     /// How long the writer gathers rows before one transaction inserts them.
     #[serde(default = "defaults::batch_interval", with = "duration")]
     pub batch_interval: Duration,
+    /// The most the journal may take of the store (bytes, `"50GiB"` or
+    /// `"20%"` of the filesystem); none: the smaller of 20% of the
+    /// filesystem and 50 GiB. Past it the oldest days go, then the journal
+    /// pauses (docs/journal.md, "The disk").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_size: Option<SpaceLimit>,
+    /// The free space the journal leaves on the store's filesystem for what
+    /// the switch owes (SAF); none: 10% of the filesystem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_free: Option<SpaceLimit>,
 }
+
+/// Past either, 50 GiB or 20% of the filesystem, the journal gives way.
+pub const DEFAULT_MAX_SIZE_BYTES: u64 = 50 << 30;
+pub const DEFAULT_MAX_SIZE_SHARE: SpaceLimit = SpaceLimit::Percent(2000);
+pub const DEFAULT_MIN_FREE: SpaceLimit = SpaceLimit::Percent(1000);
 
 mod defaults {
     use std::time::Duration;
@@ -59,11 +75,28 @@ impl Default for JournalConfig {
             retain: defaults::retain(),
             queue: defaults::queue(),
             batch_interval: defaults::batch_interval(),
+            max_size: None,
+            min_free: None,
         }
     }
 }
 
 impl JournalConfig {
+    /// `max_size` in bytes on a filesystem of `total` bytes.
+    pub fn max_size_bytes(&self, total: u64) -> u64 {
+        match self.max_size {
+            Some(limit) => limit.bytes(total),
+            None => DEFAULT_MAX_SIZE_SHARE
+                .bytes(total)
+                .min(DEFAULT_MAX_SIZE_BYTES),
+        }
+    }
+
+    /// `min_free` in bytes on a filesystem of `total` bytes.
+    pub fn min_free_bytes(&self, total: u64) -> u64 {
+        self.min_free.unwrap_or(DEFAULT_MIN_FREE).bytes(total)
+    }
+
     /// Ranges serde cannot check; errors name the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.queue == 0 {
@@ -71,6 +104,21 @@ impl JournalConfig {
         }
         if self.retain < Duration::from_secs(3600) {
             return Err(invalid("journal.retain", "must be at least 1h"));
+        }
+        if matches!(
+            self.max_size,
+            Some(SpaceLimit::Bytes(0) | SpaceLimit::Percent(0))
+        ) {
+            return Err(invalid(
+                "journal.max_size",
+                "must be more than 0 (enabled = false turns the journal off)",
+            ));
+        }
+        if matches!(self.min_free, Some(SpaceLimit::Percent(p)) if p >= 10_000) {
+            return Err(invalid(
+                "journal.min_free",
+                "must be less than 100% (the journal would never write)",
+            ));
         }
         if self.batch_interval.is_zero() || self.batch_interval > Duration::from_secs(1) {
             return Err(invalid(
@@ -105,5 +153,23 @@ mod tests {
                 .contains("journal.retain")
         );
         assert!(toml::from_str::<JournalConfig>("retention = \"1d\"").is_err());
+        // Space: the defaults, then as written.
+        let gib = 1u64 << 30;
+        assert_eq!(cfg.max_size_bytes(100 * gib), 20 * gib);
+        assert_eq!(cfg.max_size_bytes(1000 * gib), 50 * gib);
+        assert_eq!(cfg.min_free_bytes(100 * gib), 10 * gib);
+        let cfg: JournalConfig =
+            toml::from_str("max_size = \"5%\"\nmin_free = 1048576").expect("space");
+        assert_eq!(cfg.max_size_bytes(100 * gib), 5 * gib);
+        assert_eq!(cfg.min_free_bytes(100 * gib), 1 << 20);
+        for (text, key) in [
+            ("max_size = 0", "journal.max_size"),
+            ("min_free = \"100%\"", "journal.min_free"),
+        ] {
+            let bad: JournalConfig = toml::from_str(text).expect(text);
+            let e = bad.validate().unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
+        assert!(toml::from_str::<JournalConfig>("max_size = \"lots\"").is_err());
     }
 }

@@ -15,13 +15,14 @@
 //! reads a fixed list of fields and nothing else.
 
 pub mod chart;
+pub mod guard;
 pub mod params;
 pub mod report;
 pub mod row;
 pub mod writer;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -185,8 +186,13 @@ pub struct JournalCounters {
     pub admin_written: AtomicU64,
     /// Rows lost to a failed insert (the store refused the batch).
     pub failed: AtomicU64,
-    /// Rows deleted by retention.
+    /// Rows deleted by retention, and by the disk guard (its oldest days).
     pub purged: AtomicU64,
+    /// The disk guard paused the journal: past `journal.max_size` or
+    /// `journal.min_free` with only today's rows left ([`guard`]).
+    pub paused: AtomicBool,
+    /// Entries not written because the journal was paused: lost.
+    pub paused_rows: AtomicU64,
     /// Today's exceptions (rows whose outcome is not `answered`), by
     /// outcome, as this instance wrote them: the status page's counts.
     pub today: std::sync::Mutex<Today>,

@@ -56,7 +56,14 @@ pub fn table(rows: &[JournalRow]) -> String {
                 r.link.clone(),
                 r.mti.clone(),
                 opt(&r.f11).to_string(),
-                opt(&r.f37_in).to_string(),
+                // As received; as sent when none came (the switch's stamp,
+                // a node's own request).
+                opt(if r.f37_in.is_some() {
+                    &r.f37_in
+                } else {
+                    &r.f37_out
+                })
+                .to_string(),
                 opt(&r.f41).to_string(),
                 opt(&r.pan).to_string(),
                 opt(&r.f4).to_string(),
@@ -201,8 +208,9 @@ pub fn report_table(r: &Report) -> String {
         "switch-made by reason",
         "late",
         "reversals",
-        "p50 ms",
-        "p99 ms",
+        "answered p50 ms",
+        "answered p99 ms",
+        "all p99 ms",
     ];
     let ms = |v: Option<u64>| v.map_or("-".into(), |us| format!("{:.1}", us as f64 / 1000.0));
     let lines: Vec<Vec<String>> = r
@@ -221,11 +229,39 @@ pub fn report_table(r: &Report) -> String {
                 counts(&g.by_reason),
                 g.late.total.to_string(),
                 rev,
-                ms(g.p50_us),
+                ms(g.answered_p50_us),
+                ms(g.answered_p99_us),
                 ms(g.p99_us),
             ]
         })
         .collect();
     out.push_str(&align(&head, &lines));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The people's table shows F37 as received, else as sent (a node's
+    /// own request, or the switch's stamp on a request that came without).
+    #[test]
+    fn the_table_shows_f37_as_sent_when_none_came() {
+        let row = |f37_in: Option<&str>, f37_out: Option<&str>| JournalRow {
+            service: "pos".into(),
+            mti: "0200".into(),
+            f37_in: f37_in.map(str::to_string),
+            f37_out: f37_out.map(str::to_string),
+            answered_by: "node".into(),
+            outcome: "answered".into(),
+            ..JournalRow::default()
+        };
+        let t = table(&[
+            row(None, Some("S12345678901")),
+            row(Some("433812000123"), Some("433812000199")),
+        ]);
+        assert!(t.contains("S12345678901"), "{t}");
+        assert!(t.contains("433812000123"), "{t}");
+        assert!(!t.contains("433812000199"), "as received wins: {t}");
+    }
 }

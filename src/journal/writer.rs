@@ -97,6 +97,13 @@ impl WriterTask {
         if n_rows + n_admin == 0 {
             return;
         }
+        // The disk guard paused the journal: the disk is kept for SAF.
+        if self.counters.paused.load(Ordering::Relaxed) {
+            self.counters
+                .paused_rows
+                .fetch_add(n_rows + n_admin, Ordering::Relaxed);
+            return;
+        }
         let outcomes: Vec<(i64, String)> = rows
             .iter()
             .filter(|r| r.outcome.text() != "answered")

@@ -687,8 +687,13 @@ fn encode_journal(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fm
         ),
         one(
             "isoswitch_journal_purged",
-            "Rows deleted by retention (journal.retain): journal, admin log and completed SAF records.",
+            "Rows deleted by retention (journal.retain) and by the disk guard (the oldest days, past journal.max_size or journal.min_free): journal and admin log.",
             &c.purged,
+        ),
+        one(
+            "isoswitch_journal_paused",
+            "Journal rows not written because the disk guard had paused the journal (past journal.max_size or journal.min_free with only today's rows left): lost to the journal, while SAF keeps writing.",
+            &c.paused_rows,
         ),
     ] {
         encode_counters(enc, &f)?;
@@ -698,7 +703,20 @@ fn encode_journal(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fm
         "Journal rows waiting for the writer, out of journal.queue.",
     );
     depth.samples.push((Vec::new(), j.queued() as f64));
-    encode_gauges(enc, &depth)
+    encode_gauges(enc, &depth)?;
+    let mut paused = gauge(
+        "isoswitch_journal_disk_paused",
+        "1 while the disk guard pauses the journal (past journal.max_size or journal.min_free); it resumes by itself when space returns.",
+    );
+    paused.samples.push((
+        Vec::new(),
+        if c.paused.load(Ordering::Relaxed) {
+            1.0
+        } else {
+            0.0
+        },
+    ));
+    encode_gauges(enc, &paused)
 }
 
 /// The gauges of what the queue owes, from `sample`.

@@ -93,11 +93,23 @@ fn journal_table(h: &mut String, status: &Status, latest: &[JournalRow]) {
     let _ = write!(
         h,
         "<h2>journal</h2><p>{} rows written, {} admin, {} dropped (queue full), {} failed, \
-         {} purged; queue {}/{}</p><p>today's exceptions (UTC, this instance): {today}</p>\
+         {} purged, {} not written while paused{}; queue {}/{}</p><p>today's exceptions (UTC, this instance): {today}</p>\
          <table><tr><th>time in</th><th>service</th><th>node</th>\
          <th>MTI</th><th>F11</th><th>F41</th><th>PAN</th><th>F4</th><th>F39</th><th>by</th>\
          <th>outcome</th><th>reason</th></tr>",
-        j.written, j.admin_written, j.dropped, j.failed, j.purged, j.queued, j.queue
+        j.written,
+        j.admin_written,
+        j.dropped,
+        j.failed,
+        j.purged,
+        j.paused_rows,
+        if j.paused {
+            " (PAUSED by the disk guard: journal.max_size or journal.min_free)"
+        } else {
+            ""
+        },
+        j.queued,
+        j.queue
     );
     let o = |v: &Option<String>| esc(v.as_deref().unwrap_or("-"));
     for r in latest {

@@ -428,6 +428,7 @@ fn start_journal(
     supervisor.spawn_critical("journal".into(), supervisor.token(), move || {
         task.clone().run()
     });
+    let guarded = store.clone();
     let (store, retain, counters, stop) = (
         store.clone(),
         cfg.retain,
@@ -437,6 +438,22 @@ fn start_journal(
     supervisor.spawn_critical("journal-retention".into(), supervisor.token(), move || {
         retain_forever(store.clone(), retain, Arc::clone(&counters), stop.clone())
     });
+    // The disk guard, where the store is a file on this host's disk (a
+    // PostgreSQL server's disk is its own: docs/journal.md, "The disk").
+    if let crate::store::Location::Sqlite(path) = guarded.location() {
+        let guard = crate::journal::guard::Guard {
+            store: guarded.clone(),
+            path: path.clone(),
+            probe: Arc::new(crate::store::disk::Statvfs),
+            cfg: cfg.clone(),
+            counters: Arc::clone(&journal.counters),
+            every: crate::journal::guard::GUARD_EVERY,
+            stop: supervisor.token(),
+        };
+        supervisor.spawn_critical("journal-disk-guard".into(), supervisor.token(), move || {
+            guard.clone().run()
+        });
+    }
     journal
 }
 

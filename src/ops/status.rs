@@ -39,6 +39,12 @@ pub struct JournalStatus {
     /// Rows lost to a failed insert.
     pub failed: u64,
     pub purged: u64,
+    /// The disk guard has paused the journal (docs/journal.md, "The disk").
+    #[serde(default)]
+    pub paused: bool,
+    /// Rows not written while it was paused.
+    #[serde(default)]
+    pub paused_rows: u64,
     pub queued: usize,
     pub queue: usize,
     /// Today's exceptions (UTC) this instance journaled, by outcome.
@@ -56,6 +62,8 @@ fn journal_status(switch: &SwitchHandle) -> Option<JournalStatus> {
         dropped: get(&c.dropped),
         failed: get(&c.failed),
         purged: get(&c.purged),
+        paused: c.paused.load(Ordering::Relaxed),
+        paused_rows: get(&c.paused_rows),
         queued: j.queued(),
         queue: j.capacity(),
         today: c.today(crate::journal::now_millis()),

@@ -37,8 +37,13 @@ pub struct ReportGroup {
     /// Switch-made answers (and unanswered requests) by reason.
     pub by_reason: BTreeMap<String, u64>,
     pub late: LateSummary,
+    /// Every exchange in time (switch-made answers included).
     pub p50_us: Option<u64>,
     pub p99_us: Option<u64>,
+    /// The exchanges a node (or the peer) answered in time: a deadline the
+    /// switch answered for is not the nodes' latency.
+    pub answered_p50_us: Option<u64>,
+    pub answered_p99_us: Option<u64>,
 }
 
 /// Late answers and what became of their reversals.
@@ -54,7 +59,35 @@ pub struct LateSummary {
 }
 
 /// A group as it accumulates: its counts and its latencies.
-type Building = (ReportGroup, Option<hdrhistogram::Histogram<u64>>);
+type Building = (ReportGroup, Latencies);
+
+/// Every exchange's latency, and the node-answered ones'.
+struct Latencies {
+    all: Option<hdrhistogram::Histogram<u64>>,
+    answered: Option<hdrhistogram::Histogram<u64>>,
+}
+
+impl Latencies {
+    fn new() -> Latencies {
+        // 1 us to 1 h, 3 significant digits.
+        let h = || hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).ok();
+        Latencies {
+            all: h(),
+            answered: h(),
+        }
+    }
+}
+
+/// p50 and p99 of a histogram that has values.
+fn quantiles(h: Option<hdrhistogram::Histogram<u64>>) -> (Option<u64>, Option<u64>) {
+    match h.filter(|h| !h.is_empty()) {
+        Some(h) => (
+            Some(h.value_at_quantile(0.50)),
+            Some(h.value_at_quantile(0.99)),
+        ),
+        None => (None, None),
+    }
+}
 
 /// Accumulates [`ReportInput`] rows.
 pub struct ReportBuilder {
@@ -103,11 +136,7 @@ impl ReportBuilder {
                     node,
                     ..ReportGroup::default()
                 };
-                // 1 us to 1 h, 3 significant digits.
-                (
-                    group,
-                    hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).ok(),
-                )
+                (group, Latencies::new())
             });
         g.exchanges += 1;
         *g.by_outcome.entry(row.outcome.clone()).or_default() += 1;
@@ -124,10 +153,19 @@ impl ReportBuilder {
                 (None, _) => g.late.not_reversed += 1,
             }
         }
-        if let (Some(h), Some(us)) = (hist.as_mut(), row.latency_us)
+        if let Some(us) = row.latency_us
             && !row.late
         {
-            let _ = h.record(u64::try_from(us).unwrap_or(0).max(1));
+            let us = u64::try_from(us).unwrap_or(0).max(1);
+            if let Some(h) = hist.all.as_mut() {
+                let _ = h.record(us);
+            }
+            // `answered`: a node's (or the peer's) answer in time.
+            if row.outcome == "answered"
+                && let Some(h) = hist.answered.as_mut()
+            {
+                let _ = h.record(us);
+            }
         }
     }
 
@@ -136,10 +174,8 @@ impl ReportBuilder {
             .groups
             .into_values()
             .map(|(mut g, h)| {
-                if let Some(h) = h.filter(|h| !h.is_empty()) {
-                    g.p50_us = Some(h.value_at_quantile(0.50));
-                    g.p99_us = Some(h.value_at_quantile(0.99));
-                }
+                (g.p50_us, g.p99_us) = quantiles(h.all);
+                (g.answered_p50_us, g.answered_p99_us) = quantiles(h.answered);
                 g
             })
             .collect();
@@ -185,6 +221,28 @@ mod tests {
         assert_eq!(g.by_reason["timeout"], 1);
         assert_eq!(g.late.reversals["delivered"], 1);
         assert!(g.p50_us.is_some_and(|p| (995..=1005).contains(&p)));
+    }
+
+    /// A node answers in 10 ms; the switch declines a share at its 1 s
+    /// deadline: the answers' p99 is the node's, not the deadline.
+    #[test]
+    fn the_answers_latency_leaves_out_the_switchs_own() {
+        let mut b = ReportBuilder::new(0, 10);
+        for i in 0..100 {
+            let mut row = if i % 10 == 0 {
+                input(Some("01"), "switch-made", Some("timeout"), false)
+            } else {
+                input(Some("01"), "answered", None, false)
+            };
+            row.latency_us = Some(if i % 10 == 0 { 1_000_000 } else { 10_000 });
+            b.add(row);
+        }
+        let r = b.finish();
+        let g = &r.groups[0];
+        let near = |v: Option<u64>, want: u64| v.is_some_and(|p| p.abs_diff(want) <= want / 100);
+        assert!(near(g.answered_p50_us, 10_000), "{g:?}");
+        assert!(near(g.answered_p99_us, 10_000), "{g:?}");
+        assert!(near(g.p99_us, 1_000_000), "every exchange: {g:?}");
     }
 
     #[test]

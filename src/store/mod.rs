@@ -16,6 +16,7 @@
 //! dropped. See docs/store.md.
 
 pub mod config;
+pub mod disk;
 pub mod error;
 pub mod journal;
 mod journal_new;
@@ -498,6 +499,15 @@ impl Store {
         match self.handle.call(Op::JournalPurge { before, limit }).await? {
             Outcome::Changed(n) => Ok(n),
             other => Err(mismatch("journal_purge", &other)),
+        }
+    }
+
+    /// What the journal takes of the store (the disk guard's reading, on
+    /// the store's own writer: never the message path's).
+    pub async fn journal_space(&self) -> Result<disk::JournalSpace, StoreError> {
+        match self.handle.call(Op::JournalSpace).await? {
+            Outcome::Space(s) => Ok(s),
+            other => Err(mismatch("journal_space", &other)),
         }
     }
 

@@ -129,6 +129,40 @@ pub(super) fn purge(
     Ok(Ok(Outcome::Changed(n)))
 }
 
+/// The journal's share of the file: the pages in use less those of every
+/// other b-tree (SAF, meta: `dbstat` walks only the b-tree it is asked for,
+/// and those are small while SAF is healthy), and the file's free pages.
+pub(super) fn space(tx: &Transaction<'_>) -> rusqlite::Result<Answer> {
+    let pragma = |name: &str| -> rusqlite::Result<u64> {
+        let n: i64 = tx.query_row(&format!("PRAGMA {name}"), [], |r| r.get(0))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    };
+    let page = pragma("page_size")?;
+    let in_use = pragma("page_count")?.saturating_sub(pragma("freelist_count")?);
+    let others: Vec<String> = tx
+        .prepare_cached(
+            "SELECT name FROM sqlite_schema WHERE rootpage > 0 \
+             AND tbl_name NOT IN ('journal', 'journal_part', 'admin_log')",
+        )?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    // Page 1, the schema, is nobody's in particular.
+    let mut other_bytes = page;
+    let mut st = tx.prepare_cached(
+        "SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name = ?1 AND aggregate = 1",
+    )?;
+    for name in &others {
+        let n: i64 = st.query_row(params![name], |r| r.get(0))?;
+        other_bytes += u64::try_from(n).unwrap_or(0);
+    }
+    let oldest: Option<i64> = tx.query_row("SELECT min(t_in) FROM journal", [], |r| r.get(0))?;
+    Ok(Ok(Outcome::Space(crate::store::disk::JournalSpace {
+        used: (in_use * page).saturating_sub(other_bytes),
+        reusable: pragma("freelist_count")? * page,
+        oldest,
+    })))
+}
+
 pub(super) fn report(
     tx: &Transaction<'_>,
     since: UnixMillis,

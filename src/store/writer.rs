@@ -100,6 +100,8 @@ pub(crate) enum Op {
         since: UnixMillis,
         until: UnixMillis,
     },
+    /// What the journal takes of the store, for the disk guard.
+    JournalSpace,
     /// Entries that keep a payload (pending and dead ones), ascending from
     /// after `after`, at most `limit`: what `store rekey` walks.
     SafPayloads {
@@ -143,6 +145,7 @@ pub(crate) enum Outcome {
     JournalRows(Vec<JournalRow>),
     AdminRows(Vec<AdminRow>),
     Report(Box<Report>),
+    Space(super::disk::JournalSpace),
     Payloads(Vec<StoredPayload>),
 }
 
@@ -169,6 +172,7 @@ impl Op {
                 | Op::JournalQuery(_)
                 | Op::AdminQuery { .. }
                 | Op::JournalReport { .. }
+                | Op::JournalSpace
                 | Op::SafPayloads { .. }
         )
     }

@@ -214,6 +214,25 @@ pub(super) async fn purge(
     Ok(Ok(Outcome::Changed(n)))
 }
 
+/// The journal's tables and indexes on the server, as PostgreSQL counts
+/// them (a deleted row's space is reused, not returned: `reusable` is not
+/// known here and stays 0).
+pub(super) async fn space(tx: &Transaction<'_>) -> PgResult<Answer> {
+    let row = tx
+        .query_one(
+            "SELECT (pg_total_relation_size('journal') + pg_total_relation_size('admin_log'))::BIGINT, \
+             (SELECT min(t_in) FROM journal)",
+            &[],
+        )
+        .await?;
+    let used: i64 = row.try_get(0)?;
+    Ok(Ok(Outcome::Space(crate::store::disk::JournalSpace {
+        used: u64::try_from(used).unwrap_or(0),
+        reusable: 0,
+        oldest: row.try_get(1)?,
+    })))
+}
+
 pub(super) async fn report(
     tx: &Transaction<'_>,
     since: UnixMillis,
