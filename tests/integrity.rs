@@ -911,3 +911,38 @@ async fn a_terminal_reversal_goes_to_the_node_of_its_purchase() {
     })
     .await;
 }
+
+/// A terminal gone before its approval: the client sends a purchase and
+/// closes at once; the host approves it in time, and the switch has no one
+/// to give it to. The approval is reversed at that host, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_whose_terminal_is_gone_is_reversed_once() {
+    use tokio::io::AsyncWriteExt;
+    within(Duration::from_secs(60), async {
+        let addr = free_addr();
+        let host = node("cup-pos", "01", addr, "600ms", &[]).await;
+        let listen = free_addr();
+        let data = data_dir("gone-switch");
+        let toml = pos_toml(listen, &[addr], "300ms", "")
+            .replace("\"02x0\" = \"500ms\"", "\"02x0\" = \"10s\"");
+        let _switch = switch("gone-switch", &toml, &data, listen).await;
+        let mut s = tokio::net::TcpStream::connect(listen)
+            .await
+            .expect("connect");
+        let purchase = pos_request("0200", "000901", "000000");
+        s.write_all(&framed(&purchase)).await.expect("write");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(s);
+        let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
+            count(rows, "reversal", "delivered") == 1
+        })
+        .await;
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].f11.as_deref(), Some("000901"), "{rows:?}");
+        let r = books(host).await;
+        eprintln!("node: {r}");
+        assert_eq!(sub(&r, "reversals", "chains"), 1, "{r}");
+        assert_eq!(sub(&r, "reversals", "duplicate_chains"), 0, "{r}");
+    })
+    .await;
+}

@@ -122,6 +122,9 @@ struct Direct {
     senders: AtomicUsize,
     /// The writer task has ended (returned or dropped): nothing goes out.
     ended: AtomicBool,
+    /// The peer closed its sending side: what is written now may never be
+    /// read (see [`LinkTx::peer_closed`]).
+    peer_closed: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -216,6 +219,38 @@ impl LinkTx {
         match &self.0 {
             Route::Queue(tx) => tx.try_send(item),
             Route::Direct(d) => d.send(item),
+        }
+    }
+
+    /// The peer closed its sending side (its reader saw the end of the
+    /// stream). It may still read (a half-close), or be gone: an answer
+    /// written now is checked afterwards with [`LinkTx::peer_reset`].
+    pub fn mark_peer_closed(&self) {
+        if let Route::Direct(d) = &self.0 {
+            d.peer_closed.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether the peer has closed its sending side (plain links only: a
+    /// TLS or tapped link's socket is its writer's alone).
+    pub fn peer_closed(&self) -> bool {
+        match &self.0 {
+            Route::Direct(d) => d.peer_closed.load(Ordering::Acquire),
+            Route::Queue(_) => false,
+        }
+    }
+
+    /// Whether the peer reset the connection: a peer that closed the
+    /// socket whole answers what is written to it with a reset, one that
+    /// only shut its sending side down takes it. Read from the socket's
+    /// pending error; `false` when there is none (or no socket to ask).
+    pub fn peer_reset(&self) -> bool {
+        match &self.0 {
+            Route::Direct(d) => {
+                let sock: &tokio::net::TcpStream = d.sock.as_ref();
+                d.lock().failed.is_some() || matches!(sock.take_error(), Ok(Some(_)))
+            }
+            Route::Queue(_) => false,
         }
     }
 
@@ -395,6 +430,7 @@ fn direct_link(
         capacity: queue.max(1),
         senders: AtomicUsize::new(1),
         ended: AtomicBool::new(false),
+        peer_closed: AtomicBool::new(false),
     });
     (LinkTx(Route::Direct(Arc::clone(&direct))), direct)
 }

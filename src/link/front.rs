@@ -347,6 +347,11 @@ async fn serve_client(
     };
     direct::flush_corked();
     drop(frames);
+    if matches!(why, Ended::HalfClosed) {
+        // Answers still owed go out, but may never be read: each approval
+        // among them is checked for a reset afterwards (Service::deliver).
+        client.tx.mark_peer_closed();
+    }
     // The writer ends once every queue handle is gone: ours, and the one each
     // request in flight holds until it is answered or declined.
     drop(client);

@@ -837,10 +837,22 @@ impl Service {
         let patch = self.router.response_tpdu_patch(&request);
         let out = Outbound::Message(response.payload().clone(), patch);
         let delivered = tx.try_send(out).is_ok();
+        // Written to a client that closed its sending side: read only if it
+        // is still there (a half-close); checked for a reset shortly.
+        let uncertain = delivered && tx.peer_closed();
         if !delivered {
             owed::undelivered(self, key, (node, &request), response, now);
+        } else if uncertain {
+            owed::delivered_uncertain(self, key, (node, &request), response, tx, now);
         }
-        self.answer_same(key, same, &request, response.payload(), delivered, now);
+        self.answer_same(
+            key,
+            same,
+            &request,
+            response.payload(),
+            delivered && !uncertain,
+            now,
+        );
         if !delivered && self.undeliverable(now) {
             tracing::warn!(
                 service = self.name(),
@@ -1032,6 +1044,7 @@ impl Service {
 
     /// Declines every request whose deadline has passed. Returns how many.
     pub fn expire(&self, now: Instant, scratch: &mut Vec<(CorrelationKey, Pending)>) -> usize {
+        owed::check_uncertain(self, now);
         scratch.clear();
         self.in_flight.expire(now, scratch);
         let n = scratch.len();

@@ -43,6 +43,9 @@ pub struct SwitchMade {
     pub repeats: RepeatBook,
     /// What each request was answered, for its duplicates.
     pub duplicates: DuplicateBook,
+    /// Approvals written to clients that had closed their sending side,
+    /// waiting to be checked for the client's reset.
+    pub(super) uncertain: std::sync::Mutex<Vec<super::owed::Uncertain>>,
     /// Where what the switch owes goes; none without a store.
     saf: OnceLock<SafOutbox>,
     pub counters: std::sync::Arc<IntegrityCounters>,
@@ -112,6 +115,9 @@ pub struct IntegrityCounters {
     /// Repeats (0201) of an original the switch reversed: declined by the
     /// switch, never relayed.
     pub repeats_of_reversed: AtomicU64,
+    /// Approvals written to closing clients that could not be checked for
+    /// a reset (too many waiting): neither confirmed nor reversed.
+    pub uncertain_unchecked: AtomicU64,
     /// Duplicates of an answered request given its first answer again.
     pub duplicates_replayed: AtomicU64,
     /// Duplicates declined 94 (`duplicates = "decline"`, an answer the
@@ -187,6 +193,7 @@ impl SwitchMade {
             approval_codes,
             saf_answers,
             link_f70,
+            uncertain: std::sync::Mutex::default(),
             saf: OnceLock::new(),
             counters: std::sync::Arc::default(),
         })

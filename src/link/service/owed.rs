@@ -162,6 +162,82 @@ pub(super) fn undelivered(
     svc.made.late.record(*key, entry.with_timeout_reversal());
 }
 
+/// How long after an approval was written to a client that had closed its
+/// sending side the switch looks for the client's reset: a client that
+/// closed the socket whole answers the write with one within a round trip.
+pub(super) const RESET_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Approvals waiting for their check at most; past it one is not checked
+/// (counted as unchecked).
+const UNCERTAIN_MAX: usize = 10_000;
+
+/// An approval written to a client whose reader had seen the end of its
+/// stream, to check for the client's reset at `due`.
+pub struct Uncertain {
+    due: Instant,
+    key: CorrelationKey,
+    node: usize,
+    request: Bytes,
+    response: Bytes,
+    tx: crate::link::direct::LinkTx,
+}
+
+/// The node approved in time and the answer was written, but to a client
+/// that had closed its sending side: if it closed the socket whole, the
+/// approval was never read. Checked at [`RESET_WAIT`] by
+/// [`check_uncertain`]; reversed then as [`undelivered`] if the client
+/// reset the connection.
+pub(super) fn delivered_uncertain(
+    svc: &Service,
+    key: &CorrelationKey,
+    (node, request): (usize, &Bytes),
+    response: &Message<'_>,
+    tx: crate::link::direct::LinkTx,
+    now: Instant,
+) {
+    if !integrity::approves(response, &svc.made.approval_codes) {
+        return;
+    }
+    let mut waiting = svc.made.uncertain.lock().unwrap_or_else(|p| p.into_inner());
+    if waiting.len() >= UNCERTAIN_MAX {
+        svc.made
+            .counters
+            .uncertain_unchecked
+            .fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    waiting.push(Uncertain {
+        due: now + RESET_WAIT,
+        key: *key,
+        node,
+        request: request.clone(),
+        response: response.payload().clone(),
+        tx,
+    });
+}
+
+/// The approvals written to closing clients whose check is due: each one
+/// whose client reset the connection is reversed as undelivered.
+pub(super) fn check_uncertain(svc: &Service, now: Instant) {
+    let due: Vec<Uncertain> = {
+        let mut waiting = svc.made.uncertain.lock().unwrap_or_else(|p| p.into_inner());
+        if waiting.is_empty() {
+            return;
+        }
+        let (due, later) = waiting.drain(..).partition(|u| u.due <= now);
+        *waiting = later;
+        due
+    };
+    for u in due {
+        if !u.tx.peer_reset() {
+            continue;
+        }
+        if let Ok(response) = Message::parse(svc.spec(), u.response) {
+            undelivered(svc, &u.key, (u.node, &u.request), &response, now);
+        }
+    }
+}
+
 /// `request` from a client as node `node` got it: with the F37 stamp the
 /// switch wrote, if any.
 fn stamped(svc: &Service, request: &Bytes, node: usize) -> Bytes {

@@ -78,6 +78,13 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
         ),
         (
             counter(
+                "isoswitch_uncertain_approvals_unchecked",
+                "Approvals written to clients that had closed their sending side but not checked for the client's reset (over 10,000 waiting): neither confirmed read nor reversed; reconcile them from the journal.",
+            ),
+            |c| &c.uncertain_unchecked,
+        ),
+        (
+            counter(
                 "isoswitch_switch_made_withheld",
                 "Answers the switch would have made itself but did not send (integrity.switch_made = \"silent\").",
             ),
