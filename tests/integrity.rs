@@ -946,3 +946,46 @@ async fn an_approval_whose_terminal_is_gone_is_reversed_once() {
     })
     .await;
 }
+
+/// A partial approval (F39 10, half the amount, the host's own F38) that
+/// comes late is reversed by what it approved: the timeout reversal, stored
+/// when the switch declined and not yet taken by the host (its first 0420
+/// left unanswered), is completed with the approval's F38 and amount, and
+/// its 0421 names them. The host's books judge by their own reading.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_partial_approval_is_reversed_by_its_f38_and_amount() {
+    within(Duration::from_secs(60), async {
+        let addr = free_addr();
+        let extra = [
+            "--late-share",
+            "1",
+            "--late-by",
+            "1s",
+            "--partial",
+            "--ignore-reversals",
+            "1",
+        ];
+        let host = node("cup-pos", "01", addr, "0ms", &extra).await;
+        let listen = free_addr();
+        let data = data_dir("partial-switch");
+        let toml = pos_toml(listen, &[addr], "2s", "");
+        let _switch = switch("partial-switch", &toml, &data, listen).await;
+        let mut s = tokio::net::TcpStream::connect(listen)
+            .await
+            .expect("connect");
+        let purchase = pos_request("0200", "000921", "000000");
+        let answer = ask(&mut s, &purchase, Duration::from_secs(5)).await;
+        assert_eq!(answer, Some(("0210".into(), "68".into())));
+        let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
+            count(rows, "reversal", "delivered") == 1
+        })
+        .await;
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        let r = books(host).await;
+        eprintln!("node: {r}");
+        assert_eq!(sub(&r, "reversals", "chains"), 1, "{r}");
+        assert_eq!(sub(&r, "reversals", "named_approval"), 1, "{r}");
+        assert_eq!(sub(&r, "reversals", "misnamed_approval"), 0, "{r}");
+    })
+    .await;
+}

@@ -51,6 +51,11 @@ pub enum SimCommand {
         /// the switch's timeout).
         #[arg(long, default_value = "0s", value_parser = crate::util::duration::parse)]
         late_by: Duration,
+        /// Approve partially: F39 10, half the amount asked in F4, an F38
+        /// of the node's own; each late one is recorded, and its reversal
+        /// must name that F38 and the amount approved.
+        #[arg(long)]
+        partial: bool,
         /// Leave the first N reversal messages of each chain unanswered, so
         /// the switch repeats them as 0421.
         #[arg(long, default_value_t = 0)]
@@ -204,6 +209,7 @@ pub fn run(sim: SimCommand) -> ExitCode {
             originate_after,
             late_share,
             late_by,
+            partial,
             ignore_reversals,
             reversal_answers,
             key_request_every,
@@ -244,6 +250,7 @@ pub fn run(sim: SimCommand) -> ExitCode {
                     share: late_share,
                     by: late_by,
                 }),
+                partial,
                 ignore_reversals,
                 reversal_answers,
                 key_requests: key_request_every.map(|every| crate::sim::node::KeyRequests {

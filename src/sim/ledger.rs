@@ -114,6 +114,21 @@ pub struct ReversalReport {
     pub unanswered_never_reversed: u64,
     /// Late approvals or chains past [`MAX_TRACKED`], not remembered.
     pub untracked: u64,
+    /// Reversal messages answered for a partial approval that name it: its
+    /// F38, and the amount approved (F95's first 12 digits where the
+    /// reversal carries F95, else F4).
+    pub named_approval: u64,
+    /// ...that do not: another F38 or none, or the amount asked.
+    pub misnamed_approval: u64,
+}
+
+/// What a peer approved of a transaction, as its reversal must name it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Approval {
+    /// F38, the approval code.
+    pub f38: String,
+    /// The amount approved, 12 digits.
+    pub amount: String,
 }
 
 /// What a peer does with a reversal message ([`ReversalBook::take`]).
@@ -141,6 +156,8 @@ struct Reversals {
     unanswered: HashSet<OriginalKey>,
     /// Reversal messages seen per original.
     chains: HashMap<OriginalKey, u32>,
+    /// What was approved of the partial approvals sent late.
+    approvals: HashMap<OriginalKey, Approval>,
     counts: ReversalReport,
 }
 
@@ -160,6 +177,15 @@ impl ReversalBook {
             b.late.insert(original);
         } else {
             b.counts.untracked += 1;
+        }
+    }
+
+    /// What a late approval of `original` approved (a partial one): its
+    /// reversal must say so.
+    pub fn approved_as(&self, original: OriginalKey, approval: Approval) {
+        let mut b = lock(&self.inner);
+        if b.approvals.len() < MAX_TRACKED {
+            b.approvals.insert(original, approval);
         }
     }
 
@@ -213,12 +239,37 @@ impl ReversalBook {
             self.unreadable();
             return Taken::Unreadable;
         };
-        let place = self.reversal(original, msg.mti().is_repeat());
+        let place = self.reversal(original.clone(), msg.mti().is_repeat());
         if place <= ignore {
             self.ignored();
             return Taken::Ignored;
         }
+        self.check_approval(&original, msg);
         Taken::Answer(place - ignore)
+    }
+
+    /// Whether a reversal of a partial approval names what was approved,
+    /// by this peer's reading: F38, and F95's amount if it has F95, else F4.
+    fn check_approval(&self, original: &OriginalKey, msg: &crate::iso8583::Message<'_>) {
+        let text = |id| -> Option<String> {
+            let f = msg.field(id).ok()??;
+            Some(f.logical().map(char::from).collect())
+        };
+        let mut b = lock(&self.inner);
+        let Some(approval) = b.approvals.get(original) else {
+            return;
+        };
+        let amount = match text(95) {
+            Some(f95) => f95.get(..12).map(str::to_owned),
+            None => text(4),
+        };
+        let named = text(38).as_deref() == Some(approval.f38.as_str())
+            && amount.as_deref() == Some(approval.amount.as_str());
+        if named {
+            b.counts.named_approval += 1;
+        } else {
+            b.counts.misnamed_approval += 1;
+        }
     }
 
     /// A reversal whose F90 names no original.

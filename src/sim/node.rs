@@ -121,6 +121,9 @@ impl NodeSimConfig {
 pub struct Finance {
     /// A share of approvals answered late, each recorded.
     pub late: Option<LateApprovals>,
+    /// Approve partially: F39 10, half the amount in F4, an F38 of the
+    /// node's own (`P` and the STAN's last five digits).
+    pub partial: bool,
     /// Leave the first this many reversal messages of each chain unanswered
     /// (so the switch has to repeat them as `0421`).
     pub ignore_reversals: u32,
@@ -547,6 +550,8 @@ fn handle(
 struct Plan {
     /// F39 of the answer.
     code: String,
+    /// A partial approval: half the amount, the node's F38.
+    partial: bool,
     /// Added to the normal delay (a late approval).
     extra: Duration,
     /// What the node records as the answer leaves.
@@ -558,6 +563,7 @@ impl Plan {
     fn answer(code: &str, tally: Tally) -> Plan {
         Plan {
             code: code.to_string(),
+            partial: false,
             extra: Duration::ZERO,
             on_sent: OnSent::Nothing,
             tally,
@@ -571,8 +577,9 @@ enum OnSent {
     Nothing,
     /// An answer to a request that may be repeated.
     Answered(OriginalKey),
-    /// A late approval: answered, and to be reversed.
-    ApprovedLate(OriginalKey),
+    /// A late approval: answered, and to be reversed (naming what was
+    /// approved, for a partial one).
+    ApprovedLate(OriginalKey, Option<crate::sim::ledger::Approval>),
 }
 
 /// Which counter an answer scheduled goes to.
@@ -581,6 +588,31 @@ enum Tally {
     Request,
     Reversal,
     Advice,
+}
+
+/// What the node approves of `request` when it approves partially: half
+/// its F4, and an F38 of its own.
+fn partial_approval(request: &Message<'_>) -> Option<crate::sim::ledger::Approval> {
+    let text = |id| -> Option<String> {
+        let f = request.field(id).ok()??;
+        Some(f.logical().map(char::from).collect())
+    };
+    let asked: u64 = text(4)?.parse().ok()?;
+    let stan = text(11)?;
+    Some(crate::sim::ledger::Approval {
+        f38: format!("P{}", &stan[stan.len().saturating_sub(5)..]),
+        amount: format!("{:012}", asked / 2),
+    })
+}
+
+/// `answer` (an approval of `request`) made partial: F4 and F38 as
+/// [`partial_approval`] says.
+fn partially(spec: &Spec, request: &Message<'_>, answer: Bytes) -> Option<Bytes> {
+    let approval = partial_approval(request)?;
+    let mut d = spec.decode(&answer).ok()?;
+    d.set_text(4, approval.amount);
+    d.set_text(38, approval.f38);
+    spec.encode(&d).ok().map(Bytes::from)
 }
 
 /// Builds the answer to `msg` per `plan` and sends it after the node's
@@ -604,6 +636,10 @@ fn respond(
                 Some(r)
             }
         });
+    let built = match built {
+        Some(r) if plan.partial => partially(spec, msg, r),
+        other => other,
+    };
     let Some(response) = built else {
         shared.stats.bad.fetch_add(1, Ordering::Relaxed);
         return None;
@@ -673,7 +709,9 @@ impl Shared {
             }
             return None;
         }
-        let mut plan = Plan::answer("00", Tally::Request);
+        let partial = self.finance.partial && is_approvable(mti) && !is_inquiry(msg);
+        let mut plan = Plan::answer(if partial { "10" } else { "00" }, Tally::Request);
+        plan.partial = partial;
         let late = match (&self.finance.late, &key) {
             (Some(late), Some(_)) if is_approvable(mti) && stats.reversals.has_room() => {
                 late.draw(rng)
@@ -689,7 +727,8 @@ impl Shared {
             }
             (Some(by), Some(k)) => {
                 plan.extra = by;
-                OnSent::ApprovedLate(k)
+                let approval = partial.then(|| partial_approval(msg)).flatten();
+                OnSent::ApprovedLate(k, approval)
             }
             (_, Some(k)) => OnSent::Answered(k),
             (_, None) => OnSent::Nothing,
@@ -734,9 +773,12 @@ impl Shared {
         match on_sent {
             OnSent::Nothing => {}
             OnSent::Answered(key) => self.answered_keys.remember(key),
-            OnSent::ApprovedLate(key) => {
+            OnSent::ApprovedLate(key, approval) => {
                 self.answered_keys.remember(key.clone());
-                self.stats.reversals.approved_late(key);
+                self.stats.reversals.approved_late(key.clone());
+                if let Some(approval) = approval {
+                    self.stats.reversals.approved_as(key, approval);
+                }
             }
         }
     }

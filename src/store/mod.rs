@@ -254,6 +254,51 @@ impl Store {
         }
     }
 
+    /// Rewrites the message entry `id` holds, while it still holds one
+    /// (not delivered): `amend` gets it in clear and gives the new one, or
+    /// `None` to leave it. Sealed again under the first key. Returns whether
+    /// it changed. A timeout reversal stored before any answer is completed
+    /// this way with what the host's late approval says (its F38, the
+    /// amount it approved).
+    pub async fn saf_amend(
+        &self,
+        id: SafId,
+        amend: impl FnOnce(&[u8]) -> Option<Vec<u8>>,
+    ) -> Result<bool, StoreError> {
+        let after = SafId(id.0.saturating_sub(1));
+        let page = match self
+            .handle
+            .call(Op::SafPayloads { after, limit: 1 })
+            .await?
+        {
+            Outcome::Payloads(p) => p,
+            other => return Err(mismatch("saf_payloads", &other)),
+        };
+        let Some(p) = page.into_iter().next().filter(|p| p.id == id) else {
+            return Ok(false);
+        };
+        let row = seal::RowBinding {
+            service: &p.service,
+            kind: p.kind,
+            mti: &p.mti,
+            created_at: p.created_at,
+        };
+        let plain = self.keys.open(row, &p.payload)?;
+        let Some(changed) = amend(&plain) else {
+            return Ok(false);
+        };
+        let new = self.keys.seal(row, &changed)?;
+        let op = Op::SafReseal {
+            id,
+            old: p.payload,
+            new,
+        };
+        match self.handle.call(op).await? {
+            Outcome::Changed(n) => Ok(n == 1),
+            other => Err(mismatch("saf_reseal", &other)),
+        }
+    }
+
     async fn reseal(&self, p: writer::StoredPayload, out: &mut Rekeyed) -> Result<(), StoreError> {
         if seal::sealing(&p.payload) == seal::Sealing::Key(out.key) {
             out.current += 1;

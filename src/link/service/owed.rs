@@ -344,11 +344,14 @@ pub(super) fn late_answer(
             c.late_declines.fetch_add(1, Ordering::Relaxed);
             true
         }
-        Late::Covered(_) => {
+        Late::Covered(entry) => {
             // Its timeout reversal, stored as the switch answered, reverses
-            // it: counted as reversed, never a second chain.
+            // it: counted as reversed, never a second chain. Stored before
+            // any answer, it learns now what was approved (F38, the amount),
+            // if it is still waiting to be delivered.
             c.late_reversed.fetch_add(1, Ordering::Relaxed);
             tracing::info!(service = svc.name(), message = %summary(msg), "late approval: its timeout reversal is already owed");
+            complete_timeout_reversal(svc, &entry, msg);
             true
         }
         Late::Found(_) if !moves_money => {
@@ -381,6 +384,40 @@ pub(super) fn late_answer(
             true
         }
     }
+}
+
+/// Completes the timeout reversal of `entry` with what the host's late
+/// `approval` says (the dialect's `answer_fields`, `replacement_amounts`),
+/// in the store, while the reversal is still there to deliver. A task of
+/// its own: the store's read and write are never awaited on the message
+/// path.
+fn complete_timeout_reversal(svc: &Service, entry: &LateEntry, approval: &Message<'_>) {
+    let (Some(outbox), Some(&id)) = (svc.made.saf(), entry.reversal_id.get()) else {
+        return;
+    };
+    let spec = std::sync::Arc::clone(svc.spec());
+    let Ok(approval) = spec.decode(approval.payload()) else {
+        return;
+    };
+    let store = outbox.store.clone();
+    let service = svc.name().to_string();
+    tokio::spawn(async move {
+        let amend = |stored: &[u8]| {
+            let mut rev = spec.decode(stored).ok()?;
+            let before = rev.clone();
+            integrity::with_answer(&spec, &mut rev, &approval);
+            (rev != before).then(|| spec.encode(&rev).ok()).flatten()
+        };
+        match store.saf_amend(SafId(id), amend).await {
+            Ok(true) => {
+                tracing::info!(service, id = %SafId(id), "timeout reversal completed with the late approval's F38 and amount")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(service, id = %SafId(id), error = %e, "timeout reversal not completed with the late approval's F38: delivered as stored")
+            }
+        }
+    });
 }
 
 /// Builds the reversal of `entry`'s request and hands it to the store; once
