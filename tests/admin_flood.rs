@@ -57,7 +57,7 @@ impl SwitchProcess {
     async fn start(test: &str, nodes: &[NodeSim], admin_extra: &str) -> SwitchProcess {
         let (admin, front) = (free_addr(), free_addr());
         let token = temp_path(&format!("{test}.token"));
-        std::fs::write(&token, TOKEN).expect("write the token");
+        write_secret(&token, TOKEN);
         let mut toml = format!(
             "[admin]\nlisten = \"{admin}\"\ntoken_file = \"{}\"\n{admin_extra}\n\
              [[service]]\nname = \"pos\"\nspec = \"cup-pos\"\n\
