@@ -35,6 +35,8 @@ use crate::config::AdminConfig;
 use crate::link::log_limit::{LogKind, LogLimit, LogPeer};
 use crate::tls::{AdminTls, Side};
 
+use super::admin_audit::Audit;
+
 /// Connections that may wait in the kernel's accept queue while the
 /// listener is at its cap (they hold no descriptor of the switch).
 const BACKLOG: u32 = 1024;
@@ -83,6 +85,7 @@ pub fn spawn_thread(
     app: Router,
     limits: Limits,
     log_limit: Arc<LogLimit>,
+    audit: Arc<Audit>,
     tls: Option<Arc<AdminTls>>,
     stop: CancellationToken,
 ) -> io::Result<impl Future<Output = ()> + Send + use<>> {
@@ -104,7 +107,8 @@ pub fn spawn_thread(
                     return;
                 }
             };
-            rt.block_on(serve(listener, app, limits, log_limit, tls, thread_stop));
+            let flushed = Flushed { log_limit, audit };
+            rt.block_on(serve(listener, app, limits, flushed, tls, thread_stop));
             // Dropping the runtime cuts every admin connection still open.
             rt.shutdown_background();
         })?;
@@ -115,16 +119,24 @@ pub fn spawn_thread(
     })
 }
 
+/// What the admin thread flushes once a second: the log lines `log_limit`
+/// held back, and the refused tokens the audit counted.
+struct Flushed {
+    log_limit: Arc<LogLimit>,
+    audit: Arc<Audit>,
+}
+
 /// The accept loop: a slot per connection, taken before the accept. Once a
-/// second it reports the log lines `log_limit` held back.
+/// second it flushes the log limit and the audit's refusals.
 async fn serve(
     listener: std::net::TcpListener,
     app: Router,
     limits: Limits,
-    log_limit: Arc<LogLimit>,
+    flushed: Flushed,
     tls: Option<Arc<AdminTls>>,
     stop: CancellationToken,
 ) {
+    let log_limit = Arc::clone(&flushed.log_limit);
     let listener = match TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -133,13 +145,15 @@ async fn serve(
         }
     };
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let flushed = Arc::clone(&log_limit);
     // Ends with this thread's runtime.
     tokio::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_secs(1));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
-            flushed.flush(Instant::now());
+            let now = Instant::now();
+            flushed.log_limit.flush(now);
+            flushed.audit.flush(now);
         }
     });
     loop {

@@ -38,6 +38,9 @@ pub struct SwitchHandle {
     pub saf: Option<Arc<super::saf::SafView>>,
     /// The admin listener's TLS, once it serves HTTPS (reload re-reads it).
     pub admin_tls: Arc<std::sync::OnceLock<Arc<crate::tls::AdminTls>>>,
+    /// The admin audit (changes, refused tokens, reads of card
+    /// transactions): in the store when there is one, always in the log.
+    pub audit: Arc<super::admin_audit::Audit>,
     /// The admin listener's tokens, once it serves (reload re-reads them).
     pub admin_credentials: Arc<std::sync::OnceLock<Arc<super::admin_auth::Credentials>>>,
     /// The journal, when there is a store and `journal.enabled`: admin

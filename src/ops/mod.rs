@@ -1,6 +1,7 @@
 //! Operations: configuration, running services, stats.
 
 pub mod admin;
+pub mod admin_audit;
 pub mod admin_auth;
 pub mod admin_journal;
 pub mod admin_serve;

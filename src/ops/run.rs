@@ -207,7 +207,14 @@ impl Switch {
                 link::saf::run(owing.clone(), stop.clone())
             });
         }
+        // Always on, whether the journal is or not (PCI DSS 10.2).
+        let audit = super::admin_audit::Audit::start(
+            &config.admin.clone().unwrap_or_default(),
+            outbox.as_ref().map(|(store, _, _)| store.clone()),
+            &supervisor,
+        );
         let handle = SwitchHandle {
+            audit,
             services: services.clone().into(),
             supervisor,
             config: Arc::new(Mutex::new(config.clone())),

@@ -117,15 +117,25 @@ pub(super) fn purge(
     limit: usize,
 ) -> rusqlite::Result<Answer> {
     let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-    let mut n = 0u64;
-    for sql in [PURGE_JOURNAL, PURGE_ADMIN] {
-        n += tx
-            .prepare_cached(&sqlite_placeholders(sql))?
-            .execute(params![before, limit])? as u64;
-    }
+    let n = tx
+        .prepare_cached(&sqlite_placeholders(PURGE_JOURNAL))?
+        .execute(params![before, limit])? as u64;
     // Not counted: a part's record, not a row of the journal.
     tx.prepare_cached(&sqlite_placeholders(PURGE_PARTS))?
         .execute(params![before])?;
+    Ok(Ok(Outcome::Changed(n)))
+}
+
+/// The admin audit's retention: at most `limit` rows older than `before`.
+pub(super) fn admin_purge(
+    tx: &Transaction<'_>,
+    before: UnixMillis,
+    limit: usize,
+) -> rusqlite::Result<Answer> {
+    let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
+    let n = tx
+        .prepare_cached(&sqlite_placeholders(PURGE_ADMIN))?
+        .execute(params![before, limit])? as u64;
     Ok(Ok(Outcome::Changed(n)))
 }
 

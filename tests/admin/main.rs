@@ -39,6 +39,9 @@ fn admin_config(test: &str) -> AdminConfig {
     AdminConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         token_file: Some(temp_file(&format!("{test}.token"), &format!("{TOKEN}\n"))),
+        // Tests here refuse tokens on purpose, many from one address; the
+        // lockout has its own test (tests/admin_flood.rs).
+        max_refused_tokens: 1_000_000,
         ..AdminConfig::default()
     }
 }
