@@ -1,8 +1,8 @@
 //! `[admin]`: the admin HTTP listener's keys (docs/config.md): where it
 //! listens, its two credentials (`read` and `operate`) and how they rotate,
-//! what may go without a token, how many connections it serves (and how many
-//! more it keeps for the probes), the audit's retention, and the lockout of
-//! a peer that keeps presenting wrong tokens.
+//! what may go without a token, how many connections it serves and how
+//! long each may take, the audit's retention, and the lockout of a peer
+//! that keeps presenting wrong tokens.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -38,21 +38,11 @@ pub struct AdminConfig {
     /// scrapers): only [`AdminConfig::OPENABLE`] can be listed.
     #[serde(default = "defaults::open_paths")]
     pub open_paths: Vec<String>,
-    /// Admin connections served at once; past it the listener answers only
-    /// the probes (on the `probe_connections` kept for them) and a fast 503
-    /// to anything else. Also the admin's share of the switch's file
-    /// descriptors.
+    /// Admin connections served at once; past it the listener stops
+    /// accepting (the kernel's backlog holds the rest). Also the admin's
+    /// share of the switch's file descriptors.
     #[serde(default = "defaults::max_connections")]
     pub max_connections: usize,
-    /// Of `max_connections`, how many one peer address may hold; its next
-    /// ones are served like those past the cap.
-    #[serde(default = "defaults::max_connections_per_peer")]
-    pub max_connections_per_peer: usize,
-    /// Connections kept beyond `max_connections` for `/healthz` and
-    /// `/readyz`: each must send its request within a second, a probe is
-    /// answered, anything else gets 503 at once.
-    #[serde(default = "defaults::probe_connections")]
-    pub probe_connections: usize,
     /// Time a client has to send a request's headers, counted from the
     /// connection's start or the previous answer: also the idle limit of a
     /// kept-alive connection.
@@ -95,14 +85,6 @@ mod defaults {
     pub fn max_connections() -> usize {
         64
     }
-    /// A quarter of the default cap: a scraper, `ctl` and a browser on one
-    /// management host need a few; one noisy host cannot take them all.
-    pub fn max_connections_per_peer() -> usize {
-        16
-    }
-    pub fn probe_connections() -> usize {
-        16
-    }
     pub fn header_timeout() -> Duration {
         Duration::from_secs(5)
     }
@@ -137,8 +119,6 @@ impl Default for AdminConfig {
             token_rotation_window: defaults::token_rotation_window(),
             open_paths: defaults::open_paths(),
             max_connections: defaults::max_connections(),
-            max_connections_per_peer: defaults::max_connections_per_peer(),
-            probe_connections: defaults::probe_connections(),
             header_timeout: defaults::header_timeout(),
             request_timeout: defaults::request_timeout(),
             max_requests_per_connection: defaults::max_requests_per_connection(),
@@ -174,18 +154,6 @@ impl AdminConfig {
         }
         if !(1..=65_536).contains(&self.max_connections) {
             return Err(invalid("admin.max_connections", "must be within 1..=65536"));
-        }
-        if !(1..=self.max_connections).contains(&self.max_connections_per_peer) {
-            return Err(invalid(
-                "admin.max_connections_per_peer",
-                "must be within 1..=admin.max_connections",
-            ));
-        }
-        if !(1..=1024).contains(&self.probe_connections) {
-            return Err(invalid(
-                "admin.probe_connections",
-                "must be within 1..=1024",
-            ));
         }
         if self.max_requests_per_connection == 0 {
             return Err(invalid("admin.max_requests_per_connection", "must be > 0"));

@@ -36,9 +36,8 @@ pub struct DescriptorNeed {
     pub node_links: u64,
     /// Simplex out and in links, connect-front links.
     pub peer_links: u64,
-    /// The admin listener's connections: `admin.max_connections` and
-    /// `admin.probe_connections`, reserved whole (past them the listener
-    /// stops accepting), and its thread's copy of
+    /// The admin listener's connections: `admin.max_connections`, reserved
+    /// whole (past it the listener stops accepting), and its thread's copy of
     /// the listener, poller and waker.
     pub admin: u64,
     /// Capture files ([`CAPTURE_PER_SERVICE`] per capturing service).
@@ -53,7 +52,7 @@ impl DescriptorNeed {
             admin: config
                 .admin
                 .as_ref()
-                .map_or(0, |a| (a.max_connections + a.probe_connections) as u64 + 3),
+                .map_or(0, |a| a.max_connections as u64 + 3),
             listeners: u64::from(config.admin.is_some()),
             process: FILES + PROCESS,
             ..DescriptorNeed::default()
@@ -182,11 +181,7 @@ mod tests {
         // pos: 2 nodes x (2 connections + 1 tcp check); up: 1 node x 2 (echo).
         assert_eq!(need.node_links, 6 + 2);
         assert_eq!(need.peer_links, 4 + 4, "out links and in links");
-        assert_eq!(
-            need.admin,
-            64 + 16 + 3,
-            "admin.max_connections and probe_connections by default"
-        );
+        assert_eq!(need.admin, 64 + 3, "admin.max_connections by default");
         assert_eq!(need.capture, CAPTURE_PER_SERVICE);
         assert_eq!(need.process, FILES + PROCESS);
         assert_eq!(need.total(), need.clients + need.reserved());

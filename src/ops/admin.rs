@@ -571,9 +571,23 @@ async fn reload(State(admin): State<Admin>) -> Response {
     .await
 }
 
-async fn status_page(State(admin): State<Admin>) -> Html<String> {
+/// The status page. With `/` among the open paths it is served without a
+/// token, but the journal's rows (masked PAN, terminal, amount) only to a
+/// request that presents one (read or operate).
+async fn status_page(State(admin): State<Admin>, headers: axum::http::HeaderMap) -> Html<String> {
+    let status = status_of(&admin.switch);
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if token
+        .and_then(|t| admin.credentials.role_of(t, Instant::now()))
+        .is_none()
+    {
+        return Html(super::page::render(&status, None));
+    }
     let latest = admin_journal::latest(admin.switch.journal.as_ref()).await;
-    Html(super::page::render(&status_of(&admin.switch), &latest))
+    Html(super::page::render(&status, Some(&latest)))
 }
 
 /// Store errors as HTTP: an unknown entry 404, the wrong state 409, a store
