@@ -2,7 +2,8 @@
 //! own process (`isoswitch run`, under `ulimit -n 512`) in front of simulated
 //! nodes, with a POS network controller on its front; 1,000 idle and
 //! slow-loris admin connections must not cost it card traffic, descriptors
-//! past the admin's cap, the operator's access, or its stop.
+//! past the admin's cap, the operator's access, or its stop; 200 clients
+//! trickling headers must not starve the probes.
 
 mod common;
 
@@ -27,6 +28,8 @@ const TEST_LIMIT: Duration = Duration::from_secs(180);
 const SWITCH_NOFILE: u32 = 512;
 /// `admin.max_connections` (the default).
 const ADMIN_CAP: usize = 64;
+/// `admin.probe_slots` (the default).
+const PROBE_SLOTS: usize = 8;
 const FLOOD: usize = 1_000;
 
 /// `isoswitch run` in a process of its own, its log in a file.
@@ -288,11 +291,11 @@ async fn a_flood_of_slow_admin_clients_costs_no_card_traffic() {
                 }
             })
         };
+        // From the flood's own address, the operator is past its peer's
+        // share: 503 (retry) until the switch has cut the slow clients.
         let operator = {
             let base = switch.base();
-            tokio::spawn(async move {
-                request(&base, "GET", "/api/v1/status", Some(TOKEN), None).await
-            })
+            tokio::spawn(async move { until_not_busy(&base, "/api/v1/status").await })
         };
         let loaded = nac_run(&spec, switch.front, 6).await;
         assert_nothing_lost(&loaded);
@@ -303,16 +306,13 @@ async fn a_flood_of_slow_admin_clients_costs_no_card_traffic() {
             FLOOD,
             "every slow client was cut by the switch"
         );
-        let (code, body) = operator
-            .await
-            .unwrap()
-            .expect("the operator's request is answered");
+        let (code, body) = operator.await.unwrap();
         assert_eq!(code, 200, "{body}");
         sampler.abort();
         let peak = peak.load(Ordering::Relaxed);
-        // The cap, the NAC's two uplinks, and a few for transient health
-        // checks and reconnects.
-        let bound = baseline + ADMIN_CAP + 2 + 8;
+        // The cap, the probe slots and the one being refused, the NAC's two
+        // uplinks, and a few for transient health checks and reconnects.
+        let bound = baseline + ADMIN_CAP + PROBE_SLOTS + 1 + 2 + 8;
         assert!(
             peak <= bound,
             "the switch held {peak} descriptors, more than {bound} ({baseline} before the flood)"
@@ -359,6 +359,135 @@ async fn a_flood_of_slow_admin_clients_costs_no_card_traffic() {
             quiet.p99_us, loaded.p99_us
         );
         drop(held);
+        for node in nodes {
+            node.stop().await;
+        }
+    })
+    .await
+    .expect("test within its time limit");
+}
+
+/// `GET path` with the token until it is not a 503 (the admin at its caps),
+/// a few a second.
+async fn until_not_busy(base: &str, path: &str) -> (u16, String) {
+    loop {
+        match request(base, "GET", path, Some(TOKEN), None).await {
+            Ok((503, _)) | Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            Ok(answered) => return answered,
+        }
+    }
+}
+
+/// One slow client that keeps coming back: connects, sends a request line
+/// and then a header byte every 100 ms, and connects again 100 ms after the
+/// switch cuts or answers it, until `stop`. Counts its connections.
+async fn trickler(
+    admin: SocketAddr,
+    connects: Arc<AtomicUsize>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut scratch = [0u8; 1024];
+    while !stop.is_cancelled() {
+        let Ok(mut stream) = TcpStream::connect(admin).await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        connects.fetch_add(1, Ordering::Relaxed);
+        if stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: trickle\r\nX-Slow: ")
+            .await
+            .is_err()
+        {
+            continue;
+        }
+        loop {
+            tokio::select! {
+                read = stream.read(&mut scratch) => match read {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                },
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {
+                    if stream.write_all(b"a").await.is_err() {
+                        break;
+                    }
+                }
+                _ = stop.cancelled() => return,
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The done-when: while 200 clients trickle headers (and come back
+/// as soon as they are cut), `/healthz` and `/readyz` answer 200 within 1 s,
+/// every time; another request from their address gets a prompt 503 or is
+/// served; an operator on another address is served (one address holds at
+/// most `admin.max_connections_per_peer` of the slots).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_answer_within_a_second_while_200_clients_trickle_headers() {
+    const TRICKLERS: usize = 200;
+    const BOUND: Duration = Duration::from_secs(1);
+    tokio::time::timeout(TEST_LIMIT, async {
+        let spec = spec("cup-pos");
+        let nodes = start_nodes(&spec, 1, Delay::NONE).await;
+        let switch = SwitchProcess::start("probes", &nodes, "").await;
+        let stop = tokio_util::sync::CancellationToken::new();
+        let connects = Arc::new(AtomicUsize::new(0));
+        let mut flood = tokio::task::JoinSet::new();
+        for _ in 0..TRICKLERS {
+            flood.spawn(trickler(switch.admin, Arc::clone(&connects), stop.clone()));
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while connects.load(Ordering::Relaxed) < TRICKLERS {
+            assert!(tokio::time::Instant::now() < deadline, "the flood connects");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let base = switch.base();
+        let mut slowest = Duration::ZERO;
+        // 6 s: past the 5 s header_timeout, so the served slow clients are
+        // cut and come back while probes go on.
+        for round in 0..30 {
+            for path in ["/healthz", "/readyz"] {
+                let began = tokio::time::Instant::now();
+                let answered = tokio::time::timeout(BOUND, request(&base, "GET", path, None, None))
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("{path} not answered within {BOUND:?} (round {round})")
+                    })
+                    .expect("the probe is answered");
+                assert_eq!(answered.0, 200, "{path}, round {round}: {}", answered.1);
+                slowest = slowest.max(began.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let (code, body) = tokio::time::timeout(
+            BOUND,
+            request(&base, "GET", "/api/v1/status", Some(TOKEN), None),
+        )
+        .await
+        .expect("a prompt answer past the peer's share")
+        .expect("answered");
+        assert!(code == 503 || code == 200, "{code}: {body}");
+        if code == 503 {
+            assert!(body.contains("admin.max_connections_per_peer"), "{body}");
+        }
+        let other = "127.0.0.2".parse().unwrap();
+        let until = tokio::time::Instant::now() + Duration::from_millis(300);
+        let statuses = hammer(switch.admin, other, TOKEN, until).await;
+        assert!(
+            !statuses.is_empty() && statuses.iter().all(|&s| s == 200),
+            "another address is served: {statuses:?}"
+        );
+        let made = connects.load(Ordering::Relaxed);
+        stop.cancel();
+        while flood.join_next().await.is_some() {}
+        let (status, log) = switch.terminate().await;
+        assert!(status.success(), "{status}\n{log}");
+        assert!(log.contains("answering probes only"), "{log}");
+        println!(
+            "{TRICKLERS} trickling clients ({made} connections): slowest probe {} ms",
+            slowest.as_millis()
+        );
         for node in nodes {
             node.stop().await;
         }

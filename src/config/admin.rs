@@ -38,11 +38,23 @@ pub struct AdminConfig {
     /// scrapers): only [`AdminConfig::OPENABLE`] can be listed.
     #[serde(default = "defaults::open_paths")]
     pub open_paths: Vec<String>,
-    /// Admin connections served at once; past it the listener stops
-    /// accepting (the kernel's backlog holds the rest). Also the admin's
-    /// share of the switch's file descriptors.
+    /// Admin connections served at once; past it a connection takes a
+    /// probe slot or gets a 503. With `probe_slots`, the admin's share of
+    /// the switch's file descriptors.
     #[serde(default = "defaults::max_connections")]
     pub max_connections: usize,
+    /// Connections one peer address is served at once (at most
+    /// `max_connections`); past it, its connections take the probe slots.
+    #[serde(default = "defaults::max_connections_per_peer")]
+    pub max_connections_per_peer: usize,
+    /// Connections held past the caps to answer `/healthz` and `/readyz`
+    /// (a 503 to anything else); past them, a 503 at once.
+    #[serde(default = "defaults::probe_slots")]
+    pub probe_slots: usize,
+    /// Time a connection in a probe slot has for its request line and
+    /// headers: how long a probe can wait behind slow clients.
+    #[serde(default = "defaults::probe_timeout", with = "duration")]
+    pub probe_timeout: Duration,
     /// Time a client has to send a request's headers, counted from the
     /// connection's start or the previous answer: also the idle limit of a
     /// kept-alive connection.
@@ -85,6 +97,15 @@ mod defaults {
     pub fn max_connections() -> usize {
         64
     }
+    pub fn max_connections_per_peer() -> usize {
+        16
+    }
+    pub fn probe_slots() -> usize {
+        8
+    }
+    pub fn probe_timeout() -> Duration {
+        Duration::from_millis(500)
+    }
     pub fn header_timeout() -> Duration {
         Duration::from_secs(5)
     }
@@ -119,6 +140,9 @@ impl Default for AdminConfig {
             token_rotation_window: defaults::token_rotation_window(),
             open_paths: defaults::open_paths(),
             max_connections: defaults::max_connections(),
+            max_connections_per_peer: defaults::max_connections_per_peer(),
+            probe_slots: defaults::probe_slots(),
+            probe_timeout: defaults::probe_timeout(),
             header_timeout: defaults::header_timeout(),
             request_timeout: defaults::request_timeout(),
             max_requests_per_connection: defaults::max_requests_per_connection(),
@@ -138,6 +162,10 @@ impl AdminConfig {
     /// the switch can be opened, and even these need the token for anything
     /// but GET.
     pub const OPENABLE: [&'static str; 4] = ["/healthz", "/readyz", "/metrics", "/"];
+    /// Connections answered 503 past the caps that are given a moment to
+    /// read it before they are closed (holding no probe slot); past these,
+    /// they are closed at once.
+    pub const LINGERING: usize = 32;
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         for (i, path) in self.open_paths.iter().enumerate() {
@@ -154,6 +182,18 @@ impl AdminConfig {
         }
         if !(1..=65_536).contains(&self.max_connections) {
             return Err(invalid("admin.max_connections", "must be within 1..=65536"));
+        }
+        if self.max_connections_per_peer == 0 {
+            return Err(invalid("admin.max_connections_per_peer", "must be > 0"));
+        }
+        if !(1..=1024).contains(&self.probe_slots) {
+            return Err(invalid("admin.probe_slots", "must be within 1..=1024"));
+        }
+        if self.probe_timeout.is_zero() || self.probe_timeout > Duration::from_secs(5) {
+            return Err(invalid(
+                "admin.probe_timeout",
+                "must be > 0 and at most 5s (a probe waits this long behind slow clients)",
+            ));
         }
         if self.max_requests_per_connection == 0 {
             return Err(invalid("admin.max_requests_per_connection", "must be > 0"));

@@ -3,9 +3,10 @@
 //! and the store-and-forward queue (list, retry now, drop with a reason).
 //!
 //! **It cannot hurt card traffic.** It serves on a thread and runtime of its
-//! own, at most `admin.max_connections` connections at once (past the cap it
-//! stops accepting: the rest wait in the kernel and hold none of the switch's
-//! file descriptors), and cuts slow clients: headers within
+//! own, at most `admin.max_connections` connections served at once (one peer
+//! address at most `admin.max_connections_per_peer`; past them a few probe
+//! slots answer `/healthz` and `/readyz`, and 503 the rest at once: see
+//! [`super::admin_probe`]), and cuts slow clients: headers within
 //! `header_timeout` (also the idle limit of a kept-alive connection), the
 //! whole request and its answer within `request_timeout`, at most
 //! `max_requests_per_connection` requests per connection, 2 MB of body
@@ -183,20 +184,14 @@ fn router(admin: Admin, request_timeout: Duration) -> Router {
 /// traffic must not outlive the request in a browser or a proxy. The page
 /// has inline style and no script, and says so in its policy.
 async fn never_kept(req: Request, next: Next) -> Response {
-    use axum::http::header::{self, HeaderValue};
+    use axum::http::header::{HeaderName, HeaderValue};
     let mut answer = next.run(req).await;
     let h = answer.headers_mut();
-    for (name, value) in [
-        (header::CACHE_CONTROL, "no-store"),
-        (header::X_FRAME_OPTIONS, "DENY"),
-        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        (header::REFERRER_POLICY, "no-referrer"),
-        (
-            header::CONTENT_SECURITY_POLICY,
-            "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
-        ),
-    ] {
-        h.insert(name, HeaderValue::from_static(value));
+    for (name, value) in super::admin_probe::ALWAYS {
+        h.insert(
+            HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        );
     }
     answer
 }
