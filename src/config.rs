@@ -18,6 +18,7 @@ use crate::route::{
 pub use crate::route::{KeyPart, TpduPolicy, default_key};
 use crate::util::{duration, name};
 
+pub mod admin;
 mod defaults;
 pub mod descriptors;
 mod env;
@@ -31,6 +32,7 @@ mod tests;
 pub mod tls;
 mod validate;
 
+pub use admin::AdminConfig;
 pub use env::{EnvOverride, env_overrides};
 use env::{blame, reason};
 pub use validate::unswitchable;
@@ -63,94 +65,6 @@ pub struct Config {
     /// `[journal]`: the transaction journal in the store (docs/journal.md).
     #[serde(default)]
     pub journal: journal::JournalConfig,
-}
-
-/// `[admin]`: the admin HTTP listener. See docs/config.md.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct AdminConfig {
-    /// Where the admin API listens; loopback by default.
-    #[serde(default = "defaults::admin_listen")]
-    pub listen: SocketAddr,
-    /// A file holding the bearer token (first line). Without it the token
-    /// comes from `ISOSWITCH_ADMIN_TOKEN`; with neither the switch refuses to
-    /// start the listener.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token_file: Option<PathBuf>,
-    /// Read-only paths served to GET without the token (for probes and
-    /// scrapers): only [`AdminConfig::OPENABLE`] can be listed.
-    #[serde(default = "defaults::admin_open_paths")]
-    pub open_paths: Vec<String>,
-    /// Admin connections served at once; past it the listener stops
-    /// accepting (the kernel's backlog holds the rest). Also the admin's
-    /// share of the switch's file descriptors.
-    #[serde(default = "defaults::admin_max_connections")]
-    pub max_connections: usize,
-    /// Time a client has to send a request's headers, counted from the
-    /// connection's start or the previous answer: also the idle limit of a
-    /// kept-alive connection.
-    #[serde(default = "defaults::admin_header_timeout", with = "duration")]
-    pub header_timeout: Duration,
-    /// Time for a whole request: its body, the work, and the client taking
-    /// the answer (a client that stops reading is cut after it).
-    #[serde(default = "defaults::admin_request_timeout", with = "duration")]
-    pub request_timeout: Duration,
-    /// Requests on one kept-alive connection; the last answer closes it.
-    #[serde(default = "defaults::admin_max_requests_per_connection")]
-    pub max_requests_per_connection: usize,
-    /// `[admin.tls]`: serve HTTPS (docs/tls.md).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls: Option<tls::TlsServer>,
-}
-
-impl Default for AdminConfig {
-    fn default() -> Self {
-        AdminConfig {
-            listen: defaults::admin_listen(),
-            token_file: None,
-            open_paths: defaults::admin_open_paths(),
-            max_connections: defaults::admin_max_connections(),
-            header_timeout: defaults::admin_header_timeout(),
-            request_timeout: defaults::admin_request_timeout(),
-            max_requests_per_connection: defaults::admin_max_requests_per_connection(),
-            tls: None,
-        }
-    }
-}
-
-impl AdminConfig {
-    /// The paths `open_paths` may list: read-only ones. Nothing that changes
-    /// the switch can be opened, and even these need the token for anything
-    /// but GET.
-    pub const OPENABLE: [&'static str; 4] = ["/healthz", "/readyz", "/metrics", "/"];
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        for (i, path) in self.open_paths.iter().enumerate() {
-            if !Self::OPENABLE.contains(&path.as_str()) {
-                return Err(invalid(
-                    format!("admin.open_paths[{i}]"),
-                    format!(
-                        "`{}` cannot be opened: only GET on {} can go without the token",
-                        path.escape_debug(),
-                        Self::OPENABLE.join(", ")
-                    ),
-                ));
-            }
-        }
-        if !(1..=65_536).contains(&self.max_connections) {
-            return Err(invalid("admin.max_connections", "must be within 1..=65536"));
-        }
-        if self.max_requests_per_connection == 0 {
-            return Err(invalid("admin.max_requests_per_connection", "must be > 0"));
-        }
-        if self.header_timeout.is_zero() {
-            return Err(invalid("admin.header_timeout", "must be > 0"));
-        }
-        if self.request_timeout.is_zero() {
-            return Err(invalid("admin.request_timeout", "must be > 0"));
-        }
-        Ok(())
-    }
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -681,6 +595,13 @@ pub struct BackConfig {
     pub rules: Vec<RuleConfig>,
     #[serde(rename = "node")]
     pub nodes: Vec<NodeConfig>,
+    /// Where a node added through the admin API may be: CIDRs. Empty (the
+    /// default): the configured nodes' own addresses (each a /32 or /128),
+    /// so an operator's token cannot send card data to a new host; a
+    /// network is opened here, under change control. See
+    /// [`BackConfig::allowed_networks`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_networks: Vec<IpNet>,
     /// `[service.back.tls]`: node links speak TLS (docs/tls.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<tls::TlsClient>,

@@ -2,7 +2,8 @@
 //! own process (`isoswitch run`, under `ulimit -n 512`) in front of simulated
 //! nodes, with a POS network controller on its front; 1,000 idle and
 //! slow-loris admin connections must not cost it card traffic, descriptors
-//! past the admin's cap, the operator's access, or its stop.
+//! past the admin's cap, the operator's access, or its stop; 200 clients
+//! trickling headers must not starve the probes.
 
 mod common;
 
@@ -27,6 +28,8 @@ const TEST_LIMIT: Duration = Duration::from_secs(180);
 const SWITCH_NOFILE: u32 = 512;
 /// `admin.max_connections` (the default).
 const ADMIN_CAP: usize = 64;
+/// `admin.probe_slots` (the default).
+const PROBE_SLOTS: usize = 8;
 const FLOOD: usize = 1_000;
 
 /// `isoswitch run` in a process of its own, its log in a file.
@@ -36,6 +39,7 @@ struct SwitchProcess {
     admin: SocketAddr,
     front: SocketAddr,
     log: PathBuf,
+    data_dir: PathBuf,
 }
 
 fn free_addr() -> SocketAddr {
@@ -57,7 +61,7 @@ impl SwitchProcess {
     async fn start(test: &str, nodes: &[NodeSim], admin_extra: &str) -> SwitchProcess {
         let (admin, front) = (free_addr(), free_addr());
         let token = temp_path(&format!("{test}.token"));
-        std::fs::write(&token, TOKEN).expect("write the token");
+        write_secret(&token, TOKEN);
         let mut toml = format!(
             "[admin]\nlisten = \"{admin}\"\ntoken_file = \"{}\"\n{admin_extra}\n\
              [[service]]\nname = \"pos\"\nspec = \"cup-pos\"\n\
@@ -99,6 +103,7 @@ impl SwitchProcess {
             admin,
             front,
             log,
+            data_dir,
         };
         let base = switch.base();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -286,11 +291,11 @@ async fn a_flood_of_slow_admin_clients_costs_no_card_traffic() {
                 }
             })
         };
+        // From the flood's own address, the operator is past its peer's
+        // share: 503 (retry) until the switch has cut the slow clients.
         let operator = {
             let base = switch.base();
-            tokio::spawn(async move {
-                request(&base, "GET", "/api/v1/status", Some(TOKEN), None).await
-            })
+            tokio::spawn(async move { until_not_busy(&base, "/api/v1/status").await })
         };
         let loaded = nac_run(&spec, switch.front, 6).await;
         assert_nothing_lost(&loaded);
@@ -301,16 +306,13 @@ async fn a_flood_of_slow_admin_clients_costs_no_card_traffic() {
             FLOOD,
             "every slow client was cut by the switch"
         );
-        let (code, body) = operator
-            .await
-            .unwrap()
-            .expect("the operator's request is answered");
+        let (code, body) = operator.await.unwrap();
         assert_eq!(code, 200, "{body}");
         sampler.abort();
         let peak = peak.load(Ordering::Relaxed);
-        // The cap, the NAC's two uplinks, and a few for transient health
-        // checks and reconnects.
-        let bound = baseline + ADMIN_CAP + 2 + 8;
+        // The cap, the probe slots and the one being refused, the NAC's two
+        // uplinks, and a few for transient health checks and reconnects.
+        let bound = baseline + ADMIN_CAP + PROBE_SLOTS + 1 + 2 + 8;
         assert!(
             peak <= bound,
             "the switch held {peak} descriptors, more than {bound} ({baseline} before the flood)"
@@ -365,6 +367,135 @@ async fn a_flood_of_slow_admin_clients_costs_no_card_traffic() {
     .expect("test within its time limit");
 }
 
+/// `GET path` with the token until it is not a 503 (the admin at its caps),
+/// a few a second.
+async fn until_not_busy(base: &str, path: &str) -> (u16, String) {
+    loop {
+        match request(base, "GET", path, Some(TOKEN), None).await {
+            Ok((503, _)) | Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            Ok(answered) => return answered,
+        }
+    }
+}
+
+/// One slow client that keeps coming back: connects, sends a request line
+/// and then a header byte every 100 ms, and connects again 100 ms after the
+/// switch cuts or answers it, until `stop`. Counts its connections.
+async fn trickler(
+    admin: SocketAddr,
+    connects: Arc<AtomicUsize>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut scratch = [0u8; 1024];
+    while !stop.is_cancelled() {
+        let Ok(mut stream) = TcpStream::connect(admin).await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        connects.fetch_add(1, Ordering::Relaxed);
+        if stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: trickle\r\nX-Slow: ")
+            .await
+            .is_err()
+        {
+            continue;
+        }
+        loop {
+            tokio::select! {
+                read = stream.read(&mut scratch) => match read {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                },
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {
+                    if stream.write_all(b"a").await.is_err() {
+                        break;
+                    }
+                }
+                _ = stop.cancelled() => return,
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The issue's done-when: while 200 clients trickle headers (and come back
+/// as soon as they are cut), `/healthz` and `/readyz` answer 200 within 1 s,
+/// every time; another request from their address gets a prompt 503 or is
+/// served; an operator on another address is served (one address holds at
+/// most `admin.max_connections_per_peer` of the slots).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_answer_within_a_second_while_200_clients_trickle_headers() {
+    const TRICKLERS: usize = 200;
+    const BOUND: Duration = Duration::from_secs(1);
+    tokio::time::timeout(TEST_LIMIT, async {
+        let spec = spec("cup-pos");
+        let nodes = start_nodes(&spec, 1, Delay::NONE).await;
+        let switch = SwitchProcess::start("probes", &nodes, "").await;
+        let stop = tokio_util::sync::CancellationToken::new();
+        let connects = Arc::new(AtomicUsize::new(0));
+        let mut flood = tokio::task::JoinSet::new();
+        for _ in 0..TRICKLERS {
+            flood.spawn(trickler(switch.admin, Arc::clone(&connects), stop.clone()));
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while connects.load(Ordering::Relaxed) < TRICKLERS {
+            assert!(tokio::time::Instant::now() < deadline, "the flood connects");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let base = switch.base();
+        let mut slowest = Duration::ZERO;
+        // 6 s: past the 5 s header_timeout, so the served slow clients are
+        // cut and come back while probes go on.
+        for round in 0..30 {
+            for path in ["/healthz", "/readyz"] {
+                let began = tokio::time::Instant::now();
+                let answered = tokio::time::timeout(BOUND, request(&base, "GET", path, None, None))
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("{path} not answered within {BOUND:?} (round {round})")
+                    })
+                    .expect("the probe is answered");
+                assert_eq!(answered.0, 200, "{path}, round {round}: {}", answered.1);
+                slowest = slowest.max(began.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let (code, body) = tokio::time::timeout(
+            BOUND,
+            request(&base, "GET", "/api/v1/status", Some(TOKEN), None),
+        )
+        .await
+        .expect("a prompt answer past the peer's share")
+        .expect("answered");
+        assert!(code == 503 || code == 200, "{code}: {body}");
+        if code == 503 {
+            assert!(body.contains("admin.max_connections_per_peer"), "{body}");
+        }
+        let other = "127.0.0.2".parse().unwrap();
+        let until = tokio::time::Instant::now() + Duration::from_millis(300);
+        let statuses = hammer(switch.admin, other, TOKEN, until).await;
+        assert!(
+            !statuses.is_empty() && statuses.iter().all(|&s| s == 200),
+            "another address is served: {statuses:?}"
+        );
+        let made = connects.load(Ordering::Relaxed);
+        stop.cancel();
+        while flood.join_next().await.is_some() {}
+        let (status, log) = switch.terminate().await;
+        assert!(status.success(), "{status}\n{log}");
+        assert!(log.contains("answering probes only"), "{log}");
+        println!(
+            "{TRICKLERS} trickling clients ({made} connections): slowest probe {} ms",
+            slowest.as_millis()
+        );
+        for node in nodes {
+            node.stop().await;
+        }
+    })
+    .await
+    .expect("test within its time limit");
+}
+
 /// Refused tokens are logged at WARN with the peer's address, rate-limited
 /// (the rest counted in a "suppressed" line); every change is logged at INFO
 /// with the peer's address and its outcome, refused ones too.
@@ -373,7 +504,8 @@ async fn refusals_and_changes_are_logged_with_the_peer() {
     tokio::time::timeout(TEST_LIMIT, async {
         let spec = spec("cup-pos");
         let nodes = start_nodes(&spec, 2, Delay::NONE).await;
-        let switch = SwitchProcess::start("log", &nodes, "").await;
+        // No lockout within the test's refusals: this one is about the log.
+        let switch = SwitchProcess::start("log", &nodes, "max_refused_tokens = 100000").await;
         let base = switch.base();
         const REFUSED: usize = 100;
         for _ in 0..REFUSED {
@@ -451,6 +583,208 @@ async fn refusals_and_changes_are_logged_with_the_peer() {
             "{}",
             changes[1]
         );
+        for node in nodes {
+            node.stop().await;
+        }
+    })
+    .await
+    .expect("test within its time limit");
+}
+
+/// Bytes of every file in the switch's data directory (the database, its
+/// WAL, the key, the runtime state).
+fn data_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// One keep-alive connection from `source` sending `GET /api/v1/status`
+/// with `token` as fast as the answers come, until `until`; reconnects
+/// when the switch closes it. Returns the statuses answered.
+async fn hammer(
+    admin: SocketAddr,
+    source: std::net::IpAddr,
+    token: &str,
+    until: tokio::time::Instant,
+) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    let request = format!(
+        "GET /api/v1/status HTTP/1.1\r\nHost: flood\r\nAuthorization: Bearer {token}\r\n\r\n"
+    );
+    'connections: while tokio::time::Instant::now() < until {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(SocketAddr::new(source, 0))
+            .expect("bind the source");
+        let Ok(mut stream) = socket.connect(admin).await else {
+            continue;
+        };
+        let mut buf = Vec::new();
+        while tokio::time::Instant::now() < until {
+            if stream.write_all(request.as_bytes()).await.is_err() {
+                continue 'connections;
+            }
+            // One answer: the head, then Content-Length bytes.
+            let (status, rest) = loop {
+                if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                    let status: u16 = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case("content-length")
+                                .then(|| v.trim().parse().ok())?
+                        })
+                        .unwrap_or(0);
+                    if buf.len() >= end + 4 + len {
+                        break (status, end + 4 + len);
+                    }
+                }
+                let mut chunk = [0u8; 4096];
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => continue 'connections,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            };
+            buf.drain(..rest);
+            statuses.push(status);
+        }
+    }
+    statuses
+}
+
+/// The `token-refused` audit rows in the switch's store: (second, count
+/// the row carries).
+fn refused_rows(data_dir: &std::path::Path) -> Vec<(i64, u64)> {
+    let db = rusqlite::Connection::open(data_dir.join("isoswitch.db")).expect("open the store");
+    let mut st = db
+        .prepare("SELECT at, outcome FROM admin_log WHERE action = 'token-refused' ORDER BY at")
+        .unwrap();
+    st.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+        .unwrap()
+        .map(|r| {
+            let (at, outcome) = r.unwrap();
+            let n = outcome
+                .split(' ')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no count in {outcome:?}"));
+            (at / 1000, n)
+        })
+        .collect()
+}
+
+/// The issue's done-when: a 5 s wrong-token flood (one keep-alive client,
+/// thousands of 401s) writes at most 5 audit rows a second, one per second
+/// here, that still count every refusal; the store grows by under 1 MB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_token_flood_writes_a_few_audit_rows_and_not_the_disk_full() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let spec = spec("cup-pos");
+        let nodes = start_nodes(&spec, 2, Delay::NONE).await;
+        // No lockout: every request of the flood is a refused token.
+        let extra = "max_refused_tokens = 100000000";
+        let switch = SwitchProcess::start("audit-flood", &nodes, extra).await;
+        // A second for the audit's first write, then the baseline.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let before = data_bytes(&switch.data_dir);
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        let local = "127.0.0.1".parse().unwrap();
+        let statuses = hammer(switch.admin, local, "wrong-token-0123456789", until).await;
+        let refused = statuses.iter().filter(|&&s| s == 401).count() as u64;
+        assert_eq!(refused as usize, statuses.len(), "all 401");
+        assert!(refused > 1_000, "a flood: {refused} requests");
+        // The last refusals are written within a second or two.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let grown = data_bytes(&switch.data_dir).saturating_sub(before);
+        let data_dir = switch.data_dir.clone();
+        let (status, log) = switch.terminate().await;
+        assert!(status.success(), "{status}\n{log}");
+        assert!(grown < 1 << 20, "the store grew by {grown} bytes");
+        let rows = refused_rows(&data_dir);
+        let mut per_second = std::collections::BTreeMap::new();
+        for (second, _) in &rows {
+            *per_second.entry(*second).or_insert(0) += 1;
+        }
+        assert!(
+            per_second.values().all(|&n| n <= 5),
+            "at most 5 rows a second: {per_second:?}"
+        );
+        assert!(rows.len() <= 9, "one row a second or so: {rows:?}");
+        let counted: u64 = rows.iter().map(|(_, n)| n).sum();
+        assert_eq!(counted, refused, "the rows count every refusal: {rows:?}");
+        assert!(log.contains("admin audit: tokens refused"), "{log}");
+        println!(
+            "{refused} refused tokens in 5 s: {} audit rows, the data dir grew {grown} bytes",
+            rows.len()
+        );
+        for node in nodes {
+            node.stop().await;
+        }
+    })
+    .await
+    .expect("test within its time limit");
+}
+
+/// After `admin.max_refused_tokens` refusals a peer gets 429 with
+/// Retry-After, even with the right token, for `admin.lockout`; another
+/// address is not locked out, and the open probes stay open to the
+/// locked-out one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_keeps_guessing_is_locked_out() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let spec = spec("cup-pos");
+        let nodes = start_nodes(&spec, 2, Delay::NONE).await;
+        let extra = "max_refused_tokens = 5\nlockout = \"10m\"";
+        let switch = SwitchProcess::start("lockout", &nodes, extra).await;
+        let base = switch.base();
+        for i in 0..5 {
+            let (code, _) = request(
+                &base,
+                "GET",
+                "/api/v1/status",
+                Some("wrong-token-0123456789"),
+                None,
+            )
+            .await
+            .unwrap();
+            assert_eq!(code, 401, "refusal {i}");
+        }
+        let (code, body) = request(&base, "GET", "/api/v1/status", Some(TOKEN), None)
+            .await
+            .unwrap();
+        assert_eq!(code, 429, "the right token, locked out: {body}");
+        assert!(body.contains("locked out"), "{body}");
+        let (code, _) = raw_http(
+            switch.admin,
+            "GET",
+            "/api/v1/status",
+            &[("Authorization", &format!("Bearer {TOKEN}"))],
+            "",
+        )
+        .await;
+        assert_eq!(code, 429);
+        let (code, _) = request(&base, "GET", "/healthz", None, None).await.unwrap();
+        assert_eq!(code, 200, "the probes stay open");
+        // Another address of the host is not the guesser.
+        let other = "127.0.0.2".parse().unwrap();
+        let until = tokio::time::Instant::now() + Duration::from_millis(200);
+        let statuses = hammer(switch.admin, other, TOKEN, until).await;
+        assert!(
+            !statuses.is_empty() && statuses.iter().all(|&s| s == 200),
+            "{statuses:?}"
+        );
+        let (status, log) = switch.terminate().await;
+        assert!(status.success(), "{status}\n{log}");
+        assert!(log.contains("peer locked out"), "{log}");
         for node in nodes {
             node.stop().await;
         }

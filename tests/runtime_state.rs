@@ -67,7 +67,7 @@ struct Rig {
 impl Rig {
     fn new(test: &str) -> Rig {
         let scratch = Scratch::new(&format!("runtime-state-{test}"));
-        std::fs::write(scratch.join("token"), format!("{TOKEN}\n")).unwrap();
+        write_secret(&scratch.join("token"), &format!("{TOKEN}\n"));
         Rig {
             admin: free_addr(),
             config: scratch.join("isoswitch.toml"),
@@ -584,7 +584,7 @@ async fn under_systemd_the_token_is_the_credential_and_the_state_the_state_direc
         let credentials = rig.scratch.join("credentials");
         std::fs::create_dir(&credentials).unwrap();
         let credential = "credential-token-0123456789";
-        std::fs::write(credentials.join("admin-token"), format!("{credential}\n")).unwrap();
+        write_secret(&credentials.join("admin-token"), &format!("{credential}\n"));
         let (state, other) = (rig.scratch.join("state"), rig.scratch.join("other"));
         let systemd = |cmd: &mut Command| {
             cmd.env("CREDENTIALS_DIRECTORY", &credentials)

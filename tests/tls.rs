@@ -4,7 +4,10 @@
 //! answer exactly once; clients without a certificate, with one from another
 //! CA or with a name not allowed, refused in the handshake and counted by
 //! reason; HTTPS on the admin API with `ctl`; certificates renewed and
-//! reloaded under load without a link dropped. No assertion is on timing.
+//! reloaded under load without a link dropped; revoked client certificates
+//! (`client_crl`) refused in the handshake, the list read again on reload;
+//! expired certificates failing `check`, `run` and a reload. No assertion
+//! is on timing.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -612,11 +615,10 @@ async fn check_names_the_key_and_file_of_bad_tls_material_without_showing_it() {
         let c = Certs::new("tls-check");
         let secret = "MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgSECRETSECRET";
         let broken = c.pki.dir.join("broken.key");
-        std::fs::write(
+        certs::write_key(
             &broken,
-            format!("-----BEGIN PRIVATE KEY-----\n{secret}\n-----END PRIVATE KEY-----\n"),
-        )
-        .expect("write");
+            &format!("-----BEGIN PRIVATE KEY-----\n{secret}\n-----END PRIVATE KEY-----\n"),
+        );
         for (key, shown) in [
             (c.pki.dir.join("missing.key"), "missing.key"),
             (broken, "broken.key"),
@@ -638,6 +640,148 @@ async fn check_names_the_key_and_file_of_bad_tls_material_without_showing_it() {
             assert!(log.contains("service[0].front.tls.key: "), "{log}");
             assert!(log.contains(shown), "{log}");
             assert!(!log.contains("SECRET"), "key material shown: {log}");
+        }
+    })
+    .await;
+}
+
+/// A POS front with `client_crl`: a client certificate the CRL revokes is
+/// refused in the handshake (counted `revoked-certificate`) while a valid
+/// one gets every answer; a new list read on SIGHUP revokes that one too; a
+/// reload onto an expired certificate is refused and the old one served;
+/// the CAs' expiry is exported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_client_certificate_is_refused_and_the_crl_is_read_again_on_reload() {
+    within(Duration::from_secs(120), async {
+        let c = Certs::new("tls-crl");
+        let good = c.pki.issue_serial("nac-good", &["nac-01"], 1001);
+        let revoked = c.pki.issue_serial("nac-revoked", &["nac-01"], 1002);
+        let crl = c.pki.crl("clients.crl", &[1002]);
+        let node_flags = c.node_flags();
+        let extra: Vec<&str> = node_flags.iter().map(String::as_str).collect();
+        let (_nodes, addrs) = start_nodes_with("cup-pos", 1, "1ms", &extra).await;
+        let (admin, admin_toml) = admin_toml("tls-crl");
+        let listen = free_addr();
+        let toml = pos_toml(&c, listen, &addrs, &admin_toml).replace(
+            "client_names = [\"nac-01\"]\n",
+            &format!(
+                "client_names = [\"nac-01\"]\nclient_crl = [\"{}\"]\n",
+                path(&crl)
+            ),
+        );
+        let (switch, _) = start_switch("tls-crl", &toml, listen).await;
+        wait_listening(admin).await;
+
+        refused_client(listen, flags(&c.pki.ca, Some(&revoked))).await;
+        wait_metric(admin, &failures("revoked-certificate"), 1).await;
+        let nac_flags = c.nac_flags(Some(&good));
+        let extra: Vec<&str> = nac_flags.iter().map(String::as_str).collect();
+        let report = nac("tls-crl-nac", listen, 100, ("1s", "3s"), &extra)
+            .report()
+            .await;
+        assert_exactly_once(&report);
+        assert!(n(&report, "answered") > 0, "{report}");
+
+        let cas = metrics(admin, &["isoswitch_tls_ca_expiry_seconds"]).await;
+        for key in ["service[0].front.tls.client_ca", "service[0].back.tls.ca"] {
+            let line = cas
+                .lines()
+                .find(|l| l.contains(&format!("key=\"{key}\"")))
+                .unwrap_or_else(|| panic!("no CA expiry for {key}: {cas}"));
+            assert!(line.contains("subject=\"CN=tls-crl test CA\""), "{line}");
+            let left: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+            assert!(left > 86_400.0, "{line}");
+        }
+
+        // The CA's next list revokes the good one too: read on reload.
+        let newer = c.pki.crl("newer.crl", &[1001, 1002]);
+        std::fs::copy(&newer, &crl).expect("new CRL in place");
+        switch.signal("HUP");
+        switch.wait_logged("SIGHUP: config reloaded").await;
+        refused_client(listen, flags(&c.pki.ca, Some(&good))).await;
+        wait_metric(admin, &failures("revoked-certificate"), 2).await;
+
+        // A renewal that put an expired certificate in place is refused,
+        // naming the key; the switch keeps presenting the one it has.
+        let expired = c
+            .pki
+            .issue_with("expired", &["switch.test", "127.0.0.1"], |p| {
+                p.not_before = rcgen::date_time_ymd(2000, 1, 1);
+                p.not_after = rcgen::date_time_ymd(2001, 1, 1);
+            });
+        std::fs::copy(&expired.cert, &c.switch.cert).expect("expired cert");
+        std::fs::copy(&expired.key, &c.switch.key).expect("its key");
+        switch.signal("HUP");
+        switch.wait_logged("SIGHUP: reload refused").await;
+        let log = std::fs::read_to_string(&switch.log).expect("the switch's log");
+        assert!(
+            log.contains("service[0].front.tls.cert") && log.contains("expired on 2001-01-01"),
+            "{log}"
+        );
+        let still = c.pki.issue("still", &["nac-01"]);
+        let tls = flags(&c.pki.ca, Some(&still)).client().unwrap().unwrap();
+        let stream = isoswitch::tls::tools::connect(Some(&tls), listen).await;
+        assert!(stream.is_ok(), "the old certificate is still served");
+    })
+    .await;
+}
+
+/// `check` and `run` refuse an expired or not yet valid certificate and a
+/// key file others may read, naming the key and the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_run_refuse_expired_certificates_and_open_keys_naming_the_key() {
+    within(Duration::from_secs(60), async {
+        let c = Certs::new("tls-validity");
+        let expired = c.pki.issue_with("expired", &["switch.test"], |p| {
+            p.not_before = rcgen::date_time_ymd(2000, 1, 1);
+            p.not_after = rcgen::date_time_ymd(2001, 1, 1);
+        });
+        let early = c.pki.issue_with("early", &["switch.test"], |p| {
+            p.not_before = rcgen::date_time_ymd(2090, 1, 1);
+            p.not_after = rcgen::date_time_ymd(2091, 1, 1);
+        });
+        let open = c.pki.issue("open", &["switch.test"]);
+        let others = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o644);
+        std::fs::set_permissions(&open.key, others).expect("chmod 644");
+        let cases = [
+            (
+                &expired,
+                "service[0].front.tls.cert: ",
+                "expired on 2001-01-01T00:00:00Z",
+            ),
+            (
+                &early,
+                "service[0].front.tls.cert: ",
+                "not valid before 2090-01-01T00:00:00Z",
+            ),
+            (
+                &open,
+                "service[0].front.tls.key: ",
+                "mode 0644: group or others may read it",
+            ),
+        ];
+        for (leaf, key, why) in cases {
+            let toml = format!(
+                "[[service]]\nname = \"pos\"\nspec = \"cup-pos\"\n\
+                 [service.front]\nkind = \"listen\"\nlisten = \"127.0.0.1:0\"\n\
+                 [service.front.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+                 [service.back]\n[[service.back.node]]\nid = \"01\"\naddress = \"127.0.0.1:9\"\n",
+                path(&leaf.cert),
+                path(&leaf.key)
+            );
+            let config = write_config("tls-validity", &toml);
+            let data = data_dir("tls-validity");
+            for args in [
+                vec!["check", "--config", &path(&config)],
+                vec!["run", "--config", &path(&config), "--data-dir", &data],
+            ] {
+                let proc = Proc::spawn("tls-validity", &args);
+                let log_file = proc.log.clone();
+                let (status, _) = proc.finish().await;
+                let log = std::fs::read_to_string(log_file).expect("stderr");
+                assert!(!status.success(), "{} passed: {log}", args[0]);
+                assert!(log.contains(key) && log.contains(why), "{}: {log}", args[0]);
+            }
         }
     })
     .await;

@@ -67,8 +67,10 @@ fn key_beside_data(cfg: &Config) -> Option<String> {
     })
 }
 
-/// Reads every certificate and key the `tls` tables name, as `run` will;
-/// warns of a certificate with less than 14 days left.
+/// Reads every certificate, key and CRL the `tls` tables name, as `run`
+/// will (an expired or not yet valid certificate, a key others may read,
+/// fail); warns of a certificate or CA with less than 14 days left and of a
+/// CRL past its next update.
 fn check_tls(cfg: &Config) -> Result<(), crate::config::tls::TlsError> {
     let mut services = Vec::new();
     for (i, svc) in cfg.services.iter().enumerate() {
@@ -93,6 +95,40 @@ fn check_tls(cfg: &Config) -> Result<(), crate::config::tls::TlsError> {
             c.subject,
             c.expires_in_s.div_euclid(86_400)
         );
+    }
+    let cas = crate::tls::ca_statuses(
+        services.iter().map(|(name, tls)| (*name, tls)),
+        admin.as_ref(),
+    );
+    for c in cas.iter().filter(|c| c.expires_in_s < 14 * 86_400) {
+        let when = crate::config::tls::rfc3339(c.not_after);
+        if c.expires_in_s < 0 {
+            eprintln!(
+                "warning: {} ({}): the CA {} expired on {when}: renew it (verifiers other than the switch refuse what it signed)",
+                c.key, c.file, c.subject
+            );
+        } else {
+            eprintln!(
+                "warning: {} ({}): the CA {} expires in {} days ({when})",
+                c.key,
+                c.file,
+                c.subject,
+                c.expires_in_s.div_euclid(86_400)
+            );
+        }
+    }
+    let now = crate::config::tls::now_s();
+    let crls = services.iter().flat_map(|(_, tls)| tls.crls());
+    let admin_crls = admin.iter().flat_map(|a| a.side.crls());
+    for crl in crls.chain(admin_crls) {
+        if let Some(next) = crl.next_update.filter(|&t| t < now) {
+            eprintln!(
+                "warning: {} ({}): its next update was due on {}: fetch the CA's current list",
+                crl.key,
+                crl.file.display(),
+                crate::config::tls::rfc3339(next)
+            );
+        }
     }
     Ok(())
 }

@@ -675,6 +675,20 @@ struct DemoFiles {
     data_dir: std::path::PathBuf,
 }
 
+/// Creates `path` for its owner alone (the switch refuses a token others
+/// may read) and writes `text` into it.
+fn write_owner_only(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?
+        .write_all(text.as_bytes())
+}
+
 impl DemoFiles {
     fn new() -> Result<DemoFiles, String> {
         let dir = std::env::temp_dir();
@@ -683,7 +697,7 @@ impl DemoFiles {
         // A demo token, not a secret worth a CSPRNG: the listener is loopback.
         let token_text = format!("demo-{pid:x}-{salt:016x}");
         let token = dir.join(format!("isoswitch-demo-{pid}.token"));
-        std::fs::write(&token, &token_text).map_err(|e| format!("{}: {e}", token.display()))?;
+        write_owner_only(&token, &token_text).map_err(|e| format!("{}: {e}", token.display()))?;
         // Its own salt: the name is visible to anyone who lists the temp dir.
         let data_dir = dir.join(format!(
             "isoswitch-demo-{pid}-{:016x}",

@@ -2,25 +2,6 @@
 
 use std::time::Duration;
 
-pub fn admin_listen() -> std::net::SocketAddr {
-    std::net::SocketAddr::from(([127, 0, 0, 1], 9090))
-}
-
-pub fn admin_open_paths() -> Vec<String> {
-    vec!["/healthz".into(), "/readyz".into(), "/metrics".into()]
-}
-pub fn admin_max_connections() -> usize {
-    64
-}
-pub fn admin_header_timeout() -> Duration {
-    Duration::from_secs(5)
-}
-pub fn admin_request_timeout() -> Duration {
-    Duration::from_secs(30)
-}
-pub fn admin_max_requests_per_connection() -> usize {
-    100
-}
 pub fn capture_enabled() -> bool {
     true
 }

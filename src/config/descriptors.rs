@@ -9,7 +9,7 @@
 //! links, the admin listener, captures and the files it reads always find
 //! theirs.
 
-use super::{CheckKind, Config, FrontConfig, ServiceConfig};
+use super::{AdminConfig, CheckKind, Config, FrontConfig, ServiceConfig};
 
 /// Per capturing service: the file being written and its O_DIRECT twin, and
 /// the directory read at start.
@@ -36,9 +36,10 @@ pub struct DescriptorNeed {
     pub node_links: u64,
     /// Simplex out and in links, connect-front links.
     pub peer_links: u64,
-    /// The admin listener's connections: `admin.max_connections`, reserved
-    /// whole (past it the listener stops accepting), and its thread's copy of
-    /// the listener, poller and waker.
+    /// The admin listener's connections: `admin.max_connections` and
+    /// `admin.probe_slots`, reserved whole, the 503s given a moment to be
+    /// read ([`AdminConfig::LINGERING`]), the one being accepted, and its
+    /// thread's copy of the listener, poller and waker.
     pub admin: u64,
     /// Capture files ([`CAPTURE_PER_SERVICE`] per capturing service).
     pub capture: u64,
@@ -49,10 +50,9 @@ pub struct DescriptorNeed {
 impl DescriptorNeed {
     pub fn of(config: &Config) -> DescriptorNeed {
         let mut need = DescriptorNeed {
-            admin: config
-                .admin
-                .as_ref()
-                .map_or(0, |a| a.max_connections as u64 + 3),
+            admin: config.admin.as_ref().map_or(0, |a| {
+                (a.max_connections + a.probe_slots + AdminConfig::LINGERING) as u64 + 4
+            }),
             listeners: u64::from(config.admin.is_some()),
             process: FILES + PROCESS,
             ..DescriptorNeed::default()
@@ -181,7 +181,11 @@ mod tests {
         // pos: 2 nodes x (2 connections + 1 tcp check); up: 1 node x 2 (echo).
         assert_eq!(need.node_links, 6 + 2);
         assert_eq!(need.peer_links, 4 + 4, "out links and in links");
-        assert_eq!(need.admin, 64 + 3, "admin.max_connections by default");
+        assert_eq!(
+            need.admin,
+            64 + 8 + 32 + 4,
+            "admin.max_connections and probe_slots by default"
+        );
         assert_eq!(need.capture, CAPTURE_PER_SERVICE);
         assert_eq!(need.process, FILES + PROCESS);
         assert_eq!(need.total(), need.clients + need.reserved());

@@ -20,14 +20,17 @@ use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{
-    CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, RootCertStore,
-    ServerConfig, SignatureScheme,
+    CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, ServerConfig,
+    SignatureScheme,
 };
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use serde::{Deserialize, Serialize};
 
 use crate::util::duration;
+
+mod files;
+use files::{cert_info, read_chain, read_crls, read_key, read_roots};
+pub use files::{now_s, rfc3339};
 
 /// The lowest TLS version a link accepts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -75,6 +78,11 @@ pub struct TlsServer {
     /// certificate `client_ca` signed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub client_names: Vec<String>,
+    /// PEM files of certificate revocation lists (one or more `X509 CRL`
+    /// each) issued by the CAs of `client_ca`: a client certificate they
+    /// revoke is refused in the handshake. Read again at each reload.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_crl: Vec<PathBuf>,
     /// `"1.2"` (default) or `"1.3"`.
     #[serde(default)]
     pub min_version: TlsVersion,
@@ -126,8 +134,21 @@ pub struct CertInfo {
     pub key: String,
     pub file: PathBuf,
     pub subject: String,
+    /// Start of validity, seconds since the Unix epoch.
+    pub not_before: i64,
     /// Expiry, seconds since the Unix epoch.
     pub not_after: i64,
+}
+
+/// One CRL file a server table reads, for `check`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CrlInfo {
+    /// `service[0].front.tls.client_crl[0]`.
+    pub key: String,
+    pub file: PathBuf,
+    /// The earliest `nextUpdate` of its lists (seconds since the Unix
+    /// epoch): past it, the CA has published a newer list.
+    pub next_update: Option<i64>,
 }
 
 /// A loaded server side: what rustls accepts with, and the certificate shown.
@@ -135,6 +156,10 @@ pub struct CertInfo {
 pub struct LoadedServer {
     pub config: Arc<ServerConfig>,
     pub cert: CertInfo,
+    /// The certificates of `client_ca`.
+    pub cas: Vec<CertInfo>,
+    /// The `client_crl` files.
+    pub crls: Vec<CrlInfo>,
 }
 
 /// A loaded client side.
@@ -144,6 +169,8 @@ pub struct LoadedClient {
     /// The switch's own certificate, when it presents one.
     pub cert: Option<CertInfo>,
     pub server_name: Option<ServerName<'static>>,
+    /// The certificates of `ca`.
+    pub cas: Vec<CertInfo>,
 }
 
 fn provider() -> Arc<CryptoProvider> {
@@ -159,6 +186,12 @@ impl TlsServer {
                 "needs client_ca (names are checked on verified client certificates)",
             ));
         }
+        if !self.client_crl.is_empty() && self.client_ca.is_none() {
+            return Err(invalid(
+                format!("{key}.client_crl"),
+                "needs client_ca (revocation is checked on verified client certificates)",
+            ));
+        }
         if self.handshake_timeout.is_zero() {
             return Err(invalid(format!("{key}.handshake_timeout"), "must be > 0"));
         }
@@ -170,20 +203,54 @@ impl TlsServer {
     pub fn load(&self, key: &str) -> Result<LoadedServer, TlsError> {
         self.validate(key)?;
         let cert_key = format!("{key}.cert");
-        let chain = read_certs(&cert_key, &self.cert)?;
+        let chain = read_chain(&cert_key, &self.cert)?;
         let info = cert_info(&cert_key, &self.cert, &chain[0])?;
         let private = read_key(&format!("{key}.key"), &self.key)?;
         let builder = ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(self.min_version.versions())
             .map_err(|e| invalid(format!("{key}.min_version"), e.to_string()))?;
+        let (mut cas, mut crls) = (Vec::new(), Vec::new());
         let builder = match &self.client_ca {
             None => builder.with_no_client_auth(),
             Some(ca) => {
                 let ca_key = format!("{key}.client_ca");
-                let roots = read_roots(&ca_key, ca)?;
+                let (roots, infos) = read_roots(&ca_key, ca)?;
+                let mut lists = Vec::new();
+                for (i, file) in self.client_crl.iter().enumerate() {
+                    let crl_key = format!("{key}.client_crl[{i}]");
+                    let read = read_crls(&crl_key, file)?;
+                    if let Some(issuer) = read
+                        .issuers
+                        .iter()
+                        .find(|i| !infos.iter().any(|ca| &ca.subject == *i))
+                    {
+                        return Err(file_error(
+                            &crl_key,
+                            file,
+                            format!("a list issued by {issuer}, not by a certificate of {ca_key}"),
+                        ));
+                    }
+                    crls.push(CrlInfo {
+                        key: crl_key,
+                        file: file.clone(),
+                        next_update: read.next_update,
+                    });
+                    lists.extend(read.lists);
+                }
+                cas = infos;
+                // Revocation is checked on every certificate of the chain
+                // below the CA; one whose issuer has no list here is refused
+                // (its status is unknown): fail closed.
                 let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider())
+                    .with_crls(lists)
                     .build()
-                    .map_err(|e| file_error(&ca_key, ca, e.to_string()))?;
+                    .map_err(|e| {
+                        if self.client_crl.is_empty() {
+                            file_error(&ca_key, ca, e.to_string())
+                        } else {
+                            invalid(format!("{key}.client_crl"), format!("cannot be used: {e}"))
+                        }
+                    })?;
                 builder.with_client_cert_verifier(Arc::new(NamedClients {
                     inner: verifier,
                     names: self.client_names.clone(),
@@ -196,6 +263,8 @@ impl TlsServer {
         Ok(LoadedServer {
             config: Arc::new(config),
             cert: info,
+            cas,
+            crls,
         })
     }
 }
@@ -223,7 +292,7 @@ impl TlsClient {
     pub fn load(&self, key: &str) -> Result<LoadedClient, TlsError> {
         self.validate(key)?;
         let ca_key = format!("{key}.ca");
-        let roots = read_roots(&ca_key, &self.ca)?;
+        let (roots, cas) = read_roots(&ca_key, &self.ca)?;
         let builder = ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(self.min_version.versions())
             .map_err(|e| invalid(format!("{key}.min_version"), e.to_string()))?
@@ -231,7 +300,7 @@ impl TlsClient {
         let (config, cert) = match (&self.cert, &self.key) {
             (Some(cert), Some(private)) => {
                 let cert_key = format!("{key}.cert");
-                let chain = read_certs(&cert_key, cert)?;
+                let chain = read_chain(&cert_key, cert)?;
                 let info = cert_info(&cert_key, cert, &chain[0])?;
                 let private_key = read_key(&format!("{key}.key"), private)?;
                 let config = builder
@@ -252,6 +321,7 @@ impl TlsClient {
             config: Arc::new(config),
             cert,
             server_name,
+            cas,
         })
     }
 }
@@ -336,22 +406,11 @@ fn invalid(key: impl Into<String>, reason: impl Into<String>) -> TlsError {
     }
 }
 
-fn file_error(key: &str, file: &Path, reason: impl Into<String>) -> TlsError {
+pub(crate) fn file_error(key: &str, file: &Path, reason: impl Into<String>) -> TlsError {
     TlsError::File {
         key: key.to_string(),
         file: file.to_path_buf(),
         reason: reason.into(),
-    }
-}
-
-/// A PEM error in our words: the parser's own messages may quote a line of
-/// the file, and a key file's lines are secret.
-fn pem_reason(e: &rustls_pki_types::pem::Error) -> String {
-    use rustls_pki_types::pem::Error;
-    match e {
-        Error::Io(io) => io.to_string(),
-        Error::NoItemsFound => "no PEM item of the expected kind".into(),
-        _ => "not valid PEM".into(),
     }
 }
 
@@ -361,42 +420,6 @@ fn key_reason(e: &rustls::Error) -> String {
         rustls::Error::InconsistentKeys(_) => "the key does not match the certificate".into(),
         _ => "the key cannot be used with the certificate (unsupported or malformed)".into(),
     }
-}
-
-fn read_certs(key: &str, file: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_file_iter(file)
-        .map_err(|e| file_error(key, file, pem_reason(&e)))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| file_error(key, file, pem_reason(&e)))?;
-    if certs.is_empty() {
-        return Err(file_error(key, file, "no CERTIFICATE in the file"));
-    }
-    Ok(certs)
-}
-
-fn read_key(key: &str, file: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(file).map_err(|e| file_error(key, file, pem_reason(&e)))
-}
-
-fn read_roots(key: &str, file: &Path) -> Result<Arc<RootCertStore>, TlsError> {
-    let mut roots = RootCertStore::empty();
-    for cert in read_certs(key, file)? {
-        roots
-            .add(cert)
-            .map_err(|e| file_error(key, file, format!("not a usable CA certificate: {e}")))?;
-    }
-    Ok(Arc::new(roots))
-}
-
-fn cert_info(key: &str, file: &Path, leaf: &CertificateDer<'_>) -> Result<CertInfo, TlsError> {
-    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref())
-        .map_err(|_| file_error(key, file, "the first certificate is not valid X.509"))?;
-    Ok(CertInfo {
-        key: key.to_string(),
-        file: file.to_path_buf(),
-        subject: cert.subject().to_string(),
-        not_after: cert.validity().not_after.timestamp(),
-    })
 }
 
 /// The subject DN of a DER certificate, for the connection table.

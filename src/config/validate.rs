@@ -353,6 +353,25 @@ impl BackConfig {
             .collect()
     }
 
+    /// Where a node added at runtime may be: `allowed_networks`, or, when
+    /// that is empty, each configured node's own address as a /32 (/128).
+    pub fn allowed_networks(&self) -> Vec<IpNet> {
+        if !self.allowed_networks.is_empty() {
+            return self.allowed_networks.clone();
+        }
+        self.nodes
+            .iter()
+            .map(|n| IpNet::from(n.address.ip()))
+            .collect()
+    }
+
+    /// Whether a node at `addr` may be added at runtime.
+    pub fn allows(&self, addr: std::net::SocketAddr) -> bool {
+        self.allowed_networks()
+            .iter()
+            .any(|net| net.contains(&addr.ip()))
+    }
+
     fn validate(&self, key: &str) -> Result<(), ConfigError> {
         if self.nodes.is_empty() {
             return Err(invalid(
@@ -403,6 +422,12 @@ impl BackConfig {
                 return Err(invalid(
                     format!("{nkey}.weight"),
                     "must be > 0 (use admin = \"disabled\")",
+                ));
+            }
+            if !self.allowed_networks.is_empty() && !self.allows(node.address) {
+                return Err(invalid(
+                    format!("{nkey}.address"),
+                    format!("{} is outside {key}.allowed_networks", node.address),
                 ));
             }
         }

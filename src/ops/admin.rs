@@ -3,9 +3,10 @@
 //! and the store-and-forward queue (list, retry now, drop with a reason).
 //!
 //! **It cannot hurt card traffic.** It serves on a thread and runtime of its
-//! own, at most `admin.max_connections` connections at once (past the cap it
-//! stops accepting: the rest wait in the kernel and hold none of the switch's
-//! file descriptors), and cuts slow clients: headers within
+//! own, at most `admin.max_connections` connections served at once (one peer
+//! address at most `admin.max_connections_per_peer`; past them a few probe
+//! slots answer `/healthz` and `/readyz`, and 503 the rest at once: see
+//! [`super::admin_probe`]), and cuts slow clients: headers within
 //! `header_timeout` (also the idle limit of a kept-alive connection), the
 //! whole request and its answer within `request_timeout`, at most
 //! `max_requests_per_connection` requests per connection, 2 MB of body
@@ -17,17 +18,17 @@
 //! **Access.** Every endpoint wants `Authorization: Bearer TOKEN` except GET
 //! on the configured open paths (`/healthz`, `/readyz` and `/metrics` by
 //! default; only those and `/` can be opened, see
-//! [`AdminConfig::OPENABLE`]). Every request that changes something (any
-//! method but GET and HEAD) wants the token and `Content-Type:
-//! application/json`, body or not, so a browser's cross-site "simple
-//! request" can never reach one. A missing or wrong token gets 401 (logged
-//! at WARN with the peer's address, rate-limited), a change without the JSON
-//! content type 415, bad input 400 with the reason, as JSON
-//! `{"error": "..."}`. Every change is logged at INFO with the peer's
-//! address and its outcome.
+//! [`AdminConfig::OPENABLE`]). Two tokens ([`super::admin_auth`]): `read`
+//! for GET and HEAD, `operate` for everything; a read token on a change
+//! gets 403. Every request that changes something (any method but GET and
+//! HEAD) wants the operate token and `Content-Type: application/json`, body
+//! or not, so a browser's cross-site "simple request" can never reach one.
+//! A missing or wrong token gets 401 (logged at WARN with the peer's
+//! address, rate-limited), a change without the JSON content type 415, bad
+//! input 400 with the reason, as JSON `{"error": "..."}`. Every change is
+//! logged at INFO with the peer's address, the role and the outcome.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,8 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
 
+use super::admin_audit::Refusal;
+use super::admin_auth::{CredentialError, Credentials, Role};
 use super::admin_journal;
 use super::admin_serve::{self, Limits};
 use super::control::ControlError;
@@ -52,9 +55,7 @@ use crate::link::log_limit::{LogKind, LogLimit, LogPeer};
 use crate::route::AdminState;
 use crate::store::StoreError;
 
-/// The environment variable that holds the token when no `token_file` is set
-/// and no systemd credential is there.
-pub const TOKEN_ENV: &str = "ISOSWITCH_ADMIN_TOKEN";
+pub use super::admin_auth::{TOKEN_CREDENTIAL, TOKEN_ENV};
 /// The largest request body read.
 pub const BODY_LIMIT: usize = 2 << 20;
 /// Refused-token lines per peer and second (and accept failures a
@@ -64,15 +65,8 @@ const REFUSALS_PER_SECOND: u32 = 5;
 /// Why the admin listener cannot start, naming the key.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
-    #[error("admin.token_file: {}: {source}", path.display())]
-    TokenFile {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(
-        "admin.token_file: set a token of at least 16 characters there, in the systemd credential {TOKEN_CREDENTIAL} or in {TOKEN_ENV}"
-    )]
-    NoToken,
+    #[error("{0}")]
+    Credentials(#[from] CredentialError),
     #[error("{0}")]
     Tls(#[from] crate::config::tls::TlsError),
     #[error("admin.listen: {addr}: {source}")]
@@ -82,53 +76,21 @@ pub enum AdminError {
     },
 }
 
-/// The systemd credential (`LoadCredential=admin-token:...`) read when no
-/// `token_file` is set: `$CREDENTIALS_DIRECTORY/admin-token`.
-pub const TOKEN_CREDENTIAL: &str = "admin-token";
-
 #[derive(Clone)]
 struct Admin {
     switch: SwitchHandle,
-    token: Arc<str>,
+    credentials: Arc<Credentials>,
     open_paths: Arc<[String]>,
     /// Refused tokens, per peer (the accept loop shares it and flushes it).
     log_limit: Arc<LogLimit>,
-}
-
-/// Reads the token: `token_file`'s first line, else the systemd credential's
-/// (`$CREDENTIALS_DIRECTORY/admin-token`, when it exists), else
-/// `ISOSWITCH_ADMIN_TOKEN`.
-pub fn load_token(cfg: &AdminConfig) -> Result<String, AdminError> {
-    let credential = std::env::var_os("CREDENTIALS_DIRECTORY")
-        .map(|dir| std::path::Path::new(&dir).join(TOKEN_CREDENTIAL))
-        .filter(|path| path.is_file());
-    let token = match cfg.token_file.as_ref().or(credential.as_ref()) {
-        Some(path) => std::fs::read_to_string(path)
-            .map_err(|source| AdminError::TokenFile {
-                path: path.clone(),
-                source,
-            })?
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
-        None => std::env::var(TOKEN_ENV)
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
-    };
-    if token.len() < 16 {
-        return Err(AdminError::NoToken);
-    }
-    Ok(token)
 }
 
 /// Binds the admin listener and serves it on its own thread, under the
 /// switch's supervisor (restarted if the thread dies; stopped with the
 /// switch).
 pub async fn start(cfg: &AdminConfig, switch: SwitchHandle) -> Result<SocketAddr, AdminError> {
-    let token = load_token(cfg)?;
+    let credentials = Arc::new(Credentials::load(cfg)?);
+    let _ = switch.admin_credentials.set(Arc::clone(&credentials));
     let bind_error = |source| AdminError::Bind {
         addr: cfg.listen,
         source,
@@ -152,13 +114,14 @@ pub async fn start(cfg: &AdminConfig, switch: SwitchHandle) -> Result<SocketAddr
     let app = router(
         Admin {
             switch: switch.clone(),
-            token: token.into(),
+            credentials,
             open_paths: cfg.open_paths.clone().into(),
             log_limit: Arc::clone(&log_limit),
         },
         limits.request_timeout,
     );
     let sup = Arc::clone(&switch.supervisor);
+    let audit = Arc::clone(&switch.audit);
     let root = sup.token();
     sup.spawn_critical("admin".into(), sup.token(), move || {
         let thread = admin_serve::spawn_thread(
@@ -166,6 +129,7 @@ pub async fn start(cfg: &AdminConfig, switch: SwitchHandle) -> Result<SocketAddr
             app.clone(),
             limits,
             Arc::clone(&log_limit),
+            Arc::clone(&audit),
             tls.clone(),
             root.child_token(),
         );
@@ -220,20 +184,14 @@ fn router(admin: Admin, request_timeout: Duration) -> Router {
 /// traffic must not outlive the request in a browser or a proxy. The page
 /// has inline style and no script, and says so in its policy.
 async fn never_kept(req: Request, next: Next) -> Response {
-    use axum::http::header::{self, HeaderValue};
+    use axum::http::header::{HeaderName, HeaderValue};
     let mut answer = next.run(req).await;
     let h = answer.headers_mut();
-    for (name, value) in [
-        (header::CACHE_CONTROL, "no-store"),
-        (header::X_FRAME_OPTIONS, "DENY"),
-        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        (header::REFERRER_POLICY, "no-referrer"),
-        (
-            header::CONTENT_SECURITY_POLICY,
-            "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
-        ),
-    ] {
-        h.insert(name, HeaderValue::from_static(value));
+    for (name, value) in super::admin_probe::ALWAYS {
+        h.insert(
+            HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        );
     }
     answer
 }
@@ -273,15 +231,21 @@ async fn authorize(State(admin): State<Admin>, req: Request, next: Next) -> Resp
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0);
     let shown = peer.map_or_else(|| "-".to_string(), |p| p.to_string());
+    let now = Instant::now();
+    let audit = &admin.switch.audit;
+    if let Some(left) = audit.locked(peer.map(|p| p.ip()), now) {
+        return locked_out(left);
+    }
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    let refused = match presented {
-        Some(t) if same(t.as_bytes(), admin.token.as_bytes()) => None,
-        Some(_) => Some("wrong token"),
-        None => Some("missing bearer token (Authorization: Bearer TOKEN)"),
+    let role = presented.and_then(|t| admin.credentials.role_of(t, now));
+    let refused = match (presented, role) {
+        (_, Some(_)) => None,
+        (Some(_), None) => Some("wrong token"),
+        (None, None) => Some("missing bearer token (Authorization: Bearer TOKEN)"),
     };
     if let Some(why) = refused {
         let who = peer.map_or(LogPeer::Service, |p| LogPeer::Ip(p.ip()));
@@ -291,27 +255,36 @@ async fn authorize(State(admin): State<Admin>, req: Request, next: Next) -> Resp
         {
             tracing::warn!(peer = %shown, method = %req.method(), path = ?req.uri().path(), why, "admin: token refused");
         }
-        // Recorded in full (the log above is rate-limited): PCI DSS wants
-        // every refused access traceable.
-        let path = req.uri().path();
-        let status = StatusCode::UNAUTHORIZED;
-        let journal = admin.switch.journal.as_ref();
-        admin_journal::record(
-            journal,
-            &shown,
-            "token-refused".into(),
-            req.method(),
-            path,
-            status,
-            why,
-        );
+        // Counted per peer and written once a second with the count (PCI
+        // DSS wants every refused access traceable; a flood must not fill
+        // the disk): see `admin_audit`.
+        let (method, path) = (req.method().as_str(), req.uri().path());
+        if audit.refused(peer.map(|p| p.ip()), method, path, why, now) == Refusal::LockedOut {
+            tracing::warn!(peer = %shown, "admin: peer locked out after too many refused tokens (admin.max_refused_tokens, admin.lockout)");
+        }
         return unauthorized(why);
     }
+    let role = role.unwrap_or(Role::Read);
     if reads {
-        return next.run(req).await;
+        let (method, path) = (req.method().clone(), req.uri().path().to_string());
+        let answer = next.run(req).await;
+        if admin_journal::reads_card_data(&path) {
+            let what = format!("role={}", role.as_str());
+            let action = format!("read {path}");
+            let status = answer.status();
+            audit.record(admin_journal::row(
+                &shown, action, &method, &path, status, &what,
+            ));
+        }
+        return answer;
     }
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
-    let answer = if json_content_type(&req) {
+    let answer = if role < Role::Operate {
+        error(
+            StatusCode::FORBIDDEN,
+            "the read token cannot change anything: a change wants the operate token",
+        )
+    } else if json_content_type(&req) {
         next.run(req).await
     } else {
         error(
@@ -323,19 +296,32 @@ async fn authorize(State(admin): State<Admin>, req: Request, next: Next) -> Resp
         .extensions()
         .get::<Outcome>()
         .map_or("", |o| o.0.as_str());
-    tracing::info!(peer = %shown, %method, path = ?path, status = answer.status().as_u16(), outcome, "admin change");
+    let role = role.as_str();
+    tracing::info!(peer = %shown, role, %method, path = ?path, status = answer.status().as_u16(), outcome, "admin change");
     let action = admin_journal::action_of(&method, &path);
-    let journal = admin.switch.journal.as_ref();
-    admin_journal::record(
-        journal,
+    let what = format!("role={role}; {outcome}");
+    audit.record(admin_journal::row(
         &shown,
         action,
         &method,
         &path,
         answer.status(),
-        outcome,
-    );
+        &what,
+    ));
     answer
+}
+
+/// 429 to a locked-out peer, with when to come back.
+fn locked_out(left: Duration) -> Response {
+    let mut r = error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too many refused tokens from this address: locked out (admin.lockout)",
+    );
+    let secs = left.as_secs().max(1).to_string();
+    if let Ok(v) = header::HeaderValue::from_str(&secs) {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
 }
 
 /// `Content-Type: application/json`, parameters (charset) allowed. A browser
@@ -346,11 +332,6 @@ fn json_content_type(req: &Request) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
         .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
-}
-
-/// Compares in time independent of where the inputs differ.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn unauthorized(why: &str) -> Response {
@@ -408,6 +389,7 @@ impl IntoResponse for ControlError {
         let status = match self {
             ControlError::NoService(_) | ControlError::NoNode { .. } => StatusCode::NOT_FOUND,
             ControlError::Invalid(_) => StatusCode::BAD_REQUEST,
+            ControlError::NotAllowed(_) => StatusCode::FORBIDDEN,
             ControlError::Conflict(_) | ControlError::RestartNeeded(_) => StatusCode::CONFLICT,
             ControlError::NotSaved { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         };
@@ -585,9 +567,23 @@ async fn reload(State(admin): State<Admin>) -> Response {
     .await
 }
 
-async fn status_page(State(admin): State<Admin>) -> Html<String> {
+/// The status page. With `/` among the open paths it is served without a
+/// token, but the journal's rows (masked PAN, terminal, amount) only to a
+/// request that presents one (read or operate).
+async fn status_page(State(admin): State<Admin>, headers: axum::http::HeaderMap) -> Html<String> {
+    let status = status_of(&admin.switch);
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if token
+        .and_then(|t| admin.credentials.role_of(t, Instant::now()))
+        .is_none()
+    {
+        return Html(super::page::render(&status, None));
+    }
     let latest = admin_journal::latest(admin.switch.journal.as_ref()).await;
-    Html(super::page::render(&status_of(&admin.switch), &latest))
+    Html(super::page::render(&status, Some(&latest)))
 }
 
 /// Store errors as HTTP: an unknown entry 404, the wrong state 409, a store

@@ -1,5 +1,6 @@
-//! The admin API and the journal: every change and every refused token is
-//! recorded as an admin row (time, peer, action, status, outcome), and
+//! The admin API and the journal: every change, every read of card
+//! transactions and every refused token is an admin row (time, peer,
+//! action, status, outcome) of the admin audit (`super::admin_audit`), and
 //! `GET /api/v1/journal` queries the exchanges (docs/journal.md).
 
 use std::time::SystemTime;
@@ -8,6 +9,12 @@ use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::journal::{AdminRow, Journal, now_millis};
+
+/// The requests that read card transactions (masked) and so are audited
+/// even though they change nothing: the journal, the SAF listing.
+pub fn reads_card_data(path: &str) -> bool {
+    matches!(path, "/api/v1/journal" | "/api/v1/saf")
+}
 
 /// The action a request names: `drain`, `disable`, `enable`, `add`,
 /// `remove`, `reload`, `saf-retry`, `saf-drop`, or `METHOD path` for any
@@ -24,18 +31,16 @@ pub fn action_of(method: &Method, path: &str) -> String {
     }
 }
 
-/// Records an admin request's outcome; nothing without a journal.
-pub fn record(
-    journal: Option<&Journal>,
+/// An admin request's audit row.
+pub fn row(
     peer: &str,
     action: String,
     method: &Method,
     path: &str,
     status: StatusCode,
     outcome: &str,
-) {
-    let Some(journal) = journal else { return };
-    journal.admin(AdminRow {
+) -> AdminRow {
+    AdminRow {
         id: 0,
         at: now_millis(),
         peer: peer.to_string(),
@@ -44,7 +49,7 @@ pub fn record(
         path: crate::store::saf::clip(path),
         status: i64::from(status.as_u16()),
         outcome: crate::store::saf::clip(outcome),
-    });
+    }
 }
 
 /// `GET /api/v1/journal?...`: the exchanges the filter selects

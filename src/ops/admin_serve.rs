@@ -1,9 +1,10 @@
 //! How the admin listener serves, so that no admin client can hurt card
 //! traffic: a thread and a single-threaded runtime of its own (a /metrics
 //! flood or a slow client takes no worker time from the message path), at
-//! most `admin.max_connections` connections (at the cap it stops accepting,
-//! so the rest wait in the kernel's backlog and hold none of the switch's
-//! file descriptors), and timeouts that cut slow clients: headers within
+//! most `admin.max_connections` connections served (a peer address at most
+//! `admin.max_connections_per_peer` of them), past which a few probe slots
+//! answer `/healthz` and `/readyz` and a 503 everything else (see
+//! [`super::admin_probe`]), and timeouts that cut slow clients: headers within
 //! `header_timeout` (also the idle limit between kept-alive requests), the
 //! whole request and the client taking its answer within `request_timeout`,
 //! `max_requests_per_connection` requests per connection. When the switch
@@ -28,15 +29,17 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::AdminConfig;
 use crate::link::log_limit::{LogKind, LogLimit, LogPeer};
 use crate::tls::{AdminTls, Side};
 
-/// Connections that may wait in the kernel's accept queue while the
-/// listener is at its cap (they hold no descriptor of the switch).
+use super::admin_audit::Audit;
+use super::admin_probe::{self, Admission, Prefixed, ProbeSlot};
+
+/// Connections that may wait in the kernel's accept queue for the accept
+/// loop (which takes them as fast as it can, cap or not).
 const BACKLOG: u32 = 1024;
 /// A pause after a failed accept (e.g. out of files), not to spin on it.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
@@ -45,6 +48,9 @@ const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     pub max_connections: usize,
+    pub max_connections_per_peer: usize,
+    pub probe_slots: usize,
+    pub probe_timeout: Duration,
     pub header_timeout: Duration,
     pub request_timeout: Duration,
     pub max_requests_per_connection: usize,
@@ -54,6 +60,9 @@ impl Limits {
     pub fn of(cfg: &AdminConfig) -> Limits {
         Limits {
             max_connections: cfg.max_connections,
+            max_connections_per_peer: cfg.max_connections_per_peer,
+            probe_slots: cfg.probe_slots,
+            probe_timeout: cfg.probe_timeout,
             header_timeout: cfg.header_timeout,
             request_timeout: cfg.request_timeout,
             max_requests_per_connection: cfg.max_requests_per_connection,
@@ -83,6 +92,7 @@ pub fn spawn_thread(
     app: Router,
     limits: Limits,
     log_limit: Arc<LogLimit>,
+    audit: Arc<Audit>,
     tls: Option<Arc<AdminTls>>,
     stop: CancellationToken,
 ) -> io::Result<impl Future<Output = ()> + Send + use<>> {
@@ -104,7 +114,8 @@ pub fn spawn_thread(
                     return;
                 }
             };
-            rt.block_on(serve(listener, app, limits, log_limit, tls, thread_stop));
+            let flushed = Flushed { log_limit, audit };
+            rt.block_on(serve(listener, app, limits, flushed, tls, thread_stop));
             // Dropping the runtime cuts every admin connection still open.
             rt.shutdown_background();
         })?;
@@ -115,16 +126,25 @@ pub fn spawn_thread(
     })
 }
 
-/// The accept loop: a slot per connection, taken before the accept. Once a
-/// second it reports the log lines `log_limit` held back.
+/// What the admin thread flushes once a second: the log lines `log_limit`
+/// held back, and the refused tokens the audit counted.
+struct Flushed {
+    log_limit: Arc<LogLimit>,
+    audit: Arc<Audit>,
+}
+
+/// The accept loop: every connection is taken at once and sorted by
+/// [`Admission`] (served, a probe slot, or a 503). Once a second it flushes
+/// the log limit and the audit's refusals.
 async fn serve(
     listener: std::net::TcpListener,
     app: Router,
     limits: Limits,
-    log_limit: Arc<LogLimit>,
+    flushed: Flushed,
     tls: Option<Arc<AdminTls>>,
     stop: CancellationToken,
 ) {
+    let log_limit = Arc::clone(&flushed.log_limit);
     let listener = match TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -132,45 +152,77 @@ async fn serve(
             return;
         }
     };
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let flushed = Arc::clone(&log_limit);
+    let admission = Admission::new(
+        limits.max_connections,
+        limits.max_connections_per_peer,
+        limits.probe_slots,
+    );
     // Ends with this thread's runtime.
     tokio::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_secs(1));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
-            flushed.flush(Instant::now());
+            let now = Instant::now();
+            flushed.log_limit.flush(now);
+            flushed.audit.flush(now);
         }
     });
     loop {
-        let slot = tokio::select! {
-            slot = Arc::clone(&slots).acquire_owned() => slot,
-            _ = stop.cancelled() => return,
-        };
-        let Ok(slot) = slot else { return };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = stop.cancelled() => return,
         };
         match accepted {
             Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                if let Some(slot) = admission.serve(peer.ip()) {
+                    let app = app.clone();
+                    let (tls, log_limit) = (tls.clone(), Arc::clone(&log_limit));
+                    tokio::spawn(async move {
+                        match tls {
+                            None => serve_connection(stream, peer, app, limits).await,
+                            Some(tls) => {
+                                if let Some(s) = handshake(&tls, &log_limit, stream, peer).await {
+                                    serve_connection(s, peer, app, limits).await;
+                                }
+                            }
+                        }
+                        drop(slot);
+                    });
+                    continue;
+                }
+                if log_limit.allow(LogKind::Refused, LogPeer::Ip(peer.ip()), Instant::now()) {
+                    tracing::warn!(
+                        %peer,
+                        "admin: at admin.max_connections or the peer's \
+                         admin.max_connections_per_peer: answering probes only"
+                    );
+                }
+                let slot = tokio::select! {
+                    slot = admission.probe_slot() => slot,
+                    _ = stop.cancelled() => return,
+                };
+                let Some(slot) = slot else { return };
                 let app = app.clone();
                 let (tls, log_limit) = (tls.clone(), Arc::clone(&log_limit));
                 tokio::spawn(async move {
-                    let _ = stream.set_nodelay(true);
+                    let deadline = tokio::time::Instant::now() + limits.probe_timeout;
                     match tls {
-                        None => serve_connection(stream, peer, app, limits).await,
+                        None => serve_probe(stream, peer, app, limits, deadline, slot).await,
                         Some(tls) => {
-                            if let Some(s) = handshake(&tls, &log_limit, stream, peer).await {
-                                serve_connection(s, peer, app, limits).await;
+                            let shaken = tokio::time::timeout_at(
+                                deadline,
+                                handshake(&tls, &log_limit, stream, peer),
+                            );
+                            if let Ok(Some(s)) = shaken.await {
+                                serve_probe(s, peer, app, limits, deadline, slot).await;
                             }
                         }
                     }
-                    drop(slot);
                 });
             }
             Err(e) => {
-                drop(slot);
                 let now = Instant::now();
                 if log_limit.allow(LogKind::AdminAccept, LogPeer::Service, now) {
                     tracing::warn!(error = %e, "admin: cannot accept a connection");
@@ -179,6 +231,46 @@ async fn serve(
                     _ = tokio::time::sleep(ACCEPT_PAUSE) => {}
                     _ = stop.cancelled() => return,
                 }
+            }
+        }
+    }
+}
+
+/// A connection in a probe slot: its request line by `deadline` (or until
+/// the slot is wanted by a waiting connection); a probe is served (its
+/// headers by `deadline` too, then closed), anything else gets the 503.
+async fn serve_probe<S>(
+    mut stream: S,
+    peer: SocketAddr,
+    app: Router,
+    limits: Limits,
+    deadline: tokio::time::Instant,
+    slot: ProbeSlot,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let since = tokio::time::Instant::now();
+    let line = tokio::select! {
+        line = tokio::time::timeout_at(deadline, admin_probe::read_request_line(&mut stream)) => {
+            line.ok().flatten()
+        }
+        _ = slot.wanted(since) => None,
+    };
+    match line {
+        Some(line) if line.probe => {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let limits = Limits {
+                header_timeout: left.max(Duration::from_millis(1)),
+                max_requests_per_connection: 1,
+                ..limits
+            };
+            serve_connection(Prefixed::new(line.bytes, stream), peer, app, limits).await;
+            drop(slot);
+        }
+        Some(_) | None => {
+            let by = tokio::time::Instant::now() + admin_probe::LINGER;
+            if let Some(stream) = admin_probe::answer_busy(stream, by).await {
+                slot.release_and_linger(stream).await;
             }
         }
     }
@@ -229,7 +321,7 @@ where
     let served = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
-        .keep_alive(true)
+        .keep_alive(limits.max_requests_per_connection > 1)
         .serve_connection(io, service)
         .await;
     if let Err(e) = served {

@@ -38,6 +38,11 @@ pub struct SwitchHandle {
     pub saf: Option<Arc<super::saf::SafView>>,
     /// The admin listener's TLS, once it serves HTTPS (reload re-reads it).
     pub admin_tls: Arc<std::sync::OnceLock<Arc<crate::tls::AdminTls>>>,
+    /// The admin audit (changes, refused tokens, reads of card
+    /// transactions): in the store when there is one, always in the log.
+    pub audit: Arc<super::admin_audit::Audit>,
+    /// The admin listener's tokens, once it serves (reload re-reads them).
+    pub admin_credentials: Arc<std::sync::OnceLock<Arc<super::admin_auth::Credentials>>>,
     /// The journal, when there is a store and `journal.enabled`: admin
     /// actions are recorded in it.
     pub journal: Option<crate::journal::Journal>,
@@ -53,6 +58,10 @@ pub enum ControlError {
     /// The request itself is wrong (400).
     #[error("{0}")]
     Invalid(String),
+    /// The request is not allowed by the config (403): a node outside
+    /// `back.allowed_networks`.
+    #[error("{0}")]
+    NotAllowed(String),
     /// The request conflicts with the current state (409).
     #[error("{0}")]
     Conflict(String),
@@ -135,6 +144,9 @@ impl SwitchHandle {
         if cfg.weight == 0 {
             return Err(ControlError::Invalid("weight: must be at least 1".into()));
         }
+        // Before anything connects: an operator's token must not be able to
+        // send card data to a host the config file does not allow.
+        self.check_allowed(service, &cfg)?;
         let index = svc
             .pool
             .add_node(cfg.clone(), Instant::now())
@@ -206,6 +218,31 @@ impl SwitchHandle {
         control.save().await.inspect_err(|e| {
             tracing::error!(service, node, error = %e, "runtime state not saved");
         })
+    }
+
+    /// Refuses a node outside the service's `back.allowed_networks` (by
+    /// default the configured nodes' own addresses), as the config file
+    /// last loaded has them.
+    fn check_allowed(&self, service: &str, cfg: &NodeConfig) -> Result<(), ControlError> {
+        let config = self.config.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(index) = config.services.iter().position(|s| s.name == service) else {
+            return Err(ControlError::NoService(service.to_string()));
+        };
+        let back = &config.services[index].back;
+        if back.allows(cfg.address) {
+            return Ok(());
+        }
+        let nets: Vec<String> = back
+            .allowed_networks()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        Err(ControlError::NotAllowed(format!(
+            "node `{}` at {}: outside service[{index}].back.allowed_networks ({}); allow its network in the config file first",
+            cfg.id,
+            cfg.address,
+            nets.join(", ")
+        )))
     }
 
     /// Node `node`'s entry in the config file last loaded.

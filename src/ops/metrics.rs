@@ -592,6 +592,7 @@ impl Collector for SwitchMetrics {
         encode_saf(&mut enc, &self.0)?;
         tls::encode(&mut enc, &self.0)?;
         encode_journal(&mut enc, &self.0)?;
+        encode_audit(&mut enc, &self.0)?;
         let mut m = enc.encode_descriptor(
             "isoswitch_supervisor_restarts",
             "Critical tasks restarted after ending unexpectedly.",
@@ -672,7 +673,7 @@ fn encode_journal(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fm
         ),
         one(
             "isoswitch_journal_admin_written",
-            "Admin rows (changes, refused tokens) the journal committed.",
+            "Admin rows the journal committed before the admin audit had its own writer (now always 0; see isoswitch_admin_audit_written).",
             &c.admin_written,
         ),
         one(
@@ -687,7 +688,7 @@ fn encode_journal(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fm
         ),
         one(
             "isoswitch_journal_purged",
-            "Rows deleted by retention (journal.retain) and by the disk guard (the oldest days, past journal.max_size or journal.min_free): journal and admin log.",
+            "Rows deleted by retention (journal.retain) and by the disk guard (the oldest days, past journal.max_size or journal.min_free): journal rows (the admin audit has admin.audit_retain).",
             &c.purged,
         ),
         one(
@@ -717,6 +718,43 @@ fn encode_journal(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fm
         },
     ));
     encode_gauges(enc, &paused)
+}
+
+/// The admin audit (`isoswitch_admin_audit_*`, `isoswitch_admin_tokens_*`).
+fn encode_audit(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fmt::Result {
+    let c = &handle.audit.counters;
+    for (name, help, v) in [
+        (
+            "isoswitch_admin_audit_written",
+            "Admin audit rows the store committed (changes, reads of card transactions, refused tokens counted once a second per peer).",
+            &c.written,
+        ),
+        (
+            "isoswitch_admin_audit_lost",
+            "Admin audit rows not stored (full queue or failed insert); the log has them.",
+            &c.lost,
+        ),
+        (
+            "isoswitch_admin_audit_purged",
+            "Admin audit rows deleted by retention (admin.audit_retain).",
+            &c.purged,
+        ),
+        (
+            "isoswitch_admin_tokens_refused",
+            "Requests refused for a missing or wrong admin token.",
+            &c.refused,
+        ),
+        (
+            "isoswitch_admin_locked_out",
+            "Requests answered 429: their peer was locked out after admin.max_refused_tokens.",
+            &c.locked_out,
+        ),
+    ] {
+        let mut f = counter(name, help);
+        f.samples.push((Vec::new(), v.load(Ordering::Relaxed)));
+        encode_counters(enc, &f)?;
+    }
+    Ok(())
 }
 
 /// The gauges of what the queue owes, from `sample`.

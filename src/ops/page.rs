@@ -7,8 +7,9 @@ use super::status::Status;
 use crate::journal::params::show_time;
 use crate::store::journal::JournalRow;
 
-/// The page for `status`, with the journal's latest exchanges (masked).
-pub fn render(status: &Status, latest: &[JournalRow]) -> String {
+/// The page for `status`, with the journal's latest exchanges (masked)
+/// when the caller presented a token (`None`: a note says they need it).
+pub fn render(status: &Status, latest: Option<&[JournalRow]>) -> String {
     let mut h = String::with_capacity(4096);
     h.push_str(concat!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">",
@@ -78,7 +79,7 @@ pub fn render(status: &Status, latest: &[JournalRow]) -> String {
 
 /// The journal writer's counters and the latest exchanges, masked as
 /// stored (the PAN first 6 / last 4).
-fn journal_table(h: &mut String, status: &Status, latest: &[JournalRow]) {
+fn journal_table(h: &mut String, status: &Status, latest: Option<&[JournalRow]>) {
     let Some(j) = &status.journal else { return };
     let today: Vec<String> = j
         .today
@@ -111,6 +112,13 @@ fn journal_table(h: &mut String, status: &Status, latest: &[JournalRow]) {
         j.queued,
         j.queue
     );
+    let Some(latest) = latest else {
+        h.push_str(
+            "</table><p>The latest exchanges are shown to a request with the admin token \
+             (Authorization: Bearer).</p>",
+        );
+        return;
+    };
     let o = |v: &Option<String>| esc(v.as_deref().unwrap_or("-"));
     for r in latest {
         let _ = write!(
@@ -241,7 +249,7 @@ mod tests {
                 tls: Vec::new(),
                 journal: None,
             },
-            &[],
+            Some(&[]),
         );
         assert!(
             page.contains("<tr class=\"down\" data-saf=\"pos&lt;1&gt;\"><td>pos&lt;1&gt;</td><td>4</td><td>3</td><td>1</td><td>61</td><td class=\"dead\">2</td>"),
@@ -278,7 +286,7 @@ mod tests {
             reason: Some("timeout".into()),
             ..JournalRow::default()
         };
-        let page = render(&status, &[row]);
+        let page = render(&status, Some(std::slice::from_ref(&row)));
         assert!(
             page.contains("10 rows written, 0 admin, 1 dropped"),
             "{page}"
@@ -289,6 +297,14 @@ mod tests {
         );
         assert!(page.contains("<td>622202*********0123</td>"), "{page}");
         assert!(page.contains("<td>timeout</td></tr>"), "{page}");
+        // Without a token: the counts, never a row.
+        let page = render(&status, None);
+        assert!(page.contains("10 rows written"), "{page}");
+        assert!(!page.contains("622202"), "{page}");
+        assert!(
+            page.contains("shown to a request with the admin token"),
+            "{page}"
+        );
     }
 
     #[test]

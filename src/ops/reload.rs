@@ -143,12 +143,8 @@ async fn apply_under(
         let service = Arc::clone(&handle.running(&svc.name)?.service);
         let removing = handle.removals_of(&svc.name);
         let live = live_nodes(&service, &removing);
-        let plan = plan_nodes(
-            &svc.name,
-            &svc.back.nodes,
-            control.state.of(&svc.name),
-            &live,
-        )?;
+        let records = within_allowed(svc, control.state.of(&svc.name));
+        let plan = plan_nodes(&svc.name, &svc.back.nodes, &records, &live)?;
         check_plan(
             &svc.name,
             svc.f37_stamp.is_some(),
@@ -181,10 +177,12 @@ async fn apply_under(
     Ok(report)
 }
 
-/// Every service's and the admin's TLS files, read again.
+/// Every service's and the admin's TLS files, and the admin tokens, read
+/// again.
 struct Certificates {
     services: Vec<crate::tls::Reread>,
     admin: Option<crate::config::tls::LoadedServer>,
+    tokens: Option<(super::admin_auth::Tokens, Duration)>,
 }
 
 fn reread_tls(handle: &SwitchHandle) -> Result<Certificates, ReloadError> {
@@ -199,7 +197,27 @@ fn reread_tls(handle: &SwitchHandle) -> Result<Certificates, ReloadError> {
         Some(a) => Some(a.side.reread().map_err(invalid)?),
         None => None,
     };
-    Ok(Certificates { services, admin })
+    // The tokens as the running admin config names them (`[admin]` itself
+    // changes only with a restart).
+    let admin_config = handle
+        .config
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .admin
+        .clone();
+    let tokens = match (handle.admin_credentials.get(), admin_config) {
+        (Some(_), Some(cfg)) => Some((
+            super::admin_auth::Credentials::reread(&cfg)
+                .map_err(|e| ReloadError::Invalid(e.to_string()))?,
+            cfg.token_rotation_window,
+        )),
+        _ => None,
+    };
+    Ok(Certificates {
+        services,
+        admin,
+        tokens,
+    })
 }
 
 /// New connections from here on use the certificates read; links up keep
@@ -220,6 +238,18 @@ fn install_tls(handle: &SwitchHandle, certs: Certificates, report: &mut ReloadRe
         report
             .changes
             .push("TLS certificates and keys read again".into());
+    }
+    if let (Some(creds), Some((tokens, window))) = (handle.admin_credentials.get(), certs.tokens)
+        && creds.install(tokens, window, Instant::now())
+    {
+        tracing::warn!(
+            window = %crate::util::duration::format(window),
+            "admin tokens rotated: the previous ones work until the window ends"
+        );
+        report.changes.push(format!(
+            "admin tokens rotated (the previous ones work for {})",
+            crate::util::duration::format(window)
+        ));
     }
 }
 
@@ -409,6 +439,33 @@ fn wanted_nodes(
         }
     }
     wanted
+}
+
+/// The runtime changes of `svc` that may still apply: a node the operators
+/// added or moved through the API to an address outside
+/// `back.allowed_networks` (the list narrowed since) is not brought back;
+/// its file entry, if any, stands. Each one left out is logged.
+pub fn within_allowed(
+    svc: &ServiceConfig,
+    records: &BTreeMap<String, NodeRecord>,
+) -> BTreeMap<String, NodeRecord> {
+    let mut kept = records.clone();
+    kept.retain(|id, record| {
+        let Some(runtime) = &record.runtime else {
+            return true;
+        };
+        let in_file = svc
+            .back
+            .nodes
+            .iter()
+            .any(|n| n.id == *id && n.address == runtime.address);
+        let allowed = in_file || svc.back.allows(runtime.address);
+        if !allowed {
+            tracing::error!(service = %svc.name, node = %id, address = %runtime.address, "runtime change not applied: the node's address is outside back.allowed_networks");
+        }
+        allowed
+    });
+    kept
 }
 
 /// Plans one service: what it should have (see [`wanted_nodes`]) against

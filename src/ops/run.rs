@@ -207,7 +207,14 @@ impl Switch {
                 link::saf::run(owing.clone(), stop.clone())
             });
         }
+        // Always on, whether the journal is or not (PCI DSS 10.2).
+        let audit = super::admin_audit::Audit::start(
+            &config.admin.clone().unwrap_or_default(),
+            outbox.as_ref().map(|(store, _, _)| store.clone()),
+            &supervisor,
+        );
         let handle = SwitchHandle {
+            audit,
             services: services.clone().into(),
             supervisor,
             config: Arc::new(Mutex::new(config.clone())),
@@ -216,6 +223,7 @@ impl Switch {
             removing: Arc::default(),
             saf: saf_view,
             admin_tls: Arc::default(),
+            admin_credentials: Arc::default(),
             journal,
         };
         let admin_addr = match &config.admin {
@@ -371,8 +379,8 @@ fn apply_runtime_state(
         reason: e.to_string(),
     };
     let live = reload::live_nodes(service, &[]);
-    let plan = reload::plan_nodes(&svc.name, &svc.back.nodes, store.state.of(&svc.name), &live)
-        .map_err(refused)?;
+    let records = reload::within_allowed(svc, store.state.of(&svc.name));
+    let plan = reload::plan_nodes(&svc.name, &svc.back.nodes, &records, &live).map_err(refused)?;
     let free = link::pool::SPARE_NODE_SLOTS;
     reload::check_plan(&svc.name, svc.f37_stamp.is_some(), free, &plan).map_err(refused)?;
     for step in plan.steps {

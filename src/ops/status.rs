@@ -58,7 +58,7 @@ fn journal_status(switch: &SwitchHandle) -> Option<JournalStatus> {
     let get = |v: &std::sync::atomic::AtomicU64| v.load(Ordering::Relaxed);
     Some(JournalStatus {
         written: get(&c.written),
-        admin_written: get(&c.admin_written),
+        admin_written: get(&c.admin_written) + get(&switch.audit.counters.written),
         dropped: get(&c.dropped),
         failed: get(&c.failed),
         purged: get(&c.purged),

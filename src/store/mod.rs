@@ -536,9 +536,9 @@ impl Store {
         }
     }
 
-    /// Deletes at most `limit` journal rows, admin rows and completed SAF
-    /// records each, older than `before`, in one short transaction.
-    /// Returns how many went.
+    /// Deletes at most `limit` journal rows and completed SAF records each,
+    /// older than `before`, in one short transaction. Returns how many went.
+    /// The admin audit keeps its own retention ([`Store::admin_purge`]).
     pub async fn journal_purge(&self, before: UnixMillis, limit: usize) -> Result<u64, StoreError> {
         check_time("before", before)?;
         match self.handle.call(Op::JournalPurge { before, limit }).await? {
@@ -553,6 +553,16 @@ impl Store {
         match self.handle.call(Op::JournalSpace).await? {
             Outcome::Space(s) => Ok(s),
             other => Err(mismatch("journal_space", &other)),
+        }
+    }
+
+    /// Deletes at most `limit` admin audit rows older than `before`, in one
+    /// short transaction. Returns how many went.
+    pub async fn admin_purge(&self, before: UnixMillis, limit: usize) -> Result<u64, StoreError> {
+        check_time("before", before)?;
+        match self.handle.call(Op::AdminPurge { before, limit }).await? {
+            Outcome::Changed(n) => Ok(n),
+            other => Err(mismatch("admin_purge", &other)),
         }
     }
 

@@ -740,6 +740,7 @@ fn apply(
         Op::JournalQuery(filter) => journal::query(tx, filter)?,
         Op::AdminQuery { since, limit } => journal::admin_query(tx, *since, *limit)?,
         Op::JournalPurge { before, limit } => journal::purge(tx, *before, *limit)?,
+        Op::AdminPurge { before, limit } => journal::admin_purge(tx, *before, *limit)?,
         Op::JournalReport { since, until } => journal::report(tx, *since, *until)?,
         Op::JournalSpace => journal::space(tx)?,
         Op::Close => Ok(Outcome::Done),

@@ -117,12 +117,9 @@ pub(super) fn purge(
     limit: usize,
 ) -> rusqlite::Result<Answer> {
     let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-    let mut n = 0u64;
-    for sql in [PURGE_JOURNAL, PURGE_ADMIN] {
-        n += tx
-            .prepare_cached(&sqlite_placeholders(sql))?
-            .execute(params![before, limit])? as u64;
-    }
+    let n = tx
+        .prepare_cached(&sqlite_placeholders(PURGE_JOURNAL))?
+        .execute(params![before, limit])? as u64;
     // Not counted: a part's record, not a row of the journal.
     tx.prepare_cached(&sqlite_placeholders(PURGE_PARTS))?
         .execute(params![before])?;
@@ -130,7 +127,7 @@ pub(super) fn purge(
 }
 
 /// The journal's share of the file: the pages in use less those of every
-/// other b-tree (SAF, meta: `dbstat` walks only the b-tree it is asked for,
+/// other b-tree (SAF, meta, the admin audit, which keeps its own retention: `dbstat` walks only the b-tree it is asked for,
 /// and those are small while SAF is healthy), and the file's free pages.
 pub(super) fn space(tx: &Transaction<'_>) -> rusqlite::Result<Answer> {
     let pragma = |name: &str| -> rusqlite::Result<u64> {
@@ -142,7 +139,7 @@ pub(super) fn space(tx: &Transaction<'_>) -> rusqlite::Result<Answer> {
     let others: Vec<String> = tx
         .prepare_cached(
             "SELECT name FROM sqlite_schema WHERE rootpage > 0 \
-             AND tbl_name NOT IN ('journal', 'journal_part', 'admin_log')",
+             AND tbl_name NOT IN ('journal', 'journal_part')",
         )?
         .query_map([], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
@@ -161,6 +158,19 @@ pub(super) fn space(tx: &Transaction<'_>) -> rusqlite::Result<Answer> {
         reusable: pragma("freelist_count")? * page,
         oldest,
     })))
+}
+
+/// The admin audit's retention: at most `limit` rows older than `before`.
+pub(super) fn admin_purge(
+    tx: &Transaction<'_>,
+    before: UnixMillis,
+    limit: usize,
+) -> rusqlite::Result<Answer> {
+    let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
+    let n = tx
+        .prepare_cached(&sqlite_placeholders(PURGE_ADMIN))?
+        .execute(params![before, limit])? as u64;
+    Ok(Ok(Outcome::Changed(n)))
 }
 
 pub(super) fn report(

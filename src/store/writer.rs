@@ -91,8 +91,14 @@ pub(crate) enum Op {
         limit: usize,
     },
     /// Deletes at most `limit` rows older than `before` from each of the
-    /// journal, the admin log and the completed SAF records.
+    /// journal and the completed SAF records.
     JournalPurge {
+        before: UnixMillis,
+        limit: usize,
+    },
+    /// Deletes at most `limit` admin audit rows older than `before`: the
+    /// audit has a retention of its own (`admin.audit_retain`).
+    AdminPurge {
         before: UnixMillis,
         limit: usize,
     },
@@ -157,7 +163,11 @@ impl Op {
     /// a checkpoint) makes it durable against power loss too
     /// (docs/journal.md).
     pub fn needs_sync(&self) -> bool {
-        !(self.reads_only() || matches!(self, Op::JournalPut { .. } | Op::JournalPurge { .. }))
+        !(self.reads_only()
+            || matches!(
+                self,
+                Op::JournalPut { .. } | Op::JournalPurge { .. } | Op::AdminPurge { .. }
+            ))
     }
 
     /// Whether the op only reads: a batch of such ops needs no write lock

@@ -14,6 +14,8 @@ pub enum Failure {
     BadCertificate,
     /// The peer's certificate has expired or is not yet valid.
     Expired,
+    /// The peer's certificate is on a `client_crl` list.
+    Revoked,
     /// A valid client certificate whose names are not in `client_names`, or a
     /// server certificate without the expected name.
     NameNotAllowed,
@@ -30,10 +32,11 @@ pub enum Failure {
 }
 
 impl Failure {
-    pub const ALL: [Failure; 9] = [
+    pub const ALL: [Failure; 10] = [
         Failure::NoCertificate,
         Failure::BadCertificate,
         Failure::Expired,
+        Failure::Revoked,
         Failure::NameNotAllowed,
         Failure::Incompatible,
         Failure::PeerAlert,
@@ -47,6 +50,7 @@ impl Failure {
             Failure::NoCertificate => "no-certificate",
             Failure::BadCertificate => "bad-certificate",
             Failure::Expired => "expired-certificate",
+            Failure::Revoked => "revoked-certificate",
             Failure::NameNotAllowed => "name-not-allowed",
             Failure::Incompatible => "incompatible",
             Failure::PeerAlert => "peer-alert",
@@ -70,6 +74,7 @@ impl Failure {
             E::InvalidCertificate(C::Expired | C::NotValidYet)
             | E::InvalidCertificate(C::ExpiredContext { .. })
             | E::InvalidCertificate(C::NotValidYetContext { .. }) => Failure::Expired,
+            E::InvalidCertificate(C::Revoked) => Failure::Revoked,
             E::InvalidCertificate(
                 C::ApplicationVerificationFailure
                 | C::NotValidForName
@@ -180,7 +185,7 @@ mod tests {
         h.failed(Side::Accept, Failure::NoCertificate);
         h.failed(Side::Connect, Failure::Timeout);
         let all = h.failures();
-        assert_eq!(all.len(), 18);
+        assert_eq!(all.len(), 2 * Failure::ALL.len());
         assert!(all.contains(&(Side::Accept, Failure::NoCertificate, 2)));
         assert!(all.contains(&(Side::Connect, Failure::Timeout, 1)));
         assert!(all.contains(&(Side::Connect, Failure::NoCertificate, 0)));

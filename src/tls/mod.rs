@@ -90,6 +90,16 @@ impl ServerSide {
         self.loaded.load().cert.clone()
     }
 
+    /// The certificates of `client_ca`.
+    pub fn cas(&self) -> Vec<CertInfo> {
+        self.loaded.load().cas.clone()
+    }
+
+    /// The `client_crl` files.
+    pub fn crls(&self) -> Vec<crate::config::tls::CrlInfo> {
+        self.loaded.load().crls.clone()
+    }
+
     /// The server handshake on an accepted connection, within the table's
     /// `handshake_timeout`.
     pub async fn accept(&self, tcp: TcpStream) -> Result<TlsTcp, Failure> {
@@ -128,6 +138,11 @@ impl ClientSide {
 
     pub fn cert(&self) -> Option<CertInfo> {
         self.loaded.load().cert.clone()
+    }
+
+    /// The certificates of `ca`.
+    pub fn cas(&self) -> Vec<CertInfo> {
+        self.loaded.load().cas.clone()
     }
 
     /// The client handshake to `addr`: the peer's certificate must carry
@@ -241,6 +256,33 @@ impl ServiceTls {
         }
     }
 
+    /// The CA certificates this service verifies peers with, by link kind.
+    pub fn cas(&self) -> Vec<(&'static str, CertInfo)> {
+        let mut all = Vec::new();
+        let servers = [("front", &self.front), ("in-links", &self.in_links)];
+        for (link, side) in servers {
+            if let Some(s) = side {
+                all.extend(s.cas().into_iter().map(|c| (link, c)));
+            }
+        }
+        let clients = [("out-links", &self.out_links), ("back", &self.back)];
+        for (link, side) in clients {
+            if let Some(s) = side {
+                all.extend(s.cas().into_iter().map(|c| (link, c)));
+            }
+        }
+        all
+    }
+
+    /// The `client_crl` files this service reads.
+    pub fn crls(&self) -> Vec<crate::config::tls::CrlInfo> {
+        [&self.front, &self.in_links]
+            .into_iter()
+            .flatten()
+            .flat_map(ServerSide::crls)
+            .collect()
+    }
+
     /// The certificates this service presents, by link kind.
     pub fn certs(&self) -> Vec<(&'static str, CertInfo)> {
         let mut all = Vec::new();
@@ -283,12 +325,33 @@ pub struct CertStatus {
     pub expires_in_s: i64,
 }
 
-/// Every certificate the switch presents: each service's, then the admin's.
-pub fn cert_statuses<'a>(
+/// Every CA certificate the switch verifies peers with (`ca`,
+/// `client_ca`): each service's, then the admin's.
+pub fn ca_statuses<'a>(
     services: impl Iterator<Item = (&'a str, &'a ServiceTls)>,
     admin: Option<&AdminTls>,
 ) -> Vec<CertStatus> {
-    let row = |service: &str, link: &str, c: CertInfo| CertStatus {
+    let mut all: Vec<CertStatus> = services
+        .flat_map(|(name, tls)| {
+            tls.cas()
+                .into_iter()
+                .map(move |(link, c)| status_row(name, link, c))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    if let Some(a) = admin {
+        all.extend(
+            a.side
+                .cas()
+                .into_iter()
+                .map(|c| status_row("admin", "admin", c)),
+        );
+    }
+    all
+}
+
+fn status_row(service: &str, link: &str, c: CertInfo) -> CertStatus {
+    CertStatus {
         service: service.to_string(),
         link: link.to_string(),
         key: c.key,
@@ -296,7 +359,15 @@ pub fn cert_statuses<'a>(
         subject: c.subject,
         not_after: c.not_after,
         expires_in_s: seconds_left(c.not_after),
-    };
+    }
+}
+
+/// Every certificate the switch presents: each service's, then the admin's.
+pub fn cert_statuses<'a>(
+    services: impl Iterator<Item = (&'a str, &'a ServiceTls)>,
+    admin: Option<&AdminTls>,
+) -> Vec<CertStatus> {
+    let row = status_row;
     let mut all: Vec<CertStatus> = services
         .flat_map(|(name, tls)| {
             tls.certs()
@@ -313,8 +384,5 @@ pub fn cert_statuses<'a>(
 
 /// Seconds from now until `not_after` (negative once expired).
 pub fn seconds_left(not_after: i64) -> i64 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-    not_after.saturating_sub(now)
+    not_after.saturating_sub(crate::config::tls::now_s())
 }

@@ -79,6 +79,7 @@ impl TlsFlags {
             key,
             client_ca: self.tls_ca.clone(),
             client_names: Vec::new(),
+            client_crl: Vec::new(),
             min_version: TlsVersion::V1_2,
             handshake_timeout: std::time::Duration::from_secs(10),
         };

@@ -6,6 +6,7 @@ mod api;
 mod common;
 mod ctl;
 mod reload;
+mod roles;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,7 +31,7 @@ const TEST_LIMIT: Duration = Duration::from_secs(60);
 /// A temp file unique to this test process and `name`.
 fn temp_file(name: &str, text: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!("isoswitch-admin-{}-{name}", std::process::id()));
-    std::fs::write(&path, text).expect("write temp file");
+    write_secret(&path, text);
     path
 }
 
@@ -38,6 +39,9 @@ fn admin_config(test: &str) -> AdminConfig {
     AdminConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         token_file: Some(temp_file(&format!("{test}.token"), &format!("{TOKEN}\n"))),
+        // Tests here refuse tokens on purpose, many from one address; the
+        // lockout has its own test (tests/admin_flood.rs).
+        max_refused_tokens: 1_000_000,
         ..AdminConfig::default()
     }
 }

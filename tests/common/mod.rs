@@ -40,6 +40,14 @@ impl Drop for Scratch {
 
 /// An address on 127.0.0.1 that was free a moment ago (for a listener a
 /// test starts later, or one that must refuse).
+/// Writes a secret (a token, a key): the owner's alone, as the switch
+/// wants it.
+pub fn write_secret(path: &std::path::Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).expect("write the secret");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod 600");
+}
+
 pub fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -157,6 +157,9 @@ pub fn write_config(name: &str, toml: &str) -> PathBuf {
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("{name}-{}.toml", std::process::id()));
     std::fs::write(&path, toml).expect("write config");
+    // The owner's alone: a token file others may read is refused.
+    let owner_only = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600);
+    std::fs::set_permissions(&path, owner_only).expect("chmod 600");
     path
 }
 

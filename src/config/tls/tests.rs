@@ -1,8 +1,14 @@
 //! Loading `tls` tables from files made here (rcgen): what loads, and that
 //! every refusal names the key and the file but nothing of a key's content.
 
+use std::os::unix::fs::PermissionsExt;
+
 use super::*;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateRevocationListParams, CertifiedIssuer, DnType,
+    IsCa, KeyIdMethod, KeyPair, KeyUsagePurpose, RevokedCertParams, SerialNumber, date_time_ymd,
+};
+use rustls_pki_types::pem::PemObject;
 
 struct Files {
     dir: PathBuf,
@@ -16,29 +22,79 @@ impl Files {
         Files { dir }
     }
 
+    /// Writes `name`; a `.key` is the owner's alone, as the switch wants.
     fn write(&self, name: &str, text: &str) -> PathBuf {
         let p = self.dir.join(name);
         std::fs::write(&p, text).unwrap();
+        if name.ends_with(".key") {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
         p
     }
 
     /// A CA and a leaf it signed for `names`: (ca.pem, leaf.pem, leaf.key).
     fn chain(&self, prefix: &str, names: &[&str]) -> (PathBuf, PathBuf, PathBuf) {
+        self.chain_with(prefix, names, |_| {}).0
+    }
+
+    /// [`Files::chain`] with the leaf's parameters changed by `edit`, and
+    /// the CA to sign CRLs with.
+    fn chain_with(
+        &self,
+        prefix: &str,
+        names: &[&str],
+        edit: impl FnOnce(&mut CertificateParams),
+    ) -> (
+        (PathBuf, PathBuf, PathBuf),
+        CertifiedIssuer<'static, KeyPair>,
+    ) {
         let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.distinguished_name.push(DnType::CommonName, "unit CA");
+        ca.distinguished_name
+            .push(DnType::CommonName, format!("{prefix} unit CA"));
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let issuer = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
         let key = KeyPair::generate().unwrap();
         let mut leaf =
             CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
                 .unwrap();
         leaf.distinguished_name.push(DnType::CommonName, names[0]);
+        edit(&mut leaf);
         let cert = leaf.signed_by(&key, &issuer).unwrap();
-        (
+        let files = (
             self.write(&format!("{prefix}-ca.pem"), &issuer.pem()),
             self.write(&format!("{prefix}.pem"), &cert.pem()),
             self.write(&format!("{prefix}.key"), &key.serialize_pem()),
-        )
+        );
+        (files, issuer)
+    }
+
+    /// A CRL `issuer` signed revoking `serials`.
+    fn crl(
+        &self,
+        name: &str,
+        issuer: &CertifiedIssuer<'static, KeyPair>,
+        serials: &[u64],
+    ) -> PathBuf {
+        let crl = CertificateRevocationListParams {
+            this_update: date_time_ymd(2020, 1, 1),
+            next_update: date_time_ymd(2021, 1, 1),
+            crl_number: SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs: serials
+                .iter()
+                .map(|&s| RevokedCertParams {
+                    serial_number: SerialNumber::from(s),
+                    revocation_time: date_time_ymd(2020, 1, 1),
+                    reason_code: None,
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: KeyIdMethod::Sha256,
+        }
+        .signed_by(issuer)
+        .unwrap();
+        self.write(name, &crl.pem().unwrap())
     }
 }
 
@@ -161,4 +217,103 @@ fn names_of_reads_the_cn_and_every_alternative_name() {
     assert!(names.contains(&"nac-01.bank".to_string()), "{names:?}");
     assert!(names.contains(&"10.1.2.3".to_string()), "{names:?}");
     assert!(subject_of(der.as_ref()).unwrap().contains("CN=nac-01.bank"));
+}
+
+#[test]
+fn a_key_file_group_or_others_may_read_is_refused_naming_the_key() {
+    let f = Files::new("modes");
+    let (_, cert, key) = f.chain("switch", &["switch.example"]);
+    for mode in [0o644, 0o640, 0o604] {
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
+        let e = server(&cert, &key)
+            .load("admin.tls")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("admin.tls.key: "), "{e}");
+        assert!(
+            e.contains(&format!("mode {mode:04o}")) && e.contains("chmod 600"),
+            "{e}"
+        );
+    }
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o400)).unwrap();
+    server(&cert, &key).load("admin.tls").unwrap();
+}
+
+#[test]
+fn an_expired_or_not_yet_valid_certificate_is_refused_naming_the_key() {
+    let f = Files::new("validity");
+    let ((ca, old, old_key), _) = f.chain_with("old", &["old.example"], |p| {
+        p.not_before = date_time_ymd(2000, 1, 1);
+        p.not_after = date_time_ymd(2001, 1, 1);
+    });
+    let e = server(&old, &old_key)
+        .load("service[0].front.tls")
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("service[0].front.tls.cert: "), "{e}");
+    assert!(e.contains("expired on 2001-01-01T00:00:00Z"), "{e}");
+    let client: TlsClient = toml::from_str(&format!(
+        "ca = {ca:?}
+cert = {old:?}
+key = {old_key:?}"
+    ))
+    .unwrap();
+    let e = client.load("service[0].back.tls").unwrap_err().to_string();
+    assert!(e.starts_with("service[0].back.tls.cert: "), "{e}");
+    let ((_, early, early_key), _) = f.chain_with("early", &["early.example"], |p| {
+        p.not_before = date_time_ymd(2090, 1, 1);
+        p.not_after = date_time_ymd(2091, 1, 1);
+    });
+    let e = server(&early, &early_key)
+        .load("admin.tls")
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("admin.tls.cert: "), "{e}");
+    assert!(e.contains("not valid before 2090-01-01T00:00:00Z"), "{e}");
+}
+
+#[test]
+fn the_cas_are_reported_for_their_expiry() {
+    let f = Files::new("cas");
+    let (ca, cert, key) = f.chain("switch", &["switch.example"]);
+    let mut t = server(&cert, &key);
+    t.client_ca = Some(ca.clone());
+    let loaded = t.load("admin.tls").unwrap();
+    assert_eq!(loaded.cas.len(), 1);
+    assert_eq!(loaded.cas[0].key, "admin.tls.client_ca");
+    assert!(loaded.cas[0].subject.contains("switch unit CA"));
+    let c: TlsClient = toml::from_str(&format!("ca = {ca:?}")).unwrap();
+    let loaded = c.load("service[0].back.tls").unwrap();
+    assert_eq!(loaded.cas[0].key, "service[0].back.tls.ca");
+}
+
+#[test]
+fn a_crl_loads_from_its_ca_and_is_refused_from_another_or_without_a_ca() {
+    let f = Files::new("crl");
+    let ((ca, cert, key), issuer) = f.chain_with("switch", &["switch.example"], |_| {});
+    let ((_, _, _), stranger) = f.chain_with("stranger", &["x.example"], |_| {});
+    let good = f.crl("good.crl", &issuer, &[7, 9]);
+    let alien = f.crl("alien.crl", &stranger, &[7]);
+    let mut t = server(&cert, &key);
+    t.client_ca = Some(ca);
+    t.client_crl = vec![good.clone()];
+    let loaded = t.load("service[0].front.tls").unwrap();
+    assert_eq!(loaded.crls.len(), 1);
+    assert_eq!(loaded.crls[0].key, "service[0].front.tls.client_crl[0]");
+    assert_eq!(loaded.crls[0].next_update, Some(1_609_459_200));
+    t.client_crl = vec![good, alien];
+    let e = t.load("service[0].front.tls").unwrap_err().to_string();
+    assert!(e.starts_with("service[0].front.tls.client_crl[1]: "), "{e}");
+    assert!(e.contains("not by a certificate of"), "{e}");
+    t.client_crl = vec![cert.clone()];
+    let e = t.load("service[0].front.tls").unwrap_err().to_string();
+    assert!(e.starts_with("service[0].front.tls.client_crl[0]: "), "{e}");
+    let no_ca: TlsServer = toml::from_str(&format!(
+        "cert = {cert:?}
+key = {key:?}
+client_crl = [{cert:?}]"
+    ))
+    .unwrap();
+    let e = no_ca.validate("admin.tls").unwrap_err().to_string();
+    assert!(e.starts_with("admin.tls.client_crl: "), "{e}");
 }

@@ -31,13 +31,35 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
             c.expires_in_s as f64,
         ));
     }
+    let mut ca_expiry = gauge(
+        "isoswitch_tls_ca_expiry_seconds",
+        "Seconds until a CA certificate the switch verifies peers with (ca, client_ca) expires (negative once expired), by service, link kind, config key and subject.",
+    );
+    let cas = crate::tls::ca_statuses(
+        handle
+            .services
+            .iter()
+            .map(|r| (r.service.name(), &r.service.links.tls)),
+        admin.map(|a| &**a),
+    );
+    for c in &cas {
+        ca_expiry.samples.push((
+            vec![
+                ("service", label_value(&c.service)),
+                ("link", label_value(&c.link)),
+                ("key", label_value(&c.key)),
+                ("subject", label_value(&c.subject)),
+            ],
+            c.expires_in_s as f64,
+        ));
+    }
     let mut done = counter(
         "isoswitch_tls_handshakes",
         "TLS handshakes completed, by service and side (accept: the switch as server; connect: as client).",
     );
     let mut failed = counter(
         "isoswitch_tls_handshake_failures",
-        "TLS handshakes that failed, by service, side and reason (no-certificate, bad-certificate, expired-certificate, name-not-allowed, incompatible, peer-alert, not-tls, timeout, io).",
+        "TLS handshakes that failed, by service, side and reason (no-certificate, bad-certificate, expired-certificate, revoked-certificate, name-not-allowed, incompatible, peer-alert, not-tls, timeout, io).",
     );
     let mut add = |name: &str, h: &Handshakes| {
         for (side, v) in [(Side::Accept, &h.accepted), (Side::Connect, &h.connected)] {
@@ -70,6 +92,7 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
         add("admin", &a.handshakes);
     }
     encode_gauges(enc, &expiry)?;
+    encode_gauges(enc, &ca_expiry)?;
     encode_counters(enc, &done)?;
     encode_counters(enc, &failed)
 }

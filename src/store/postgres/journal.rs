@@ -207,10 +207,18 @@ pub(super) async fn purge(
     limit: usize,
 ) -> PgResult<Answer> {
     let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-    let mut n = 0;
-    for sql in [PURGE_JOURNAL, PURGE_ADMIN] {
-        n += tx.execute(sql, &[&before, &limit]).await?;
-    }
+    let n = tx.execute(PURGE_JOURNAL, &[&before, &limit]).await?;
+    Ok(Ok(Outcome::Changed(n)))
+}
+
+/// The admin audit's retention: at most `limit` rows older than `before`.
+pub(super) async fn admin_purge(
+    tx: &Transaction<'_>,
+    before: UnixMillis,
+    limit: usize,
+) -> PgResult<Answer> {
+    let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
+    let n = tx.execute(PURGE_ADMIN, &[&before, &limit]).await?;
     Ok(Ok(Outcome::Changed(n)))
 }
 

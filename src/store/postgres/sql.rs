@@ -462,6 +462,7 @@ pub(super) async fn apply(
         Op::JournalQuery(filter) => journal::query(tx, filter).await?,
         Op::AdminQuery { since, limit } => journal::admin_query(tx, *since, *limit).await?,
         Op::JournalPurge { before, limit } => journal::purge(tx, *before, *limit).await?,
+        Op::AdminPurge { before, limit } => journal::admin_purge(tx, *before, *limit).await?,
         Op::JournalReport { since, until } => journal::report(tx, *since, *until).await?,
         Op::JournalSpace => journal::space(tx).await?,
         Op::Close => Ok(Outcome::Done),
