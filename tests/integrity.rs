@@ -989,3 +989,96 @@ async fn a_late_partial_approval_is_reversed_by_its_f38_and_amount() {
     })
     .await;
 }
+
+/// A host whose connection drops with a purchase in flight (killed -9): the
+/// terminal gets a decline (91) with the host's outcome unknown, so the
+/// switch owes a timeout reversal; it waits for the host and reaches it,
+/// once, when the host is back on its address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_lost_with_a_purchase_in_flight_gets_its_reversal_when_back() {
+    use tokio::io::AsyncWriteExt;
+    within(Duration::from_secs(60), async {
+        let addr = free_addr();
+        let mut host = node("cup-pos", "01", addr, "5s", &[]).await;
+        let listen = free_addr();
+        let data = data_dir("host-lost-switch");
+        let (admin, admin_extra) = admin_toml("host-lost-switch");
+        let toml = pos_toml(listen, &[addr], "300ms", "")
+            .replace("\"02x0\" = \"500ms\"", "\"02x0\" = \"10s\"");
+        let _switch = switch(
+            "host-lost-switch",
+            &format!("{admin_extra}{toml}"),
+            &data,
+            listen,
+        )
+        .await;
+        let mut s = tokio::net::TcpStream::connect(listen)
+            .await
+            .expect("connect");
+        let purchase = pos_request("0200", "000931", "000000");
+        s.write_all(&framed(&purchase)).await.expect("write");
+        wait_metric_sum(admin, "isoswitch_server_in_flight", &[], 1.0).await;
+        host.kill9().await;
+        let answer = read_answer(&mut s, Duration::from_secs(5)).await;
+        assert_eq!(answer, Some(("0210".into(), "91".into())));
+        let owed = store_settles(&data, Duration::from_millis(500), |rows| {
+            count(rows, "reversal", "pending") == 1
+        })
+        .await;
+        assert_eq!(owed.len(), 1, "{owed:?}");
+        let back = node("cup-pos", "01", addr, "0ms", &[]).await;
+        let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
+            count(rows, "reversal", "delivered") == 1
+        })
+        .await;
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].f11.as_deref(), Some("000931"), "{rows:?}");
+        let r = books(back).await;
+        eprintln!("node back: {r}");
+        assert_eq!(sub(&r, "reversals", "chains"), 1, "{r}");
+        assert_eq!(sub(&r, "reversals", "duplicate_chains"), 0, "{r}");
+    })
+    .await;
+}
+
+/// The switch killed -9 right after a timeout decline, its timeout
+/// reversal stored but not yet taken by the host (which leaves the first
+/// messages of each chain unanswered): the switch started again on the same
+/// data directory delivers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_reversal_survives_kill_9_of_the_switch() {
+    within(Duration::from_secs(60), async {
+        let addr = free_addr();
+        let extra = ["--fail-rate", "1", "--ignore-reversals", "1"];
+        let host = node("cup-pos", "01", addr, "0ms", &extra).await;
+        let listen = free_addr();
+        let data = data_dir("timeout-kill9-switch");
+        let toml = pos_toml(listen, &[addr], "5s", "");
+        let mut first = switch("timeout-kill9-switch", &toml, &data, listen).await;
+        let mut s = tokio::net::TcpStream::connect(listen)
+            .await
+            .expect("connect");
+        let purchase = pos_request("0200", "000941", "000000");
+        let answer = ask(&mut s, &purchase, Duration::from_secs(5)).await;
+        assert_eq!(answer, Some(("0210".into(), "68".into())));
+        let owed = store_settles(&data, Duration::from_millis(500), |rows| {
+            rows.iter().any(|r| r.kind == "reversal" && r.attempts >= 1)
+        })
+        .await;
+        assert_eq!(count(&owed, "reversal", "pending"), 1, "{owed:?}");
+        first.kill9().await;
+        drop(first);
+        let _second = switch("timeout-kill9-switch-2", &toml, &data, listen).await;
+        let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
+            count(rows, "reversal", "delivered") == 1
+        })
+        .await;
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        let r = books(host).await;
+        eprintln!("node: {r}");
+        assert_eq!(sub(&r, "reversals", "chains"), 1, "{r}");
+        assert_eq!(sub(&r, "reversals", "chains_unanswered"), 1, "{r}");
+        assert_eq!(sub(&r, "reversals", "duplicate_chains"), 0, "{r}");
+    })
+    .await;
+}
