@@ -1082,3 +1082,41 @@ async fn a_timeout_reversal_survives_kill_9_of_the_switch() {
     })
     .await;
 }
+
+/// A OneConnect front (nodes that echo no usable key, one request per
+/// connection): a purchase the host never answers is declined at its
+/// deadline and its connection closed, so no late answer is ever read. The
+/// switch's timeout reversal is the only way the money comes back: stored
+/// at once and carried to that host on a pool connection like a request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_oneconnect_purchase_the_host_never_answers_is_reversed() {
+    within(Duration::from_secs(60), async {
+        let addr = free_addr();
+        let extra = ["--fail-rate", "1", "--no-key"];
+        let host = node("cup-pos", "01", addr, "0ms", &extra).await;
+        let listen = free_addr();
+        let data = data_dir("oneconnect-switch");
+        let toml = pos_toml(listen, &[addr], "300ms", "").replace(
+            &format!("listen = \"{listen}\"\n"),
+            &format!("listen = \"{listen}\"\nmode = \"oneconnect\"\n"),
+        ) + "[service.back.health]\ncheck = \"tcp\"\n";
+        let _switch = switch("oneconnect-switch", &toml, &data, listen).await;
+        let mut s = tokio::net::TcpStream::connect(listen)
+            .await
+            .expect("connect");
+        let purchase = pos_request("0200", "000951", "000000");
+        let answer = ask(&mut s, &purchase, Duration::from_secs(5)).await;
+        assert_eq!(answer, Some(("0210".into(), "68".into())));
+        let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
+            count(rows, "reversal", "delivered") == 1
+        })
+        .await;
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].f11.as_deref(), Some("000951"), "{rows:?}");
+        let r = books(host).await;
+        eprintln!("node: {r}");
+        assert_eq!(sub(&r, "reversals", "chains"), 1, "{r}");
+        assert_eq!(sub(&r, "reversals", "chains_unanswered"), 1, "{r}");
+    })
+    .await;
+}

@@ -33,8 +33,8 @@ use super::pool::Picked;
 use super::service::{Checked, Invalid, Origin, Service};
 use super::writer::{Outbound, Patch, encode_into};
 use crate::config::CheckKind;
-use crate::route::DeclineReason;
 use crate::route::oneconnect::Lease;
+use crate::route::{DeclineReason, OnTimeout};
 use crate::wire::{Frame, FrameCodec};
 
 /// Why an exchange on a connection ended without an answer.
@@ -178,6 +178,84 @@ pub fn on_request(
     true
 }
 
+/// One attempt of a message the switch owes (a reversal, a stored advice)
+/// on a OneConnect service: carried like a request, on a pool connection
+/// to node `only` (or any), by a task of the pool; its answer completes the
+/// store entry, none schedules the next attempt. `wait` bounds the
+/// exchange (the MTI's timeout, at most half the entry's lease).
+pub fn send_owed(
+    service: &Arc<Service>,
+    oc: &Arc<OneConnect>,
+    entry: &crate::store::ClaimedSaf,
+    payload: Bytes,
+    only: Option<usize>,
+    wait: Duration,
+) {
+    let owed = (entry.id, entry.kind, entry.attempt, entry.expires_at);
+    oc.carrying.fetch_add(1, Ordering::Relaxed);
+    let carrying = Carrying(Arc::clone(oc));
+    let (service, pool) = (Arc::clone(service), Arc::clone(oc));
+    let deadline = Instant::now() + wait;
+    oc.tasks
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .spawn(async move {
+            carry_owed(service, pool, payload, owed, only, deadline).await;
+            drop(carrying);
+        });
+}
+
+type Owed = (crate::store::SafId, crate::store::SafKind, u32, i64);
+
+async fn carry_owed(
+    service: Arc<Service>,
+    oc: Arc<OneConnect>,
+    payload: Bytes,
+    owed: Owed,
+    only: Option<usize>,
+    deadline: Instant,
+) {
+    let (id, _, attempt, expires_at) = owed;
+    let failed =
+        |reason| super::service::owed_attempt_failed(&service, id, attempt, expires_at, reason);
+    let Ok(msg) = service.check(payload.clone()) else {
+        return failed(DeclineReason::BadMessage);
+    };
+    let (picked, conn) = match lease(&service, &oc, &msg, deadline, only).await {
+        Ok(leased) => leased,
+        Err(reason) => return failed(reason),
+    };
+    let node = picked.node();
+    // An owed message is not the node's load to balance.
+    drop(picked);
+    let expected = response_mti(&msg.msg.mti().digits());
+    match exchange(
+        &service,
+        conn,
+        &payload,
+        Patch::default(),
+        expected,
+        deadline,
+    )
+    .await
+    {
+        Ok((conn, response)) => {
+            oc.release(node, conn);
+            match crate::iso8583::Message::parse(service.spec(), response) {
+                Ok(answer) => super::service::owed_answered(&service, owed, &answer),
+                Err(_) => failed(DeclineReason::BadMessage),
+            }
+        }
+        Err(f) => {
+            oc.close(&service, node);
+            failed(match f {
+                Failed::Deadline => DeclineReason::Timeout,
+                Failed::Broken(_) => DeclineReason::NodeLost,
+            });
+        }
+    }
+}
+
 /// Ingress validation of a OneConnect request: no key field is required,
 /// since the answer is whatever the request's pool connection carries next.
 fn check_request(service: &Service, payload: Bytes) -> Result<[u8; 4], Invalid> {
@@ -232,7 +310,7 @@ async fn carry(
     let Ok(msg) = service.check(request.clone()) else {
         return; // validated once already by on_request
     };
-    let (picked, conn) = match lease(&service, &oc, &msg, deadline).await {
+    let (picked, conn) = match lease(&service, &oc, &msg, deadline, None).await {
         Ok(leased) => leased,
         Err(reason) => {
             service.decline(origin, &request, reason);
@@ -257,7 +335,9 @@ async fn carry(
             picked.finished(true, now.saturating_duration_since(start), now);
             service.counters.answered.fetch_add(1, Ordering::Relaxed);
             oc.release(node, conn);
-            deliver(&service, &oc, origin, &request, response);
+            if !deliver(&service, &oc, origin, &request, response.clone()) {
+                super::service::oneconnect_undelivered(&service, &request, node, &response);
+            }
         }
         Err(failed) => {
             let now = Instant::now();
@@ -278,6 +358,18 @@ async fn carry(
                 }
             };
             oc.close(&service, node);
+            // The request went out: the host may have approved it.
+            super::service::oneconnect_unknown(&service, &request, node, reason);
+            let timeout = service.live().timeouts.of(&msg.msg.mti().digits());
+            if reason == DeclineReason::Timeout && timeout.action == OnTimeout::Silent {
+                // The sender's own timer decides, as on any front.
+                service
+                    .made
+                    .counters
+                    .silent_timeouts
+                    .fetch_add(1, Ordering::Relaxed);
+                return;
+            }
             service.decline(origin, &request, reason);
         }
     }
@@ -289,10 +381,17 @@ impl OneConnect {
     }
 }
 
-/// Hands the answer to the client that sent the request, or counts it dropped.
-fn deliver(service: &Service, oc: &OneConnect, origin: Origin, request: &[u8], response: Bytes) {
+/// Hands the answer to the client that sent the request, or counts it
+/// dropped (false: the client never got it).
+fn deliver(
+    service: &Service,
+    oc: &OneConnect,
+    origin: Origin,
+    request: &[u8],
+    response: Bytes,
+) -> bool {
     let Origin::Client { conn, tx, .. } = origin else {
-        return;
+        return true;
     };
     let patch = service.router.response_tpdu_patch(request);
     if tx.try_send(Outbound::Message(response, patch)).is_err() {
@@ -308,7 +407,9 @@ fn deliver(service: &Service, oc: &OneConnect, origin: Origin, request: &[u8], r
             conn,
             "client gone before its answer: answer dropped"
         );
+        return false;
     }
+    true
 }
 
 /// A connection for `msg` on a node the balancer picks among those with room,
@@ -318,7 +419,9 @@ async fn lease<'s>(
     oc: &OneConnect,
     msg: &Checked<'_>,
     deadline: Instant,
+    only: Option<usize>,
 ) -> Result<(Picked<'s>, PooledConn), DeclineReason> {
+    let allowed = |n: usize| only.is_none_or(|o| o == n);
     let counters = oc.counters(service);
     // Nodes a connect failed to, for this request: try the others.
     let mut failed: Vec<usize> = Vec::new();
@@ -331,7 +434,7 @@ async fn lease<'s>(
         let leased = {
             let mut slots = oc.slots();
             let picked = pick(service, msg, now, |n| {
-                !failed.contains(&n) && slots.has_room(n)
+                allowed(n) && !failed.contains(&n) && slots.has_room(n)
             });
             // A pick the slots cannot lease for is dropped: given back.
             picked.ok().and_then(|picked| {
@@ -367,7 +470,7 @@ async fn lease<'s>(
                 }
             },
             None => {
-                if !any_eligible(service, msg, now, |n| !failed.contains(&n)) {
+                if !any_eligible(service, msg, now, |n| allowed(n) && !failed.contains(&n)) {
                     let reason = if failed.is_empty() {
                         DeclineReason::NoHealthyNode
                     } else {

@@ -123,10 +123,11 @@ fn send(
         Ok(p) => p,
         Err(why) => return record_dead(store, entry.id, why.to_string()),
     };
-    let sent = match &entry.direction {
-        Direction::ToNode(id) => to_node(svc, &entry, payload, Some(id)),
-        Direction::ToAnyNode => to_node(svc, &entry, payload, None),
-        Direction::ToPeer => to_peer(svc, &entry, payload),
+    let sent = match (&entry.direction, svc.side.oneconnect()) {
+        (Direction::ToPeer, _) => to_peer(svc, &entry, payload),
+        (to, Some(oc)) => via_oneconnect(svc, oc, &entry, payload, to, policy),
+        (Direction::ToNode(id), None) => to_node(svc, &entry, payload, Some(id)),
+        (Direction::ToAnyNode, None) => to_node(svc, &entry, payload, None),
     };
     let c = &svc.made.counters;
     match sent {
@@ -174,6 +175,34 @@ fn as_sent(svc: &Service, entry: &ClaimedSaf) -> Result<Bytes, Unsendable> {
         mti: repeat,
     })?;
     spec.encode(&d).map(Bytes::from).map_err(Unsendable::Encode)
+}
+
+/// Sends on a OneConnect service: its nodes have no standing connection
+/// to send on, so a pool task carries the attempt as it carries a request.
+fn via_oneconnect(
+    svc: &Arc<Service>,
+    oc: &Arc<super::oneconnect::OneConnect>,
+    entry: &ClaimedSaf,
+    payload: Bytes,
+    to: &Direction,
+    policy: &SafPolicy,
+) -> Result<(), &'static str> {
+    let only = match to {
+        Direction::ToNode(id) => Some(
+            svc.pool
+                .index_of(id.as_bytes())
+                .ok_or("node is not configured")?,
+        ),
+        _ => None,
+    };
+    let mti: [u8; 4] = entry
+        .mti
+        .as_bytes()
+        .try_into()
+        .map_err(|_| "stored MTI is not 4 digits")?;
+    let wait = svc.live().timeouts.of(&mti).after.min(policy.lease / 2);
+    super::oneconnect::send_owed(svc, oc, entry, payload, only, wait);
+    Ok(())
 }
 
 /// Sends to node `id` (or to any node the balancer picks) and waits for its

@@ -50,6 +50,10 @@ pub use links::Links;
 pub use live::{ListenLimits, LiveSettings};
 pub use made::{IntegrityCounters, SafOutbox, SwitchMade};
 pub use owed::AnswerFrom;
+pub(crate) use owed::{
+    answered as owed_answered, attempt_failed as owed_attempt_failed, oneconnect_undelivered,
+    oneconnect_unknown,
+};
 pub(crate) use owed::{record_attempt, record_dead};
 pub use side::{FrontSide, PeerSide};
 

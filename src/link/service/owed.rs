@@ -162,6 +162,76 @@ pub(super) fn undelivered(
     svc.made.late.record(*key, entry.with_timeout_reversal());
 }
 
+/// A OneConnect exchange ended without the node's answer after the
+/// request went out (its deadline passed, or the connection broke): the
+/// host's outcome is unknown, and its late answer will never be read (the
+/// connection is closed), so a timeout reversal is the only way the money
+/// comes back. Stored to that node, as for any front; the repeat and late
+/// books are not used (OneConnect dialects echo no usable key).
+pub fn oneconnect_unknown(svc: &Service, request: &Bytes, node: usize, reason: DeclineReason) {
+    let integrity = &svc.made.integrity;
+    if !integrity.timeout_reversal
+        || integrity.late_approval != LateApproval::Reverse
+        || svc.made.saf().is_none()
+    {
+        return;
+    }
+    let Ok(msg) = Message::parse(svc.spec(), request.clone()) else {
+        return;
+    };
+    if !integrity::is_approvable(msg.mti())
+        || !integrity::moves_money(&msg, &svc.spec().integrity().no_reversal_f3)
+    {
+        return;
+    }
+    let Some(to) = svc
+        .pool
+        .node(node)
+        .map(|n| Direction::ToNode(n.id.to_string()))
+    else {
+        return;
+    };
+    let said = Said::Declined(reason);
+    let entry = LateEntry::new(stamped(svc, request, node), node, said, Instant::now());
+    owe_reversal(svc, &entry, to, (Cause::Timeout(reason), &msg), None);
+}
+
+/// A OneConnect node's approval in time that its client never got (the
+/// client gone, its queue full): reversed at that node.
+pub fn oneconnect_undelivered(svc: &Service, request: &Bytes, node: usize, response: &Bytes) {
+    let Ok(answer) = Message::parse(svc.spec(), response.clone()) else {
+        return;
+    };
+    if !integrity::approves(&answer, &svc.made.approval_codes)
+        || svc.made.integrity.late_approval != LateApproval::Reverse
+        || svc.made.saf().is_none()
+    {
+        return;
+    }
+    let Ok(msg) = Message::parse(svc.spec(), request.clone()) else {
+        return;
+    };
+    if !integrity::is_approvable(msg.mti())
+        || !integrity::moves_money(&msg, &svc.spec().integrity().no_reversal_f3)
+    {
+        return;
+    }
+    let Some(to) = svc
+        .pool
+        .node(node)
+        .map(|n| Direction::ToNode(n.id.to_string()))
+    else {
+        return unreversed(svc, &answer, "its node is gone");
+    };
+    let entry = LateEntry::new(
+        stamped(svc, request, node),
+        node,
+        Said::Undelivered,
+        Instant::now(),
+    );
+    owe_reversal(svc, &entry, to, (Cause::Undelivered, &answer), None);
+}
+
 /// How long after an approval was written to a client that had closed its
 /// sending side the switch looks for the client's reset: a client that
 /// closed the socket whole answers the write with one within a round trip.
@@ -745,7 +815,7 @@ pub(super) fn store_advice(svc: &Service, req: &Checked<'_>, origin: Origin) -> 
 /// (the next one is scheduled, or it is a dead letter past its limits);
 /// any other code makes it a dead letter at once. Only a host's "done"
 /// closes what the switch owes.
-pub(super) fn answered(svc: &Service, entry: (SafId, SafKind, u32, i64), answer: &Message<'_>) {
+pub(crate) fn answered(svc: &Service, entry: (SafId, SafKind, u32, i64), answer: &Message<'_>) {
     let (id, kind, attempt, expires_at) = entry;
     let Some(outbox) = svc.made.saf() else {
         return;
@@ -799,7 +869,7 @@ pub(super) fn answered(svc: &Service, entry: (SafId, SafKind, u32, i64), answer:
 
 /// An owed message went unanswered (no answer in time, the connection
 /// lost): its entry waits for the next attempt, or becomes a dead letter.
-pub(super) fn attempt_failed(
+pub(crate) fn attempt_failed(
     svc: &Service,
     id: SafId,
     attempt: u32,
