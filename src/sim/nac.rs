@@ -400,18 +400,6 @@ fn answer_tpdu(sent: Tpdu) -> Tpdu {
     }
 }
 
-/// Where a terminal's STANs start: from the clock (a thousand a second,
-/// round again every 16 minutes), as a real terminal's STAN is wherever its
-/// last transaction left it. A NAC run right after another must not send
-/// the same STANs from the same terminals again: the switch would take them
-/// for duplicates of the last run's transactions.
-fn first_stan() -> u32 {
-    let millis = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    (millis % 999_999) as u32
-}
-
 impl Terminal {
     fn new(nac: u8, index: usize) -> Terminal {
         // Source address: the terminal's line number as four BCD digits, as a NAC
@@ -426,11 +414,7 @@ impl Terminal {
         let mut f41 = [b'0'; 8];
         let id = format!("{:02}{:06}", nac % 100, index % 1_000_000);
         f41.copy_from_slice(id.as_bytes());
-        Terminal {
-            tpdu,
-            f41,
-            stan: first_stan(),
-        }
+        Terminal { tpdu, f41, stan: 0 }
     }
 
     fn next_stan(&mut self) -> [u8; 3] {
