@@ -11,6 +11,12 @@
 #   scripts/bench.sh --no-pin              # let every process run on every CPU
 #   scripts/bench.sh --scenario clients --repeat 2 --dwell 3s   # many terminals: 50..10,000 clients at 10k req/s, plot in target/bench-clients.svg
 #
+# Rows: (a) direct to one node, (a2) direct to every node, (b) HAProxy, (c)
+# the switch as shipped, its journal on, and (cj) the switch with its journal
+# off (the routing core): every switch row's label says whether its journal
+# is on, and the ratios compare HAProxy with both (`--no-journal-off` leaves
+# (cj) out).
+#
 # Any `isoswitch bench` option passes through (`isoswitch bench --help`).
 # Nodes, the switch and HAProxy run as processes of their own; the switch and
 # HAProxy (same thread count) on CPUs of their own with taskset, the load

@@ -23,7 +23,11 @@ async fn bench_prints_its_rows_and_summary_lines() {
             .map(str::to_string)
             .collect::<Vec<_>>()
     };
-    for label in ["(a) direct to one node", "(c) isoswitch per message"] {
+    for label in [
+        "(a) direct to one node",
+        "(c) isoswitch per message, journal on",
+        "(cj) isoswitch per message, journal off",
+    ] {
         let cols = row(label);
         // target, sent/s, approved/s, declined, errors/timeouts, p50, p99,
         // p99.9, CPU µs/msg, CPU %, user % of it, context switches/msg.
@@ -35,19 +39,43 @@ async fn bench_prints_its_rows_and_summary_lines() {
     }
     // The switch's CPU per message is read from its process; direct has none.
     assert_eq!(row("(a) direct to one node")[8..], ["-", "-", "-", "-"]);
-    let switch = row("(c) isoswitch per message");
-    for (col, what) in [(8, "CPU µs/msg"), (10, "user %"), (11, "switches/msg")] {
-        let v: f64 = switch[col]
-            .parse()
-            .unwrap_or_else(|_| panic!("{what}: {switch:?}"));
-        assert!(v >= 0.0, "{what}: {switch:?}");
+    let switch = row("(c) isoswitch per message, journal on");
+    for label in [
+        "(c) isoswitch per message, journal on",
+        "(cj) isoswitch per message, journal off",
+    ] {
+        let switch = row(label);
+        for (col, what) in [(8, "CPU µs/msg"), (10, "user %"), (11, "switches/msg")] {
+            let v: f64 = switch[col]
+                .parse()
+                .unwrap_or_else(|_| panic!("{what}: {switch:?}"));
+            assert!(v >= 0.0, "{what}: {switch:?}");
+        }
     }
+    // Every switch row says whether its journal is on.
+    for line in stdout.lines().filter(|l| l.starts_with("| (c")) {
+        assert!(
+            line.contains(", journal on |") || line.contains(", journal off |"),
+            "a switch row without its journal: {line}"
+        );
+    }
+    assert!(
+        stdout.contains("- journal: (c) is the switch as shipped, its journal on"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("- CPU µs/msg journal on ÷ off at 500 req/s (switch (c) ÷ (cj))"),
+        "{stdout}"
+    );
     let user: f64 = switch[10].parse().unwrap();
     assert!(user <= 100.0, "user share: {switch:?}");
     for key in [
         "cpu_us_per_msg.switch@500 = ",
         "p99_us.direct@500 = ",
         "p99_added_us.switch@500 = ",
+        "cpu_us_per_msg.switch_journal_off@500 = ",
+        "ratio.cpu_journal_on_over_off@500 = ",
+        "p99_added_us.switch_journal_off@500 = ",
     ] {
         assert!(stdout.contains(key), "no `{key}` in {stdout}");
     }
@@ -60,7 +88,7 @@ async fn bench_measures_the_switch_with_integrity_off_beside_it() {
     let stdout = run_bench(&["--integrity-off"], Duration::from_secs(60)).await;
     let row = stdout
         .lines()
-        .find(|l| l.starts_with("| (c0) isoswitch, integrity off |"))
+        .find(|l| l.starts_with("| (c0) isoswitch, integrity off, journal on |"))
         .unwrap_or_else(|| panic!("no (c0) row in {stdout}"));
     let cols: Vec<&str> = row.split('|').map(str::trim).collect();
     // "", target, sent/s, approved/s, declined, errors, ..., CPU µs/msg.
@@ -85,7 +113,7 @@ async fn bench_measures_the_switch_with_integrity_off_beside_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_times_each_message_inside_the_switch_on_the_wire() {
     let stdout = run_bench(
-        &["--dwell", "2s", "--dwell-rate", "500"],
+        &["--dwell", "2s", "--dwell-rate", "500", "--no-journal-off"],
         Duration::from_secs(90),
     )
     .await;
@@ -95,7 +123,9 @@ async fn bench_times_each_message_inside_the_switch_on_the_wire() {
     );
     let row: Vec<&str> = stdout
         .lines()
-        .find(|l| l.starts_with("| (c) isoswitch per message |") && l.split('|').count() == 16)
+        .find(|l| {
+            l.starts_with("| (c) isoswitch per message, journal on |") && l.split('|').count() == 16
+        })
         .unwrap_or_else(|| panic!("no dwell row for the switch in {stdout}"))
         .split('|')
         .map(str::trim)

@@ -430,7 +430,7 @@ async fn sqlite_urls_pick_the_file() {
 async fn journal_rows_queries_report_and_purges() {
     let dir = TempDir::new("journal");
     let store = open(&dir).await;
-    limited(store_support::journal::journal_suite(&store)).await;
+    limited(store_support::journal::journal_purges_rows(&store)).await;
     store.close().await.expect("close");
 }
 

@@ -2,9 +2,12 @@
 //! (a) the load generator straight to one node, (a2) straight to every node,
 //! its clients spread over them in turn (the cluster without a balancer),
 //! (b) HAProxy in TCP mode round robin over the nodes (when `haproxy` is on
-//! the PATH) and (c) isoswitch balancing per message over the same nodes;
-//! with `--integrity-off`, also (c0) a second switch whose integrity books
-//! are off, for what they cost when nothing is late.
+//! the PATH), (c) isoswitch balancing per message over the same nodes as
+//! shipped, its journal on, and (cj) the same switch with its journal off
+//! (the routing core), so that HAProxy is compared both ways; with
+//! `--integrity-off`, also (c0) a switch whose integrity books are off, for
+//! what they cost when nothing is late. Every switch row says whether its
+//! journal is on.
 //!
 //! Every party but the load generator is a process of its own: the nodes
 //! (`isoswitch sim node`), the switch (`isoswitch run`) and HAProxy. Where
@@ -75,6 +78,10 @@ pub struct BenchArgs {
     /// Skip HAProxy even if it is installed.
     #[arg(long)]
     pub no_haproxy: bool,
+    /// Leave out (cj), the switch with its journal off (the routing core
+    /// compared with HAProxy): only the switch as shipped, journal on.
+    #[arg(long)]
+    pub no_journal_off: bool,
     /// Also measure (c0): a second switch with `[service.integrity]` off
     /// (no repeat book, no late book, late approvals logged), for the CPU
     /// the integrity books cost when nothing is late.
@@ -220,8 +227,13 @@ enum Target {
     /// proxies' rows, with no balancer between.
     DirectAll,
     Haproxy,
+    /// The switch as shipped: its journal on.
     Switch,
-    /// The switch with its integrity books off (`--integrity-off`).
+    /// The switch with its journal off (`[journal] enabled = false`): the
+    /// routing core.
+    SwitchJournalOff,
+    /// The switch with its integrity books off (`--integrity-off`), its
+    /// journal on.
     SwitchIntegrityOff,
 }
 
@@ -231,8 +243,9 @@ impl Target {
             Target::Direct => "(a) direct to one node",
             Target::DirectAll => "(a2) direct, clients spread over the nodes",
             Target::Haproxy => "(b) haproxy tcp roundrobin",
-            Target::Switch => "(c) isoswitch per message",
-            Target::SwitchIntegrityOff => "(c0) isoswitch, integrity off",
+            Target::Switch => "(c) isoswitch per message, journal on",
+            Target::SwitchJournalOff => "(cj) isoswitch per message, journal off",
+            Target::SwitchIntegrityOff => "(c0) isoswitch, integrity off, journal on",
         }
     }
 
@@ -242,16 +255,18 @@ impl Target {
             Target::DirectAll => "direct_all",
             Target::Haproxy => "haproxy",
             Target::Switch => "switch",
+            Target::SwitchJournalOff => "switch_journal_off",
             Target::SwitchIntegrityOff => "switch_integrity_off",
         }
     }
 }
 
-const ALL_TARGETS: [Target; 5] = [
+const ALL_TARGETS: [Target; 6] = [
     Target::Direct,
     Target::DirectAll,
     Target::Haproxy,
     Target::Switch,
+    Target::SwitchJournalOff,
     Target::SwitchIntegrityOff,
 ];
 
@@ -284,6 +299,7 @@ struct Row {
 /// node link closing.
 struct Rig {
     switch: (Proc, SocketAddr),
+    switch_journal_off: Option<(Proc, SocketAddr)>,
     switch_integrity_off: Option<(Proc, SocketAddr)>,
     haproxy: Option<(Proc, SocketAddr)>,
     _nodes: Vec<Proc>,
@@ -295,6 +311,10 @@ impl Rig {
         match t {
             Target::Direct | Target::DirectAll => Some((self.nodes[0], None)),
             Target::Switch => Some((self.switch.1, Some(self.switch.0.pid()))),
+            Target::SwitchJournalOff => self
+                .switch_journal_off
+                .as_ref()
+                .map(|(p, a)| (*a, Some(p.pid()))),
             Target::Haproxy => self.haproxy.as_ref().map(|(p, a)| (*a, Some(p.pid()))),
             Target::SwitchIntegrityOff => self
                 .switch_integrity_off
@@ -312,6 +332,9 @@ impl Rig {
             t.push(Target::Haproxy);
         }
         t.push(Target::Switch);
+        if self.switch_journal_off.is_some() {
+            t.push(Target::SwitchJournalOff);
+        }
         if self.switch_integrity_off.is_some() {
             t.push(Target::SwitchIntegrityOff);
         }
@@ -319,20 +342,27 @@ impl Rig {
     }
 }
 
-/// The rows of repetition `rep`, in order: (c) and (c0) take turns going
-/// first, so that neither always runs right after the other. Their ratio is
-/// a goal of a few percent, and on a shared machine a row's place in the
-/// sequence can move its CPU per message by about that much (BENCHMARKS.md,
-/// "Integrity cost").
+/// The rows of repetition `rep`, in order: the switches ((c), (cj), (c0))
+/// take turns going first, their order reversed every other repetition,
+/// so that none always runs right after another. Their ratios are a few
+/// percent, and on a shared machine a row's place in the sequence can move
+/// its CPU per message by about that much (BENCHMARKS.md, "Integrity
+/// cost").
 fn take_turns(mut targets: Vec<Target>, rep: usize) -> Vec<Target> {
-    let on = targets.iter().position(|t| *t == Target::Switch);
-    let off = targets
-        .iter()
-        .position(|t| *t == Target::SwitchIntegrityOff);
-    if let (Some(on), Some(off)) = (on, off)
-        && rep % 2 == 1
-    {
-        targets.swap(on, off);
+    let switches = |t: &Target| {
+        matches!(
+            t,
+            Target::Switch | Target::SwitchJournalOff | Target::SwitchIntegrityOff
+        )
+    };
+    if rep % 2 == 1 {
+        let slots: Vec<usize> = (0..targets.len())
+            .filter(|&i| switches(&targets[i]))
+            .collect();
+        let reversed: Vec<Target> = slots.iter().rev().map(|&i| targets[i]).collect();
+        for (&slot, t) in slots.iter().zip(reversed) {
+            targets[slot] = t;
+        }
     }
     targets
 }
@@ -417,20 +447,28 @@ async fn start_rig(
     let load_cpus = pinning.map(|p| &p.load);
     let proxy_cpus = pinning.map(|p| &p.proxy);
     let (node_procs, nodes) = start_nodes(args, load_cpus).await?;
-    let start_switch = |integrity_off| {
+    let start_switch = |integrity_off, journal_off| {
         procs::start_switch(
             &args.spec,
             &nodes,
             Some(proxy_threads),
             proxy_cpus,
             integrity_off,
+            journal_off,
             None,
         )
     };
-    let switch = start_switch(false)?;
+    let switch = start_switch(false, false)?;
     wait_listening(switch.1).await?;
+    let switch_journal_off = if args.no_journal_off {
+        None
+    } else {
+        let off = start_switch(false, true)?;
+        wait_listening(off.1).await?;
+        Some(off)
+    };
     let switch_integrity_off = if args.integrity_off {
-        let off = start_switch(true)?;
+        let off = start_switch(true, false)?;
         wait_listening(off.1).await?;
         Some(off)
     } else {
@@ -464,6 +502,7 @@ async fn start_rig(
         _nodes: node_procs,
         nodes,
         switch,
+        switch_journal_off,
         switch_integrity_off,
         haproxy,
     })

@@ -10,7 +10,9 @@
 //!   counted and logged, never retried into a growing backlog.
 //! - retention: every minute, deletes rows older than `journal.retain` a
 //!   bounded batch at a time (one short transaction each, a pause between),
-//!   so the store's writer is never held for long.
+//!   so the store's writer is never held for long. On PostgreSQL the store
+//!   drops whole days older than that instead, off the writer's connection
+//!   (`store::postgres`, docs/journal.md "Retention").
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -688,7 +688,7 @@ fn encode_journal(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fm
         ),
         one(
             "isoswitch_journal_purged",
-            "Rows deleted by retention (journal.retain) and by the disk guard (the oldest days, past journal.max_size or journal.min_free): journal rows (the admin audit has admin.audit_retain).",
+            "Rows deleted by retention (journal.retain) and by the disk guard (the oldest days, past journal.max_size or journal.min_free): journal rows (the admin audit has admin.audit_retain). On PostgreSQL, the rows of the whole days retention dropped, as the server's statistics count them.",
             &c.purged,
         ),
         one(

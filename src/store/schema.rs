@@ -13,7 +13,7 @@ use super::writer::{Outcome, StoredPayload};
 
 /// The schema version this build writes; `meta.schema_version` holds the
 /// version a database is at. Each backend has exactly this many migrations.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// The `meta` key holding the schema version.
 pub const VERSION_KEY: &str = "schema_version";

@@ -223,9 +223,15 @@ async fn start_proxy(
     cpus: Option<&procs::CpuSet>,
 ) -> Result<(Proc, SocketAddr), String> {
     let (mut p, front) = match proxy {
-        Proxy::Switch => {
-            procs::start_switch(spec, nodes, Some(threads), cpus, false, Some(clients))?
-        }
+        Proxy::Switch => procs::start_switch(
+            spec,
+            nodes,
+            Some(threads),
+            cpus,
+            false,
+            false,
+            Some(clients),
+        )?,
         Proxy::Haproxy => {
             procs::start_haproxy(nodes, Some(threads), cpus, haproxy_maxconn(clients))?
         }

@@ -339,7 +339,9 @@ pub(crate) fn start_node(
 /// remembered for repeats, no answered-for request for late approvals
 /// (logged, not reversed). The store still opens in the data directory,
 /// as it does for the integrity-on switch; nothing on the message path
-/// touches it when nothing is late. With `max_clients`, the front's limits
+/// touches it when nothing is late. The journal is on, as shipped, unless
+/// `journal_off` (`[journal] enabled = false`: the routing core alone).
+/// With `max_clients`, the front's limits
 /// (`max_connections`, `max_per_source`, `max_in_flight_per_source`) admit
 /// that many clients, all from 127.0.0.1, with one request in flight each.
 pub(crate) fn switch_toml(
@@ -347,6 +349,7 @@ pub(crate) fn switch_toml(
     front: SocketAddr,
     nodes: &[SocketAddr],
     integrity_off: bool,
+    journal_off: bool,
     max_clients: Option<usize>,
 ) -> String {
     let mut toml = format!(
@@ -371,6 +374,9 @@ pub(crate) fn switch_toml(
             i + 1
         ));
     }
+    if journal_off {
+        toml.push_str("[journal]\nenabled = false\n");
+    }
     toml
 }
 
@@ -381,18 +387,19 @@ pub(crate) fn start_switch(
     threads: Option<usize>,
     cpus: Option<&CpuSet>,
     integrity_off: bool,
+    journal_off: bool,
     max_clients: Option<usize>,
 ) -> Result<(Proc, SocketAddr), String> {
     let front = free_port()?;
-    // Files of their own: two switches may run side by side.
-    let stem = if integrity_off {
-        "isoswitch-bench-integrity-off"
-    } else {
-        "isoswitch-bench"
+    // Files of their own: the switches run side by side.
+    let stem = match (integrity_off, journal_off) {
+        (true, _) => "isoswitch-bench-integrity-off",
+        (false, true) => "isoswitch-bench-journal-off",
+        (false, false) => "isoswitch-bench",
     };
     let files = SwitchFiles::write(
         stem,
-        &switch_toml(spec, front, nodes, integrity_off, max_clients),
+        &switch_toml(spec, front, nodes, integrity_off, journal_off, max_clients),
     )?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = command(&exe, cpus);
@@ -612,9 +619,9 @@ mod tests {
     fn integrity_off_turns_the_books_off_and_parses() {
         let a: SocketAddr = "127.0.0.1:1000".parse().unwrap();
         let n: SocketAddr = "127.0.0.1:1001".parse().unwrap();
-        let on = switch_toml("cups", a, &[n], false, None);
+        let on = switch_toml("cups", a, &[n], false, false, None);
         assert!(!on.contains("[service.integrity]"), "{on}");
-        let off = switch_toml("cups", a, &[n], true, None);
+        let off = switch_toml("cups", a, &[n], true, false, None);
         let cfg = crate::config::Config::from_toml(&off).unwrap();
         let i = &cfg.services[0].integrity;
         assert_eq!(i.late_approval, crate::config::LateApproval::Log);
@@ -623,6 +630,19 @@ mod tests {
             "{i:?}"
         );
         assert_eq!(cfg.services[0].back.nodes.len(), 1);
+    }
+
+    #[test]
+    fn the_journal_is_on_as_shipped_unless_turned_off() {
+        let a: SocketAddr = "127.0.0.1:1000".parse().unwrap();
+        let n: SocketAddr = "127.0.0.1:1001".parse().unwrap();
+        let on =
+            crate::config::Config::from_toml(&switch_toml("cups", a, &[n], false, false, None));
+        assert!(on.unwrap().journal.enabled);
+        let off = switch_toml("cups", a, &[n], false, true, None);
+        let off = crate::config::Config::from_toml(&off).unwrap();
+        assert!(!off.journal.enabled);
+        assert!(off.services[0].integrity.late_approval != crate::config::LateApproval::Log);
     }
 
     #[test]

@@ -29,9 +29,17 @@ pub(super) fn print_header(
             "no HAProxy".into()
         }
     );
+    println!(
+        "- journal: (c) is the switch as shipped, its journal on (`[journal] enabled = true`, SQLite in its data directory); {}",
+        if rig.switch_journal_off.is_some() {
+            "(cj) is a second switch, same config and threads, with `[journal] enabled = false` (the routing core)"
+        } else {
+            "no journal-off row (--no-journal-off)"
+        }
+    );
     if rig.switch_integrity_off.is_some() {
         println!(
-            "- (c0): a second switch, same config and threads, with `[service.integrity]` late_approval = \"log\", late_window = \"0s\", repeat_window = \"0s\" (its SQLite store opens in its data directory all the same)"
+            "- (c0): another switch, same config and threads, its journal on, with `[service.integrity]` late_approval = \"log\", late_window = \"0s\", repeat_window = \"0s\" (its SQLite store opens in its data directory all the same)"
         );
     }
     match pinning {
@@ -123,7 +131,12 @@ impl Summary {
                     0,
                 );
             }
-            for t in [Target::Haproxy, Target::Switch, Target::SwitchIntegrityOff] {
+            for t in [
+                Target::Haproxy,
+                Target::Switch,
+                Target::SwitchJournalOff,
+                Target::SwitchIntegrityOff,
+            ] {
                 s.add(
                     &format!("cpu_us_per_msg.{}@saturation", t.key()),
                     &per_rep(t, None, &cpu),
@@ -150,6 +163,19 @@ impl Summary {
                 &div(&ha, &da),
                 2,
             );
+            // HAProxy against the routing core: the switch, journal off.
+            let core_cpu = per_rep(Target::SwitchJournalOff, None, &cpu);
+            s.add(
+                "ratio.cpu_switch_journal_off_over_haproxy@saturation",
+                &div(&core_cpu, &per_rep(Target::Haproxy, None, &cpu)),
+                2,
+            );
+            let core = per_rep(Target::SwitchJournalOff, None, &approved);
+            s.add(
+                "ratio.saturation_switch_journal_off_over_haproxy",
+                &div(&core, &ha),
+                2,
+            );
         }
         for &rate in &args.rates {
             let at = Some(rate);
@@ -162,6 +188,22 @@ impl Summary {
                 &format!("ratio.cpu_switch_over_haproxy@{r}"),
                 &div(&sw_cpu, &ha_cpu),
                 2,
+            );
+            let core_cpu = per_rep(Target::SwitchJournalOff, at, &cpu);
+            s.add(
+                &format!("cpu_us_per_msg.switch_journal_off@{r}"),
+                &core_cpu,
+                1,
+            );
+            s.add(
+                &format!("ratio.cpu_switch_journal_off_over_haproxy@{r}"),
+                &div(&core_cpu, &ha_cpu),
+                2,
+            );
+            s.add(
+                &format!("ratio.cpu_journal_on_over_off@{r}"),
+                &div(&sw_cpu, &core_cpu),
+                3,
             );
             let off_cpu = per_rep(Target::SwitchIntegrityOff, at, &cpu);
             s.add(
@@ -179,7 +221,7 @@ impl Summary {
                 s.add(&format!("p99_us.{}@{r}", t.key()), &per_rep(t, at, &p99), 0);
             }
             let direct_all = per_rep(Target::DirectAll, at, &p99);
-            for t in [Target::Haproxy, Target::Switch] {
+            for t in [Target::Haproxy, Target::Switch, Target::SwitchJournalOff] {
                 s.add(
                     &format!("p99_added_us.{}@{r}", t.key()),
                     &sub(&per_rep(t, at, &p99), &direct),
@@ -254,8 +296,22 @@ pub(super) fn print_ratios(s: &Summary, args: &BenchArgs) {
     for &rate in &args.rates {
         let r = format!("{rate:.0}");
         line(
-            &format!("switch CPU/msg ÷ HAProxy CPU/msg at {r} req/s"),
+            &format!(
+                "switch CPU/msg ÷ HAProxy CPU/msg at {r} req/s, journal on (as shipped, (c) ÷ (b))"
+            ),
             &format!("ratio.cpu_switch_over_haproxy@{r}"),
+            "",
+        );
+        line(
+            &format!(
+                "switch CPU/msg ÷ HAProxy CPU/msg at {r} req/s, journal off (the routing core, (cj) ÷ (b))"
+            ),
+            &format!("ratio.cpu_switch_journal_off_over_haproxy@{r}"),
+            "",
+        );
+        line(
+            &format!("CPU µs/msg journal on ÷ off at {r} req/s (switch (c) ÷ (cj))"),
+            &format!("ratio.cpu_journal_on_over_off@{r}"),
             "",
         );
         line(
@@ -265,8 +321,13 @@ pub(super) fn print_ratios(s: &Summary, args: &BenchArgs) {
         );
     }
     line(
-        "saturation, switch ÷ HAProxy (approved/s)",
+        "saturation, switch ÷ HAProxy (approved/s), journal on (as shipped)",
         "ratio.saturation_switch_over_haproxy",
+        "",
+    );
+    line(
+        "saturation, switch ÷ HAProxy (approved/s), journal off (the routing core)",
+        "ratio.saturation_switch_journal_off_over_haproxy",
         "",
     );
     line(
@@ -287,8 +348,13 @@ pub(super) fn print_ratios(s: &Summary, args: &BenchArgs) {
     for &rate in &args.rates {
         let r = format!("{rate:.0}");
         line(
-            &format!("switch-added p99 at {r} req/s (switch p99 − direct p99)"),
+            &format!("switch-added p99 at {r} req/s (switch p99 − direct p99), journal on"),
             &format!("p99_added_us.switch@{r}"),
+            " µs",
+        );
+        line(
+            &format!("switch-added p99 at {r} req/s, journal off"),
+            &format!("p99_added_us.switch_journal_off@{r}"),
             " µs",
         );
         line(

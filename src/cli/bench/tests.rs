@@ -79,7 +79,10 @@ fn row(
         },
         cpu: matches!(
             target,
-            Target::Haproxy | Target::Switch | Target::SwitchIntegrityOff
+            Target::Haproxy
+                | Target::Switch
+                | Target::SwitchJournalOff
+                | Target::SwitchIntegrityOff
         )
         .then_some(Cpu {
             us_per_msg: cpu,
@@ -179,6 +182,79 @@ fn integrity_on_and_off_take_turns_going_first() {
     assert_eq!(take_turns(all.clone(), 2), all);
     let without = vec![Direct, Haproxy, Switch];
     assert_eq!(take_turns(without.clone(), 1), without);
+    // Three switches: their order reversed every other repetition.
+    let three = vec![
+        Direct,
+        Haproxy,
+        Switch,
+        SwitchJournalOff,
+        SwitchIntegrityOff,
+    ];
+    assert_eq!(take_turns(three.clone(), 2), three);
+    assert_eq!(
+        take_turns(three.clone(), 1),
+        [
+            Direct,
+            Haproxy,
+            SwitchIntegrityOff,
+            SwitchJournalOff,
+            Switch
+        ]
+    );
+}
+
+/// HAProxy compared both ways: the switch as shipped (journal on) and the
+/// routing core (journal off), and journal on ÷ off, each within its
+/// repetition.
+#[test]
+fn haproxy_is_compared_with_the_switch_journal_on_and_off() {
+    let a = args(&["--rate", "10000", "--repeat", "3"]);
+    assert!(!a.no_journal_off);
+    assert!(args(&["--no-journal-off"]).no_journal_off);
+    let mut rows = Vec::new();
+    for (i, (on, off, ha)) in [(24.0, 20.0, 40.0), (36.0, 30.0, 40.0), (26.0, 20.0, 50.0)]
+        .iter()
+        .enumerate()
+    {
+        rows.push(row(Target::Haproxy, None, i, 50_000, 100, *ha));
+        rows.push(row(Target::Switch, None, i, 60_000, 100, *on));
+        rows.push(row(Target::SwitchJournalOff, None, i, 75_000, 100, *off));
+        let at = Some(10_000.0);
+        rows.push(row(Target::Direct, at, i, 10_000, 200, 0.0));
+        rows.push(row(Target::Haproxy, at, i, 10_000, 500, *ha));
+        rows.push(row(Target::Switch, at, i, 10_000, 400, *on));
+        rows.push(row(Target::SwitchJournalOff, at, i, 10_000, 300, *off));
+    }
+    let s = Summary::from_rows(&rows, &a);
+    // On: 0.6, 0.9, 0.52; off: 0.5, 0.75, 0.4; on ÷ off 1.2, 1.2, 1.3.
+    assert_eq!(
+        s.spread("ratio.cpu_switch_over_haproxy@10000"),
+        Some("0.60 (range 0.52 .. 0.90)")
+    );
+    assert_eq!(
+        s.spread("ratio.cpu_switch_journal_off_over_haproxy@10000"),
+        Some("0.50 (range 0.40 .. 0.75)")
+    );
+    assert_eq!(
+        s.spread("ratio.cpu_journal_on_over_off@10000"),
+        Some("1.200 (range 1.200 .. 1.300)")
+    );
+    let get = |k: &str| {
+        s.lines
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(get("ratio.saturation_switch_over_haproxy"), Some("1.20"));
+    assert_eq!(
+        get("ratio.saturation_switch_journal_off_over_haproxy"),
+        Some("1.50")
+    );
+    assert_eq!(get("p99_added_us.switch_journal_off@10000"), Some("100"));
+    assert_eq!(
+        get("saturation_approved_per_s.switch_journal_off"),
+        Some("75000")
+    );
 }
 
 #[test]

@@ -8,8 +8,7 @@ use tokio_postgres::types::ToSql;
 
 use super::Statements;
 use crate::store::journal::{
-    self as j, AdminRow, Dialect, JournalFilter, JournalRow, NewRow, PURGE_ADMIN, PURGE_JOURNAL,
-    Param, REPORT_SQL, ReportInput,
+    self as j, AdminRow, Dialect, JournalFilter, JournalRow, NewRow, Param, REPORT_SQL, ReportInput,
 };
 use crate::store::journal_new::{INSERT_ARITY, chunks};
 use crate::store::journal_report::ReportBuilder;
@@ -201,34 +200,16 @@ pub(super) async fn admin_query(
     Ok(Ok(Outcome::AdminRows(rows)))
 }
 
-pub(super) async fn purge(
-    tx: &Transaction<'_>,
-    before: UnixMillis,
-    limit: usize,
-) -> PgResult<Answer> {
-    let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-    let n = tx.execute(PURGE_JOURNAL, &[&before, &limit]).await?;
-    Ok(Ok(Outcome::Changed(n)))
-}
-
-/// The admin audit's retention: at most `limit` rows older than `before`.
-pub(super) async fn admin_purge(
-    tx: &Transaction<'_>,
-    before: UnixMillis,
-    limit: usize,
-) -> PgResult<Answer> {
-    let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-    let n = tx.execute(PURGE_ADMIN, &[&before, &limit]).await?;
-    Ok(Ok(Outcome::Changed(n)))
-}
-
 /// The journal's tables and indexes on the server, as PostgreSQL counts
 /// them (a deleted row's space is reused, not returned: `reusable` is not
 /// known here and stays 0).
 pub(super) async fn space(tx: &Transaction<'_>) -> PgResult<Answer> {
     let row = tx
         .query_one(
-            "SELECT (pg_total_relation_size('journal') + pg_total_relation_size('admin_log'))::BIGINT, \
+            "SELECT ((SELECT COALESCE(sum(pg_total_relation_size(relid)), 0) \
+               FROM pg_partition_tree('journal')) \
+             + (SELECT COALESCE(sum(pg_total_relation_size(relid)), 0) \
+               FROM pg_partition_tree('admin_log')))::BIGINT, \
              (SELECT min(t_in) FROM journal)",
             &[],
         )

@@ -20,10 +20,13 @@ use tokio_postgres::{Client, NoTls};
 use super::config::PgTarget;
 use super::error::StoreError;
 use super::schema::{self, VERSION_KEY};
-use super::writer::{self, Answer, Counters, Inbox, Outcome, Request};
+use super::writer::{self, Answer, Counters, Inbox, Op, Outcome, Request};
 
+mod maintain;
+mod parts;
 mod sql;
 
+use maintain::Maintenance;
 use sql::{META_PUT, MIGRATIONS, Statements, apply};
 
 const RECONNECT_MIN: Duration = Duration::from_millis(100);
@@ -84,11 +87,24 @@ pub(crate) async fn open(
     migrate(&mut client).await.map_err(|e| match e {
         Migration::Sql(e) => pg_error(&target)(e),
         Migration::Store(e) => e,
+        Migration::TooOld(version) => StoreError::Postgres {
+            url: target.redacted.clone(),
+            detail: format!(
+                "server version {version} is older than 14: the journal's day partitions need \
+                 DETACH PARTITION CONCURRENTLY (PostgreSQL 14 or newer); upgrade the server, or \
+                 use the SQLite store (store.url unset)"
+            ),
+        },
     })?;
+    // Today's partitions and the next days' exist before the first row.
+    parts::ensure(&mut client, super::now_millis())
+        .await
+        .map_err(pg_error(&target))?;
     let statements = Statements::prepare(&client)
         .await
         .map_err(pg_error(&target))?;
     let writer = Writer {
+        maintenance: Maintenance::start(target.clone()),
         target,
         live: Some(Live { client, statements }),
         reconnecting: None,
@@ -112,6 +128,8 @@ async fn connect(target: &PgTarget) -> Result<Client, tokio_postgres::Error> {
 enum Migration {
     Sql(tokio_postgres::Error),
     Store(StoreError),
+    /// The server's `server_version_num`, too old for the partitions.
+    TooOld(i32),
 }
 
 impl From<tokio_postgres::Error> for Migration {
@@ -133,6 +151,13 @@ async fn migrate(client: &mut Client) -> Result<(), Migration> {
         .await?
         .map(|row| row.get(0));
     let version = schema::parse_version(stored).map_err(Migration::Store)?;
+    let server: i32 = tx
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await?
+        .try_get(0)?;
+    if server < parts::MIN_SERVER {
+        return Err(Migration::TooOld(server));
+    }
     let from = usize::try_from(version).unwrap_or(usize::MAX);
     for sql in MIGRATIONS.iter().skip(from) {
         tx.batch_execute(sql).await?;
@@ -157,6 +182,8 @@ struct Writer {
     /// A background reconnect under way, answering with the new connection.
     reconnecting: Option<oneshot::Receiver<Live>>,
     counters: Arc<Counters>,
+    /// Partitions ahead and retention, on a connection of their own.
+    maintenance: Maintenance,
 }
 
 impl Writer {
@@ -174,6 +201,14 @@ impl Writer {
                 }
             };
             let closer = writer::take_close(&mut batch);
+            // Retention drops whole days on the maintenance's connection,
+            // never in this writer's transactions.
+            let (purges, batch): (Vec<_>, Vec<_>) = batch
+                .into_iter()
+                .partition(|r| matches!(r.op, Op::JournalPurge { .. } | Op::AdminPurge { .. }));
+            for purge in purges {
+                self.maintenance.submit(purge);
+            }
             self.run_batch(batch).await;
             if let Some(closer) = closer {
                 drop(self);

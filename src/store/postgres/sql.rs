@@ -104,6 +104,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // 5: SQLite's journal parts (its migration 5). PostgreSQL keeps one
     // table and its indexes; the partitioning it would want is its own.
     "SELECT 1;",
+    // 6: the journal and admin log partitioned by day (parts.rs).
+    super::parts::MIGRATION_6,
 ];
 
 pub(super) const META_PUT: &str = "INSERT INTO meta (key, value) VALUES ($1, $2) \
@@ -461,8 +463,13 @@ pub(super) async fn apply(
         Op::JournalPut { rows, admin } => journal::put(tx, st, rows, admin).await?,
         Op::JournalQuery(filter) => journal::query(tx, filter).await?,
         Op::AdminQuery { since, limit } => journal::admin_query(tx, *since, *limit).await?,
-        Op::JournalPurge { before, limit } => journal::purge(tx, *before, *limit).await?,
-        Op::AdminPurge { before, limit } => journal::admin_purge(tx, *before, *limit).await?,
+        // Routed to the maintenance by the writer (retention drops days).
+        Op::JournalPurge { .. } | Op::AdminPurge { .. } => {
+            Err(crate::store::StoreError::WrongAnswer {
+                op: "journal_purge",
+                got: "a purge in a batch".into(),
+            })
+        }
         Op::JournalReport { since, until } => journal::report(tx, *since, *until).await?,
         Op::JournalSpace => journal::space(tx).await?,
         Op::Close => Ok(Outcome::Done),
