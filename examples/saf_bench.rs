@@ -36,6 +36,10 @@ struct Args {
     /// with SQLite; with PostgreSQL, one made in a temp dir for the run.
     #[arg(long)]
     key_file: Option<PathBuf>,
+    /// The CA of PostgreSQL's certificate (`store.ca_file`): the store
+    /// connects over TLS with it. scripts/pg-test.sh's servers take TLS only.
+    #[arg(long, env = "ISOSWITCH_TEST_PG_CA")]
+    ca_file: Option<PathBuf>,
 }
 
 /// A PAN in every payload, for scripts/checks/store.sh to look for in clear.
@@ -136,6 +140,7 @@ async fn main() {
     let cfg = StoreConfig {
         url: args.url.clone(),
         key_file,
+        ca_file: args.ca_file.clone(),
         ..StoreConfig::default()
     };
     for &putters in &args.putters {

@@ -48,7 +48,7 @@ tck=$(getconf CLK_TCK)
 
 rig_nodes 26700 cups
 config() { # $1 = true|false
-    if [ -n "$pg" ]; then printf '[store]\nurl = "%s"\nkey_file = "%s"\n' "$pg" "$work/store.key"; fi
+    if [ -n "$pg" ]; then printf '[store]\nurl = "%s"\nkey_file = "%s"\nca_file = "%s"\n' "$pg" "$work/store.key" "${ISOSWITCH_TEST_PG_CA:?the test server takes TLS only: run under scripts/pg-test.sh run}"; fi
     printf '[journal]\nenabled = %s\n%s\n' "$1" "${JOURNAL_TOML:-}"
     rig_switch_toml 26700 cups 50 4
 }

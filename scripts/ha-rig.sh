@@ -141,6 +141,9 @@ listen = "$ADMIN"
 url = "$STORE_URL"
 # Both instances seal and open the shared SAF entries with this key.
 key_file = "$WORK/store.key"
+# The database's CA (scripts/pg-test.sh made it): the store is remote, so
+# TLS with verify-full.
+ca_file = "$WORK/pg/tls/ca.crt"
 [store.saf]
 # A failed reversal attempt is tried again 20 s later: A is killed before
 # that, so the second attempt is B's. A lease outlives a dead instance 3 s.

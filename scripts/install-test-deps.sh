@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests need beyond Rust: Debian packages named in
-# scripts/deps/*.apt and PyPI packages named in scripts/deps/*.pip (one name a
-# line, '#' comments). Does nothing when everything is already there.
+# scripts/deps/*.apt, PyPI packages named in scripts/deps/*.pip (one name a
+# line, '#' comments), and cargo-deny (.ci/run's supply-chain check, built
+# from crates.io). Does nothing when everything is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 shopt -s nullglob
@@ -30,4 +31,11 @@ if [ ${#pip_files[@]} -gt 0 ]; then
         # shellcheck disable=SC2086
         python3 -m pip install --quiet --disable-pip-version-check $want
     fi
+fi
+
+# cargo-deny 0.20 (deny.toml is written for it): licences, bans and sources
+# in .ci/run; `check advisories` on a build host that reaches RustSec.
+if ! cargo deny --version 2>/dev/null | grep -q '^cargo-deny 0\.20\.'; then
+    echo "install-test-deps: cargo install --locked cargo-deny@~0.20" >&2
+    cargo install --locked --quiet cargo-deny --version '~0.20'
 fi

@@ -152,7 +152,8 @@ pub struct CaptureConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_free: Option<space::SpaceLimit>,
     /// Keep PAN, track data, PIN blocks, EMV data and MACs in clear (test
-    /// systems only: logged as a warning at start).
+    /// systems only: logged as a warning at start). Only in builds with the
+    /// `tools` feature: the production build refuses it ([`CLEAR_NEEDS_TOOLS`]).
     #[serde(default)]
     pub clear: bool,
     /// Notices queued for the writer, and reads/writes a connection direction
@@ -161,6 +162,11 @@ pub struct CaptureConfig {
     #[serde(default = "defaults::capture_queue")]
     pub queue: usize,
 }
+
+/// Why `capture.clear` (and `run --capture-clear`) is refused by a build
+/// without the `tools` feature: the production switch never writes card data
+/// in clear, whatever its configuration says.
+pub const CLEAR_NEEDS_TOOLS: &str = "captures in clear (card data unmasked) are only in builds with the `tools` feature, for test systems; this build (the production one) masks every capture: remove the key";
 
 impl CaptureConfig {
     /// A capture into `directory` with every other setting at its default
@@ -194,6 +200,9 @@ impl CaptureConfig {
     }
 
     fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        if self.clear && !cfg!(feature = "tools") {
+            return Err(invalid(format!("{key}.clear"), CLEAR_NEEDS_TOOLS));
+        }
         if self.max_file_bytes < 4096 {
             return Err(invalid(
                 format!("{key}.max_file_bytes"),

@@ -106,3 +106,31 @@ fn check_warns_when_limits_exceed_the_open_file_limit() {
         stderr(&quiet)
     );
 }
+
+#[test]
+fn check_refuses_a_remote_store_in_clear_naming_allow_plaintext() {
+    let store = "[store]\nurl = \"postgres://sw:Secr3t@10.9.8.7:5432/isw?sslmode=disable\"\nkey_file = \"/etc/isoswitch/store.key\"\n";
+    let out = check("store-clear", &format!("{MINIMAL}{store}"), &[]);
+    assert!(
+        !out.status.success(),
+        "a remote store in clear passed check"
+    );
+    let err = stderr(&out);
+    assert!(err.contains("store.allow_plaintext"), "{err}");
+    assert!(!err.contains("Secr3t"), "{err}");
+    // Allowed in so many words, it passes.
+    let out = check(
+        "store-clear-allowed",
+        &format!("{MINIMAL}{store}allow_plaintext = true\n"),
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    // TLS (no sslmode) without the server's CA: named too.
+    let tls = store.replace("?sslmode=disable", "");
+    let out = check("store-no-ca", &format!("{MINIMAL}{tls}"), &[]);
+    assert!(
+        !out.status.success(),
+        "a TLS store without a CA passed check"
+    );
+    assert!(stderr(&out).contains("store.ca_file"), "{}", stderr(&out));
+}

@@ -11,7 +11,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use store_support::pg::PgServer;
-use tokio_postgres::NoTls;
 
 #[path = "common/owed.rs"]
 mod owed;
@@ -26,13 +25,14 @@ use procs::*;
 fn pair_toml(url: &str, listen: SocketAddr, nodes: &[SocketAddr]) -> String {
     let key = pair_key_file();
     format!(
-        "[store]\nurl = \"{url}\"\nkey_file = \"{}\"\n\
+        "[store]\nurl = \"{url}\"\nkey_file = \"{}\"\nca_file = \"{}\"\n\
          [store.saf]\nretry = \"8s\"\nretry_max = \"8s\"\nlease = \"3s\"\n\
          [[service]]\nname = \"pos\"\nspec = \"cup-pos\"\n\
          [service.front]\nkind = \"listen\"\nlisten = \"{listen}\"\n\
          [service.back]\nconnections_per_node = 1\nreconnect_min = \"50ms\"\nreconnect_max = \"200ms\"\n\
          [service.timeouts]\nrequest = \"500ms\"\nby_mti = {{ \"04x0\" = \"1s\" }}\n{}",
         key.display(),
+        store_support::pg::ca_of(url).display(),
         nodes_toml(nodes)
     )
 }
@@ -52,11 +52,8 @@ fn pair_key_file() -> std::path::PathBuf {
 
 /// (kind, state, completed_by) of every SAF row.
 async fn pg_rows(url: &str) -> Vec<(String, String, Option<String>)> {
-    let (client, conn) = tokio_postgres::connect(url, NoTls)
+    store_support::pg::connect(url)
         .await
-        .expect("connect to the test database");
-    tokio::spawn(conn);
-    client
         .query("SELECT kind, state, completed_by FROM saf ORDER BY id", &[])
         .await
         .expect("the saf table")

@@ -1,7 +1,8 @@
 //! The PostgreSQL store against a real server (scripts/pg-test.sh starts a
 //! throwaway one): the API suite, group commit, two instances sharing the
 //! queue, lease expiry, migrations racing, an outage and a lost connection,
-//! and no password in any error.
+//! and no password in any error. Every connection is TLS (verify-full): the
+//! test servers refuse TCP logins in clear.
 
 mod store_support;
 
@@ -11,7 +12,6 @@ use std::time::Duration;
 use isoswitch::store::{SafFilter, SafState, Store, StoreError};
 use store_support::pg::PgServer;
 use store_support::{LEASE, T0, TEST_LIMIT, config, entry};
-use tokio_postgres::NoTls;
 
 async fn open(url: &str) -> Store {
     Store::open(
@@ -38,11 +38,7 @@ async fn limited<F: std::future::Future>(f: F) -> F::Output {
 }
 
 async fn admin(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .expect("admin connection");
-    tokio::spawn(connection);
-    client
+    store_support::pg::connect(url).await
 }
 
 #[tokio::test]
@@ -783,6 +779,82 @@ async fn an_unpartitioned_journal_is_partitioned_on_open() {
         assert_eq!(audit, 1, "the admin row");
         assert_eq!(partitions(&admin, "admin_log").await.len(), 3);
         store.close().await.expect("close");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_store_connects_over_verified_tls() {
+    limited(async {
+        let (_server, url) = fresh("tls").await;
+        let store = open(&url).await;
+        let shown = format!("{:?}", store.location());
+        assert!(shown.contains("over TLS, verify-full"), "{shown}");
+        store_support::api_suite(&store).await;
+        // The server's view: every connection of the store's (the
+        // application_name it sets) is TLS 1.2 or 1.3.
+        let rows = admin(&url)
+            .await
+            .query(
+                "SELECT s.ssl, coalesce(s.version, '') FROM pg_stat_activity a \
+                 JOIN pg_stat_ssl s ON s.pid = a.pid \
+                 WHERE a.application_name = 'isoswitch' AND a.datname = current_database()",
+                &[],
+            )
+            .await
+            .expect("pg_stat_ssl");
+        assert!(
+            !rows.is_empty(),
+            "the store's connection is not in pg_stat_activity"
+        );
+        for row in rows {
+            let (ssl, version): (bool, String) = (row.get(0), row.get(1));
+            assert!(ssl && version.starts_with("TLSv1."), "{ssl} {version}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_server_with_another_ca_or_name_is_refused() {
+    limited(async {
+        let (server, url) = fresh("tls_refused").await;
+        // A CA that did not sign the server's certificate.
+        let dir = std::env::temp_dir().join(format!("isoswitch-pg-otherca-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let other = dir.join("other-ca.crt");
+        let ca = rcgen::generate_simple_self_signed(vec!["other-ca".to_string()]).expect("a CA");
+        std::fs::write(&other, ca.cert.pem()).expect("write the other CA");
+        let mut cfg = config(Some(url.clone()));
+        cfg.ca_file = Some(other);
+        let err = Store::open(&cfg, std::path::Path::new("/d"))
+            .await
+            .err()
+            .expect("an unknown CA is refused");
+        assert!(matches!(err, StoreError::Unavailable { .. }), "{err}");
+        assert!(err.to_string().contains("UnknownIssuer"), "{err}");
+        // The right CA, a name the certificate does not carry.
+        // (hostaddr: the address; the host is the name TLS verifies.)
+        let renamed =
+            url.replacen("@127.0.0.1:", "@db.elsewhere.example:", 1) + "?hostaddr=127.0.0.1";
+        let mut cfg = config(Some(url.clone()));
+        cfg.url = Some(renamed);
+        cfg.ca_file = Some(server.ca_file().to_path_buf());
+        let err = Store::open(&cfg, std::path::Path::new("/d"))
+            .await
+            .err()
+            .expect("a name the certificate lacks is refused");
+        assert!(matches!(err, StoreError::Unavailable { .. }), "{err}");
+        assert!(err.to_string().contains("not valid for name"), "{err}");
+        // In clear: the server turns the switch away.
+        let mut cfg = config(Some(format!("{url}?sslmode=disable")));
+        cfg.ca_file = None;
+        let err = Store::open(&cfg, std::path::Path::new("/d"))
+            .await
+            .err()
+            .expect("a login in clear is refused");
+        assert!(err.to_string().contains("no encryption"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     })
     .await;
 }

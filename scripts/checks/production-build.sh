@@ -11,7 +11,9 @@
 # 3. the binary has no `isoswitch::sim::` symbol (while it has the switch's
 #    `isoswitch::link::` ones, so the search is not vacuous), and the default
 #    build, rebuilt after, has them (the control);
-# 4. `cargo tree` of the production features has no indicatif.
+# 4. `cargo tree` of the production features has no indicatif;
+# 5. captures in clear are refused: `check` of a config with
+#    `capture.clear = true` fails naming the key, `run --capture-clear` too.
 #
 # The default build is restored at the end (target/debug/isoswitch is what
 # the tests and the other checks run). Needs nm (scripts/deps/build.apt).
@@ -48,6 +50,20 @@ for cmd in sim load bench demo; do
     grep -q "built without tools" <<<"$out" || fail "isoswitch $cmd does not say the binary was built without tools: $out"
 done
 echo "ok production-build.sh: --help lists no sim, load, bench, demo; each says the binary was built without tools"
+
+work=$(mktemp -d)
+cp deploy/isoswitch.toml "$work/clear.toml"
+printf '\n[service.capture]\ndirectory = "%s"\nclear = true\n' "$work/captures" >>"$work/clear.toml"
+if out=$("$bin" check --config "$work/clear.toml" 2>&1); then
+    fail "isoswitch check accepts capture.clear = true in the production build"
+fi
+grep -q 'service\[0\]\.capture\.clear' <<<"$out" || fail "isoswitch check refuses capture.clear without naming the key: $out"
+if out=$(timeout 20 "$bin" run --capture "$work/captures" --capture-clear 2>&1); then
+    fail "isoswitch run --capture-clear ran in the production build"
+fi
+grep -q 'capture-clear (capture.clear)' <<<"$out" || fail "isoswitch run --capture-clear refused without naming it: $out"
+rm -rf "$work"
+echo "ok production-build.sh: capture.clear and --capture-clear are refused, naming the key"
 
 symbols=$(mktemp)
 nm -C "$bin" >"$symbols"

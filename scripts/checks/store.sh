@@ -59,13 +59,16 @@ echo "ok store.sh sqlite: $acked acknowledged, $count in the file, every payload
 export BIN
 scripts/pg-test.sh run -- bash -c '
     set -euo pipefail
+    # The server takes TLS only: the bench via ISOSWITCH_TEST_PG_CA, psql
+    # verifying the same CA and the host name.
     out=$("$BIN" --url "$ISOSWITCH_TEST_PG_URL" --seconds 1 --putters 8)
+    psql() { command psql "$ISOSWITCH_TEST_PG_URL?sslmode=verify-full&sslrootcert=$ISOSWITCH_TEST_PG_CA" "$@"; }
     echo "acked=$(sed -n "s/.* acked=\([0-9]*\) .*/\1/p" <<<"$out")"
-    echo "count=$(psql "$ISOSWITCH_TEST_PG_URL" -Atc "SELECT count(*) FROM saf WHERE state = '"'"'pending'"'"'")"
-    echo "version=$(psql "$ISOSWITCH_TEST_PG_URL" -Atc "SELECT value FROM meta WHERE key = '"'"'schema_version'"'"'")"
-    echo "pans=$(psql "$ISOSWITCH_TEST_PG_URL" -Atc "SELECT string_agg(DISTINCT pan_masked, '"'"' '"'"') FROM saf")"
-    echo "clear=$(psql "$ISOSWITCH_TEST_PG_URL" -Atc "SELECT count(*) FROM saf WHERE position(convert_to('"'"'6234567890121234'"'"', '"'"'UTF8'"'"') in payload) > 0")"
-    echo "sealed=$(psql "$ISOSWITCH_TEST_PG_URL" -Atc "SELECT count(*) FROM saf WHERE substring(payload from 1 for 4) = '"'"'\x49535701'"'"'::bytea")"
+    echo "count=$(psql -Atc "SELECT count(*) FROM saf WHERE state = '"'"'pending'"'"'")"
+    echo "version=$(psql -Atc "SELECT value FROM meta WHERE key = '"'"'schema_version'"'"'")"
+    echo "pans=$(psql -Atc "SELECT string_agg(DISTINCT pan_masked, '"'"' '"'"') FROM saf")"
+    echo "clear=$(psql -Atc "SELECT count(*) FROM saf WHERE position(convert_to('"'"'6234567890121234'"'"', '"'"'UTF8'"'"') in payload) > 0")"
+    echo "sealed=$(psql -Atc "SELECT count(*) FROM saf WHERE substring(payload from 1 for 4) = '"'"'\x49535701'"'"'::bytea")"
 ' > "$WORK/pg.out" || fail "postgres: $(cat "$WORK/pg.out")"
 value() { sed -n "s/^$1=//p" "$WORK/pg.out"; }
 acked=$(value acked)

@@ -20,6 +20,12 @@ pub fn run(path: &Path) -> ExitCode {
         eprintln!("isoswitch: {}: {e}", path.display());
         return ExitCode::FAILURE;
     }
+    // `[store]` as `run` will open it: the URL, TLS (a remote PostgreSQL
+    // in clear without store.allow_plaintext, a CA file that cannot be read).
+    if let Err(e) = cfg.store.validate(&data_dir_of(&cfg)) {
+        eprintln!("isoswitch: {}: {e}", path.display());
+        return ExitCode::FAILURE;
+    }
     match toml::to_string_pretty(&cfg.effective()) {
         Ok(text) => println!("{text}"),
         Err(e) => {
@@ -43,13 +49,17 @@ pub fn run(path: &Path) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// The data directory `run` will use (without `--data-dir`).
+fn data_dir_of(cfg: &Config) -> std::path::PathBuf {
+    let state_directory = std::env::var(crate::ops::data_dir::STATE_DIRECTORY_ENV).ok();
+    crate::ops::data_dir::resolve(None, cfg.data_dir.as_deref(), state_directory.as_deref()).0
+}
+
 /// The store's data key in the directory of the data it seals: whoever
 /// copies the one gets the other (PCI DSS 3.6.1). Made there by default so
 /// that a first `run` needs nothing; production keeps it apart.
 fn key_beside_data(cfg: &Config) -> Option<String> {
-    let state_directory = std::env::var(crate::ops::data_dir::STATE_DIRECTORY_ENV).ok();
-    let (data_dir, _) =
-        crate::ops::data_dir::resolve(None, cfg.data_dir.as_deref(), state_directory.as_deref());
+    let data_dir = data_dir_of(cfg);
     let db = match cfg.store.location(&data_dir).ok()? {
         crate::store::Location::Sqlite(path) => path,
         crate::store::Location::Postgres(_) => return None,

@@ -62,7 +62,8 @@ pub enum Command {
         /// Capture every service's connections as pcapng into DIR (masked).
         #[arg(long, value_name = "DIR")]
         capture: Option<PathBuf>,
-        /// With --capture: keep card data in clear (test systems only).
+        /// With --capture: keep card data in clear (test systems only; builds
+        /// with the `tools` feature only, refused by the production build).
         #[arg(long, requires = "capture")]
         capture_clear: bool,
         /// Where the switch keeps what outlives a run (the operators'
@@ -158,6 +159,12 @@ pub fn main() -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return fail(e),
             };
+            if capture_clear && !cfg!(feature = "tools") {
+                return fail(format!(
+                    "--capture-clear (capture.clear): {}",
+                    crate::config::CLEAR_NEEDS_TOOLS
+                ));
+            }
             if let Some(dir) = &capture {
                 crate::config::CaptureConfig::apply_to_all(&mut cfg, dir, capture_clear);
             }

@@ -481,3 +481,24 @@ fn a_spec_with_a_3_digit_action_code_is_refused_on_a_service() {
     assert!(e.starts_with("service[0].spec:"), "{e}");
     assert!(e.contains("F39 is 3 characters"), "{e}");
 }
+
+/// `capture.clear` exists only in builds with the `tools` feature: the
+/// default build (this test's) takes it, the production one refuses it
+/// naming the key (also driven on the binary by
+/// scripts/checks/production-build.sh).
+#[test]
+fn capture_clear_needs_the_tools_feature() {
+    let toml = format!("{MINIMAL}[service.capture]\ndirectory = \"/tmp/c\"\nclear = true\n");
+    match (Config::from_toml(&toml), cfg!(feature = "tools")) {
+        (Ok(cfg), true) => {
+            assert!(cfg.services[0].capture.as_ref().is_some_and(|c| c.clear));
+        }
+        (Err(e), false) => {
+            let e = e.to_string();
+            assert!(e.starts_with("service[0].capture.clear:"), "{e}");
+            assert!(e.contains("`tools` feature"), "{e}");
+        }
+        (Ok(_), false) => panic!("accepted without the tools feature"),
+        (Err(e), true) => panic!("refused with the tools feature: {e}"),
+    }
+}

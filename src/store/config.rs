@@ -6,7 +6,11 @@
 //! - `sqlite:///abs/path.db` (or `sqlite:/abs/path.db`): SQLite at that path;
 //! - `sqlite:relative.db`: SQLite at that path under the data dir;
 //! - `postgres://user:pass@host:port/db` (or `postgresql://`): PostgreSQL,
-//!   without TLS for now.
+//!   over TLS with `sslmode=verify-full` semantics (src/store/pg_tls.rs)
+//!   whenever the host is not loopback or `store.ca_file` is set. The URL's
+//!   `sslmode` may only be `verify-full` or `disable`: the others would
+//!   accept an unverified server. A remote host in clear (`sslmode=disable`)
+//!   needs `store.allow_plaintext = true`.
 //!
 //! A PostgreSQL password never leaves this module in clear: `Debug`,
 //! `Serialize` and every error show the URL through [`redact_url`].
@@ -19,6 +23,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::error::StoreError;
+use super::pg_tls::PgTls;
 use super::policy::SafPolicy;
 
 /// The SQLite file's name in the data dir when `store.url` is absent.
@@ -45,6 +50,18 @@ pub struct StoreConfig {
     /// of a pair must open what another sealed.
     #[serde(default)]
     pub key_file: Option<PathBuf>,
+    /// The CA certificates (PEM) PostgreSQL's server certificate must lead
+    /// to; a relative path is under the data dir. Required when the store is
+    /// reached over TLS (any non-loopback host), and setting it turns TLS on
+    /// for a loopback host too.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Lets `sslmode=disable` reach a non-loopback PostgreSQL in clear (SAF
+    /// payloads are sealed, but the PAN's masked form, the SQL and the
+    /// password exchange are not). For a network the bank has already
+    /// encrypted (an IPsec or WireGuard link), never by default.
+    #[serde(default)]
+    pub allow_plaintext: bool,
 }
 
 mod defaults {
@@ -64,6 +81,8 @@ impl Default for StoreConfig {
             batch: defaults::batch(),
             saf: SafPolicy::default(),
             key_file: None,
+            ca_file: None,
+            allow_plaintext: false,
         }
     }
 }
@@ -80,13 +99,18 @@ pub enum Location {
 pub struct PgTarget {
     pub(crate) config: tokio_postgres::Config,
     pub redacted: String,
+    /// The TLS connector (verify-full); `None`: in clear.
+    pub tls: Option<PgTls>,
 }
 
 impl fmt::Debug for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Location::Sqlite(path) => write!(f, "sqlite {}", path.display()),
-            Location::Postgres(pg) => write!(f, "postgres {}", pg.redacted),
+            Location::Postgres(pg) => match &pg.tls {
+                Some(tls) => write!(f, "postgres {} over TLS, {tls:?}", pg.redacted),
+                None => write!(f, "postgres {} in clear", pg.redacted),
+            },
         }
     }
 }
@@ -125,7 +149,9 @@ impl StoreConfig {
             return sqlite_path(url, rest, data_dir).map(Location::Sqlite);
         }
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return postgres_target(url).map(|t| Location::Postgres(Box::new(t)));
+            let ca_file = self.ca_file.as_ref().map(|p| data_dir.join(p));
+            return postgres_target(url, ca_file.as_deref(), self.allow_plaintext)
+                .map(|t| Location::Postgres(Box::new(t)));
         }
         Err(bad_url(
             url,
@@ -170,8 +196,77 @@ fn sqlite_path(url: &str, rest: &str, data_dir: &Path) -> Result<PathBuf, StoreE
     })
 }
 
-fn postgres_target(url: &str) -> Result<PgTarget, StoreError> {
-    let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
+/// Which TLS the URL's `sslmode` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SslMode {
+    /// Absent: TLS for a remote host or with `store.ca_file`, else clear.
+    Default,
+    VerifyFull,
+    Disable,
+}
+
+/// Takes `sslmode` out of the URL's query (tokio-postgres knows neither
+/// `verify-full` nor how to verify): the URL without it, and the mode.
+fn take_sslmode(url: &str) -> Result<(String, SslMode), StoreError> {
+    // The query starts at the first `?` after the userinfo (a password may
+    // hold one).
+    let host_start = url.rfind('@').map_or(0, |at| at + 1);
+    let Some(q) = url[host_start..].find('?').map(|i| host_start + i) else {
+        return Ok((url.to_string(), SslMode::Default));
+    };
+    let mut mode = SslMode::Default;
+    let mut kept = Vec::new();
+    for param in url[q + 1..].split('&') {
+        match param.split_once('=') {
+            Some(("sslmode", value)) => {
+                mode = match value {
+                    "verify-full" => SslMode::VerifyFull,
+                    "disable" => SslMode::Disable,
+                    other => {
+                        return Err(bad_url(
+                            url,
+                            &format!(
+                                "sslmode={other} would accept a server it has not verified: \
+                                 write sslmode=verify-full (the default) or sslmode=disable"
+                            ),
+                        ));
+                    }
+                }
+            }
+            _ => kept.push(param),
+        }
+    }
+    let base = &url[..q];
+    Ok(if kept.is_empty() {
+        (base.to_string(), mode)
+    } else {
+        (format!("{base}?{}", kept.join("&")), mode)
+    })
+}
+
+/// Whether every host of the URL is this machine (loopback or a Unix socket).
+fn all_local(config: &tokio_postgres::Config) -> bool {
+    use tokio_postgres::config::Host;
+    config.get_hosts().iter().all(|h| match h {
+        Host::Unix(_) => true,
+        Host::Tcp(name) => {
+            name.eq_ignore_ascii_case("localhost")
+                || name
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+    })
+}
+
+fn postgres_target(
+    url: &str,
+    ca_file: Option<&Path>,
+    allow_plaintext: bool,
+) -> Result<PgTarget, StoreError> {
+    let (stripped, mode) = take_sslmode(url)?;
+    let mut config = tokio_postgres::Config::from_str(&stripped).map_err(|e| {
         // The parser's messages name options, not values; scrub anyway.
         let reason = e.to_string();
         let reason = match password_of(url) {
@@ -189,9 +284,44 @@ fn postgres_target(url: &str) -> Result<PgTarget, StoreError> {
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(5));
     }
+    let local = all_local(&config);
+    let use_tls = match mode {
+        SslMode::Disable => false,
+        SslMode::VerifyFull => true,
+        SslMode::Default => !local || ca_file.is_some(),
+    };
+    if !use_tls && !local && !allow_plaintext {
+        return Err(bad_config(
+            "store.allow_plaintext",
+            &format!(
+                "store.url `{}` reaches a remote PostgreSQL in clear (sslmode=disable): \
+                 drop sslmode=disable and set store.ca_file, or set store.allow_plaintext = true \
+                 for a link that is encrypted below the switch",
+                redact_url(url)
+            ),
+        ));
+    }
+    let tls = if use_tls {
+        let Some(ca) = ca_file else {
+            return Err(bad_config(
+                "store.ca_file",
+                &format!(
+                    "store.url `{}` is reached over TLS (verify-full): name the CA \
+                     certificate(s) that signed the server's certificate",
+                    redact_url(url)
+                ),
+            ));
+        };
+        config.ssl_mode(tokio_postgres::config::SslMode::Require);
+        Some(PgTls::from_ca_file(ca)?)
+    } else {
+        config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+        None
+    };
     Ok(PgTarget {
         config,
         redacted: redact_url(url),
+        tls,
     })
 }
 
@@ -245,6 +375,8 @@ impl fmt::Debug for StoreConfig {
             .field("queue", &self.queue)
             .field("batch", &self.batch)
             .field("saf", &self.saf)
+            .field("ca_file", &self.ca_file)
+            .field("allow_plaintext", &self.allow_plaintext)
             .finish()
     }
 }
@@ -254,7 +386,7 @@ impl fmt::Debug for StoreConfig {
 impl Serialize for StoreConfig {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("StoreConfig", 5)?;
+        let mut st = s.serialize_struct("StoreConfig", 7)?;
         if let Some(url) = &self.url {
             st.serialize_field("url", &redact_url(url))?;
         }
@@ -264,6 +396,10 @@ impl Serialize for StoreConfig {
         if let Some(k) = &self.key_file {
             st.serialize_field("key_file", k)?;
         }
+        if let Some(ca) = &self.ca_file {
+            st.serialize_field("ca_file", ca)?;
+        }
+        st.serialize_field("allow_plaintext", &self.allow_plaintext)?;
         st.end()
     }
 }
@@ -349,6 +485,90 @@ mod tests {
         assert!(
             dumped.contains("switch:***@") && !dumped.contains("s3cret"),
             "{dumped}"
+        );
+    }
+
+    fn target(url: &str, ca: Option<&Path>, allow_plaintext: bool) -> Result<PgTarget, StoreError> {
+        let c = StoreConfig {
+            url: Some(url.to_string()),
+            ca_file: ca.map(Path::to_path_buf),
+            allow_plaintext,
+            ..StoreConfig::default()
+        };
+        match c.location(Path::new("/d"))? {
+            Location::Postgres(pg) => Ok(*pg),
+            Location::Sqlite(p) => panic!("{url}: sqlite {}", p.display()),
+        }
+    }
+
+    fn key_of(r: Result<PgTarget, StoreError>) -> Option<&'static str> {
+        match r {
+            Err(StoreError::BadConfig { key, .. }) => Some(key),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_remote_store_needs_tls_or_allow_plaintext_by_name() {
+        // Remote, no sslmode: verify-full, so the CA is required.
+        assert_eq!(
+            key_of(target("postgres://u:pw@db.bank.example/isw", None, false)),
+            Some("store.ca_file")
+        );
+        // Remote in clear: refused naming the key that would allow it.
+        let e = target("postgres://u:pw@10.1.2.3/isw?sslmode=disable", None, false)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.starts_with("store.allow_plaintext:"), "{e}");
+        assert!(!e.contains("pw@"), "{e}");
+        let plain = target("postgres://u:pw@10.1.2.3/isw?sslmode=disable", None, true);
+        assert!(plain.is_ok_and(|t| t.tls.is_none()));
+        // Loopback stays in clear unless a CA is named.
+        let local = target("postgres://u:pw@127.0.0.1:5432/isw", None, false);
+        assert!(local.is_ok_and(|t| t.tls.is_none()));
+        let local = target("postgres://u:pw@localhost/isw", None, false);
+        assert!(local.is_ok_and(|t| t.tls.is_none()));
+        assert_eq!(
+            key_of(target(
+                "postgres://u:pw@127.0.0.1/isw?sslmode=verify-full",
+                None,
+                false
+            )),
+            Some("store.ca_file")
+        );
+        // A CA that cannot be read is named too.
+        assert_eq!(
+            key_of(target(
+                "postgres://u:pw@127.0.0.1/isw",
+                Some(Path::new("/nonexistent/ca.pem")),
+                false
+            )),
+            Some("store.ca_file")
+        );
+    }
+
+    #[test]
+    fn only_verified_sslmodes_are_taken() {
+        for mode in ["require", "prefer", "allow", "verify-ca"] {
+            let url = format!("postgres://u:pw@127.0.0.1/isw?sslmode={mode}");
+            match target(&url, None, false) {
+                Err(StoreError::BadUrl { reason, .. }) => {
+                    assert!(reason.contains("verify-full"), "{reason}")
+                }
+                other => panic!("{mode}: {:?}", other.map(|t| t.redacted)),
+            }
+        }
+        assert_eq!(
+            take_sslmode("postgres://u:p?w@h/db?a=1&sslmode=disable&b=2").ok(),
+            Some((
+                "postgres://u:p?w@h/db?a=1&b=2".to_string(),
+                SslMode::Disable
+            ))
+        );
+        assert_eq!(
+            take_sslmode("postgres://h/db?sslmode=verify-full").ok(),
+            Some(("postgres://h/db".to_string(), SslMode::VerifyFull))
         );
     }
 

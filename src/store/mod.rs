@@ -21,6 +21,7 @@ pub mod error;
 pub mod journal;
 mod journal_new;
 pub mod journal_report;
+pub mod pg_tls;
 pub mod policy;
 mod postgres;
 pub mod saf;

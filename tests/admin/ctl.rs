@@ -231,3 +231,87 @@ async fn a_failed_start_leaves_nothing_listening() {
     .await
     .expect("test within its time limit");
 }
+
+/// A token rotated in its file works after SIGHUP, and the token it
+/// replaced keeps working for `token_rotation_window`, then is refused:
+/// clients are handed the new token without a gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_token_works_after_sighup_and_the_old_one_only_for_its_window() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let spec = spec("cup-pos");
+        let nodes = start_nodes(&spec, 1, Delay::NONE).await;
+        let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+        let token = temp_file("rotate.token", TOKEN);
+        let admin = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let text = file_config(&addrs, 1, "127.0.0.1:0", &token).replace(
+            "listen = \"127.0.0.1:0\"\ntoken_file",
+            &format!("listen = \"{admin}\"\ntoken_rotation_window = \"2s\"\ntoken_file"),
+        );
+        let path = temp_file("rotate.toml", &text);
+        let data_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("admin-rotate-{}.data", std::process::id()));
+        let _ = std::fs::remove_dir_all(&data_dir);
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_isoswitch"))
+            .args(["run", "--config"])
+            .arg(&path)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .env("ISOSWITCH_LOG", "warn")
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run the switch");
+        let base = format!("http://{admin}");
+        let code = |token: &'static str| {
+            let base = base.clone();
+            async move {
+                match request(&base, "GET", "/api/v1/status", Some(token), None).await {
+                    Ok((code, _)) => code,
+                    Err(_) => 0,
+                }
+            }
+        };
+        let until = |token: &'static str, want: u16| {
+            let code = &code;
+            async move {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+                loop {
+                    let got = code(token).await;
+                    if got == want {
+                        return;
+                    }
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "token {token}: HTTP {got}, never {want}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        until(TOKEN, 200).await;
+        const NEW: &str = "the-rotated-admin-token-0002";
+        assert_eq!(code(NEW).await, 401, "not yet the token");
+        write_secret(&token, &format!("{NEW}\n"));
+        let pid = child.id().expect("running");
+        let hup = std::process::Command::new("kill")
+            .args(["-HUP", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(hup.success());
+        until(NEW, 200).await;
+        assert_eq!(code(TOKEN).await, 200, "the old token within its window");
+        until(TOKEN, 401).await;
+        assert_eq!(code(NEW).await, 200);
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        let status = child.wait().await.unwrap();
+        assert!(status.success(), "{status}");
+        let _ = std::fs::remove_dir_all(&data_dir);
+    })
+    .await
+    .expect("test within its time limit");
+}

@@ -70,6 +70,7 @@ impl Drop for TempDir {
 pub fn config(url: Option<String>) -> StoreConfig {
     let postgres = url.as_deref().is_some_and(|u| u.starts_with("postgres"));
     StoreConfig {
+        ca_file: url.as_deref().filter(|_| postgres).map(pg::ca_of),
         url,
         key_file: postgres.then(shared_key_file),
         ..StoreConfig::default()

@@ -7,7 +7,7 @@
 //! with backoff. A request whose commit was cut off may or may not have been
 //! applied: callers keep what they owe in memory and put it again (SAF is
 //! at-least-once; a second copy of an entry is a repeat the host absorbs).
-//! No TLS yet (`NoTls`).
+//! TLS (verify-full) when the target has a connector (`super::pg_tls`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +15,8 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::sync::oneshot;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::{Client, NoTls, Socket};
 
 use super::config::PgTarget;
 use super::error::StoreError;
@@ -60,7 +61,18 @@ fn pg_error(target: &PgTarget) -> impl Fn(tokio_postgres::Error) -> StoreError +
 fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
+        // The driver's text and its causes: "error performing TLS
+        // handshake" alone would not say the certificate was refused.
+        None => {
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(e);
+            while let Some(c) = cause {
+                text.push_str(": ");
+                text.push_str(&c.to_string());
+                cause = c.source();
+            }
+            text
+        }
     }
 }
 
@@ -115,7 +127,18 @@ pub(crate) async fn open(
 }
 
 async fn connect(target: &PgTarget) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = target.config.connect(NoTls).await?;
+    match &target.tls {
+        Some(tls) => connect_with(target, tls.clone()).await,
+        None => connect_with(target, NoTls).await,
+    }
+}
+
+async fn connect_with<T>(target: &PgTarget, tls: T) -> Result<Client, tokio_postgres::Error>
+where
+    T: MakeTlsConnect<Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, connection) = target.config.connect(tls).await?;
     let url = target.redacted.clone();
     tokio::spawn(async move {
         if let Err(e) = connection.await {
