@@ -22,6 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 mod owed;
 #[path = "common/procs.rs"]
 mod procs;
+mod store_support;
 use owed::*;
 use procs::*;
 
@@ -272,6 +273,124 @@ async fn what_the_switch_owes_is_kept_without_card_data_and_delivered_with_its_p
         files_under(Path::new(&data), &mut files);
         files.push(switch.log.clone());
         assert_nothing_at_rest(&files);
+    })
+    .await;
+}
+
+/// The same with the store in PostgreSQL (over TLS, as the tests' server
+/// only takes): the data directory, the log, and every row of the tables
+/// the store writes (`saf`, `journal`, `admin_log`, as PostgreSQL's binary
+/// COPY gives them: bytea columns as their raw bytes) hold no PAN, track or
+/// PIN block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_at_rest_in_postgresql_either() {
+    within(Duration::from_secs(120), async {
+        let server = tokio::task::spawn_blocking(store_support::pg::PgServer::shared)
+            .await
+            .expect("start PostgreSQL");
+        let url = server.fresh_db("at_rest").await;
+        let key = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("at-rest-pg-{}.key", std::process::id()));
+        let _ = std::fs::remove_file(&key);
+        isoswitch::store::seal::Keyring::create(&key).expect("a key file");
+        let late_node = free_addr();
+        let _late = node(
+            "cup-pos",
+            "01",
+            late_node,
+            "0ms",
+            &[
+                "--late-share",
+                "1",
+                "--late-by",
+                "1s",
+                "--ignore-reversals",
+                "1000",
+            ],
+        )
+        .await;
+        let (late, advices) = (free_addr(), free_addr());
+        let data = data_dir("at-rest-pg-switch");
+        let toml = format!(
+            "[store]\nurl = \"{url}\"\nkey_file = \"{}\"\nca_file = \"{}\"\n\
+             [journal]\nenabled = true\n\
+             [store.saf]\nretry = \"300ms\"\nretry_max = \"300ms\"\n\
+             [[service]]\nname = \"late\"\nspec = \"cup-pos\"\n\
+             [service.front]\nkind = \"listen\"\nlisten = \"{late}\"\n\
+             [service.back]\nconnections_per_node = 1\n\
+             [service.timeouts]\nrequest = \"500ms\"\n\
+             [[service.back.node]]\nid = \"01\"\naddress = \"{late_node}\"\n\
+             [[service]]\nname = \"advices\"\nspec = \"cup-pos\"\n\
+             [service.front]\nkind = \"listen\"\nlisten = \"{advices}\"\n\
+             [service.back]\nconnections_per_node = 1\n\
+             [service.integrity]\nadvices = \"store-and-forward\"\n\
+             [[service.back.node]]\nid = \"02\"\naddress = \"{}\"\n",
+            key.display(),
+            store_support::pg::ca_of(&url).display(),
+            free_addr(),
+        );
+        let switch = switch("at-rest-pg-switch", &toml, &data, late).await;
+        wait_listening(advices).await;
+        assert_eq!(
+            exchange(late, &message("0200", "000201")).await,
+            ("0210".into(), "68".into())
+        );
+        assert_eq!(
+            exchange(advices, &message("0220", "000202")).await,
+            ("0230".into(), "00".into())
+        );
+        let db = store_support::pg::connect(&url).await;
+        // Both owed, and the exchanges journaled, before the scan.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let owed: i64 = db
+                .query_one("SELECT count(*) FROM saf WHERE state = 'pending'", &[])
+                .await
+                .expect("count saf")
+                .get(0);
+            let journaled: i64 = db
+                .query_one("SELECT count(*) FROM journal", &[])
+                .await
+                .expect("count journal")
+                .get(0);
+            if owed == 2 && journaled >= 2 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "owed {owed}, journaled {journaled}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let dump = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("at-rest-pg-{}.dump", std::process::id()));
+        let mut bytes = Vec::new();
+        for table in ["saf", "journal", "admin_log"] {
+            use futures_util::TryStreamExt;
+            let copy = db
+                .copy_out(&format!(
+                    "COPY (SELECT * FROM {table}) TO STDOUT (FORMAT binary)"
+                ))
+                .await
+                .expect("copy out");
+            let chunks: Vec<Bytes> = copy.try_collect().await.expect("the table's rows");
+            assert!(!chunks.is_empty(), "{table} dumped");
+            for c in chunks {
+                bytes.extend_from_slice(&c);
+            }
+        }
+        // The dump holds the rows as stored: the masked PAN is there.
+        let masked = format!("{}*********{}", &PAN[..6], &PAN[15..]);
+        assert!(
+            bytes.windows(masked.len()).any(|w| w == masked.as_bytes()),
+            "no masked PAN in the tables' rows: the scan would prove nothing"
+        );
+        std::fs::write(&dump, &bytes).expect("write the dump");
+        let mut files = vec![dump.clone(), switch.log.clone()];
+        files_under(Path::new(&data), &mut files);
+        eprintln!("scanned: {files:?} ({} bytes of rows)", bytes.len());
+        assert_nothing_at_rest(&files);
+        let _ = std::fs::remove_file(&dump);
     })
     .await;
 }
