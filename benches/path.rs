@@ -61,7 +61,11 @@ impl Traffic {
 
 /// A warm rig, its request frames and the node's answers to them.
 fn setup(d: &Dialect) -> (Rig, Traffic) {
-    let mut rig = Rig::new(&service_toml(d.spec, d.stamp)).expect("rig");
+    let mut toml = service_toml(d.spec, d.stamp);
+    if duplicates_off() {
+        toml += "[service.integrity]\nduplicate_window = \"0s\"\n";
+    }
+    let mut rig = Rig::new(&toml).expect("rig");
     if journal_on() {
         rig = rig.with_journal().expect("journal");
     }
@@ -86,6 +90,13 @@ fn setup(d: &Dialect) -> (Rig, Traffic) {
     };
     traffic.next_round(&rig);
     (rig, traffic)
+}
+
+/// `PATH_DUPLICATES=off`: the rig's service keeps no duplicate book
+/// (`duplicate_window = "0s"`), to count what the duplicate check costs
+/// the message path against the default.
+fn duplicates_off() -> bool {
+    std::env::var("PATH_DUPLICATES").is_ok_and(|v| v == "off")
 }
 
 /// `PATH_JOURNAL=1`: the rig journals every exchange, as a switch with
