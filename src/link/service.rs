@@ -32,6 +32,7 @@ use crate::route::{
 };
 
 mod counters;
+mod ending;
 mod journaled;
 mod keys;
 mod links;
@@ -39,7 +40,9 @@ mod live;
 mod made;
 mod owed;
 pub mod peer;
+mod seen;
 mod side;
+mod undelivered;
 
 use crate::journal::row::RequestAt;
 use crate::journal::{AnsweredBy, BadOutcome, Link};
@@ -50,12 +53,11 @@ pub use links::Links;
 pub use live::{ListenLimits, LiveSettings};
 pub use made::{IntegrityCounters, SafOutbox, SwitchMade};
 pub use owed::AnswerFrom;
-pub(crate) use owed::{
-    answered as owed_answered, attempt_failed as owed_attempt_failed, oneconnect_undelivered,
-    oneconnect_unknown,
-};
+pub(crate) use owed::{answered as owed_answered, attempt_failed as owed_attempt_failed};
 pub(crate) use owed::{record_attempt, record_dead};
+pub use seen::SameRequest;
 pub use side::{FrontSide, PeerSide};
+pub(crate) use undelivered::{oneconnect_undelivered, oneconnect_unknown};
 
 /// Why a service cannot be built from its config; each names its key.
 #[derive(Debug, thiserror::Error)]
@@ -129,15 +131,6 @@ pub struct Pending {
     /// What makes it the same as another request, and who else waits for
     /// its answer.
     pub same: SameRequest,
-}
-
-/// A request's duplicate fingerprint (0: it has none: not approvable, or
-/// duplicates are off), and the senders of its duplicates and repeats that
-/// arrived while it was in flight: each gets its answer too.
-#[derive(Debug, Default)]
-pub struct SameRequest {
-    pub fingerprint: u64,
-    pub waiting: Option<Box<Vec<Origin>>>,
 }
 
 pub use crate::route::{Checked, Invalid};
@@ -240,18 +233,6 @@ impl Service {
             ..CorrelatorConfig::default()
         });
         Ok(())
-    }
-
-    /// Declines every request still in flight with the `shutdown` code (the
-    /// end of a graceful shutdown). Returns how many.
-    pub fn decline_all(&self, now: Instant) -> usize {
-        let mut left = Vec::new();
-        self.in_flight.drain(now, &mut left);
-        let n = left.len();
-        for (key, p) in left {
-            self.fail(&key, p, DeclineReason::Shutdown, now);
-        }
-        n
     }
 
     pub fn in_flight(&self) -> usize {
@@ -382,133 +363,6 @@ impl Service {
             Err((origin, reason)) => {
                 self.decline(origin, req.msg.payload(), reason);
             }
-        }
-    }
-
-    /// The node that answered the original of a reversal from the front,
-    /// while the repeat book remembers it: looked up under the original's
-    /// key (its MTI class from F90 when the reversal carries one, else a
-    /// purchase's or an authorization's), since a terminal's 0400 carries
-    /// its original's STAN and terminal ID.
-    fn original_node(&self, req: &Checked<'_>, now: Instant) -> Option<usize> {
-        let from_f90 = req.msg.field(90).ok().flatten().and_then(|f| {
-            let mut digits = f.logical();
-            Some([digits.next()?, digits.next()?])
-        });
-        let classes = match from_f90 {
-            Some(class) => vec![class],
-            None => vec![*b"02", *b"01"],
-        };
-        classes.into_iter().find_map(|class| {
-            let key = self.router.key_as(req, class).ok()?;
-            self.made.repeats.node_of(&key, now)
-        })
-    }
-
-    /// The duplicate fingerprint of a request that may have duplicates: an
-    /// approvable one (0100, 0200 and their repeats); 0 for the rest, or
-    /// with duplicates off.
-    fn fingerprint_of(&self, req: &Checked<'_>) -> u64 {
-        let book = &self.made.duplicates;
-        if !book.is_on() || !crate::route::integrity::is_approvable(req.msg.mti()) {
-            return 0;
-        }
-        let fields = &self.made.integrity.duplicate_fields;
-        book.fingerprint(
-            fields
-                .iter()
-                .map(|&id| req.field(id).map_or(&[][..], |f| f.data())),
-        )
-    }
-
-    /// A request answered before, within `duplicate_window`, gets that
-    /// answer again (or 94) and never reaches a node (one still in flight:
-    /// see [`Service::wait_for_same`]). The origin comes back when the
-    /// request is new, or a repeat (which goes by its own rules).
-    fn same_as_before(
-        &self,
-        req: &Checked<'_>,
-        key: &CorrelationKey,
-        fingerprint: u64,
-        origin: Origin,
-        now: Instant,
-    ) -> Option<Origin> {
-        if fingerprint == 0
-            || req.msg.mti().is_repeat()
-            || !matches!(origin, Origin::Client { .. } | Origin::Peer)
-        {
-            return Some(origin);
-        }
-        let c = &self.made.counters;
-        let request = req.msg.payload();
-        let Some(seen) = self.made.duplicates.find(key, fingerprint, now) else {
-            return Some(origin);
-        };
-        match seen {
-            crate::route::integrity::Duplicate::Replay(answer) => {
-                c.duplicates_replayed.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(service = self.name(), message = %summary(&req.msg), "duplicate of a request answered before: its answer sent again, not relayed");
-                self.replay(origin, request, Bytes::from(answer), now);
-            }
-            crate::route::integrity::Duplicate::Answered => {
-                c.duplicates_declined.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(service = self.name(), message = %summary(&req.msg), "duplicate of a request answered before: declined, not relayed");
-                self.decline(origin, request, DeclineReason::Duplicate);
-            }
-        }
-        None
-    }
-
-    /// A request refused registration because its key is in flight: when
-    /// it is the same transaction (a duplicate, or a repeat sent before the
-    /// answer came), its sender waits for that answer instead of a 94.
-    /// Gives the request back otherwise.
-    fn wait_for_same(&self, key: &CorrelationKey, p: Pending) -> Option<Pending> {
-        let fingerprint = p.same.fingerprint;
-        if fingerprint == 0 || !matches!(p.origin, Origin::Client { .. } | Origin::Peer) {
-            return Some(p);
-        }
-        let mut p = Some(p);
-        self.in_flight.with_mut(key, |first| {
-            if first.same.fingerprint != fingerprint {
-                return;
-            }
-            if let Some(p) = p.take() {
-                let waiting = first.same.waiting.get_or_insert_with(Default::default);
-                waiting.push(p.origin);
-            }
-        });
-        // Taken only by a request in flight with the same fingerprint.
-        p
-    }
-
-    /// Sends a duplicate the answer its first sending got, and journals it.
-    fn replay(&self, origin: Origin, request: &Bytes, answer: Bytes, now: Instant) {
-        let Some(link) = link_of(&origin) else {
-            return;
-        };
-        self.note_decline(
-            link,
-            request,
-            None,
-            (
-                AnsweredBy::Switch(DeclineReason::Duplicate),
-                Some(answer.clone()),
-            ),
-            now,
-        );
-        let sent = match origin {
-            Origin::Client { tx, .. } => {
-                let patch = self.router.response_tpdu_patch(request);
-                tx.try_send(Outbound::Message(answer, patch)).is_ok()
-            }
-            Origin::Peer => self
-                .peer()
-                .is_some_and(|p| p.answer(Outbound::message(answer))),
-            Origin::Check(_) | Origin::Owed { .. } | Origin::Node => true,
-        };
-        if !sent {
-            self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -845,9 +699,9 @@ impl Service {
         // is still there (a half-close); checked for a reset shortly.
         let uncertain = delivered && tx.peer_closed();
         if !delivered {
-            owed::undelivered(self, key, (node, &request), response, now);
+            undelivered::undelivered(self, key, (node, &request), response, now);
         } else if uncertain {
-            owed::delivered_uncertain(self, key, (node, &request), response, tx, now);
+            undelivered::delivered_uncertain(self, key, (node, &request), response, tx, now);
         }
         self.answer_same(
             key,
@@ -863,35 +717,6 @@ impl Service {
                 conn,
                 "client gone or not reading: response dropped"
             );
-        }
-    }
-
-    /// The node's answer to a request also goes to the duplicates and
-    /// repeats that waited for it, and is kept for later duplicates. An
-    /// answer its sender never got is kept as the switch's (a duplicate is
-    /// declined, never approved: the approval is being reversed).
-    fn answer_same(
-        &self,
-        key: &CorrelationKey,
-        same: SameRequest,
-        request: &Bytes,
-        response: &Bytes,
-        delivered: bool,
-        now: Instant,
-    ) {
-        if same.fingerprint == 0 {
-            return;
-        }
-        let kept: &[u8] = if delivered { response } else { &[] };
-        self.made
-            .duplicates
-            .record(key, same.fingerprint, kept, now);
-        for origin in same.waiting.map(|w| *w).into_iter().flatten() {
-            self.made
-                .counters
-                .duplicates_waited
-                .fetch_add(1, Ordering::Relaxed);
-            self.replay(origin, request, response.clone(), now);
         }
     }
 
@@ -1044,58 +869,6 @@ impl Service {
                 .is_some_and(|p| p.answer(Outbound::message(resp))),
             Origin::Check(_) | Origin::Owed { .. } | Origin::Node => false,
         }
-    }
-
-    /// Declines every request whose deadline has passed. Returns how many.
-    pub fn expire(&self, now: Instant, scratch: &mut Vec<(CorrelationKey, Pending)>) -> usize {
-        owed::check_uncertain(self, now);
-        scratch.clear();
-        self.in_flight.expire(now, scratch);
-        let n = scratch.len();
-        for (key, p) in scratch.drain(..) {
-            self.fail(&key, p, DeclineReason::Timeout, now);
-        }
-        n
-    }
-
-    /// A node connection died: decline what it carried.
-    pub fn connection_lost(&self, conn: u64, now: Instant) -> usize {
-        let mut lost = Vec::new();
-        self.in_flight.take_via(conn, now, &mut lost);
-        let n = lost.len();
-        for (key, p) in lost {
-            self.fail(&key, p, DeclineReason::NodeLost, now);
-        }
-        n
-    }
-
-    /// Sets a node's administrative state: `drain` and `disabled` let its
-    /// in-flight requests finish up to their deadlines (F5's "disabled":
-    /// an approval in time is never turned into a decline); `forced-offline`
-    /// declines them at once (reason `shutdown`), and each one whose outcome
-    /// the host may have decided gets its timeout reversal. The connections
-    /// stay up so that re-enabling is immediate. The admin API calls this.
-    pub fn set_node_admin(
-        &self,
-        node: usize,
-        admin: crate::route::AdminState,
-        now: Instant,
-    ) -> bool {
-        if !self.pool.set_admin(node, admin, now) {
-            return false;
-        }
-        if !admin.keeps_in_flight()
-            && let Some(n) = self.pool.node(node)
-        {
-            let mut gone = Vec::new();
-            for conn in n.live_conn_ids() {
-                self.in_flight.take_via(conn, now, &mut gone);
-            }
-            for (key, p) in gone {
-                self.fail(&key, p, DeclineReason::Shutdown, now);
-            }
-        }
-        true
     }
 }
 

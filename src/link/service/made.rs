@@ -45,7 +45,7 @@ pub struct SwitchMade {
     pub duplicates: DuplicateBook,
     /// Approvals written to clients that had closed their sending side,
     /// waiting to be checked for the client's reset.
-    pub(super) uncertain: std::sync::Mutex<Vec<super::owed::Uncertain>>,
+    pub(super) uncertain: std::sync::Mutex<Vec<super::undelivered::Uncertain>>,
     /// Where what the switch owes goes; none without a store.
     saf: OnceLock<SafOutbox>,
     pub counters: std::sync::Arc<IntegrityCounters>,

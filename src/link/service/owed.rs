@@ -91,10 +91,7 @@ fn timeout_reversal_to(
     request: &Message<'_>,
     silent: bool,
 ) -> Option<Direction> {
-    let integrity = &svc.made.integrity;
-    if !integrity.timeout_reversal
-        || integrity.late_approval != LateApproval::Reverse
-        || svc.made.saf().is_none()
+    if !timeout_reversals_on(svc)
         || !integrity::moves_money(request, &svc.spec().integrity().no_reversal_f3)
     {
         return None;
@@ -102,17 +99,30 @@ fn timeout_reversal_to(
     match p.origin {
         Origin::Node if silent => None,
         Origin::Node => Some(Direction::ToPeer),
-        Origin::Client { .. } | Origin::Peer => svc
-            .pool
-            .node(p.node)
-            .map(|n| Direction::ToNode(n.id.to_string())),
+        Origin::Client { .. } | Origin::Peer => to_node(svc, p.node),
         Origin::Check(_) | Origin::Owed { .. } => None,
     }
 }
 
+/// Whether the switch stores timeout reversals: `timeout_reversal`, with
+/// `late_approval = "reverse"` and a store.
+pub(super) fn timeout_reversals_on(svc: &Service) -> bool {
+    let integrity = &svc.made.integrity;
+    integrity.timeout_reversal
+        && integrity.late_approval == LateApproval::Reverse
+        && svc.made.saf().is_some()
+}
+
+/// Where a reversal to node `node` goes, while the node is configured.
+pub(super) fn to_node(svc: &Service, node: usize) -> Option<Direction> {
+    svc.pool
+        .node(node)
+        .map(|n| Direction::ToNode(n.id.to_string()))
+}
+
 /// Why the switch reverses a request.
 #[derive(Clone, Copy, Debug)]
-enum Cause {
+pub(super) enum Cause {
     /// The host's answer came after the switch answered for it, and approved.
     LateApproval,
     /// The switch answered for the host (for this reason) with the outcome
@@ -122,195 +132,9 @@ enum Cause {
     Undelivered,
 }
 
-/// The node approved `request` in time, but its answer could not be
-/// delivered (the client gone, its write queue full): the terminal never
-/// saw the approval, so it is reversed at that node, as a late approval
-/// would be, and remembered so that a repeat of it is not relayed.
-pub(super) fn undelivered(
-    svc: &Service,
-    key: &CorrelationKey,
-    (node, request): (usize, &Bytes),
-    response: &Message<'_>,
-    now: Instant,
-) {
-    if !integrity::approves(response, &svc.made.approval_codes)
-        || svc.made.integrity.late_approval != LateApproval::Reverse
-    {
-        return;
-    }
-    let Ok(msg) = Message::parse(svc.spec(), request.clone()) else {
-        return;
-    };
-    if !integrity::is_approvable(msg.mti())
-        || !integrity::moves_money(&msg, &svc.spec().integrity().no_reversal_f3)
-    {
-        return;
-    }
-    let sent = stamped(svc, request, node);
-    let entry = LateEntry::new(sent, node, Said::Undelivered, now);
-    let Some(to) = svc
-        .pool
-        .node(node)
-        .map(|n| Direction::ToNode(n.id.to_string()))
-    else {
-        return unreversed(svc, response, "its node is gone");
-    };
-    if svc.made.saf().is_none() {
-        return unreversed(svc, response, "no store (set data_dir or [store])");
-    }
-    owe_reversal(svc, &entry, to, (Cause::Undelivered, response), None);
-    svc.made.late.record(*key, entry.with_timeout_reversal());
-}
-
-/// A OneConnect exchange ended without the node's answer after the
-/// request went out (its deadline passed, or the connection broke): the
-/// host's outcome is unknown, and its late answer will never be read (the
-/// connection is closed), so a timeout reversal is the only way the money
-/// comes back. Stored to that node, as for any front; the repeat and late
-/// books are not used (OneConnect dialects echo no usable key).
-pub fn oneconnect_unknown(svc: &Service, request: &Bytes, node: usize, reason: DeclineReason) {
-    let integrity = &svc.made.integrity;
-    if !integrity.timeout_reversal
-        || integrity.late_approval != LateApproval::Reverse
-        || svc.made.saf().is_none()
-    {
-        return;
-    }
-    let Ok(msg) = Message::parse(svc.spec(), request.clone()) else {
-        return;
-    };
-    if !integrity::is_approvable(msg.mti())
-        || !integrity::moves_money(&msg, &svc.spec().integrity().no_reversal_f3)
-    {
-        return;
-    }
-    let Some(to) = svc
-        .pool
-        .node(node)
-        .map(|n| Direction::ToNode(n.id.to_string()))
-    else {
-        return;
-    };
-    let said = Said::Declined(reason);
-    let entry = LateEntry::new(stamped(svc, request, node), node, said, Instant::now());
-    owe_reversal(svc, &entry, to, (Cause::Timeout(reason), &msg), None);
-}
-
-/// A OneConnect node's approval in time that its client never got (the
-/// client gone, its queue full): reversed at that node.
-pub fn oneconnect_undelivered(svc: &Service, request: &Bytes, node: usize, response: &Bytes) {
-    let Ok(answer) = Message::parse(svc.spec(), response.clone()) else {
-        return;
-    };
-    if !integrity::approves(&answer, &svc.made.approval_codes)
-        || svc.made.integrity.late_approval != LateApproval::Reverse
-        || svc.made.saf().is_none()
-    {
-        return;
-    }
-    let Ok(msg) = Message::parse(svc.spec(), request.clone()) else {
-        return;
-    };
-    if !integrity::is_approvable(msg.mti())
-        || !integrity::moves_money(&msg, &svc.spec().integrity().no_reversal_f3)
-    {
-        return;
-    }
-    let Some(to) = svc
-        .pool
-        .node(node)
-        .map(|n| Direction::ToNode(n.id.to_string()))
-    else {
-        return unreversed(svc, &answer, "its node is gone");
-    };
-    let entry = LateEntry::new(
-        stamped(svc, request, node),
-        node,
-        Said::Undelivered,
-        Instant::now(),
-    );
-    owe_reversal(svc, &entry, to, (Cause::Undelivered, &answer), None);
-}
-
-/// How long after an approval was written to a client that had closed its
-/// sending side the switch looks for the client's reset: a client that
-/// closed the socket whole answers the write with one within a round trip.
-pub(super) const RESET_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Approvals waiting for their check at most; past it one is not checked
-/// (counted as unchecked).
-const UNCERTAIN_MAX: usize = 10_000;
-
-/// An approval written to a client whose reader had seen the end of its
-/// stream, to check for the client's reset at `due`.
-pub struct Uncertain {
-    due: Instant,
-    key: CorrelationKey,
-    node: usize,
-    request: Bytes,
-    response: Bytes,
-    tx: crate::link::direct::LinkTx,
-}
-
-/// The node approved in time and the answer was written, but to a client
-/// that had closed its sending side: if it closed the socket whole, the
-/// approval was never read. Checked at [`RESET_WAIT`] by
-/// [`check_uncertain`]; reversed then as [`undelivered`] if the client
-/// reset the connection.
-pub(super) fn delivered_uncertain(
-    svc: &Service,
-    key: &CorrelationKey,
-    (node, request): (usize, &Bytes),
-    response: &Message<'_>,
-    tx: crate::link::direct::LinkTx,
-    now: Instant,
-) {
-    if !integrity::approves(response, &svc.made.approval_codes) {
-        return;
-    }
-    let mut waiting = svc.made.uncertain.lock().unwrap_or_else(|p| p.into_inner());
-    if waiting.len() >= UNCERTAIN_MAX {
-        svc.made
-            .counters
-            .uncertain_unchecked
-            .fetch_add(1, Ordering::Relaxed);
-        return;
-    }
-    waiting.push(Uncertain {
-        due: now + RESET_WAIT,
-        key: *key,
-        node,
-        request: request.clone(),
-        response: response.payload().clone(),
-        tx,
-    });
-}
-
-/// The approvals written to closing clients whose check is due: each one
-/// whose client reset the connection is reversed as undelivered.
-pub(super) fn check_uncertain(svc: &Service, now: Instant) {
-    let due: Vec<Uncertain> = {
-        let mut waiting = svc.made.uncertain.lock().unwrap_or_else(|p| p.into_inner());
-        if waiting.is_empty() {
-            return;
-        }
-        let (due, later) = waiting.drain(..).partition(|u| u.due <= now);
-        *waiting = later;
-        due
-    };
-    for u in due {
-        if !u.tx.peer_reset() {
-            continue;
-        }
-        if let Ok(response) = Message::parse(svc.spec(), u.response) {
-            undelivered(svc, &u.key, (u.node, &u.request), &response, now);
-        }
-    }
-}
-
 /// `request` from a client as node `node` got it: with the F37 stamp the
 /// switch wrote, if any.
-fn stamped(svc: &Service, request: &Bytes, node: usize) -> Bytes {
+pub(super) fn stamped(svc: &Service, request: &Bytes, node: usize) -> Bytes {
     let Ok(checked) = svc.check(request.clone()) else {
         return request.clone();
     };
@@ -436,10 +260,7 @@ pub(super) fn late_answer(
         }
         Late::Found(entry) => {
             let direction = match from {
-                AnswerFrom::Node => svc
-                    .pool
-                    .node(entry.node)
-                    .map(|n| Direction::ToNode(n.id.to_string())),
+                AnswerFrom::Node => to_node(svc, entry.node),
                 AnswerFrom::Peer => Some(Direction::ToPeer),
             };
             match direction {
@@ -492,7 +313,7 @@ fn complete_timeout_reversal(svc: &Service, entry: &LateEntry, approval: &Messag
 
 /// Builds the reversal of `entry`'s request and hands it to the store; once
 /// stored, the delivery loop sends it.
-fn owe_reversal(
+pub(super) fn owe_reversal(
     svc: &Service,
     entry: &LateEntry,
     direction: Direction,
@@ -690,7 +511,7 @@ fn copy(ex: &Exchange) -> Exchange {
     }
 }
 
-fn unreversed(svc: &Service, answer: &Message<'_>, why: &str) {
+pub(super) fn unreversed(svc: &Service, answer: &Message<'_>, why: &str) {
     svc.made
         .counters
         .late_unreversed

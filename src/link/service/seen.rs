@@ -1,0 +1,185 @@
+//! Requests seen before: a repeat or a terminal's reversal goes to the
+//! node of its original; the same transaction sent again (a duplicate) is
+//! answered from the duplicate book, or waits for the one in flight, and
+//! never reaches a host twice (docs/integrity.md, "Duplicates").
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use super::{Origin, Pending, Service, link_of, summary};
+use crate::journal::AnsweredBy;
+use crate::link::writer::Outbound;
+use crate::route::{Checked, CorrelationKey, DeclineReason};
+
+/// A request's duplicate fingerprint (0: it has none: not approvable, or
+/// duplicates are off), and the senders of its duplicates and repeats that
+/// arrived while it was in flight: each gets its answer too.
+#[derive(Debug, Default)]
+pub struct SameRequest {
+    pub fingerprint: u64,
+    pub waiting: Option<Box<Vec<Origin>>>,
+}
+
+impl Service {
+    /// The node that answered the original of a reversal from the front,
+    /// while the repeat book remembers it: looked up under the original's
+    /// key (its MTI class from F90 when the reversal carries one, else a
+    /// purchase's or an authorization's), since a terminal's 0400 carries
+    /// its original's STAN and terminal ID.
+    pub(super) fn original_node(&self, req: &Checked<'_>, now: Instant) -> Option<usize> {
+        let from_f90 = req.msg.field(90).ok().flatten().and_then(|f| {
+            let mut digits = f.logical();
+            Some([digits.next()?, digits.next()?])
+        });
+        let named;
+        let classes: &[[u8; 2]] = match from_f90 {
+            Some(class) => {
+                named = [class];
+                &named
+            }
+            None => &[*b"02", *b"01"],
+        };
+        classes.iter().find_map(|&class| {
+            let key = self.router.key_as(req, class).ok()?;
+            self.made.repeats.node_of(&key, now)
+        })
+    }
+
+    /// The duplicate fingerprint of a request that may have duplicates: an
+    /// approvable one (0100, 0200 and their repeats); 0 for the rest, or
+    /// with duplicates off.
+    pub(super) fn fingerprint_of(&self, req: &Checked<'_>) -> u64 {
+        let book = &self.made.duplicates;
+        if !book.is_on() || !crate::route::integrity::is_approvable(req.msg.mti()) {
+            return 0;
+        }
+        let fields = &self.made.integrity.duplicate_fields;
+        book.fingerprint(
+            fields
+                .iter()
+                .map(|&id| req.field(id).map_or(&[][..], |f| f.data())),
+        )
+    }
+
+    /// A request answered before, within `duplicate_window`, gets that
+    /// answer again (or 94) and never reaches a node (one still in flight:
+    /// see [`Service::wait_for_same`]). The origin comes back when the
+    /// request is new, or a repeat (which goes by its own rules).
+    pub(super) fn same_as_before(
+        &self,
+        req: &Checked<'_>,
+        key: &CorrelationKey,
+        fingerprint: u64,
+        origin: Origin,
+        now: Instant,
+    ) -> Option<Origin> {
+        if fingerprint == 0
+            || req.msg.mti().is_repeat()
+            || !matches!(origin, Origin::Client { .. } | Origin::Peer)
+        {
+            return Some(origin);
+        }
+        let c = &self.made.counters;
+        let request = req.msg.payload();
+        let Some(seen) = self.made.duplicates.find(key, fingerprint, now) else {
+            return Some(origin);
+        };
+        match seen {
+            crate::route::integrity::Duplicate::Replay(answer) => {
+                c.duplicates_replayed.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(service = self.name(), message = %summary(&req.msg), "duplicate of a request answered before: its answer sent again, not relayed");
+                self.replay(origin, request, Bytes::from(answer), now);
+            }
+            crate::route::integrity::Duplicate::Answered => {
+                c.duplicates_declined.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(service = self.name(), message = %summary(&req.msg), "duplicate of a request answered before: declined, not relayed");
+                self.decline(origin, request, DeclineReason::Duplicate);
+            }
+        }
+        None
+    }
+
+    /// A request refused registration because its key is in flight: when
+    /// it is the same transaction (a duplicate, or a repeat sent before the
+    /// answer came), its sender waits for that answer instead of a 94.
+    /// Gives the request back otherwise.
+    pub(super) fn wait_for_same(&self, key: &CorrelationKey, p: Pending) -> Option<Pending> {
+        let fingerprint = p.same.fingerprint;
+        if fingerprint == 0 || !matches!(p.origin, Origin::Client { .. } | Origin::Peer) {
+            return Some(p);
+        }
+        let mut p = Some(p);
+        self.in_flight.with_mut(key, |first| {
+            if first.same.fingerprint != fingerprint {
+                return;
+            }
+            if let Some(p) = p.take() {
+                let waiting = first.same.waiting.get_or_insert_with(Default::default);
+                waiting.push(p.origin);
+            }
+        });
+        // Taken only by a request in flight with the same fingerprint.
+        p
+    }
+
+    /// Sends a duplicate the answer its first sending got, and journals it.
+    pub(super) fn replay(&self, origin: Origin, request: &Bytes, answer: Bytes, now: Instant) {
+        let Some(link) = link_of(&origin) else {
+            return;
+        };
+        self.note_decline(
+            link,
+            request,
+            None,
+            (
+                AnsweredBy::Switch(DeclineReason::Duplicate),
+                Some(answer.clone()),
+            ),
+            now,
+        );
+        let sent = match origin {
+            Origin::Client { tx, .. } => {
+                let patch = self.router.response_tpdu_patch(request);
+                tx.try_send(Outbound::Message(answer, patch)).is_ok()
+            }
+            Origin::Peer => self
+                .peer()
+                .is_some_and(|p| p.answer(Outbound::message(answer))),
+            Origin::Check(_) | Origin::Owed { .. } | Origin::Node => true,
+        };
+        if !sent {
+            self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The node's answer to a request also goes to the duplicates and
+    /// repeats that waited for it, and is kept for later duplicates. An
+    /// answer its sender never got is kept as the switch's (a duplicate is
+    /// declined, never approved: the approval is being reversed).
+    pub(super) fn answer_same(
+        &self,
+        key: &CorrelationKey,
+        same: SameRequest,
+        request: &Bytes,
+        response: &Bytes,
+        delivered: bool,
+        now: Instant,
+    ) {
+        if same.fingerprint == 0 {
+            return;
+        }
+        let kept: &[u8] = if delivered { response } else { &[] };
+        self.made
+            .duplicates
+            .record(key, same.fingerprint, kept, now);
+        for origin in same.waiting.map(|w| *w).into_iter().flatten() {
+            self.made
+                .counters
+                .duplicates_waited
+                .fetch_add(1, Ordering::Relaxed);
+            self.replay(origin, request, response.clone(), now);
+        }
+    }
+}
