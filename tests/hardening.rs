@@ -504,3 +504,41 @@ async fn a_reset_is_a_disconnect_not_a_bad_frame() {
     })
     .await;
 }
+
+/// A client that keeps exactly its share in flight (it sends its next
+/// request as each answer arrives) is never declined: its place is given
+/// back before it can read the answer, not after the switch has finished
+/// journaling and counting it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_at_its_share_is_never_declined() {
+    bounded(async {
+        let spec = spec("cup-pos");
+        let front_extra = "max_in_flight_per_connection = 4\nmax_in_flight_per_source = 4";
+        let (_nodes, switch) = Rig::on("cup-pos").nodes(2).front(front_extra).start().await;
+        let svc = service(&switch).clone();
+        wait_connected(&svc, 2).await;
+        let mut client = RawClient::connect(front(&switch), &spec).await;
+        let (share, total) = (4u32, 2000u32);
+        for stan in 1..=share {
+            client
+                .send_raw(&RawClient::frame(&spec, &pos_request(&spec, stan)))
+                .await;
+        }
+        let mut codes = std::collections::BTreeMap::<String, u32>::new();
+        for next in share + 1..=total + share {
+            let answer = client.recv().await.expect("answered");
+            *codes
+                .entry(text(&spec, &answer, 39).unwrap_or_default())
+                .or_default() += 1;
+            if next <= total {
+                client
+                    .send_raw(&RawClient::frame(&spec, &pos_request(&spec, next)))
+                    .await;
+            }
+        }
+        assert_eq!(codes.get("00"), Some(&total), "{codes:?}");
+        assert_eq!(svc.counters.over_share.load(Ordering::Relaxed), 0);
+        switch.stop().await;
+    })
+    .await;
+}

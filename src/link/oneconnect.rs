@@ -390,9 +390,10 @@ fn deliver(
     request: &[u8],
     response: Bytes,
 ) -> bool {
-    let Origin::Client { conn, tx, .. } = origin else {
+    let Origin::Client { conn, tx, slot } = origin else {
         return true;
     };
+    drop(slot); // free before the client can read the answer
     let patch = service.router.response_tpdu_patch(request);
     if tx.try_send(Outbound::Message(response, patch)).is_err() {
         service

@@ -677,7 +677,12 @@ impl Service {
                 let (link, by) = (Link::Node, AnsweredBy::Peer);
                 return self.note_answer(link, by, (node, sent_at), asked, checked, now);
             }
-            Origin::Client { conn, tx, .. } => (conn, tx),
+            Origin::Client { conn, tx, slot } => {
+                // The client's place is free before it can read this answer,
+                // or its next request (sent on reading it) finds it taken.
+                drop(slot);
+                (conn, tx)
+            }
             Origin::Peer => {
                 self.answered(key, node, sent_at, response, now);
                 let (link, by) = (Link::Peer, AnsweredBy::Node);
@@ -856,7 +861,8 @@ impl Service {
         note(AnsweredBy::Switch(reason), Some(resp.clone()));
         self.counters.declined[reason as usize].fetch_add(1, Ordering::Relaxed);
         match origin {
-            Origin::Client { tx, .. } => {
+            Origin::Client { tx, slot, .. } => {
+                drop(slot); // free before the client can read the decline
                 let patch = self.router.response_tpdu_patch(request);
                 if tx.try_send(Outbound::Message(resp, patch)).is_err() {
                     self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);

@@ -613,7 +613,8 @@ pub(super) fn store_advice(svc: &Service, req: &Checked<'_>, origin: Origin) -> 
         match ack.await {
             Ok(id) => {
                 wake.notify_one();
-                if let (Origin::Client { tx, .. }, Ok(out)) = (origin, acknowledgement) {
+                if let (Origin::Client { tx, slot, .. }, Ok(out)) = (origin, acknowledgement) {
+                    drop(slot); // free before the client can read the acknowledgement
                     let _ = tx.try_send(out);
                 }
                 if let Some((journal, ex)) = journaled {

@@ -140,7 +140,8 @@ impl Service {
             now,
         );
         let sent = match origin {
-            Origin::Client { tx, .. } => {
+            Origin::Client { tx, slot, .. } => {
+                drop(slot); // free before the client can read the answer
                 let patch = self.router.response_tpdu_patch(request);
                 tx.try_send(Outbound::Message(answer, patch)).is_ok()
             }
