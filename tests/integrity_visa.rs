@@ -46,6 +46,12 @@ fn visa_toml(admin_toml: &str, visa: SocketAddr, nodes: &[SocketAddr]) -> String
 
 /// `query`'s one-column rows from the store, read from outside.
 fn store_column<T: rusqlite::types::FromSql>(data: &str, query: &str) -> Vec<T> {
+    try_store_column(data, query).expect("the saf table")
+}
+
+/// [`store_column`], or `None` while the switch has not created its tables
+/// yet (the file exists from the moment it is opened, before migration).
+fn try_store_column<T: rusqlite::types::FromSql>(data: &str, query: &str) -> Option<Vec<T>> {
     let db = rusqlite::Connection::open_with_flags(
         db_path(data),
         rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -53,11 +59,13 @@ fn store_column<T: rusqlite::types::FromSql>(data: &str, query: &str) -> Vec<T> 
     .expect("open the store");
     db.busy_timeout(Duration::from_secs(5))
         .expect("busy timeout");
-    let mut st = db.prepare(query).expect("the saf table");
-    st.query_map([], |r| r.get(0))
+    let mut st = db.prepare(query).ok()?;
+    let rows = st
+        .query_map([], |r| r.get(0))
         .expect("query saf")
         .collect::<Result<_, _>>()
-        .expect("saf rows")
+        .expect("saf rows");
+    Some(rows)
 }
 
 /// The payload of a reversal still owed (a delivered one keeps none),
@@ -68,7 +76,7 @@ async fn an_owed_reversal(data: &str) -> Vec<u8> {
                  AND payload IS NOT NULL ORDER BY id LIMIT 1";
     let id = loop {
         if db_path(data).exists()
-            && let Some(id) = store_column::<i64>(data, query).pop()
+            && let Some(id) = try_store_column::<i64>(data, query).and_then(|mut ids| ids.pop())
         {
             break id;
         }
