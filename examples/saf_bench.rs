@@ -59,6 +59,7 @@ fn entry(putter: usize, seq: u64) -> NewSafEntry {
             f37: Some(format!("{putter:04}{seq:08}")),
             f7: Some("0101120000".into()),
             pan_masked: Some("623456******1234".into()),
+            original: None,
         },
         created_at: now,
         expires_at: now + 86_400_000,

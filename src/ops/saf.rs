@@ -375,6 +375,10 @@ pub struct SafEntryView {
     pub f7: Option<String>,
     /// First 6 and last 4 digits at most, as the store keeps it.
     pub pan_masked: Option<String>,
+    /// The original transaction it is about (`F41/F11/F7/F32`): entries
+    /// with the same original are delivered in the order stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original: Option<String>,
     /// Attempts started so far.
     pub attempts: u32,
     pub next_attempt_at: String,
@@ -421,6 +425,7 @@ impl From<&SafRow> for SafEntryView {
             f37: r.keys.f37.clone(),
             f7: r.keys.f7.clone(),
             pan_masked: r.keys.pan_masked.clone(),
+            original: r.keys.original.clone(),
             attempts: r.attempts,
             next_attempt_at: rfc3339(r.next_attempt_at),
             state: r.state.as_str().to_string(),
@@ -570,6 +575,7 @@ mod tests {
                 f37: Some("R1".into()),
                 f7: Some("1204114300".into()),
                 pan_masked: Some("476173******0119".into()),
+                original: None,
             },
             state: SafState::Pending,
             created_at: 1_000,

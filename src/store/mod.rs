@@ -426,6 +426,41 @@ impl Store {
         self.done("saf_drop", Op::SafDrop { id, now, reason }).await
     }
 
+    /// Cancels pending entry `id` unless an attempt of it is out now: the
+    /// host declined its original after all (a late decline), so the
+    /// timeout reversal owed for it must not go. True if cancelled; false
+    /// if an attempt holds it (its answer completes it: a reversal of a
+    /// declined original is answered "not found") or it is done already.
+    pub async fn saf_cancel(
+        &self,
+        id: SafId,
+        now: UnixMillis,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        check_time("now", now)?;
+        let reason = reason.to_string();
+        match self.handle.call(Op::SafCancel { id, now, reason }).await? {
+            Outcome::Changed(n) => Ok(n == 1),
+            other => Err(mismatch("saf_cancel", &other)),
+        }
+    }
+
+    /// Sends every later attempt of entry `id` (for any node) to `node`,
+    /// the one its first attempt chose, while `owner` holds its lease.
+    /// False if the entry is no longer this owner's or already has a node.
+    pub async fn saf_pin(&self, id: SafId, owner: &str, node: &str) -> Result<bool, StoreError> {
+        check_owner(owner)?;
+        let op = Op::SafPin {
+            id,
+            owner: owner.to_string(),
+            node: node.to_string(),
+        };
+        match self.handle.call(op).await? {
+            Outcome::Changed(n) => Ok(n == 1),
+            other => Err(mismatch("saf_pin", &other)),
+        }
+    }
+
     /// Clears the leases `owner` holds, so that its entries are due again
     /// at once rather than when the leases run out. Only for an instance
     /// starting: a process of the same name that died (kill -9) left them,

@@ -62,6 +62,11 @@ pub struct SafKeys {
     pub f7: Option<String>,
     /// The PAN masked to its first 6 and last 4 digits at most.
     pub pan_masked: Option<String>,
+    /// The original transaction the message is about (terminal, STAN,
+    /// transmission time, acquirer: `F41/F11/F7/F32`, from F90 for a
+    /// reversal that names it). Entries with the same original are
+    /// delivered in the order stored. No card data.
+    pub original: Option<String>,
 }
 
 /// An entry to store, before it has an id.
@@ -228,6 +233,7 @@ impl NewSafEntry {
             ("f37", &self.keys.f37),
             ("f7", &self.keys.f7),
             ("pan_masked", &self.keys.pan_masked),
+            ("original", &self.keys.original),
         ];
         let node = match &self.direction {
             Direction::ToNode(node) => Some(node.clone()),

@@ -13,15 +13,24 @@ use super::writer::{Outcome, StoredPayload};
 
 /// The schema version this build writes; `meta.schema_version` holds the
 /// version a database is at. Each backend has exactly this many migrations.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// The `meta` key holding the schema version.
 pub const VERSION_KEY: &str = "schema_version";
 
 /// The columns of a listed row, in [`RawRow`]'s order.
 pub const ROW_COLUMNS: &str = "id, service, direction, node_id, kind, mti, f11, f37, f7, \
-     pan_masked, state, created_at, expires_at, attempts, next_attempt_at, last_error, \
+     pan_masked, original, state, created_at, expires_at, attempts, next_attempt_at, last_error, \
      lease_owner, lease_until, completed_at, completed_by, answer, reason";
+
+/// A claim's condition on a due row `s`: no earlier pending entry of its
+/// service names the same original. A terminal's 0420 waits while its 0220
+/// is still owed, whatever their retry times; so does the switch's timeout
+/// reversal behind an advice of the same sale. Rows without an original
+/// are never held back.
+pub const IN_ORDER: &str = "(s.original IS NULL OR NOT EXISTS (SELECT 1 FROM saf AS e \
+     WHERE e.service = s.service AND e.original = s.original AND e.state = 'pending' \
+     AND e.id < s.id))";
 
 /// The columns a claim returns, in [`RawClaim`]'s order.
 pub const CLAIM_COLUMNS: &str =
@@ -39,6 +48,7 @@ pub struct RawRow {
     pub f37: Option<String>,
     pub f7: Option<String>,
     pub pan_masked: Option<String>,
+    pub original: Option<String>,
     pub state: String,
     pub created_at: i64,
     pub expires_at: i64,
@@ -73,6 +83,7 @@ impl RawRow {
                 f37: self.f37,
                 f7: self.f7,
                 pan_masked: self.pan_masked,
+                original: self.original,
             },
             state: self.state.parse()?,
             created_at: self.created_at,

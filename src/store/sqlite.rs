@@ -20,7 +20,9 @@ use rusqlite::{
 
 use super::error::StoreError;
 use super::saf::{SafId, clip};
-use super::schema::{self, CLAIM_COLUMNS, Change, ROW_COLUMNS, RawClaim, RawRow, VERSION_KEY};
+use super::schema::{
+    self, CLAIM_COLUMNS, Change, IN_ORDER, ROW_COLUMNS, RawClaim, RawRow, VERSION_KEY,
+};
 use super::writer::{self, Answer, Counters, Inbox, Op, Outcome, Request};
 
 #[path = "sqlite_insert.rs"]
@@ -154,6 +156,11 @@ const MIGRATIONS: &[&str] = &[
     // 6: PostgreSQL's day partitions (its migration 6); SQLite keeps its
     // parts (migration 5).
     "SELECT 1;",
+    // 7: the original transaction an entry is about, so that entries for
+    // the same original go out in the order stored (a terminal's 0220
+    // before its 0420), and what a claim reads to hold a later one back.
+    "ALTER TABLE saf ADD COLUMN original TEXT;
+    CREATE INDEX saf_original ON saf (service, original, id) WHERE state = 'pending';",
 ];
 
 fn sql_error(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
@@ -520,8 +527,8 @@ fn apply(
             let id: i64 = tx
                 .prepare_cached(
                     "INSERT INTO saf (service, direction, node_id, kind, mti, payload, f11, f37, f7, \
-                     pan_masked, created_at, expires_at, next_attempt_at, state) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 'pending') \
+                     pan_masked, created_at, expires_at, next_attempt_at, state, original) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 'pending', ?14) \
                      RETURNING id",
                 )?
                 .query_row(
@@ -538,7 +545,8 @@ fn apply(
                         e.keys.pan_masked,
                         e.created_at,
                         e.expires_at,
-                        e.first_attempt_at
+                        e.first_attempt_at,
+                        e.keys.original
                     ],
                     |r| r.get(0),
                 )?;
@@ -553,8 +561,8 @@ fn apply(
             let max = i64::try_from(*max).unwrap_or(i64::MAX);
             let mut st = tx.prepare_cached(&format!(
                 "UPDATE saf SET lease_owner = ?1, lease_until = ?2, attempts = attempts + 1 \
-                 WHERE id IN (SELECT id FROM saf WHERE state = 'pending' AND next_attempt_at <= ?3 \
-                   AND (lease_until IS NULL OR lease_until <= ?3) \
+                 WHERE id IN (SELECT id FROM saf AS s WHERE state = 'pending' AND next_attempt_at <= ?3 \
+                   AND (lease_until IS NULL OR lease_until <= ?3) AND {IN_ORDER} \
                    ORDER BY next_attempt_at, id LIMIT ?4) \
                  RETURNING {CLAIM_COLUMNS}"
             ))?;
@@ -636,6 +644,26 @@ fn apply(
              lease_owner = NULL, lease_until = NULL WHERE id = ?1 AND state IN ('pending', 'dead')",
             params![id.0, now, clip(reason)],
         )?,
+        Op::SafCancel { id, now, reason } => {
+            let n = tx
+                .prepare_cached(
+                    "UPDATE saf SET state = 'dropped', completed_at = ?2, reason = ?3, \
+                     payload = NULL, lease_owner = NULL, lease_until = NULL \
+                     WHERE id = ?1 AND state = 'pending' AND (lease_until IS NULL OR lease_until <= ?2)",
+                )?
+                .execute(params![id.0, now, clip(reason)])?;
+            Ok(Outcome::Changed(n as u64))
+        }
+        Op::SafPin { id, owner, node } => {
+            let n = tx
+                .prepare_cached(
+                    "UPDATE saf SET direction = 'to_node', node_id = ?3 \
+                     WHERE id = ?1 AND state = 'pending' AND lease_owner = ?2 \
+                     AND direction = 'to_any_node'",
+                )?
+                .execute(params![id.0, owner, clip(node)])?;
+            Ok(Outcome::Changed(n as u64))
+        }
         Op::SafReleaseLeases { owner } => {
             let released = tx.execute(
                 "UPDATE saf SET lease_owner = NULL, lease_until = NULL \
@@ -762,18 +790,19 @@ fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
         f37: r.get(7)?,
         f7: r.get(8)?,
         pan_masked: r.get(9)?,
-        state: r.get(10)?,
-        created_at: r.get(11)?,
-        expires_at: r.get(12)?,
-        attempts: r.get(13)?,
-        next_attempt_at: r.get(14)?,
-        last_error: r.get(15)?,
-        lease_owner: r.get(16)?,
-        lease_until: r.get(17)?,
-        completed_at: r.get(18)?,
-        completed_by: r.get(19)?,
-        answer: r.get(20)?,
-        reason: r.get(21)?,
+        original: r.get(10)?,
+        state: r.get(11)?,
+        created_at: r.get(12)?,
+        expires_at: r.get(13)?,
+        attempts: r.get(14)?,
+        next_attempt_at: r.get(15)?,
+        last_error: r.get(16)?,
+        lease_owner: r.get(17)?,
+        lease_until: r.get(18)?,
+        completed_at: r.get(19)?,
+        completed_by: r.get(20)?,
+        answer: r.get(21)?,
+        reason: r.get(22)?,
     })
 }
 

@@ -60,6 +60,23 @@ pub(crate) enum Op {
         now: UnixMillis,
         reason: String,
     },
+    /// Drops a pending entry no attempt holds now (a timeout reversal whose
+    /// original the host declined late): never sent, kept as a record with
+    /// `reason`. `Changed(0)` when an attempt is out (its answer completes
+    /// the entry) or the entry is no longer pending.
+    SafCancel {
+        id: SafId,
+        now: UnixMillis,
+        reason: String,
+    },
+    /// Fixes the node of an entry for any node (a client's advice) to the
+    /// one its first attempt chose, while `owner` holds its lease: every
+    /// repeat goes to the host that may have booked the first.
+    SafPin {
+        id: SafId,
+        owner: String,
+        node: String,
+    },
     /// Clears every lease `owner` holds: its process is gone (a restart of
     /// the same instance), so no attempt of it is still waiting.
     SafReleaseLeases {

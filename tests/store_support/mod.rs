@@ -35,6 +35,7 @@ pub fn entry(service: &str, seq: u32, due: i64) -> NewSafEntry {
             f37: Some(format!("{seq:012}")),
             f7: Some("0101120000".to_string()),
             pan_masked: Some("623456******1234".to_string()),
+            original: None,
         },
         created_at: due,
         expires_at: due + 3600 * SEC,

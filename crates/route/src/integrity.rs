@@ -28,9 +28,11 @@ use super::decline::DeclineReason;
 use isoswitch_iso8583::{Decoded, FieldCodes, IsoError, Message, Mti, SafAnswerClass, Spec};
 
 mod duplicates;
+mod original;
 mod repeats;
 pub use crate::generations::GENERATIONS;
 pub use duplicates::{Duplicate, DuplicateBook, DuplicateCounters};
+pub use original::original_key;
 pub use repeats::{REPEAT_SHARDS, RepeatBook};
 
 /// An authorization or financial request (0100, 0200 and their repeats):

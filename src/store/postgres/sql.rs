@@ -5,7 +5,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement, Transaction};
 
 use crate::store::saf::{SafId, clip};
-use crate::store::schema::{self, CLAIM_COLUMNS, Change, ROW_COLUMNS, RawClaim, RawRow};
+use crate::store::schema::{self, CLAIM_COLUMNS, Change, IN_ORDER, ROW_COLUMNS, RawClaim, RawRow};
 use crate::store::writer::{Answer, Op, Outcome};
 
 #[path = "journal.rs"]
@@ -106,6 +106,9 @@ pub(super) const MIGRATIONS: &[&str] = &[
     "SELECT 1;",
     // 6: the journal and admin log partitioned by day (parts.rs).
     super::parts::MIGRATION_6,
+    // 7: the original transaction an entry is about (SQLite's migration 7).
+    "ALTER TABLE saf ADD COLUMN original TEXT;
+    CREATE INDEX saf_original ON saf (service, original, id) WHERE state = 'pending';",
 ];
 
 pub(super) const META_PUT: &str = "INSERT INTO meta (key, value) VALUES ($1, $2) \
@@ -120,6 +123,8 @@ pub(super) struct Statements {
     dead: Statement,
     retry_now: Statement,
     drop: Statement,
+    cancel: Statement,
+    pin: Statement,
     release_leases: Statement,
     prune: Statement,
     state_of: Statement,
@@ -139,8 +144,8 @@ impl Statements {
             put: c
                 .prepare(
                     "INSERT INTO saf (service, direction, node_id, kind, mti, payload, f11, f37, f7, \
-                     pan_masked, created_at, expires_at, next_attempt_at, state) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, 'pending') \
+                     pan_masked, created_at, expires_at, next_attempt_at, state, original) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, 'pending', $14) \
                      RETURNING id",
                 )
                 .await?,
@@ -150,8 +155,9 @@ impl Statements {
             claim: c
                 .prepare(&format!(
                     "UPDATE saf SET lease_owner = $1, lease_until = $2, attempts = attempts + 1 \
-                     WHERE id IN (SELECT id FROM saf WHERE state = 'pending' \
+                     WHERE id IN (SELECT id FROM saf AS s WHERE state = 'pending' \
                        AND next_attempt_at <= $3 AND (lease_until IS NULL OR lease_until <= $3) \
+                       AND {IN_ORDER} \
                        ORDER BY next_attempt_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) \
                      RETURNING {CLAIM_COLUMNS}"
                 ))
@@ -189,6 +195,20 @@ impl Statements {
                     "UPDATE saf SET state = 'dropped', completed_at = $2, reason = $3, \
                      payload = NULL, lease_owner = NULL, lease_until = NULL \
                      WHERE id = $1 AND state IN ('pending', 'dead')",
+                )
+                .await?,
+            cancel: c
+                .prepare(
+                    "UPDATE saf SET state = 'dropped', completed_at = $2, reason = $3, \
+                     payload = NULL, lease_owner = NULL, lease_until = NULL \
+                     WHERE id = $1 AND state = 'pending' AND (lease_until IS NULL OR lease_until <= $2)",
+                )
+                .await?,
+            pin: c
+                .prepare(
+                    "UPDATE saf SET direction = 'to_node', node_id = $3 \
+                     WHERE id = $1 AND state = 'pending' AND lease_owner = $2 \
+                     AND direction = 'to_any_node'",
                 )
                 .await?,
             release_leases: c
@@ -270,6 +290,7 @@ pub(super) async fn apply(
                         &e.created_at,
                         &e.expires_at,
                         &e.first_attempt_at,
+                        &e.keys.original,
                     ],
                 )
                 .await?;
@@ -361,6 +382,14 @@ pub(super) async fn apply(
         Op::SafDrop { id, now, reason } => {
             let params: [&(dyn ToSql + Sync); 3] = [&id.0, now, &clip(reason)];
             change(tx, st, Change::Drop, *id, "", &st.drop, &params).await?
+        }
+        Op::SafCancel { id, now, reason } => {
+            let params: [&(dyn ToSql + Sync); 3] = [&id.0, now, &clip(reason)];
+            Ok(Outcome::Changed(tx.execute(&st.cancel, &params).await?))
+        }
+        Op::SafPin { id, owner, node } => {
+            let params: [&(dyn ToSql + Sync); 3] = [&id.0, owner, &clip(node)];
+            Ok(Outcome::Changed(tx.execute(&st.pin, &params).await?))
         }
         Op::SafReleaseLeases { owner } => {
             let released = tx.execute(&st.release_leases, &[owner]).await?;
@@ -488,18 +517,19 @@ fn raw_row(r: &tokio_postgres::Row) -> Result<RawRow, tokio_postgres::Error> {
         f37: r.try_get(7)?,
         f7: r.try_get(8)?,
         pan_masked: r.try_get(9)?,
-        state: r.try_get(10)?,
-        created_at: r.try_get(11)?,
-        expires_at: r.try_get(12)?,
-        attempts: i64::from(r.try_get::<_, i32>(13)?),
-        next_attempt_at: r.try_get(14)?,
-        last_error: r.try_get(15)?,
-        lease_owner: r.try_get(16)?,
-        lease_until: r.try_get(17)?,
-        completed_at: r.try_get(18)?,
-        completed_by: r.try_get(19)?,
-        answer: r.try_get(20)?,
-        reason: r.try_get(21)?,
+        original: r.try_get(10)?,
+        state: r.try_get(11)?,
+        created_at: r.try_get(12)?,
+        expires_at: r.try_get(13)?,
+        attempts: i64::from(r.try_get::<_, i32>(14)?),
+        next_attempt_at: r.try_get(15)?,
+        last_error: r.try_get(16)?,
+        lease_owner: r.try_get(17)?,
+        lease_until: r.try_get(18)?,
+        completed_at: r.try_get(19)?,
+        completed_by: r.try_get(20)?,
+        answer: r.try_get(21)?,
+        reason: r.try_get(22)?,
     })
 }
 
