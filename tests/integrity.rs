@@ -606,29 +606,6 @@ async fn a_repeat_of_a_reversed_purchase_is_never_relayed() {
     .await;
 }
 
-/// Frames `payload` (cup-pos: a 2-byte length), sends it on `s`, and reads
-/// the answer's MTI and F39, or `None` when none comes within `wait`.
-async fn ask(
-    s: &mut tokio::net::TcpStream,
-    payload: &[u8],
-    wait: Duration,
-) -> Option<(String, String)> {
-    use tokio::io::AsyncWriteExt;
-    s.write_all(&framed(payload)).await.expect("write");
-    read_answer(s, wait).await
-}
-
-/// A cup-pos request `mti` with STAN `stan` and processing code `f3`.
-fn pos_request(mti: &str, stan: &str, f3: &str) -> Vec<u8> {
-    let spec = isoswitch::iso8583::Spec::builtin("cup-pos").expect("cup-pos");
-    let sample = isoswitch::sim::sample_request(&spec, "0200").expect("a 0200");
-    let mut d = spec.decode(&sample).expect("decodes");
-    d.mti = mti.parse().expect("an MTI");
-    d.set_text(11, stan);
-    d.set_text(3, f3);
-    spec.encode(&d).expect("encodes")
-}
-
 /// A terminal's reversal request (0400) that its host never answers gets
 /// no switch-made 0410: the terminal would take it as done and stop
 /// repeating. A purchase in the same state is declined 68, as ever.
@@ -791,38 +768,6 @@ async fn disable_lets_in_flight_finish_and_force_offline_reverses_them() {
         assert_eq!(sub(&r, "reversals", "duplicate_chains"), 0, "{r}");
     })
     .await;
-}
-
-/// `payload` with cup-pos's 2-byte length prefix.
-fn framed(payload: &[u8]) -> Vec<u8> {
-    let mut framed = u16::try_from(payload.len())
-        .expect("short")
-        .to_be_bytes()
-        .to_vec();
-    framed.extend_from_slice(payload);
-    framed
-}
-
-/// Reads one cup-pos answer from `s`: its MTI and F39, or `None` when none
-/// comes within `wait`.
-async fn read_answer(s: &mut tokio::net::TcpStream, wait: Duration) -> Option<(String, String)> {
-    use tokio::io::AsyncReadExt;
-    let spec = isoswitch::iso8583::Spec::builtin("cup-pos").expect("cup-pos");
-    let mut len = [0u8; 2];
-    tokio::time::timeout(wait, s.read_exact(&mut len))
-        .await
-        .ok()?
-        .expect("read");
-    let mut answer = vec![0u8; usize::from(u16::from_be_bytes(len))];
-    s.read_exact(&mut answer).await.expect("an answer");
-    let msg =
-        isoswitch::iso8583::Message::parse(&spec, bytes::Bytes::from(answer)).expect("parses");
-    let f39 = msg
-        .field(39)
-        .ok()
-        .flatten()
-        .map(|f| f.logical().map(char::from).collect());
-    Some((msg.mti().as_str().to_string(), f39.unwrap_or_default()))
 }
 
 /// The same purchase sent again (same F7, F11, F41: a retransmission not

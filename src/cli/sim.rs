@@ -64,6 +64,14 @@ pub enum SimCommand {
         /// the last for the rest (`96,96,00`: two system errors, then done).
         #[arg(long, value_delimiter = ',')]
         reversal_answers: Vec<String>,
+        /// Leave the first N advice messages of each transaction
+        /// unanswered, so the switch repeats them as 0221 / 0121.
+        #[arg(long, default_value_t = 0)]
+        ignore_advices: u32,
+        /// The late answers (`--late-share`) decline (F39 05) instead of
+        /// approving: the switch must reverse none of them.
+        #[arg(long)]
+        late_declines: bool,
         /// Send an 0820 key request (F70 101) this often, on the node's
         /// connections in turn; each answer must come back within 10 s.
         #[arg(long, value_parser = crate::util::duration::parse)]
@@ -212,6 +220,8 @@ pub fn run(sim: SimCommand) -> ExitCode {
             partial,
             ignore_reversals,
             reversal_answers,
+            ignore_advices,
+            late_declines,
             key_request_every,
             json,
             tls,
@@ -253,6 +263,8 @@ pub fn run(sim: SimCommand) -> ExitCode {
                 partial,
                 ignore_reversals,
                 reversal_answers,
+                ignore_advices,
+                late_declines,
                 key_requests: key_request_every.map(|every| crate::sim::node::KeyRequests {
                     every,
                     timeout: Duration::from_secs(10),

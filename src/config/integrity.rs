@@ -126,6 +126,12 @@ pub struct IntegrityConfig {
     /// `late_approval = "reverse"` and a store.
     #[serde(default = "defaults::timeout_reversal")]
     pub timeout_reversal: bool,
+    /// How long a timeout reversal waits in the store before it is first
+    /// sent: the host's late answer in that time completes it (an
+    /// approval's F38 and amount) or cancels it (a decline: nothing to
+    /// reverse, recorded and never sent). Durable from the start either way.
+    #[serde(default = "defaults::timeout_reversal_hold", with = "duration")]
+    pub timeout_reversal_hold: Duration,
     /// How long a request the switch answered for its node is remembered.
     #[serde(default = "defaults::late_window", with = "duration")]
     pub late_window: Duration,
@@ -195,6 +201,7 @@ impl Default for IntegrityConfig {
         IntegrityConfig {
             late_approval: LateApproval::default(),
             timeout_reversal: defaults::timeout_reversal(),
+            timeout_reversal_hold: defaults::timeout_reversal_hold(),
             late_window: defaults::late_window(),
             late_capacity: defaults::late_capacity(),
             approval_codes: None,
@@ -314,6 +321,10 @@ mod defaults {
 
     pub fn timeout_reversal() -> bool {
         true
+    }
+
+    pub fn timeout_reversal_hold() -> Duration {
+        Duration::from_secs(2)
     }
 
     use crate::route::OnTimeout;

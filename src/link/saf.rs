@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 use super::service::{Origin, Pending, Service, record_attempt, record_dead};
 use super::writer::Outbound;
-use crate::iso8583::Mti;
+use crate::iso8583::{Mti, RepeatKeys, Spec, transmission_date_time};
 use crate::route::OnTimeout;
 use crate::store::{
     AfterFailure, ClaimedSaf, Direction, SafKind, SafPolicy, Store, repeat_mti, saf::now_millis,
@@ -126,9 +126,33 @@ fn send(
     let sent = match (&entry.direction, svc.side.oneconnect()) {
         (Direction::ToPeer, _) => to_peer(svc, &entry, payload),
         (to, Some(oc)) => via_oneconnect(svc, oc, &entry, payload, to, policy),
-        (Direction::ToNode(id), None) => to_node(svc, &entry, payload, Some(id)),
-        (Direction::ToAnyNode, None) => to_node(svc, &entry, payload, None),
+        (Direction::ToNode(id), None) => to_node(svc, &entry, payload, id),
+        (Direction::ToAnyNode, None) => match pick_node(svc, &entry) {
+            Ok(node) => {
+                let (store, owner) = (store.clone(), owner.to_string());
+                let (svc, policy) = (Arc::clone(svc), policy.clone());
+                tokio::spawn(pin_then_send(
+                    svc, store, owner, policy, entry, payload, node,
+                ));
+                return;
+            }
+            Err(why) => Err(why),
+        },
     };
+    sent_or_failed(svc, store, owner, policy, &entry, sent);
+}
+
+/// Counts an attempt that went out, or schedules the next one (or makes the
+/// entry a dead letter) when it could not.
+fn sent_or_failed(
+    svc: &Service,
+    store: &Store,
+    owner: &str,
+    policy: &SafPolicy,
+    entry: &ClaimedSaf,
+    sent: Result<(), &str>,
+) {
+    let now = now_millis();
     let c = &svc.made.counters;
     match sent {
         Ok(()) => {
@@ -147,6 +171,52 @@ fn send(
     }
 }
 
+/// The node the balancer would give an entry for any node now.
+fn pick_node(svc: &Service, entry: &ClaimedSaf) -> Result<String, &'static str> {
+    let mti: [u8; 4] = entry
+        .mti
+        .as_bytes()
+        .try_into()
+        .map_err(|_| "stored MTI is not 4 digits")?;
+    let (picked, _conn) = svc
+        .pool
+        .pick(&mti, |_| None, None, Instant::now())
+        .map_err(|_| "no node can take it")?;
+    svc.pool
+        .node(picked.node())
+        .map(|n| n.id.to_string())
+        .ok_or("no node can take it")
+}
+
+/// An entry for any node (a client's advice) goes to one node for good:
+/// the one picked for its first attempt is written to the store before
+/// anything is sent, so every repeat (0221) reaches the host that may have
+/// booked the first, whichever instance sends it. A store that cannot
+/// record it sends nothing: the lease runs out and the entry is tried
+/// again.
+async fn pin_then_send(
+    svc: Arc<Service>,
+    store: Store,
+    owner: String,
+    policy: SafPolicy,
+    entry: ClaimedSaf,
+    payload: Bytes,
+    node: String,
+) {
+    match store.saf_pin(entry.id, &owner, &node).await {
+        Ok(true) => {
+            let sent = to_node(&svc, &entry, payload, &node);
+            sent_or_failed(&svc, &store, &owner, &policy, &entry, sent);
+        }
+        Ok(false) => {
+            tracing::info!(id = %entry.id, "store-and-forward: entry moved on before its node was recorded; not sent")
+        }
+        Err(e) => {
+            tracing::warn!(id = %entry.id, error = %e, "store-and-forward: cannot record the entry's node; not sent, tried again when its lease runs out")
+        }
+    }
+}
+
 /// Why a stored entry cannot be sent again: it becomes a dead letter, with
 /// this as its reason.
 #[derive(Debug, thiserror::Error)]
@@ -162,19 +232,48 @@ enum Unsendable {
 }
 
 /// The entry's message as this attempt sends it: the first as stored, any
-/// later one with the repeat MTI.
+/// later one as a repeat.
 fn as_sent(svc: &Service, entry: &ClaimedSaf) -> Result<Bytes, Unsendable> {
     if entry.attempt <= 1 {
         return Ok(Bytes::from(entry.payload.clone()));
     }
-    let spec = svc.spec();
+    let secs = u64::try_from(now_millis() / 1000).unwrap_or_default();
+    repeat_of(svc.spec(), entry, secs, fresh_stan)
+}
+
+/// A repeat of `entry`: the repeat MTI (0421, 0221), and where the dialect
+/// wants them (`integrity.repeat_keys = "fresh"`), a STAN from `stan` and
+/// F7 = `now_secs`; otherwise the first attempt's F11 and F7.
+fn repeat_of(
+    spec: &Spec,
+    entry: &ClaimedSaf,
+    now_secs: u64,
+    stan: impl FnOnce() -> u32,
+) -> Result<Bytes, Unsendable> {
     let mut d = spec.decode(&entry.payload).map_err(Unsendable::Decode)?;
     let repeat = repeat_mti(&entry.mti)?;
     d.mti = repeat.parse::<Mti>().map_err(|e| Unsendable::BadRepeat {
         reason: e.to_string(),
         mti: repeat,
     })?;
+    if spec.integrity().repeat_keys == RepeatKeys::Fresh {
+        let f7 = transmission_date_time(now_secs);
+        d.set_text(7, String::from_utf8_lossy(&f7).into_owned());
+        d.set_text(11, format!("{:06}", stan()));
+    }
     spec.encode(&d).map(Bytes::from).map_err(Unsendable::Encode)
+}
+
+/// The switch's own STAN sequence, for repeats with fresh keys: 1 to
+/// 999999, starting where the second of the day puts it, so that a restart
+/// does not begin again at the numbers it just used.
+fn fresh_stan() -> u32 {
+    static NEXT: std::sync::OnceLock<AtomicU32> = std::sync::OnceLock::new();
+    let start = || {
+        let second_of_day = (now_millis() / 1000).rem_euclid(86_400);
+        AtomicU32::new(u32::try_from(second_of_day * 11).unwrap_or_default())
+    };
+    NEXT.get_or_init(start).fetch_add(1, Ordering::Relaxed) % 999_999 + 1
 }
 
 /// Sends on a OneConnect service: its nodes have no standing connection
@@ -205,42 +304,26 @@ fn via_oneconnect(
     Ok(())
 }
 
-/// Sends to node `id` (or to any node the balancer picks) and waits for its
-/// answer in the correlation table.
+/// Sends to node `id` and waits for its answer in the correlation table.
 fn to_node(
     svc: &Service,
     entry: &ClaimedSaf,
     payload: Bytes,
-    id: Option<&String>,
+    id: &str,
 ) -> Result<(), &'static str> {
     let now = Instant::now();
     let checked = svc
         .check(payload.clone())
         .map_err(|_| "stored message is invalid")?;
-    let mti = checked.msg.mti().digits();
-    let (node, conn) = match id {
-        Some(id) => {
-            let index = svc
-                .pool
-                .index_of(id.as_bytes())
-                .ok_or("node is not configured")?;
-            let conn = svc
-                .pool
-                .node(index)
-                .and_then(|n| n.live_conn())
-                .ok_or("node is not connected")?;
-            (index, conn)
-        }
-        None => {
-            let (picked, conn) = svc
-                .pool
-                .pick(&mti, |_| None, None, now)
-                .map_err(|_| "no node can take it")?;
-            // An owed message is not the node's load to balance: give the
-            // pick back at once.
-            (picked.node(), conn)
-        }
-    };
+    let node = svc
+        .pool
+        .index_of(id.as_bytes())
+        .ok_or("node is not configured")?;
+    let conn = svc
+        .pool
+        .node(node)
+        .and_then(|n| n.live_conn())
+        .ok_or("node is not connected")?;
     register(svc, entry, &checked, payload.clone(), node, conn.id, now)?;
     let key = svc.router.key_of(&checked).map_err(|_| "no key")?;
     if conn.tx.try_send(Outbound::message(payload)).is_err() {
@@ -310,4 +393,66 @@ fn register(
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::iso8583::samples;
+
+    fn entry(spec: &Spec) -> ClaimedSaf {
+        let mut d = samples::purchase(spec);
+        d.mti = "0420".parse().expect("mti");
+        d.set_text(11, "000123");
+        d.set_text(7, "0101120000");
+        ClaimedSaf {
+            id: crate::store::SafId(1),
+            service: "s".into(),
+            direction: Direction::ToPeer,
+            kind: SafKind::Reversal,
+            mti: "0420".into(),
+            payload: spec.encode(&d).expect("encodes"),
+            attempt: 2,
+            created_at: 0,
+            expires_at: 1,
+            lease_until: 1,
+        }
+    }
+
+    fn text(spec: &Spec, payload: &[u8], id: u16) -> String {
+        let d = spec.decode(payload).expect("decodes");
+        d.get(id)
+            .and_then(|v| v.as_text())
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    #[test]
+    fn a_repeat_keeps_f11_and_f7_unless_the_dialect_wants_them_fresh() {
+        let spec = Spec::builtin("cups").expect("cups");
+        let kept = repeat_of(&spec, &entry(&spec), 86_400 * 40, || 777).expect("repeat");
+        assert_eq!(spec.decode(&kept).expect("decodes").mti.as_str(), "0421");
+        assert_eq!(text(&spec, &kept, 11), "000123");
+        assert_eq!(text(&spec, &kept, 7), "0101120000");
+
+        let toml = include_str!("../../specs/cups.toml").replacen(
+            "[integrity]\n",
+            "[integrity]\nrepeat_keys = \"fresh\"\n",
+            1,
+        );
+        let fresh_spec = Spec::from_toml(&toml).expect("spec with fresh repeat keys");
+        assert_eq!(fresh_spec.integrity().repeat_keys, RepeatKeys::Fresh);
+        // 1970-02-10 00:00:07 UTC.
+        let fresh =
+            repeat_of(&fresh_spec, &entry(&fresh_spec), 86_400 * 40 + 7, || 777).expect("repeat");
+        assert_eq!(text(&fresh_spec, &fresh, 11), "000777");
+        assert_eq!(text(&fresh_spec, &fresh, 7), "0210000007");
+    }
+
+    #[test]
+    fn the_switchs_stans_stay_in_range() {
+        for _ in 0..10 {
+            assert!((1..=999_999).contains(&fresh_stan()));
+        }
+    }
 }

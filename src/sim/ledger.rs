@@ -355,13 +355,17 @@ pub struct AdviceBook {
 
 #[derive(Debug, Default)]
 struct Advices {
-    seen: HashSet<OriginalKey>,
+    /// Messages seen per transaction.
+    seen: HashMap<OriginalKey, u32>,
+    /// Transactions acknowledged (booked): an ignored message is as if lost.
+    booked: HashSet<OriginalKey>,
     counts: AdviceReport,
 }
 
 impl AdviceBook {
-    /// An advice (`repeat`: `0121` / `0221`) for `original`.
-    pub fn advice(&self, original: OriginalKey, repeat: bool) {
+    /// An advice (`repeat`: `0121` / `0221`) for `original`. Returns its
+    /// place among that transaction's advice messages, 1 for the first.
+    pub fn advice(&self, original: OriginalKey, repeat: bool) -> u32 {
         let mut guard = lock(&self.inner);
         let b = &mut *guard;
         if repeat {
@@ -369,14 +373,31 @@ impl AdviceBook {
         } else {
             b.counts.received += 1;
         }
-        if b.seen.contains(&original) {
+        if let Some(seen) = b.seen.get_mut(&original) {
             b.counts.duplicates += 1;
+            *seen = seen.saturating_add(1);
+            *seen
         } else if b.seen.len() < MAX_TRACKED {
-            b.seen.insert(original);
+            b.seen.insert(original, 1);
             b.counts.distinct += 1;
+            1
         } else {
             b.counts.untracked += 1;
+            1
         }
+    }
+
+    /// Advice `original` acknowledged: booked at this host.
+    pub fn book(&self, original: OriginalKey) {
+        let mut b = lock(&self.inner);
+        if b.booked.len() < MAX_TRACKED {
+            b.booked.insert(original);
+        }
+    }
+
+    /// Whether advice `original` is booked here.
+    pub fn has_booked(&self, original: &OriginalKey) -> bool {
+        lock(&self.inner).booked.contains(original)
     }
 
     pub fn answered(&self) {

@@ -133,6 +133,13 @@ pub struct Finance {
     /// last one for the rest): `96, 96, 00` makes the switch try three
     /// times. Empty: `00`.
     pub reversal_answers: Vec<String>,
+    /// Leave the first this many advice messages of each transaction
+    /// unanswered (so the switch repeats them as `0221`).
+    pub ignore_advices: u32,
+    /// The late answers (`late`) decline (F39 05) instead of approving:
+    /// nothing to reverse, and a timeout reversal the switch stored for one
+    /// must not reach this node.
+    pub late_declines: bool,
 }
 
 /// Node-originated key requests: an `0820` F70 `101` (with F7 and F11, no
@@ -213,6 +220,11 @@ pub struct NodeSimStats {
     pub terminal_reversals: AtomicU64,
     /// ...whose original this node answered.
     pub terminal_reversals_of_answered: AtomicU64,
+    /// Requests declined late on purpose (`late_declines`).
+    pub declined_late: AtomicU64,
+    /// Reversals (0420) of an advice (0220 / 0120) that came before any
+    /// message of that advice: delivered out of order.
+    pub reversals_before_their_advice: AtomicU64,
 }
 
 /// One line of a node's counters, as `sim node` prints them on exit.
@@ -271,6 +283,8 @@ pub fn summary_json(s: &NodeSimStats) -> String {
         "repeats_of_answered": get(&s.repeats_of_answered),
         "terminal_reversals": get(&s.terminal_reversals),
         "terminal_reversals_of_answered": get(&s.terminal_reversals_of_answered),
+        "reversals_before_their_advice": get(&s.reversals_before_their_advice),
+        "declined_late": get(&s.declined_late),
     })
     .to_string()
 }
@@ -721,6 +735,12 @@ impl Shared {
         // A late approval is one the switch must reverse only when it moves
         // money: an inquiry's is answered as late, and not booked.
         plan.on_sent = match (late, key) {
+            (Some(by), Some(k)) if self.finance.late_declines => {
+                plan.extra = by;
+                plan.code = "05".into();
+                stats.declined_late.fetch_add(1, Ordering::Relaxed);
+                OnSent::Answered(k)
+            }
             (Some(by), Some(k)) if is_inquiry(msg) => {
                 plan.extra = by;
                 OnSent::Answered(k)
@@ -740,6 +760,16 @@ impl Shared {
     /// unless it is one of the first `ignore_reversals` of its chain. One
     /// whose F90 names no original is answered F39 `30` (format error).
     fn on_reversal(&self, msg: &Message<'_>) -> Option<Plan> {
+        // A reversal of an advice (a voided offline sale) must come after
+        // the advice: the host cannot reverse what it has not booked.
+        if let Ok(original) = OriginalKey::of_reversal(msg)
+            && original.is_advice()
+            && !self.stats.advices.has_booked(&original)
+        {
+            self.stats
+                .reversals_before_their_advice
+                .fetch_add(1, Ordering::Relaxed);
+        }
         let turn = match self
             .stats
             .reversals
@@ -764,7 +794,14 @@ impl Shared {
             self.stats.bad.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        self.stats.advices.advice(key, msg.mti().is_repeat());
+        let place = self
+            .stats
+            .advices
+            .advice(key.clone(), msg.mti().is_repeat());
+        if place <= self.finance.ignore_advices {
+            return None;
+        }
+        self.stats.advices.book(key);
         Some(Plan::answer("00", Tally::Advice))
     }
 

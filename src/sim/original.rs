@@ -63,6 +63,11 @@ impl OriginalKey {
         })
     }
 
+    /// Whether the original is an advice (`0120`, `0220`, a repeat of one).
+    pub fn is_advice(&self) -> bool {
+        matches!(self.mti[1], b'1' | b'2') && self.mti[2] == b'2'
+    }
+
     /// The same transaction under another MTI: a terminal's reversal
     /// (0400) names its purchase by the purchase's own STAN, F7 and
     /// terminal, so its original is `self.under(*b"0200")`.

@@ -87,6 +87,9 @@ pub struct SafRow {
     /// The host's answer as recorded, or the last error.
     pub answer: Option<String>,
     pub last_error: Option<String>,
+    /// The original transaction it is about (`F41/F11 F7 F32 F33`).
+    pub original: Option<String>,
+    pub id: i64,
 }
 
 pub fn db_path(data: &str) -> PathBuf {
@@ -107,12 +110,14 @@ pub fn saf_rows(data: &str) -> Vec<SafRow> {
     .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
     db.busy_timeout(Duration::from_secs(5))
         .expect("busy timeout");
-    let mut st = db
-        .prepare(
-            "SELECT kind, state, mti, attempts, node_id, direction, f11, pan_masked, reason, answer, \
-             last_error FROM saf ORDER BY id",
-        )
-        .expect("the saf table");
+    let query = "SELECT kind, state, mti, attempts, node_id, direction, f11, pan_masked, reason, \
+         answer, last_error, original, id FROM saf ORDER BY id";
+    let mut st = match db.prepare(query) {
+        // The file exists from the moment the switch opens it, a moment
+        // before its tables do.
+        Err(e) if e.to_string().contains("no such table") => return Vec::new(),
+        st => st.expect("the saf table"),
+    };
     st.query_map([], |r| {
         Ok(SafRow {
             kind: r.get(0)?,
@@ -126,6 +131,8 @@ pub fn saf_rows(data: &str) -> Vec<SafRow> {
             reason: r.get(8)?,
             answer: r.get(9)?,
             last_error: r.get(10)?,
+            original: r.get(11)?,
+            id: r.get(12)?,
         })
     })
     .expect("query saf")
@@ -201,4 +208,62 @@ pub fn assert_reversed_exactly(id: &str, r: &serde_json::Value) -> u64 {
         "node {id}: F90 named no original: {r}"
     );
     late
+}
+
+/// Frames `payload` (cup-pos: a 2-byte length), sends it on `s`, and reads
+/// the answer's MTI and F39, or `None` when none comes within `wait`.
+pub async fn ask(
+    s: &mut tokio::net::TcpStream,
+    payload: &[u8],
+    wait: Duration,
+) -> Option<(String, String)> {
+    use tokio::io::AsyncWriteExt;
+    s.write_all(&framed(payload)).await.expect("write");
+    read_answer(s, wait).await
+}
+
+/// A cup-pos request `mti` with STAN `stan` and processing code `f3`.
+pub fn pos_request(mti: &str, stan: &str, f3: &str) -> Vec<u8> {
+    let spec = isoswitch::iso8583::Spec::builtin("cup-pos").expect("cup-pos");
+    let sample = isoswitch::sim::sample_request(&spec, "0200").expect("a 0200");
+    let mut d = spec.decode(&sample).expect("decodes");
+    d.mti = mti.parse().expect("an MTI");
+    d.set_text(11, stan);
+    d.set_text(3, f3);
+    spec.encode(&d).expect("encodes")
+}
+
+/// `payload` framed as cup-pos carries it (a 2-byte length).
+pub fn framed(payload: &[u8]) -> Vec<u8> {
+    let mut framed = u16::try_from(payload.len())
+        .expect("short")
+        .to_be_bytes()
+        .to_vec();
+    framed.extend_from_slice(payload);
+    framed
+}
+
+/// Reads one cup-pos answer from `s`: its MTI and F39, or `None` when none
+/// comes within `wait`.
+pub async fn read_answer(
+    s: &mut tokio::net::TcpStream,
+    wait: Duration,
+) -> Option<(String, String)> {
+    use tokio::io::AsyncReadExt;
+    let spec = isoswitch::iso8583::Spec::builtin("cup-pos").expect("cup-pos");
+    let mut len = [0u8; 2];
+    tokio::time::timeout(wait, s.read_exact(&mut len))
+        .await
+        .ok()?
+        .expect("read");
+    let mut answer = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    s.read_exact(&mut answer).await.expect("an answer");
+    let msg =
+        isoswitch::iso8583::Message::parse(&spec, bytes::Bytes::from(answer)).expect("parses");
+    let f39 = msg
+        .field(39)
+        .ok()
+        .flatten()
+        .map(|f| f.logical().map(char::from).collect());
+    Some((msg.mti().as_str().to_string(), f39.unwrap_or_default()))
 }

@@ -49,7 +49,8 @@ pub use sad::{EMV_FIELD, SAD_EMV_TAGS, SAD_FIELDS, SadError, Stripped, strip_sad
 pub use spec::Step;
 pub use spec::{
     Align, BitmapEncoding, BitmapSpec, Data, FieldDef, Format, Framing, Integrity, LengthEncoding,
-    MAX_FIELD, Mask, MtiEncoding, MtiSpec, Network, SafAnswerClass, SafAnswerCodes, Spec, Unit,
+    MAX_FIELD, Mask, MtiEncoding, MtiSpec, Network, RepeatKeys, SafAnswerClass, SafAnswerCodes,
+    Spec, Unit,
 };
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use super::mti::Mti;
 use isoswitch_wire::{EnvelopeSpec, LengthPrefix};
 
 mod integrity;
-pub use integrity::{Integrity, SafAnswerClass, SafAnswerCodes};
+pub use integrity::{Integrity, RepeatKeys, SafAnswerClass, SafAnswerCodes};
 use integrity::{IntegrityFile, validate_integrity};
 
 /// Highest field id (fields 129..=192 live in the tertiary bitmap).

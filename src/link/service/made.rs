@@ -92,6 +92,9 @@ pub struct IntegrityCounters {
     pub late_declines: AtomicU64,
     /// Late answers to a request already reversed.
     pub late_again: AtomicU64,
+    /// Timeout reversals cancelled before delivery: the host's late answer
+    /// declined their original. Shared with the store task that cancels.
+    pub timeout_reversals_cancelled: std::sync::Arc<AtomicU64>,
     /// Reversal advices put on the wire (each 0420 and 0421 sent).
     pub reversals_sent: AtomicU64,
     /// Reversals the host acknowledged (its 0430).

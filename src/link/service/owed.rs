@@ -234,7 +234,14 @@ pub(super) fn late_answer(
             c.late_again.fetch_add(1, Ordering::Relaxed);
             true
         }
-        Late::Found(_) | Late::Covered(_) if !approves => {
+        Late::Covered(entry) if !approves => {
+            // The host declined after all: the timeout reversal stored for
+            // it has nothing to reverse. Cancelled while no attempt is out.
+            c.late_declines.fetch_add(1, Ordering::Relaxed);
+            cancel_timeout_reversal(svc, &entry, msg);
+            true
+        }
+        Late::Found(_) if !approves => {
             c.late_declines.fetch_add(1, Ordering::Relaxed);
             true
         }
@@ -311,6 +318,65 @@ fn complete_timeout_reversal(svc: &Service, entry: &LateEntry, approval: &Messag
     });
 }
 
+/// How long a reversal waits in the store before its first attempt: a
+/// timeout reversal waits `timeout_reversal_hold` for the host's late
+/// answer, which completes it (an approval's F38 and amount) or cancels it
+/// (a decline); a reversal of an approval read is sent at once.
+fn hold_of(svc: &Service, cause: Cause) -> i64 {
+    match cause {
+        Cause::Timeout(_) => {
+            let hold = svc.made.integrity.timeout_reversal_hold;
+            i64::try_from(hold.as_millis()).unwrap_or(i64::MAX)
+        }
+        Cause::LateApproval | Cause::Undelivered => 0,
+    }
+}
+
+/// Cancels the timeout reversal of `entry`: the host's late answer
+/// declined its original, so there is nothing to reverse. Recorded, not
+/// sent (dropped, with the host's code as the reason). One whose attempt is
+/// out already is left to its answer: a host answers the reversal of a
+/// declined original "not found", which completes it flagged for
+/// reconciliation. A task of its own, as for the store's other writes.
+fn cancel_timeout_reversal(svc: &Service, entry: &LateEntry, decline: &Message<'_>) {
+    let Some(outbox) = svc.made.saf() else {
+        return;
+    };
+    let Some(&id) = entry.reversal_id.get() else {
+        // Not stored yet (its store write is still under way): it goes out
+        // and the host's "not found" completes it, flagged.
+        tracing::info!(service = svc.name(), message = %summary(decline), "late decline: its timeout reversal is not stored yet; it is sent, and flagged when the host says it has no original");
+        return;
+    };
+    let f39 = decline
+        .field(39)
+        .ok()
+        .flatten()
+        .map(|f| f.show().to_string())
+        .unwrap_or_default();
+    let reason = format!(
+        "cancelled: the host declined the original late ({} F39 {f39})",
+        decline.mti()
+    );
+    let store = outbox.store.clone();
+    let cancelled = std::sync::Arc::clone(&svc.made.counters.timeout_reversals_cancelled);
+    let service = svc.name().to_string();
+    tokio::spawn(async move {
+        match store.saf_cancel(SafId(id), now_millis(), &reason).await {
+            Ok(true) => {
+                cancelled.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(service, id = %SafId(id), %reason, "timeout reversal cancelled before delivery");
+            }
+            Ok(false) => {
+                tracing::info!(service, id = %SafId(id), "late decline: its timeout reversal is out already; the host's answer completes it")
+            }
+            Err(e) => {
+                tracing::warn!(service, id = %SafId(id), error = %e, "late decline: its timeout reversal could not be cancelled; it is sent")
+            }
+        }
+    });
+}
+
 /// Builds the reversal of `entry`'s request and hands it to the store; once
 /// stored, the delivery loop sends it.
 pub(super) fn owe_reversal(
@@ -361,7 +427,7 @@ pub(super) fn owe_reversal(
         keys: keys_of(svc, &rev),
         created_at: now,
         expires_at: outbox.policy.expires_at(now),
-        first_attempt_at: now,
+        first_attempt_at: now.saturating_add(hold_of(svc, cause)),
     };
     // Logged (masked) before the store has it: if the process dies before
     // the commit, this line is what the reconciliation starts from.
@@ -532,6 +598,7 @@ fn keys_of(svc: &Service, d: &Decoded) -> SafKeys {
         f37: text(37),
         f7: text(7),
         pan_masked: pan,
+        original: integrity::original_key(d),
     }
 }
 

@@ -29,6 +29,13 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
         ),
         (
             counter(
+                "isoswitch_timeout_reversals_cancelled",
+                "Timeout reversals dropped before delivery: the host's late answer declined their original, so nothing was reversed.",
+            ),
+            |c| c.timeout_reversals_cancelled.as_ref(),
+        ),
+        (
+            counter(
                 "isoswitch_late_answers_after_reversal",
                 "Late answers to a request already reversed: not reversed again.",
             ),

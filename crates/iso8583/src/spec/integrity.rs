@@ -50,6 +50,22 @@ pub struct Integrity {
     /// "replacement amounts", its first 12 digits the answered F4, while
     /// F4 keeps the amount asked. None: the dialect reverses by F4 alone.
     pub replacement_amounts: Option<u16>,
+    /// What a repeat of an owed message (0421, 0221) carries in F11 and F7.
+    pub repeat_keys: RepeatKeys,
+}
+
+/// F11 and F7 of a repeat the switch sends for what it owes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RepeatKeys {
+    /// The first attempt's F11 and F7: a host recognises the repeat by
+    /// them (ISO 8583's repeat; UnionPay, VISA).
+    #[default]
+    Keep,
+    /// A fresh STAN from the switch's own sequence and F7 = the time of
+    /// this attempt, for hosts that want every message unique by F11 and
+    /// F7 within their clock window, and match the repeat by F90.
+    Fresh,
 }
 
 /// What a host's answer to an owed message does to its store entry, by F39.
@@ -118,6 +134,7 @@ impl Default for Integrity {
             no_reversal_f3: vec!["30".into(), "31".into()],
             answer_fields: vec![38],
             replacement_amounts: None,
+            repeat_keys: RepeatKeys::Keep,
         }
     }
 }
@@ -137,6 +154,7 @@ pub(super) struct IntegrityFile {
     no_reversal_f3: Option<Vec<String>>,
     answer_fields: Option<Vec<u16>>,
     replacement_amounts: Option<u16>,
+    repeat_keys: Option<RepeatKeys>,
 }
 
 /// `[integrity]` checked against the fields the spec defines; absent keys
@@ -285,6 +303,15 @@ pub(super) fn validate_integrity(
             ));
         }
         Some(id) => out.replacement_amounts = Some(id),
+    }
+    if let Some(keys) = file.repeat_keys {
+        if keys == RepeatKeys::Fresh && !(defined(7) && defined(11)) {
+            return Err((
+                "integrity.repeat_keys",
+                "\"fresh\" sets F7 and F11, and the spec does not define both".to_string(),
+            ));
+        }
+        out.repeat_keys = keys;
     }
     if let Some(codes) = &file.institution_f70 {
         if let Some(bad) = codes
