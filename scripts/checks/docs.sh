@@ -58,6 +58,47 @@ for f in files:
             elif anchor and dest.endswith(".md") and anchor not in anchors(dest):
                 bad.append(f"{f}:{n}: link to {target}: no such heading")
 
+# 3. Paths the architecture names in backticks exist (`src/link/pool.rs`,
+#    or relative to a crate's `src/` as the prose often says them:
+#    `link/writer.rs`), and a `path::function` names a function that is
+#    there. The map of the code must not point at rooms that moved.
+named = re.compile(r"`((?:[\w.-]+/)+[\w.-]*|[\w-]+\.(?:rs|sh|toml|md|py))(?:::(\w+))?`")
+roots = ["", "src/", "crates/", "crates/route/src/", "crates/iso8583/src/", "crates/wire/src/",
+         "crates/util/src/", "tests/", "scripts/"]
+for f in ["docs/architecture.md", "CONTRIBUTING.md"]:
+    if not os.path.exists(f):
+        continue
+    in_code = False
+    for n, line in enumerate(open(f, encoding="utf-8"), 1):
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
+        if in_code:
+            continue
+        for path, func in named.findall(line):
+            # Placeholders (`SERVICE/node/I`) and globs name no one file.
+            if "*" in path or path.startswith(("http", "/")) or any(
+                re.fullmatch(r"[A-Z_]+", part) for part in path.split("/")
+            ):
+                continue
+            if "/" not in path:
+                found = [t for t in files if os.path.basename(t) == path]
+            else:
+                found = [r + path for r in roots if os.path.exists(r + path.rstrip("/"))]
+            if not found:
+                bad.append(f"{f}:{n}: names `{path}`, which does not exist")
+            elif func and not any(
+                os.path.isfile(p) and re.search(r"\bfn " + func + r"\b", open(p, encoding="utf-8").read())
+                for p in found
+            ):
+                bad.append(f"{f}:{n}: names `{path}::{func}`, which has no fn {func}")
+
+# 4. The layer diagram has every room: each directory module of src/.
+arch = open("docs/architecture.md", encoding="utf-8").read()
+diagram = arch.split("## The layers", 1)[-1].split("```", 2)[1]
+for room in sorted({t.split("/")[1] for t in files if t.startswith("src/") and t.count("/") >= 2}):
+    if not re.search(r"^\s*" + re.escape(room) + "/", diagram, re.M):
+        bad.append(f"docs/architecture.md: the layer diagram leaves out src/{room}/")
+
 for b in bad:
     print("docs:", b, file=sys.stderr)
 sys.exit(1 if bad else 0)
