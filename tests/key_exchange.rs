@@ -367,21 +367,20 @@ async fn an_unlisted_network_code_goes_to_the_key_node_not_answered_by_the_switc
 }
 
 async fn visa_key_exchanges_with_f70(f70: &str) {
+    // Its two cases run at once: every file and directory is named by F70.
+    let name = format!("keys-visa-switch-{f70}");
     within(Duration::from_secs(90), async {
         let (nodes, addrs) = start_nodes_with("visa-base1", 3, "0..5ms", &["--json"]).await;
         let visa_addr = free_addr();
-        let (admin, admin_toml) = admin_toml("keys-visa-switch");
+        let (admin, admin_toml) = admin_toml(&name);
         let toml = visa_config(&admin_toml, visa_addr, &addrs, "key_nodes = [\"02\"]");
-        let path = write_config("keys-visa-switch", &toml);
+        let path = write_config(&name, &toml);
         let p = path.to_string_lossy().into_owned();
-        let data = data_dir("keys-visa-switch");
-        let _switch = Proc::spawn(
-            "keys-visa-switch",
-            &["run", "--config", &p, "--data-dir", &data],
-        );
+        let data = data_dir(&name);
+        let _switch = Proc::spawn(&name, &["run", "--config", &p, "--data-dir", &data]);
         wait_ready(admin, &["01", "02", "03"], 0.0).await;
         let visa = start_visa(
-            "keys-visa",
+            &format!("keys-visa-{f70}"),
             visa_addr,
             &[
                 "--duration",

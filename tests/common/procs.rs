@@ -41,7 +41,12 @@ impl Proc {
 
     fn start(name: &str, command: &mut Command) -> Proc {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let log = dir.join(format!("{name}-{}.log", std::process::id()));
+        // One file per process started: two cases of one test binary run at
+        // once and name their nodes alike ("node03"); a shared file was
+        // truncated by the second while the first waited on its line.
+        static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = dir.join(format!("{name}-{}-{n}.log", std::process::id()));
         let stderr = std::fs::File::create(&log).expect("log file");
         let child = command
             .stdin(Stdio::null())
