@@ -8,7 +8,7 @@
 #
 #   scripts/bench-syscalls.sh [CLIENTS] [RATE]    # default 8000 10000
 #
-# ISOSWITCH_BIN=<binary> measures that build instead of this tree's release
+# ISOSWITCH_BIN=<binary> measures that build instead of this tree's production
 # build. Needs perf (Debian's linux-perf) and haproxy.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -28,8 +28,9 @@ for tool in openssl haproxy python3; do
     command -v "$tool" >/dev/null || { echo "bench-tls.sh: $tool is missing (apt-get install $tool)"; exit 1; }
 done
 source scripts/checks/lib/tls_switch.sh
-cargo build --release --locked --quiet
-BIN=target/release/isoswitch
+# The production profile: what ships is what is measured (Cargo.toml).
+cargo build --profile production --locked --quiet
+BIN=${CARGO_TARGET_DIR:-target}/production/isoswitch
 WORK=$(mktemp -d)
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT

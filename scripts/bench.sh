@@ -61,11 +61,12 @@ for arg in "$@"; do
 done
 command -v taskset >/dev/null 2>&1 || echo "bench.sh: taskset (util-linux) not found: nothing is pinned" >&2
 
-cargo build --release --quiet
+# The production profile: what ships is what is measured (Cargo.toml).
+cargo build --profile production --quiet
 mkdir -p target
 out="target/bench-$(date -u +%Y%m%d-%H%M%S).md"
 {
     echo "<!-- $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), command: scripts/bench.sh $* -->"
-    ISOSWITCH_LOG=error "${CARGO_TARGET_DIR:-target}"/release/isoswitch bench "$@"
+    ISOSWITCH_LOG=error "${CARGO_TARGET_DIR:-target}"/production/isoswitch bench "$@"
 } | tee "$out"
 echo "bench.sh: report kept in $out" >&2

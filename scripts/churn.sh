@@ -10,8 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 port=${1:-16000} rounds=${2:-6} clients=${3:-2000} seconds=${4:-3}
-cargo build --release --quiet
-bin="${CARGO_TARGET_DIR:-target}/release/isoswitch"
+cargo build --profile production --quiet
+bin="${CARGO_TARGET_DIR:-target}/production/isoswitch"
 pids=()
 # The switch's data directory: its own, gone at the end.
 data=$(mktemp -d)

@@ -8,9 +8,12 @@
 #                                 # for checks, not for shipping
 #
 # 1. cargo-deb (the version below) from crates.io, if that one is missing;
-# 2. the release binary, once, without the `tools` feature
-#    (--no-default-features): the switch ships without the simulators,
-#    `load`, `bench` and `demo` (scripts/checks/production-build.sh);
+# 2. the binary, once, with the `production` profile (fat LTO, one codegen
+#    unit) and without the `tools` feature (--no-default-features): the
+#    switch ships without the simulators, `load`, `bench` and `demo`
+#    (scripts/checks/production-build.sh). It builds in a target directory
+#    of its own (target/package), so packaging never replaces the tools
+#    build that `target/release/isoswitch sim ...` and the tests use;
 # 3. the man pages and shell completions from the command line's own
 #    definitions, built with the same features so they list the same
 #    subcommands (examples/package_docs.rs, a debug build of an example);
@@ -37,8 +40,11 @@ command -v objcopy >/dev/null \
 target=${CARGO_TARGET_DIR:-target}
 # The production features: everything but `tools` (Cargo.toml [features]).
 features=(--no-default-features)
-cargo build --release --locked "${features[@]}" --bin isoswitch --quiet
+export CARGO_TARGET_DIR="$target/package"
+cargo build --profile production --locked "${features[@]}" --bin isoswitch --quiet
+# The man pages and completions: a debug example, in the main target dir
+# (where Cargo.toml's assets name them).
 rm -rf "$target/package-docs"
-cargo run --locked --quiet "${features[@]}" --example package_docs -- "$target/package-docs"
-cargo deb --no-build --locked --quiet "${fast[@]}" >&2
-ls -t "$target"/debian/isoswitch_*.deb | head -1
+CARGO_TARGET_DIR="$target" cargo run --locked --quiet "${features[@]}" --example package_docs -- "$target/package-docs"
+cargo deb --no-build --profile production --locked --quiet "${fast[@]}" >&2
+ls -t "$CARGO_TARGET_DIR"/debian/isoswitch_*.deb | head -1

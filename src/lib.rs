@@ -29,6 +29,9 @@ pub mod cli;
 pub mod config;
 mod entropy;
 mod framing;
+// The fuzz targets' entry points and the in-process rig are test tools: not
+// in the production build.
+#[cfg(feature = "tools")]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod journal;

@@ -128,13 +128,14 @@ done
 target=${CARGO_TARGET_DIR:-target}
 # The image's binary as deploy/Containerfile builds it: without the `tools`
 # feature. The sim nodes come from the default (debug) build, which has them.
-cargo build --release --locked --no-default-features --bin isoswitch --quiet
+# In package.sh's target dir (target/package): built once for both checks.
+CARGO_TARGET_DIR="$target/package" cargo build --profile production --locked --no-default-features --bin isoswitch --quiet
 cargo build --locked --bin isoswitch --quiet
 sims=$(realpath "$target/debug/isoswitch")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/rootfs"
-python3 scripts/checks/lib/image_rootfs.py deploy/Containerfile . "$target" "$work/rootfs" >"$work/image.env" \
+python3 scripts/checks/lib/image_rootfs.py deploy/Containerfile . "$target/package" "$work/rootfs" >"$work/image.env" \
     || fail "cannot lay out the runtime stage of deploy/Containerfile"
 # A compose/swarm secret, readable by the image's user only.
 # shellcheck disable=SC1091

@@ -3,13 +3,14 @@
 # bench-capture.sh, bench-journal.sh, bench-per-core.sh). Source it from
 # the repository's root.
 
-# rig_binary: sets `bin` to $ISOSWITCH_BIN, or builds this tree's release
-# binary and points at it.
+# rig_binary: sets `bin` to $ISOSWITCH_BIN, or builds this tree's binary
+# with the production profile (what ships is what is measured: Cargo.toml)
+# and points at it.
 rig_binary() {
     bin=${ISOSWITCH_BIN:-}
     if [ -z "$bin" ]; then
-        cargo build --release --quiet --bin isoswitch
-        bin="${CARGO_TARGET_DIR:-target}/release/isoswitch"
+        cargo build --profile production --quiet --bin isoswitch
+        bin="${CARGO_TARGET_DIR:-target}/production/isoswitch"
     fi
 }
 

@@ -10,6 +10,7 @@ pub mod direct;
 pub mod frames;
 pub mod front;
 pub mod health;
+#[cfg(feature = "tools")]
 #[doc(hidden)]
 pub mod inproc;
 pub mod log_limit;

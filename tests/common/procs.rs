@@ -152,8 +152,12 @@ pub async fn wait_listening(addr: SocketAddr) {
 /// A data directory for one switch process, fresh (the switch creates it):
 /// no two switches share runtime state, and nothing lands in the repo.
 pub fn data_dir(name: &str) -> String {
+    // Fresh on every call, so unique on every call too: two cases running at
+    // once through one helper never share a store.
+    static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("{name}-{}.data", std::process::id()));
+        .join(format!("{name}-{}-{n}.data", std::process::id()));
     let _ = std::fs::remove_dir_all(&path);
     path.to_string_lossy().into_owned()
 }

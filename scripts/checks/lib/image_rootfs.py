@@ -16,8 +16,8 @@ HEALTHCHECK, ENTRYPOINT and CMD. What it stands in for:
   same glibc and libgcc as distroless's Debian 12). A library outside glibc
   and libgcc fails: distroless/cc would not have it.
 - the build stage: `/src/...` (its WORKDIR, the repository) is this
-  repository, `target/` the local target directory (the release binary built
-  here); a directory a RUN makes with `install -d -m MODE DIR` is made empty
+  repository, `target/` the target directory given (package.sh's, where the
+  production binary is built here); a directory a RUN makes with `install -d -m MODE DIR` is made empty
   with that mode.
 
 Prints shell assignments (eval them): RUN_UID, RUN_GID, ENV_ARGS (NAME=VALUE
@@ -170,10 +170,10 @@ def main():
     copies = [flags_and_args(rest) for word, rest in runtime if word == "COPY"]
     binary = None
     for flags, args in copies:
-        if flags.get("from") and args[0].endswith("/target/release/isoswitch"):
-            binary = os.path.join(target, "release", "isoswitch")
+        if flags.get("from") and args[0].endswith("/target/production/isoswitch"):
+            binary = os.path.join(target, "production", "isoswitch")
     if not binary:
-        fail("no COPY --from the build stage of target/release/isoswitch")
+        fail("no COPY --from the build stage of target/production/isoswitch")
     base_image(rootfs, binary)
 
     env, user, volumes, health, entrypoint, cmd = {}, "root", [], None, [], []
