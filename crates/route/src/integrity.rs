@@ -30,7 +30,7 @@ use isoswitch_iso8583::{Decoded, FieldCodes, IsoError, Message, Mti, SafAnswerCl
 mod duplicates;
 mod repeats;
 pub use crate::generations::GENERATIONS;
-pub use duplicates::{Duplicate, DuplicateBook, DuplicateCounters};
+pub use duplicates::{Duplicate, DuplicateBook, DuplicateCounters, Identity};
 pub use repeats::{REPEAT_SHARDS, RepeatBook};
 
 /// An authorization or financial request (0100, 0200 and their repeats):
