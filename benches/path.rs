@@ -62,8 +62,10 @@ impl Traffic {
 /// A warm rig, its request frames and the node's answers to them.
 fn setup(d: &Dialect) -> (Rig, Traffic) {
     let mut toml = service_toml(d.spec, d.stamp);
-    if duplicates_off() {
-        toml += "[service.integrity]\nduplicate_window = \"0s\"\n";
+    match duplicates().as_deref() {
+        Some("off") => toml += "[service.integrity]\nduplicate_window = \"0s\"\n",
+        Some("decline") => toml += "[service.integrity]\nduplicates = \"decline\"\n",
+        _ => {}
     }
     let mut rig = Rig::new(&toml).expect("rig");
     if journal_on() {
@@ -94,9 +96,11 @@ fn setup(d: &Dialect) -> (Rig, Traffic) {
 
 /// `PATH_DUPLICATES=off`: the rig's service keeps no duplicate book
 /// (`duplicate_window = "0s"`), to count what the duplicate check costs
-/// the message path against the default.
-fn duplicates_off() -> bool {
-    std::env::var("PATH_DUPLICATES").is_ok_and(|v| v == "off")
+/// the message path against the default; `PATH_DUPLICATES=decline`: the
+/// book keeps no answers (`duplicates = "decline"`), to count the ring's
+/// share.
+fn duplicates() -> Option<String> {
+    std::env::var("PATH_DUPLICATES").ok()
 }
 
 /// `PATH_JOURNAL=1`: the rig journals every exchange, as a switch with

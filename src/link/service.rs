@@ -26,6 +26,7 @@ use super::writer::{Outbound, Patch};
 use crate::config::{Advices, BadMessagePolicy, ConfigError, FrontConfig, ServiceConfig};
 use crate::iso8583::{Message, Spec};
 use crate::route::Router;
+use crate::route::integrity::Identity;
 use crate::route::{
     Algorithm, CorrelateError, CorrelationKey, CorrelatorConfig, DeclineReason, Miss, OnTimeout,
     RouterConfig, RouterError, Shards, StampError,
@@ -188,11 +189,20 @@ impl Service {
         {
             return Err(ServiceError::TooManyFields);
         }
-        let made = SwitchMade::new(
+        let mut made = SwitchMade::new(
             NetworkTemplate::for_service(&config, &spec)?,
             &config,
             &spec,
         )?;
+        // The key holds its fields' bytes already (the router's key: the
+        // configured one, else the dialect's): the fingerprint reads the rest.
+        let key = match &config.correlation.key {
+            k if k.is_empty() => crate::route::default_key(&spec),
+            k => k.clone(),
+        };
+        let beside_key = duplicates.duplicate_fields.iter().copied();
+        let beside_key = beside_key.filter(|&id| !key.contains(&crate::route::KeyPart::Field(id)));
+        made.duplicates.tell_apart_by(beside_key.collect());
         Ok(Service {
             side: FrontSide::for_service(&config, now)?,
             live: ArcSwap::from_pointee(LiveSettings::of(&config)?),
@@ -341,8 +351,8 @@ impl Service {
             self.decline(origin, req.msg.payload(), DeclineReason::Timeout);
             return;
         }
-        let fingerprint = self.fingerprint_of(req);
-        let Some(origin) = self.same_as_before(req, &key, fingerprint, origin, now) else {
+        let identity = self.identity_of(req, &key);
+        let Some(origin) = self.same_as_before(req, identity, origin, now) else {
             return;
         };
         // A repeat goes where its original went, never to another node; a
@@ -354,7 +364,7 @@ impl Service {
         if only.is_none() && mti.class() == 4 {
             only = self.original_node(req, now);
         }
-        match self.dispatch(req, (key, fingerprint), origin, only, now) {
+        match self.dispatch(req, (key, identity), origin, only, now) {
             Ok(()) => {
                 // Only once it is at the node: a repeat declined here leaves
                 // the original's answer still owed by the node.
@@ -422,7 +432,7 @@ impl Service {
     fn dispatch(
         &self,
         req: &Checked<'_>,
-        key: (CorrelationKey, u64),
+        key: (CorrelationKey, Identity),
         origin: Origin,
         only: Option<usize>,
         now: Instant,
@@ -468,7 +478,7 @@ impl Service {
     fn send_picked(
         &self,
         req: &Checked<'_>,
-        (key, fingerprint): (CorrelationKey, u64),
+        (key, identity): (CorrelationKey, Identity),
         origin: Origin,
         picked: super::pool::Picked<'_>,
         conn: super::pool::ConnHandle,
@@ -495,7 +505,7 @@ impl Service {
             sent_at: now,
             on_timeout: timeout.action,
             same: SameRequest {
-                fingerprint,
+                identity,
                 waiting: None,
             },
         };
@@ -690,7 +700,7 @@ impl Service {
                 let sent = self
                     .peer()
                     .is_some_and(|peer| peer.answer(Outbound::message(response.payload().clone())));
-                self.answer_same(key, same, &request, response.payload(), sent, now);
+                self.answer_same(same, &request, response.payload(), sent, now);
                 return;
             }
         };
@@ -709,7 +719,6 @@ impl Service {
             undelivered::delivered_uncertain(self, key, (node, &request), response, tx, now);
         }
         self.answer_same(
-            key,
             same,
             &request,
             response.payload(),
@@ -752,9 +761,7 @@ impl Service {
         let waiting = p.same.waiting.take();
         if matches!(p.origin, Origin::Client { .. } | Origin::Peer) {
             // Answered by the switch: a duplicate of it is declined.
-            self.made
-                .duplicates
-                .record(key, p.same.fingerprint, &[], now);
+            self.made.duplicates.record(p.same.identity, &[], now);
         }
         match p.origin {
             Origin::Check(_) => return,

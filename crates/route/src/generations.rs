@@ -11,6 +11,12 @@
 //! nothing per entry, and in a steady stream nothing is allocated. An entry
 //! lives between `window` and `window + window / GENERATIONS`; lookups
 //! answer by the exact window.
+//!
+//! Times are whole milliseconds on the book's [`Clock`]: a book turns the
+//! caller's `Instant` into one number once per call, where comparing
+//! `Instant`s costs a `timespec` subtraction each (three or four a record,
+//! about a tenth of what the duplicate check cost the message path;
+//! `scripts/path-ir.sh`).
 
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
@@ -18,6 +24,39 @@ use std::time::{Duration, Instant};
 
 /// Generations per window.
 pub const GENERATIONS: u32 = 8;
+
+/// A book's time: milliseconds since an epoch before any instant a caller
+/// hands in.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Clock {
+    epoch: Instant,
+}
+
+impl Clock {
+    pub(crate) fn new() -> Clock {
+        let now = Instant::now();
+        // Callers take `now` before they call, and tests build their
+        // instants before the book: the epoch lies well before either, as
+        // far back as the monotonic clock goes.
+        let epoch = [86_400, 3_600, 60, 1]
+            .iter()
+            .find_map(|&s| now.checked_sub(Duration::from_secs(s)))
+            .unwrap_or(now);
+        Clock { epoch }
+    }
+
+    /// `now` in milliseconds on this clock (an instant before the epoch
+    /// counts as the epoch).
+    pub(crate) fn ms(&self, now: Instant) -> u64 {
+        millis(now.saturating_duration_since(self.epoch))
+    }
+}
+
+/// A duration in whole milliseconds (saturating: `u64` milliseconds are
+/// half a billion years).
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
 
 /// One shard's generations, oldest first.
 #[derive(Debug)]
@@ -40,35 +79,36 @@ impl<V> Default for Generations<V> {
 /// The records of one stretch of time, by key hash.
 #[derive(Debug)]
 pub(crate) struct Generation<V> {
-    pub(crate) start: Instant,
+    /// Milliseconds on the book's clock.
+    pub(crate) start: u64,
     pub(crate) entries: hashbrown::HashMap<u64, V, KeyIsHash>,
 }
 
 impl<V> Generation<V> {
-    /// Milliseconds from the generation's start to `now`, as kept per entry.
-    pub(crate) fn ms_at(&self, now: Instant) -> u32 {
-        u32::try_from(now.saturating_duration_since(self.start).as_millis()).unwrap_or(u32::MAX)
+    /// Milliseconds from the generation's start to `t`, as kept per entry.
+    pub(crate) fn ms_at(&self, t: u64) -> u32 {
+        u32::try_from(t.saturating_sub(self.start)).unwrap_or(u32::MAX)
     }
 
-    /// The instant an entry recorded `ms` after the start stands for.
-    pub(crate) fn at(&self, ms: u32) -> Instant {
-        self.start + Duration::from_millis(u64::from(ms))
+    /// The time an entry recorded `ms` after the start stands for.
+    pub(crate) fn at(&self, ms: u32) -> u64 {
+        self.start.saturating_add(u64::from(ms))
     }
 }
 
-/// The length of one generation of `window`.
-pub(crate) fn generation_of(window: Duration) -> Duration {
-    (window / GENERATIONS).max(Duration::from_millis(1))
+/// The length of one generation of `window`, in milliseconds.
+pub(crate) fn generation_of(window: Duration) -> u64 {
+    millis(window / GENERATIONS).max(1)
 }
 
 impl<V> Generations<V> {
-    /// Drops the generations wholly past the window at `now`; returns the
-    /// entries dropped.
-    pub(crate) fn expire(&mut self, now: Instant, window: Duration, generation: Duration) -> usize {
+    /// Drops the generations wholly past the window (`window` ms) at `t`;
+    /// returns the entries dropped.
+    pub(crate) fn expire(&mut self, t: u64, window: u64, generation: u64) -> usize {
         let mut gone = 0;
         while let Some(oldest) = self.ring.front() {
-            let newest_entry = oldest.start + generation;
-            if now.saturating_duration_since(newest_entry) <= window {
+            let newest_entry = oldest.start.saturating_add(generation);
+            if t.saturating_sub(newest_entry) <= window {
                 break;
             }
             if let Some(mut g) = self.ring.pop_front() {
@@ -80,20 +120,20 @@ impl<V> Generations<V> {
         gone
     }
 
-    /// The generation a record at `now` goes into, opened if needed.
-    pub(crate) fn current(&mut self, now: Instant, generation: Duration) -> &mut Generation<V> {
+    /// The generation a record at `t` goes into, opened if needed.
+    pub(crate) fn current(&mut self, t: u64, generation: u64) -> &mut Generation<V> {
         let open = self
             .ring
             .back()
-            .is_none_or(|g| now.saturating_duration_since(g.start) >= generation);
+            .is_none_or(|g| t.saturating_sub(g.start) >= generation);
         if open {
             let g = match self.spare.take() {
                 Some(mut g) => {
-                    g.start = now;
+                    g.start = t;
                     g
                 }
                 None => Generation {
-                    start: now,
+                    start: t,
                     entries: hashbrown::HashMap::with_hasher(KeyIsHash),
                 },
             };

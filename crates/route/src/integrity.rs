@@ -31,7 +31,7 @@ mod duplicates;
 mod original;
 mod repeats;
 pub use crate::generations::GENERATIONS;
-pub use duplicates::{Duplicate, DuplicateBook, DuplicateCounters};
+pub use duplicates::{Duplicate, DuplicateBook, DuplicateCounters, Identity};
 pub use original::original_key;
 pub use repeats::{REPEAT_SHARDS, RepeatBook};
 

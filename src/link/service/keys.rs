@@ -67,10 +67,14 @@ impl NetworkManagement<'_> {
             Err((Origin::Peer, DeclineReason::Shutdown))
         } else {
             match self.svc.pool.pick_first(self.key_node_order(), now) {
-                Ok((picked, conn)) => {
-                    self.svc
-                        .send_picked(req, (key, 0), Origin::Peer, picked, conn, now)
-                }
+                Ok((picked, conn)) => self.svc.send_picked(
+                    req,
+                    (key, Default::default()),
+                    Origin::Peer,
+                    picked,
+                    conn,
+                    now,
+                ),
                 Err(_) => Err((Origin::Peer, DeclineReason::NoHealthyNode)),
             }
         };

@@ -11,14 +11,16 @@ use bytes::Bytes;
 use super::{Origin, Pending, Service, link_of, summary};
 use crate::journal::AnsweredBy;
 use crate::link::writer::Outbound;
+use crate::route::integrity::{Duplicate, Identity};
 use crate::route::{Checked, CorrelationKey, DeclineReason};
 
-/// A request's duplicate fingerprint (0: it has none: not approvable, or
-/// duplicates are off), and the senders of its duplicates and repeats that
-/// arrived while it was in flight: each gets its answer too.
+/// What the duplicate book knows a request by ([`Identity::NONE`]: it has
+/// no duplicates: not approvable, or duplicates are off), and the senders
+/// of its duplicates and repeats that arrived while it was in flight: each
+/// gets its answer too.
 #[derive(Debug, Default)]
 pub struct SameRequest {
-    pub fingerprint: u64,
+    pub identity: Identity,
     pub waiting: Option<Box<Vec<Origin>>>,
 }
 
@@ -47,20 +49,20 @@ impl Service {
         })
     }
 
-    /// The duplicate fingerprint of a request that may have duplicates: an
-    /// approvable one (0100, 0200 and their repeats); 0 for the rest, or
-    /// with duplicates off.
-    pub(super) fn fingerprint_of(&self, req: &Checked<'_>) -> u64 {
+    /// What the duplicate book knows a request of `key` by, when it may
+    /// have duplicates: an approvable one (0100, 0200 and their repeats);
+    /// [`Identity::NONE`] for the rest, or with duplicates off. Its fields
+    /// are read off the router's index; those in the key, from the key.
+    pub(super) fn identity_of(&self, req: &Checked<'_>, key: &CorrelationKey) -> Identity {
         let book = &self.made.duplicates;
         if !book.is_on() || !crate::route::integrity::is_approvable(req.msg.mti()) {
-            return 0;
+            return Identity::NONE;
         }
-        let fields = &self.made.integrity.duplicate_fields;
-        book.fingerprint(
-            fields
-                .iter()
-                .map(|&id| req.field(id).map_or(&[][..], |f| f.data())),
-        )
+        let parts = book
+            .fields()
+            .iter()
+            .map(|&id| req.field(id).map_or(&[][..], |f| f.data()));
+        book.identify(key, parts)
     }
 
     /// A request answered before, within `duplicate_window`, gets that
@@ -70,12 +72,11 @@ impl Service {
     pub(super) fn same_as_before(
         &self,
         req: &Checked<'_>,
-        key: &CorrelationKey,
-        fingerprint: u64,
+        identity: Identity,
         origin: Origin,
         now: Instant,
     ) -> Option<Origin> {
-        if fingerprint == 0
+        if identity.is_none()
             || req.msg.mti().is_repeat()
             || !matches!(origin, Origin::Client { .. } | Origin::Peer)
         {
@@ -83,16 +84,16 @@ impl Service {
         }
         let c = &self.made.counters;
         let request = req.msg.payload();
-        let Some(seen) = self.made.duplicates.find(key, fingerprint, now) else {
+        let Some(seen) = self.made.duplicates.find(identity, now) else {
             return Some(origin);
         };
         match seen {
-            crate::route::integrity::Duplicate::Replay(answer) => {
+            Duplicate::Replay(answer) => {
                 c.duplicates_replayed.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(service = self.name(), message = %summary(&req.msg), "duplicate of a request answered before: its answer sent again, not relayed");
                 self.replay(origin, request, Bytes::from(answer), now);
             }
-            crate::route::integrity::Duplicate::Answered => {
+            Duplicate::Answered => {
                 c.duplicates_declined.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(service = self.name(), message = %summary(&req.msg), "duplicate of a request answered before: declined, not relayed");
                 self.decline(origin, request, DeclineReason::Duplicate);
@@ -106,13 +107,13 @@ impl Service {
     /// answer came), its sender waits for that answer instead of a 94.
     /// Gives the request back otherwise.
     pub(super) fn wait_for_same(&self, key: &CorrelationKey, p: Pending) -> Option<Pending> {
-        let fingerprint = p.same.fingerprint;
-        if fingerprint == 0 || !matches!(p.origin, Origin::Client { .. } | Origin::Peer) {
+        let identity = p.same.identity;
+        if identity.is_none() || !matches!(p.origin, Origin::Client { .. } | Origin::Peer) {
             return Some(p);
         }
         let mut p = Some(p);
         self.in_flight.with_mut(key, |first| {
-            if first.same.fingerprint != fingerprint {
+            if first.same.identity != identity {
                 return;
             }
             if let Some(p) = p.take() {
@@ -120,7 +121,7 @@ impl Service {
                 waiting.push(p.origin);
             }
         });
-        // Taken only by a request in flight with the same fingerprint.
+        // Taken only by a request in flight with the same identity.
         p
     }
 
@@ -161,21 +162,21 @@ impl Service {
     /// declined, never approved: the approval is being reversed).
     pub(super) fn answer_same(
         &self,
-        key: &CorrelationKey,
         same: SameRequest,
         request: &Bytes,
         response: &Bytes,
         delivered: bool,
         now: Instant,
     ) {
-        if same.fingerprint == 0 {
+        if same.identity.is_none() {
             return;
         }
         let kept: &[u8] = if delivered { response } else { &[] };
-        self.made
-            .duplicates
-            .record(key, same.fingerprint, kept, now);
-        for origin in same.waiting.map(|w| *w).into_iter().flatten() {
+        self.made.duplicates.record(same.identity, kept, now);
+        let Some(waiting) = same.waiting else {
+            return;
+        };
+        for origin in *waiting {
             self.made
                 .counters
                 .duplicates_waited

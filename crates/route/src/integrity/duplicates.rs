@@ -5,18 +5,21 @@
 //! time to be approved twice.
 //!
 //! A request is the same when its correlation key and its fingerprint (a
-//! hash of the configured fields: F7, F11, F32, F33, F41 by default) are.
-//! The answers are kept in a byte ring per shard, allocated on the first
-//! answer and never grown: memory is bounded by `replay_bytes`, and an
-//! answer overwritten before its window ends can no longer be replayed (the
-//! duplicate is declined instead, and counted).
+//! hash of the key and of the configured fields the key does not hold
+//! already: F7, F11, F32, F33, F41 by default) are. Both hashes are taken
+//! once, when the request comes in ([`DuplicateBook::identify`]), and kept
+//! with it while it is in flight, so its answer is recorded without
+//! hashing again. The answers are kept in a byte ring per shard, allocated
+//! on the first answer and never grown: memory is bounded by
+//! `replay_bytes`, and an answer overwritten before its window ends can no
+//! longer be replayed (the duplicate is declined instead, and counted).
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::correlator::CorrelationKey;
-use crate::generations::{Generations, generation_of};
+use crate::generations::{Clock, Generations, generation_of, millis};
 
 /// Shards of the duplicate book (as for the repeat book).
 const SHARDS: usize = 16;
@@ -29,6 +32,28 @@ pub enum Duplicate {
     /// Answered, but not by a node (the switch declined it or let it
     /// expire), or its answer is no longer held: declined as a duplicate.
     Answered,
+}
+
+/// What makes a request the same transaction as another, as the book
+/// tells them apart: the hash of its correlation key (where the book keeps
+/// it) and its fingerprint. [`Identity::NONE`] for a request that has no
+/// duplicates (not approvable, or the check is off).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Identity {
+    place: u64,
+    /// Never 0 for a request the book knows; 0: none.
+    fingerprint: u64,
+}
+
+impl Identity {
+    pub const NONE: Identity = Identity {
+        place: 0,
+        fingerprint: 0,
+    };
+
+    pub fn is_none(&self) -> bool {
+        self.fingerprint == 0
+    }
 }
 
 /// Counters of the duplicate book, readable at any time.
@@ -108,12 +133,21 @@ struct Shard {
 #[derive(Debug)]
 pub struct DuplicateBook {
     shards: Box<[std::sync::Mutex<Shard>]>,
+    /// Where a key lies (shard and table).
     hasher: foldhash::fast::RandomState,
+    /// The fingerprint, seeded apart from `hasher`: two requests whose keys
+    /// share a place are still told apart by their whole key.
+    fingerprints: foldhash::fast::RandomState,
+    clock: Clock,
     window: Duration,
-    generation: Duration,
+    /// `window` and a generation's length, in milliseconds.
+    window_ms: u64,
+    generation: u64,
     capacity: usize,
     /// Ring bytes per shard; 0: nothing is replayed.
     ring_bytes: usize,
+    /// The identifying fields the correlation key does not hold.
+    fields: Vec<u16>,
     held: AtomicUsize,
     pub counters: DuplicateCounters,
 }
@@ -126,10 +160,14 @@ impl DuplicateBook {
         DuplicateBook {
             shards: (0..SHARDS).map(|_| Default::default()).collect(),
             hasher: foldhash::fast::RandomState::default(),
+            fingerprints: foldhash::fast::RandomState::default(),
+            clock: Clock::new(),
             window,
+            window_ms: millis(window),
             generation: generation_of(window),
             capacity,
             ring_bytes: replay_bytes / SHARDS,
+            fields: Vec::new(),
             held: AtomicUsize::new(0),
             counters: DuplicateCounters::default(),
         }
@@ -139,45 +177,67 @@ impl DuplicateBook {
         !self.window.is_zero()
     }
 
-    /// The fingerprint of a request from the bytes of its identifying
-    /// fields, in order (an absent field as an empty part). Never 0, which
-    /// stands for "none".
-    pub fn fingerprint<'a>(&self, parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
-        let mut h = self.hasher.build_hasher();
+    /// The fields that tell two requests apart beyond their correlation
+    /// key (`duplicate_fields` less the key's own), set once at start.
+    pub fn tell_apart_by(&mut self, fields: Vec<u16>) {
+        self.fields = fields;
+    }
+
+    /// The fields [`DuplicateBook::identify`] reads beside the key.
+    pub fn fields(&self) -> &[u16] {
+        &self.fields
+    }
+
+    /// What the request of `key` is known by: its key's place and its
+    /// fingerprint, a hash of the key and of `parts`, the bytes of the
+    /// identifying fields the key does not hold, in order (an absent field
+    /// as an empty part). Fields already in the key are not read twice:
+    /// the key holds their bytes. [`Identity::NONE`] with the check off.
+    pub fn identify<'a>(
+        &self,
+        key: &CorrelationKey,
+        parts: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Identity {
+        if !self.is_on() {
+            return Identity::NONE;
+        }
+        let key = key.as_bytes();
+        let mut h = self.fingerprints.build_hasher();
+        h.write(key);
         for part in parts {
             h.write_usize(part.len());
             h.write(part);
         }
-        h.finish() | 1
+        Identity {
+            place: self.hasher.hash_one(key),
+            fingerprint: h.finish() | 1,
+        }
     }
 
-    /// The hash of `key` and its shard's index.
-    fn place(&self, key: &CorrelationKey) -> (u64, usize) {
-        let hash = self.hasher.hash_one(key.as_bytes());
+    /// The shard of a key's place, locked.
+    fn shard(&self, place: u64) -> std::sync::MutexGuard<'_, Shard> {
         // The top bits: hashbrown places by the low ones.
-        (hash, (hash >> 60) as usize % self.shards.len())
-    }
-
-    fn shard(&self, key: &CorrelationKey) -> (u64, std::sync::MutexGuard<'_, Shard>) {
-        let (hash, i) = self.place(key);
+        let i = (place >> 60) as usize % SHARDS;
         // A panic elsewhere while a shard was held leaves plain data behind.
-        let shard = self.shards[i].lock().unwrap_or_else(|e| e.into_inner());
-        (hash, shard)
+        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The request of `key` with `fingerprint` was answered with `answer`
-    /// (empty: by the switch, nothing to replay).
-    pub fn record(&self, key: &CorrelationKey, fingerprint: u64, answer: &[u8], now: Instant) {
-        if !self.is_on() || fingerprint == 0 {
+    /// The request known as `id` was answered with `answer` (empty: by the
+    /// switch, nothing to replay).
+    pub fn record(&self, id: Identity, answer: &[u8], now: Instant) {
+        if id.is_none() || !self.is_on() {
             return;
         }
-        let (hash, mut shard) = self.shard(key);
+        let t = self.clock.ms(now);
+        let mut shard = self.shard(id.place);
         let shard = &mut *shard;
-        let gone = shard.generations.expire(now, self.window, self.generation);
-        self.held.fetch_sub(gone, Ordering::Relaxed);
+        let gone = shard.generations.expire(t, self.window_ms, self.generation);
+        if gone > 0 {
+            self.held.fetch_sub(gone, Ordering::Relaxed);
+        }
         let full = self.held.load(Ordering::Relaxed) >= self.capacity;
-        let g = shard.generations.current(now, self.generation);
-        if full && !g.entries.contains_key(&hash) {
+        let g = shard.generations.current(t, self.generation);
+        if full && !g.entries.contains_key(&id.place) {
             self.counters.overflow.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -191,25 +251,29 @@ impl DuplicateBook {
             at
         };
         let entry = Answered {
-            fingerprint,
-            ms: g.ms_at(now),
+            fingerprint: id.fingerprint,
+            ms: g.ms_at(t),
             len: kept.map_or(0, |_| u32::try_from(answer.len()).unwrap_or(0)),
             at: kept.unwrap_or(0),
         };
-        if g.entries.insert(hash, entry).is_none() {
+        if g.entries.insert(id.place, entry).is_none() {
             self.held.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    /// Whether the request of `key` with `fingerprint` was answered within
-    /// the window, and what to answer it now.
-    pub fn find(&self, key: &CorrelationKey, fingerprint: u64, now: Instant) -> Option<Duplicate> {
-        if !self.is_on() || fingerprint == 0 {
+    /// Whether the request known as `id` was answered within the window,
+    /// and what to answer it now.
+    pub fn find(&self, id: Identity, now: Instant) -> Option<Duplicate> {
+        if id.is_none() || !self.is_on() {
             return None;
         }
-        let (hash, shard) = self.shard(key);
-        let (g, a) = shard.generations.newest(hash)?;
-        if a.fingerprint != fingerprint || now.saturating_duration_since(g.at(a.ms)) > self.window {
+        let shard = self.shard(id.place);
+        let (g, a) = shard.generations.newest(id.place)?;
+        // A key seen before is nearly always another transaction: the
+        // fingerprint first, the clock only for the same one.
+        if a.fingerprint != id.fingerprint
+            || self.clock.ms(now).saturating_sub(g.at(a.ms)) > self.window_ms
+        {
             return None;
         }
         if a.len == 0 {
@@ -227,10 +291,11 @@ impl DuplicateBook {
     /// Drops the generations past the window in every shard. Returns how
     /// many entries went.
     pub fn sweep(&self, now: Instant) -> usize {
+        let t = self.clock.ms(now);
         let mut gone = 0;
         for s in self.shards.iter() {
             let mut shard = s.lock().unwrap_or_else(|e| e.into_inner());
-            gone += shard.generations.expire(now, self.window, self.generation);
+            gone += shard.generations.expire(t, self.window_ms, self.generation);
         }
         self.held.fetch_sub(gone, Ordering::Relaxed);
         gone
@@ -257,27 +322,27 @@ mod tests {
     fn the_same_request_gets_its_first_answer_within_the_window() {
         let t0 = Instant::now();
         let book = DuplicateBook::new(Duration::from_secs(300), 100, 1 << 20);
-        let fp = book.fingerprint([&b"1206101112"[..], b"000001", b"", b"TERM0001"]);
-        let other = book.fingerprint([&b"1206101113"[..], b"000001", b"", b"TERM0001"]);
-        assert_ne!(fp, other, "another F7: another transaction");
-        book.record(&key(1), fp, b"0210-approved", t0);
+        let fields = |f7: &'static [u8]| [f7, b"000001", b"", b"TERM0001"];
+        let first = |k| book.identify(&key(k), fields(b"1206101112"));
+        let other = book.identify(&key(1), fields(b"1206101113"));
+        assert_ne!(first(1), other, "another F7: another transaction");
+        book.record(first(1), b"0210-approved", t0);
         let later = t0 + Duration::from_secs(300);
         assert_eq!(
-            book.find(&key(1), fp, later),
+            book.find(first(1), later),
             Some(Duplicate::Replay(b"0210-approved".to_vec()))
         );
-        assert_eq!(book.find(&key(1), other, later), None);
-        assert_eq!(book.find(&key(2), fp, later), None);
-        assert_eq!(
-            book.find(&key(1), fp, later + Duration::from_millis(1)),
-            None
-        );
+        assert_eq!(book.find(other, later), None);
+        assert_eq!(book.find(first(2), later), None);
+        assert_eq!(book.find(first(1), later + Duration::from_millis(1)), None);
         // Answered by the switch: a duplicate is declined, nothing replayed.
-        book.record(&key(3), fp, b"", t0);
-        assert_eq!(book.find(&key(3), fp, t0), Some(Duplicate::Answered));
+        book.record(first(3), b"", t0);
+        assert_eq!(book.find(first(3), t0), Some(Duplicate::Answered));
         let off = DuplicateBook::new(Duration::ZERO, 100, 1 << 20);
-        off.record(&key(1), fp, b"x", t0);
-        assert_eq!(off.find(&key(1), fp, t0), None);
+        let none = off.identify(&key(1), fields(b"1206101112"));
+        assert!(none.is_none(), "no identity with the check off");
+        off.record(none, b"x", t0);
+        assert_eq!(off.find(none, t0), None);
     }
 
     #[test]
@@ -285,14 +350,15 @@ mod tests {
         let t0 = Instant::now();
         // 64 bytes a shard: an answer of 16 bytes at most.
         let book = DuplicateBook::new(Duration::from_secs(300), 100, 64 * SHARDS);
-        let fp = book.fingerprint([&b"a"[..]]);
-        book.record(&key(1), fp, &[7; 16], t0);
+        let id = |k: &CorrelationKey| book.identify(k, [&b"a"[..]]);
+        let shard_of = |k: &CorrelationKey| (id(k).place >> 60) as usize % SHARDS;
+        book.record(id(&key(1)), &[7; 16], t0);
         assert_eq!(
-            book.find(&key(1), fp, t0),
+            book.find(id(&key(1)), t0),
             Some(Duplicate::Replay(vec![7; 16]))
         );
         // Ten more answers through key 1's shard wrap its ring.
-        let (_, shard) = book.place(&key(1));
+        let shard = shard_of(&key(1));
         let others = (1000u32..)
             .map(|n| {
                 CorrelationKey::builder()
@@ -300,15 +366,15 @@ mod tests {
                     .build()
                     .unwrap()
             })
-            .filter(|k| book.place(k).1 == shard)
+            .filter(|k| shard_of(k) == shard)
             .take(10);
         for (n, k) in others.enumerate() {
-            book.record(&k, fp, &[n as u8; 16], t0);
+            book.record(id(&k), &[n as u8; 16], t0);
         }
-        assert_eq!(book.find(&key(1), fp, t0), Some(Duplicate::Answered));
+        assert_eq!(book.find(id(&key(1)), t0), Some(Duplicate::Answered));
         assert_eq!(book.counters.overwritten.load(Ordering::Relaxed), 1);
-        book.record(&key(2), fp, &[1; 17], t0);
-        assert_eq!(book.find(&key(2), fp, t0), Some(Duplicate::Answered));
+        book.record(id(&key(2)), &[1; 17], t0);
+        assert_eq!(book.find(id(&key(2)), t0), Some(Duplicate::Answered));
         assert_eq!(book.counters.too_long.load(Ordering::Relaxed), 1);
     }
 
@@ -316,9 +382,8 @@ mod tests {
     fn a_full_book_refuses_new_requests_and_forgets_with_its_generations() {
         let t0 = Instant::now();
         let book = DuplicateBook::new(Duration::from_secs(8), 2, 1 << 16);
-        let fp = book.fingerprint([&b"a"[..]]);
         for n in 1..=3 {
-            book.record(&key(n), fp, b"x", t0);
+            book.record(book.identify(&key(n), [&b"a"[..]]), b"x", t0);
         }
         assert_eq!(book.len(), 2);
         assert_eq!(book.counters.overflow.load(Ordering::Relaxed), 1);

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::BookCounters;
 use crate::correlator::CorrelationKey;
-use crate::generations::{Generations, generation_of};
+use crate::generations::{Clock, Generations, generation_of, millis};
 
 /// Which node each request went to, by a hash of its correlation key, for
 /// `window`, in [`REPEAT_SHARDS`] locked shards of generations (see
@@ -19,8 +19,11 @@ use crate::generations::{Generations, generation_of};
 pub struct RepeatBook {
     shards: Box<[std::sync::Mutex<Shard>]>,
     hasher: foldhash::fast::RandomState,
+    clock: Clock,
     window: Duration,
-    generation: Duration,
+    /// `window` and a generation's length, in milliseconds.
+    window_ms: u64,
+    generation: u64,
     capacity: usize,
     /// Entries in every generation of every shard, so the capacity check
     /// does not lock every shard.
@@ -41,7 +44,9 @@ impl RepeatBook {
         RepeatBook {
             shards: (0..REPEAT_SHARDS).map(|_| Default::default()).collect(),
             hasher: foldhash::fast::RandomState::default(),
+            clock: Clock::new(),
             window,
+            window_ms: millis(window),
             generation: generation_of(window),
             capacity,
             held: AtomicUsize::new(0),
@@ -68,16 +73,17 @@ impl RepeatBook {
         }
         let hash = self.hasher.hash_one(key.as_bytes());
         let node = u32::try_from(node).unwrap_or(u32::MAX);
+        let t = self.clock.ms(now);
         let mut shard = self.shard(hash);
-        let gone = shard.expire(now, self.window, self.generation);
+        let gone = shard.expire(t, self.window_ms, self.generation);
         self.held.fetch_sub(gone, Ordering::Relaxed);
-        let g = shard.current(now, self.generation);
+        let g = shard.current(t, self.generation);
         let full = self.held.load(Ordering::Relaxed) >= self.capacity;
         if full && !g.entries.contains_key(&hash) {
             self.counters.overflow.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let ms = g.ms_at(now);
+        let ms = g.ms_at(t);
         if g.entries.insert(hash, (node, ms)).is_none() {
             self.held.fetch_add(1, Ordering::Relaxed);
         }
@@ -88,16 +94,18 @@ impl RepeatBook {
         let hash = self.hasher.hash_one(key.as_bytes());
         let shard = self.shard(hash);
         let (g, &(node, ms)) = shard.newest(hash)?;
-        (now.saturating_duration_since(g.at(ms)) <= self.window).then_some(node as usize)
+        let t = self.clock.ms(now);
+        (t.saturating_sub(g.at(ms)) <= self.window_ms).then_some(node as usize)
     }
 
     /// Drops the generations past the window in every shard (a shard also
     /// does it when it records). Returns how many entries went.
     pub fn sweep(&self, now: Instant) -> usize {
+        let t = self.clock.ms(now);
         let mut gone = 0;
         for i in 0..self.shards.len() {
             let mut shard = self.shards[i].lock().unwrap_or_else(|e| e.into_inner());
-            gone += shard.expire(now, self.window, self.generation);
+            gone += shard.expire(t, self.window_ms, self.generation);
         }
         self.held.fetch_sub(gone, Ordering::Relaxed);
         gone
