@@ -14,6 +14,7 @@
 /// `decode --pcap`: the messages of a capture file.
 mod json;
 mod pcap;
+mod subelements;
 
 use json::json_message;
 
@@ -578,6 +579,7 @@ fn text_fields(
             length_label(def, field.units()),
             field.show().revealed(reveal)
         )?;
+        subelements::text_subelements(out, &field, reveal)?;
     }
     Ok(check_end(payload, end))
 }
