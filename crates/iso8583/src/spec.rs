@@ -12,8 +12,8 @@ mod integrity;
 mod subelements;
 pub use integrity::{Integrity, RepeatKeys, SafAnswerClass, SafAnswerCodes};
 use integrity::{IntegrityFile, validate_integrity};
-pub use subelements::{Subelement, SubelementError, SubelementLayout, Subelements};
 use subelements::SubelementsFile;
+pub use subelements::{Subelement, SubelementError, SubelementLayout, Subelements};
 
 /// Highest field id (fields 129..=192 live in the tertiary bitmap).
 pub const MAX_FIELD: u16 = 192;

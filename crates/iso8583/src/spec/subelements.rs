@@ -281,6 +281,8 @@ mod tests {
         assert!(bad("layout = \"tlv\"\ntag = 0\nlength = 2").contains("tag"));
         assert!(bad("layout = \"tlv\"\ntag = 2\nlength = 5").contains("length"));
         assert!(bad("layout = \"tlv\"\nlead = 10\ntag = 2\nlength = 2").contains("lead"));
-        assert!(bad("layout = \"tlv\"\ntag = 2\nlength = 2\nsensitive = [\"9\"]").contains("\"9\""));
+        assert!(
+            bad("layout = \"tlv\"\ntag = 2\nlength = 2\nsensitive = [\"9\"]").contains("\"9\"")
+        );
     }
 }
