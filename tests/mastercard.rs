@@ -366,3 +366,83 @@ async fn key_exchanges_reach_the_key_node_and_its_answers_mastercard() {
     .await
     .expect("the run finishes in time");
 }
+
+/// The real binary: `isoswitch sim network --dialect mastercard` against a
+/// switch run on examples/mastercard.toml (placed on free ports). It prints
+/// a JSON report and exits 0 when nothing was lost or doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_network_binary_against_the_example_config() {
+    use isoswitch::config::FrontConfig;
+    use tokio::io::AsyncBufReadExt;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let spec = spec("mastercard");
+        let nodes = nodes(&spec, Some(20.0)).await;
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_isoswitch"))
+            .args([
+                "sim",
+                "network",
+                "--dialect",
+                "mastercard",
+                "--accept",
+                "127.0.0.1:0",
+                "--links",
+                "2",
+                "--rate",
+                "200",
+                "--count",
+                "300",
+                "--duration",
+                "30s",
+                "--json",
+            ])
+            .env("ISOSWITCH_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the binary runs");
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let addr: SocketAddr = loop {
+            let line = lines.next_line().await.unwrap().expect("a listening line");
+            if let Some(a) = line.strip_prefix("sim network (mastercard) listening on ") {
+                break a.trim().parse().unwrap();
+            }
+        };
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let mut cfg = Config::load(std::path::Path::new("examples/mastercard.toml"))
+            .expect("the example loads");
+        let svc = &mut cfg.services[0];
+        let FrontConfig::Connect(front) = &mut svc.front else {
+            panic!("the example has a connect front");
+        };
+        front.connect = addr;
+        front.keepalive_idle = Duration::from_millis(200);
+        for (node, sim) in svc.back.nodes.iter_mut().zip(&nodes) {
+            node.address = sim.addr;
+        }
+        let switch = Switch::start(&cfg).await.expect("the switch starts");
+        let out = child.wait_with_output().await.unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "sim network failed: {text}");
+        let report: serde_json::Value = serde_json::from_str(text.trim()).expect("JSON");
+        assert_eq!(report["issuer_sent"], 300, "{report}");
+        // The first few may be declined by the switch before its node
+        // connections are up: answered all the same.
+        let approved = report["issuer_approved"].as_u64().unwrap();
+        let declined = report["issuer_declined"].as_u64().unwrap();
+        assert_eq!(approved + declined, 300, "{report}");
+        assert!(approved > 0, "{report}");
+        assert_eq!(report["issuer_unanswered"], 0, "{report}");
+        assert_eq!(report["doubled"], 0, "{report}");
+        assert!(report["bank_requests"].as_u64().unwrap() > 0, "{report}");
+        assert_eq!(report["bank_answered"], report["bank_requests"], "{report}");
+        switch.stop().await;
+        for n in nodes {
+            assert_eq!(n.stats.foreign_responses.load(Ordering::Relaxed), 0);
+            n.stop().await;
+        }
+    })
+    .await
+    .expect("the run finishes in time");
+}

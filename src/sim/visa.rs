@@ -374,7 +374,11 @@ pub async fn run_until(
     let timeout = cfg.timeout;
     let sim = VisaSim::start(spec, cfg).await?;
     if let Some(addr) = sim.local_addr() {
-        eprintln!("sim visa listening on {addr}");
+        // `sim visa` keeps the line scripts and tests look for.
+        match sim.network() {
+            Network::Visa => eprintln!("sim visa listening on {addr}"),
+            Network::Mastercard => eprintln!("sim network (mastercard) listening on {addr}"),
+        }
     }
     tokio::pin!(interrupted);
     while !sim.originated_all() {
