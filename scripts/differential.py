@@ -8,7 +8,8 @@ The reference tables below are transcribed from the jPOS packagers
 (Base1Packager for visa-base1, ISO87APackager for iso87ascii, and for
 iso87binary the same table with a binary bitmap, as jPOS's
 ISO87APackagerBBitmap), and ISO93BPackager for iso93binary, with the
-deliberate differences docs/specs.md lists.
+deliberate differences docs/specs.md lists; mastercard's from
+Shulyaka/iso8583tools' Mastercard field table (parser/formats/fields_mast.frm).
 cups and cup-pos have no public jPOS packager: their tables are the ISO 8583
 base with the dialect's lengths, so for them this checks the codec against
 pyiso8583 more than the spec against the dialect.
@@ -141,6 +142,35 @@ ISO93B = {
     128: (F, 8, "b"),
 }
 
+# Mastercard authorization interface as Shulyaka/iso8583tools has it
+# (parser/formats/fields_mast.frm): EBCDIC everywhere ("EBCDIC" data, "EE" /
+# "EEE" EBCDIC LL / LLL lengths), "HEX" fields raw bytes, DE 55 raw BER-TLV.
+# Left out: the fields that table does not define (56-59, 65, 71-89, 93,
+# 97-99, 105-111), DE 45 ("B76", a length form the table does not explain)
+# and DE 128 ("EE8HEX": an LL MAC, where the Mastercard descriptions give b 64).
+MASTERCARD = {
+    2: (LL, 19, "n"), 3: (F, 6, "n"), 4: (F, 12, "n"), 5: (F, 12, "n"), 6: (F, 12, "n"),
+    7: (F, 10, "n"), 8: (F, 8, "n"), 9: (F, 8, "n"), 10: (F, 8, "n"), 11: (F, 6, "n"),
+    12: (F, 6, "n"), 13: (F, 4, "n"), 14: (F, 4, "n"), 15: (F, 4, "n"), 16: (F, 4, "n"),
+    17: (F, 4, "n"), 18: (F, 4, "n"), 19: (F, 3, "n"), 20: (F, 3, "n"), 21: (F, 3, "n"),
+    22: (F, 3, "n"), 23: (F, 3, "n"), 24: (F, 3, "n"), 25: (F, 2, "n"), 26: (F, 2, "n"),
+    27: (F, 1, "n"), 28: (F, 9, "xn"), 29: (F, 9, "xn"), 30: (F, 9, "xn"), 31: (F, 9, "xn"),
+    32: (LL, 6, "n"), 33: (LL, 6, "n"), 34: (LL, 28, "ans"), 35: (LL, 37, "z"),
+    36: (LLL, 104, "ans"), 37: (F, 12, "ans"), 38: (F, 6, "ans"), 39: (F, 2, "ans"),
+    40: (F, 3, "ans"), 41: (F, 8, "ans"), 42: (F, 15, "ans"), 43: (F, 40, "ans"),
+    44: (LL, 25, "ans"), 46: (LLL, 999, "ans"), 47: (LLL, 999, "ans"), 48: (LLL, 999, "ans"),
+    49: (F, 3, "n"), 50: (F, 3, "n"), 51: (F, 3, "n"), 52: (F, 8, "b"), 53: (F, 16, "n"),
+    54: (LLL, 120, "ans"), 55: (LLL, 255, "b"), 60: (LLL, 60, "ans"), 61: (LLL, 26, "ans"),
+    62: (LLL, 100, "ans"), 63: (LLL, 50, "ans"), 64: (F, 8, "b"), 66: (F, 1, "n"),
+    67: (F, 2, "n"), 68: (F, 3, "n"), 69: (F, 3, "n"), 70: (F, 3, "n"), 90: (F, 42, "n"),
+    91: (F, 1, "ans"), 92: (F, 2, "ans"), 94: (F, 7, "ans"), 95: (F, 42, "n"),
+    96: (F, 8, "ans"), 100: (LL, 11, "n"), 101: (LL, 17, "ans"), 102: (LL, 28, "ans"),
+    103: (LL, 28, "ans"), 104: (LLL, 100, "ans"), 112: (LLL, 100, "ans"),
+    **{i: (LLL, 999, "ans") for i in range(113, 121)},
+    121: (LLL, 6, "n"), 122: (LLL, 999, "ans"), 123: (LLL, 512, "ans"),
+    124: (LLL, 199, "ans"), 125: (F, 8, "b"), 126: (LLL, 100, "ans"), 127: (LLL, 100, "ans"),
+}
+
 # UnionPay POS puts odd-length BCD values first and the pad nibble last:
 # PAN and track data padded with F, F22 and the institution codes with 0.
 CUP_POS_LEFT = {2: "F", 35: "F", 36: "F", 22: "0", 32: "0", 33: "0", 48: "0", 60: "0",
@@ -154,6 +184,7 @@ DIALECTS = {
     "cups": (CUPS, "ascii", "ascii", "ascii", ("ascii", "b"), "ascii4", "cups"),
     "cup-pos": (CUP_POS, "ascii", "bcd", "bcd", ("bcd", "b"), "binary2", "pos"),
     "iso93binary": (ISO93B, "ascii", "bcd", "bcd", ("bcd", "b"), "binary2", None),
+    "mastercard": (MASTERCARD, "cp037", "ascii", "cp037", ("ebcdic", "b"), "binary2", None),
 }
 # Dialects whose signed amounts (x+n: a sign byte and BCD digits) are carried
 # as raw bytes.

@@ -58,6 +58,15 @@ fn demo_runs_to_a_clean_summary() {
         .find(|l| l.starts_with("VISA "))
         .unwrap_or_else(|| panic!("a VISA row: {stdout}"));
     assert!(visa.contains("unanswered 0 doubled/crossed 0"), "{visa}");
+    // So has the Mastercard one (same shape, no header, the member signs on).
+    let mastercard = stdout
+        .lines()
+        .find(|l| l.starts_with("Mastercard "))
+        .unwrap_or_else(|| panic!("a Mastercard row: {stdout}"));
+    assert!(
+        mastercard.contains("unanswered 0 doubled/crossed 0"),
+        "{mastercard}"
+    );
     // The ATM (OneConnect) scenario has its own row: every ATM answered, the
     // hosts never see more than the pool's connections.
     let atm = stdout
@@ -115,8 +124,9 @@ fn assert_readable(screen: &str) {
             );
         }
     }
-    // Five steps, four services each.
-    assert_eq!(tables, 20, "{screen}");
+    // Five steps, five services each (the embedded default's four and the
+    // demo's Mastercard service).
+    assert_eq!(tables, 25, "{screen}");
     let named = |line: &str| {
         line.strip_prefix("switch log: ")
             .map(|rest| rest.split(" (").next().unwrap_or(rest).to_string())
@@ -175,6 +185,7 @@ fn example_configs_check_and_print_defaults() {
     };
     check("examples/unionpay.toml");
     check("examples/visa.toml");
+    check("examples/mastercard.toml");
     let out = check("examples/pos-nac.toml");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(

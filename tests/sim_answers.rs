@@ -29,7 +29,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::codec::Decoder;
 
-const SPECS: [&str; 5] = ["cups", "cup-pos", "visa-base1", "iso87ascii", "iso87binary"];
+const SPECS: [&str; 6] = [
+    "cups",
+    "cup-pos",
+    "visa-base1",
+    "mastercard",
+    "iso87ascii",
+    "iso87binary",
+];
 const REQUESTS: [&str; 4] = ["purchase-request", "large", "sign-on", "echo-test"];
 
 fn root() -> PathBuf {
@@ -102,7 +109,8 @@ struct Case {
     spec: &'static str,
     request: PathBuf,
     expected: PathBuf,
-    /// `node` (sim node, any spec) or `issuer` (sim visa's issuer answer).
+    /// `node` (sim node, any spec) or `issuer` (the network simulator's
+    /// issuer answer: VISA, Mastercard).
     who: &'static str,
 }
 
@@ -124,7 +132,7 @@ fn cases() -> Vec<Case> {
                 expected: dir.join(format!("{name}.node.hex")),
                 who: "node",
             });
-            if spec == "visa-base1" {
+            if spec == "visa-base1" || spec == "mastercard" {
                 out.push(Case {
                     spec,
                     request,

@@ -14,6 +14,7 @@
 /// `decode --pcap`: the messages of a capture file.
 mod json;
 mod pcap;
+mod subelements;
 
 use json::json_message;
 
@@ -52,8 +53,8 @@ else only its length. --reveal shows them in clear: test systems only.
 Exit status 1 if any frame or message cannot be decoded (after printing what \
 decoded before it).")]
 pub struct DecodeArgs {
-    /// Dialect: a builtin spec (cups, cup-pos, visa-base1, iso87ascii,
-    /// iso87binary) or a spec file. With --pcap: guessed when not given.
+    /// Dialect: a builtin spec (cups, cup-pos, visa-base1, mastercard,
+    /// iso87ascii, iso87binary, iso93binary) or a spec file. With --pcap: guessed when not given.
     #[arg(long, required_unless_present = "pcap")]
     pub spec: Option<String>,
     /// A pcap or pcapng capture (isoswitch, tcpdump, Wireshark): TCP streams
@@ -578,6 +579,7 @@ fn text_fields(
             length_label(def, field.units()),
             field.show().revealed(reveal)
         )?;
+        subelements::text_subelements(out, &field, reveal)?;
     }
     Ok(check_end(payload, end))
 }

@@ -1,7 +1,7 @@
 //! `isoswitch demo`: the whole switch on 127.0.0.1 in one process, on the
 //! embedded default config. A simulated POS network controller (2 uplinks,
 //! 200 terminals), a simulated UnionPay (8 in / 8 out links), a simulated
-//! VISA (2 duplex links, see `demo::visa`) and ATMs through a OneConnect front
+//! VISA and Mastercard (2 duplex links each, see `demo::network`) and ATMs through a OneConnect front
 //! send traffic through the switch to three channel nodes. Through the admin
 //! API, as an operator would: node 02 is drained (and a VISA link dropped),
 //! node 01 disabled (in-flight finish) and node 03 forced offline (in-flight
@@ -28,7 +28,7 @@ use crate::sim::ledger::LateApprovals;
 use crate::sim::nac::{self, NacCounters, NacReport, NacSimConfig};
 use crate::sim::node::{Finance, NodeOptions, NodeSim, NodeSimConfig, Originate};
 
-mod visa;
+mod network;
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
@@ -243,8 +243,10 @@ async fn demo(seconds: u64) -> Result<bool, String> {
     let mut cfg = Config::embedded_default().map_err(|e| e.to_string())?;
     let peer_accept = free_port()?;
     place(&mut cfg, &nodes, peer_accept)?;
-    let mut visa = visa::VisaScenario::start(NODES).await?;
+    let mut visa = network::NetworkScenario::start(network::VISA, NODES).await?;
     visa.place(&mut cfg)?;
+    let mut mastercard = network::NetworkScenario::start(network::MASTERCARD, NODES).await?;
+    mastercard.place(&mut cfg)?;
     let atm = super::demo_atm::AtmHosts::start(&pos_spec, &mut cfg).await?;
     let files = DemoFiles::new()?;
     cfg.admin = Some(AdminConfig {
@@ -285,10 +287,16 @@ async fn demo(seconds: u64) -> Result<bool, String> {
     wait_ready(&pos, &unionpay).await?;
     let visa_svc = Arc::clone(
         switch
-            .service(visa::SERVICE)
+            .service(network::VISA.service)
             .ok_or("the embedded config lacks its visa service")?,
     );
     visa.go(&visa_svc).await?;
+    let mastercard_svc = Arc::clone(
+        switch
+            .service(network::MASTERCARD.service)
+            .ok_or("the demo config lacks its mastercard service")?,
+    );
+    mastercard.go(&mastercard_svc).await?;
 
     println!(
         "admin API on {} (ctl: ISOSWITCH_ADMIN_TOKEN={} isoswitch ctl --admin {} status)",
@@ -298,9 +306,9 @@ async fn demo(seconds: u64) -> Result<bool, String> {
         "isoswitch demo: POS NAC (2 uplinks, 200 terminals, {POS_RATE} req/s) and UnionPay (8 in / 8 out, {ISSUER_RATE} req/s) through the switch to {NODES} channel nodes, {seconds} s"
     );
     println!(
-        "               and VISA (2 duplex links, {} req/s to the nodes, {} req/s from each node)",
-        visa::ISSUER_RATE,
-        visa::NODE_RATE
+        "               and VISA and Mastercard (2 duplex links each, {} req/s to the nodes, {} req/s from each node)",
+        network::ISSUER_RATE,
+        network::NODE_RATE
     );
     let nac_counters = Arc::new(NacCounters::default());
     let nac = tokio::spawn(nac::run_with(
@@ -337,8 +345,11 @@ async fn demo(seconds: u64) -> Result<bool, String> {
         if t == drain_at {
             println!("== t={t}s: draining node 02 (no new requests; in-flight ones finish)");
             api.node_everywhere("02", "drain").await?;
-            println!("== t={t}s: dropping a VISA link (the switch dials it again and signs on)");
+            println!(
+                "== t={t}s: dropping a VISA and a Mastercard link (the switch dials each again and signs on)"
+            );
             visa.drop_link();
+            mastercard.drop_link();
             api.show().await?;
         } else if t == disable_at {
             println!(
@@ -368,11 +379,13 @@ async fn demo(seconds: u64) -> Result<bool, String> {
             );
             nodes[2].kill().await;
             visa.kill(2).await;
+            mastercard.kill(2).await;
             api.show().await?;
         } else if t == revive_at {
             println!("== t={t}s: node 03 is back (rejoins after its health checks pass)");
             nodes[2].revive(2, &pos_spec, &cups_spec).await?;
             visa.revive(2).await?;
+            mastercard.revive(2).await?;
             api.show().await?;
         }
     }
@@ -385,17 +398,20 @@ async fn demo(seconds: u64) -> Result<bool, String> {
         n.stop_originating();
     }
     visa.stop_originating();
+    mastercard.stop_originating();
     let settle_until = Instant::now() + Duration::from_secs(6);
     while Instant::now() < settle_until
         && (cups.outstanding() > 0
             || nodes.iter().any(|n| n.outstanding() > 0)
-            || visa.outstanding() > 0)
+            || visa.outstanding() > 0
+            || mastercard.outstanding() > 0)
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     settle_reversals(&nodes, &pos).await;
     let rows = [
         visa.row(&visa_svc),
+        mastercard.row(&mastercard_svc),
         integrity_row(&nodes, &pos, &cups.report()),
     ];
     let mut ok = summary(&nodes, &services, &nac_report, &cups.report(), &rows);
@@ -414,6 +430,7 @@ async fn demo(seconds: u64) -> Result<bool, String> {
     switch.stop().await;
     cups.stop().await;
     visa.stop().await;
+    mastercard.stop().await;
     if let Some(a) = atm {
         a.stop().await;
     }

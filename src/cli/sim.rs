@@ -200,12 +200,17 @@ pub enum SimCommand {
     /// VISA on BASE I duplex links: takes (or dials) the bank's links, signs
     /// on, answers the bank's requests on another link, sends its own.
     Visa(visa::SimVisaArgs),
+    /// A card network on duplex links, by its dialect (`--dialect
+    /// visa-base1` is `sim visa`; `--dialect mastercard` waits for the
+    /// member's group sign-on on each link, with no header): answers the
+    /// bank's requests on another link, sends its own, books reversals.
+    Network(visa::SimVisaArgs),
 }
 
 /// Runs one simulator until its duration ends or Ctrl-C.
 pub fn run(sim: SimCommand) -> ExitCode {
     match sim {
-        SimCommand::Visa(args) => visa::run(args),
+        SimCommand::Visa(args) | SimCommand::Network(args) => visa::run(args),
         SimCommand::Node {
             listen,
             spec,

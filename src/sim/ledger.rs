@@ -61,6 +61,14 @@ pub fn is_reversal(mti: Mti) -> bool {
     mti.class() == 4 && mti.function() == 2
 }
 
+/// A reversal in `spec`'s dialect: [`is_reversal`], or the dialect's own
+/// reversal MTI and its repeat where that is a request (Mastercard's
+/// acquirer Reversal Request `0400` / `0401`).
+pub fn is_reversal_in(spec: &crate::iso8583::Spec, mti: Mti) -> bool {
+    let own = spec.integrity().reversal_mti;
+    is_reversal(mti) || (mti.class() == 4 && own.class() == 4 && mti.function() == own.function())
+}
+
 /// An advice or its repeat: `0120`, `0121`, `0220`, `0221`.
 pub fn is_advice(mti: Mti) -> bool {
     matches!(mti.class(), 1 | 2) && mti.function() == 2

@@ -32,7 +32,7 @@ use tokio_util::codec::FramedRead;
 use crate::iso8583::{Message, Mti, Spec, samples};
 use crate::sim::ledger::{
     AdviceBook, Answered, CodeCounts, LateApprovals, ReversalBook, Taken, is_advice, is_approvable,
-    is_inquiry, is_key_management, is_repeated_request, is_reversal,
+    is_inquiry, is_key_management, is_repeated_request, is_reversal_in,
 };
 use crate::sim::original::OriginalKey;
 use crate::sim::peer::lock;
@@ -540,7 +540,7 @@ fn handle(
         }
         return;
     }
-    let plan = if is_reversal(mti) {
+    let plan = if is_reversal_in(&shared.spec, mti) {
         shared.on_reversal(&msg)
     } else if is_advice(mti) {
         shared.on_advice(&msg)

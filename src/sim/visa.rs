@@ -1,12 +1,16 @@
-//! `isoswitch sim visa`: VISA's side of BASE I style duplex links.
+//! `isoswitch sim visa` / `sim network --dialect`: a card network's side of
+//! duplex links, VISA's (BASE I) or Mastercard's (Banknet); what differs
+//! between the two is in [`Network`], the rest comes from the spec.
 //!
 //! Every link carries both directions. The simulator
 //!
 //! - **accepts** the bank's links (the switch's `connect` front dials them) or
 //!   **dials** `links` links itself, and keeps what it dialled up;
-//! - **signs on** each link as it comes up (`0800` F70 `001`); a link carries
-//!   the simulator's own requests only once its sign-on is approved (the
-//!   `0810` may come back on any link: it is matched by F7 + F11);
+//! - **signs on** each link as it comes up (VISA: `0800` F70 `001`); a link
+//!   carries the simulator's own requests only once its sign-on is approved
+//!   (the `0810` may come back on any link: it is matched by F7 + F11).
+//!   Mastercard does not sign on: a link carries its requests from the
+//!   member's group sign-on (`061`) on it to the member's sign-off (`062`);
 //! - answers the bank's network management (`0800` sign-on, sign-off, echo) with
 //!   an `0810` F39 `00` on the link it came on, and sends its own echo tests;
 //! - as **acquirer for the bank's cards**, sends issuer requests (`0100` /
@@ -18,9 +22,10 @@
 //! - approves a share of those late (`late`), past the switch's timeout,
 //!   and keeps books of the reversals the switch then owes it
 //!   ([`crate::sim::ledger`], as `sim node` and `sim cups` do): each
-//!   `0420`/`0421` is read by its own F90 parse ([`crate::sim::original`]),
-//!   booked in its chain and answered `0430` (the first
-//!   `ignore_reversals` of each chain are left unanswered);
+//!   reversal (VISA `0420`/`0421`, Mastercard `0400`/`0401`) is read by its
+//!   own F90 parse ([`crate::sim::original`]), booked in its chain and
+//!   answered (the first `ignore_reversals` of each chain are left
+//!   unanswered);
 //! - starts key exchanges (`0800` F70 `161`) every `key_reset_every` and
 //!   counts the answers by F39, and counts the bank's own key requests by
 //!   F70: key management belongs to the bank's hosts, not to the switch.
@@ -44,22 +49,26 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 mod links;
+mod netmgmt;
+mod network;
 mod owed;
 mod report;
+
+pub use network::Network;
 
 pub use report::{VisaReport, VisaSimStats};
 
 use links::{LinkHandle, accept_links, keep_link};
+use network::check_spec;
 use owed::reset_keys;
 
 use crate::iso8583::{Decoded, IsoError, Message, Mti, Spec};
 use crate::sim::answer;
-use crate::sim::ledger::{LateApprovals, is_approvable, is_key_management, is_reversal};
+use crate::sim::ledger::{LateApprovals, is_approvable};
 use crate::sim::node::Delay;
 use crate::sim::original::OriginalKey;
 use crate::sim::peer::{Outstanding, Pacer, deadline_after, lock};
 use crate::util::rng::{Rng, entropy_seed};
-use crate::wire::VisaHeader;
 
 /// VISA's station ID (source of what it sends), BCD.
 pub const VISA_STATION: [u8; 3] = [0x00, 0x00, 0x01];
@@ -199,10 +208,11 @@ impl VisaSim {
     /// signs them on and originates issuer requests. Returns once bound: the
     /// bank need not be up yet.
     pub async fn start(spec: Arc<Spec>, cfg: VisaSimConfig) -> std::io::Result<VisaSim> {
-        check_spec(&spec)?;
+        let network = check_spec(&spec)?;
         let (shutdown, rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             spec,
+            network,
             stats: Arc::new(VisaSimStats::default()),
             base: Instant::now(),
             links: Mutex::new(Vec::new()),
@@ -270,6 +280,11 @@ impl VisaSim {
     /// Requests (issuer, sign-on, echo) awaiting their answer.
     pub fn outstanding(&self) -> usize {
         self.shared.outstanding.len()
+    }
+
+    /// The network played (from the spec's envelope).
+    pub fn network(&self) -> Network {
+        self.shared.network
     }
 
     /// Links up, and of those signed on (ours to send issuer requests on).
@@ -360,7 +375,11 @@ pub async fn run_until(
     let timeout = cfg.timeout;
     let sim = VisaSim::start(spec, cfg).await?;
     if let Some(addr) = sim.local_addr() {
-        eprintln!("sim visa listening on {addr}");
+        // `sim visa` keeps the line scripts and tests look for.
+        match sim.network() {
+            Network::Visa => eprintln!("sim visa listening on {addr}"),
+            Network::Mastercard => eprintln!("sim network (mastercard) listening on {addr}"),
+        }
     }
     tokio::pin!(interrupted);
     while !sim.originated_all() {
@@ -377,30 +396,11 @@ pub async fn run_until(
     Ok(sim.stop().await)
 }
 
-/// The fields the simulator writes must exist in the spec, with F7 and F11
-/// numeric and F37 twelve characters.
-fn check_spec(spec: &Spec) -> std::io::Result<()> {
-    let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, why);
-    for id in [2, 3, 4, 7, 11, 32, 37, 39, 41, 49, 70] {
-        if spec.field(id).is_none() {
-            return Err(bad(format!(
-                "sim visa: spec `{}` has no F{id}",
-                spec.name()
-            )));
-        }
-    }
-    if spec.envelope().header != crate::wire::HeaderKind::Visa {
-        return Err(bad(format!(
-            "sim visa: spec `{}` has no VISA header",
-            spec.name()
-        )));
-    }
-    Ok(())
-}
-
 /// Everything the tasks share.
 struct Shared {
     spec: Arc<Spec>,
+    /// The network played: its envelope, who signs links on.
+    network: Network,
     cfg: VisaSimConfig,
     stats: Arc<VisaSimStats>,
     /// Clock origin of the links' last-write times and of the run.
@@ -545,11 +545,11 @@ impl Shared {
         }
     }
 
-    /// A fresh message from VISA to the bank: header with the station IDs, F7
-    /// now, F11 the next STAN. Returns it with its key.
+    /// A fresh message from the network to the bank: its envelope (VISA's
+    /// header with the station IDs), F7 now, F11 the next STAN. Returns it
+    /// with its key.
     fn fresh(&self, mti: Mti) -> (Decoded, Key, u32) {
-        let header = VisaHeader::new(BANK_STATION, VISA_STATION, 0);
-        let mut d = Decoded::new(header.0.to_vec(), mti);
+        let mut d = Decoded::new(self.network.envelope(), mti);
         let secs = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -578,18 +578,23 @@ impl Shared {
         let (mut d, key, stan) = self.fresh(mti);
         let amount = 100 + u64::from(stan % 100_000);
         // F37: a retrieval reference of our own, unique per request.
-        let rrn = format!("V{:05}{stan:06}", (key / 1_000_000) % 100_000);
+        let card = self.network.card();
+        let rrn = format!(
+            "{}{:05}{stan:06}",
+            card.rrn_letter,
+            (key / 1_000_000) % 100_000
+        );
         // Only fields whose VISA encoding is settled (see the module notes).
-        d.set_text(2, "4761739001010119");
+        d.set_text(2, card.pan);
         d.set_text(3, "000000");
         d.set_text(4, format!("{amount:012}"));
         d.set_text(12, "120000");
         d.set_text(13, "1203");
         d.set_text(14, "2812");
-        d.set_text(32, "400050");
+        d.set_text(32, card.acquirer);
         d.set_text(37, rrn.clone());
-        d.set_text(41, "VTERM001");
-        d.set_text(42, "VISAMERCHANT001");
+        d.set_text(41, card.terminal);
+        d.set_text(42, card.merchant);
         d.set_text(49, "840");
         let payload = match self.spec.encode(&d) {
             Ok(p) => Bytes::from(p),
@@ -637,40 +642,6 @@ impl Shared {
         sent
     }
 
-    /// A sign-on or echo test (`0800` with F70) on link `link`.
-    fn send_network(&self, link: u64, kind: NmKind) -> bool {
-        let net = self.spec.network();
-        let mti = net.echo_mti.unwrap_or_else(|| mti(*b"0800"));
-        let Some(response) = answer::response_mti(mti) else {
-            return false;
-        };
-        let f70 = match kind {
-            NmKind::SignOn => net.sign_on_f70.clone().unwrap_or_else(|| "001".into()),
-            NmKind::Echo => net.echo_f70.clone().unwrap_or_else(|| "301".into()),
-        };
-        let (mut d, key, _) = self.fresh(mti);
-        d.set_text(70, f70);
-        let Ok(payload) = self.spec.encode(&d).map(Bytes::from) else {
-            return false;
-        };
-        let pending = Pending {
-            kind: match kind {
-                NmKind::SignOn => Kind::SignOn { link },
-                NmKind::Echo => Kind::Echo,
-            },
-            response,
-        };
-        if !self.send_expected(&payload, key, pending, |l| l.id == link) {
-            return false;
-        }
-        let sent = match kind {
-            NmKind::SignOn => &self.stats.sign_ons_sent,
-            NmKind::Echo => &self.stats.echo_sent,
-        };
-        sent.fetch_add(1, Ordering::Relaxed);
-        true
-    }
-
     /// A message frame read on link `link`.
     fn on_frame(self: &Arc<Shared>, link: u64, payload: Bytes, rng: &mut Rng) {
         let msg = match Message::parse(&self.spec, payload) {
@@ -689,7 +660,7 @@ impl Shared {
             self.on_response(&msg);
         } else if msg.mti().is_network_management() {
             self.on_network_request(link, &msg);
-        } else if is_reversal(msg.mti()) {
+        } else if self.network.is_reversal(msg.mti()) {
             self.on_reversal(&msg);
         } else {
             self.on_bank_request(link, &msg, rng);
@@ -749,39 +720,6 @@ impl Shared {
                     .add(if f39.is_empty() { b"none" } else { &f39 });
             }
         }
-    }
-
-    /// The bank's `0800`: answered `0810` F39 `00` on the link it came on (a
-    /// link-level exchange), or any link if that one is gone.
-    fn on_network_request(&self, link: u64, msg: &Message<'_>) {
-        let stats = &self.stats;
-        stats.network_requests.fetch_add(1, Ordering::Relaxed);
-        let net = self.spec.network();
-        let f70 = logical(msg, 70);
-        let is = |v: &Option<String>, dflt: &str| f70 == v.as_deref().unwrap_or(dflt).as_bytes();
-        if is(&net.sign_on_f70, "001") {
-            stats.bank_sign_ons.fetch_add(1, Ordering::Relaxed);
-        } else if is(&net.sign_off_f70, "002") {
-            stats.bank_sign_offs.fetch_add(1, Ordering::Relaxed);
-        } else if is(&net.echo_f70, "301") {
-            stats.bank_echoes.fetch_add(1, Ordering::Relaxed);
-        } else if is_key_management(&f70) {
-            stats.bank_key_requests.add(&f70);
-        }
-        let Ok(resp) = answer(&self.spec, msg, "00") else {
-            stats.bad_frames.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
-        let sent = self.send_where(&resp, |l| l.id == link).is_some()
-            || self.send_where(&resp, |_| true).is_some();
-        let counter = if sent {
-            &stats.network_answered
-        } else if lock(&self.links).is_empty() {
-            &stats.network_link_gone
-        } else {
-            &stats.answers_unsent
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A request from the bank's nodes (VISA as issuer): counted by its F37

@@ -345,3 +345,55 @@ pub(crate) fn visa_session_control_is_shown_not_decoded() {
     );
     assert!(out.status.success() && out.stdout.is_empty());
 }
+
+/// Mastercard's DE 48 is shown by its parts: the category code and each
+/// subelement named, the CVC 2 masked unless revealed; a DE 48 off the
+/// layout is shown whole, with where it broke.
+#[test]
+pub(crate) fn mastercard_de48_is_shown_by_subelements() {
+    let path = fixtures_dir().join("mastercard/purchase-request.hex");
+    let path = path.to_str().expect("utf-8 path");
+    let out = isoswitch(&["decode", "--spec", "mastercard", path], None);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let line = |label: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(label))
+            .unwrap_or_else(|| panic!("no {label} line in\n{text}"))
+            .to_string()
+    };
+    assert!(line("lead").ends_with(" R"), "{text}");
+    assert!(
+        line("SE 87").contains("Card validation code result"),
+        "{text}"
+    );
+    assert!(line("SE 92").ends_with("[masked 3 chars]"), "{text}");
+
+    let revealed = stdout(&isoswitch(
+        &["decode", "--spec", "mastercard", "--reveal", path],
+        None,
+    ));
+    assert!(
+        revealed
+            .lines()
+            .any(|l| l.trim_start().starts_with("SE 92") && l.ends_with(" 123")),
+        "{revealed}"
+    );
+
+    let spec = Spec::builtin("mastercard").expect("mastercard");
+    let mut off = mastercard_0100(&spec);
+    off.set_text(48, "R92991");
+    let payload = spec.encode(&off).expect("encodes");
+    let mut framed = (payload.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(&payload);
+    let out = isoswitch(
+        &["decode", "--spec", "mastercard", "--raw", "-"],
+        Some(&framed),
+    );
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        text.contains("not split into subelements: field 48 subelements at offset 5"),
+        "{text}"
+    );
+}

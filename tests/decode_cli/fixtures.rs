@@ -407,6 +407,38 @@ pub(crate) fn fixtures() -> Vec<Fixture> {
         vec![M(purchase(&s)), KeepAlive, M(purchase_response(&s))],
     );
 
+    let s = Spec::builtin("mastercard").expect("mastercard");
+    add(
+        "mastercard",
+        "purchase-request",
+        "0100 authorization request: DE 48 (TCC R, subelements 20 87 92), DE 61, DE 63",
+        vec![M(mastercard_0100(&s))],
+    );
+    add(
+        "mastercard",
+        "purchase-response",
+        "0110 authorization response, DE 39 00, DE 63 returned",
+        vec![M(mastercard_0110(&s))],
+    );
+    add(
+        "mastercard",
+        "sign-on",
+        "0800 group sign-on, DE 70 061, DE 33 the member ID",
+        vec![M(mastercard_network(&s, "061"))],
+    );
+    add(
+        "mastercard",
+        "echo-test",
+        "0800 echo test, DE 70 270",
+        vec![M(mastercard_network(&s, "270"))],
+    );
+    add(
+        "mastercard",
+        "stream",
+        "three frames: 0100 request, keep-alive, 0110 response",
+        vec![M(mastercard_0100(&s)), KeepAlive, M(mastercard_0110(&s))],
+    );
+
     for name in ["iso87ascii", "iso87binary"] {
         let s = Spec::builtin(name).expect(name);
         add(
@@ -545,6 +577,41 @@ pub(crate) fn network_93(spec: &Spec, f24: &str) -> Decoded {
             (11, sample(11)),
             (24, text(f24)),
             (32, sample(32)),
+        ],
+    )
+}
+
+/// A Mastercard 0100: the sample purchase as an authorization, with DE 48
+/// (category code R, subelements 20 cardholder verification, 87 CVC result,
+/// 92 CVC 2), DE 61 (POS data) and DE 63 (network data, Banknet reference).
+pub(crate) fn mastercard_0100(spec: &Spec) -> Decoded {
+    let mut d = purchase(spec);
+    d.mti = mti("0100");
+    d.remove(60);
+    d.set_text(48, "R2001S8701M9203123");
+    d.set_text(61, "000000000010084012345");
+    d.set_text(63, "MCCAB1234");
+    d
+}
+
+/// The issuer's answer to [`mastercard_0100`]: the echo fields (DE 63
+/// among them), DE 39 00, an approval code.
+pub(crate) fn mastercard_0110(spec: &Spec) -> Decoded {
+    let mut d = spec.respond(&mastercard_0100(spec), "00").expect("respond");
+    d.set_text(38, "A1B2C3");
+    d
+}
+
+/// Mastercard network management: 0800 with DE 70 `f70` and DE 33.
+pub(crate) fn mastercard_network(spec: &Spec, f70: &str) -> Decoded {
+    message(
+        spec,
+        "0800",
+        &[
+            (7, sample(7)),
+            (11, sample(11)),
+            (33, text("001234")),
+            (70, text(f70)),
         ],
     )
 }

@@ -389,6 +389,7 @@ mod tests {
             length_encoding: enc,
             sensitive: false,
             mask: Mask::Full,
+            subelements: None,
             prefix_len: format.digits(),
             fixed_len: 0,
         };

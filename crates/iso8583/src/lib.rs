@@ -1,7 +1,7 @@
 //! Spec-driven ISO 8583 messages. Pure: no I/O, no clocks, no global state.
 //!
 //! - [`Spec`]: one set of types for every dialect, loaded from `specs/*.toml`
-//!   (six are built in), validated at load, with per-field lookup tables.
+//!   (seven are built in), validated at load, with per-field lookup tables.
 //! - [`Message`]: a zero-copy view over a payload (`Bytes`): envelope, MTI and
 //!   bitmaps found eagerly, fields lazily; [`RoutingView`] in one pass; in-place
 //!   patching ([`patch_fixed`], [`stamp`], [`Spec::swap_envelope`]). No heap
@@ -50,7 +50,7 @@ pub use spec::Step;
 pub use spec::{
     Align, BitmapEncoding, BitmapSpec, Data, FieldDef, Format, Framing, Integrity, LengthEncoding,
     MAX_FIELD, Mask, MtiEncoding, MtiSpec, Network, RepeatKeys, SafAnswerClass, SafAnswerCodes,
-    Spec, Unit,
+    Spec, Subelement, SubelementError, SubelementLayout, Subelements, Unit,
 };
 
 #[cfg(test)]

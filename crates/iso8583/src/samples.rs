@@ -94,7 +94,8 @@ pub fn purchase(spec: &Spec) -> Decoded {
 }
 
 /// `v` adapted to a dialect's field where it differs from the common one:
-/// VISA's F22 is n4 (POS entry mode + PIN capability) and its F60 binary.
+/// VISA's F22 is n4 (POS entry mode + PIN capability) and its F60 binary;
+/// Mastercard's institution codes (F32, F33) are at most 6 digits.
 fn fitted(def: &super::FieldDef, v: Value) -> Value {
     match (&v, def.data) {
         (Value::Text(t), super::Data::Binary) => {
@@ -108,6 +109,9 @@ fn fitted(def: &super::FieldDef, v: Value) -> Value {
         }
         (Value::Text(t), _) if def.is_fixed() && t.len() < def.length => {
             Value::text(format!("{t:0<width$}", width = def.length))
+        }
+        (Value::Text(t), _) if !def.is_fixed() && t.chars().count() > def.length => {
+            Value::text(t.chars().take(def.length).collect::<String>())
         }
         _ => v,
     }
@@ -126,8 +130,8 @@ pub fn echo(spec: &Spec) -> Decoded {
         .unwrap_or_else(|| Mti::new(*b"0800").unwrap_or_else(|| unreachable!()));
     let mut d = Decoded::new(envelope(spec), mti);
     for id in [7, 11, 33] {
-        if let (Some(_), Some(v)) = (spec.field(id), value(id)) {
-            d.set(id, v);
+        if let (Some(def), Some(v)) = (spec.field(id), value(id)) {
+            d.set(id, fitted(def, v));
         }
     }
     if let Some(f70) = &net.echo_f70 {

@@ -9,8 +9,11 @@ use super::mti::Mti;
 use isoswitch_wire::{EnvelopeSpec, LengthPrefix};
 
 mod integrity;
+mod subelements;
 pub use integrity::{Integrity, RepeatKeys, SafAnswerClass, SafAnswerCodes};
 use integrity::{IntegrityFile, validate_integrity};
+use subelements::SubelementsFile;
+pub use subelements::{Subelement, SubelementError, SubelementLayout, Subelements};
 
 /// Highest field id (fields 129..=192 live in the tertiary bitmap).
 pub const MAX_FIELD: u16 = 192;
@@ -234,6 +237,7 @@ struct FieldFile {
     #[serde(default)]
     sensitive: bool,
     mask: Option<Mask>,
+    subelements: Option<SubelementsFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -275,6 +279,9 @@ pub struct FieldDef {
     pub length_encoding: Option<LengthEncoding>,
     pub sensitive: bool,
     pub mask: Mask,
+    /// Text fields only: the tag-length-value layout of the content, for
+    /// display (`decode`); the codec carries the field whole.
+    pub subelements: Option<Subelements>,
     /// Bytes of the length prefix (0 for fixed).
     pub(crate) prefix_len: usize,
     /// Bytes of the data of a fixed field (0 for variable).
@@ -363,7 +370,7 @@ impl Step {
 }
 
 /// The specs shipped in `specs/`, embedded at build time.
-const BUILTINS: [(&str, &str); 6] = [
+const BUILTINS: [(&str, &str); 7] = [
     ("cups", include_str!("../../../specs/cups.toml")),
     ("cup-pos", include_str!("../../../specs/cup-pos.toml")),
     ("visa-base1", include_str!("../../../specs/visa-base1.toml")),
@@ -376,6 +383,7 @@ const BUILTINS: [(&str, &str); 6] = [
         "iso93binary",
         include_str!("../../../specs/iso93binary.toml"),
     ),
+    ("mastercard", include_str!("../../../specs/mastercard.toml")),
 ];
 
 impl Spec {
@@ -738,6 +746,16 @@ fn validate_field(
         (_, m) => m.unwrap_or_default(),
     };
 
+    let subelements = match f.subelements {
+        None => None,
+        Some(_) if !matches!(f.data, Data::Ascii | Data::Ebcdic) => {
+            return Err(bad("subelements apply to ascii or ebcdic data only".into()));
+        }
+        Some(file) => Some(
+            Subelements::validate(file, f.length).map_err(|r| bad(format!("subelements: {r}")))?,
+        ),
+    };
+
     let prefix_len = length_encoding
         .map(|e| FieldDef::prefix_bytes(f.format, e))
         .unwrap_or(0);
@@ -753,6 +771,7 @@ fn validate_field(
         length_encoding,
         sensitive: f.sensitive,
         mask,
+        subelements,
         prefix_len,
         fixed_len: 0,
     };

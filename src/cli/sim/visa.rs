@@ -1,4 +1,5 @@
-//! `isoswitch sim visa`: the VISA peer of a `connect` front, from the command
+//! `isoswitch sim visa` and `isoswitch sim network --dialect ...`: the card
+//! network peer of a `connect` front (VISA, Mastercard), from the command
 //! line. See [`crate::sim::visa`].
 
 use std::net::SocketAddr;
@@ -21,7 +22,9 @@ pub struct SimVisaArgs {
     /// to 4x this are accepted at once).
     #[arg(long, default_value_t = 2)]
     pub links: usize,
-    #[arg(long, default_value = "visa-base1")]
+    /// The network's dialect: `visa-base1` (VISA, the default) or
+    /// `mastercard`, or a spec file of either's envelope.
+    #[arg(long, visible_alias = "dialect", default_value = "visa-base1")]
     pub spec: String,
     /// Issuer requests per second for the bank's cards (default: none).
     #[arg(long)]
@@ -38,7 +41,8 @@ pub struct SimVisaArgs {
     /// A request unanswered this long counts as lost.
     #[arg(long, default_value = "3s", value_parser = crate::util::duration::parse)]
     pub timeout: Duration,
-    /// Send issuer requests without signing links on first.
+    /// Send issuer requests without signing links on first (VISA), or
+    /// without waiting for the member's sign-on (Mastercard).
     #[arg(long)]
     pub no_sign_on: bool,
     /// Echo test (0800 F70 301) on each link this often (0s = never).

@@ -165,12 +165,45 @@ pub(super) async fn originate(
 #[derive(Debug, PartialEq, Eq)]
 struct Unsendable;
 
+/// How a six-digit F11 is written on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DigitForm {
+    /// Six ASCII digits.
+    Ascii,
+    /// Six EBCDIC digits (Mastercard, 0xF0..0xF9).
+    Ebcdic,
+    /// Three BCD bytes.
+    Bcd,
+}
+
+impl DigitForm {
+    fn of(spec: &Spec, wire_len: usize) -> DigitForm {
+        match spec.field(11).map(|d| d.data) {
+            Some(crate::iso8583::Data::Ebcdic) => DigitForm::Ebcdic,
+            _ if wire_len == 6 => DigitForm::Ascii,
+            _ => DigitForm::Bcd,
+        }
+    }
+
+    fn encode(self, digits: &str) -> Vec<u8> {
+        match self {
+            DigitForm::Ascii => digits.as_bytes().to_vec(),
+            DigitForm::Ebcdic => digits.bytes().map(|d| 0xF0 | (d - b'0')).collect(),
+            DigitForm::Bcd => digits
+                .as_bytes()
+                .chunks(2)
+                .map(|p| ((p[0] - b'0') << 4) | (p[1] - b'0'))
+                .collect(),
+        }
+    }
+}
+
 /// The next node-originated request: the template with its STAN.
 struct Originator {
     template: Bytes,
     f11: std::ops::Range<usize>,
-    /// F11 is six ASCII digits (else three BCD bytes).
-    ascii: bool,
+    /// How F11's six digits are written.
+    f11_form: DigitForm,
     next_conn: usize,
 }
 
@@ -180,7 +213,7 @@ impl Originator {
         let msg = Message::parse(spec, template.clone()).ok()?;
         let f11 = msg.field(11).ok().flatten()?.range();
         Some(Originator {
-            ascii: f11.len() == 6,
+            f11_form: DigitForm::of(spec, f11.len()),
             template,
             f11,
             next_conn: 0,
@@ -201,15 +234,7 @@ impl Originator {
         };
         let stan = shared.next_stan(o.stan_base);
         let digits = format!("{stan:06}");
-        let encoded: Vec<u8> = if self.ascii {
-            digits.into_bytes()
-        } else {
-            digits
-                .as_bytes()
-                .chunks(2)
-                .map(|p| ((p[0] - b'0') << 4) | (p[1] - b'0'))
-                .collect()
-        };
+        let encoded = self.f11_form.encode(&digits);
         let mut patch = Patch::default();
         if patch.overwrite(self.f11.start, &encoded).is_err() {
             return Err(Unsendable);

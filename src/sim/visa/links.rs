@@ -241,7 +241,7 @@ async fn serve_link(shared: &Arc<Shared>, stream: TcpStream, shutdown: &mut watc
     let cfg = &shared.cfg;
     let mut last_sign_on = None;
     let mut last_echo = Instant::now();
-    if cfg.sign_on && shared.send_network(id, NmKind::SignOn) {
+    if cfg.sign_on && shared.network.signs_on() && shared.send_network(id, NmKind::SignOn) {
         last_sign_on = Some(Instant::now());
     }
     let mut frames = FramedRead::new(read, FrameCodec::new(framing.prefix, framing.max_frame));
@@ -337,6 +337,7 @@ fn on_tick(
         }
     }
     if cfg.sign_on
+        && shared.network.signs_on()
         && !signed_on.load(Ordering::Relaxed)
         && last_sign_on.is_none_or(|t| now.duration_since(t) >= cfg.sign_on_retry)
     {

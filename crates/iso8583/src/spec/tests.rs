@@ -20,7 +20,7 @@ fn with_fields(fields: &str) -> Result<Spec, SpecError> {
 #[test]
 fn every_builtin_loads() {
     let names: Vec<_> = Spec::builtin_names().collect();
-    assert_eq!(names.len(), 6);
+    assert_eq!(names.len(), 7);
     for name in names {
         let text = BUILTINS.iter().find(|(n, _)| *n == name).unwrap().1;
         let spec = Spec::from_toml(text).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -167,4 +167,38 @@ fn toml_errors_name_the_key() {
     let e = Spec::from_toml(&HEAD.replace("ascii4", "ascii5")).unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains("ascii5") && msg.contains("prefix"), "{msg}");
+}
+
+#[test]
+fn mastercard_de48_is_read_as_a_category_code_and_subelements() {
+    let spec = Spec::builtin("mastercard").expect("mastercard loads");
+    let de48 = spec.field(48).expect("DE 48");
+    let layout = de48.subelements.as_ref().expect("DE 48 has subelements");
+    let parts = layout.parse(48, "R9203123").expect("parses");
+    assert_eq!(parts.len(), 2);
+    assert_eq!(layout.name("92"), Some("CVC 2"));
+    assert!(layout.is_sensitive("92"));
+    // No other field of any builtin has a layout: subelements are opt-in.
+    for name in Spec::builtin_names() {
+        let spec = Spec::builtin(name).expect("loads");
+        let with: Vec<u16> = spec
+            .fields()
+            .iter()
+            .filter(|d| d.subelements.is_some())
+            .map(|d| d.id)
+            .collect();
+        let want: &[u16] = if name == "mastercard" { &[48] } else { &[] };
+        assert_eq!(with, want, "{name}");
+    }
+}
+
+#[test]
+fn subelements_on_a_binary_field_are_refused_naming_the_field() {
+    let err = with_fields(
+        "[[field]]\nid = 48\nname = \"x\"\nformat = \"fixed\"\nlength = 4\ndata = \"binary\"\n\
+         [field.subelements]\nlayout = \"tlv\"\ntag = 2\nlength = 2\n",
+    )
+    .expect_err("refused");
+    assert!(err.to_string().contains("48"), "{err}");
+    assert!(err.to_string().contains("subelements"), "{err}");
 }

@@ -1,8 +1,14 @@
-//! The demo's VISA scenario: `sim visa` on BASE I duplex links that the
-//! switch's `visa` service dials, both directions at once: VISA's issuer
-//! requests for the bank's cards go to the three channel nodes (their VISA
-//! ports), the nodes' own requests go to VISA with their ID stamped in F37,
-//! and VISA answers each on a link other than the one it came on.
+//! The demo's card-network scenarios: the network simulator (`sim network`)
+//! playing VISA (BASE I) or Mastercard on duplex links that the switch's
+//! `visa` / `mastercard` service dials, both directions at once: the
+//! network's issuer requests for the bank's cards go to the three channel
+//! nodes (their ports for that network), the nodes' own requests go to the
+//! network with their ID stamped in F37, and the network answers each on a
+//! link other than the one it came on.
+//!
+//! The embedded default has the `visa` service; the `mastercard` one is the
+//! same service on the `mastercard` dialect, signing its links on with the
+//! member's DE 33, added by [`NetworkScenario::place`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,15 +22,38 @@ use crate::link::Service;
 use crate::sim::node::{Delay, NodeSim, NodeSimConfig, NodeSimStats, Originate};
 use crate::sim::visa::{Dial, VisaSim, VisaSimConfig};
 
-/// The service's name in the embedded default.
-pub const SERVICE: &str = "visa";
-/// VISA's issuer requests per second.
+/// The network's issuer requests per second.
 pub const ISSUER_RATE: f64 = 100.0;
-/// Each node's own requests to VISA per second.
+/// Each node's own requests to the network per second.
 pub const NODE_RATE: f64 = 20.0;
 
-/// VISA and the VISA side of the three channel nodes.
-pub struct VisaScenario {
+/// A card network of the demo: its row label, the switch's service for it
+/// and its dialect.
+#[derive(Clone, Copy, Debug)]
+pub struct CardNetwork {
+    pub label: &'static str,
+    pub service: &'static str,
+    pub spec: &'static str,
+}
+
+pub const VISA: CardNetwork = CardNetwork {
+    label: "VISA",
+    service: "visa",
+    spec: "visa-base1",
+};
+
+pub const MASTERCARD: CardNetwork = CardNetwork {
+    label: "Mastercard",
+    service: "mastercard",
+    spec: "mastercard",
+};
+
+/// The member's customer ID the `mastercard` service signs on with (DE 33).
+const MEMBER_ID: &str = "001234";
+
+/// A network and its side of the three channel nodes.
+pub struct NetworkScenario {
+    network: CardNetwork,
     spec: Arc<Spec>,
     sim: VisaSim,
     /// Each node's VISA port while it is alive.
@@ -34,16 +63,17 @@ pub struct VisaScenario {
     stats: Vec<Vec<Arc<NodeSimStats>>>,
 }
 
-impl VisaScenario {
-    /// Starts `nodes` VISA node ports and VISA itself, its issuer requests
-    /// held until [`VisaScenario::go`].
-    pub async fn start(nodes: usize) -> Result<VisaScenario, String> {
-        let spec = Arc::new(Spec::resolve("visa-base1").map_err(|e| e.to_string())?);
+impl NetworkScenario {
+    /// Starts `nodes` node ports for `network` and the network itself, its
+    /// issuer requests held until [`NetworkScenario::go`].
+    pub async fn start(network: CardNetwork, nodes: usize) -> Result<NetworkScenario, String> {
+        let spec = Arc::new(Spec::resolve(network.spec).map_err(|e| e.to_string())?);
         let any: SocketAddr = "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?;
-        let mut s = VisaScenario {
+        let mut s = NetworkScenario {
             sim: VisaSim::start(spec.clone(), sim_config(any))
                 .await
-                .map_err(|e| format!("sim visa: {e}"))?,
+                .map_err(|e| format!("sim network ({}): {e}", network.label))?,
+            network,
             spec,
             nodes: Vec::new(),
             addrs: Vec::new(),
@@ -69,17 +99,31 @@ impl VisaScenario {
         });
         NodeSim::start(at, self.spec.clone(), c)
             .await
-            .map_err(|e| format!("VISA node {:02}: {e}", i + 1))
+            .map_err(|e| format!("{} node {:02}: {e}", self.network.label, i + 1))
     }
 
-    /// Points the config's `visa` service at VISA and the nodes' VISA ports.
+    /// Points the network's service at the network and the nodes' ports
+    /// for it; the `mastercard` service is first made from the `visa` one.
     pub fn place(&self, cfg: &mut Config) -> Result<(), String> {
-        let addr = self.sim.local_addr().ok_or("sim visa has no address")?;
+        let addr = self.sim.local_addr().ok_or("sim network has no address")?;
+        if !cfg.services.iter().any(|s| s.name == self.network.service) {
+            let mut svc = cfg
+                .services
+                .iter()
+                .find(|s| s.name == VISA.service)
+                .ok_or("the embedded config lacks its visa service")?
+                .clone();
+            svc.name = self.network.service.to_string();
+            svc.spec = self.network.spec.to_string();
+            svc.network = Default::default();
+            svc.network.fields.insert("F33".into(), MEMBER_ID.into());
+            cfg.services.push(svc);
+        }
         let svc = cfg
             .services
             .iter_mut()
-            .find(|s| s.name == SERVICE)
-            .ok_or("the embedded config lacks its visa service")?;
+            .find(|s| s.name == self.network.service)
+            .ok_or("the demo config lacks the network's service")?;
         if let FrontConfig::Connect(c) = &mut svc.front {
             c.connect = addr;
         }
@@ -90,7 +134,7 @@ impl VisaScenario {
     }
 
     /// Waits until every link is up and signed on, both ways, and every node
-    /// has a connection; then lets VISA's requests go.
+    /// has a connection; then lets the network's requests go.
     pub async fn go(&self, svc: &Service) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -104,7 +148,8 @@ impl VisaScenario {
             }
             if Instant::now() > deadline {
                 return Err(format!(
-                    "VISA not ready after 10 s: nodes up {nodes_up}, links {links:?}, VISA's {ours:?}"
+                    "{} not ready after 10 s: nodes up {nodes_up}, links {links:?}, the network's {ours:?}",
+                    self.network.label
                 ));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -117,14 +162,14 @@ impl VisaScenario {
         self.sim.close_links(1);
     }
 
-    /// Node `i`'s VISA port dies.
+    /// Node `i`'s port for the network dies.
     pub async fn kill(&mut self, i: usize) {
         if let Some(n) = self.nodes.get_mut(i).and_then(Option::take) {
             n.stop().await;
         }
     }
 
-    /// Node `i`'s VISA port is back at its address.
+    /// Node `i`'s port for the network is back at its address.
     pub async fn revive(&mut self, i: usize) -> Result<(), String> {
         let at = *self.addrs.get(i).ok_or("no such node")?;
         let node = self.start_node(i, at).await?;
@@ -188,7 +233,7 @@ impl VisaScenario {
         let line = format!(
             "issuer sent {} answered {} declined {} unanswered {} doubled/crossed {} (nodes {}) \
              | nodes' requests {} answered {} declined {} unanswered {} foreign {}, \
-             VISA answered {} on another link | links dropped/dialled {}/{} sign-ons {}",
+             answered {} on another link | links dropped/dialled {}/{} sign-ons {}",
             r.issuer_sent,
             r.issuer_approved,
             r.issuer_declined,
@@ -203,17 +248,19 @@ impl VisaScenario {
             r.bank_answered_on_other_link,
             r.links_dropped,
             r.links_opened,
-            r.sign_ons_approved,
+            // VISA signs its links on; Mastercard counts the member's.
+            r.sign_ons_approved
+                .max(self.sim.stats().bank_sign_ons.load(Ordering::Relaxed)),
         );
         super::ScenarioRow {
-            label: "VISA",
+            label: self.network.label,
             line,
             lost: r.lost() + own[3],
             doubled: r.doubled_or_crossed() + own[4],
         }
     }
 
-    /// Stops VISA and the nodes' VISA ports.
+    /// Stops the network and the nodes' ports for it.
     pub async fn stop(self) {
         self.sim.stop().await;
         for n in self.nodes.into_iter().flatten() {

@@ -1,0 +1,389 @@
+//! Integrity on Mastercard duplex links, with real processes: the
+//! `isoswitch` binary as the switch with its SQLite store, dialling `sim
+//! network --dialect mastercard`'s links, in front of `sim node` hosts.
+//! Mastercard's template: a late approval is reversed with a Reversal
+//! Request `0400` (repeated `0401`), DE 39 68 and DE 90, the original data
+//! elements, all EBCDIC; the answer is an `0410`. Both directions:
+//!
+//! - Mastercard's issuer requests reach the nodes; a share of their
+//!   approvals come past the switch's timeout (Mastercard got a decline) and
+//!   each is reversed at the node that approved it;
+//! - the nodes' own requests reach Mastercard; Mastercard approves a share
+//!   of them past the switch's timeout (the node got a decline) and each is
+//!   reversed toward Mastercard.
+//!
+//! The simulators keep their own books and read DE 90 with their own code
+//! (src/sim/ledger.rs, src/sim/original.rs); the stored reversal is read
+//! back with `isoswitch decode --spec mastercard`. No assertion is on
+//! timing: each case polls the store until its state holds, within the
+//! case's own timeout.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+#[path = "common/owed.rs"]
+mod owed;
+#[path = "common/procs.rs"]
+mod procs;
+use owed::*;
+use procs::*;
+
+/// A `connect` service dialling Mastercard at `mc` over 2 links before
+/// `nodes`, signing each on with the member's DE 33, stamping F37; requests time out after 500 ms both ways (declined), a
+/// reversal gets 2 s and a failed attempt is retried after 300 ms.
+fn mastercard_toml(admin_toml: &str, mc: SocketAddr, nodes: &[SocketAddr]) -> String {
+    format!(
+        "{admin_toml}[store.saf]\nretry = \"300ms\"\nretry_max = \"300ms\"\n\
+         [[service]]\nname = \"mastercard\"\nspec = \"mastercard\"\nf37_stamp = {{ offset = 10, width = 2 }}\n\
+         [service.front]\nkind = \"connect\"\nconnect = \"{mc}\"\nlinks = 2\n\
+         sign_on = \"per-link\"\nsign_on_retry = \"300ms\"\nreconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n\
+         [service.network]\nfields = {{ F33 = \"001234\" }}\n\
+         [service.back]\nconnections_per_node = 2\nreconnect_min = \"50ms\"\nreconnect_max = \"200ms\"\n\
+         [service.timeouts]\nrequest = \"500ms\"\non_timeout = \"decline\"\nnode_on_timeout = \"decline\"\n\
+         by_mti = {{ \"04x0\" = \"2s\" }}\n\
+         [service.integrity]\nlate_approval = \"reverse\"\n{}",
+        nodes_toml(nodes)
+    )
+}
+
+/// `query`'s one-column rows from the store, read from outside (none
+/// before the switch has made its tables).
+fn store_column<T: rusqlite::types::FromSql>(data: &str, query: &str) -> Vec<T> {
+    let db = rusqlite::Connection::open_with_flags(
+        db_path(data),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .expect("open the store");
+    db.busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
+    // The store file is there a moment before the switch has made its
+    // tables: no rows yet, for the caller's poll to try again.
+    let mut st = match db.prepare(query) {
+        Ok(st) => st,
+        Err(e) if e.to_string().contains("no such table") => return Vec::new(),
+        Err(e) => panic!("the saf table: {e}"),
+    };
+    st.query_map([], |r| r.get(0))
+        .expect("query saf")
+        .collect::<Result<_, _>>()
+        .expect("saf rows")
+}
+
+/// The payload of a reversal still owed (a delivered one keeps none),
+/// polled for until one is stored, and opened with the store's key (it is
+/// sealed at rest); the case's timeout bounds it.
+async fn an_owed_reversal(data: &str) -> Vec<u8> {
+    let query = "SELECT id FROM saf WHERE kind = 'reversal' AND state = 'pending' \
+                 AND payload IS NOT NULL ORDER BY id LIMIT 1";
+    let id = loop {
+        if db_path(data).exists()
+            && let Some(id) = store_column::<i64>(data, query).pop()
+        {
+            break id;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let row = |column: &str| -> Vec<rusqlite::types::Value> {
+        store_column(data, &format!("SELECT {column} FROM saf WHERE id = {id}"))
+    };
+    let text = |column: &str| match row(column).pop() {
+        Some(rusqlite::types::Value::Text(t)) => t,
+        other => panic!("{column}: {other:?}"),
+    };
+    let created_at = match row("created_at").pop() {
+        Some(rusqlite::types::Value::Integer(n)) => n,
+        other => panic!("created_at: {other:?}"),
+    };
+    let sealed = match row("payload").pop() {
+        Some(rusqlite::types::Value::Blob(b)) => b,
+        other => panic!("payload: {other:?}"),
+    };
+    let (service, mti) = (text("service"), text("mti"));
+    let keys = isoswitch::store::seal::Keyring::load(&std::path::Path::new(data).join("store.key"))
+        .expect("the store's key file");
+    let row = isoswitch::store::seal::RowBinding {
+        service: &service,
+        kind: isoswitch::store::SafKind::Reversal,
+        mti: &mti,
+        created_at,
+    };
+    assert!(
+        matches!(
+            isoswitch::store::seal::sealing(&sealed),
+            isoswitch::store::seal::Sealing::Key(_)
+        ),
+        "sealed at rest"
+    );
+    keys.open(row, &sealed).expect("opens with the store's key")
+}
+
+/// `isoswitch decode --json --spec mastercard` of one stored payload,
+/// framed as the link carries it (a 2-byte binary length).
+async fn decode_mastercard(payload: &[u8]) -> serde_json::Value {
+    let len = u16::try_from(payload.len()).expect("a Mastercard frame");
+    let mut framed = len.to_be_bytes().to_vec();
+    framed.extend_from_slice(payload);
+    let hex: String = framed.iter().map(|b| format!("{b:02X}")).collect();
+    let decode = Proc::spawn(
+        "decode-mastercard-reversal",
+        &["decode", "--json", "--spec", "mastercard", "--hex", &hex],
+    );
+    let (status, out) = decode.finish().await;
+    assert!(status.success(), "decode: {status}: {out}");
+    serde_json::from_str(out.lines().next().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("decode --json: {e}: {out}"))
+}
+
+/// Field `id`'s text in `decode --json`'s output.
+fn decoded_field(msg: &serde_json::Value, id: u16) -> String {
+    msg["fields"][id.to_string()]
+        .as_str()
+        .unwrap_or_else(|| panic!("no F{id} text in {msg}"))
+        .to_string()
+}
+
+/// A stored reversal reads back, by the spec, as Mastercard's Reversal
+/// Request 0400 with DE 39 68 and a DE 90 naming the original (its MTI,
+/// DE 11, DE 7, DE 32, DE 33); and, where the late answer carried one
+/// (`approval_code`: Mastercard's do, `sim node`'s do not), its approval
+/// code in DE 38.
+async fn assert_reads_back(payload: &[u8], approval_code: bool) {
+    let msg = decode_mastercard(payload).await;
+    eprintln!("an owed reversal: {msg}");
+    assert_eq!(msg["mti"], "0400", "{msg}");
+    if approval_code {
+        assert_eq!(decoded_field(&msg, 38).len(), 6, "{msg}");
+    }
+    assert_eq!(decoded_field(&msg, 39), "68", "{msg}");
+    let f90 = decoded_field(&msg, 90);
+    assert_eq!(f90.len(), 42, "F90 n42: {f90}");
+    assert!(f90.starts_with("0100") || f90.starts_with("0200"), "{f90}");
+}
+
+/// Every delivered reversal has the host's answer recorded as its text
+/// (an EBCDIC DE 39 is "00", not its bytes), answered 0410.
+fn assert_answers_recorded_as_text(data: &str) {
+    let answers: Vec<Option<String>> = store_column(
+        data,
+        "SELECT answer FROM saf WHERE kind = 'reversal' ORDER BY id",
+    );
+    assert!(!answers.is_empty());
+    for a in answers {
+        assert_eq!(a.as_deref(), Some("0410 F39 00"));
+    }
+}
+
+/// Mastercard sends issuer requests at 50/s; 10% of the nodes' approvals come
+/// 1.5 s past the switch's 500 ms timeout (Mastercard got 68). Each is reversed
+/// at the node that approved it, one chain each (node 01 ignores each
+/// chain's first message, so its chains go on as one 0401).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mastercard_node_late_approval_is_reversed_at_that_node_with_0400() {
+    within(Duration::from_secs(150), async {
+        let late = ["--late-share", "0.1", "--late-by", "1500ms"];
+        let addrs = [free_addr(), free_addr()];
+        let mut nodes = Vec::new();
+        for (i, a) in addrs.iter().enumerate() {
+            let mut extra = late.to_vec();
+            if i == 0 {
+                extra.extend(["--ignore-reversals", "1"]);
+            }
+            let id = format!("0{}", i + 1);
+            nodes.push(node("mastercard", &id, *a, "2..20ms", &extra).await);
+        }
+        let mc_addr = free_addr();
+        let v = mc_addr.to_string();
+        let mc = Proc::spawn(
+            "late-mc-issuer",
+            &[
+                "sim",
+                "network",
+                "--dialect",
+                "mastercard",
+                "--accept",
+                &v,
+                "--links",
+                "2",
+                "--rate",
+                "50",
+                "--count",
+                "300",
+                "--duration",
+                "60s",
+                "--timeout",
+                "3s",
+                "--json",
+            ],
+        );
+        wait_listening(mc_addr).await;
+        let data = data_dir("mc-late-switch");
+        let (_admin, admin_toml) = admin_toml("mc-late-switch");
+        let path = write_config(
+            "mc-late-switch",
+            &mastercard_toml(&admin_toml, mc_addr, &addrs),
+        );
+        let p = path.to_string_lossy().into_owned();
+        let _switch = Proc::spawn(
+            "mc-late-switch",
+            &["run", "--config", &p, "--data-dir", &data],
+        );
+        // Node 01 ignores each chain's first message: its reversals stay
+        // owed (with their payload) for a while.
+        assert_reads_back(&an_owed_reversal(&data).await, false).await;
+        let report = mc.report().await;
+        eprintln!("Mastercard: {report}");
+        assert_eq!(n(&report, "issuer_sent"), 300, "{report}");
+        assert_eq!(
+            n(&report, "issuer_unanswered"),
+            0,
+            "every one answered: {report}"
+        );
+        assert!(
+            n(&report, "issuer_declined") > 0,
+            "late ones declined: {report}"
+        );
+        // Every late approval lands within --late-by of Mastercard's last answer.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
+            !rows.is_empty() && count(rows, "reversal", "pending") == 0
+        })
+        .await;
+        let mut late_total = 0;
+        for (i, host) in nodes.into_iter().enumerate() {
+            let id = format!("0{}", i + 1);
+            let r = books(host).await;
+            eprintln!("node {id}: {r}");
+            let late = assert_reversed_exactly(&id, &r);
+            let stored = rows
+                .iter()
+                .filter(|row| row.node_id.as_deref() == Some(id.as_str()))
+                .count() as u64;
+            assert_eq!(
+                stored, late,
+                "node {id}: one stored reversal per late approval"
+            );
+            let chains = sub(&r, "reversals", "chains");
+            let repeats = if i == 0 { chains } else { 0 };
+            assert_eq!(sub(&r, "reversals", "repeats"), repeats, "node {id}: {r}");
+            late_total += late;
+        }
+        assert!(late_total > 0, "some approvals came late");
+        assert_eq!(rows.len() as u64, late_total, "{rows:#?}");
+        for row in &rows {
+            assert_eq!(
+                (row.kind.as_str(), row.state.as_str()),
+                ("reversal", "delivered")
+            );
+            assert_eq!(row.direction, "to_node", "{row:?}");
+        }
+        assert_answers_recorded_as_text(&data);
+    })
+    .await;
+}
+
+/// The nodes send their own 0200s to Mastercard (40/s each); Mastercard approves 10%
+/// of them 1.5 s past the switch's 500 ms timeout (the node got 68). Each
+/// is reversed toward Mastercard, one chain each; Mastercard ignores each chain's
+/// first message, so each goes on as one 0401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mastercard_late_approvals_of_node_requests_are_reversed_toward_mastercard_with_0400() {
+    within(Duration::from_secs(150), async {
+        let addrs = [free_addr(), free_addr()];
+        let mut nodes = Vec::new();
+        for (i, a) in addrs.iter().enumerate() {
+            // Originating once every link is up and signed on.
+            let extra = ["--originate", "40", "--originate-after", "2s"];
+            nodes.push(node("mastercard", &format!("0{}", i + 1), *a, "0..10ms", &extra).await);
+        }
+        let mc_addr = free_addr();
+        let v = mc_addr.to_string();
+        let mc = Proc::spawn(
+            "late-mc-acquirer",
+            &[
+                "sim",
+                "network",
+                "--dialect",
+                "mastercard",
+                "--accept",
+                &v,
+                "--links",
+                "2",
+                "--duration",
+                "90s",
+                "--timeout",
+                "3s",
+                "--late-share",
+                "0.1",
+                "--late-by",
+                "1500ms",
+                "--ignore-reversals",
+                "1",
+                "--json",
+            ],
+        );
+        wait_listening(mc_addr).await;
+        let data = data_dir("mc-acq-late-switch");
+        let (admin, admin_toml) = admin_toml("mc-acq-late-switch");
+        let path = write_config(
+            "mc-acq-late-switch",
+            &mastercard_toml(&admin_toml, mc_addr, &addrs),
+        );
+        let p = path.to_string_lossy().into_owned();
+        let _switch = Proc::spawn(
+            "mc-acq-late-switch",
+            &["run", "--config", &p, "--data-dir", &data],
+        );
+        // Three seconds' worth of the nodes' requests, some approved late;
+        // then they stop originating and settle.
+        wait_metric_sum(admin, "isoswitch_service_node_requests", &[], 240.0).await;
+        wait_metric_sum(admin, "isoswitch_late_approvals", &[], 3.0).await;
+        // Mastercard ignores each chain's first message: reversals stay owed.
+        assert_reads_back(&an_owed_reversal(&data).await, true).await;
+        for host in &nodes {
+            host.signal("INT");
+        }
+        let mut node_reports = Vec::new();
+        for host in nodes {
+            node_reports.push(host.report().await);
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
+            !rows.is_empty() && count(rows, "reversal", "pending") == 0
+        })
+        .await;
+        mc.signal("INT");
+        let report = mc.report().await;
+        for (i, r) in node_reports.iter().enumerate() {
+            eprintln!("node 0{}: {r}", i + 1);
+            assert!(n(r, "originated") > 0, "{r}");
+            assert_eq!(n(r, "originated_unanswered"), 0, "{r}");
+        }
+        eprintln!("Mastercard: {report}");
+        let late = assert_reversed_exactly("Mastercard", &report);
+        assert!(late > 0, "Mastercard approved some late: {report}");
+        let chains = sub(&report, "reversals", "chains");
+        assert_eq!(sub(&report, "reversals", "repeats"), chains, "{report}");
+        assert_eq!(rows.len() as u64, late, "{rows:#?}");
+        for row in &rows {
+            assert_eq!(
+                (row.kind.as_str(), row.state.as_str()),
+                ("reversal", "delivered")
+            );
+            assert_eq!(row.direction, "to_peer", "{row:?}");
+            assert_eq!(
+                row.attempts, 2,
+                "the 0400 ignored, its 0401 answered: {row:?}"
+            );
+        }
+        let declined: u64 = node_reports
+            .iter()
+            .map(|r| n(r, "originated_declined"))
+            .sum();
+        assert!(
+            declined >= late,
+            "the switch declined each late one to its node first"
+        );
+        assert_answers_recorded_as_text(&data);
+    })
+    .await;
+}
