@@ -44,7 +44,9 @@ pub use mti::Mti;
 /// The field walk written with nom's primitives, for `benches/codec.rs`.
 #[doc(hidden)]
 pub use nom_form::validate as validate_nom_form;
-pub use sad::{EMV_FIELD, SAD_EMV_TAGS, SAD_FIELDS, SadError, Stripped, strip_sad};
+pub use sad::{
+    EMV_FIELD, SAD_EMV_TAGS, SAD_FIELDS, SadError, Stripped, strip_sad, strip_sensitive_subelements,
+};
 #[doc(hidden)]
 pub use spec::Step;
 pub use spec::{

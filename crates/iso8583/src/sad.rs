@@ -12,14 +12,20 @@
 //!   (9F26, 9F10, 9F36, 95, ...) stay: an issuer books an advice by them,
 //!   and they are not SAD.
 //!
-//! A message whose PAN is only in its track data (no F2), or whose F55 is
-//! not BER-TLV, cannot be cut down without losing what the host needs:
-//! [`strip_sad`] refuses it, and the switch forwards it instead of storing
-//! it (never acknowledging it itself).
+//! - a field the spec splits into subelements (Mastercard's DE 48) loses
+//!   the subelements the spec flags `sensitive`: the card verification
+//!   code (CVC 2, subelement 92), the cardholder authentication value, key
+//!   material ([`strip_sensitive_subelements`]).
+//!
+//! A message whose PAN is only in its track data (no F2), whose F55 is not
+//! BER-TLV, or whose subelements do not follow their layout, cannot be cut
+//! down without losing what the host needs: it is refused, and the switch
+//! forwards it instead of storing it (never acknowledging it itself).
 
 use thiserror::Error;
 
 use super::decoded::{Decoded, Value};
+use super::spec::{Spec, SubelementError};
 
 /// Fields that are sensitive authentication data as a whole.
 pub const SAD_FIELDS: [u16; 4] = [35, 36, 45, 52];
@@ -42,6 +48,10 @@ pub enum SadError {
     /// found to be removed.
     #[error("F55: {reason} at byte {offset}: its sensitive EMV tags cannot be removed")]
     BadEmv { offset: usize, reason: &'static str },
+    /// A field with sensitive subelements does not follow its layout: they
+    /// cannot be found to be removed.
+    #[error("{0}: its sensitive subelements cannot be removed")]
+    BadSubelements(#[from] SubelementError),
 }
 
 /// What [`strip_sad`] took out.
@@ -90,6 +100,52 @@ pub fn strip_sad(d: &mut Decoded) -> Result<Stripped, SadError> {
         out.emv_tags = removed;
     }
     Ok(out)
+}
+
+/// Removes from `d` every subelement its spec flags `sensitive`, in each
+/// field the spec splits into subelements; returns `(field, tag)` of each
+/// removed. The rest of the field is kept as it was, in order (the lead,
+/// then the other subelements with their tags and lengths). On an error
+/// `d` is unchanged.
+pub fn strip_sensitive_subelements(
+    spec: &Spec,
+    d: &mut Decoded,
+) -> Result<Vec<(u16, String)>, SadError> {
+    let mut changed = Vec::new();
+    let mut removed = Vec::new();
+    for def in spec.fields() {
+        let Some(layout) = def.subelements.as_ref().filter(|l| !l.sensitive.is_empty()) else {
+            continue;
+        };
+        let Some(Value::Text(text)) = d.get(def.id) else {
+            continue;
+        };
+        let parts = layout.parse(def.id, text)?;
+        let mut kept = String::with_capacity(text.len());
+        let mut cut = false;
+        for part in &parts {
+            match part.tag {
+                Some(tag) if layout.is_sensitive(tag) => {
+                    removed.push((def.id, tag.to_string()));
+                    cut = true;
+                }
+                Some(tag) => {
+                    let width = layout.length;
+                    kept.push_str(tag);
+                    kept.push_str(&format!("{:0width$}", part.value.len()));
+                    kept.push_str(part.value);
+                }
+                None => kept.push_str(part.value),
+            }
+        }
+        if cut {
+            changed.push((def.id, kept));
+        }
+    }
+    for (id, text) in changed {
+        d.set(id, Value::Text(text));
+    }
+    Ok(removed)
 }
 
 /// The TLV objects of `tlv` without the [`SAD_EMV_TAGS`], and the tags
@@ -239,6 +295,32 @@ mod tests {
 #[cfg(test)]
 mod spec_tests {
     use crate::Spec;
+
+    /// Mastercard's DE 48 keeps its category code and its other
+    /// subelements; the CVC 2 (92) and the authentication value (43) go.
+    #[test]
+    fn sensitive_subelements_leave_a_stored_message_and_the_rest_stays() {
+        let spec = Spec::builtin("mastercard").expect("mastercard");
+        let mut d = crate::Decoded::new(Vec::new(), "0120".parse().expect("mti"));
+        d.set_text(48, "R2002CV9203123430800000000");
+        let removed = super::strip_sensitive_subelements(&spec, &mut d).expect("strips");
+        assert_eq!(removed, [(48, "92".to_string()), (48, "43".to_string())]);
+        assert_eq!(d.get(48).and_then(|v| v.as_text()), Some("R2002CV"));
+        // Nothing sensitive: the field as it was.
+        let mut plain = crate::Decoded::new(Vec::new(), "0120".parse().expect("mti"));
+        plain.set_text(48, "R2002CV");
+        assert!(
+            super::strip_sensitive_subelements(&spec, &mut plain)
+                .expect("ok")
+                .is_empty()
+        );
+        assert_eq!(plain.get(48).and_then(|v| v.as_text()), Some("R2002CV"));
+        // A DE 48 that does not follow its layout cannot be cleaned: refused.
+        let mut bad = crate::Decoded::new(Vec::new(), "0120".parse().expect("mti"));
+        bad.set_text(48, "R92");
+        assert!(super::strip_sensitive_subelements(&spec, &mut bad).is_err());
+        assert_eq!(bad.get(48).and_then(|v| v.as_text()), Some("R92"));
+    }
 
     /// A spec cannot put sensitive authentication data back into the
     /// reversal it makes the switch store.

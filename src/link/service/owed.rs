@@ -624,6 +624,7 @@ pub(super) fn store_advice(svc: &Service, req: &Checked<'_>, origin: Origin) -> 
         }
     };
     let kept = crate::iso8583::strip_sad(&mut decoded)
+        .and_then(|_| crate::iso8583::strip_sensitive_subelements(svc.spec(), &mut decoded))
         .map_err(|e| e.to_string())
         .and_then(|_| svc.spec().encode(&decoded).map_err(|e| e.to_string()));
     let kept = match kept {
