@@ -284,7 +284,7 @@ fn postgres_target(
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(5));
     }
-    fail_over_defaults(&mut config);
+    fail_over_defaults(&mut config, stripped.contains("target_session_attrs="));
     let local = all_local(&config);
     let use_tls = match mode {
         SslMode::Disable => false,
@@ -344,10 +344,9 @@ const DRIVER_KEEPALIVES_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
 /// (`target_session_attrs=read-write`: a hot standby is skipped, and after
 /// a promotion the reconnect finds the new primary); and a dead server is
 /// noticed in seconds, not minutes.
-fn fail_over_defaults(config: &mut tokio_postgres::Config) {
+fn fail_over_defaults(config: &mut tokio_postgres::Config, attrs_given: bool) {
     use tokio_postgres::config::TargetSessionAttrs;
-    if config.get_hosts().len() > 1 && config.get_target_session_attrs() == TargetSessionAttrs::Any
-    {
+    if config.get_hosts().len() > 1 && !attrs_given {
         config.target_session_attrs(TargetSessionAttrs::ReadWrite);
     }
     if config.get_tcp_user_timeout().is_none() {
