@@ -60,6 +60,11 @@ pub enum SimCommand {
         /// the switch repeats them as 0421.
         #[arg(long, default_value_t = 0)]
         ignore_reversals: u32,
+        /// Leave every original advice (0120/0220) unacknowledged and
+        /// acknowledge its repeats (0121/0221), so a switch storing advices
+        /// has to repeat each one, to this node or another.
+        #[arg(long)]
+        ignore_advice_originals: bool,
         /// F39 of the answers to each reversal chain's messages in turn,
         /// the last for the rest (`96,96,00`: two system errors, then done).
         #[arg(long, value_delimiter = ',')]
@@ -211,6 +216,7 @@ pub fn run(sim: SimCommand) -> ExitCode {
             late_by,
             partial,
             ignore_reversals,
+            ignore_advice_originals,
             reversal_answers,
             key_request_every,
             json,
@@ -252,6 +258,7 @@ pub fn run(sim: SimCommand) -> ExitCode {
                 }),
                 partial,
                 ignore_reversals,
+                ignore_advice_originals,
                 reversal_answers,
                 key_requests: key_request_every.map(|every| crate::sim::node::KeyRequests {
                     every,

@@ -345,6 +345,9 @@ pub struct AdviceReport {
     pub answered: u64,
     /// Advices past [`MAX_TRACKED`], not remembered.
     pub untracked: u64,
+    /// Advice messages left unacknowledged on purpose
+    /// (`ignore_advice_originals`).
+    pub ignored: u64,
 }
 
 /// The advice book.
@@ -360,6 +363,7 @@ struct Advices {
 }
 
 impl AdviceBook {
+    /// An advice (`repeat`: `0121` / `0221`) for `original`.
     /// An advice (`repeat`: `0121` / `0221`) for `original`.
     pub fn advice(&self, original: OriginalKey, repeat: bool) {
         let mut guard = lock(&self.inner);
@@ -377,6 +381,11 @@ impl AdviceBook {
         } else {
             b.counts.untracked += 1;
         }
+    }
+
+    /// An advice message left unacknowledged on purpose.
+    pub fn ignored(&self) {
+        lock(&self.inner).counts.ignored += 1;
     }
 
     pub fn answered(&self) {

@@ -127,6 +127,9 @@ pub struct Finance {
     /// Leave the first this many reversal messages of each chain unanswered
     /// (so the switch has to repeat them as `0421`).
     pub ignore_reversals: u32,
+    /// Leave every original advice unacknowledged, acknowledge repeats (so
+    /// a switch storing advices has to repeat each as `0121`/`0221`).
+    pub ignore_advice_originals: bool,
     /// Key requests the node sends itself.
     pub key_requests: Option<KeyRequests>,
     /// F39 of the answers to each reversal chain's messages in turn (the
@@ -758,13 +761,19 @@ impl Shared {
         Some(Plan::answer(code, Tally::Reversal))
     }
 
-    /// An advice (`0120`/`0220`, or a repeat): booked and acknowledged.
+    /// An advice (`0120`/`0220`, or a repeat): booked and acknowledged,
+    /// unless it is an original and `ignore_advice_originals` is set.
     fn on_advice(&self, msg: &Message<'_>) -> Option<Plan> {
         let Ok(key) = OriginalKey::of_message(msg) else {
             self.stats.bad.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        self.stats.advices.advice(key, msg.mti().is_repeat());
+        let repeat = msg.mti().is_repeat();
+        self.stats.advices.advice(key, repeat);
+        if self.finance.ignore_advice_originals && !repeat {
+            self.stats.advices.ignored();
+            return None;
+        }
         Some(Plan::answer("00", Tally::Advice))
     }
 

@@ -110,7 +110,9 @@ impl Shared {
         from: Option<IpAddr>,
     ) {
         match OriginalKey::of_message(msg) {
-            Ok(key) => self.stats.member_advices.advice(key, msg.mti().is_repeat()),
+            Ok(key) => {
+                self.stats.member_advices.advice(key, msg.mti().is_repeat());
+            }
             Err(_) => {
                 self.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
                 return;
