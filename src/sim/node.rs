@@ -805,6 +805,13 @@ impl Shared {
 }
 
 impl NodeSim {
+    /// The next STAN of the node's own is `base + from` (1..=99_999; out of
+    /// range wraps into it), then onwards.
+    pub fn stans_from(&self, from: u32) {
+        let before = from.saturating_sub(1) % 99_999;
+        self.shared.stan_counter.store(before, Ordering::Relaxed);
+    }
+
     /// Stops sending node-originated requests (answers keep coming).
     /// Every request sent before is counted in [`NodeSim::outstanding`] on return.
     pub fn stop_originating(&self) {
