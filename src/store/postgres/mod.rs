@@ -388,11 +388,13 @@ fn reconnect(target: PgTarget) -> oneshot::Receiver<Live> {
                         return;
                     }
                     Err(e) => {
-                        tracing::warn!(store = %target.redacted, error = %e, "postgres reconnect")
+                        tracing::warn!(store = %target.redacted, error = %describe(&e), "postgres reconnect")
                     }
                 },
+                // With several hosts, why the last one failed: refused, a
+                // standby (read-write wanted), a certificate.
                 Err(e) => {
-                    tracing::warn!(store = %target.redacted, error = %e, "postgres reconnect")
+                    tracing::warn!(store = %target.redacted, error = %describe(&e), "postgres reconnect")
                 }
             }
             wait = (wait * 2).min(RECONNECT_MAX);
