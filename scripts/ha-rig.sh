@@ -584,27 +584,31 @@ by = collections.Counter(r['completed_by'] for r in rows)
 print(' '.join(f'{n}:{by[n]}' for n in names))" "${names[@]}") \
         || die "the survivors did not deliver every entry A owed themselves"
     log "what A owed, delivered (completed_by): $by"
-    local id late=0 chains=0 repeats=0 ignored=0 arepeats=0 r
+    local id late=0 intime=0 chains=0 repeats=0 ignored=0 arepeats=0 r
     for id in 04 05; do
         kill -INT "$(pid_of "node-saf-$id")"
         wait_exit "$(pid_of "node-saf-$id")" 20 || die "node $id did not stop"
         r="$WORK/node-saf-$id.out"
         [ "$(field "$r" "r['reversals']['late_never_reversed']")" -eq 0 ] || die "node $id: a late approval never reversed"
-        [ "$(field "$r" "r['reversals']['chains_not_late'] + r['reversals']['duplicate_chains'] + r['reversals']['unreadable']")" -eq 0 ] \
-            || die "node $id: a reversal for an answer in time, a second chain for one original, or an unreadable F90: $(tail -1 "$r")"
+        [ "$(field "$r" "r['reversals']['duplicate_chains'] + r['reversals']['unreadable']")" -eq 0 ] \
+            || die "node $id: a second chain for one original, or an unreadable F90: $(tail -1 "$r")"
         late=$((late + $(field "$r" "r['reversals']['late_approvals']")))
+        # An answer the node sent in time that reached the switch past its
+        # 500 ms (a starved box: two cores under CPU hogs) was declined at
+        # the deadline, so its approval is rightly reversed.
+        intime=$((intime + $(field "$r" "r['reversals']['chains_not_late']")))
         chains=$((chains + $(field "$r" "r['reversals']['chains']")))
         repeats=$((repeats + $(field "$r" "r['reversals']['repeats']")))
         ignored=$((ignored + $(field "$r" "r['advices']['ignored']")))
         arepeats=$((arepeats + $(field "$r" "r['advices']['repeats']")))
     done
-    [ "$late" -eq "$OWED_REV" ] && [ "$chains" -eq "$late" ] && [ "$repeats" -eq "$chains" ] \
-        || die "nodes 04/05: late approvals $late, reversal chains $chains, repeats $repeats; A owed $OWED_REV"
+    [ $((late + intime)) -eq "$OWED_REV" ] && [ "$chains" -eq "$OWED_REV" ] && [ "$repeats" -eq "$chains" ] \
+        || die "nodes 04/05: late approvals $late (+ $intime late only at the switch), reversal chains $chains, repeats $repeats; A owed $OWED_REV"
     # Each advice: A's original ignored, one repeat acknowledged; a repeat
     # more only if an answer was lost (at least once).
     [ "$ignored" -eq "$OWED_ADV" ] && [ "$arepeats" -ge "$OWED_ADV" ] && [ "$arepeats" -le $((OWED_ADV + OWED_ADV / 10)) ] \
         || die "nodes 04/05: advices ignored $ignored, repeats $arepeats; A owed $OWED_ADV"
-    log "the survivors delivered what A owed: $late late approvals reversed ($chains chains, $repeats repeats), $OWED_ADV advices ($arepeats repeats)"
+    log "the survivors delivered what A owed: $late late approvals (+ $intime late only at the switch) reversed ($chains chains, $repeats repeats), $OWED_ADV advices ($arepeats repeats)"
     SAF_LINE="; A owed $OWED_REV reversals + $OWED_ADV advices, the survivors delivered $delivered ($by)"
 }
 
@@ -721,8 +725,8 @@ db_failover() {
         r="$WORK/node-saf4-$id.out"
         [ "$(field "$r" "r['reversals']['late_never_reversed']")" -eq 0 ] \
             || die "node $id: a late approval never reversed across the database failover: $(tail -1 "$r")"
-        [ "$(field "$r" "r['reversals']['chains_not_late'] + r['reversals']['unreadable']")" -eq 0 ] \
-            || die "node $id: a reversal for an answer in time, or an unreadable F90: $(tail -1 "$r")"
+        [ "$(field "$r" "r['reversals']['unreadable']")" -eq 0 ] \
+            || die "node $id: an unreadable F90: $(tail -1 "$r")"
         late=$((late + $(field "$r" "r['reversals']['late_approvals']")))
         chains=$((chains + $(field "$r" "r['reversals']['chains']")))
         dup=$((dup + $(field "$r" "r['reversals']['duplicate_chains']")))
