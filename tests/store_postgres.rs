@@ -973,3 +973,12 @@ async fn a_store_on_a_primary_and_standby_follows_the_promotion() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn an_answer_on_another_instance_finds_its_entry_by_its_keys() {
+    limited(async {
+        let (_server, url) = fresh("owed_to_peer").await;
+        store_support::owed_to_peer_is_found_by_its_keys(&open(&url).await).await;
+    })
+    .await;
+}
