@@ -1,37 +1,45 @@
 #!/usr/bin/env bash
-# Two isoswitch instances behind one virtual IP held by keepalived (VRRP), in
-# network namespaces this script creates: nothing on the host is touched.
+# Two to four isoswitch instances (HA_INSTANCES, default 2; CI runs 3)
+# behind one virtual IP held by keepalived (VRRP), on a PostgreSQL primary
+# with a synchronous hot standby, in network namespaces this script creates:
+# nothing on the host is touched (docs/ha.md).
 #
 #   scripts/ha-rig.sh up     build the rig and leave it running
-#   scripts/ha-rig.sh test   up, then the three phases below, then down; the
-#                            last line gives the failover time and the counts
+#   scripts/ha-rig.sh test   up, then the four phases below, then down; the
+#                            last line gives the failover times and the counts
 #   scripts/ha-rig.sh down   stop everything the rig started, delete its
 #                            namespaces (safe after a failed or partial run)
 #
-# Namespaces (prefix $HA_PREFIX, default isoha), all on one bridge that lives
-# in its own namespace (<p>-lan), 10.209.0.0/24:
+# Namespaces (prefix $HA_PREFIX, default isoha: use your own when others may
+# run the rig on this machine), all on one bridge that lives in its own
+# namespace (<p>-lan), 10.209.0.0/24:
 #   <p>-client .10   ATMs (isoswitch load --connection-per-request), a NAC
 #   <p>-a      .11   isoswitch A + keepalived (priority 150: master)
-#   <p>-b      .12   isoswitch B + keepalived (priority 100: backup)
-#   <p>-nodes  .20   channel nodes (sim node): POS 01 02, UnionPay 01 02 03
-#   <p>-cups   .30   UnionPay (sim cups): 8 in links, 4 to A and 4 to B
-#   <p>-db     .40   PostgreSQL: the store both instances share (SAF queue)
+#   <p>-b      .12   isoswitch B + keepalived (100); C .13 (50), D .14 (25)
+#   <p>-nodes  .20   channel nodes (sim node): POS 01 02, UnionPay 01 02 03, saf 04 05
+#   <p>-cups   .30   UnionPay (sim cups): 8 in links split across the instances
+#   <p>-db     .40   PostgreSQL primary: the store every instance shares
+#   <p>-db2    .41   its synchronous hot standby (streaming replication)
 #   virtual IP .100  the clients' address of the switch (VRRP)
 #
 # Phases of `test`:
-#   1. UnionPay across both instances: UnionPay's issuer requests and node 03's
-#      acquirer requests both ways; every answer exactly once, answers crossing
-#      from A's out links to B's in links and back (routed by F37 alone).
-#   2. Failover under load: ATMs on the VIP, kill -9 of switch A; keepalived's
-#      health script fails, B takes the VIP; answered = sent - lost, lost <=
-#      the requests that can be in flight (one per ATM), nothing doubled.
-#   3. B alone: its 4 out + 4 in links signed on, UnionPay both ways and a NAC
-#      on the VIP, every request answered.
-#   Across 2 and 3, what A owed: before the kill, a NAC on A's own address
-#   gets late approvals from the `saf` service's nodes (04, 05), which ignore
-#   the first message of each reversal chain, so A stores the reversals in
-#   the shared PostgreSQL store and cannot deliver them before it dies. B
-#   delivers every one (0421 repeats), once each, to the node that approved.
+#   1. UnionPay across every instance: issuer requests and node 03's
+#      acquirer requests both ways; every answer exactly once, answers
+#      crossing between every instance's out and in links (F37 alone).
+#   2. What A owes, then failover under load: a NAC on A's own address gets
+#      late approvals and stored advices (nodes 04/05 ignore each reversal
+#      chain's first message and every original advice), so A holds both in
+#      the shared store; then ATMs and a NAC on the VIP, kill -9 of switch A;
+#      B takes the VIP; answered = sent - lost, lost <= what can be in
+#      flight, nothing doubled.
+#   3. The survivors alone: their links signed on, UnionPay both ways, a NAC
+#      on the VIP; they deliver every reversal and advice A owed, as
+#      repeats, completed_by one of them, once each.
+#   4. The database fails over under load: kill -9 of the primary while
+#      reversals are being stored, the standby promoted 1 s later; every
+#      instance reconnects by itself, the ATMs get every answer, every late
+#      approval is reversed, the journal keeps what was committed 1 s
+#      before the kill.
 #
 # Needs root, iproute2, keepalived, curl, python3 (installs the Debian
 # packages of scripts/deps/ha.apt when missing) and PostgreSQL (installed by
