@@ -7,6 +7,14 @@
 #                                       server on 127.0.0.1:PORT (or ADDR:PORT,
 #                                       taking logins from CIDR: the HA rig's
 #                                       namespaces); prints its URL
+#   scripts/pg-test.sh standby DIR PORT ADDR CIDR PRIMARY_DIR PRIMARY_ADDR:PORT
+#                                       a hot standby of that primary in DIR
+#                                       (pg_basebackup over TLS, streaming
+#                                       replication), started on ADDR:PORT;
+#                                       the primary then commits only once
+#                                       the standby has the WAL
+#                                       (synchronous_standby_names = '*')
+#   scripts/pg-test.sh promote DIR      the standby in DIR becomes a primary
 #   scripts/pg-test.sh halt DIR         stop the server, keep DIR (start again later)
 #   scripts/pg-test.sh stop DIR         stop the server and delete DIR
 #   scripts/pg-test.sh run -- CMD...    start one on a free port, run CMD with
@@ -23,6 +31,8 @@
 # throwaway CA and a server certificate for the listen address, 127.0.0.1
 # and localhost are made with openssl in DIR/tls; clients verify against
 # DIR/tls/ca.crt (store.ca_file; `run` exports it as ISOSWITCH_TEST_PG_CA).
+# PG_TEST_ALSO_IPS (space-separated) adds addresses to the certificate: a
+# standby made later from this server uses the same certificate and key.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -70,7 +80,9 @@ make_tls() {
             -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" -out ca.crt
         openssl ecparam -name prime256v1 -genkey -noout -out server.key
         openssl req -new -key server.key -subj "/CN=$addr" -out server.csr
-        printf 'subjectAltName=IP:%s,IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n' "$addr" >server.ext
+        local also="" ip
+        for ip in ${PG_TEST_ALSO_IPS:-}; do also="$also,IP:$ip"; done
+        printf 'subjectAltName=IP:%s,IP:127.0.0.1,DNS:localhost%s\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n' "$addr" "$also" >server.ext
         openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -sha256 -days 30 \
             -extfile server.ext -out server.crt
         rm -f ca.key server.csr ca.srl
@@ -107,11 +119,53 @@ start() {
     # match connections in clear.)
     if [ -n "$allow" ] && ! grep -q "^hostssl all all $allow " "$dir/data/pg_hba.conf"; then
         echo "hostssl all all $allow scram-sha-256" >>"$dir/data/pg_hba.conf"
+        # A standby on that network streams the WAL (`standby`).
+        echo "hostssl replication all $allow scram-sha-256" >>"$dir/data/pg_hba.conf"
     fi
     as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
         -o "-c listen_addresses=$addr -c port=$port -c unix_socket_directories=$dir -c ssl=on -c ssl_cert_file=$dir/tls/server.crt -c ssl_key_file=$dir/tls/server.key -c ssl_min_protocol_version=TLSv1.2" start >/dev/null \
         || { cat "$dir/server.log" >&2 2>/dev/null; die "the server in $dir did not start on $addr:$port"; }
     echo "postgres://isoswitch:$(cat "$dir/password")@$addr:$port/postgres"
+}
+
+# A hot standby of the primary in PRIMARY_DIR (reached at PADDR:PPORT),
+# made with pg_basebackup over TLS (verify-full against the primary's CA)
+# and started on ADDR:PORT. Its TLS files and password are the primary's
+# (the certificate names both addresses: PG_TEST_ALSO_IPS at the primary's
+# init). Once it streams, the primary waits for it at each commit.
+standby() {
+    local dir=$1 port=$2 addr=$3 allow=$4 primary=$5 paddr=${6%:*} pport=${6##*:} bin conninfo i
+    bin=$(pg_bin)
+    [ -f "$primary/password" ] || die "no primary in $primary"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    cp -r "$primary/tls" "$primary/password" "$dir/"
+    [ "$(id -u)" -eq 0 ] && chown -R postgres "$dir"
+    chmod 700 "$dir"
+    conninfo="host=$paddr port=$pport user=isoswitch password=$(cat "$dir/password") sslmode=verify-full sslrootcert=$dir/tls/ca.crt application_name=standby"
+    as_owner "$bin/pg_basebackup" -d "$conninfo" -D "$dir/data" -R -X stream -c fast >"$dir/basebackup.log" 2>&1 \
+        || { cat "$dir/basebackup.log" >&2; die "pg_basebackup from $paddr:$pport failed"; }
+    as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
+        -o "-c listen_addresses=$addr -c port=$port -c unix_socket_directories=$dir -c ssl=on -c ssl_cert_file=$dir/tls/server.crt -c ssl_key_file=$dir/tls/server.key -c ssl_min_protocol_version=TLSv1.2 -c hot_standby=on" start >/dev/null \
+        || { cat "$dir/server.log" >&2 2>/dev/null; die "the standby in $dir did not start on $addr:$port"; }
+    # Synchronous from now on: a commit the primary acknowledges is on both.
+    as_owner "$bin/psql" -h "$primary" -p "$pport" -U isoswitch -d postgres -qAt \
+        -c "ALTER SYSTEM SET synchronous_standby_names = '*'" -c "SELECT pg_reload_conf()" >/dev/null \
+        || die "cannot make the primary's replication synchronous"
+    for ((i = 0; i < 100; i++)); do
+        [ "$(as_owner "$bin/psql" -h "$primary" -p "$pport" -U isoswitch -d postgres -qAt \
+            -c "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync' AND state = 'streaming'")" = 1 ] && return 0
+        sleep 0.1
+    done
+    die "the standby in $dir is not streaming synchronously from $paddr:$pport after 10 s"
+}
+
+# The standby in DIR becomes a primary (pg_ctl promote waits for it).
+promote() {
+    local dir=$1 bin
+    bin=$(find_bin) || die "pg_ctl not found"
+    as_owner "$bin/pg_ctl" -D "$dir/data" -w -t 60 promote >/dev/null \
+        || die "the standby in $dir was not promoted"
 }
 
 halt() {
@@ -129,6 +183,8 @@ free_port() {
 
 case "${1:-}" in
     start) [ $# -eq 3 ] || [ $# -eq 5 ] || die "usage: start DIR PORT [ADDR CIDR]"; start "$2" "$3" "${4:-}" "${5:-}" ;;
+    standby) [ $# -eq 7 ] || die "usage: standby DIR PORT ADDR CIDR PRIMARY_DIR PRIMARY_ADDR:PORT"; standby "$2" "$3" "$4" "$5" "$6" "$7" ;;
+    promote) [ $# -eq 2 ] || die "usage: promote DIR"; promote "$2" ;;
     halt) [ $# -eq 2 ] || die "usage: halt DIR"; halt "$2" ;;
     stop) [ $# -eq 2 ] || die "usage: stop DIR"; halt "$2" && rm -rf "$2" ;;
     run)
@@ -142,5 +198,5 @@ case "${1:-}" in
         export ISOSWITCH_TEST_PG_URL ISOSWITCH_TEST_PG_CA
         "$@"
         ;;
-    *) die "usage: start DIR PORT [ADDR CIDR] | halt DIR | stop DIR | run -- CMD..." ;;
+    *) die "usage: start DIR PORT [ADDR CIDR] | standby DIR PORT ADDR CIDR PRIMARY_DIR ADDR:PORT | promote DIR | halt DIR | stop DIR | run -- CMD..." ;;
 esac

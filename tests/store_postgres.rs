@@ -9,9 +9,9 @@ mod store_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use isoswitch::store::{SafFilter, SafState, Store, StoreError};
+use isoswitch::store::{SafFilter, SafState, Store, StoreConfig, StoreError};
 use store_support::pg::PgServer;
-use store_support::{LEASE, T0, TEST_LIMIT, config, entry};
+use store_support::{LEASE, T0, TEST_LIMIT, TempDir, config, entry};
 
 async fn open(url: &str) -> Store {
     Store::open(
@@ -851,6 +851,130 @@ async fn a_server_with_another_ca_or_name_is_refused() {
             .expect("a login in clear is refused");
         assert!(err.to_string().contains("no encryption"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await;
+}
+
+/// The URL of a primary and its standby (`host=a,b`): the store opens on
+/// the one that takes writes, whichever is listed first, and when the
+/// primary dies and the standby is promoted it reconnects to the new
+/// primary by itself. Two servers of the test's own stand in for a
+/// replicated pair: the "standby" refuses writes
+/// (`default_transaction_read_only`, which is what `SHOW
+/// transaction_read_only` reports on a hot standby) until it is
+/// "promoted"; its schema is made beforehand, as replication would have.
+#[tokio::test]
+async fn a_store_on_a_primary_and_standby_follows_the_promotion() {
+    let (primary, standby) = tokio::join!(
+        tokio::task::spawn_blocking(|| PgServer::start_own("primary")),
+        tokio::task::spawn_blocking(|| PgServer::start_own("standby")),
+    );
+    let (primary, standby) = (
+        Arc::new(primary.expect("start the primary")),
+        Arc::new(standby.expect("start the standby")),
+    );
+    limited(async {
+        let on_primary = primary.fresh_db("pair").await;
+        let on_standby = standby.fresh_db("pair").await;
+        open(&on_standby)
+            .await
+            .close()
+            .await
+            .expect("the standby's schema");
+        let standby_admin = admin(&on_standby).await;
+        // One password for both, as replication would have it.
+        standby_admin
+            .batch_execute(&format!(
+                "ALTER ROLE isoswitch PASSWORD '{}'",
+                primary.password()
+            ))
+            .await
+            .expect("the standby's password");
+        let read_only = |on: bool| {
+            let sql = if on {
+                "ALTER SYSTEM SET default_transaction_read_only = on"
+            } else {
+                "ALTER SYSTEM RESET default_transaction_read_only"
+            };
+            let client = &standby_admin;
+            async move {
+                client.batch_execute(sql).await.expect(sql);
+                client
+                    .batch_execute("SELECT pg_reload_conf()")
+                    .await
+                    .expect("reload");
+            }
+        };
+        read_only(true).await;
+        let on_standby = on_standby.replace(&standby.password(), &primary.password());
+        // Both CAs in one file: each server has its own.
+        let dir = TempDir::new("pg-pair");
+        let cas = dir.path().join("cas.crt");
+        let mut pem = std::fs::read(primary.ca_file()).expect("the primary's CA");
+        pem.extend(std::fs::read(standby.ca_file()).expect("the standby's CA"));
+        std::fs::write(&cas, pem).expect("both CAs");
+        let port = |url: &str| {
+            url.rsplit_once(':')
+                .and_then(|(_, p)| p.split('/').next())
+                .map(str::to_string)
+                .expect("a port in the test server's URL")
+        };
+        // The standby first: the store must skip it.
+        let url = format!(
+            "postgres://isoswitch:{}@127.0.0.1:{},127.0.0.1:{}/t_pair",
+            primary.password(),
+            port(&on_standby),
+            port(&on_primary)
+        );
+        let cfg = StoreConfig {
+            url: Some(url),
+            ca_file: Some(cas),
+            key_file: Some(store_support::shared_key_file()),
+            ..StoreConfig::default()
+        };
+        let store = Store::open(&cfg, std::path::Path::new("/nonexistent"))
+            .await
+            .unwrap_or_else(|e| panic!("open on the primary and standby: {e}"));
+        let count = |client: tokio_postgres::Client| async move {
+            client
+                .query_one("SELECT count(*) FROM saf", &[])
+                .await
+                .expect("count")
+                .get::<_, i64>(0)
+        };
+        store.saf_put(entry("cups", 1, T0)).await.expect("put");
+        assert_eq!(
+            count(admin(&on_primary).await).await,
+            1,
+            "not on the primary"
+        );
+        assert_eq!(
+            count(admin(&on_standby).await).await,
+            0,
+            "written on the standby"
+        );
+        // The primary dies; the standby is promoted.
+        let halting = Arc::clone(&primary);
+        tokio::task::spawn_blocking(move || halting.halt())
+            .await
+            .expect("halt the primary");
+        read_only(false).await;
+        put_until_back(&store, 2).await;
+        assert_eq!(
+            count(admin(&on_standby).await).await,
+            1,
+            "the store did not reconnect to the promoted standby"
+        );
+        store.close().await.expect("close");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_answer_on_another_instance_finds_its_entry_by_its_keys() {
+    limited(async {
+        let (_server, url) = fresh("owed_to_peer").await;
+        store_support::owed_to_peer_is_found_by_its_keys(&open(&url).await).await;
     })
     .await;
 }

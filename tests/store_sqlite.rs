@@ -588,3 +588,12 @@ async fn a_rotated_key_reseals_every_kept_payload() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn an_answer_on_another_instance_finds_its_entry_by_its_keys() {
+    limited(async {
+        let dir = TempDir::new("owed-to-peer");
+        store_support::owed_to_peer_is_found_by_its_keys(&open(&dir).await).await;
+    })
+    .await;
+}

@@ -2,6 +2,7 @@
 //! three channel nodes, with the UnionPay simulator on the other side.
 
 mod common;
+mod store_support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -47,6 +48,17 @@ fn simplex_config(
     links: usize,
     front_extra: &str,
 ) -> Config {
+    let toml = simplex_toml(peer, listen, nodes, links, front_extra);
+    Config::from_toml(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"))
+}
+
+fn simplex_toml(
+    peer: SocketAddr,
+    listen: SocketAddr,
+    nodes: &[SocketAddr],
+    links: usize,
+    front_extra: &str,
+) -> String {
     let mut toml = format!(
         "[[service]]\nname = \"unionpay\"\nspec = \"cups\"\nf37_stamp = {{ offset = 10, width = 2 }}\n\
          [service.front]\nkind = \"simplex\"\nconnect = \"{peer}\"\nlisten = \"{listen}\"\nlinks = {links}\n\
@@ -60,7 +72,7 @@ fn simplex_config(
             i + 1
         ));
     }
-    Config::from_toml(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"))
+    toml
 }
 
 fn cups_sim_config(
@@ -897,4 +909,146 @@ async fn dropping_every_out_link_at_once_sends_nothing_before_sign_on() {
     })
     .await
     .expect("test within its timeout");
+}
+
+/// Issue 39 item 12, in a pair on PostgreSQL: an owed reversal to the peer,
+/// sent by one instance, answered (0430 F39 00) by the peer on an in link
+/// of the *other* instance, is completed through the shared store by the
+/// instance the answer reached, before the sender's next attempt: no 0421.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reversals_0430_on_the_other_instance_completes_it_through_the_store() {
+    use isoswitch::store::{Direction, NewSafEntry, SafKeys, SafKind, Store};
+    let server = tokio::task::spawn_blocking(store_support::pg::PgServer::shared)
+        .await
+        .expect("start PostgreSQL");
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let url = server.fresh_db("wrong_instance").await;
+        let spec = spec("cups");
+        let nodes = nodes(&spec, Delay::NONE, None).await;
+        let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+        let mut peers = [HandPeer::start().await, HandPeer::start().await];
+        let listens = [free_addr(), free_addr()];
+        // The sender's attempt waits 1 s; its next one would be 30 s later.
+        let store_toml = format!(
+            "[store]\nurl = \"{url}\"\nkey_file = \"{}\"\nca_file = \"{}\"\n\
+             [store.saf]\nretry = \"30s\"\nretry_max = \"30s\"\nlease = \"10s\"\n",
+            store_support::shared_key_file().display(),
+            store_support::pg::ca_of(&url).display()
+        );
+        let no_sign_on = "sign_on = \"none\"\nsign_on_retry = \"300ms\"";
+        let mut switches = Vec::new();
+        for (peer, listen) in peers.iter().zip(listens) {
+            let toml = format!(
+                "{store_toml}{}[service.timeouts]\nrequest = \"3s\"\nby_mti = {{ \"04xx\" = \"1s\" }}\n",
+                simplex_toml(peer.addr, listen, &addrs, 2, no_sign_on)
+            );
+            let config = Config::from_toml(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+            switches.push(Switch::start(&config).await.expect("start a switch"));
+        }
+        for (peer, listen) in peers.iter_mut().zip(listens) {
+            peer.open_in_links(listen, 2).await;
+        }
+        for sw in &switches {
+            let links = service(sw).side.out_links().expect("a simplex front").clone();
+            wait_until("2 out links signed on and 2 in links up", || {
+                links.up() == (2, 2) && links.in_stats.open.load(Ordering::Relaxed) == 2
+            })
+            .await;
+        }
+        // What a late approval of a node's request leaves owed: its
+        // reversal to the peer.
+        let mut original = isoswitch::iso8583::samples::purchase(&spec);
+        original.set_text(11, "424242");
+        original.set_text(37, "123456789001");
+        let reversal =
+            isoswitch::route::integrity::reversal(&spec, &original).expect("a reversal");
+        let text = |id: u16| {
+            reversal
+                .get(id)
+                .and_then(|v| v.as_text())
+                .map(str::to_string)
+        };
+        let owed = Store::open(&store_support::config(Some(url.clone())), std::path::Path::new("/nonexistent"))
+            .await
+            .expect("the store");
+        let now = isoswitch::store::saf::now_millis();
+        let id = owed
+            .saf_put(NewSafEntry {
+                service: "unionpay".to_string(),
+                direction: Direction::ToPeer,
+                kind: SafKind::Reversal,
+                mti: "0420".to_string(),
+                payload: spec.encode(&reversal).expect("encode the reversal"),
+                keys: SafKeys {
+                    f11: text(11),
+                    f37: text(37),
+                    f7: text(7),
+                    pan_masked: None,
+                    original: None,
+                },
+                created_at: now,
+                expires_at: now + 3_600_000,
+                first_attempt_at: now,
+            })
+            .await
+            .expect("owe it");
+        // Whichever instance claims it sends it on its out link; the peer
+        // answers on the other instance's in link.
+        let is_0420 = |m: &isoswitch::iso8583::Message| m.mti().digits() == *b"0420";
+        let (sender, payload) = {
+            let [p0, p1] = &mut peers;
+            tokio::select! {
+                (_, p) = p0.next_where(&spec, is_0420) => (0, p),
+                (_, p) = p1.next_where(&spec, is_0420) => (1, p),
+            }
+        };
+        let other = 1 - sender;
+        let request = isoswitch::iso8583::Message::parse(&spec, payload)
+            .and_then(|m| m.decode())
+            .expect("the 0420");
+        let answer = spec
+            .encode(&spec.respond(&request, "00").expect("an 0430"))
+            .expect("encode the 0430");
+        peers[other].send_on(0, &spec, &answer).await;
+        let owner_of = |i: usize| {
+            service(&switches[i])
+                .made
+                .saf()
+                .map(|o| o.owner.clone())
+                .expect("a store-and-forward outbox")
+        };
+        let rows = loop {
+            let rows = owed
+                .saf_list(isoswitch::store::SafFilter {
+                    state: Some(isoswitch::store::SafState::Delivered),
+                    service: None,
+                    limit: 10,
+                })
+                .await
+                .expect("list");
+            if !rows.is_empty() {
+                break rows;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].id, id);
+        assert_eq!(rows[0].completed_by.as_deref(), Some(owner_of(other).as_str()));
+        assert_eq!(rows[0].attempts, 1, "no repeat was needed");
+        // The sender's own wait (1 s) runs out; it finds the entry done
+        // and sends no 0421.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        for peer in peers.iter_mut() {
+            while let Ok((_, p)) = peer.frames.try_recv() {
+                let m = isoswitch::iso8583::Message::parse(&spec, p).expect("a frame");
+                assert_ne!(m.mti().digits(), *b"0421", "repeated although completed");
+            }
+        }
+        owed.close().await.expect("close");
+        for sw in switches {
+            sw.stop().await;
+        }
+    })
+    .await
+    .expect("test timed out");
 }

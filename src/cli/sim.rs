@@ -43,6 +43,12 @@ pub enum SimCommand {
         /// needs a live connection from the instance it lands on).
         #[arg(long, default_value = "0s", value_parser = crate::util::duration::parse)]
         originate_after: Duration,
+        /// The first STAN of its own, within the node's range (1..=99999:
+        /// node 03 sends 300000 + this, onwards). A node run again within
+        /// the switch's duplicate window starts past the last run's STANs,
+        /// or its requests are (rightly) duplicates of those.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=99_999))]
+        stan_from: u32,
         /// Share of approvals (0100/0200 answered 00) answered late, each
         /// recorded: the switch should reverse every one (0..=1).
         #[arg(long, default_value_t = 0.0)]
@@ -60,6 +66,11 @@ pub enum SimCommand {
         /// the switch repeats them as 0421.
         #[arg(long, default_value_t = 0)]
         ignore_reversals: u32,
+        /// Leave every original advice (0120/0220) unacknowledged and
+        /// acknowledge its repeats (0121/0221), so a switch storing advices
+        /// has to repeat each one, to this node or another.
+        #[arg(long)]
+        ignore_advice_originals: bool,
         /// F39 of the answers to each reversal chain's messages in turn,
         /// the last for the rest (`96,96,00`: two system errors, then done).
         #[arg(long, value_delimiter = ',')]
@@ -220,10 +231,12 @@ pub fn run(sim: SimCommand) -> ExitCode {
             no_key,
             originate,
             originate_after,
+            stan_from,
             late_share,
             late_by,
             partial,
             ignore_reversals,
+            ignore_advice_originals,
             reversal_answers,
             ignore_advices,
             late_declines,
@@ -267,6 +280,7 @@ pub fn run(sim: SimCommand) -> ExitCode {
                 }),
                 partial,
                 ignore_reversals,
+                ignore_advice_originals,
                 reversal_answers,
                 ignore_advices,
                 late_declines,
@@ -289,6 +303,7 @@ pub fn run(sim: SimCommand) -> ExitCode {
                         .await
                         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
                 eprintln!("sim node listening on {}", node.addr);
+                node.stans_from(stan_from);
                 let holding = !originate_after.is_zero();
                 if holding {
                     node.stop_originating();

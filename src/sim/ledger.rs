@@ -353,6 +353,9 @@ pub struct AdviceReport {
     pub answered: u64,
     /// Advices past [`MAX_TRACKED`], not remembered.
     pub untracked: u64,
+    /// Advice messages left unacknowledged on purpose
+    /// (`ignore_advice_originals`).
+    pub ignored: u64,
 }
 
 /// The advice book.
@@ -406,6 +409,11 @@ impl AdviceBook {
     /// Whether advice `original` is booked here.
     pub fn has_booked(&self, original: &OriginalKey) -> bool {
         lock(&self.inner).booked.contains(original)
+    }
+
+    /// An advice message left unacknowledged on purpose.
+    pub fn ignored(&self) {
+        lock(&self.inner).counts.ignored += 1;
     }
 
     pub fn answered(&self) {

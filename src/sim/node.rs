@@ -127,6 +127,9 @@ pub struct Finance {
     /// Leave the first this many reversal messages of each chain unanswered
     /// (so the switch has to repeat them as `0421`).
     pub ignore_reversals: u32,
+    /// Leave every original advice unacknowledged, acknowledge repeats (so
+    /// a switch storing advices has to repeat each as `0121`/`0221`).
+    pub ignore_advice_originals: bool,
     /// Key requests the node sends itself.
     pub key_requests: Option<KeyRequests>,
     /// F39 of the answers to each reversal chain's messages in turn (the
@@ -788,17 +791,19 @@ impl Shared {
         Some(Plan::answer(code, Tally::Reversal))
     }
 
-    /// An advice (`0120`/`0220`, or a repeat): booked and acknowledged.
+    /// An advice (`0120`/`0220`, or a repeat): booked and acknowledged,
+    /// unless it is one of the first `ignore_advices` messages of its
+    /// transaction here, or an original with `ignore_advice_originals`.
     fn on_advice(&self, msg: &Message<'_>) -> Option<Plan> {
         let Ok(key) = OriginalKey::of_message(msg) else {
             self.stats.bad.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        let place = self
-            .stats
-            .advices
-            .advice(key.clone(), msg.mti().is_repeat());
-        if place <= self.finance.ignore_advices {
+        let repeat = msg.mti().is_repeat();
+        let place = self.stats.advices.advice(key.clone(), repeat);
+        let original_ignored = self.finance.ignore_advice_originals && !repeat;
+        if place <= self.finance.ignore_advices || original_ignored {
+            self.stats.advices.ignored();
             return None;
         }
         self.stats.advices.book(key);
@@ -833,6 +838,13 @@ impl Shared {
 }
 
 impl NodeSim {
+    /// The next STAN of the node's own is `base + from` (1..=99_999; out of
+    /// range wraps into it), then onwards.
+    pub fn stans_from(&self, from: u32) {
+        let before = from.saturating_sub(1) % 99_999;
+        self.shared.stan_counter.store(before, Ordering::Relaxed);
+    }
+
     /// Stops sending node-originated requests (answers keep coming).
     /// Every request sent before is counted in [`NodeSim::outstanding`] on return.
     pub fn stop_originating(&self) {

@@ -284,6 +284,7 @@ fn postgres_target(
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(5));
     }
+    fail_over_defaults(&mut config, stripped.contains("target_session_attrs="));
     let local = all_local(&config);
     let use_tls = match mode {
         SslMode::Disable => false,
@@ -323,6 +324,43 @@ fn postgres_target(
         redacted: redact_url(url),
         tls,
     })
+}
+
+/// A silent server (its box or its rack gone, no RST) holds a
+/// connection's requests until TCP gives up: 15 minutes by the kernel's
+/// defaults. Unless the URL says otherwise, written data unacknowledged for
+/// [`TCP_USER_TIMEOUT`] and an idle connection unanswered for about 11 s of
+/// keepalives end the connection, so the store reconnects (to the new
+/// primary, with several hosts).
+pub(crate) const TCP_USER_TIMEOUT: Duration = Duration::from_secs(10);
+const KEEPALIVES_IDLE: Duration = Duration::from_secs(5);
+const KEEPALIVES_INTERVAL: Duration = Duration::from_secs(2);
+const KEEPALIVES_RETRIES: u32 = 3;
+/// tokio-postgres's own default idle time (2 h): taken as "not set".
+const DRIVER_KEEPALIVES_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
+
+/// What a store on a primary and standbys needs, unless the URL set it:
+/// with more than one host, only a server that takes writes will do
+/// (`target_session_attrs=read-write`: a hot standby is skipped, and after
+/// a promotion the reconnect finds the new primary); and a dead server is
+/// noticed in seconds, not minutes.
+fn fail_over_defaults(config: &mut tokio_postgres::Config, attrs_given: bool) {
+    use tokio_postgres::config::TargetSessionAttrs;
+    if config.get_hosts().len() > 1 && !attrs_given {
+        config.target_session_attrs(TargetSessionAttrs::ReadWrite);
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(TCP_USER_TIMEOUT);
+    }
+    if config.get_keepalives() && config.get_keepalives_idle() == DRIVER_KEEPALIVES_IDLE {
+        config.keepalives_idle(KEEPALIVES_IDLE);
+        if config.get_keepalives_interval().is_none() {
+            config.keepalives_interval(KEEPALIVES_INTERVAL);
+        }
+        if config.get_keepalives_retries().is_none() {
+            config.keepalives_retries(KEEPALIVES_RETRIES);
+        }
+    }
 }
 
 /// The `user:password@` part's password, as written.
@@ -485,6 +523,64 @@ mod tests {
         assert!(
             dumped.contains("switch:***@") && !dumped.contains("s3cret"),
             "{dumped}"
+        );
+    }
+
+    #[test]
+    fn a_primary_and_standby_url_takes_the_writable_one_and_notices_a_dead_server() {
+        use tokio_postgres::config::{Host, TargetSessionAttrs};
+        let ca = Path::new("/nonexistent/ca.crt");
+        let two = "postgres://switch:pw@10.0.0.1:5432,10.0.0.2:5433/isw";
+        // The CA file is read when the target is made: a missing one is
+        // refused by name, which shows the URL itself parsed.
+        assert_eq!(key_of(target(two, Some(ca), false)), Some("store.ca_file"));
+        let clear = format!("{two}?sslmode=disable");
+        let Ok(pg) = target(&clear, None, true) else {
+            panic!("{two} did not parse");
+        };
+        assert_eq!(
+            pg.config.get_hosts(),
+            [Host::Tcp("10.0.0.1".into()), Host::Tcp("10.0.0.2".into())]
+        );
+        assert_eq!(pg.config.get_ports(), [5432, 5433]);
+        assert_eq!(
+            pg.config.get_target_session_attrs(),
+            TargetSessionAttrs::ReadWrite
+        );
+        assert_eq!(
+            pg.redacted,
+            "postgres://switch:***@10.0.0.1:5432,10.0.0.2:5433/isw?sslmode=disable"
+        );
+        assert_eq!(pg.config.get_tcp_user_timeout(), Some(&TCP_USER_TIMEOUT));
+        assert_eq!(pg.config.get_keepalives_idle(), KEEPALIVES_IDLE);
+        // What the URL says stands.
+        let Ok(pg) = target(
+            "postgres://switch:pw@10.0.0.1,10.0.0.2/isw?sslmode=disable&target_session_attrs=any&tcp_user_timeout=30&keepalives_idle=60",
+            None,
+            true,
+        ) else {
+            panic!("explicit settings did not parse");
+        };
+        assert_eq!(
+            pg.config.get_target_session_attrs(),
+            TargetSessionAttrs::Any
+        );
+        assert_eq!(
+            pg.config.get_tcp_user_timeout(),
+            Some(&Duration::from_secs(30))
+        );
+        assert_eq!(pg.config.get_keepalives_idle(), Duration::from_secs(60));
+        // One host: any session will do (the server is what it is).
+        let Ok(one) = target(
+            "postgres://switch:pw@10.0.0.1/isw?sslmode=disable",
+            None,
+            true,
+        ) else {
+            panic!("one host did not parse");
+        };
+        assert_eq!(
+            one.config.get_target_session_attrs(),
+            TargetSessionAttrs::Any
         );
     }
 

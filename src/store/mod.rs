@@ -393,6 +393,30 @@ impl Store {
         .await
     }
 
+    /// The pending entry to the peer of `service` that the peer's answer
+    /// with these F11, F7 and F37 completes (the oldest, if several), on
+    /// whichever instance sent it: an answer that reached another instance
+    /// than the sender (docs/ha.md, "Answers on the wrong instance").
+    pub async fn saf_owed_to_peer(
+        &self,
+        service: &str,
+        f11: &str,
+        f7: &str,
+        f37: &str,
+    ) -> Result<Option<SafId>, StoreError> {
+        let op = Op::SafOwedToPeer {
+            service: service.to_string(),
+            f11: f11.to_string(),
+            f7: f7.to_string(),
+            f37: f37.to_string(),
+        };
+        match self.handle.call(op).await? {
+            Outcome::Id(id) => Ok(Some(id)),
+            Outcome::Done => Ok(None),
+            other => Err(mismatch("saf_owed_to_peer", &other)),
+        }
+    }
+
     /// Parks a pending entry as a dead letter (payload kept, for a retry).
     pub async fn saf_dead(
         &self,

@@ -762,6 +762,23 @@ fn apply(
                 .collect::<Result<Vec<_>, _>>()?;
             schema::owed(groups, *now).map(Outcome::Owed)
         }
+        Op::SafOwedToPeer {
+            service,
+            f11,
+            f7,
+            f37,
+        } => {
+            let id: Option<i64> = tx
+                .query_row(
+                    "SELECT id FROM saf WHERE state = 'pending' AND service = ?1 \
+                     AND direction = 'to_peer' AND f11 = ?2 AND f7 = ?3 AND f37 = ?4 \
+                     ORDER BY id LIMIT 1",
+                    params![service, f11, f7, f37],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            Ok(id.map_or(Outcome::Done, |id| Outcome::Id(SafId(id))))
+        }
         Op::MetaGet(key) => Ok(Outcome::Meta(meta_get(tx, key)?)),
         Op::MetaPut(key, value) => {
             meta_put(tx, key, value)?;

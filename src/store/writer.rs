@@ -51,6 +51,14 @@ pub(crate) enum Op {
         now: UnixMillis,
         reason: String,
     },
+    /// The pending entry a peer's answer names: `service`'s oldest pending
+    /// entry to the peer with these F11, F7 and F37.
+    SafOwedToPeer {
+        service: String,
+        f11: String,
+        f7: String,
+        f37: String,
+    },
     SafRetryNow {
         id: SafId,
         now: UnixMillis,
@@ -193,6 +201,7 @@ impl Op {
         matches!(
             self,
             Op::SafList(_)
+                | Op::SafOwedToPeer { .. }
                 | Op::SafStats { .. }
                 | Op::SafOwed { .. }
                 | Op::MetaGet(_)

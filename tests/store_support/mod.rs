@@ -556,3 +556,43 @@ pub async fn a_poisoned_request_fails_alone(store: &Store, release: impl Future<
     );
     assert_eq!(store.saf_stats(T0).await.expect("stats").pending, 11);
 }
+
+/// An answer from the peer that reached another instance than the sender
+/// finds its entry by F11, F7 and F37: only a pending entry to the peer of
+/// that service, the oldest first; none once it is delivered.
+pub async fn owed_to_peer_is_found_by_its_keys(store: &Store) {
+    let one = store.saf_put(entry("cups", 41, T0)).await.expect("put");
+    let again = store.saf_put(entry("cups", 41, T0)).await.expect("put");
+    let mut to_node = entry("cups", 42, T0);
+    to_node.direction = Direction::ToNode("01".to_string());
+    store.saf_put(to_node).await.expect("put");
+    let find = |service: &'static str, seq: u32| async move {
+        store
+            .saf_owed_to_peer(
+                service,
+                &format!("{seq:06}"),
+                "0101120000",
+                &format!("{seq:012}"),
+            )
+            .await
+            .expect("look up")
+    };
+    assert_eq!(find("cups", 41).await, Some(one), "the oldest of two");
+    assert_eq!(find("visa", 41).await, None, "another service's");
+    assert_eq!(find("cups", 42).await, None, "an entry to a node");
+    assert_eq!(find("cups", 43).await, None, "no such keys");
+    store
+        .saf_delivered(one, "B", T0 + 1, "0430 F39 00")
+        .await
+        .expect("delivered");
+    assert_eq!(
+        find("cups", 41).await,
+        Some(again),
+        "the other, once one is delivered"
+    );
+    store
+        .saf_delivered(again, "C", T0 + 2, "0430 F39 00")
+        .await
+        .expect("delivered");
+    assert_eq!(find("cups", 41).await, None, "none left pending");
+}

@@ -283,6 +283,7 @@ impl Peer<'_> {
                     if super::owed::late_answer(svc, &key, &checked.msg, from, now) {
                         return;
                     }
+                    complete_owed_elsewhere(svc, &checked.msg);
                 }
             }
         }
@@ -380,4 +381,73 @@ impl Peer<'_> {
             Message::parse(svc.spec(), payload).map_or_else(|e| e.to_string(), |m| summary(&m));
         tracing::warn!(service = svc.name(), link, message = %what, "frame on a write-only out link; not routed");
     }
+}
+
+/// The peer's answer (0430) to an owed reversal this instance is not
+/// waiting for: another instance sent it and the peer answered on one of
+/// this instance's in links, or this instance stopped waiting. The shared
+/// store knows the entry by the reversal's F11, F7 and F37 (which the
+/// answer echoes): a "done" or "reconcile" answer completes it here, so its
+/// sender does not repeat it (docs/ha.md, "Answers on the wrong
+/// instance"). A "retry" or a refusal is left to the sender, whose own
+/// attempt then times out. Off the message path: a task; the answer is
+/// routed by its stamp as before.
+fn complete_owed_elsewhere(svc: &Service, msg: &Message<'_>) {
+    use crate::iso8583::SafAnswerClass;
+    let mti = msg.mti();
+    if mti.class() != 4 || mti.function() != 3 {
+        return;
+    }
+    let Some(outbox) = svc.made.saf() else {
+        return;
+    };
+    let f39 = msg
+        .field(39)
+        .ok()
+        .flatten()
+        .map(|f| f.show().to_string())
+        .unwrap_or_default();
+    let flag = match svc.made.saf_answers.class(msg) {
+        SafAnswerClass::Done => None,
+        SafAnswerClass::Reconcile => Some(format!("reconcile: the host answered {f39}")),
+        SafAnswerClass::Retry | SafAnswerClass::Dead => return,
+    };
+    let Ok(d) = msg.decode() else {
+        return;
+    };
+    let text = |id: u16| d.get(id).and_then(|v| v.as_text()).map(str::to_string);
+    let (Some(f11), Some(f7), Some(f37)) = (text(11), text(7), text(37)) else {
+        return;
+    };
+    let said = format!("{mti} F39 {f39}");
+    let store = outbox.store.clone();
+    let owner = outbox.owner.clone();
+    let service = svc.name().to_string();
+    let counters = std::sync::Arc::clone(&svc.made.counters);
+    tokio::spawn(async move {
+        let id = match store.saf_owed_to_peer(&service, &f11, &f7, &f37).await {
+            Ok(Some(id)) => id,
+            // A node's own reversal, or one already completed.
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(service, error = %e, "a reversal's answer from the peer could not be looked up in the store: its sender repeats it");
+                return;
+            }
+        };
+        let now = crate::store::saf::now_millis();
+        match store
+            .saf_completed(id, &owner, now, &said, flag.as_deref())
+            .await
+        {
+            Ok(()) => {
+                counters
+                    .reversals_acknowledged
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::info!(service, %id, answer = %said, "owed reversal answered on this instance: completed through the store");
+            }
+            Err(e) => {
+                tracing::warn!(service, %id, error = %e, "owed reversal answered, but the store did not record it: its sender repeats it");
+            }
+        }
+    });
 }

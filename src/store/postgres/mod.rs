@@ -38,9 +38,13 @@ const MIGRATION_LOCK: i64 = 0x6973_6f73_7769_7463;
 
 /// Whether an error means the server or connection is gone: closed, a
 /// connection exception (08) or operator intervention (57: shutdown,
-/// terminated backend).
+/// terminated backend); or that this server no longer takes writes (25006:
+/// a standby, or a primary demoted under us), so that the store reconnects
+/// and finds the primary among the URL's hosts.
 fn is_outage(e: &tokio_postgres::Error) -> bool {
-    e.is_closed() || matches!(e.code().map(|c| &c.code()[..2]), Some("08" | "57"))
+    e.is_closed()
+        || e.code() == Some(&SqlState::READ_ONLY_SQL_TRANSACTION)
+        || matches!(e.code().map(|c| &c.code()[..2]), Some("08" | "57"))
 }
 
 fn pg_error(target: &PgTarget) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
@@ -384,11 +388,13 @@ fn reconnect(target: PgTarget) -> oneshot::Receiver<Live> {
                         return;
                     }
                     Err(e) => {
-                        tracing::warn!(store = %target.redacted, error = %e, "postgres reconnect")
+                        tracing::warn!(store = %target.redacted, error = %describe(&e), "postgres reconnect")
                     }
                 },
+                // With several hosts, why the last one failed: refused, a
+                // standby (read-write wanted), a certificate.
                 Err(e) => {
-                    tracing::warn!(store = %target.redacted, error = %e, "postgres reconnect")
+                    tracing::warn!(store = %target.redacted, error = %describe(&e), "postgres reconnect")
                 }
             }
             wait = (wait * 2).min(RECONNECT_MAX);

@@ -481,6 +481,25 @@ pub(super) async fn apply(
                 .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
             schema::owed(groups, *now).map(Outcome::Owed)
         }
+        // Rare (an answer that reached another instance than its
+        // sender's): not worth a prepared statement of its own.
+        Op::SafOwedToPeer {
+            service,
+            f11,
+            f7,
+            f37,
+        } => {
+            let row = tx
+                .query_opt(
+                    "SELECT id FROM saf WHERE state = 'pending' AND service = $1 \
+                     AND direction = 'to_peer' AND f11 = $2 AND f7 = $3 AND f37 = $4 \
+                     ORDER BY id LIMIT 1",
+                    &[service, f11, f7, f37],
+                )
+                .await?;
+            let id: Option<i64> = row.map(|r| r.try_get(0)).transpose()?;
+            Ok(id.map_or(Outcome::Done, |id| Outcome::Id(SafId(id))))
+        }
         Op::MetaGet(key) => {
             let row = tx.query_opt(&st.meta_get, &[key]).await?;
             Ok(Outcome::Meta(row.map(|r| r.try_get(0)).transpose()?))
