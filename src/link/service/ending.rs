@@ -1,12 +1,22 @@
 //! Requests the switch ends itself, without the node's answer: at their
 //! deadline, with a node connection that died, with a node forced offline,
 //! at the end of a graceful stop. Each goes through `Service::fail`, which
-//! answers for the node (or stays silent) and remembers what the switch
-//! owes for it.
+//! answers for the node (`Service::decline`, also the answer to a request
+//! no node could take) or stays silent, and remembers what the switch owes
+//! for it. All of it is here; the request's way out and the answer's way
+//! back stay in `service.rs`.
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::{Pending, Service, undelivered};
+use bytes::Bytes;
+
+use super::journaled::link_of;
+use super::{Origin, Pending, Service, owed, undelivered};
+use crate::journal::{AnsweredBy, Link};
+use crate::link::log_limit::{LogKind, LogPeer};
+use crate::link::writer::Outbound;
+use crate::route::OnTimeout;
 use crate::route::{CorrelationKey, DeclineReason};
 
 impl Service {
@@ -72,5 +82,147 @@ impl Service {
             }
         }
         true
+    }
+}
+
+/// How the switch answers for a node: the decline (or silence) and what
+/// it remembers for the host's late answer.
+impl Service {
+    /// A request that will get no node response: the switch answers for the
+    /// node (or stays silent, `on_timeout = "silent"`) and remembers it, so
+    /// that a late approval is reversed. A health check's waiter just sees
+    /// its sender dropped (a failed check); an owed message waits for its
+    /// next attempt.
+    pub(super) fn fail(
+        &self,
+        key: &CorrelationKey,
+        mut p: Pending,
+        reason: DeclineReason,
+        now: Instant,
+    ) {
+        let waiting = p.same.waiting.take();
+        if matches!(p.origin, Origin::Client { .. } | Origin::Peer) {
+            // Answered by the switch: a duplicate of it is declined.
+            self.made.duplicates.record(p.same.identity, &[], now);
+        }
+        match p.origin {
+            Origin::Check(_) => return,
+            Origin::Owed {
+                id,
+                attempt,
+                expires_at,
+                ..
+            } => return owed::attempt_failed(self, id, attempt, expires_at, reason),
+            Origin::Node => {}
+            Origin::Client { .. } | Origin::Peer => {
+                if reason.counts_against_node() {
+                    let waited = now.saturating_duration_since(p.sent_at);
+                    self.pool.finished(p.node, false, waited, now);
+                } else {
+                    self.pool.finished_without_verdict(p.node);
+                }
+            }
+        }
+        let silent = reason == DeclineReason::Timeout && p.on_timeout == OnTimeout::Silent;
+        owed::answered_for_node(self, key, &p, reason, silent, now);
+        let sent = Some((p.node, p.sent_at));
+        if silent || matches!(p.origin, Origin::Node) {
+            // Nothing goes to a client: the exchange ends here.
+            self.note_ended(&p, reason, silent, now);
+        }
+        if silent {
+            self.made
+                .counters
+                .silent_timeouts
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        for origin in waiting.map(|w| *w).into_iter().flatten() {
+            self.made
+                .counters
+                .duplicates_waited
+                .fetch_add(1, Ordering::Relaxed);
+            self.decline_noted(origin, &p.request, reason, sent, now);
+        }
+        if matches!(p.origin, Origin::Node) {
+            if let Some(peer) = self.peer() {
+                peer.decline_to_node_request(p.node, &p.request, reason);
+            }
+            return;
+        }
+        self.decline_noted(p.origin, &p.request, reason, sent, now);
+    }
+
+    /// The TPDU edit for a response to `request`, by the service's policy.
+    /// Counts an answer that found no way out; whether to log it (at most
+    /// a few lines a second, the rest summed up).
+    pub(super) fn undeliverable(&self, now: Instant) -> bool {
+        self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
+        self.links
+            .log_limit
+            .allow(LogKind::Undeliverable, LogPeer::Service, now)
+    }
+
+    /// Answers `origin` with a switch-made response to `request`. Returns
+    /// whether an answer was built and queued.
+    pub(crate) fn decline(&self, origin: Origin, request: &Bytes, reason: DeclineReason) -> bool {
+        self.decline_noted(origin, request, reason, None, Instant::now())
+    }
+
+    /// [`Service::decline`] of a request that was in flight to a node since
+    /// a time (`sent`), for the journal.
+    pub(super) fn decline_noted(
+        &self,
+        origin: Origin,
+        request: &Bytes,
+        reason: DeclineReason,
+        sent: Option<(usize, Instant)>,
+        now: Instant,
+    ) -> bool {
+        let Some(link) = link_of(&origin).filter(|l| *l != Link::Node) else {
+            // A health check's waiter sees its sender dropped: a failed
+            // check; owed messages and node requests have no one to answer.
+            return false;
+        };
+        let note = |by, response| self.note_decline(link, request, sent, (by, response), now);
+        if !owed::may_answer(self, request) {
+            note(AnsweredBy::Withheld(reason), None);
+            return false;
+        }
+        let code = self.live().decline_code(reason);
+        let resp = match crate::link::decline::build(self.spec(), request, code) {
+            Ok(resp) => resp,
+            Err(e) => {
+                // Only a request too broken to read its MTI gets here: every
+                // request routed passed validation first.
+                self.counters.undeclinable.fetch_add(1, Ordering::Relaxed);
+                if self
+                    .links
+                    .log_limit
+                    .allow(LogKind::BadMessage, LogPeer::Service, Instant::now())
+                {
+                    tracing::warn!(service = self.name(), error = %e, ?reason, "cannot build a decline");
+                }
+                note(AnsweredBy::Nobody("undeclinable"), None);
+                return false;
+            }
+        };
+        note(AnsweredBy::Switch(reason), Some(resp.clone()));
+        self.counters.declined[reason as usize].fetch_add(1, Ordering::Relaxed);
+        match origin {
+            Origin::Client { tx, slot, .. } => {
+                drop(slot); // free before the client can read the decline
+                let patch = self.router.response_tpdu_patch(request);
+                if tx.try_send(Outbound::Message(resp, patch)).is_err() {
+                    self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
+                    return false;
+                }
+                true
+            }
+            Origin::Peer => self
+                .peer()
+                .is_some_and(|p| p.answer(Outbound::message(resp))),
+            Origin::Check(_) | Origin::Owed { .. } | Origin::Node => false,
+        }
     }
 }
