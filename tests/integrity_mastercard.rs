@@ -46,109 +46,13 @@ fn mastercard_toml(admin_toml: &str, mc: SocketAddr, nodes: &[SocketAddr]) -> St
     )
 }
 
-/// `query`'s one-column rows from the store, read from outside (none
-/// before the switch has made its tables).
-fn store_column<T: rusqlite::types::FromSql>(data: &str, query: &str) -> Vec<T> {
-    let db = rusqlite::Connection::open_with_flags(
-        db_path(data),
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .expect("open the store");
-    db.busy_timeout(Duration::from_secs(5))
-        .expect("busy timeout");
-    // The store file is there a moment before the switch has made its
-    // tables: no rows yet, for the caller's poll to try again.
-    let mut st = match db.prepare(query) {
-        Ok(st) => st,
-        Err(e) if e.to_string().contains("no such table") => return Vec::new(),
-        Err(e) => panic!("the saf table: {e}"),
-    };
-    st.query_map([], |r| r.get(0))
-        .expect("query saf")
-        .collect::<Result<_, _>>()
-        .expect("saf rows")
-}
-
-/// The payload of a reversal still owed (a delivered one keeps none),
-/// polled for until one is stored, and opened with the store's key (it is
-/// sealed at rest); the case's timeout bounds it.
-async fn an_owed_reversal(data: &str) -> Vec<u8> {
-    let query = "SELECT id FROM saf WHERE kind = 'reversal' AND state = 'pending' \
-                 AND payload IS NOT NULL ORDER BY id LIMIT 1";
-    let id = loop {
-        if db_path(data).exists()
-            && let Some(id) = store_column::<i64>(data, query).pop()
-        {
-            break id;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let row = |column: &str| -> Vec<rusqlite::types::Value> {
-        store_column(data, &format!("SELECT {column} FROM saf WHERE id = {id}"))
-    };
-    let text = |column: &str| match row(column).pop() {
-        Some(rusqlite::types::Value::Text(t)) => t,
-        other => panic!("{column}: {other:?}"),
-    };
-    let created_at = match row("created_at").pop() {
-        Some(rusqlite::types::Value::Integer(n)) => n,
-        other => panic!("created_at: {other:?}"),
-    };
-    let sealed = match row("payload").pop() {
-        Some(rusqlite::types::Value::Blob(b)) => b,
-        other => panic!("payload: {other:?}"),
-    };
-    let (service, mti) = (text("service"), text("mti"));
-    let keys = isoswitch::store::seal::Keyring::load(&std::path::Path::new(data).join("store.key"))
-        .expect("the store's key file");
-    let row = isoswitch::store::seal::RowBinding {
-        service: &service,
-        kind: isoswitch::store::SafKind::Reversal,
-        mti: &mti,
-        created_at,
-    };
-    assert!(
-        matches!(
-            isoswitch::store::seal::sealing(&sealed),
-            isoswitch::store::seal::Sealing::Key(_)
-        ),
-        "sealed at rest"
-    );
-    keys.open(row, &sealed).expect("opens with the store's key")
-}
-
-/// `isoswitch decode --json --spec mastercard` of one stored payload,
-/// framed as the link carries it (a 2-byte binary length).
-async fn decode_mastercard(payload: &[u8]) -> serde_json::Value {
-    let len = u16::try_from(payload.len()).expect("a Mastercard frame");
-    let mut framed = len.to_be_bytes().to_vec();
-    framed.extend_from_slice(payload);
-    let hex: String = framed.iter().map(|b| format!("{b:02X}")).collect();
-    let decode = Proc::spawn(
-        "decode-mastercard-reversal",
-        &["decode", "--json", "--spec", "mastercard", "--hex", &hex],
-    );
-    let (status, out) = decode.finish().await;
-    assert!(status.success(), "decode: {status}: {out}");
-    serde_json::from_str(out.lines().next().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("decode --json: {e}: {out}"))
-}
-
-/// Field `id`'s text in `decode --json`'s output.
-fn decoded_field(msg: &serde_json::Value, id: u16) -> String {
-    msg["fields"][id.to_string()]
-        .as_str()
-        .unwrap_or_else(|| panic!("no F{id} text in {msg}"))
-        .to_string()
-}
-
 /// A stored reversal reads back, by the spec, as Mastercard's Reversal
 /// Request 0400 with DE 39 68 and a DE 90 naming the original (its MTI,
 /// DE 11, DE 7, DE 32, DE 33); and, where the late answer carried one
 /// (`approval_code`: Mastercard's do, `sim node`'s do not), its approval
 /// code in DE 38.
 async fn assert_reads_back(payload: &[u8], approval_code: bool) {
-    let msg = decode_mastercard(payload).await;
+    let msg = decode_stored("mastercard", &[], payload).await;
     eprintln!("an owed reversal: {msg}");
     assert_eq!(msg["mti"], "0400", "{msg}");
     if approval_code {

@@ -267,3 +267,101 @@ pub async fn read_answer(
         .map(|f| f.logical().map(char::from).collect());
     Some((msg.mti().as_str().to_string(), f39.unwrap_or_default()))
 }
+
+/// `query`'s one-column rows from the store, read from outside (none
+/// before the switch has made its tables).
+pub fn store_column<T: rusqlite::types::FromSql>(data: &str, query: &str) -> Vec<T> {
+    let db = rusqlite::Connection::open_with_flags(
+        db_path(data),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .expect("open the store");
+    db.busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
+    // The store file is there a moment before the switch has made its
+    // tables: no rows yet, for the caller's poll to try again.
+    let mut st = match db.prepare(query) {
+        Ok(st) => st,
+        Err(e) if e.to_string().contains("no such table") => return Vec::new(),
+        Err(e) => panic!("the saf table: {e}"),
+    };
+    st.query_map([], |r| r.get(0))
+        .expect("query saf")
+        .collect::<Result<_, _>>()
+        .expect("saf rows")
+}
+
+/// The payload of a reversal still owed (a delivered one keeps none),
+/// polled for until one is stored, and opened with the store's key (it is
+/// sealed at rest); the case's timeout bounds it.
+pub async fn an_owed_reversal(data: &str) -> Vec<u8> {
+    let query = "SELECT id FROM saf WHERE kind = 'reversal' AND state = 'pending' \
+                 AND payload IS NOT NULL ORDER BY id LIMIT 1";
+    let id = loop {
+        if db_path(data).exists()
+            && let Some(id) = store_column::<i64>(data, query).pop()
+        {
+            break id;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let row = |column: &str| -> Vec<rusqlite::types::Value> {
+        store_column(data, &format!("SELECT {column} FROM saf WHERE id = {id}"))
+    };
+    let text = |column: &str| match row(column).pop() {
+        Some(rusqlite::types::Value::Text(t)) => t,
+        other => panic!("{column}: {other:?}"),
+    };
+    let created_at = match row("created_at").pop() {
+        Some(rusqlite::types::Value::Integer(n)) => n,
+        other => panic!("created_at: {other:?}"),
+    };
+    let sealed = match row("payload").pop() {
+        Some(rusqlite::types::Value::Blob(b)) => b,
+        other => panic!("payload: {other:?}"),
+    };
+    let (service, mti) = (text("service"), text("mti"));
+    let keys = isoswitch::store::seal::Keyring::load(&std::path::Path::new(data).join("store.key"))
+        .expect("the store's key file");
+    let row = isoswitch::store::seal::RowBinding {
+        service: &service,
+        kind: isoswitch::store::SafKind::Reversal,
+        mti: &mti,
+        created_at,
+    };
+    assert!(
+        matches!(
+            isoswitch::store::seal::sealing(&sealed),
+            isoswitch::store::seal::Sealing::Key(_)
+        ),
+        "sealed at rest"
+    );
+    keys.open(row, &sealed).expect("opens with the store's key")
+}
+
+/// `isoswitch decode --json --spec SPEC` of one stored payload, framed as
+/// the link carries it: a 2-byte binary length, then `header` (VISA's
+/// `visa4` prefix has two more bytes; Mastercard's none).
+pub async fn decode_stored(spec: &str, header: &[u8], payload: &[u8]) -> serde_json::Value {
+    let len = u16::try_from(payload.len()).expect("a 2-byte framed message");
+    let mut framed = len.to_be_bytes().to_vec();
+    framed.extend_from_slice(header);
+    framed.extend_from_slice(payload);
+    let hex: String = framed.iter().map(|b| format!("{b:02X}")).collect();
+    let decode = Proc::spawn(
+        &format!("decode-{spec}-reversal"),
+        &["decode", "--json", "--spec", spec, "--hex", &hex],
+    );
+    let (status, out) = decode.finish().await;
+    assert!(status.success(), "decode: {status}: {out}");
+    serde_json::from_str(out.lines().next().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("decode --json: {e}: {out}"))
+}
+
+/// Field `id`'s text in `decode --json`'s output.
+pub fn decoded_field(msg: &serde_json::Value, id: u16) -> String {
+    msg["fields"][id.to_string()]
+        .as_str()
+        .unwrap_or_else(|| panic!("no F{id} text in {msg}"))
+        .to_string()
+}
