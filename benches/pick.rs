@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use isoswitch::config::BackConfig;
-use isoswitch::link::pool::{ConnHandle, NodePool};
-use isoswitch::link::writer::Outbound;
+use isoswitch::link::back::pool::{ConnHandle, NodePool};
+use isoswitch::link::io::writer::Outbound;
 use tokio::sync::mpsc;
 
 const NODES: usize = 3;

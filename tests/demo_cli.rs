@@ -4,7 +4,7 @@
 
 use std::process::{Command, Stdio};
 
-/// `2026-12-04T09:38:12.231198Z  WARN isoswitch::link::node: ...`: a line of
+/// `2026-12-04T09:38:12.231198Z  WARN isoswitch::link::back::node: ...`: a line of
 /// the switch's log (text format) rather than of the demo's narration.
 fn is_log_line(line: &str) -> bool {
     let mut words = line.split_whitespace();

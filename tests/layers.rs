@@ -533,6 +533,31 @@ fn no_module_cycle_between_files() {
     );
 }
 
+/// `link/io/` is a link's bytes whoever is at the other end: tokio, but no
+/// `Service`, no front and no back, so it can leave for a crate of its own.
+#[test]
+fn the_io_room_knows_no_service_front_or_back() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let sources = read_sources(&root);
+    let io: ModPath = vec!["link".into(), "io".into()];
+    let mut found = Vec::new();
+    for src in sources.iter().filter(|s| s.module.starts_with(&io)) {
+        for path in paths_named(src) {
+            let room = path.get(1).map(String::as_str);
+            if path.first().map(String::as_str) == Some("link")
+                && matches!(room, Some("service" | "front" | "back" | "Service"))
+            {
+                found.push(format!("{} -> {}", src.module.join("::"), path.join("::")));
+            }
+        }
+    }
+    assert!(
+        !found.is_empty() || sources.iter().any(|s| s.module.starts_with(&io)),
+        "no file under link/io"
+    );
+    assert!(found.is_empty(), "link/io reaches up: {found:#?}");
+}
+
 #[test]
 fn a_cycle_is_found() {
     let g: BTreeMap<String, BTreeSet<String>> = [

@@ -100,7 +100,9 @@ async fn atm(addr: SocketAddr, spec: &Spec, tag: u64, timeout: Duration) -> Outc
     }
 }
 
-fn oc(service: &isoswitch::link::Service) -> &isoswitch::link::oneconnect::OneConnectCounters {
+fn oc(
+    service: &isoswitch::link::Service,
+) -> &isoswitch::link::front::oneconnect::OneConnectCounters {
     &service.counters.oneconnect
 }
 

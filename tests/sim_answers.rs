@@ -315,10 +315,13 @@ fn simulators_do_not_use_the_switch_code() {
 #[test]
 fn the_guard_catches_what_it_should() {
     assert!(violations("use crate::iso8583::Spec;\nuse crate::util::Rng;\n").is_empty());
-    assert_eq!(violations("use crate::link::writer::run_writer;").len(), 1);
+    assert_eq!(
+        violations("use crate::link::io::writer::run_writer;").len(),
+        1
+    );
     assert_eq!(violations("let r = crate::route::decline::x();").len(), 1);
     assert_eq!(
-        violations("use crate::{iso8583::Spec,\n    link::writer};").len(),
+        violations("use crate::{iso8583::Spec,\n    link::io::writer};").len(),
         1
     );
     assert_eq!(violations("let m = mti.response();").len(), 1);

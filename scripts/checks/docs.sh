@@ -58,9 +58,9 @@ for f in files:
             elif anchor and dest.endswith(".md") and anchor not in anchors(dest):
                 bad.append(f"{f}:{n}: link to {target}: no such heading")
 
-# 3. Paths the architecture names in backticks exist (`src/link/pool.rs`,
+# 3. Paths the architecture names in backticks exist (`src/link/back/pool.rs`,
 #    or relative to a crate's `src/` as the prose often says them:
-#    `link/writer.rs`), and a `path::function` names a function that is
+#    `link/io/writer.rs`), and a `path::function` names a function that is
 #    there. The map of the code must not point at rooms that moved.
 named = re.compile(r"`((?:[\w.-]+/)+[\w.-]*|[\w-]+\.(?:rs|sh|toml|md|py))(?:::(\w+))?`")
 roots = ["", "src/", "crates/", "crates/route/src/", "crates/iso8583/src/", "crates/wire/src/",

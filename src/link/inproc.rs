@@ -16,10 +16,10 @@ use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
 use tokio_util::codec::Decoder;
 
-use super::client::{ClientLink, InFlightLimit};
-use super::pool::ConnHandle;
+use super::back::pool::ConnHandle;
+use super::front::admission::client::{ClientLink, InFlightLimit};
+use super::io::writer::{Outbound, encode_into};
 use super::service::Service;
-use super::writer::{Outbound, encode_into};
 use crate::config::Config;
 use crate::iso8583::{MtiEncoding, Spec};
 use crate::journal::{Entry, Journal};

@@ -2,32 +2,18 @@
 //! reads frames, asks the service (and through it `route/`) where they go, and
 //! writes them.
 
-pub mod budget;
-pub mod client;
-pub mod conns;
+pub mod back;
 pub mod decline;
-pub mod direct;
-pub mod frames;
 pub mod front;
-pub mod health;
 #[cfg(feature = "tools")]
 #[doc(hidden)]
 pub mod inproc;
+pub mod io;
 pub mod log_limit;
 pub mod netmgmt;
-pub mod node;
-pub mod oneconnect;
-pub mod oneconnect_pool;
-pub mod outlinks;
-pub mod pool;
 pub mod saf;
-pub mod secure;
 pub mod service;
-pub mod share;
-pub mod simplex;
 pub mod supervisor;
-pub mod timer;
-pub mod writer;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -62,14 +48,15 @@ pub async fn start(service: Arc<Service>, sup: &Arc<Supervisor>) -> std::io::Res
     let shutdown = sup.shutdown();
     let front_addr = match service.config.front.clone() {
         FrontConfig::Listen(front) => {
-            let listener = front::bind(&front).await?;
+            let listener = front::listen::bind(&front).await?;
             let addr = listener.local_addr()?;
             start_accept(sup, &service, front, listener, addr);
             addr
         }
         FrontConfig::Simplex(front) => {
             let mut set = JoinSet::new();
-            let addr = simplex::start(Arc::clone(&service), front, &mut set, &shutdown).await?;
+            let addr =
+                front::simplex::start(Arc::clone(&service), front, &mut set, &shutdown).await?;
             sup.watch_set(format!("{name}/links"), set);
             addr
         }
@@ -78,7 +65,8 @@ pub async fn start(service: Arc<Service>, sup: &Arc<Supervisor>) -> std::io::Res
                 .link_set()
                 .ok_or_else(|| std::io::Error::other("a connect front has a link set"))?;
             let mut tasks = JoinSet::new();
-            let addr = simplex::start_connect(Arc::clone(&service), set, &mut tasks, &shutdown);
+            let addr =
+                front::duplex::start_connect(Arc::clone(&service), set, &mut tasks, &shutdown);
             sup.watch_set(format!("{name}/links"), tasks);
             addr
         }
@@ -87,7 +75,7 @@ pub async fn start(service: Arc<Service>, sup: &Arc<Supervisor>) -> std::io::Res
         // Connections open on demand, one request at a time each; the pool's
         // health checks and maintenance cannot restart one by one.
         let mut set = JoinSet::new();
-        oneconnect::start(&service, oc, &mut set, &shutdown);
+        front::oneconnect::start(&service, oc, &mut set, &shutdown);
         sup.watch_set(format!("{name}/oneconnect"), set);
     } else {
         // Nodes removed before the start (the operators' runtime state) stay
@@ -136,7 +124,7 @@ fn start_accept(
                     }
                 },
             };
-            front::serve(svc, front, listener, stop).await;
+            front::listen::serve(svc, front, listener, stop).await;
         }
     });
 }
@@ -150,7 +138,7 @@ pub fn start_node(sup: &Arc<Supervisor>, service: &Arc<Service>, node: usize) {
     for slot in 0..service.config.back.connections_per_node {
         let (svc, st) = (Arc::clone(service), stop.clone());
         sup.spawn_critical(format!("{scope}/conn/{slot}"), token.clone(), move || {
-            node::keep_connected(Arc::clone(&svc), node, slot, st.clone())
+            back::node::keep_connected(Arc::clone(&svc), node, slot, st.clone())
         });
     }
     let check = service.config.back.health.check;
@@ -160,9 +148,11 @@ pub fn start_node(sup: &Arc<Supervisor>, service: &Arc<Service>, node: usize) {
             let (svc, st) = (Arc::clone(&svc), st.clone());
             async move {
                 match check {
-                    CheckKind::Tcp => health::run(svc, node, health::TcpConnect, st).await,
+                    CheckKind::Tcp => {
+                        back::health::run(svc, node, back::health::TcpConnect, st).await
+                    }
                     CheckKind::Echo => {
-                        health::run(svc, node, health::EchoOnKeptConnection, st).await
+                        back::health::run(svc, node, back::health::EchoOnKeptConnection, st).await
                     }
                     CheckKind::None => {}
                 }

@@ -17,7 +17,7 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 
-pub use super::outlinks::NmKind;
+pub use super::front::out_links::NmKind;
 use crate::config::{FrontConfig, NetworkConfig, ServiceConfig};
 use crate::iso8583::{Decoded, FieldCodes, IsoError, Message, Mti, Spec};
 use crate::route::CorrelationKey;

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::watch;
 
+use super::io::writer::Outbound;
 use super::service::{Origin, Pending, Service, record_attempt, record_dead};
-use super::writer::Outbound;
 use crate::iso8583::{Mti, RepeatKeys, Spec, transmission_date_time};
 use crate::route::OnTimeout;
 use crate::store::{
@@ -280,7 +280,7 @@ fn fresh_stan() -> u32 {
 /// to send on, so a pool task carries the attempt as it carries a request.
 fn via_oneconnect(
     svc: &Arc<Service>,
-    oc: &Arc<super::oneconnect::OneConnect>,
+    oc: &Arc<super::front::oneconnect::OneConnect>,
     entry: &ClaimedSaf,
     payload: Bytes,
     to: &Direction,
@@ -300,7 +300,7 @@ fn via_oneconnect(
         .try_into()
         .map_err(|_| "stored MTI is not 4 digits")?;
     let wait = svc.live().timeouts.of(&mti).after.min(policy.lease / 2);
-    super::oneconnect::send_owed(svc, oc, entry, payload, only, wait);
+    super::front::oneconnect::send_owed(svc, oc, entry, payload, only, wait);
     Ok(())
 }
 

@@ -18,11 +18,11 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
-use super::client::{ClientLink, InFlightSlot};
+use super::back::pool::NodePool;
+use super::front::admission::client::{ClientLink, InFlightSlot};
+use super::io::writer::{Outbound, Patch};
 use super::log_limit::{LogKind, LogPeer};
 use super::netmgmt::{NetworkTemplate, TemplateError};
-use super::pool::NodePool;
-use super::writer::{Outbound, Patch};
 use crate::config::{Advices, BadMessagePolicy, ConfigError, FrontConfig, ServiceConfig};
 use crate::iso8583::{Message, Spec};
 use crate::route::Router;
@@ -72,9 +72,9 @@ pub enum ServiceError {
     #[error(transparent)]
     Network(#[from] TemplateError),
     #[error(transparent)]
-    Pool(#[from] super::pool::PoolError),
+    Pool(#[from] super::back::pool::PoolError),
     #[error(transparent)]
-    OneConnect(#[from] super::oneconnect_pool::IdleTimeoutZero),
+    OneConnect(#[from] super::back::oneconnect_pool::IdleTimeoutZero),
     /// The duplicate check's fields do not fit the field index beside
     /// routing's.
     #[error(
@@ -94,7 +94,7 @@ pub enum Origin {
     /// the request leaves the correlator, however it leaves).
     Client {
         conn: u64,
-        tx: super::direct::LinkTx,
+        tx: super::io::direct::LinkTx,
         slot: Option<InFlightSlot>,
     },
     /// The peer of a simplex front: the answer leaves on any live out link.
@@ -215,6 +215,15 @@ impl Service {
             counters: ServiceCounters::default(),
             journal: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Where this service's TLS handshakes are counted and logged.
+    pub fn handshake_book(&self) -> super::io::secure::HandshakeBook<'_> {
+        super::io::secure::HandshakeBook {
+            service: self.name(),
+            handshakes: &self.links.tls.handshakes,
+            log_limit: &self.links.log_limit,
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -455,7 +464,7 @@ impl Service {
                             .pool
                             .node(picked.node())
                             .and_then(|n| n.live_conn())
-                            .ok_or(super::pool::PickError::NoHealthyNode)?;
+                            .ok_or(super::back::pool::PickError::NoHealthyNode)?;
                         Ok((picked, conn))
                     });
                 let counter = match picked {
@@ -480,8 +489,8 @@ impl Service {
         req: &Checked<'_>,
         (key, identity): (CorrelationKey, Identity),
         origin: Origin,
-        picked: super::pool::Picked<'_>,
-        conn: super::pool::ConnHandle,
+        picked: super::back::pool::Picked<'_>,
+        conn: super::back::pool::ConnHandle,
         now: Instant,
     ) -> Result<(), (Origin, DeclineReason)> {
         let refuse = |origin, reason| Err((origin, reason));

@@ -291,7 +291,7 @@ async fn handshake(
         }
         Err(why) => {
             let (h, side) = (&tls.handshakes, Side::Accept);
-            crate::link::secure::handshake_failed("admin", h, log_limit, side, peer, why);
+            crate::link::io::secure::handshake_failed("admin", h, log_limit, side, peer, why);
             None
         }
     }

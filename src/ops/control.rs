@@ -151,7 +151,7 @@ impl SwitchHandle {
             .pool
             .add_node(cfg.clone(), Instant::now())
             .map_err(|e| match e {
-                crate::link::pool::NodeChangeError::BadId(_) => {
+                crate::link::back::pool::NodeChangeError::BadId(_) => {
                     ControlError::Invalid(e.to_string())
                 }
                 _ => ControlError::Conflict(e.to_string()),

@@ -21,9 +21,9 @@ use prometheus_client::registry::Registry;
 use super::control::SwitchHandle;
 use super::saf::{SafSample, ServiceSaf};
 use crate::link::Service;
-use crate::link::conns::ConnKind;
-use crate::link::outlinks::OutLinks;
-use crate::link::pool::{Node, NodeStatus};
+use crate::link::back::pool::{Node, NodeStatus};
+use crate::link::front::out_links::OutLinks;
+use crate::link::io::conns::ConnKind;
 use crate::route::DeclineReason;
 use crate::store::SafKind;
 

@@ -372,7 +372,7 @@ pub fn live_nodes(service: &Service, removing: &[usize]) -> Vec<LiveNode> {
 
 /// Node slots left for nodes added or moved (indices are never reused).
 fn free_slots(service: &Service) -> usize {
-    (service.config.back.nodes.len() + link::pool::SPARE_NODE_SLOTS)
+    (service.config.back.nodes.len() + link::back::pool::SPARE_NODE_SLOTS)
         .saturating_sub(service.pool.nodes().len())
 }
 
@@ -572,7 +572,7 @@ pub fn check_plan(
     if new_slots > free_slots {
         return Err(ReloadError::RestartNeeded(format!(
             "service `{service}`: {new_slots} nodes to add, {free_slots} free node slots ({} runtime adds per process)",
-            link::pool::SPARE_NODE_SLOTS
+            link::back::pool::SPARE_NODE_SLOTS
         )));
     }
     Ok(())

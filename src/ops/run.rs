@@ -15,7 +15,7 @@ use super::reload::{self, ReloadReport, Stage};
 use super::runtime_state::{RuntimeStore, StateFile, StateFileError};
 use crate::config::Config;
 use crate::config::descriptors::{DescriptorNeed, open_file_limit, raise_open_file_limit};
-use crate::link::budget::ClientBudget;
+use crate::link::front::admission::budget::ClientBudget;
 use crate::link::service::SafOutbox;
 use crate::link::supervisor::Supervisor;
 use crate::link::{self, Running, Service};
@@ -381,7 +381,7 @@ fn apply_runtime_state(
     let live = reload::live_nodes(service, &[]);
     let records = reload::within_allowed(svc, store.state.of(&svc.name));
     let plan = reload::plan_nodes(&svc.name, &svc.back.nodes, &records, &live).map_err(refused)?;
-    let free = link::pool::SPARE_NODE_SLOTS;
+    let free = link::back::pool::SPARE_NODE_SLOTS;
     reload::check_plan(&svc.name, svc.f37_stamp.is_some(), free, &plan).map_err(refused)?;
     for step in plan.steps {
         reload::apply_step(Stage::Starting, service, step, report);

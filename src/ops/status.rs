@@ -223,7 +223,10 @@ fn service_status(s: &Service, front_addr: SocketAddr, now: Instant) -> ServiceS
             links: out.len(),
             up,
             signed_on,
-            in_links: s.links.table.count(crate::link::conns::ConnKind::InLink),
+            in_links: s
+                .links
+                .table
+                .count(crate::link::io::conns::ConnKind::InLink),
         }
     });
     ServiceStatus {
@@ -250,7 +253,10 @@ fn service_status(s: &Service, front_addr: SocketAddr, now: Instant) -> ServiceS
         unknown_responses: c.unknown_responses.load(Ordering::Relaxed),
         bad_messages: c.bad_messages.load(Ordering::Relaxed),
         bad_frames: c.bad_frames.load(Ordering::Relaxed),
-        clients: s.links.table.count(crate::link::conns::ConnKind::Client),
+        clients: s
+            .links
+            .table
+            .count(crate::link::io::conns::ConnKind::Client),
         nodes,
         links,
         integrity: integrity_status(&s.made.counters),

@@ -2,7 +2,7 @@
 //! queue, writing length-prefixed frames through a `BufWriter` and flushing
 //! whenever the queue runs dry.
 //!
-//! Separate from the switch's writer (`link/writer.rs`) on purpose: a
+//! Separate from the switch's writer (`link/io/writer.rs`) on purpose: a
 //! simulator is a test oracle, so a framing bug in the switch's writer must
 //! show up as a disagreement with the peer, not be shared by it. Only the
 //! `wire` layer's length prefix is reused, to write each frame's length.

@@ -27,7 +27,7 @@ async fn reload_applies_a_weight_change_without_closing_links() {
         wait_until("clients connected", || {
             svc.links
                 .table
-                .count(isoswitch::link::conns::ConnKind::Client)
+                .count(isoswitch::link::io::conns::ConnKind::Client)
                 == 2
         })
         .await;
@@ -283,7 +283,7 @@ async fn reload_keeps_every_simplex_link() {
         wait_connected(&svc, 2).await;
         let links = svc.side.out_links().cloned().unwrap();
         wait_until("4 out links signed on, 4 in links", || {
-            links.up() == (4, 4) && svc.links.table.count(isoswitch::link::conns::ConnKind::InLink) == 4
+            links.up() == (4, 4) && svc.links.table.count(isoswitch::link::io::conns::ConnKind::InLink) == 4
         })
         .await;
         let api = Api::of(&switch);

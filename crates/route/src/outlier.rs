@@ -1,7 +1,7 @@
 //! The outlier policy of a node pool: how many nodes passive ejection may
 //! take out, and what happens when no node is eligible. Pure functions over
 //! the node snapshots a pool publishes and a time the caller gives, so the
-//! tests run on a fake clock (a base `Instant` plus offsets). `link/pool.rs`
+//! tests run on a fake clock (a base `Instant` plus offsets). `link/back/pool.rs`
 //! applies them under its locks.
 //!
 //! - **The ejection cap** (as Envoy's outlier detection has

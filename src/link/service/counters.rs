@@ -38,7 +38,7 @@ pub struct ServiceCounters {
     /// Simplex and duplex fronts: the peer side's own.
     pub peer: PeerCounters,
     /// `listen` fronts in `oneconnect` mode: the pool's own counters.
-    pub oneconnect: crate::link::oneconnect_pool::OneConnectCounters,
+    pub oneconnect: crate::link::back::oneconnect_pool::OneConnectCounters,
 }
 
 impl ServiceCounters {

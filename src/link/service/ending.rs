@@ -14,8 +14,8 @@ use bytes::Bytes;
 use super::journaled::link_of;
 use super::{Origin, Pending, Service, owed, undelivered};
 use crate::journal::{AnsweredBy, Link};
+use crate::link::io::writer::Outbound;
 use crate::link::log_limit::{LogKind, LogPeer};
-use crate::link::writer::Outbound;
 use crate::route::OnTimeout;
 use crate::route::{CorrelationKey, DeclineReason};
 

@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::{Checked, Origin, Pending, Service};
+use crate::link::io::writer::{Outbound, Patch};
 use crate::link::netmgmt::{NmScope, node_nm_key, scope};
-use crate::link::writer::{Outbound, Patch};
 use crate::route::{CorrelateError, DeclineReason};
 
 /// The network management of a simplex or duplex service, as one piece:

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::net::TcpStream;
 
 use crate::capture::{Capture, ConnTap, Opened};
-use crate::link::budget::ClientBudget;
-use crate::link::conns::ConnTable;
+use crate::link::front::admission::budget::ClientBudget;
+use crate::link::io::conns::ConnTable;
 use crate::link::log_limit::LogLimit;
 
 /// Warnings of one kind about one peer written per second; the rest are

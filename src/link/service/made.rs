@@ -14,8 +14,8 @@ use tokio::sync::Notify;
 use crate::config::DuplicateAction;
 use crate::config::{IntegrityConfig, ServiceConfig};
 use crate::iso8583::{FieldCodes, IsoError, Spec};
+use crate::link::front::out_links::NmKind;
 use crate::link::netmgmt::NetworkTemplate;
-use crate::link::outlinks::NmKind;
 use crate::route::integrity::{DuplicateBook, LateBook, RepeatBook, SafAnswers};
 use crate::store::{SafPolicy, Store};
 

@@ -27,7 +27,7 @@ use super::{Origin, Pending, Service, summary};
 use crate::config::LateApproval;
 use crate::iso8583::{Decoded, Message, SafAnswerClass};
 use crate::journal::{AnsweredBy, Exchange, Journal, Link};
-use crate::link::writer::Outbound;
+use crate::link::io::writer::Outbound;
 use crate::route::integrity::{self, Late, LateEntry, Said};
 use crate::route::{Checked, CorrelationKey, DeclineReason};
 use crate::store::{

@@ -13,9 +13,9 @@ use super::side::PeerSide;
 use super::{Checked, Origin, Service, summary};
 use crate::config::{FrontConfig, StampBy};
 use crate::iso8583::Message;
+use crate::link::io::writer::{Outbound, Patch};
 use crate::link::log_limit::{LogKind, LogPeer};
 use crate::link::netmgmt::NmScope;
-use crate::link::writer::{Outbound, Patch};
 use crate::route::DeclineReason;
 
 /// A service's peer side, with the service it routes for: what a simplex or

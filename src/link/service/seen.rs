@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use super::{Origin, Pending, Service, link_of, summary};
 use crate::journal::AnsweredBy;
-use crate::link::writer::Outbound;
+use crate::link::io::writer::Outbound;
 use crate::route::integrity::{Duplicate, Identity};
 use crate::route::{Checked, CorrelationKey, DeclineReason};
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::ServiceConfig;
-use crate::link::oneconnect_pool::OneConnect;
-use crate::link::outlinks::OutLinks;
+use crate::link::back::oneconnect_pool::OneConnect;
+use crate::link::front::out_links::OutLinks;
 use crate::route::{StampTable, node::NodeId};
 
 use super::ServiceError;

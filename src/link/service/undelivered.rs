@@ -113,7 +113,7 @@ pub struct Uncertain {
     node: usize,
     request: Bytes,
     response: Bytes,
-    tx: crate::link::direct::LinkTx,
+    tx: crate::link::io::direct::LinkTx,
 }
 
 /// The node approved in time and the answer was written, but to a client
@@ -126,7 +126,7 @@ pub(super) fn delivered_uncertain(
     key: &CorrelationKey,
     (node, request): (usize, &Bytes),
     response: &Message<'_>,
-    tx: crate::link::direct::LinkTx,
+    tx: crate::link::io::direct::LinkTx,
     now: Instant,
 ) {
     if !integrity::approves(response, &svc.made.approval_codes) {

@@ -15,6 +15,12 @@ pub struct InFlightLimit {
     max: usize,
 }
 
+impl crate::link::io::conns::InFlightCount for InFlightLimit {
+    fn current(&self) -> usize {
+        InFlightLimit::current(self)
+    }
+}
+
 impl InFlightLimit {
     pub fn new(max: usize) -> Arc<InFlightLimit> {
         Arc::new(InFlightLimit {

@@ -15,7 +15,11 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::io::{AsyncRead, ReadBuf};
 
-use super::share::InFlightLimit;
+/// A link's requests in flight, as its front counts them (a client's fair
+/// share): the table shows the count without knowing the front.
+pub trait InFlightCount: Send + Sync + std::fmt::Debug {
+    fn current(&self) -> usize;
+}
 
 /// What a connection is to the switch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -50,7 +54,7 @@ pub struct ConnEntry {
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
     /// A client's in-flight share, for the table's in-flight column.
-    in_flight: OnceLock<Arc<InFlightLimit>>,
+    in_flight: OnceLock<Arc<dyn InFlightCount>>,
     /// The service's totals, which outlive the connection.
     totals: Arc<Traffic>,
     /// What TLS negotiated, on a TLS link.
@@ -101,8 +105,8 @@ impl ConnEntry {
     }
 
     /// Shows a client connection's in-flight share in the table.
-    pub fn track_in_flight(&self, limit: &Arc<InFlightLimit>) {
-        let _ = self.in_flight.set(Arc::clone(limit));
+    pub fn track_in_flight(&self, count: Arc<dyn InFlightCount>) {
+        let _ = self.in_flight.set(count);
     }
 
     /// Records what the link's TLS handshake negotiated.

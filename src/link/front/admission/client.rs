@@ -11,8 +11,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-pub use super::direct::LinkTx;
 pub use super::share::{InFlightLimit, InFlightSlot};
+pub use crate::link::io::direct::LinkTx;
 
 /// A client connection, handed to [`Service::on_request`](super::Service::on_request)
 /// with each of its requests.

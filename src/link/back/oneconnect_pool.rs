@@ -36,15 +36,15 @@ pub struct OneConnectCounters {
 }
 
 /// A node connection of the pool while it is idle (or leased to a request).
-pub(super) struct PooledConn {
-    pub(super) node: usize,
-    pub(super) frames: FramedRead<TcpStream, FrameCodec>,
+pub(in crate::link) struct PooledConn {
+    pub(in crate::link) node: usize,
+    pub(in crate::link) frames: FramedRead<TcpStream, FrameCodec>,
 }
 
 impl PooledConn {
     /// True if nothing arrived while the connection sat idle: not closed by the
     /// node, no stray bytes (which would be taken for the next answer).
-    pub(super) fn clean(&self) -> bool {
+    pub(in crate::link) fn clean(&self) -> bool {
         if !self.frames.read_buffer().is_empty() {
             return false;
         }
@@ -58,18 +58,18 @@ impl PooledConn {
 
 /// The pool of one service.
 pub struct OneConnect {
-    pub(super) cfg: OneConnectConfig,
-    pub(super) slots: Mutex<OneConnectSlots<PooledConn>>,
+    pub(in crate::link) cfg: OneConnectConfig,
+    pub(in crate::link) slots: Mutex<OneConnectSlots<PooledConn>>,
     /// Signalled whenever a slot frees up, for requests waiting for one.
-    pub(super) freed: Notify,
+    pub(in crate::link) freed: Notify,
     /// The request tasks; reaped by [`maintain`].
-    pub(super) tasks: Mutex<JoinSet<()>>,
+    pub(in crate::link) tasks: Mutex<JoinSet<()>>,
     /// Requests being carried (a graceful stop waits for them).
-    pub(super) carrying: AtomicUsize,
+    pub(in crate::link) carrying: AtomicUsize,
 }
 
 /// Counts a request as carried for as long as its task lives.
-pub(super) struct Carrying(pub(super) Arc<OneConnect>);
+pub(in crate::link) struct Carrying(pub(in crate::link) Arc<OneConnect>);
 
 impl Drop for Carrying {
     fn drop(&mut self) {
@@ -106,7 +106,7 @@ impl OneConnect {
         })))
     }
 
-    pub(super) fn slots(&self) -> std::sync::MutexGuard<'_, OneConnectSlots<PooledConn>> {
+    pub(in crate::link) fn slots(&self) -> std::sync::MutexGuard<'_, OneConnectSlots<PooledConn>> {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
 

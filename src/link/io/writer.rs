@@ -14,7 +14,7 @@ use crate::wire::LengthPrefix;
 pub use crate::wire::patch::{PATCH_MAX, PATCHES, Patch, PatchOverflow};
 
 /// Writes are batched up to this many bytes.
-pub(super) const BATCH_BYTES: usize = 64 * 1024;
+pub(in crate::link) const BATCH_BYTES: usize = 64 * 1024;
 
 /// A write buffer larger than this is given back when the queue is empty
 /// after a write: a quiet link (most of a POS network's thousands of
@@ -215,14 +215,14 @@ impl Pacing {
 /// frames it took.
 /// Empties the write buffer after a write, and gives a large one back when
 /// nothing else is queued (see [`IDLE_BUFFER`]).
-pub(super) fn settle(buf: &mut BytesMut, queue_empty: bool) {
+pub(in crate::link) fn settle(buf: &mut BytesMut, queue_empty: bool) {
     buf.clear();
     if queue_empty && buf.capacity() > IDLE_BUFFER {
         *buf = BytesMut::new();
     }
 }
 
-pub(super) fn drain<T: WriterItem>(
+pub(in crate::link) fn drain<T: WriterItem>(
     prefix: LengthPrefix,
     rx: &mut mpsc::Receiver<T>,
     buf: &mut BytesMut,
@@ -240,7 +240,7 @@ pub(super) fn drain<T: WriterItem>(
     frames
 }
 
-pub(super) fn push<T: WriterItem>(prefix: LengthPrefix, item: &T, buf: &mut BytesMut) {
+pub(in crate::link) fn push<T: WriterItem>(prefix: LengthPrefix, item: &T, buf: &mut BytesMut) {
     if let Err(e) = encode_into(prefix, item.outbound(), buf) {
         tracing::warn!(error = %e, "outbound frame dropped: it does not fit the length prefix");
     }
@@ -341,9 +341,15 @@ mod tests {
     async fn coalescing_writer_keeps_order_and_flushes_everything() {
         let (tx, rx) = mpsc::channel(16);
         let (client, mut server) = tokio::io::duplex(1 << 16);
-        let table = Arc::new(crate::link::conns::ConnTable::default());
+        let table = Arc::new(crate::link::io::conns::ConnTable::default());
         let addr = "127.0.0.1:1".parse().unwrap();
-        let conn = table.register(1, crate::link::conns::ConnKind::Client, None, addr, addr);
+        let conn = table.register(
+            1,
+            crate::link::io::conns::ConnKind::Client,
+            None,
+            addr,
+            addr,
+        );
         let entry = Some(Arc::clone(&conn.entry));
         let task = tokio::spawn(run_coalescing_writer(
             client,

@@ -1,64 +1,29 @@
-//! The `simplex` front: UnionPay's split links. The switch connects N out links
-//! to the peer and only writes on them; the peer connects N in links to the
-//! switch and only writes on them. A response usually arrives on a different TCP
-//! connection from the one its request left on, so nothing here is tied to a
-//! connection: out links are a pool, in links are sources.
+//! A link set's out links, shared by the simplex and the connect fronts:
+//! each link is kept connected (with backoff, TLS when configured), signed
+//! on before it carries anything, echo-tested while idle, and its unwritten
+//! frames handed to the other links when it dies. On a duplex link the
+//! same task reads the peer's frames.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 
-use super::log_limit::{LogKind, LogPeer};
-use super::node::Backoff;
-use super::service::Service;
-use super::timer::{ReadTimeout, ReadTimer, in_frame};
-use super::writer::{Outbound, run_writer_until};
+use super::out_links::*;
 use crate::capture::{Opened, Tapped};
-use crate::config::{FrontConfig, LinkSet, SignOn, SimplexFront};
+use crate::config::{LinkSet, SignOn};
+use crate::link::back::node::Backoff;
+use crate::link::io::timer::{ReadTimer, in_frame};
+use crate::link::io::writer::{Outbound, run_writer_until};
+use crate::link::log_limit::{LogKind, LogPeer};
+use crate::link::service::Service;
 use crate::wire::{Frame, FrameCodec};
 
-pub use super::outlinks::*;
-
-/// Spawns the out links and the in-link listener of a simplex front.
-pub async fn start(
-    service: Arc<Service>,
-    front: SimplexFront,
-    tasks: &mut tokio::task::JoinSet<()>,
-    shutdown: &watch::Receiver<bool>,
-) -> std::io::Result<std::net::SocketAddr> {
-    let listener = TcpListener::bind(front.listen).await?;
-    let addr = listener.local_addr()?;
-    let set = FrontConfig::Simplex(front.clone())
-        .link_set()
-        .ok_or_else(|| std::io::Error::other("a simplex front has a link set"))?;
-    spawn_links(&service, &set, tasks, shutdown);
-    tasks.spawn(accept_in_links(
-        Arc::clone(&service),
-        front,
-        listener,
-        shutdown.clone(),
-    ));
-    Ok(addr)
-}
-
-/// Spawns the duplex links of a `connect` front (VISA): the switch connects
-/// them, and every link carries both directions. Returns the peer's address.
-pub fn start_connect(
-    service: Arc<Service>,
-    set: LinkSet,
-    tasks: &mut tokio::task::JoinSet<()>,
-    shutdown: &watch::Receiver<bool>,
-) -> std::net::SocketAddr {
-    spawn_links(&service, &set, tasks, shutdown);
-    set.connect
-}
-
-fn spawn_links(
+pub(super) fn spawn_links(
     service: &Arc<Service>,
     set: &LinkSet,
     tasks: &mut tokio::task::JoinSet<()>,
@@ -79,11 +44,11 @@ fn spawn_links(
 }
 
 /// Lists a peer link in the service's connection table while it lives.
-fn register_link(
+pub(super) fn register_link(
     service: &Service,
     stream: &TcpStream,
-    kind: super::conns::ConnKind,
-) -> Option<super::conns::Registered> {
+    kind: crate::link::io::conns::ConnKind,
+) -> Option<crate::link::io::conns::Registered> {
     let (peer, local) = (stream.peer_addr().ok()?, stream.local_addr().ok()?);
     Some(
         service
@@ -93,7 +58,7 @@ fn register_link(
     )
 }
 
-fn out_links(service: &Service) -> Option<&Arc<OutLinks>> {
+pub(super) fn out_links(service: &Service) -> Option<&Arc<OutLinks>> {
     service.side.out_links()
 }
 
@@ -215,7 +180,9 @@ async fn out_link_handshake(
 ) -> Option<crate::tls::LinkStream> {
     let _ = stream.set_nodelay(true);
     let tls = service.links.tls.out_links.as_ref();
-    match super::secure::connect(service, tls, stream, front.connect).await {
+    match crate::link::io::secure::connect(service.handshake_book(), tls, stream, front.connect)
+        .await
+    {
         Ok(s) => Some(s),
         Err(why) => {
             if service.links.log_limit.allow(
@@ -246,12 +213,16 @@ async fn run_out_link(
     let Some(links) = out_links(service) else {
         return OutLinkEnd::Shutdown;
     };
-    let registered = register_link(service, stream.tcp(), super::conns::ConnKind::OutLink);
+    let registered = register_link(
+        service,
+        stream.tcp(),
+        crate::link::io::conns::ConnKind::OutLink,
+    );
     let tap = service.links.tap(stream.tcp(), Opened::BySwitch);
-    super::secure::show(&stream, registered.as_ref().map(|r| &*r.entry));
+    crate::link::io::secure::show(&stream, registered.as_ref().map(|r| &*r.entry));
     let (read, write) = stream.into_split();
     let entry = registered.as_ref().map(|r| Arc::clone(&r.entry));
-    let read = super::conns::Counted::new(Tapped::reader(read, &tap), entry.clone());
+    let read = crate::link::io::conns::Counted::new(Tapped::reader(read, &tap), entry.clone());
     let write = Tapped::writer(write, &tap);
     let (tx, rx) = mpsc::channel(front.write_queue);
     let prefix = service.spec().framing().prefix;
@@ -381,7 +352,7 @@ async fn run_out_link(
 /// the waiting queue), each keeping its deadline. Its own network management
 /// requests (sign-on, echo) and keep-alives belonged to that connection and
 /// are dropped; frames already past their deadline are dropped and counted.
-fn requeue(service: &Service, links: &OutLinks, rest: &mut mpsc::Receiver<LinkFrame>) {
+pub(super) fn requeue(service: &Service, links: &OutLinks, rest: &mut mpsc::Receiver<LinkFrame>) {
     // Closed first: a sender still holding this queue now fails over to another
     // link instead of queueing a frame nobody will read.
     rest.close();
@@ -463,283 +434,13 @@ fn send_nm(service: &Service, links: &OutLinks, link: usize, kind: NmKind) {
     }
 }
 
-async fn accept_in_links(
-    service: Arc<Service>,
-    front: SimplexFront,
-    listener: TcpListener,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let Some(links) = out_links(&service).cloned() else {
-        return;
-    };
-    let mut backoff = super::front::AcceptBackoff::new();
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = shutdown.changed() => return,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                backoff.failed(&service, "in links", &e).await;
-                continue;
-            }
-        };
-        backoff.reset();
-        let allowed = front.allow.is_empty() || front.allow.iter().any(|n| n.contains(&peer.ip()));
-        let open = links.in_stats.open.load(Ordering::Relaxed);
-        if !allowed || open >= front.max_in_links() {
-            links.in_stats.refused.fetch_add(1, Ordering::Relaxed);
-            // A peer retrying a link it may not have does so every few
-            // milliseconds: a line per attempt would flood the log.
-            if service.links.log_limit.allow(
-                LogKind::InLinkRefused,
-                LogPeer::Ip(peer.ip()),
-                Instant::now(),
-            ) {
-                tracing::warn!(service = service.name(), %peer, allowed, open, "in link refused");
-            }
-            continue;
-        }
-        links.in_stats.accepted.fetch_add(1, Ordering::Relaxed);
-        links.in_stats.open.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(service = service.name(), %peer, "in link up");
-        let svc = Arc::clone(&service);
-        let f = front.clone();
-        let sd = shutdown.clone();
-        let l = Arc::clone(&links);
-        tokio::spawn(async move {
-            let why = run_in_link(&svc, &f, stream, sd).await;
-            l.in_stats.open.fetch_sub(1, Ordering::Relaxed);
-            tracing::warn!(service = svc.name(), %peer, reason = %why, "in link down");
-        });
-    }
-}
-
-async fn run_in_link(
-    service: &Arc<Service>,
-    front: &SimplexFront,
-    stream: TcpStream,
-    mut shutdown: watch::Receiver<bool>,
-) -> String {
-    let Some(links) = out_links(service) else {
-        return "no front".into();
-    };
-    let prefix = service.spec().framing().prefix;
-    let registered = register_link(service, &stream, super::conns::ConnKind::InLink);
-    let tap = service.links.tap(&stream, Opened::ByPeer);
-    let peer = stream.peer_addr().unwrap_or(front.listen);
-    let Some(stream) = super::secure::accept(
-        service,
-        service.links.tls.in_links.as_ref(),
-        stream,
-        peer,
-        registered.as_ref().map(|r| &*r.entry),
-    )
-    .await
-    else {
-        return "TLS handshake failed".into();
-    };
-    // The switch never writes on an in link; the write half is held, not
-    // dropped: dropping a plain one would send the peer a FIN.
-    let (read, _held_write) = stream.into_split();
-    let entry = registered.as_ref().map(|r| Arc::clone(&r.entry));
-    let mut frames = FramedRead::new(
-        super::conns::Counted::new(Tapped::reader(read, &tap), entry),
-        FrameCodec::new(prefix, service.spec().framing().max_frame),
-    );
-    let mut timer = ReadTimer::new(
-        front.in_link_silence,
-        front.partial_frame_timeout,
-        Instant::now(),
-    );
-    let mut tick = tokio::time::interval(timer.tick_period());
-    loop {
-        let item = tokio::select! {
-            item = frames.next() => item,
-            _ = tick.tick() => {
-                match timer.check(in_frame(&frames), Instant::now()) {
-                    Some(ReadTimeout::Idle) => {
-                        links.in_stats.closed_silent.fetch_add(1, Ordering::Relaxed);
-                        return "silent too long".into();
-                    }
-                    Some(t) => return t.as_str().into(),
-                    None => continue,
-                }
-            }
-            _ = shutdown.changed() => return "shutdown".into(),
-        };
-        timer.frame(Instant::now());
-        if let Some(r) = &registered {
-            r.entry.received();
-        }
-        match item {
-            Some(Ok(Frame::KeepAlive)) => {
-                links.in_stats.keepalives_in.fetch_add(1, Ordering::Relaxed);
-            }
-            Some(Ok(Frame::Message(p))) => {
-                links.in_stats.frames_in.fetch_add(1, Ordering::Relaxed);
-                if let Some(peer) = service.peer() {
-                    peer.on_frame(p, Instant::now());
-                }
-            }
-            Some(Ok(Frame::SessionControl(_))) => {}
-            Some(Err(e)) => {
-                service.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
-                return format!("untrusted frame: {e}");
-            }
-            None => return "closed by peer".into(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use bytes::Bytes;
 
-    const SIGN_ON: &[u8] = b"001";
-    const ECHO: &[u8] = b"301";
-
     fn frame(n: u8) -> Outbound {
         Outbound::message(Bytes::from(vec![n]))
-    }
-
-    fn links(n: usize) -> OutLinks {
-        OutLinks::new(n, SignOn::PerLink, Duration::from_secs(10), Instant::now())
-    }
-
-    /// Connects `link` with a writer queue of `cap`; returns the queue's reader
-    /// and the STAN of the sign-on queued on it (already read off the queue).
-    fn connect(l: &OutLinks, link: usize, cap: usize, stan: u32) -> mpsc::Receiver<LinkFrame> {
-        let (tx, mut rx) = mpsc::channel(cap);
-        l.set_link(link, Some(tx));
-        let generation = l.send_on(link, frame(0)).expect("sign-on queued");
-        l.expect_nm_answer(stan, link, generation);
-        assert!(
-            matches!(rx.try_recv(), Ok(LinkFrame { out: Outbound::Message(p, _), .. }) if p[..] == [0])
-        );
-        rx
-    }
-
-    fn sign_on(l: &OutLinks, stan: u32) -> bool {
-        l.nm_answered(stan, SIGN_ON, true, SIGN_ON, ECHO)
-    }
-
-    #[test]
-    fn nothing_but_the_sign_on_goes_on_an_unsigned_link() {
-        let l = links(2);
-        let mut rx = connect(&l, 0, 8, 1);
-        let now = Instant::now();
-        assert_eq!(l.answer(frame(1), now), Ok(Queued::Waiting));
-        assert_eq!(l.send(frame(2), now), Ok(Queued::Waiting));
-        assert_eq!(l.send_signed_on(0, Outbound::KeepAlive), None);
-        assert!(rx.try_recv().is_err(), "nothing before the 0830");
-        assert_eq!(l.up(), (1, 0));
-        assert!(sign_on(&l, 1));
-        let got: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
-        assert_eq!(got.len(), 2, "both sent once signed on, in order");
-        assert_eq!(l.waiting(), 0);
-        assert_eq!(l.up(), (1, 1));
-    }
-
-    #[test]
-    fn an_0830_to_an_earlier_connection_signs_nothing_on() {
-        let l = links(1);
-        let _old = connect(&l, 0, 8, 1);
-        l.set_link(0, None);
-        let mut rx = connect(&l, 0, 8, 2);
-        // The old connection's sign-on is answered after the link reconnected.
-        assert!(sign_on(&l, 1));
-        assert_eq!(l.answer(frame(1), Instant::now()), Ok(Queued::Waiting));
-        assert!(
-            rx.try_recv().is_err(),
-            "the new connection is not signed on"
-        );
-        assert!(sign_on(&l, 2));
-        assert!(rx.try_recv().is_ok());
-    }
-
-    /// Before: a link coming up took every parked frame on its own queue and
-    /// dropped what did not fit. Now what does not fit keeps waiting.
-    #[test]
-    fn waiting_frames_beyond_a_full_queue_wait_not_drop() {
-        let l = links(1);
-        let mut rx = connect(&l, 0, 4, 1);
-        let now = Instant::now();
-        for i in 0..10 {
-            assert_eq!(l.answer(frame(i), now), Ok(Queued::Waiting));
-        }
-        assert!(sign_on(&l, 1));
-        let mut got = Vec::new();
-        while got.len() < 10 {
-            let before = got.len();
-            while let Ok(LinkFrame {
-                out: Outbound::Message(p, _),
-                ..
-            }) = rx.try_recv()
-            {
-                got.push(p[0]);
-            }
-            assert!(got.len() > before, "progress on every flush");
-            l.flush(now, true);
-        }
-        assert_eq!(got, (0..10).collect::<Vec<_>>(), "all, in order");
-        assert_eq!(l.parked_dropped.load(Ordering::Relaxed), 0);
-        assert_eq!(l.parked_sent.load(Ordering::Relaxed), 10);
-    }
-
-    #[test]
-    fn waiting_frames_expire_at_their_deadline_and_are_counted() {
-        let l = OutLinks::new(
-            1,
-            SignOn::PerLink,
-            Duration::from_millis(50),
-            Instant::now(),
-        );
-        let t0 = Instant::now();
-        assert_eq!(l.answer(frame(1), t0), Ok(Queued::Waiting));
-        assert_eq!(l.send(frame(2), t0), Ok(Queued::Waiting));
-        assert_eq!(l.flush(t0 + Duration::from_millis(10), true).sent, 0);
-        assert_eq!(l.waiting(), 2, "still within the deadline");
-        let done = l.flush(t0 + Duration::from_millis(60), true);
-        assert_eq!((done.answers_expired, done.requests_expired), (1, 1));
-        assert_eq!(l.waiting(), 0);
-    }
-
-    #[test]
-    fn the_waiting_queue_is_bounded() {
-        let l = links(1);
-        let now = Instant::now();
-        for _ in 0..PARK_CAPACITY {
-            assert_eq!(l.answer(frame(0), now), Ok(Queued::Waiting));
-        }
-        assert_eq!(l.answer(frame(0), now), Err(NoOutLink));
-        assert_eq!(l.park_refused.load(Ordering::Relaxed), 1);
-    }
-
-    /// Before: a frame that found no usable link, then parked just after a
-    /// link signed on and flushed, stayed parked until the next link came up
-    /// (which, with every link up, was never). This is that interleaving.
-    #[test]
-    fn a_frame_parked_while_a_link_signs_on_is_not_left_behind() {
-        let l = links(1);
-        let mut rx = connect(&l, 0, 8, 1);
-        let answer = LinkFrame {
-            since: Instant::now(),
-            carry: Some(Carry::Answer),
-            out: frame(1),
-        };
-        let Err(answer) = l.send_usable(answer) else {
-            panic!("no usable link yet");
-        };
-        assert!(
-            sign_on(&l, 1),
-            "the link signs on and flushes: nothing waits yet"
-        );
-        assert_eq!(l.wait(answer), Ok(Queued::Waiting));
-        assert!(rx.try_recv().is_ok(), "the frame was left waiting");
-        assert_eq!(l.waiting(), 0);
     }
 
     /// Before: frames moved off a dead link started a new deadline, so a node

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::writer::{Outbound, WriterItem};
 use crate::config::SignOn;
+use crate::link::io::writer::{Outbound, WriterItem};
 /// Where a link stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -33,7 +33,7 @@ impl LinkState {
         }
     }
 
-    pub(super) fn from_u8(v: u8) -> LinkState {
+    pub(in crate::link) fn from_u8(v: u8) -> LinkState {
         match v {
             1 => LinkState::Up,
             2 => LinkState::SignedOn,
@@ -61,7 +61,7 @@ impl OutLinkStats {
         LinkState::from_u8(self.state.load(Ordering::Relaxed))
     }
 
-    pub(super) fn set_state(&self, s: LinkState) {
+    pub(in crate::link) fn set_state(&self, s: LinkState) {
         self.state.store(s as u8, Ordering::Relaxed);
     }
 }
@@ -80,7 +80,7 @@ pub struct InLinkStats {
 /// One out link's connection as senders see it: its writer queue, whether this
 /// connection (not an earlier one) is signed on, and which connection it is.
 #[derive(Default)]
-pub(super) struct Slot {
+pub(in crate::link) struct Slot {
     tx: Option<mpsc::Sender<LinkFrame>>,
     signed_on: bool,
     /// Bumped on every new connection, so an 0830 to a sign-on sent on an
@@ -104,9 +104,9 @@ pub enum Carry {
 /// management or keep-alive, dropped with the connection).
 #[derive(Debug)]
 pub struct LinkFrame {
-    pub(super) since: Instant,
-    pub(super) carry: Option<Carry>,
-    pub(super) out: Outbound,
+    pub(in crate::link) since: Instant,
+    pub(in crate::link) carry: Option<Carry>,
+    pub(in crate::link) out: Outbound,
 }
 
 impl WriterItem for LinkFrame {
@@ -116,7 +116,7 @@ impl WriterItem for LinkFrame {
 }
 
 impl LinkFrame {
-    pub(super) fn own(out: Outbound) -> LinkFrame {
+    pub(in crate::link) fn own(out: Outbound) -> LinkFrame {
         LinkFrame {
             since: Instant::now(),
             carry: None,
@@ -138,7 +138,7 @@ pub struct Flushed {
 }
 
 impl Flushed {
-    pub(super) fn count_expired(&mut self, carry: Option<Carry>) {
+    pub(in crate::link) fn count_expired(&mut self, carry: Option<Carry>) {
         match carry {
             Some(Carry::Request) => self.requests_expired += 1,
             Some(Carry::Answer) | None => self.answers_expired += 1,
@@ -156,7 +156,7 @@ impl Flushed {
 pub struct OutLinks {
     slots: Vec<Mutex<Slot>>,
     pub stats: Vec<OutLinkStats>,
-    pub(super) group_signed_on: AtomicBool,
+    pub(in crate::link) group_signed_on: AtomicBool,
     sign_on: SignOn,
     next: AtomicUsize,
     epoch: Instant,
@@ -223,7 +223,7 @@ impl OutLinks {
         self.slots.is_empty()
     }
 
-    pub(super) fn slot(&self, link: usize) -> Option<std::sync::MutexGuard<'_, Slot>> {
+    pub(in crate::link) fn slot(&self, link: usize) -> Option<std::sync::MutexGuard<'_, Slot>> {
         Some(
             self.slots
                 .get(link)?
@@ -244,12 +244,12 @@ impl OutLinks {
         self.lock_waiting().len()
     }
 
-    pub(super) fn is_up(&self, link: usize) -> bool {
+    pub(in crate::link) fn is_up(&self, link: usize) -> bool {
         self.slot(link).is_some_and(|s| s.tx.is_some())
     }
 
     /// Whether the connection in `slot` may carry traffic (caller holds its lock).
-    pub(super) fn slot_usable(&self, slot: &Slot) -> bool {
+    pub(in crate::link) fn slot_usable(&self, slot: &Slot) -> bool {
         slot.tx.is_some()
             && match self.sign_on {
                 SignOn::None => true,
@@ -258,7 +258,7 @@ impl OutLinks {
             }
     }
 
-    pub(super) fn signed_on(&self, link: usize) -> bool {
+    pub(in crate::link) fn signed_on(&self, link: usize) -> bool {
         self.slot(link).is_some_and(|s| match self.sign_on {
             SignOn::None => true,
             SignOn::PerLink => s.signed_on,
@@ -266,7 +266,7 @@ impl OutLinks {
         })
     }
 
-    pub(super) fn usable(&self, link: usize) -> bool {
+    pub(in crate::link) fn usable(&self, link: usize) -> bool {
         self.slot(link).is_some_and(|s| self.slot_usable(&s))
     }
 
@@ -283,7 +283,7 @@ impl OutLinks {
         self.queue(out, Carry::Answer, now)
     }
 
-    pub(super) fn queue(
+    pub(in crate::link) fn queue(
         &self,
         out: Outbound,
         carry: Carry,
@@ -296,7 +296,7 @@ impl OutLinks {
         })
     }
 
-    pub(super) fn queue_frame(&self, frame: LinkFrame) -> Result<Queued, NoOutLink> {
+    pub(in crate::link) fn queue_frame(&self, frame: LinkFrame) -> Result<Queued, NoOutLink> {
         // Frames already waiting go first.
         let frame = if self.lock_waiting().is_empty() {
             match self.send_usable(frame) {
@@ -312,13 +312,13 @@ impl OutLinks {
     /// Parks a frame no usable link took, then flushes: a link may have
     /// signed on (and flushed) between the failed send and the park, and
     /// without this second look the frame would wait for the next sign-on.
-    pub(super) fn wait(&self, frame: LinkFrame) -> Result<Queued, NoOutLink> {
+    pub(in crate::link) fn wait(&self, frame: LinkFrame) -> Result<Queued, NoOutLink> {
         self.park(frame)?;
         self.flush(Instant::now(), false);
         Ok(Queued::Waiting)
     }
 
-    pub(super) fn park(&self, frame: LinkFrame) -> Result<(), NoOutLink> {
+    pub(in crate::link) fn park(&self, frame: LinkFrame) -> Result<(), NoOutLink> {
         let mut waiting = self.lock_waiting();
         if waiting.len() >= PARK_CAPACITY {
             self.park_refused.fetch_add(1, Ordering::Relaxed);
@@ -329,11 +329,11 @@ impl OutLinks {
     }
 
     /// Whether a frame's deadline has passed.
-    pub(super) fn stale(&self, frame: &LinkFrame, now: Instant) -> bool {
+    pub(in crate::link) fn stale(&self, frame: &LinkFrame, now: Instant) -> bool {
         now.saturating_duration_since(frame.since) > self.park_for
     }
 
-    pub(super) fn lock_waiting(&self) -> std::sync::MutexGuard<'_, VecDeque<LinkFrame>> {
+    pub(in crate::link) fn lock_waiting(&self) -> std::sync::MutexGuard<'_, VecDeque<LinkFrame>> {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -376,7 +376,7 @@ impl OutLinks {
     /// Queues `out` on the next usable link with room; the check and the queueing
     /// happen under the link's lock, so a link that dies and reconnects in
     /// between cannot receive it unsigned.
-    pub(super) fn send_usable(&self, mut out: LinkFrame) -> Result<usize, LinkFrame> {
+    pub(in crate::link) fn send_usable(&self, mut out: LinkFrame) -> Result<usize, LinkFrame> {
         let n = self.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         for i in 0..n {
@@ -404,13 +404,13 @@ impl OutLinks {
 
     /// Queues a frame on one given link, signed on or not: only the link's own
     /// sign-on goes this way. Returns the connection's generation.
-    pub(super) fn send_on(&self, link: usize, out: Outbound) -> Option<u64> {
+    pub(in crate::link) fn send_on(&self, link: usize, out: Outbound) -> Option<u64> {
         self.queue_on(link, out, false)
     }
 
     /// Queues a frame on one given link only if it is signed on (echoes,
     /// keep-alives, sign-off). Returns the connection's generation.
-    pub(super) fn send_signed_on(&self, link: usize, out: Outbound) -> Option<u64> {
+    pub(in crate::link) fn send_signed_on(&self, link: usize, out: Outbound) -> Option<u64> {
         self.queue_on(link, out, true)
     }
 
@@ -433,18 +433,18 @@ impl OutLinks {
         })
     }
 
-    pub(super) fn sent_on(&self, link: usize) {
+    pub(in crate::link) fn sent_on(&self, link: usize) {
         if let Some(s) = self.stats.get(link) {
             s.frames_out.fetch_add(1, Ordering::Relaxed);
             s.last_sent_ms.store(self.now_ms(), Ordering::Relaxed);
         }
     }
 
-    pub(super) fn now_ms(&self) -> u64 {
+    pub(in crate::link) fn now_ms(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    pub(super) fn idle_for(&self, link: usize) -> Duration {
+    pub(in crate::link) fn idle_for(&self, link: usize) -> Duration {
         let last = self
             .stats
             .get(link)
@@ -452,7 +452,7 @@ impl OutLinks {
         Duration::from_millis(self.now_ms().saturating_sub(last))
     }
 
-    pub(super) fn set_link(&self, link: usize, tx: Option<mpsc::Sender<LinkFrame>>) {
+    pub(in crate::link) fn set_link(&self, link: usize, tx: Option<mpsc::Sender<LinkFrame>>) {
         let up = tx.is_some();
         {
             let Some(mut slot) = self.slot(link) else {
@@ -478,7 +478,7 @@ impl OutLinks {
 
     /// Remembers a switch-made network management request sent on `link`'s
     /// connection `generation`.
-    pub(super) fn expect_nm_answer(&self, stan: u32, link: usize, generation: u64) {
+    pub(in crate::link) fn expect_nm_answer(&self, stan: u32, link: usize, generation: u64) {
         let mut p = self.pending_nm.lock().unwrap_or_else(|p| p.into_inner());
         // Bounded: a peer that never answers cannot grow this without limit.
         if p.len() >= 4096 {
@@ -519,7 +519,7 @@ impl OutLinks {
 
     /// Marks connection `generation` of `link` signed on; false if that
     /// connection is gone (its 0830 came too late to count).
-    pub(super) fn mark_signed_on(&self, link: usize, generation: u64) -> bool {
+    pub(in crate::link) fn mark_signed_on(&self, link: usize, generation: u64) -> bool {
         {
             let Some(mut slot) = self.slot(link) else {
                 return false;
@@ -546,3 +546,6 @@ pub enum NmKind {
     SignOff,
     Echo,
 }
+
+#[cfg(test)]
+mod tests;

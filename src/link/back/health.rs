@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch};
 
-use super::Service;
-use super::netmgmt::NmKind;
-use super::service::{Origin, Pending};
-use super::writer::Outbound;
 use crate::config::CheckKind;
+use crate::link::Service;
+use crate::link::io::writer::Outbound;
+use crate::link::netmgmt::NmKind;
+use crate::link::service::{Origin, Pending};
 use crate::route::OnTimeout;
 
 /// One way to check a node once.

@@ -11,16 +11,16 @@ use std::time::Instant;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use super::budget::ClientPermit;
-use super::client::{ClientLink, InFlightLimit, canonical_peer};
-use super::conns::{ConnKind, Counted};
-use super::direct::{self, start_writer};
-use super::frames::LeanFrames;
-use super::log_limit::{LogKind, LogPeer};
-use super::service::{Refusal, Service};
-use super::timer::{Read, ReadTimer, TimedFrames};
+use super::admission::budget::ClientPermit;
+use super::admission::client::{ClientLink, InFlightLimit, canonical_peer};
 use crate::capture::{Opened, Tapped};
 use crate::config::ListenFront;
+use crate::link::io::conns::{ConnKind, Counted};
+use crate::link::io::direct::{self, start_writer};
+use crate::link::io::frames::LeanFrames;
+use crate::link::io::timer::{Read, ReadTimer, TimedFrames};
+use crate::link::log_limit::{LogKind, LogPeer};
+use crate::link::service::{Refusal, Service};
 use crate::wire::{Frame, FrameCodec};
 
 /// Connections open per source IP and in total, to enforce the front's limits.
@@ -60,24 +60,29 @@ impl Drop for Admitted {
 
 /// Backoff of an accept loop whose accepts fail (EMFILE and friends): it
 /// must neither spin nor write a line every few milliseconds.
-pub(super) struct AcceptBackoff(std::time::Duration);
+pub(in crate::link) struct AcceptBackoff(std::time::Duration);
 
 impl AcceptBackoff {
     const FIRST: std::time::Duration = std::time::Duration::from_millis(50);
     const MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
-    pub(super) fn new() -> AcceptBackoff {
+    pub(in crate::link) fn new() -> AcceptBackoff {
         AcceptBackoff(Self::FIRST)
     }
 
     /// An accept succeeded: the next failure backs off from the start.
-    pub(super) fn reset(&mut self) {
+    pub(in crate::link) fn reset(&mut self) {
         self.0 = Self::FIRST;
     }
 
     /// An accept failed: logs it (rate-limited) and waits, longer each time
     /// in a row.
-    pub(super) async fn failed(&mut self, service: &Service, what: &str, e: &std::io::Error) {
+    pub(in crate::link) async fn failed(
+        &mut self,
+        service: &Service,
+        what: &str,
+        e: &std::io::Error,
+    ) {
         if service
             .links
             .log_limit
@@ -260,8 +265,8 @@ async fn serve_client(
         .register(conn, ConnKind::Client, None, peer, local);
     let _ = stream.set_nodelay(true);
     let tap = service.links.tap(&stream, Opened::ByPeer);
-    let Some(stream) = super::secure::accept(
-        &service,
+    let Some(stream) = crate::link::io::secure::accept(
+        service.handshake_book(),
         service.links.tls.front.as_ref(),
         stream,
         peer,
@@ -291,7 +296,7 @@ async fn serve_client(
         in_flight: InFlightLimit::new(front.max_in_flight),
         source_in_flight,
     };
-    registered.entry.track_in_flight(&client.in_flight);
+    registered.entry.track_in_flight(client.in_flight.clone());
     let codec = FrameCodec::new(prefix, service.spec().framing().max_frame);
     let frames = LeanFrames::new(read, codec);
     tracing::debug!(service = service.name(), %peer, conn, "client connected");
@@ -358,7 +363,7 @@ async fn serve_client(
     let linger = match &why {
         // A client that closed its sending side may still be reading: every
         // answer in flight reaches it, until the last deadline has passed.
-        Ended::HalfClosed => service.live().longest_timeout() + super::SWEEP_INTERVAL * 10,
+        Ended::HalfClosed => service.live().longest_timeout() + crate::link::SWEEP_INTERVAL * 10,
         // Let queued answers (e.g. the decline for a bad request) flush briefly.
         Ended::Other(_) => std::time::Duration::from_millis(200),
     };

@@ -24,15 +24,15 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::codec::FramedRead;
 
-use super::client::ClientLink;
-use super::health::{self, Probe};
-use super::netmgmt::NmKind;
-use super::oneconnect_pool::{Carrying, PooledConn};
-pub use super::oneconnect_pool::{OneConnect, OneConnectCounters};
-use super::pool::Picked;
-use super::service::{Checked, Invalid, Origin, Service};
-use super::writer::{Outbound, Patch, encode_into};
+use super::admission::client::ClientLink;
 use crate::config::CheckKind;
+use crate::link::back::health::{self, Probe};
+use crate::link::back::oneconnect_pool::{Carrying, PooledConn};
+pub use crate::link::back::oneconnect_pool::{OneConnect, OneConnectCounters};
+use crate::link::back::pool::Picked;
+use crate::link::io::writer::{Outbound, Patch, encode_into};
+use crate::link::netmgmt::NmKind;
+use crate::link::service::{Checked, Invalid, Origin, Service};
 use crate::route::oneconnect::Lease;
 use crate::route::{DeclineReason, OnTimeout};
 use crate::wire::{Frame, FrameCodec};
@@ -216,8 +216,9 @@ async fn carry_owed(
     deadline: Instant,
 ) {
     let (id, _, attempt, expires_at) = owed;
-    let failed =
-        |reason| super::service::owed_attempt_failed(&service, id, attempt, expires_at, reason);
+    let failed = |reason| {
+        crate::link::service::owed_attempt_failed(&service, id, attempt, expires_at, reason)
+    };
     let Ok(msg) = service.check(payload.clone()) else {
         return failed(DeclineReason::BadMessage);
     };
@@ -242,7 +243,7 @@ async fn carry_owed(
         Ok((conn, response)) => {
             oc.release(node, conn);
             match crate::iso8583::Message::parse(service.spec(), response) {
-                Ok(answer) => super::service::owed_answered(&service, owed, &answer),
+                Ok(answer) => crate::link::service::owed_answered(&service, owed, &answer),
                 Err(_) => failed(DeclineReason::BadMessage),
             }
         }
@@ -275,7 +276,7 @@ fn pick<'s>(
     req: &Checked<'_>,
     now: Instant,
     usable: impl Fn(usize) -> bool,
-) -> Result<Picked<'s>, super::pool::PickError> {
+) -> Result<Picked<'s>, crate::link::back::pool::PickError> {
     let mti = req.msg.mti().digits();
     let texts = service.router.rule_texts(req);
     let sticky = service.router.sticky_key(req);
@@ -336,7 +337,7 @@ async fn carry(
             service.counters.answered.fetch_add(1, Ordering::Relaxed);
             oc.release(node, conn);
             if !deliver(&service, &oc, origin, &request, response.clone()) {
-                super::service::oneconnect_undelivered(&service, &request, node, &response);
+                crate::link::service::oneconnect_undelivered(&service, &request, node, &response);
             }
         }
         Err(failed) => {
@@ -359,7 +360,7 @@ async fn carry(
             };
             oc.close(&service, node);
             // The request went out: the host may have approved it.
-            super::service::oneconnect_unknown(&service, &request, node, reason);
+            crate::link::service::oneconnect_unknown(&service, &request, node, reason);
             let timeout = service.live().timeouts.of(&msg.msg.mti().digits());
             if reason == DeclineReason::Timeout && timeout.action == OnTimeout::Silent {
                 // The sender's own timer decides, as on any front.

@@ -9,12 +9,12 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_util::codec::FramedRead;
 
-use super::direct::{self, start_writer};
-use super::log_limit::{LogKind, LogPeer};
 use super::pool::ConnHandle;
-use super::service::Service;
-use super::timer::{ReadTimer, in_frame};
 use crate::capture::{Opened, Tapped};
+use crate::link::io::direct::{self, start_writer};
+use crate::link::io::timer::{ReadTimer, in_frame};
+use crate::link::log_limit::{LogKind, LogPeer};
+use crate::link::service::Service;
 use crate::wire::{Frame, FrameCodec};
 
 /// Keeps connection `slot` of `node` up until `shutdown` turns true.
@@ -35,7 +35,9 @@ pub async fn keep_connected(
             Ok(Ok(stream)) => {
                 let _ = stream.set_nodelay(true);
                 let tls = service.links.tls.back.as_ref();
-                match super::secure::connect(&service, tls, stream, addr).await {
+                match crate::link::io::secure::connect(service.handshake_book(), tls, stream, addr)
+                    .await
+                {
                     Ok(link) => {
                         backoff.reset();
                         run_connection(&service, node, slot, link, &mut shutdown).await;
@@ -69,7 +71,7 @@ async fn run_connection(
     let registered = match (peer, local) {
         (Ok(p), Ok(l)) => Some(service.links.table.register(
             id,
-            super::conns::ConnKind::Node,
+            crate::link::io::conns::ConnKind::Node,
             Some(node_name(service, node)),
             p,
             l,
@@ -77,10 +79,10 @@ async fn run_connection(
         _ => None,
     };
     let tap = service.links.tap(stream.tcp(), Opened::BySwitch);
-    super::secure::show(&stream, registered.as_ref().map(|r| &*r.entry));
+    crate::link::io::secure::show(&stream, registered.as_ref().map(|r| &*r.entry));
     let (read, write) = stream.into_split();
     let entry = registered.as_ref().map(|r| Arc::clone(&r.entry));
-    let read = super::conns::Counted::new(Tapped::reader(read, &tap), entry.clone());
+    let read = crate::link::io::conns::Counted::new(Tapped::reader(read, &tap), entry.clone());
     let prefix = service.spec().framing().prefix;
     let queue = service.config.back.write_queue;
     let (tx, mut writer) = start_writer(write, &tap, prefix, queue, entry);

@@ -7,13 +7,22 @@ use std::net::SocketAddr;
 use tokio::net::TcpStream;
 
 use super::conns::ConnEntry;
-use super::service::Service;
-use crate::tls::{ClientSide, Failure, LinkStream, ServerSide, Side, TlsInfo};
+use crate::link::log_limit::LogLimit;
+use crate::tls::{ClientSide, Failure, Handshakes, LinkStream, ServerSide, Side, TlsInfo};
+
+/// Where a service's handshakes are counted and their failures logged: all
+/// this step needs of the service.
+#[derive(Clone, Copy)]
+pub struct HandshakeBook<'a> {
+    pub service: &'a str,
+    pub handshakes: &'a Handshakes,
+    pub log_limit: &'a LogLimit,
+}
 
 /// The server handshake of an accepted link; `None` when it failed (counted
 /// and logged: the caller just closes).
-pub(super) async fn accept(
-    service: &Service,
+pub(in crate::link) async fn accept(
+    book: HandshakeBook<'_>,
     side: Option<&ServerSide>,
     tcp: TcpStream,
     peer: SocketAddr,
@@ -27,7 +36,7 @@ pub(super) async fn accept(
     // await).
     match Box::pin(side.accept(tcp)).await {
         Ok(s) => {
-            service.links.tls.handshakes.succeeded(Side::Accept);
+            book.handshakes.succeeded(Side::Accept);
             if let Some(e) = entry {
                 e.set_tls(TlsInfo::of(&s));
             }
@@ -35,9 +44,9 @@ pub(super) async fn accept(
         }
         Err(why) => {
             handshake_failed(
-                service.name(),
-                &service.links.tls.handshakes,
-                &service.links.log_limit,
+                book.service,
+                book.handshakes,
+                book.log_limit,
                 Side::Accept,
                 peer,
                 why,
@@ -49,8 +58,8 @@ pub(super) async fn accept(
 
 /// The client handshake of a link the switch opened. A failure is counted
 /// here; the caller logs it with its other connect failures.
-pub(super) async fn connect(
-    service: &Service,
+pub(in crate::link) async fn connect(
+    book: HandshakeBook<'_>,
     side: Option<&ClientSide>,
     tcp: TcpStream,
     addr: SocketAddr,
@@ -60,18 +69,18 @@ pub(super) async fn connect(
     };
     match side.connect(tcp, addr).await {
         Ok(s) => {
-            service.links.tls.handshakes.succeeded(Side::Connect);
+            book.handshakes.succeeded(Side::Connect);
             Ok(LinkStream::Tls(Box::new(s)))
         }
         Err(why) => {
-            service.links.tls.handshakes.failed(Side::Connect, why);
+            book.handshakes.failed(Side::Connect, why);
             Err(why)
         }
     }
 }
 
 /// Shows a connected link's TLS in its connection table entry.
-pub(super) fn show(stream: &LinkStream, entry: Option<&ConnEntry>) {
+pub(in crate::link) fn show(stream: &LinkStream, entry: Option<&ConnEntry>) {
     if let (LinkStream::Tls(s), Some(e)) = (stream, entry) {
         e.set_tls(TlsInfo::of(s));
     }
@@ -80,13 +89,13 @@ pub(super) fn show(stream: &LinkStream, entry: Option<&ConnEntry>) {
 /// Counts a failed handshake and logs it, rate-limited per peer IP.
 pub fn handshake_failed(
     service: &str,
-    handshakes: &crate::tls::Handshakes,
-    log_limit: &super::log_limit::LogLimit,
-    side: crate::tls::Side,
+    handshakes: &Handshakes,
+    log_limit: &LogLimit,
+    side: Side,
     peer: SocketAddr,
-    why: crate::tls::Failure,
+    why: Failure,
 ) {
-    use super::log_limit::{LogKind, LogPeer};
+    use crate::link::log_limit::{LogKind, LogPeer};
     handshakes.failed(side, why);
     if log_limit.allow(
         LogKind::TlsHandshake,

@@ -9,7 +9,7 @@ use arc_swap::ArcSwapOption;
 
 use super::NodeCounters;
 use crate::config::NodeConfig;
-use crate::link::direct::LinkTx;
+use crate::link::io::direct::LinkTx;
 use crate::route::{AdminState, EwmaCell, NodeId, NodeState};
 
 /// A live connection to a node: where to queue frames for it.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::link::writer::Outbound;
+use crate::link::io::writer::Outbound;
 use crate::route::HealthConfig;
 
 const MTI: &[u8; 4] = b"0200";
