@@ -11,10 +11,8 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::journaled::link_of;
 use super::{Origin, Pending, Service, owed, undelivered};
 use crate::journal::{AnsweredBy, Link};
-use crate::link::io::writer::Outbound;
 use crate::link::log_limit::{LogKind, LogPeer};
 use crate::route::OnTimeout;
 use crate::route::{CorrelationKey, DeclineReason};
@@ -101,7 +99,7 @@ impl Service {
         now: Instant,
     ) {
         let waiting = p.same.waiting.take();
-        if matches!(p.origin, Origin::Client { .. } | Origin::Peer) {
+        if p.origin.takes_switch_answers() {
             // Answered by the switch: a duplicate of it is declined.
             self.made.duplicates.record(p.same.identity, &[], now);
         }
@@ -179,7 +177,7 @@ impl Service {
         sent: Option<(usize, Instant)>,
         now: Instant,
     ) -> bool {
-        let Some(link) = link_of(&origin).filter(|l| *l != Link::Node) else {
+        let Some(link) = origin.journal_link().filter(|l| *l != Link::Node) else {
             // A health check's waiter sees its sender dropped: a failed
             // check; owed messages and node requests have no one to answer.
             return false;
@@ -209,20 +207,13 @@ impl Service {
         };
         note(AnsweredBy::Switch(reason), Some(resp.clone()));
         self.counters.declined[reason as usize].fetch_add(1, Ordering::Relaxed);
-        match origin {
-            Origin::Client { tx, slot, .. } => {
-                drop(slot); // free before the client can read the decline
-                let patch = self.router.response_tpdu_patch(request);
-                if tx.try_send(Outbound::Message(resp, patch)).is_err() {
-                    self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
-                    return false;
-                }
-                true
-            }
-            Origin::Peer => self
-                .peer()
-                .is_some_and(|p| p.answer(Outbound::message(resp))),
-            Origin::Check(_) | Origin::Owed { .. } | Origin::Node => false,
+        // A client that cannot take it is counted; the peer's links hold
+        // what waits for them, and count their own drops.
+        let client = matches!(origin, Origin::Client { .. });
+        let sent = origin.answer(self, request, resp);
+        if !sent && client {
+            self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
         }
+        sent
     }
 }

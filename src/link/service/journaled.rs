@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
-use super::{Origin, Pending, Service};
+use super::{Pending, Service};
 use crate::config::FrontConfig;
 use crate::journal::row::{self, RequestAt};
 use crate::journal::{AnsweredBy, BadOutcome, Exchange, Journal, Link};
@@ -77,17 +77,6 @@ impl<'a> Seen<'a> {
             reversal_id: None,
             bad: None,
         }
-    }
-}
-
-/// The link of an origin the journal records; `None` for the switch's own
-/// messages (health checks, owed messages), which are not exchanges.
-pub(crate) fn link_of(origin: &Origin) -> Option<Link> {
-    match origin {
-        Origin::Client { conn, .. } => Some(Link::Client(*conn)),
-        Origin::Peer => Some(Link::Peer),
-        Origin::Node => Some(Link::Node),
-        Origin::Check(_) | Origin::Owed { .. } => None,
     }
 }
 
@@ -186,7 +175,7 @@ impl Service {
         } else {
             AnsweredBy::Switch(reason)
         };
-        if let Some(link) = link_of(&p.origin) {
+        if let Some(link) = p.origin.journal_link() {
             let seen = Seen::new(link, &p.request, by);
             let seen = Seen {
                 node: Some(p.node),

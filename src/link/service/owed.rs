@@ -663,7 +663,7 @@ pub(super) fn store_advice(svc: &Service, req: &Checked<'_>, origin: Origin) -> 
     let service = svc.name().to_string();
     let what = summary(&req.msg);
     // Journaled once stored and acknowledged: the switch answered it.
-    let journaled = super::journaled::link_of(&origin).and_then(|link| {
+    let journaled = origin.journal_link().and_then(|link| {
         let seen = Seen::new(link, &payload, AnsweredBy::Stored);
         let response = match &acknowledgement {
             Ok(Outbound::Message(resp, _)) => Some(resp.clone()),

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::{Origin, Pending, Service, link_of, summary};
+use super::{Origin, Pending, Service, summary};
 use crate::journal::AnsweredBy;
 use crate::link::io::writer::Outbound;
 use crate::route::integrity::{Duplicate, Identity};
@@ -76,10 +76,7 @@ impl Service {
         origin: Origin,
         now: Instant,
     ) -> Option<Origin> {
-        if identity.is_none()
-            || req.msg.mti().is_repeat()
-            || !matches!(origin, Origin::Client { .. } | Origin::Peer)
-        {
+        if identity.is_none() || req.msg.mti().is_repeat() || !origin.takes_switch_answers() {
             return Some(origin);
         }
         let c = &self.made.counters;
@@ -108,7 +105,7 @@ impl Service {
     /// Gives the request back otherwise.
     pub(super) fn wait_for_same(&self, key: &CorrelationKey, p: Pending) -> Option<Pending> {
         let identity = p.same.identity;
-        if identity.is_none() || !matches!(p.origin, Origin::Client { .. } | Origin::Peer) {
+        if identity.is_none() || !p.origin.takes_switch_answers() {
             return Some(p);
         }
         let mut p = Some(p);
@@ -127,7 +124,7 @@ impl Service {
 
     /// Sends a duplicate the answer its first sending got, and journals it.
     pub(super) fn replay(&self, origin: Origin, request: &Bytes, answer: Bytes, now: Instant) {
-        let Some(link) = link_of(&origin) else {
+        let Some(link) = origin.journal_link() else {
             return;
         };
         self.note_decline(

@@ -1,6 +1,7 @@
 //! Unit tests of the service: its routing decisions and answers, without sockets.
 
 use super::*;
+use crate::route::CorrelationKey;
 
 /// The fixed part of a request in flight, as docs/config.md states it
 /// (memory per request in flight): a key in the table and in the deadline
