@@ -380,7 +380,7 @@ fn register(
             expires_at: entry.expires_at,
         },
         request: payload,
-        journal_at: None,
+        facts: super::service::RequestFacts::own(checked.msg.mti()),
         node,
         sent_at: now,
         on_timeout: OnTimeout::Silent,

@@ -28,6 +28,7 @@ use crate::route::{
 mod answer;
 mod counters;
 mod ending;
+mod facts;
 mod journaled;
 mod keys;
 mod links;
@@ -41,8 +42,8 @@ mod seen;
 mod side;
 mod undelivered;
 
-use crate::journal::row::RequestAt;
 pub use counters::{PeerCounters, Refusal, ServiceCounters};
+pub use facts::RequestFacts;
 pub use journaled::JournalTap;
 pub use links::Links;
 pub use live::{ListenLimits, LiveSettings};
@@ -87,8 +88,8 @@ pub struct Pending {
     pub origin: Origin,
     /// The request as received, to build a decline from.
     pub request: Bytes,
-    /// Where its journal fields lie, for its row (journaled services).
-    pub journal_at: Option<RequestAt>,
+    /// What accepting it learnt: no ending parses it again.
+    pub facts: RequestFacts,
     pub node: usize,
     pub sent_at: Instant,
     /// What the switch does if no answer comes by the deadline.

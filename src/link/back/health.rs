@@ -87,7 +87,7 @@ fn send_echo(
     let pending = Pending {
         origin: Origin::Check(tx),
         request: payload.clone(),
-        journal_at: None,
+        facts: crate::link::service::RequestFacts::own(checked.msg.mti()),
         node,
         sent_at: now,
         on_timeout: OnTimeout::Silent,

@@ -116,14 +116,14 @@ impl Service {
         let Pending {
             origin,
             request,
-            journal_at,
+            facts,
             node,
             sent_at,
             same,
             ..
         } = p;
         // What the journal's row reads the request by.
-        let asked = (&request, journal_at);
+        let asked = (&request, facts.journal_at);
         let (conn, tx) = match origin {
             Origin::Check(waiter) => {
                 let _ = waiter.send(());

@@ -12,10 +12,11 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::{Origin, Pending, Service, owed, undelivered};
+use crate::iso8583::{Message, Mti};
 use crate::journal::{AnsweredBy, Link};
 use crate::link::log_limit::{LogKind, LogPeer};
 use crate::route::OnTimeout;
-use crate::route::{CorrelationKey, DeclineReason};
+use crate::route::{Checked, CorrelationKey, DeclineReason};
 
 impl Service {
     /// Declines every request still in flight with the `shutdown` code (the
@@ -140,7 +141,7 @@ impl Service {
                 .counters
                 .duplicates_waited
                 .fetch_add(1, Ordering::Relaxed);
-            self.decline_noted(origin, &p.request, reason, sent, now);
+            self.decline_noted(origin, (&p.request, Some(p.facts.mti)), reason, sent, now);
         }
         if matches!(p.origin, Origin::Node) {
             if let Some(peer) = self.peer() {
@@ -148,7 +149,8 @@ impl Service {
             }
             return;
         }
-        self.decline_noted(p.origin, &p.request, reason, sent, now);
+        let asked = (&p.request, Some(p.facts.mti));
+        self.decline_noted(p.origin, asked, reason, sent, now);
     }
 
     /// The TPDU edit for a response to `request`, by the service's policy.
@@ -161,10 +163,25 @@ impl Service {
             .allow(LogKind::Undeliverable, LogPeer::Service, now)
     }
 
-    /// Answers `origin` with a switch-made response to `request`. Returns
-    /// whether an answer was built and queued.
+    /// Answers `origin` with a switch-made response to `request`, a
+    /// message not checked (a bad one, or one the front holds only as
+    /// bytes). Returns whether an answer was built and queued.
     pub(crate) fn decline(&self, origin: Origin, request: &Bytes, reason: DeclineReason) -> bool {
-        self.decline_noted(origin, request, reason, None, Instant::now())
+        let mti = Message::parse(self.spec(), request.clone())
+            .ok()
+            .map(|m| m.mti());
+        self.decline_noted(origin, (request, mti), reason, None, Instant::now())
+    }
+
+    /// [`Service::decline`] of a checked request: its MTI is known.
+    pub(crate) fn decline_checked(
+        &self,
+        origin: Origin,
+        req: &Checked<'_>,
+        reason: DeclineReason,
+    ) -> bool {
+        let asked = (req.msg.payload(), Some(req.msg.mti()));
+        self.decline_noted(origin, asked, reason, None, Instant::now())
     }
 
     /// [`Service::decline`] of a request that was in flight to a node since
@@ -172,7 +189,7 @@ impl Service {
     pub(super) fn decline_noted(
         &self,
         origin: Origin,
-        request: &Bytes,
+        (request, mti): (&Bytes, Option<Mti>),
         reason: DeclineReason,
         sent: Option<(usize, Instant)>,
         now: Instant,
@@ -183,7 +200,7 @@ impl Service {
             return false;
         };
         let note = |by, response| self.note_decline(link, request, sent, (by, response), now);
-        if !owed::may_answer(self, request) {
+        if !owed::may_answer(self, mti) {
             note(AnsweredBy::Withheld(reason), None);
             return false;
         }

@@ -110,6 +110,11 @@ impl Service {
             .and_then(|_| RequestAt::of(req))
     }
 
+    /// What a request in flight keeps of what accepting it learnt.
+    pub(super) fn facts_of(&self, req: &Checked<'_>) -> super::RequestFacts {
+        super::RequestFacts::of(req, self.journal_at(req))
+    }
+
     /// The service's journal, if it has one.
     pub fn journal(&self) -> Option<&Journal> {
         self.journal.get().map(|t| &t.journal)

@@ -51,13 +51,12 @@ impl NetworkManagement<'_> {
     /// later, or stays silent under `integrity.switch_made = "silent"`: it
     /// never answers 00 for a key no host has.
     pub(super) fn to_key_node(&self, req: &Checked<'_>, now: Instant) {
-        let payload = req.msg.payload();
         let key = match self.svc.router.key_of(req) {
             Ok(k) => k,
             Err(e) => {
                 tracing::warn!(service = self.svc.name(), error = %e, "correlation key too long: declined");
                 self.svc
-                    .decline(Origin::Peer, payload, DeclineReason::BadMessage);
+                    .decline_checked(Origin::Peer, req, DeclineReason::BadMessage);
                 return;
             }
         };
@@ -85,7 +84,7 @@ impl NetworkManagement<'_> {
             Err((origin, reason)) => {
                 peer.key_exchange_unsent.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(service = self.svc.name(), ?reason, message = %super::summary(&req.msg), "institution network management reached no key node");
-                self.svc.decline(origin, payload, reason);
+                self.svc.decline_checked(origin, req, reason);
             }
         }
     }
@@ -134,7 +133,7 @@ impl NetworkManagement<'_> {
         let pending = Pending {
             origin: Origin::Node,
             request: payload.clone(),
-            journal_at: self.svc.journal_at(req),
+            facts: self.svc.facts_of(req),
             node,
             sent_at: now,
             on_timeout: timeout.action,

@@ -22,10 +22,11 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::SafOutbox;
+use super::facts::{Answerable, answerable_kind};
 use super::journaled::Seen;
 use super::{Origin, Pending, Service, summary};
 use crate::config::LateApproval;
-use crate::iso8583::{Decoded, Message, SafAnswerClass};
+use crate::iso8583::{Decoded, Message, Mti, SafAnswerClass};
 use crate::journal::{AnsweredBy, Exchange, Journal, Link};
 use crate::link::io::writer::Outbound;
 use crate::route::integrity::{self, Late, LateEntry, Said};
@@ -53,24 +54,26 @@ pub(super) fn answered_for_node(
     silent: bool,
     now: Instant,
 ) {
-    let Ok(msg) = Message::parse(svc.spec(), p.request.clone()) else {
-        return;
-    };
-    let mti = msg.mti();
-    if matches!(mti.class(), 1 | 2 | 4) {
+    if p.facts.binds_its_repeats() {
         svc.made.repeats.record(key, p.node, now);
     }
-    if !integrity::is_approvable(mti) {
+    if !p.facts.is_approvable() {
         return;
     }
+    // Read once more, only now: its F37 as sent, its F3, and the fields
+    // its reversal copies.
+    let Ok(checked) = svc.check(p.request.clone()) else {
+        return;
+    };
     let said = if silent {
         Said::Silent
     } else {
         Said::Declined(reason)
     };
-    let mut entry = LateEntry::new(as_sent(svc, p), p.node, said, now);
-    if let Some(direction) = timeout_reversal_to(svc, p, &msg, silent) {
-        owe_reversal(svc, &entry, direction, (Cause::Timeout(reason), &msg), None);
+    let msg = &checked.msg;
+    let mut entry = LateEntry::new(as_sent(svc, p, &checked), p.node, said, now);
+    if let Some(direction) = timeout_reversal_to(svc, p, msg, silent) {
+        owe_reversal(svc, &entry, direction, (Cause::Timeout(reason), msg), None);
         entry = entry.with_timeout_reversal();
     }
     svc.made.late.record(*key, entry);
@@ -146,23 +149,20 @@ pub(super) fn stamped(svc: &Service, request: &Bytes, node: usize) -> Bytes {
 
 /// The request of `p` as its node (or the peer) got it: with the F37 stamp
 /// the switch wrote, so that its reversal names it the same way.
-fn as_sent(svc: &Service, p: &Pending) -> Bytes {
-    let Ok(checked) = svc.check(p.request.clone()) else {
-        return p.request.clone();
-    };
+fn as_sent(svc: &Service, p: &Pending, checked: &Checked<'_>) -> Bytes {
     let patch = match (&p.origin, &svc.config.front) {
         (Origin::Node, crate::config::FrontConfig::Simplex(f))
             if f.stamp_by == crate::config::StampBy::Switch =>
         {
-            svc.f37_patch(&checked, p.node)
+            svc.f37_patch(checked, p.node)
         }
         (Origin::Node, crate::config::FrontConfig::Connect(f))
             if f.stamp_by == crate::config::StampBy::Switch =>
         {
-            svc.f37_patch(&checked, p.node)
+            svc.f37_patch(checked, p.node)
         }
         (Origin::Node, _) => return p.request.clone(),
-        _ => svc.stamp_patch(&checked, p.node),
+        _ => svc.stamp_patch(checked, p.node),
     };
     match patch {
         Ok(patch) if !patch.is_empty() => Bytes::from(patch.applied_to(&p.request)),
@@ -771,34 +771,26 @@ pub(crate) fn attempt_failed(
     }
 }
 
-/// Whether a switch-made answer to `request` may go out at all: never with
-/// `switch_made = "silent"`, never to a reversal request (0400), and never
-/// to an advice the switch did not store (a sender that takes any 0x30 or
-/// 0x10 as the acknowledgement would not repeat).
-pub(super) fn may_answer(svc: &Service, request: &Bytes) -> bool {
+/// Whether a switch-made answer to a request with this MTI may go out at
+/// all: never with `switch_made = "silent"`, never to a reversal request
+/// (0400) or to an advice the switch did not stored ([`answerable_kind`]):
+/// the sender repeats them.
+pub(super) fn may_answer(svc: &Service, mti: Option<Mti>) -> bool {
     let c = &svc.made.counters;
     if svc.made.integrity.switch_made == crate::config::SwitchMadePolicy::Silent {
         c.switch_made_withheld.fetch_add(1, Ordering::Relaxed);
         return false;
     }
-    let mti = Message::parse(svc.spec(), request.clone())
-        .ok()
-        .map(|m| m.mti());
-    // A reversal request (0400, 0401) is the sender's own reversal: a
-    // switch-made 0410 would tell it the host took what no host has seen,
-    // and it would stop repeating. Silent: the sender repeats it.
-    if mti.is_some_and(|m| m.class() == 4 && m.function() == 0) {
-        c.reversals_unanswered.fetch_add(1, Ordering::Relaxed);
-        return false;
-    }
-    let advice = mti.is_some_and(|m| integrity::is_advice(m) && m.class() != 8);
-    // In `forward` mode, and in `store-and-forward` mode for an advice that
-    // could not be stored without its sensitive authentication data.
-    if advice {
-        c.advices_unanswered.fetch_add(1, Ordering::Relaxed);
-        return false;
-    }
-    true
+    // An advice gets here in `forward` mode, and in `store-and-forward`
+    // mode when it could not be stored without its sensitive
+    // authentication data.
+    let counter = match answerable_kind(mti) {
+        Answerable::Yes => return true,
+        Answerable::NotAReversalRequest => &c.reversals_unanswered,
+        Answerable::NotAnAdvice => &c.advices_unanswered,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    false
 }
 
 /// An attempt that got no answer (timeout, lost connection): the next one

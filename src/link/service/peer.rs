@@ -133,7 +133,7 @@ impl Peer<'_> {
         let pending = super::Pending {
             origin: Origin::Node,
             request: req.msg.payload().clone(),
-            journal_at: svc.journal_at(req),
+            facts: svc.facts_of(req),
             node,
             sent_at: now,
             on_timeout: timeout.action,
@@ -179,7 +179,7 @@ impl Peer<'_> {
     /// connections, so the node is not left waiting for its timeout.
     fn decline_to_node(&self, node: usize, msg: &Message<'_>, reason: DeclineReason) {
         let svc = self.svc;
-        if !super::owed::may_answer(svc, msg.payload()) {
+        if !super::owed::may_answer(svc, Some(msg.mti())) {
             return;
         }
         svc.counters.declined[reason as usize].fetch_add(1, Ordering::Relaxed);

@@ -26,7 +26,7 @@ impl Service {
     /// must be closed (a bad request under the `close` policy).
     pub fn on_request(&self, client: &ClientLink, payload: Bytes, now: Instant) -> bool {
         let routed = self.router.with_request(payload.clone(), |checked| {
-            self.route_request(client, checked, &payload, now)
+            self.route_request(client, checked, now)
         });
         match routed {
             Ok(keep) => keep,
@@ -39,7 +39,6 @@ impl Service {
         &self,
         client: &ClientLink,
         checked: &Checked<'_>,
-        payload: &Bytes,
         now: Instant,
     ) -> bool {
         let Some(slot) = client.take_slot() else {
@@ -58,7 +57,7 @@ impl Service {
                 tx: client.tx.clone(),
                 slot: None,
             };
-            self.decline(origin, payload, DeclineReason::QueueFull);
+            self.decline_checked(origin, checked, DeclineReason::QueueFull);
             return true;
         };
         let origin = Origin::Client {
@@ -79,13 +78,13 @@ impl Service {
                 // Validation found every field; only a key too long for the
                 // table is left, and that request is declined, not forwarded.
                 tracing::warn!(service = self.name(), error = %e, "correlation key too long: declined");
-                self.decline(origin, req.msg.payload(), DeclineReason::BadMessage);
+                self.decline_checked(origin, req, DeclineReason::BadMessage);
                 return;
             }
         };
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         if self.links.is_draining() {
-            self.decline(origin, req.msg.payload(), DeclineReason::Shutdown);
+            self.decline_checked(origin, req, DeclineReason::Shutdown);
             return;
         }
         let mti = req.msg.mti();
@@ -115,7 +114,7 @@ impl Service {
                 .repeats_of_reversed
                 .fetch_add(1, Ordering::Relaxed);
             tracing::info!(service = self.name(), message = %summary(&req.msg), "repeat of a request the switch reversed: declined, not relayed");
-            self.decline(origin, req.msg.payload(), DeclineReason::Timeout);
+            self.decline_checked(origin, req, DeclineReason::Timeout);
             return;
         }
         let identity = self.identity_of(req, &key);
@@ -138,7 +137,7 @@ impl Service {
                 self.made.late.forget(&key);
             }
             Err((origin, reason)) => {
-                self.decline(origin, req.msg.payload(), reason);
+                self.decline_checked(origin, req, reason);
             }
         }
     }
@@ -267,7 +266,7 @@ impl Service {
         let pending = Pending {
             origin,
             request: msg.payload().clone(),
-            journal_at: self.journal_at(req),
+            facts: self.facts_of(req),
             node,
             sent_at: now,
             on_timeout: timeout.action,

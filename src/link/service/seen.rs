@@ -93,7 +93,7 @@ impl Service {
             Duplicate::Answered => {
                 c.duplicates_declined.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(service = self.name(), message = %summary(&req.msg), "duplicate of a request answered before: declined, not relayed");
-                self.decline(origin, request, DeclineReason::Duplicate);
+                self.decline_checked(origin, req, DeclineReason::Duplicate);
             }
         }
         None
