@@ -154,7 +154,7 @@ fn path(c: &mut Criterion) {
         g.bench_function(format!("{}_response", d.name), |b| {
             b.iter_custom(|iters| run(&mut rig, &mut traffic, iters, false))
         });
-        let c = &rig.service.counters;
+        let c = &rig.service.view().counters;
         assert_eq!(c.declined_total(), 0, "{}: the bench declined", d.name);
     }
     g.finish();
@@ -173,7 +173,7 @@ fn count_pairs(pairs: u64) {
         .unwrap_or_else(|| panic!("PATH_IR_DIALECT: no dialect {name}"));
     let (mut rig, mut traffic) = setup(d);
     run(&mut rig, &mut traffic, pairs, true);
-    assert_eq!(rig.service.counters.declined_total(), 0, "declined");
+    assert_eq!(rig.service.view().counters.declined_total(), 0, "declined");
     if let Some(journal) = rig.service.journal() {
         let dropped = journal
             .counters

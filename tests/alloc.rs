@@ -120,7 +120,7 @@ fn allocations_per_pair(spec: &str, stamp: bool, pairs: usize) -> (usize, usize,
             black_box(rig.response(node, &answers[k]).expect("answered"));
         }
     });
-    let c = &rig.service.counters;
+    let c = &rig.service.view().counters;
     assert_eq!(
         c.answered.load(Ordering::Relaxed) as usize,
         pairs + 5 * DISTINCT,

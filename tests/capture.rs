@@ -93,6 +93,7 @@ async fn masked_capture_has_every_message_once_and_no_pan() {
         let answered = traffic(front(&switch), &spec, 12).await;
         assert_eq!(answered, 12);
         let dropped = service(&switch)
+            .view()
             .links
             .capture
             .as_ref()
@@ -270,6 +271,7 @@ async fn a_full_capture_queue_drops_and_counts_but_every_request_is_answered() {
         }
         assert_eq!(answered, 200, "capture never holds the message path");
         let dropped = service(&switch)
+            .view()
             .links
             .capture
             .as_ref()

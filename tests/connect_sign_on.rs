@@ -107,7 +107,7 @@ async fn a_duplex_link_carries_nothing_before_its_sign_on() {
             .await
             .unwrap();
         let svc = service(&switch).clone();
-        wait_until("a node connection up", || svc.pool.nodes()[0].live_conns() > 0).await;
+        wait_until("a node connection up", || svc.view().pool.nodes()[0].live_conns() > 0).await;
         peer.wait_links(2).await;
         let mut sign_ons = HashMapOf::new();
         while sign_ons.len() < 2 {
@@ -119,7 +119,7 @@ async fn a_duplex_link_carries_nothing_before_its_sign_on() {
         let mut request = isoswitch::iso8583::samples::purchase(&spec);
         request.mti = "0100".parse().unwrap();
         peer.send_on(0, &spec, &spec.encode(&request).unwrap()).await;
-        let links = svc.side.out_links().unwrap().clone();
+        let links = svc.view().side.out_links().unwrap().clone();
         wait_until("the node's answer waits for a signed-on link", || {
             links.waiting() == 1
         })

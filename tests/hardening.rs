@@ -92,7 +92,7 @@ fn nodes_received(nodes: &[isoswitch::sim::node::NodeSim]) -> (u64, u64) {
 
 fn all_eligible(svc: &Service) -> bool {
     let now = Instant::now();
-    (0..svc.pool.nodes().len()).all(|i| svc.pool.eligible(i, now))
+    (0..svc.view().pool.nodes().len()).all(|i| svc.view().pool.eligible(i, now))
 }
 
 /// The scenario: 30 broken requests from one terminal while a NAC runs
@@ -159,8 +159,8 @@ async fn poison_is_declined_never_forwarded_and_costs_no_good_request() {
             received, report.sent,
             "the nodes saw only the NAC's requests"
         );
-        assert_eq!(svc.counters.bad_messages.load(Ordering::Relaxed), 30);
-        assert_eq!(svc.counters.bad_declined.load(Ordering::Relaxed), 30);
+        assert_eq!(svc.view().counters.bad_messages.load(Ordering::Relaxed), 30);
+        assert_eq!(svc.view().counters.bad_declined.load(Ordering::Relaxed), 30);
         assert!(all_eligible(&svc), "no healthy node was ejected");
         switch.stop().await;
     })
@@ -194,7 +194,7 @@ async fn close_policy_closes_on_every_bad_request() {
             c.send_raw(&RawClient::frame(&spec, bytes)).await;
             assert!(c.closed_by_peer().await, "closed");
         }
-        assert_eq!(svc.counters.bad_closed.load(Ordering::Relaxed), 3);
+        assert_eq!(svc.view().counters.bad_closed.load(Ordering::Relaxed), 3);
         switch.stop().await;
     })
     .await;
@@ -226,7 +226,7 @@ async fn drop_policy_keeps_the_link() {
         let answer = c.recv().await.expect("the good request is answered");
         assert_eq!(text(&spec, &answer, 11).as_deref(), Some("000008"));
         assert_eq!(text(&spec, &answer, 39).as_deref(), Some("00"));
-        assert_eq!(svc.counters.bad_dropped.load(Ordering::Relaxed), 1);
+        assert_eq!(svc.view().counters.bad_dropped.load(Ordering::Relaxed), 1);
         assert_eq!(nodes_received(&nodes), (1, 0));
         switch.stop().await;
     })
@@ -323,10 +323,10 @@ async fn ejection_stops_at_the_pool_cap() {
             );
         }
         let now = Instant::now();
-        let out = (0..4).filter(|&i| !svc.pool.eligible(i, now)).count();
+        let out = (0..4).filter(|&i| !svc.view().pool.eligible(i, now)).count();
         assert_eq!(out, 2, "half of 4 nodes at most, and the cap was reached");
         let capped: u64 = svc
-            .pool
+            .view().pool
             .nodes()
             .iter()
             .map(|n| n.counters.ejections_capped.load(Ordering::Relaxed))
@@ -350,14 +350,14 @@ async fn panic_mode_routes_when_every_check_fails() {
             let (_nodes, switch) = Rig::on("cup-pos").nodes(2).delay("100ms").back(&back).start().await;
             let svc = service(&switch).clone();
             wait_connected(&svc, 2).await;
-            wait_until("every check failed", || !(0..2).any(|i| svc.pool.eligible(i, Instant::now()))).await;
+            wait_until("every check failed", || !(0..2).any(|i| svc.view().pool.eligible(i, Instant::now()))).await;
             let mut c = RawClient::connect(front(&switch), &spec).await;
             c.send_raw(&RawClient::frame(&spec, &pos_request(&spec, 1)))
                 .await;
             let answer = c.recv().await.expect("answered");
             let want = if panic_mode { "00" } else { "91" };
             assert_eq!(text(&spec, &answer, 39).as_deref(), Some(want), "panic_mode = {panic_mode}");
-            assert_eq!(svc.pool.panic_picks() > 0, panic_mode);
+            assert_eq!(svc.view().pool.panic_picks() > 0, panic_mode);
             switch.stop().await;
         })
         .await;
@@ -394,7 +394,7 @@ async fn one_client_cannot_take_every_slot() {
         }
         assert_eq!(codes.get("00"), Some(&10), "{codes:?}");
         assert_eq!(codes.get("96"), Some(&40), "{codes:?}");
-        assert_eq!(svc.counters.over_share.load(Ordering::Relaxed), 40);
+        assert_eq!(svc.view().counters.over_share.load(Ordering::Relaxed), 40);
 
         // Same source, two connections: 15 together.
         let mut a = RawClient::connect(front(&switch), &spec).await;
@@ -496,10 +496,10 @@ async fn a_reset_is_a_disconnect_not_a_bad_frame() {
         c.stream.set_linger(Some(Duration::ZERO)).expect("linger 0");
         drop(c);
         wait_until("client gone", || {
-            svc.counters.clients_closed.load(Ordering::Relaxed) == 1
+            svc.view().counters.clients_closed.load(Ordering::Relaxed) == 1
         })
         .await;
-        assert_eq!(svc.counters.bad_frames.load(Ordering::Relaxed), 0);
+        assert_eq!(svc.view().counters.bad_frames.load(Ordering::Relaxed), 0);
         switch.stop().await;
     })
     .await;
@@ -537,7 +537,7 @@ async fn a_client_at_its_share_is_never_declined() {
             }
         }
         assert_eq!(codes.get("00"), Some(&total), "{codes:?}");
-        assert_eq!(svc.counters.over_share.load(Ordering::Relaxed), 0);
+        assert_eq!(svc.view().counters.over_share.load(Ordering::Relaxed), 0);
         switch.stop().await;
     })
     .await;

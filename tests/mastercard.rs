@@ -106,7 +106,12 @@ fn network_config(rate: f64, count: u64) -> VisaSimConfig {
 /// Both sides agree every link is up, and Mastercard has seen the member's
 /// sign-on on each.
 async fn wait_signed_on(svc: &Service, mc: &VisaSim) {
-    let links = svc.side.out_links().expect("a connect front").clone();
+    let links = svc
+        .view()
+        .side
+        .out_links()
+        .expect("a connect front")
+        .clone();
     wait_until("every link up and signed on, both ways", || {
         links.up() == (LINKS, LINKS) && mc.links() == (LINKS, LINKS)
     })
@@ -144,11 +149,12 @@ async fn round_trips_each_way(n: u64, drops: Drops) {
     wait_signed_on(&svc, &mc).await;
     wait_until("every node healthy", || {
         let now = std::time::Instant::now();
-        (0..NODES as usize).all(|i| svc.pool.eligible(i, now))
+        (0..NODES as usize).all(|i| svc.view().pool.eligible(i, now))
     })
     .await;
     mc.resume();
     let unsent_at_start = svc
+        .view()
         .counters
         .peer
         .node_requests_unsent
@@ -222,6 +228,7 @@ async fn round_trips_each_way(n: u64, drops: Drops) {
         declined += no;
     }
     let unsent = svc
+        .view()
         .counters
         .peer
         .node_requests_unsent
@@ -245,13 +252,13 @@ async fn round_trips_each_way(n: u64, drops: Drops) {
     assert_eq!(report.sign_ons_sent, 0, "{report}");
     let stats = mc.stats();
     assert!(stats.bank_sign_ons.load(Ordering::Relaxed) >= LINKS as u64 + dropped);
-    let links = svc.side.out_links().unwrap();
+    let links = svc.view().side.out_links().unwrap();
     assert!(
         links.sign_ons_acknowledged.load(Ordering::Relaxed) >= LINKS as u64 + dropped,
         "the switch signed the new links on"
     );
     assert!(report.echo_answered > 0 && stats.bank_echoes.load(Ordering::Relaxed) > 0);
-    let c = &svc.counters;
+    let c = &svc.view().counters;
     for (what, v) in [
         ("unroutable", &c.peer.unroutable_responses),
         ("late", &c.late_responses),

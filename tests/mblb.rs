@@ -94,7 +94,7 @@ async fn acceptance_profile_has_no_timeouts_and_no_mismatches() {
     assert_eq!(report.connections_lost, 0, "{report}");
     assert_eq!(report.answered, report.requests, "{report}");
     let svc = service(&switch);
-    assert_eq!(svc.counters.declined_total(), 0);
+    assert_eq!(svc.view().counters.declined_total(), 0);
     switch.stop().await;
 }
 
@@ -161,14 +161,14 @@ async fn killing_a_node_declines_its_in_flight_and_clients_stay_up() {
         counters.clone(),
     ));
     wait_until("node 02 has requests in flight", || {
-        svc.pool.outstanding(1) > 0
+        svc.view().pool.outstanding(1) > 0
     })
     .await;
     let victim = nodes.remove(1);
     let victim_addr = victim.addr;
     victim.stop().await;
     wait_until("node 02 ineligible", || {
-        !svc.pool.eligible(1, std::time::Instant::now())
+        !svc.view().pool.eligible(1, std::time::Instant::now())
     })
     .await;
     let report = load.await.unwrap().unwrap();
@@ -185,7 +185,7 @@ async fn killing_a_node_declines_its_in_flight_and_clients_stay_up() {
         report.declined > 0,
         "the node had requests in flight: {report}"
     );
-    let c = &svc.counters;
+    let c = &svc.view().counters;
     // Every reason, so that a mismatch says which other one it was.
     let by_reason: Vec<_> = isoswitch::route::DeclineReason::ALL
         .iter()
@@ -216,7 +216,7 @@ async fn killing_a_node_declines_its_in_flight_and_clients_stay_up() {
     .await
     .expect("rebind the node's port");
     wait_until("node 02 eligible again", || {
-        svc.pool.eligible(1, std::time::Instant::now())
+        svc.view().pool.eligible(1, std::time::Instant::now())
     })
     .await;
     let before = sent(&svc, 1);
@@ -250,10 +250,10 @@ async fn draining_a_node_stops_new_requests_and_lets_in_flight_finish() {
         Arc::new(LoadCounters::default()),
     ));
     wait_until("node 01 has requests in flight", || {
-        svc.pool.outstanding(0) > 0
+        svc.view().pool.outstanding(0) > 0
     })
     .await;
-    assert!(svc.pool.set_admin(
+    assert!(svc.view().pool.set_admin(
         0,
         isoswitch::route::AdminState::Drain,
         std::time::Instant::now()
@@ -266,12 +266,12 @@ async fn draining_a_node_stops_new_requests_and_lets_in_flight_finish() {
         "a draining node gets no new requests"
     );
     assert_eq!(
-        svc.pool.outstanding(0),
+        svc.view().pool.outstanding(0),
         0,
         "its in-flight requests completed"
     );
     assert_eq!(report.answered, report.requests, "{report}");
-    assert_eq!(svc.counters.declined_total(), 0);
+    assert_eq!(svc.view().counters.declined_total(), 0);
     switch.stop().await;
 }
 
@@ -314,8 +314,8 @@ async fn bad_clients_are_closed_and_others_are_unaffected() {
         "unparsable message closes the link"
     );
     wait_until("bad frame and bad message counted", || {
-        svc.counters.bad_frames.load(Ordering::Relaxed) >= 1
-            && svc.counters.bad_messages.load(Ordering::Relaxed) >= 1
+        svc.view().counters.bad_frames.load(Ordering::Relaxed) >= 1
+            && svc.view().counters.bad_messages.load(Ordering::Relaxed) >= 1
     })
     .await;
 
@@ -325,7 +325,7 @@ async fn bad_clients_are_closed_and_others_are_unaffected() {
         kept.push(RawClient::connect(front(&switch), &spec).await);
     }
     wait_until("three links admitted", || {
-        svc.counters.clients_accepted.load(Ordering::Relaxed) >= 5 + 2
+        svc.view().counters.clients_accepted.load(Ordering::Relaxed) >= 5 + 2
     })
     .await;
     let mut fourth = RawClient::connect(front(&switch), &spec).await;
@@ -334,6 +334,7 @@ async fn bad_clients_are_closed_and_others_are_unaffected() {
         "the fourth link from one source is refused"
     );
     let refused = svc
+        .view()
         .counters
         .refused(isoswitch::link::service::Refusal::TooManyFromSource);
     assert!(refused >= 1);
@@ -387,12 +388,13 @@ async fn timeouts_are_declined_once_and_late_responses_are_dropped() {
         "no late response reaches a client: {report}"
     );
     assert_eq!(
-        svc.counters
+        svc.view()
+            .counters
             .declined(isoswitch::route::DeclineReason::Timeout),
         report.requests
     );
     wait_until("late responses counted", || {
-        svc.counters.late_responses.load(Ordering::Relaxed) == report.requests
+        svc.view().counters.late_responses.load(Ordering::Relaxed) == report.requests
     })
     .await;
     switch.stop().await;
@@ -428,20 +430,37 @@ async fn an_approval_relayed_for_a_repeat_is_never_reversed() {
     let mut client = RawClient::connect(front(&switch), &spec).await;
     client.send_raw(&RawClient::frame(&spec, &original)).await;
     wait_until("the original expired in silence", || {
-        svc.made.counters.silent_timeouts.load(Ordering::Relaxed) == 1
+        svc.view()
+            .made
+            .counters
+            .silent_timeouts
+            .load(Ordering::Relaxed)
+            == 1
     })
     .await;
     client.send_raw(&RawClient::frame(&spec, &repeat)).await;
     let answer = Message::parse(&spec, client.recv().await.unwrap()).unwrap();
     assert_eq!(answer.field(39).unwrap().unwrap().data(), b"00");
     wait_until("the node answered both", || {
-        let c = &svc.counters;
+        let c = &svc.view().counters;
         c.late_responses.load(Ordering::Relaxed) + c.unknown_responses.load(Ordering::Relaxed) >= 1
-            || svc.made.counters.late_unreversed.load(Ordering::Relaxed) >= 1
-            || svc.made.counters.late_reversed.load(Ordering::Relaxed) >= 1
+            || svc
+                .view()
+                .made
+                .counters
+                .late_unreversed
+                .load(Ordering::Relaxed)
+                >= 1
+            || svc
+                .view()
+                .made
+                .counters
+                .late_reversed
+                .load(Ordering::Relaxed)
+                >= 1
     })
     .await;
-    let m = &svc.made.counters;
+    let m = &svc.view().made.counters;
     assert_eq!(
         m.late_unreversed.load(Ordering::Relaxed),
         0,
@@ -575,12 +594,16 @@ async fn forcing_a_node_offline_declines_its_in_flight_at_once() {
         Arc::new(LoadCounters::default()),
     ));
     wait_until("both nodes busy", || {
-        svc.pool.outstanding(0) > 0 && svc.pool.outstanding(1) > 0
+        svc.view().pool.outstanding(0) > 0 && svc.view().pool.outstanding(1) > 0
     })
     .await;
     let now = std::time::Instant::now;
     assert!(svc.set_node_admin(0, isoswitch::route::AdminState::ForcedOffline, now()));
-    assert_eq!(svc.pool.outstanding(0), 0, "in-flight declined at once");
+    assert_eq!(
+        svc.view().pool.outstanding(0),
+        0,
+        "in-flight declined at once"
+    );
     let at_disable = sent(&svc, 0);
     let report = load.await.unwrap().unwrap();
     assert_eq!(sent(&svc, 0), at_disable);
@@ -590,13 +613,14 @@ async fn forcing_a_node_offline_declines_its_in_flight_at_once() {
         "{report}"
     );
     assert!(
-        svc.counters
+        svc.view()
+            .counters
             .declined(isoswitch::route::DeclineReason::Shutdown)
             > 0
     );
     assert!(svc.set_node_admin(0, isoswitch::route::AdminState::Enabled, now()));
     assert!(
-        svc.pool.eligible(0, now()),
+        svc.view().pool.eligible(0, now()),
         "back at once: its connections stayed up"
     );
     switch.stop().await;
@@ -688,7 +712,7 @@ async fn graceful_stop_answers_in_flight_and_declines_new_requests() {
     })
     .await;
     let stopping = tokio::spawn(switch.stop());
-    wait_until("draining", || svc.links.is_draining()).await;
+    wait_until("draining", || svc.view().links.is_draining()).await;
     let mut newcomer = RawClient::connect(target, &spec).await;
     assert!(
         newcomer.closed_by_peer().await,
@@ -766,7 +790,8 @@ async fn a_node_stalling_mid_frame_loses_its_connection() {
         "declined at the partial-frame timeout"
     );
     assert_eq!(
-        svc.counters
+        svc.view()
+            .counters
             .declined(isoswitch::route::DeclineReason::NodeLost),
         1
     );
@@ -863,7 +888,7 @@ async fn a_failed_f37_stamp_gives_the_pick_back() {
             "declined"
         );
     }
-    assert_eq!(svc.pool.outstanding(0), 0, "picks given back");
+    assert_eq!(svc.view().pool.outstanding(0), 0, "picks given back");
     switch.stop().await;
 }
 
@@ -904,7 +929,7 @@ async fn a_stored_reversal_advice_is_counted_as_an_advice_delivered() {
     let ack = Message::parse(&spec, client.recv().await.unwrap()).unwrap();
     assert_eq!(&ack.mti().digits(), b"0430");
     assert_eq!(ack.field(39).unwrap().unwrap().data(), b"00");
-    let m = &svc.made.counters;
+    let m = &svc.view().made.counters;
     wait_until("the stored advice delivered", || {
         m.advices_delivered.load(Ordering::Relaxed)
             + m.reversals_acknowledged.load(Ordering::Relaxed)

@@ -103,7 +103,7 @@ async fn atm(addr: SocketAddr, spec: &Spec, tag: u64, timeout: Duration) -> Outc
 fn oc(
     service: &isoswitch::link::Service,
 ) -> &isoswitch::link::front::oneconnect::OneConnectCounters {
-    &service.counters.oneconnect
+    &service.view().counters.oneconnect
 }
 
 /// The "done when": 50 clients connect → one request → close, nodes
@@ -248,7 +248,7 @@ async fn an_orphan_answer_is_dropped_never_delivered_elsewhere() {
         })
         .await;
         assert_eq!(nodes[0].stats.connections.load(Ordering::Relaxed), 1);
-        assert_eq!(svc.counters.answered.load(Ordering::Relaxed), 2);
+        assert_eq!(svc.view().counters.answered.load(Ordering::Relaxed), 2);
         switch.stop().await;
     })
     .await
@@ -310,6 +310,7 @@ async fn idle_pool_connections_close() {
         assert_eq!(
             switch.services[0]
                 .service
+                .view()
                 .side
                 .oneconnect()
                 .unwrap()
@@ -339,6 +340,7 @@ async fn a_keyed_front_cannot_serve_nodes_that_echo_no_key() {
         assert!(matches!(outcome, Outcome::Declined(_)), "{outcome:?}");
         // (The echo checks' answers are unmatched too.)
         let unknown = service(&switch)
+            .view()
             .counters
             .unknown_responses
             .load(Ordering::Relaxed);

@@ -90,7 +90,12 @@ fn cups_sim_config(
 }
 
 async fn wait_links_up(svc: &Service) {
-    let links = svc.side.out_links().expect("a simplex front").clone();
+    let links = svc
+        .view()
+        .side
+        .out_links()
+        .expect("a simplex front")
+        .clone();
     wait_until("8 out links signed on and 8 in links up", || {
         links.up() == (LINKS, LINKS) && links.in_stats.open.load(Ordering::Relaxed) == LINKS
     })
@@ -142,7 +147,7 @@ impl Rig {
         .await
         .unwrap();
         wait_links_up(service(&switch)).await;
-        let peer = &service(&switch).counters.peer;
+        let peer = &service(&switch).view().counters.peer;
         let unsent_at_start = peer.node_requests_unsent.load(Ordering::Relaxed);
         Rig {
             unsent_at_start,
@@ -199,6 +204,7 @@ fn assert_nodes_got_their_own(nodes: &[NodeSim], svc: &Service, unsent_at_start:
         );
     }
     let unsent = svc
+        .view()
         .counters
         .peer
         .node_requests_unsent
@@ -241,7 +247,7 @@ async fn responses_reach_their_node_and_issuer_requests_balance() {
             "spread {per_node:?}"
         );
     }
-    let c = &rig.svc().counters;
+    let c = &rig.svc().view().counters;
     assert_eq!(c.peer.unroutable_responses.load(Ordering::Relaxed), 0);
     assert_eq!(
         c.declined_total(),
@@ -272,7 +278,7 @@ async fn closing_links_mid_run_loses_nothing() {
     let report = rig.cups.report();
     assert_eq!(report.answered, report.sent, "{report}");
     assert_eq!(report.unanswered + report.mismatched, 0, "{report}");
-    let links = rig.svc().side.out_links().unwrap();
+    let links = rig.svc().view().side.out_links().unwrap();
     let reconnects: u64 = links
         .stats
         .iter()
@@ -293,7 +299,7 @@ async fn killing_a_node_declines_its_in_flight_issuer_requests() {
     let mut rig = Rig::start(Delay::parse("100..300ms").unwrap(), None, Some(300.0)).await;
     let svc = Arc::clone(rig.svc());
     wait_until("node 03 has requests in flight", || {
-        svc.pool.outstanding(2) > 0
+        svc.view().pool.outstanding(2) > 0
     })
     .await;
     rig.nodes.remove(2).stop().await;
@@ -309,7 +315,7 @@ async fn killing_a_node_declines_its_in_flight_issuer_requests() {
     assert!(report.declined > 0, "{report}");
     assert_eq!(report.answered + report.declined, report.sent, "{report}");
     assert_eq!(report.unanswered + report.mismatched, 0, "{report}");
-    let c = &rig.svc().counters;
+    let c = &rig.svc().view().counters;
     assert_eq!(
         c.declined(isoswitch::route::DeclineReason::NodeLost),
         report.declined
@@ -323,7 +329,7 @@ async fn killing_a_node_declines_its_in_flight_issuer_requests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keepalives_and_echo_are_handled_by_the_switch() {
     let rig = Rig::start(Delay::NONE, None, None).await;
-    let links = rig.svc().side.out_links().unwrap().clone();
+    let links = rig.svc().view().side.out_links().unwrap().clone();
     wait_until("keep-alives on every idle out link", || {
         let out: u64 = links
             .stats
@@ -354,6 +360,7 @@ async fn keepalives_and_echo_are_handled_by_the_switch() {
     .await;
     assert_eq!(
         rig.svc()
+            .view()
             .counters
             .peer
             .network_answered
@@ -362,7 +369,7 @@ async fn keepalives_and_echo_are_handled_by_the_switch() {
     );
     // Nodes see only the switch's own health echoes: nothing from UnionPay.
     assert_eq!(
-        rig.svc().counters.requests.load(Ordering::Relaxed),
+        rig.svc().view().counters.requests.load(Ordering::Relaxed),
         0,
         "nothing routed to the nodes"
     );
@@ -493,14 +500,15 @@ async fn sign_on_precedes_traffic_and_sign_off_ends_it() {
         assert_eq!(f70(&m), b"001");
         sign_ons.push(m.decode().unwrap());
     }
-    let links = svc.side.out_links().unwrap().clone();
+    let links = svc.view().side.out_links().unwrap().clone();
     wait_until("node requests waiting while not signed on", || {
         links.waiting() > 0
     })
     .await;
     assert_eq!(links.up(), (2, 0), "up, not signed on");
     assert_eq!(
-        svc.counters
+        svc.view()
+            .counters
             .peer
             .node_requests_unsent
             .load(Ordering::Relaxed),
@@ -616,7 +624,7 @@ async fn either_instance_routes_a_response_to_the_stamping_node() {
         );
     }
     for sw in [&a, &b] {
-        let c = &service(sw).counters;
+        let c = &service(sw).view().counters;
         assert!(
             c.peer.peer_responses.load(Ordering::Relaxed) > 0,
             "each instance routed responses"
@@ -641,7 +649,7 @@ async fn answers_wait_for_an_out_link_instead_of_being_lost() {
         .unwrap();
     let svc = service(&switch).clone();
     wait_until("node connections up", || {
-        svc.pool.nodes().iter().all(|n| n.live_conns() == 2)
+        svc.view().pool.nodes().iter().all(|n| n.live_conns() == 2)
     })
     .await;
 
@@ -658,10 +666,10 @@ async fn answers_wait_for_an_out_link_instead_of_being_lost() {
         .send_on(0, &spec, &spec.encode(&request).unwrap())
         .await;
     wait_until("the node answered", || {
-        svc.counters.answered.load(Ordering::Relaxed) == 1
+        svc.view().counters.answered.load(Ordering::Relaxed) == 1
     })
     .await;
-    assert_eq!(svc.side.out_links().unwrap().up().0, 0);
+    assert_eq!(svc.view().side.out_links().unwrap().up().0, 0);
 
     // UnionPay starts accepting: the first frame on a link is its sign-on,
     // and the parked answer waits for UnionPay's 0830.
@@ -679,7 +687,7 @@ async fn answers_wait_for_an_out_link_instead_of_being_lost() {
             "only sign-ons before the 0830"
         );
     }
-    assert_eq!(svc.side.out_links().unwrap().waiting(), 1);
+    assert_eq!(svc.view().side.out_links().unwrap().waiting(), 1);
     let ack = spec
         .encode(&spec.respond(&sign_on.decode().unwrap(), "00").unwrap())
         .unwrap();
@@ -688,7 +696,8 @@ async fn answers_wait_for_an_out_link_instead_of_being_lost() {
     let m = isoswitch::iso8583::Message::parse(&spec, p).unwrap();
     assert_eq!(m.field(39).unwrap().unwrap().data(), b"00");
     assert_eq!(
-        svc.side
+        svc.view()
+            .side
             .out_links()
             .as_ref()
             .unwrap()
@@ -696,7 +705,7 @@ async fn answers_wait_for_an_out_link_instead_of_being_lost() {
             .load(Ordering::Relaxed),
         1
     );
-    assert_eq!(svc.counters.undeliverable.load(Ordering::Relaxed), 0);
+    assert_eq!(svc.view().counters.undeliverable.load(Ordering::Relaxed), 0);
     switch.stop().await;
 }
 
@@ -723,7 +732,7 @@ async fn group_rebuild_and_in_link_silence() {
     .await
     .unwrap();
     let svc = service(&switch).clone();
-    let links = svc.side.out_links().unwrap().clone();
+    let links = svc.view().side.out_links().unwrap().clone();
     let connects = || {
         links
             .stats
@@ -795,7 +804,7 @@ async fn node_stamps_are_checked_not_rewritten() {
         .unwrap();
     let svc = service(&switch).clone();
     wait_until("links signed on", || {
-        svc.side.out_links().unwrap().up() == (2, 2)
+        svc.view().side.out_links().unwrap().up() == (2, 2)
     })
     .await;
     wait_until("both nodes' requests sent through the links", || {
@@ -825,7 +834,11 @@ async fn node_stamps_are_checked_not_rewritten() {
     let sent_ok = load(&bad.originated) - load(&bad.originated_declined);
     assert!(sent_ok > 0);
     assert_eq!(
-        svc.counters.peer.stamp_mismatches.load(Ordering::Relaxed),
+        svc.view()
+            .counters
+            .peer
+            .stamp_mismatches
+            .load(Ordering::Relaxed),
         load(&bad.originated)
     );
     assert_eq!(load(&bad.originated_answered), sent_ok);
@@ -867,7 +880,7 @@ async fn dropping_every_out_link_at_once_sends_nothing_before_sign_on() {
             wait_traffic(&cups, &nodes, round * 200, round * 40).await;
             assert_eq!(cups.close_out_links(LINKS), LINKS);
             wait_until("every out link down or reconnecting", || {
-                svc.side.out_links().unwrap().up().1 < LINKS
+                svc.view().side.out_links().unwrap().up().1 < LINKS
             })
             .await;
             wait_links_up(&svc).await;
@@ -901,7 +914,7 @@ async fn dropping_every_out_link_at_once_sends_nothing_before_sign_on() {
             );
             assert_eq!(s.foreign_responses.load(Ordering::Relaxed), 0, "node {i}");
         }
-        let c = &svc.counters;
+        let c = &svc.view().counters;
         assert_eq!(c.peer.node_requests_expired.load(Ordering::Relaxed), 0);
         assert_eq!(c.undeliverable.load(Ordering::Relaxed), 0);
         switch.stop().await;
@@ -949,7 +962,7 @@ async fn a_reversals_0430_on_the_other_instance_completes_it_through_the_store()
             peer.open_in_links(listen, 2).await;
         }
         for sw in &switches {
-            let links = service(sw).side.out_links().expect("a simplex front").clone();
+            let links = service(sw).view().side.out_links().expect("a simplex front").clone();
             wait_until("2 out links signed on and 2 in links up", || {
                 links.up() == (2, 2) && links.in_stats.open.load(Ordering::Relaxed) == 2
             })
@@ -1012,7 +1025,7 @@ async fn a_reversals_0430_on_the_other_instance_completes_it_through_the_store()
         peers[other].send_on(0, &spec, &answer).await;
         let owner_of = |i: usize| {
             service(&switches[i])
-                .made
+                .view().made
                 .saf()
                 .map(|o| o.owner.clone())
                 .expect("a store-and-forward outbox")

@@ -85,7 +85,12 @@ fn connect_config(peer: SocketAddr, nodes: &[SocketAddr]) -> Config {
 
 /// Both sides agree every link is up and signed on.
 async fn wait_signed_on(svc: &Service, visa: &VisaSim) {
-    let links = svc.side.out_links().expect("a connect front").clone();
+    let links = svc
+        .view()
+        .side
+        .out_links()
+        .expect("a connect front")
+        .clone();
     wait_until("every link up and signed on, both ways", || {
         links.up() == (LINKS, LINKS) && visa.links() == (LINKS, LINKS)
     })
@@ -132,13 +137,14 @@ async fn round_trips_each_way(n: u64, drops: Drops) {
     wait_signed_on(&svc, &visa).await;
     wait_until("every node healthy", || {
         let now = std::time::Instant::now();
-        (0..NODES as usize).all(|i| svc.pool.eligible(i, now))
+        (0..NODES as usize).all(|i| svc.view().pool.eligible(i, now))
     })
     .await;
     visa.resume();
     // Node requests sent before the switch's links were signed on were
     // declined at once (no link to carry them); none may be from here on.
     let unsent_at_start = svc
+        .view()
         .counters
         .peer
         .node_requests_unsent
@@ -181,8 +187,8 @@ async fn round_trips_each_way(n: u64, drops: Drops) {
         eprintln!("node: {}", isoswitch::sim::node::summary(&node.stats));
     }
     {
-        let c = &svc.counters;
-        let l = svc.side.out_links().unwrap();
+        let c = &svc.view().counters;
+        let l = svc.view().side.out_links().unwrap();
         eprintln!(
             "switch: node_requests {} unsent {} undeliverable {} unroutable {} peer_responses {} parked_sent {} parked_dropped {} frames_in {}",
             c.peer.node_requests.load(Ordering::Relaxed),
@@ -237,6 +243,7 @@ async fn round_trips_each_way(n: u64, drops: Drops) {
     // With every link gone for a moment, the nodes' requests meanwhile are
     // declined at once (no link to carry them): answered, not lost.
     let unsent = svc
+        .view()
         .counters
         .peer
         .node_requests_unsent
@@ -273,7 +280,7 @@ async fn round_trips_each_way(n: u64, drops: Drops) {
         report.sign_ons_approved >= LINKS as u64 + dropped,
         "{report}"
     );
-    let links = svc.side.out_links().unwrap();
+    let links = svc.view().side.out_links().unwrap();
     assert!(
         links.sign_ons_acknowledged.load(Ordering::Relaxed) >= LINKS as u64 + dropped,
         "the switch signed the new links on"
@@ -281,7 +288,7 @@ async fn round_trips_each_way(n: u64, drops: Drops) {
     let stats = visa.stats();
     assert!(stats.bank_sign_ons.load(Ordering::Relaxed) >= LINKS as u64 + dropped);
     assert!(report.echo_answered > 0 && stats.bank_echoes.load(Ordering::Relaxed) > 0);
-    let c = &svc.counters;
+    let c = &svc.view().counters;
     for (what, v) in [
         ("unroutable", &c.peer.unroutable_responses),
         ("late", &c.late_responses),

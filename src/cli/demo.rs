@@ -443,7 +443,7 @@ async fn demo(seconds: u64) -> Result<bool, String> {
 /// Waits (at most `LATE_BY` and a few seconds) until every late approval
 /// the nodes sent has been reversed and acknowledged.
 async fn settle_reversals(nodes: &[ChannelNode], pos: &Service) {
-    let c = &pos.made.counters;
+    let c = &pos.view().made.counters;
     let until = Instant::now() + LATE_BY + Duration::from_secs(5);
     while Instant::now() < until {
         let late: u64 = nodes.iter().map(ChannelNode::late_approvals).sum();
@@ -460,7 +460,7 @@ async fn settle_reversals(nodes: &[ChannelNode], pos: &Service) {
 /// nodes' own books) reversed and acknowledged, and UnionPay's key resets
 /// reaching the key node and answered.
 fn integrity_row(nodes: &[ChannelNode], pos: &Service, cups: &CupsReport) -> ScenarioRow {
-    let c = &pos.made.counters;
+    let c = &pos.view().made.counters;
     let late: u64 = nodes.iter().map(ChannelNode::late_approvals).sum();
     let reversed = c.late_reversed.load(Ordering::Relaxed);
     let acked = c.reversals_acknowledged.load(Ordering::Relaxed);
@@ -512,8 +512,8 @@ async fn wait_ready(pos: &Service, unionpay: &Service) -> Result<(), String> {
     loop {
         let nodes_up = [pos, unionpay]
             .iter()
-            .all(|s| s.pool.nodes().iter().all(|n| n.live_conns() > 0));
-        let links = unionpay.side.out_links().map_or((0, 0), |l| l.up());
+            .all(|s| s.view().pool.nodes().iter().all(|n| n.live_conns() > 0));
+        let links = unionpay.view().side.out_links().map_or((0, 0), |l| l.up());
         if nodes_up && links.1 == 8 {
             return Ok(());
         }
@@ -538,10 +538,10 @@ impl Snapshot {
         let mut per_node = [0u64; NODES];
         let mut messages = 0;
         for s in services {
-            for (slot, n) in per_node.iter_mut().zip(s.pool.nodes()) {
+            for (slot, n) in per_node.iter_mut().zip(s.view().pool.nodes()) {
                 *slot += n.counters.sent.load(Ordering::Relaxed);
             }
-            let c = &s.counters;
+            let c = &s.view().counters;
             messages +=
                 c.requests.load(Ordering::Relaxed) + c.peer.node_requests.load(Ordering::Relaxed);
         }
@@ -563,7 +563,10 @@ fn progress_line(t: u64, last: &Snapshot, now: &Snapshot, services: &[&Arc<Servi
         .map(|(i, d)| format!("{:02} {:>3}%", i + 1, d * 100 / total))
         .collect();
     let in_flight: usize = services.iter().map(|s| s.in_flight()).sum();
-    let declines: u64 = services.iter().map(|s| s.counters.declined_total()).sum();
+    let declines: u64 = services
+        .iter()
+        .map(|s| s.view().counters.declined_total())
+        .sum();
     format!(
         "t={t:>3}s  {:>6} msg/s  in flight {:>4}  share [{}]  declines {declines}",
         now.messages - last.messages,
@@ -594,7 +597,12 @@ fn summary(
     println!("\n== summary");
     println!("node   POS requests   UnionPay requests   own requests (answered/declined)");
     for (i, n) in nodes.iter().enumerate() {
-        let sent = |s: &Service| s.pool.nodes()[i].counters.sent.load(Ordering::Relaxed);
+        let sent = |s: &Service| {
+            s.view().pool.nodes()[i]
+                .counters
+                .sent
+                .load(Ordering::Relaxed)
+        };
         let own = n.own_requests();
         println!(
             "{:<6} {:>12}   {:>17}   {:>6} ({}/{})",
@@ -636,7 +644,7 @@ fn summary(
     let reasons: Vec<String> = DeclineReason::ALL
         .iter()
         .map(|&r| {
-            let n: u64 = services.iter().map(|s| s.counters.declined(r)).sum();
+            let n: u64 = services.iter().map(|s| s.view().counters.declined(r)).sum();
             format!("{} {n}", r.as_str())
         })
         .collect();

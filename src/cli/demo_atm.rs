@@ -77,7 +77,7 @@ impl AtmHosts {
     pub fn summary(&self, switch: &Switch, report: &LoadReport) -> bool {
         let max = switch
             .service(SERVICE)
-            .map_or(0, |s| s.config.back.connections_per_node);
+            .map_or(0, |s| s.view().config.back.connections_per_node);
         let accepted: Vec<String> = self
             .hosts
             .iter()

@@ -101,22 +101,35 @@ pub struct Pending {
 
 pub use crate::route::{Checked, Invalid};
 
+/// A service as `ops/` and the CLI see it ([`Service::view`]).
+#[derive(Clone, Copy)]
+pub struct ServiceView<'a> {
+    pub config: &'a ServiceConfig,
+    /// The nodes: admin state, health, counters (the admin API changes
+    /// their state through it).
+    pub pool: &'a NodePool,
+    pub side: &'a FrontSide,
+    pub links: &'a Links,
+    pub made: &'a SwitchMade,
+    pub counters: &'a ServiceCounters,
+}
+
 pub struct Service {
-    pub config: ServiceConfig,
-    pub pool: NodePool,
+    pub(in crate::link) config: ServiceConfig,
+    pub(in crate::link) pool: NodePool,
     /// Validation, correlation keys, stamps: the service's routing decisions.
-    pub router: Router,
+    pub(in crate::link) router: Router,
     /// Requests in flight, by correlation key.
-    pub(crate) in_flight: Shards<Pending>,
+    pub(in crate::link) in_flight: Shards<Pending>,
     /// What a reload changes, read per request without a lock.
     live: ArcSwap<LiveSettings>,
     /// What the front kind adds: the OneConnect pool or the peer side.
-    pub side: FrontSide,
+    pub(in crate::link) side: FrontSide,
     /// The service's connections and what admits them.
-    pub links: Links,
+    pub(in crate::link) links: Links,
     /// The switch's own messages.
-    pub made: SwitchMade,
-    pub counters: ServiceCounters,
+    pub(in crate::link) made: SwitchMade,
+    pub(in crate::link) counters: ServiceCounters,
     /// Where completed exchanges are recorded; none without a store.
     journal: std::sync::OnceLock<JournalTap>,
 }
@@ -180,6 +193,27 @@ impl Service {
             counters: ServiceCounters::default(),
             journal: std::sync::OnceLock::new(),
         })
+    }
+
+    /// What operators and their tools read of the service (`ops/`, the
+    /// CLI): its config, nodes, connections, counters and the switch's
+    /// books, by shared reference; the message path's fields stay inside
+    /// `link/`.
+    pub fn view(&self) -> ServiceView<'_> {
+        ServiceView {
+            config: &self.config,
+            pool: &self.pool,
+            side: &self.side,
+            links: &self.links,
+            made: &self.made,
+            counters: &self.counters,
+        }
+    }
+
+    /// Its connections' setup (the descriptor budget, TLS, capture), given
+    /// once before it starts.
+    pub fn links_mut(&mut self) -> &mut Links {
+        &mut self.links
     }
 
     /// Where this service's TLS handshakes are counted and logged.

@@ -402,11 +402,11 @@ async fn readyz(State(admin): State<Admin>) -> Response {
     let mut why = Vec::new();
     for r in admin.switch.services.iter() {
         let s = &r.service;
-        let healthy = (0..s.pool.nodes().len()).any(|i| s.pool.eligible(i, now));
+        let healthy = (0..s.view().pool.nodes().len()).any(|i| s.view().pool.eligible(i, now));
         if !healthy {
             why.push(format!("service `{}`: no healthy node", s.name()));
         }
-        if let Some(out) = &s.side.out_links() {
+        if let Some(out) = &s.view().side.out_links() {
             let (_, usable) = out.up();
             if usable < out.len() {
                 why.push(format!(

@@ -87,6 +87,7 @@ impl SwitchHandle {
 
     fn node_index(&self, service: &Service, node: &str) -> Result<usize, ControlError> {
         service
+            .view()
             .pool
             .index_of(node.as_bytes())
             .ok_or_else(|| ControlError::NoNode {
@@ -133,7 +134,7 @@ impl SwitchHandle {
         let mut control = self.control.lock().await;
         let running = self.running(service)?;
         let svc = &running.service;
-        if svc.config.f37_stamp.is_some() {
+        if svc.view().config.f37_stamp.is_some() {
             // The F37 stamp table is fixed at start (stamps route responses
             // statelessly, across switch instances).
             return Err(ControlError::RestartNeeded(format!(
@@ -148,6 +149,7 @@ impl SwitchHandle {
         // send card data to a host the config file does not allow.
         self.check_allowed(service, &cfg)?;
         let index = svc
+            .view()
             .pool
             .add_node(cfg.clone(), Instant::now())
             .map_err(|e| match e {
@@ -187,7 +189,13 @@ impl SwitchHandle {
                     "node `{node}` is already being removed"
                 )));
             }
-            let live = svc.pool.nodes().iter().filter(|n| !n.is_removed()).count();
+            let live = svc
+                .view()
+                .pool
+                .nodes()
+                .iter()
+                .filter(|n| !n.is_removed())
+                .count();
             if live <= 1 {
                 return Err(ControlError::Conflict(format!(
                     "node `{node}` is the last node of service `{service}`"
@@ -288,12 +296,12 @@ impl SwitchHandle {
         };
         let svc = Arc::clone(&running.service);
         let deadline = tokio::time::Instant::now() + svc.live().longest_timeout() + extra;
-        while svc.pool.outstanding(index) > 0 && tokio::time::Instant::now() < deadline {
+        while svc.view().pool.outstanding(index) > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         // Anything still in flight gets its decline now, before the links go.
         svc.set_node_admin(index, AdminState::ForcedOffline, Instant::now());
-        let _ = svc.pool.remove_node(index, Instant::now());
+        let _ = svc.view().pool.remove_node(index, Instant::now());
         self.supervisor
             .end_scope(&link::node_scope(svc.name(), index));
         self.removing
@@ -306,8 +314,8 @@ impl SwitchHandle {
 /// A live node as a config entry: its address, and its weight, priority and
 /// admin state as they are now.
 pub(crate) fn runtime_entry(svc: &Service, index: usize) -> Option<NodeConfig> {
-    let node = svc.pool.node(index)?;
-    let st = svc.pool.status(index, Instant::now())?;
+    let node = svc.view().pool.node(index)?;
+    let st = svc.view().pool.status(index, Instant::now())?;
     Some(NodeConfig {
         id: node.config.id.clone(),
         address: node.config.address,

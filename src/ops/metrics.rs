@@ -164,98 +164,104 @@ impl Collector for SwitchMetrics {
                     "isoswitch_service_requests",
                     "Requests accepted from the front.",
                 ),
-                |s| s.counters.requests.load(Ordering::Relaxed),
+                |s| s.view().counters.requests.load(Ordering::Relaxed),
             ),
             (
                 counter(
                     "isoswitch_service_responses",
                     "Node responses delivered to the front.",
                 ),
-                |s| s.counters.answered.load(Ordering::Relaxed),
+                |s| s.view().counters.answered.load(Ordering::Relaxed),
             ),
             (
                 counter(
                     "isoswitch_service_late_responses",
                     "Node responses that came after their request was declined; dropped.",
                 ),
-                |s| s.counters.late_responses.load(Ordering::Relaxed),
+                |s| s.view().counters.late_responses.load(Ordering::Relaxed),
             ),
             (
                 counter(
                     "isoswitch_service_unknown_responses",
                     "Node responses that match no request; dropped.",
                 ),
-                |s| s.counters.unknown_responses.load(Ordering::Relaxed),
+                |s| s.view().counters.unknown_responses.load(Ordering::Relaxed),
             ),
             (
                 counter(
                     "isoswitch_service_bad_messages",
                     "Messages that could not be parsed.",
                 ),
-                |s| s.counters.bad_messages.load(Ordering::Relaxed),
+                |s| s.view().counters.bad_messages.load(Ordering::Relaxed),
             ),
             (
                 counter(
                     "isoswitch_service_bad_frames",
                     "Frames whose length prefix could not be trusted.",
                 ),
-                |s| s.counters.bad_frames.load(Ordering::Relaxed),
+                |s| s.view().counters.bad_frames.load(Ordering::Relaxed),
             ),
             (
                 counter(
                     "isoswitch_service_undeliverable",
                     "Answers with no live link to go to.",
                 ),
-                |s| s.counters.undeliverable.load(Ordering::Relaxed),
+                |s| s.view().counters.undeliverable.load(Ordering::Relaxed),
             ),
             (
                 counter(
                     "isoswitch_service_keepalives",
                     "Keep-alive frames received from clients.",
                 ),
-                |s| s.counters.keep_alives.load(Ordering::Relaxed),
+                |s| s.view().counters.keep_alives.load(Ordering::Relaxed),
             ),
             (
                 counter(
                     "isoswitch_service_connections_accepted",
                     "Client connections accepted.",
                 ),
-                |s| s.counters.clients_accepted.load(Ordering::Relaxed),
+                |s| s.view().counters.clients_accepted.load(Ordering::Relaxed),
             ),
             (
                 counter(
                     "isoswitch_service_over_share",
                     "Requests declined because their client was over its in-flight share.",
                 ),
-                |s| s.counters.over_share.load(Ordering::Relaxed),
+                |s| s.view().counters.over_share.load(Ordering::Relaxed),
             ),
             (
                 counter(
                     "isoswitch_service_undeclinable",
                     "Requests too broken to answer with a decline (dropped).",
                 ),
-                |s| s.counters.undeclinable.load(Ordering::Relaxed),
+                |s| s.view().counters.undeclinable.load(Ordering::Relaxed),
             ),
             (
                 counter(
                     "isoswitch_service_panic_routed",
                     "Requests routed while no node was healthy (panic mode).",
                 ),
-                |s| s.pool.panic_picks(),
+                |s| s.view().pool.panic_picks(),
             ),
             (
                 counter(
                     "isoswitch_service_node_requests",
                     "Node-originated requests queued for the peer (simplex and connect fronts).",
                 ),
-                |s| s.counters.peer.node_requests.load(Ordering::Relaxed),
+                |s| s.view().counters.peer.node_requests.load(Ordering::Relaxed),
             ),
             (
                 counter(
                     "isoswitch_service_node_requests_unsent",
                     "Node-originated requests declined at once: no out link could take them and the waiting queue was full.",
                 ),
-                |s| s.counters.peer.node_requests_unsent.load(Ordering::Relaxed),
+                |s| {
+                    s.view()
+                        .counters
+                        .peer
+                        .node_requests_unsent
+                        .load(Ordering::Relaxed)
+                },
             ),
             (
                 counter(
@@ -263,7 +269,8 @@ impl Collector for SwitchMetrics {
                     "Node-originated requests dropped: no signed-on out link before their deadline.",
                 ),
                 |s| {
-                    s.counters
+                    s.view()
+                        .counters
                         .peer
                         .node_requests_expired
                         .load(Ordering::Relaxed)
@@ -274,28 +281,52 @@ impl Collector for SwitchMetrics {
                     "isoswitch_service_stamp_mismatches",
                     "Node-stamped F37 values that did not name the sending node.",
                 ),
-                |s| s.counters.peer.stamp_mismatches.load(Ordering::Relaxed),
+                |s| {
+                    s.view()
+                        .counters
+                        .peer
+                        .stamp_mismatches
+                        .load(Ordering::Relaxed)
+                },
             ),
             (
                 counter(
                     "isoswitch_service_peer_responses",
                     "Peer responses routed to a node by their F37 stamp.",
                 ),
-                |s| s.counters.peer.peer_responses.load(Ordering::Relaxed),
+                |s| {
+                    s.view()
+                        .counters
+                        .peer
+                        .peer_responses
+                        .load(Ordering::Relaxed)
+                },
             ),
             (
                 counter(
                     "isoswitch_service_unroutable_responses",
                     "Peer responses whose F37 stamp names no live node; dropped.",
                 ),
-                |s| s.counters.peer.unroutable_responses.load(Ordering::Relaxed),
+                |s| {
+                    s.view()
+                        .counters
+                        .peer
+                        .unroutable_responses
+                        .load(Ordering::Relaxed)
+                },
             ),
             (
                 counter(
                     "isoswitch_service_network_answered",
                     "The peer's network management requests answered by the switch.",
                 ),
-                |s| s.counters.peer.network_answered.load(Ordering::Relaxed),
+                |s| {
+                    s.view()
+                        .counters
+                        .peer
+                        .network_answered
+                        .load(Ordering::Relaxed)
+                },
             ),
             (
                 counter(
@@ -303,7 +334,8 @@ impl Collector for SwitchMetrics {
                     "The peer's key exchange and cut-over requests sent to a key node.",
                 ),
                 |s| {
-                    s.counters
+                    s.view()
+                        .counters
                         .peer
                         .key_exchange_to_nodes
                         .load(Ordering::Relaxed)
@@ -314,14 +346,26 @@ impl Collector for SwitchMetrics {
                     "isoswitch_service_key_exchange_unsent",
                     "The peer's key exchange and cut-over requests that reached no key node.",
                 ),
-                |s| s.counters.peer.key_exchange_unsent.load(Ordering::Relaxed),
+                |s| {
+                    s.view()
+                        .counters
+                        .peer
+                        .key_exchange_unsent
+                        .load(Ordering::Relaxed)
+                },
             ),
             (
                 counter(
                     "isoswitch_service_node_key_exchange",
                     "Nodes' own key exchange and cut-over requests sent to the peer.",
                 ),
-                |s| s.counters.peer.node_key_exchange.load(Ordering::Relaxed),
+                |s| {
+                    s.view()
+                        .counters
+                        .peer
+                        .node_key_exchange
+                        .load(Ordering::Relaxed)
+                },
             ),
         ];
         let mut bytes = counter(
@@ -471,7 +515,7 @@ impl Collector for SwitchMetrics {
         for r in self.0.services.iter() {
             let s = &r.service;
             let sl = || vec![("service", label_value(s.name()))];
-            let c = &s.counters;
+            let c = &s.view().counters;
             for (f, read) in &mut svc_counters {
                 f.samples.push((sl(), read(s)));
             }
@@ -485,14 +529,14 @@ impl Collector for SwitchMetrics {
                 bad_requests.samples.push((l, v.load(Ordering::Relaxed)));
             }
             for (dir, v) in [
-                ("in", &s.links.table.traffic.bytes_in),
-                ("out", &s.links.table.traffic.bytes_out),
+                ("in", &s.view().links.table.traffic.bytes_in),
+                ("out", &s.view().links.table.traffic.bytes_out),
             ] {
                 let mut l = sl();
                 l.push(("direction", dir.to_string()));
                 bytes.samples.push((l, v.load(Ordering::Relaxed)));
             }
-            if let Some(out) = &s.side.out_links() {
+            if let Some(out) = &s.view().side.out_links() {
                 for (link, st) in out.stats.iter().enumerate() {
                     let now_state = st.state().as_str();
                     for state in ["connecting", "up", "signed-on", "down"] {
@@ -523,9 +567,11 @@ impl Collector for SwitchMetrics {
             ] {
                 let mut l = sl();
                 l.push(("kind", name.to_string()));
-                conns.samples.push((l, s.links.table.count(kind) as f64));
+                conns
+                    .samples
+                    .push((l, s.view().links.table.count(kind) as f64));
             }
-            if let Some(out) = &s.side.out_links() {
+            if let Some(out) = &s.view().side.out_links() {
                 for (f, read) in &mut links {
                     f.samples.push((sl(), read(out) as f64));
                 }
@@ -550,7 +596,7 @@ impl Collector for SwitchMetrics {
         }
         // One budget for the process: every service shares it.
         if let Some(r) = self.0.services.first() {
-            let b = r.service.links.budget();
+            let b = r.service.view().links.budget();
             if b.limit() != usize::MAX {
                 budget.samples.push((Vec::new(), b.limit() as f64));
             }
@@ -628,7 +674,7 @@ fn encode_saf(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std::fmt::R
     );
     for r in handle.services.iter() {
         let s = &r.service;
-        let c = &s.made.counters;
+        let c = &s.view().made.counters;
         let sl = || vec![("service", label_value(s.name()))];
         for (kind, v) in [
             ("reversal", &c.reversals_acknowledged),
@@ -813,9 +859,9 @@ fn node_samples(
     states: &mut Family<f64>,
     hist: &mut Vec<(Labels, Histogram)>,
 ) {
-    let nodes = s.pool.nodes();
+    let nodes = s.view().pool.nodes();
     for (index, n) in nodes.iter().enumerate() {
-        let Some(st) = s.pool.status(index, now) else {
+        let Some(st) = s.view().pool.status(index, now) else {
             continue;
         };
         let nl = || {

@@ -190,7 +190,7 @@ fn reread_tls(handle: &SwitchHandle) -> Result<Certificates, ReloadError> {
     let services = handle
         .services
         .iter()
-        .map(|r| r.service.links.tls.reread())
+        .map(|r| r.service.view().links.tls.reread())
         .collect::<Result<Vec<_>, _>>()
         .map_err(invalid)?;
     let admin = match handle.admin_tls.get() {
@@ -225,10 +225,10 @@ fn reread_tls(handle: &SwitchHandle) -> Result<Certificates, ReloadError> {
 fn install_tls(handle: &SwitchHandle, certs: Certificates, report: &mut ReloadReport) {
     let mut any = false;
     for (r, reread) in handle.services.iter().zip(certs.services) {
-        any |= !r.service.links.tls.certs().is_empty()
-            || r.service.links.tls.back.is_some()
-            || r.service.links.tls.out_links.is_some();
-        r.service.links.tls.install(reread);
+        any |= !r.service.view().links.tls.certs().is_empty()
+            || r.service.view().links.tls.back.is_some()
+            || r.service.view().links.tls.out_links.is_some();
+        r.service.view().links.tls.install(reread);
     }
     if let (Some(a), Some(loaded)) = (handle.admin_tls.get(), certs.admin) {
         a.side.install(loaded);
@@ -355,6 +355,7 @@ pub struct LiveNode {
 /// admin state as they are now.
 pub fn live_nodes(service: &Service, removing: &[usize]) -> Vec<LiveNode> {
     service
+        .view()
         .pool
         .nodes()
         .iter()
@@ -372,8 +373,8 @@ pub fn live_nodes(service: &Service, removing: &[usize]) -> Vec<LiveNode> {
 
 /// Node slots left for nodes added or moved (indices are never reused).
 fn free_slots(service: &Service) -> usize {
-    (service.config.back.nodes.len() + link::back::pool::SPARE_NODE_SLOTS)
-        .saturating_sub(service.pool.nodes().len())
+    (service.view().config.back.nodes.len() + link::back::pool::SPARE_NODE_SLOTS)
+        .saturating_sub(service.view().pool.nodes().len())
 }
 
 /// One change to a running pool.
@@ -581,7 +582,7 @@ pub fn check_plan(
 /// Timeouts, decline codes, health thresholds and timing, the in-flight cap
 /// and a listen front's limits: set whatever they were.
 fn apply_live_settings(service: &Service, svc: &ServiceConfig, report: &mut ReloadReport) {
-    service.pool.set_health_config(svc.back.health.state);
+    service.view().pool.set_health_config(svc.back.health.state);
     if service.live().timeouts.default_timeout().after != svc.timeouts.request {
         report.changes.push(format!(
             "{}: timeouts.request {:?} -> {:?}",
@@ -631,7 +632,7 @@ pub fn apply_step(stage: Stage<'_>, service: &Arc<Service>, step: Step, report: 
             let line = format!("{name}: node {id} moves {from} -> {}", to.address);
             // The old entry drains, frees the ID at once, and goes.
             service.set_node_admin(index, AdminState::Drain, now);
-            if let Err(e) = service.pool.remove_node_later(index) {
+            if let Err(e) = service.view().pool.remove_node_later(index) {
                 return failed(report, &name, &id, "move", &e.to_string());
             }
             remove(stage, service, index);
@@ -646,7 +647,7 @@ pub fn apply_step(stage: Stage<'_>, service: &Arc<Service>, step: Step, report: 
             from,
             to,
         } => {
-            service.pool.reconfigure(index, to.0, to.1);
+            service.view().pool.reconfigure(index, to.0, to.1);
             report.changes.push(format!(
                 "{name}: node {id} weight {} -> {}, priority {} -> {}",
                 from.0, to.0, from.1, to.1
@@ -677,6 +678,7 @@ fn failed(report: &mut ReloadReport, service: &str, node: &str, what: &str, why:
 /// `link::start` starts every node).
 fn add(stage: Stage<'_>, service: &Arc<Service>, cfg: NodeConfig) -> Result<(), ControlError> {
     let index = service
+        .view()
         .pool
         .add_node(cfg, Instant::now())
         .map_err(|e| ControlError::Conflict(e.to_string()))?;
@@ -691,7 +693,7 @@ fn add(stage: Stage<'_>, service: &Arc<Service>, cfg: NodeConfig) -> Result<(), 
 fn remove(stage: Stage<'_>, service: &Arc<Service>, index: usize) {
     match stage {
         Stage::Starting => {
-            let _ = service.pool.remove_node(index, Instant::now());
+            let _ = service.view().pool.remove_node(index, Instant::now());
         }
         Stage::Running(handle) => {
             service.set_node_admin(index, AdminState::Drain, Instant::now());

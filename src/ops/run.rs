@@ -128,8 +128,8 @@ impl Switch {
                     reason: e.to_string(),
                 }
             })?;
-            service.links.set_budget(Arc::clone(&budget));
-            service.links.tls =
+            service.links_mut().set_budget(Arc::clone(&budget));
+            service.links_mut().tls =
                 crate::tls::ServiceTls::load(svc, index).map_err(|e| StartError::Service {
                     service: svc.name.clone(),
                     reason: e.to_string(),
@@ -138,7 +138,7 @@ impl Switch {
                 service.set_journal(journal.clone());
             }
             if let Some((store, owner, wake)) = &outbox {
-                service.made.set_saf(SafOutbox {
+                service.view().made.set_saf(SafOutbox {
                     store: store.clone(),
                     owner: owner.clone(),
                     policy: config.store.saf.clone(),
@@ -149,7 +149,7 @@ impl Switch {
             }
             let capture = crate::capture::writer::open(svc, Arc::clone(service.spec()));
             if let Some((capture, writer)) = capture {
-                service.links.capture = Some(capture);
+                service.links_mut().capture = Some(capture);
                 // One writer per service, owned by the supervisor: it cannot
                 // restart (it owns the files), so an early end is fatal.
                 let mut set = tokio::task::JoinSet::new();
@@ -287,7 +287,7 @@ impl Switch {
     /// [`Switch::stop`] with an explicit grace period.
     pub async fn stop_within(self, grace: Duration) {
         for r in &self.services {
-            r.service.links.begin_drain();
+            r.service.view().links.begin_drain();
         }
         let deadline = tokio::time::Instant::now() + grace;
         while self.services.iter().any(|r| r.service.in_flight() > 0)
@@ -506,8 +506,9 @@ fn instance_name() -> String {
 
 /// One line of counters for a service.
 pub fn stats_line(service: &Service) -> String {
-    let c = &service.counters;
+    let c = &service.view().counters;
     let nodes: Vec<String> = service
+        .view()
         .pool
         .nodes()
         .iter()
@@ -521,6 +522,7 @@ pub fn stats_line(service: &Service) -> String {
         })
         .collect();
     let oneconnect = service
+        .view()
         .side
         .oneconnect()
         .map_or_else(String::new, |oc| oc.stats_line(service));

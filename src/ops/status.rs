@@ -182,7 +182,7 @@ pub fn status_of(switch: &SwitchHandle) -> Status {
             switch
                 .services
                 .iter()
-                .map(|r| (r.service.name(), &r.service.links.tls)),
+                .map(|r| (r.service.name(), &r.service.view().links.tls)),
             switch.admin_tls.get().map(|a| &**a),
         ),
         journal: journal_status(switch),
@@ -190,14 +190,15 @@ pub fn status_of(switch: &SwitchHandle) -> Status {
 }
 
 fn service_status(s: &Service, front_addr: SocketAddr, now: Instant) -> ServiceStatus {
-    let c = &s.counters;
+    let c = &s.view().counters;
     let nodes = s
+        .view()
         .pool
         .nodes()
         .iter()
         .enumerate()
         .filter_map(|(index, n)| {
-            let st = s.pool.status(index, now)?;
+            let st = s.view().pool.status(index, now)?;
             Some(NodeStatusView {
                 id: n.config.id.clone(),
                 index,
@@ -217,13 +218,14 @@ fn service_status(s: &Service, front_addr: SocketAddr, now: Instant) -> ServiceS
             })
         })
         .collect();
-    let links = s.side.out_links().map(|out| {
+    let links = s.view().side.out_links().map(|out| {
         let (up, signed_on) = out.up();
         LinksStatus {
             links: out.len(),
             up,
             signed_on,
             in_links: s
+                .view()
                 .links
                 .table
                 .count(crate::link::io::conns::ConnKind::InLink),
@@ -231,7 +233,7 @@ fn service_status(s: &Service, front_addr: SocketAddr, now: Instant) -> ServiceS
     });
     ServiceStatus {
         name: s.name().into(),
-        front: match &s.config.front {
+        front: match &s.view().config.front {
             FrontConfig::Listen(_) => "listen",
             FrontConfig::Simplex(_) => "simplex",
             FrontConfig::Connect(_) => "connect",
@@ -254,12 +256,13 @@ fn service_status(s: &Service, front_addr: SocketAddr, now: Instant) -> ServiceS
         bad_messages: c.bad_messages.load(Ordering::Relaxed),
         bad_frames: c.bad_frames.load(Ordering::Relaxed),
         clients: s
+            .view()
             .links
             .table
             .count(crate::link::io::conns::ConnKind::Client),
         nodes,
         links,
-        integrity: integrity_status(&s.made.counters),
+        integrity: integrity_status(&s.view().made.counters),
     }
 }
 
@@ -326,6 +329,7 @@ pub fn connections_of(switch: &SwitchHandle) -> Vec<ConnectionView> {
         .flat_map(|r| {
             let name = r.service.name().to_string();
             r.service
+                .view()
                 .links
                 .table
                 .snapshot()

@@ -20,11 +20,11 @@ async fn nodes_are_drained_disabled_enabled_added_and_removed_under_load() {
         let load = nac_load(&spec, front(&switch), 8);
 
         // Drain 02 while it has requests in flight.
-        wait_until("node 02 busy", || svc.pool.outstanding(1) > 0).await;
+        wait_until("node 02 busy", || svc.view().pool.outstanding(1) > 0).await;
         api.node("02", "drain").await;
         assert_eq!(api.status().await.services[0].nodes[1].state, "draining");
         wait_until("node 02 in-flight answered", || {
-            svc.pool.outstanding(1) == 0
+            svc.view().pool.outstanding(1) == 0
         })
         .await;
         let drained_at = requests_of(&nodes[1]);
@@ -42,7 +42,11 @@ async fn nodes_are_drained_disabled_enabled_added_and_removed_under_load() {
             "no new request reaches a draining node"
         );
         assert_eq!(sent(&svc, 1), sent_at);
-        assert_eq!(svc.counters.declined_total(), 0, "a drain declines nothing");
+        assert_eq!(
+            svc.view().counters.declined_total(),
+            0,
+            "a drain declines nothing"
+        );
 
         // Enable: traffic returns.
         api.node("02", "enable").await;
@@ -53,25 +57,25 @@ async fn nodes_are_drained_disabled_enabled_added_and_removed_under_load() {
 
         // Disable 03 (F5's "disabled"): no new requests, and those in
         // flight are answered by the node, never declined.
-        wait_until("node 03 busy", || svc.pool.outstanding(2) > 0).await;
+        wait_until("node 03 busy", || svc.view().pool.outstanding(2) > 0).await;
         api.node("03", "disable").await;
         assert_eq!(api.status().await.services[0].nodes[2].state, "disabled");
         wait_until("node 03 in-flight answered", || {
-            svc.pool.outstanding(2) == 0
+            svc.view().pool.outstanding(2) == 0
         })
         .await;
         assert_eq!(
-            svc.counters.declined_total(),
+            svc.view().counters.declined_total(),
             0,
             "a disable declines nothing: in-flight finish"
         );
         api.node("03", "enable").await;
 
         // Force 03 offline: its in-flight requests are declined at once.
-        wait_until("node 03 busy again", || svc.pool.outstanding(2) > 0).await;
+        wait_until("node 03 busy again", || svc.view().pool.outstanding(2) > 0).await;
         api.node("03", "force-offline").await;
         assert_eq!(
-            svc.pool.outstanding(2),
+            svc.view().pool.outstanding(2),
             0,
             "force-offline declines the node's in-flight at once"
         );
@@ -79,7 +83,7 @@ async fn nodes_are_drained_disabled_enabled_added_and_removed_under_load() {
             api.status().await.services[0].nodes[2].state,
             "forced-offline"
         );
-        let declined_by_disable = svc.counters.declined(DeclineReason::Shutdown);
+        let declined_by_disable = svc.view().counters.declined(DeclineReason::Shutdown);
         assert!(declined_by_disable > 0);
         let disabled_at = requests_of(&nodes[2]);
         api.node("03", "enable").await;
@@ -103,9 +107,9 @@ async fn nodes_are_drained_disabled_enabled_added_and_removed_under_load() {
         let status = api.status().await;
         assert_eq!(status.services[0].nodes[0].state, "removed");
         let removed_at = requests_of(&nodes[0]);
-        assert_eq!(svc.pool.outstanding(0), 0);
+        assert_eq!(svc.view().pool.outstanding(0), 0);
         wait_until("node 01 links closed", || {
-            svc.pool.nodes()[0].live_conns() == 0
+            svc.view().pool.nodes()[0].live_conns() == 0
         })
         .await;
 

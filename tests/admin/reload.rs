@@ -25,7 +25,8 @@ async fn reload_applies_a_weight_change_without_closing_links() {
         let api = Api::of(&switch);
         let load = nac_load(&spec, front(&switch), 4);
         wait_until("clients connected", || {
-            svc.links
+            svc.view()
+                .links
                 .table
                 .count(isoswitch::link::io::conns::ConnKind::Client)
                 == 2
@@ -205,7 +206,7 @@ async fn a_killed_sweeper_or_accept_loop_is_restarted() {
             .expect("a timeout decline after the restart");
         let msg = isoswitch::iso8583::Message::parse(&spec, answer).unwrap();
         assert_eq!(msg.mti().as_str(), "0210");
-        assert_eq!(svc.counters.declined(DeclineReason::Timeout), 1);
+        assert_eq!(svc.view().counters.declined(DeclineReason::Timeout), 1);
 
         assert_eq!(sup.kill("svc/accept"), 1);
         wait_until("accept loop restarted", || sup.restarts() == 2).await;
@@ -281,9 +282,9 @@ async fn reload_keeps_every_simplex_link() {
         switch.set_source(Some(path.clone()));
         let svc = service(&switch).clone();
         wait_connected(&svc, 2).await;
-        let links = svc.side.out_links().cloned().unwrap();
+        let links = svc.view().side.out_links().cloned().unwrap();
         wait_until("4 out links signed on, 4 in links", || {
-            links.up() == (4, 4) && svc.links.table.count(isoswitch::link::io::conns::ConnKind::InLink) == 4
+            links.up() == (4, 4) && svc.view().links.table.count(isoswitch::link::io::conns::ConnKind::InLink) == 4
         })
         .await;
         let api = Api::of(&switch);

@@ -186,6 +186,7 @@ pub fn service(switch: &Switch) -> &Arc<Service> {
 pub async fn wait_connected(service: &Service, per_node: usize) {
     wait_until("node connections up", || {
         service
+            .view()
             .pool
             .nodes()
             .iter()
@@ -206,7 +207,7 @@ pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 pub fn sent(service: &Service, node: usize) -> u64 {
-    service.pool.nodes()[node]
+    service.view().pool.nodes()[node]
         .counters
         .sent
         .load(Ordering::Relaxed)

@@ -138,10 +138,10 @@ impl NetworkScenario {
     pub async fn go(&self, svc: &Service) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let nodes_up = svc.pool.nodes().iter().all(|n| n.live_conns() > 0);
-            let links = svc.side.out_links().map_or((0, 0), |l| l.up());
+            let nodes_up = svc.view().pool.nodes().iter().all(|n| n.live_conns() > 0);
+            let links = svc.view().side.out_links().map_or((0, 0), |l| l.up());
             let ours = self.sim.links();
-            let want = svc.side.out_links().map_or(0, |l| l.len());
+            let want = svc.view().side.out_links().map_or(0, |l| l.len());
             if nodes_up && links.1 == want && ours == (want, want) {
                 self.sim.resume();
                 return Ok(());
@@ -225,6 +225,7 @@ impl NetworkScenario {
         let r = self.sim.report();
         let own = self.own_requests();
         let per_node: Vec<String> = svc
+            .view()
             .pool
             .nodes()
             .iter()

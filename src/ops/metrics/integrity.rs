@@ -112,7 +112,7 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
     );
     for r in handle.services.iter() {
         let s = &r.service;
-        let c = &s.made.counters;
+        let c = &s.view().made.counters;
         for (class, v) in [
             ("reconcile", &c.saf_answers_reconcile),
             ("retry", &c.saf_answers_retry),
@@ -176,6 +176,7 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
     for r in handle.services.iter() {
         let s = &r.service;
         let v = s
+            .view()
             .made
             .counters
             .reversals_awaiting_store

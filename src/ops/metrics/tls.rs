@@ -15,7 +15,7 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
     let services = handle
         .services
         .iter()
-        .map(|r| (r.service.name(), &r.service.links.tls));
+        .map(|r| (r.service.name(), &r.service.view().links.tls));
     let certs = crate::tls::cert_statuses(services, admin.map(|a| &**a));
     let mut expiry = gauge(
         "isoswitch_tls_cert_expiry_seconds",
@@ -39,7 +39,7 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
         handle
             .services
             .iter()
-            .map(|r| (r.service.name(), &r.service.links.tls)),
+            .map(|r| (r.service.name(), &r.service.view().links.tls)),
         admin.map(|a| &**a),
     );
     for c in &cas {
@@ -79,7 +79,7 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
         }
     };
     for r in handle.services.iter() {
-        let tls = &r.service.links.tls;
+        let tls = &r.service.view().links.tls;
         let on = tls.front.is_some()
             || tls.in_links.is_some()
             || tls.out_links.is_some()
