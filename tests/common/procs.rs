@@ -183,9 +183,25 @@ pub fn admin_toml(name: &str) -> (SocketAddr, String) {
     (addr, toml)
 }
 
+/// A connection to `addr` once something listens there (10 s at most).
+pub async fn connect_when_listening(addr: SocketAddr) -> TcpStream {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpStream::connect(addr).await {
+            Ok(s) => return s,
+            Err(e) if std::time::Instant::now() >= deadline => {
+                panic!("nothing listens on {addr} after 10 s: {e}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
 /// The switch's /metrics lines whose name starts with one of `prefixes`.
 pub async fn metrics(admin: SocketAddr, prefixes: &[&str]) -> String {
-    let mut stream = TcpStream::connect(admin).await.expect("admin listener");
+    // The admin listener runs on a thread of its own, started beside the
+    // fronts: a test that waited for a front may ask before it listens.
+    let mut stream = connect_when_listening(admin).await;
     let request = format!("GET /metrics HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
     stream
         .write_all(request.as_bytes())
