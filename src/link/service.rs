@@ -50,7 +50,6 @@ pub use live::{ListenLimits, LiveSettings};
 pub use made::{IntegrityCounters, SafOutbox, SwitchMade};
 pub use origin::Origin;
 pub use owed::AnswerFrom;
-pub(crate) use owed::{answered as owed_answered, attempt_failed as owed_attempt_failed};
 pub(crate) use owed::{record_attempt, record_dead};
 pub use seen::SameRequest;
 pub use side::{FrontSide, PeerSide};

@@ -217,7 +217,9 @@ async fn carry_owed(
 ) {
     let (id, _, attempt, expires_at) = owed;
     let failed = |reason| {
-        crate::link::service::owed_attempt_failed(&service, id, attempt, expires_at, reason)
+        service
+            .owed()
+            .attempt_failed(id, attempt, expires_at, reason)
     };
     let Ok(msg) = service.check(payload.clone()) else {
         return failed(DeclineReason::BadMessage);
@@ -243,7 +245,7 @@ async fn carry_owed(
         Ok((conn, response)) => {
             oc.release(node, conn);
             match crate::iso8583::Message::parse(service.spec(), response) {
-                Ok(answer) => crate::link::service::owed_answered(&service, owed, &answer),
+                Ok(answer) => service.owed().answered(owed, &answer),
                 Err(_) => failed(DeclineReason::BadMessage),
             }
         }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::owed::AnswerFrom;
-use super::{Origin, Pending, Service, owed, summary, undelivered};
+use super::{Origin, Pending, Service, summary, undelivered};
 use crate::iso8583::Message;
 use crate::journal::{AnsweredBy, Link};
 use crate::link::io::writer::Outbound;
@@ -84,7 +84,7 @@ impl Service {
                 counter.fetch_add(1, Ordering::Relaxed);
                 // The late answer to a request the switch answered for this
                 // node: reversed if it approves (docs/integrity.md).
-                if owed::late_answer(self, &key, msg, AnswerFrom::Node, now) {
+                if self.owed().late_answer(&key, msg, AnswerFrom::Node, now) {
                     return;
                 }
                 if self
@@ -134,7 +134,11 @@ impl Service {
                 kind,
                 attempt,
                 expires_at,
-            } => return owed::answered(self, (id, kind, attempt, expires_at), response),
+            } => {
+                return self
+                    .owed()
+                    .answered((id, kind, attempt, expires_at), response);
+            }
             Origin::Node => {
                 if let Some(peer) = self.peer() {
                     peer.answer_node(node, response);

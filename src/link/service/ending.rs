@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::{Origin, Pending, Service, owed, undelivered};
+use super::{Origin, Pending, Service, undelivered};
 use crate::iso8583::{Message, Mti};
 use crate::journal::{AnsweredBy, Link};
 use crate::link::log_limit::{LogKind, LogPeer};
@@ -111,7 +111,7 @@ impl Service {
                 attempt,
                 expires_at,
                 ..
-            } => return owed::attempt_failed(self, id, attempt, expires_at, reason),
+            } => return self.owed().attempt_failed(id, attempt, expires_at, reason),
             Origin::Node => {}
             Origin::Client { .. } | Origin::Peer => {
                 if reason.counts_against_node() {
@@ -123,7 +123,7 @@ impl Service {
             }
         }
         let silent = reason == DeclineReason::Timeout && p.on_timeout == OnTimeout::Silent;
-        owed::answered_for_node(self, key, &p, reason, silent, now);
+        self.owed().answered_for_node(key, &p, reason, silent, now);
         let sent = Some((p.node, p.sent_at));
         if silent || matches!(p.origin, Origin::Node) {
             // Nothing goes to a client: the exchange ends here.
@@ -200,7 +200,7 @@ impl Service {
             return false;
         };
         let note = |by, response| self.note_decline(link, request, sent, (by, response), now);
-        if !owed::may_answer(self, mti) {
+        if !self.owed().may_answer(mti) {
             note(AnsweredBy::Withheld(reason), None);
             return false;
         }

@@ -179,7 +179,7 @@ impl Peer<'_> {
     /// connections, so the node is not left waiting for its timeout.
     fn decline_to_node(&self, node: usize, msg: &Message<'_>, reason: DeclineReason) {
         let svc = self.svc;
-        if !super::owed::may_answer(svc, Some(msg.mti())) {
+        if !svc.owed().may_answer(Some(msg.mti())) {
             return;
         }
         svc.counters.declined[reason as usize].fetch_add(1, Ordering::Relaxed);
@@ -280,7 +280,7 @@ impl Peer<'_> {
                 Ok(p) => return svc.deliver(&key, p, checked, now),
                 Err(_) => {
                     let from = super::owed::AnswerFrom::Peer;
-                    if super::owed::late_answer(svc, &key, &checked.msg, from, now) {
+                    if svc.owed().late_answer(&key, &checked.msg, from, now) {
                         return;
                     }
                     complete_owed_elsewhere(svc, &checked.msg);

@@ -11,7 +11,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::{Origin, Pending, SameRequest, Service, owed, summary};
+use super::{Origin, Pending, SameRequest, Service, summary};
 use crate::config::{Advices, BadMessagePolicy, FrontConfig};
 use crate::journal::BadOutcome;
 use crate::link::back::pool::{ConnHandle, PickError, Picked};
@@ -94,7 +94,7 @@ impl Service {
         {
             // Back when it cannot be stored without sensitive
             // authentication data: then it is forwarded, as in forward mode.
-            match owed::store_advice(self, req, origin) {
+            match self.owed().store_advice(req, origin) {
                 Ok(()) => return,
                 Err(origin) => origin,
             }

@@ -11,7 +11,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::Service;
-use super::owed::{Cause, owe_reversal, stamped, timeout_reversals_on, to_node, unreversed};
+use super::owed::Cause;
 use crate::config::LateApproval;
 use crate::iso8583::Message;
 use crate::route::integrity::{self, LateEntry, Said};
@@ -41,16 +41,23 @@ fn reverse_undelivered(
         return None;
     }
     moving_money(svc, request)?;
-    let Some(to) = to_node(svc, node) else {
-        unreversed(svc, answer, "its node is gone");
+    let Some(to) = svc.owed().toward_node(node) else {
+        svc.owed().unreversed(answer, "its node is gone");
         return None;
     };
     if svc.made.saf().is_none() {
-        unreversed(svc, answer, "no store (set data_dir or [store])");
+        svc.owed()
+            .unreversed(answer, "no store (set data_dir or [store])");
         return None;
     }
-    let entry = LateEntry::new(stamped(svc, request, node), node, Said::Undelivered, now);
-    owe_reversal(svc, &entry, to, (Cause::Undelivered, answer), None);
+    let entry = LateEntry::new(
+        svc.owed().stamped(request, node),
+        node,
+        Said::Undelivered,
+        now,
+    );
+    svc.owed()
+        .owe_reversal(&entry, to, (Cause::Undelivered, answer), None);
     Some(entry.with_timeout_reversal())
 }
 
@@ -85,15 +92,21 @@ pub fn oneconnect_undelivered(svc: &Service, request: &Bytes, node: usize, respo
 /// comes back. Stored to that node, as for any front; the repeat and late
 /// books are not used (OneConnect dialects echo no usable key).
 pub fn oneconnect_unknown(svc: &Service, request: &Bytes, node: usize, reason: DeclineReason) {
-    if !timeout_reversals_on(svc) {
+    if !svc.owed().timeout_reversals_on() {
         return;
     }
-    let (Some(msg), Some(to)) = (moving_money(svc, request), to_node(svc, node)) else {
+    let (Some(msg), Some(to)) = (moving_money(svc, request), svc.owed().toward_node(node)) else {
         return;
     };
     let said = Said::Declined(reason);
-    let entry = LateEntry::new(stamped(svc, request, node), node, said, Instant::now());
-    owe_reversal(svc, &entry, to, (Cause::Timeout(reason), &msg), None);
+    let entry = LateEntry::new(
+        svc.owed().stamped(request, node),
+        node,
+        said,
+        Instant::now(),
+    );
+    svc.owed()
+        .owe_reversal(&entry, to, (Cause::Timeout(reason), &msg), None);
 }
 
 /// How long after an approval was written to a client that had closed its
