@@ -160,6 +160,26 @@ fn path(c: &mut Criterion) {
     g.finish();
 }
 
+/// `PATH_IR_DECLINE=1`: N requests go out and none is answered; each
+/// passes its deadline and is declined by the switch (`Rig::expire_all`,
+/// counted per request by `scripts/path-ir.sh`): the decline path.
+fn count_declines(rig: &mut Rig, traffic: &mut Traffic, requests: u64) {
+    let mut done = 0u64;
+    while done < requests {
+        let n = (requests - done).min(BATCH as u64) as usize;
+        for req in traffic.requests.iter().take(n) {
+            black_box(rig.request(req).expect("routes").expect("to a node"));
+        }
+        assert_eq!(rig.expire_all(), n, "every request declined");
+        while let Some(decline) = rig.client_bytes().expect("encoded") {
+            black_box(decline);
+        }
+        rig.drain_journal();
+        traffic.next_round(rig);
+        done += n as u64;
+    }
+}
+
 /// `PATH_IR_PAIRS=N`: no criterion; drives N request/response pairs of the
 /// dialect `PATH_IR_DIALECT` (default cups) through the warm rig and exits,
 /// for `scripts/path-ir.sh`, which counts the instructions of `Rig::request`
@@ -172,6 +192,10 @@ fn count_pairs(pairs: u64) {
         .find(|d| d.name == name)
         .unwrap_or_else(|| panic!("PATH_IR_DIALECT: no dialect {name}"));
     let (mut rig, mut traffic) = setup(d);
+    if std::env::var("PATH_IR_DECLINE").is_ok_and(|v| v == "1") {
+        count_declines(&mut rig, &mut traffic, pairs);
+        return;
+    }
     run(&mut rig, &mut traffic, pairs, true);
     assert_eq!(rig.service.view().counters.declined_total(), 0, "declined");
     if let Some(journal) = rig.service.journal() {

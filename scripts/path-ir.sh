@@ -7,6 +7,10 @@
 #
 #   scripts/path-ir.sh [PAIRS] [DIALECT...]     # default 20000, cups cup-pos visa
 #
+# PATH_IR_DECLINE=1 sends the requests and answers none: each is declined
+# at its deadline (`Rig::expire_all`), and the table gives the instructions
+# per decline instead of per response.
+#
 # PATH_JOURNAL=1 gives the rig's service a journal, so every exchange also
 # builds and queues its journal row (the queue is drained outside the
 # counted calls): the row's cost on the message path is the difference.
@@ -33,7 +37,11 @@ for l in sys.stdin:
         print(m["executable"])')
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-echo "| dialect | instructions per request | per response | pairs |"
+if [ "${PATH_IR_DECLINE:-}" = 1 ]; then
+    echo "| dialect | instructions per request | per decline (timeout) | requests |"
+else
+    echo "| dialect | instructions per request | per response | pairs |"
+fi
 echo "|---|---:|---:|---:|"
 for d in "${dialects[@]}"; do
     PATH_IR_PAIRS=$pairs PATH_IR_DIALECT=$d valgrind --tool=callgrind --callgrind-out-file="$out/cg.$d" \
@@ -44,12 +52,14 @@ import re, sys
 pairs, d = int(sys.argv[1]), sys.argv[2]
 cost = {}
 for line in sys.stdin:
-    m = re.match(r"\s*([\d,]+)\s+\(.*?\)\s+.*?(isoswitch::link::inproc::Rig::(request|response))\b", line)
+    m = re.match(r"\s*([\d,]+)\s+\(.*?\)\s+.*?(isoswitch::link::inproc::Rig::(request|response|expire_all))\b", line)
     if m:
         cost.setdefault(m.group(3), int(m.group(1).replace(",", "")))
 # setup() runs 256 pairs before the counted ones.
 calls = pairs + 256
-req, resp = cost.get("request", 0) / calls, cost.get("response", 0) / calls
+req = cost.get("request", 0) / calls
+# With PATH_IR_DECLINE=1 the counted requests are declined, not answered.
+resp = cost["expire_all"] / pairs if "expire_all" in cost else cost.get("response", 0) / calls
 print(f"| {d} | {req:.0f} | {resp:.0f} | {pairs} |")
 ' "$pairs" "$d"
 done
