@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use super::facts::{Answerable, answerable_kind};
 use super::{Origin, Pending, Service, undelivered};
 use crate::iso8583::{Message, Mti};
 use crate::journal::{AnsweredBy, Link};
@@ -200,7 +201,7 @@ impl Service {
             return false;
         };
         let note = |by, response| self.note_decline(link, request, sent, (by, response), now);
-        if !self.owed().may_answer(mti) {
+        if !self.may_answer(mti) {
             note(AnsweredBy::Withheld(reason), None);
             return false;
         }
@@ -232,5 +233,28 @@ impl Service {
             self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
         }
         sent
+    }
+
+    /// Whether a switch-made answer to a request with this MTI may go out at
+    /// all: never with `switch_made = "silent"`, never to a reversal request
+    /// (0400) or to an advice the switch did not stored ([`answerable_kind`]):
+    /// the sender repeats them.
+    pub(super) fn may_answer(&self, mti: Option<Mti>) -> bool {
+        let svc = self;
+        let c = &svc.made.counters;
+        if svc.made.integrity.switch_made == crate::config::SwitchMadePolicy::Silent {
+            c.switch_made_withheld.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        // An advice gets here in `forward` mode, and in `store-and-forward`
+        // mode when it could not be stored without its sensitive
+        // authentication data.
+        let counter = match answerable_kind(mti) {
+            Answerable::Yes => return true,
+            Answerable::NotAReversalRequest => &c.reversals_unanswered,
+            Answerable::NotAnAdvice => &c.advices_unanswered,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        false
     }
 }

@@ -179,7 +179,7 @@ impl Peer<'_> {
     /// connections, so the node is not left waiting for its timeout.
     fn decline_to_node(&self, node: usize, msg: &Message<'_>, reason: DeclineReason) {
         let svc = self.svc;
-        if !svc.owed().may_answer(Some(msg.mti())) {
+        if !svc.may_answer(Some(msg.mti())) {
             return;
         }
         svc.counters.declined[reason as usize].fetch_add(1, Ordering::Relaxed);
