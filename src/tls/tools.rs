@@ -3,7 +3,8 @@
 //! connection a tool opens or accepts. The files are read with the switch's
 //! loader (`config::tls`), errors naming the flag; the link code is the
 //! tools' own. It lives here, not under `sim`, because `ctl` is part of the
-//! production binary and `sim` is not.
+//! production binary and `sim` is not; what only the simulators use (the
+//! server side, both sides at once) is built with the `tools` feature only.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,7 +13,9 @@ use std::sync::Arc;
 use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 
-use crate::config::tls::{TlsClient, TlsServer, TlsVersion};
+#[cfg(feature = "tools")]
+use crate::config::tls::TlsServer;
+use crate::config::tls::{TlsClient, TlsVersion};
 use crate::tls::LinkStream;
 
 /// `--tls-ca`, `--tls-cert`, `--tls-key`, `--tls-server-name`: TLS is on
@@ -67,6 +70,7 @@ impl TlsFlags {
     }
 
     /// The server side, when TLS is on.
+    #[cfg(feature = "tools")]
     pub fn server(&self) -> Result<Option<Arc<Acceptor>>, String> {
         if !self.any() {
             return Ok(None);
@@ -92,12 +96,14 @@ impl TlsFlags {
 
 /// Both sides, for a simulator that accepts and connects (UnionPay: the
 /// switch's out links come in, its in links go out).
+#[cfg(feature = "tools")]
 #[derive(Clone, Debug, Default)]
 pub struct SimTls {
     pub server: Option<Arc<Acceptor>>,
     pub client: Option<Arc<Connector>>,
 }
 
+#[cfg(feature = "tools")]
 impl TlsFlags {
     /// Both sides from one set of flags: --tls-cert/--tls-key are presented
     /// either way, --tls-ca verifies the switch either way.
@@ -116,6 +122,7 @@ pub struct Connector {
 }
 
 /// A simulator's server handshake.
+#[cfg(feature = "tools")]
 pub struct Acceptor(tokio_rustls::TlsAcceptor);
 
 impl std::fmt::Debug for Connector {
@@ -124,6 +131,7 @@ impl std::fmt::Debug for Connector {
     }
 }
 
+#[cfg(feature = "tools")]
 impl std::fmt::Debug for Acceptor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Acceptor")
@@ -131,6 +139,7 @@ impl std::fmt::Debug for Acceptor {
 }
 
 /// Connects to `addr` (TCP, no delay), with the handshake when `tls` is on.
+#[cfg(feature = "tools")]
 pub async fn connect(tls: Option<&Connector>, addr: SocketAddr) -> std::io::Result<LinkStream> {
     let tcp = TcpStream::connect(addr).await?;
     let _ = tcp.set_nodelay(true);
@@ -155,6 +164,7 @@ pub async fn secure_connect(
 }
 
 /// The server handshake on an accepted stream, when `tls` is on.
+#[cfg(feature = "tools")]
 pub async fn accept(tls: Option<&Acceptor>, tcp: TcpStream) -> std::io::Result<LinkStream> {
     let _ = tcp.set_nodelay(true);
     match tls {
