@@ -11,15 +11,15 @@
 #![forbid(unsafe_code)]
 
 pub mod codec;
-pub mod cups;
 pub mod envelope;
 mod error;
+pub mod header;
 mod part;
 pub mod patch;
-pub mod pos;
 pub mod prefix;
 pub mod tpdu;
-pub mod visa;
+
+pub use header::{cups, pos, visa};
 
 pub use codec::FrameError;
 pub use codec::Framer;
