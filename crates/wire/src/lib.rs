@@ -3,8 +3,9 @@
 //! - [`prefix`]: nom parsers for every length prefix the switch speaks.
 //! - [`codec`]: [`Framer`], which cuts a stream into frames and writes them, on top
 //!   of [`prefix`] (the switch wraps it in its tokio-util codec).
-//! - [`tpdu`], [`cups`], [`pos`], [`visa`]: the envelope parts that precede the MTI,
-//!   each a streaming nom parser (`Incomplete` on a short input) with a
+//! - [`tpdu`] and [`header`] (the scheme headers [`cups`], [`pos`], [`visa`]
+//!   behind the [`SchemeHeader`] seam): the envelope parts that precede the
+//!   MTI, each a streaming nom parser (`Incomplete` on a short input) with a
 //!   whole-frame form (`Tpdu::parse`, ...) where a short input is `Truncated`.
 //! - [`envelope`]: parses the whole envelope of a frame as a spec describes it.
 
@@ -24,8 +25,9 @@ pub use header::{cups, pos, visa};
 pub use codec::FrameError;
 pub use codec::Framer;
 pub use cups::CupsHeader;
-pub use envelope::{Envelope, EnvelopeSpec, Header, HeaderKind};
+pub use envelope::{Envelope, EnvelopeSpec};
 pub use error::WireError;
+pub use header::{Header, HeaderKind, SchemeHeader};
 pub use part::WireResult;
 pub use patch::{Patch, PatchOverflow};
 pub use pos::PosHeader;
