@@ -91,14 +91,17 @@ fn envelope<const COMPLETE: bool>(spec: EnvelopeSpec, payload: &[u8]) -> WireRes
     } else {
         None
     };
-    // The header and its reject form are the header's own (`header/`).
-    let (rest, (header, rejected)) = spec.header.envelope_part(parts, input)?;
-    let envelope = Envelope {
+    let mut envelope = Envelope {
         tpdu,
-        header,
-        rejected,
-        body_offset: payload.len() - rest.len(),
+        header: None,
+        rejected: None,
+        body_offset: 0,
     };
+    // The header and its reject form are the header's own (`header/`).
+    let (rest, ()) =
+        spec.header
+            .envelope_part(parts, input, &mut envelope.header, &mut envelope.rejected)?;
+    envelope.body_offset = payload.len() - rest.len();
     Ok((rest, envelope))
 }
 

@@ -224,27 +224,28 @@ impl SchemeHeader for CupsHeader {
         len: DESTINATION.end - DESTINATION.start,
     });
 
-    #[inline]
+    #[inline(always)]
     fn header(input: &[u8]) -> WireResult<'_, Self> {
         header(input)
     }
 
     /// A reject (non-zero reject code) carries the original header before the body.
-    #[inline]
+    #[inline(always)]
     fn envelope_part<'a, const COMPLETE: bool>(
         parts: Parts<'a, COMPLETE>,
         input: &'a [u8],
-    ) -> WireResult<'a, (Self, Option<Rejected>)> {
+        rejected: &mut Option<Rejected>,
+    ) -> WireResult<'a, Self> {
         let (rest, h) = parts.read(Self::PART, Self::LEN, header, input)?;
         if !h.is_reject() {
-            return Ok((rest, (h, None)));
+            return Ok((rest, h));
         }
         let (rest, original) = parts.read(Self::PART, Self::LEN, header, rest)?;
-        let rejected = Rejected {
+        *rejected = Some(Rejected {
             visa: None,
             original: original.into(),
-        };
-        Ok((rest, (h, Some(rejected))))
+        });
+        Ok((rest, h))
     }
 
     fn as_bytes(&self) -> &[u8] {

@@ -93,19 +93,25 @@ macro_rules! headers {
                 }
             }
 
-            /// The header at `input` and what its reject form carries, read
-            /// through `parts` (whole frame or streaming).
-            #[inline]
+            /// The header at `input` into `header`, and what its reject form
+            /// carries into `rejected`, read through `parts` (whole frame or
+            /// streaming). On the message path, so always inlined into the
+            /// envelope parser, which it fills in place.
+            #[inline(always)]
             pub(crate) fn envelope_part<'a, const COMPLETE: bool>(
                 self,
                 parts: Parts<'a, COMPLETE>,
                 input: &'a [u8],
-            ) -> WireResult<'a, (Option<Header>, Option<Rejected>)> {
+                header: &mut Option<Header>,
+                rejected: &mut Option<Rejected>,
+            ) -> WireResult<'a, ()> {
                 match self {
-                    HeaderKind::None => Ok((input, (None, None))),
+                    HeaderKind::None => Ok((input, ())),
                     $(HeaderKind::$kind => {
-                        let (rest, (h, rejected)) = <$ty as SchemeHeader>::envelope_part(parts, input)?;
-                        Ok((rest, (Some(Header::$kind(h)), rejected)))
+                        let (rest, h) =
+                            <$ty as SchemeHeader>::envelope_part(parts, input, rejected)?;
+                        *header = Some(Header::$kind(h));
+                        Ok((rest, ()))
                     })*
                 }
             }

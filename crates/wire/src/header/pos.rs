@@ -60,7 +60,7 @@ impl SchemeHeader for PosHeader {
     const PART: &'static str = "POS header";
     const IDS: Option<IdFields> = None;
 
-    #[inline]
+    #[inline(always)]
     fn header(input: &[u8]) -> WireResult<'_, Self> {
         header(input)
     }

@@ -212,30 +212,31 @@ impl SchemeHeader for VisaHeader {
         len: 3,
     });
 
-    #[inline]
+    #[inline(always)]
     fn header(input: &[u8]) -> WireResult<'_, Self> {
         header(input)
     }
 
     /// A reject carries its bitmap and code, then the original header,
     /// before the body.
-    #[inline]
+    #[inline(always)]
     fn envelope_part<'a, const COMPLETE: bool>(
         parts: Parts<'a, COMPLETE>,
         input: &'a [u8],
-    ) -> WireResult<'a, (Self, Option<Rejected>)> {
+        rejected: &mut Option<Rejected>,
+    ) -> WireResult<'a, Self> {
         let (rest, h) = parts.read(Self::PART, Self::LEN, header, input)?;
         if !h.is_reject() {
-            return Ok((rest, (h, None)));
+            return Ok((rest, h));
         }
         let (rest, code) =
             parts.read("VISA reject code", Self::REJECT_PART_LEN, reject_code, rest)?;
         let (rest, original) = parts.read(Self::PART, Self::LEN, header, rest)?;
-        let rejected = Rejected {
+        *rejected = Some(Rejected {
             visa: Some(code),
             original: original.into(),
-        };
-        Ok((rest, (h, Some(rejected))))
+        });
+        Ok((rest, h))
     }
 
     fn as_bytes(&self) -> &[u8] {
