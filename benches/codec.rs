@@ -389,7 +389,6 @@ mod hand {
         let rest = payload.get(at..).unwrap_or_default();
         let shift = |e: WireError| e.shifted(at);
         let (header, rejected, len) = match spec.header {
-            HeaderKind::None => (None, None, 0),
             HeaderKind::Pos => (Some(Header::Pos(pos(rest).map_err(shift)?)), None, 6),
             HeaderKind::Cups => {
                 let h = cups(rest).map_err(shift)?;
@@ -427,6 +426,10 @@ mod hand {
                     )
                 }
             }
+            // No header; and a header newer than this reference (the bench
+            // compares only the kinds above), so adding one to the wire
+            // crate's registry needs nothing here.
+            _ => (None, None, 0),
         };
         Ok(Envelope {
             tpdu,

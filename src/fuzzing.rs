@@ -13,7 +13,7 @@ use crate::capture::mask::{MaskedFields, mask_payload_checked, mask_payload_with
 use crate::capture::read::{self, CapturedFrame, Connection, FrameCut, Stream};
 use crate::iso8583::{Align, Data, FieldDef, Message, Spec, Unit};
 use crate::wire::Frame;
-use crate::wire::{CupsHeader, FrameCodec, LengthPrefix, Tpdu, VisaHeader};
+use crate::wire::{FrameCodec, HeaderKind, LengthPrefix, Tpdu};
 
 /// A harness: arbitrary bytes in, a panic only for a broken promise.
 pub type Harness = fn(&[u8]);
@@ -94,27 +94,25 @@ fn decode_stream(
     out
 }
 
-/// TPDU, CUPS and VISA headers, and each builtin spec's envelope, parsed from
-/// the same bytes. Invariants: swapping a TPDU twice is the identity; a parsed
-/// header gives back its bytes.
+/// TPDU, every scheme header the wire crate lists, and each builtin spec's
+/// envelope, parsed from the same bytes. Invariants: swapping a TPDU or a
+/// header's IDs twice is the identity; a parsed header gives back its bytes;
+/// describing it for `decode` (every field, and CUPS's check) returns.
 pub fn headers(data: &[u8]) {
     if let Ok(t) = Tpdu::parse(data) {
         assert_eq!(t.swapped().swapped(), t);
         assert_eq!(Tpdu::from_bytes(t.to_bytes()), t);
     }
-    if let Ok(h) = CupsHeader::parse(data) {
-        let _ = h.check(data.len());
-        let _ = (
-            h.total_length(),
-            h.destination_id(),
-            h.source_id(),
-            h.is_reject(),
-        );
-        assert_eq!(h.swapped().swapped(), h);
-    }
-    if let Ok(h) = VisaHeader::parse(data) {
-        let _ = (h.total_length(), h.destination_id(), h.source_id());
-        assert_eq!(&h.0[..], &data[..VisaHeader::LEN]);
+    for &kind in HeaderKind::HEADERS {
+        if let Ok(Some(h)) = kind.parse(data) {
+            let bytes = h.as_bytes();
+            assert_eq!(bytes, &data[..bytes.len()]);
+            let _ = h.describe(Some(data.len()));
+            let mut turned = bytes.to_vec();
+            kind.swap_ids_in(&mut turned);
+            kind.swap_ids_in(&mut turned);
+            assert_eq!(turned, bytes);
+        }
     }
     for spec in specs() {
         let _ = spec.envelope().parse(data);

@@ -25,11 +25,10 @@ use std::process::ExitCode;
 
 use crate::iso8583::SpecFiles;
 use crate::iso8583::{BitmapEncoding, Data, FieldDef, FieldRef, IsoError, Layout, Mti, Spec};
-use crate::wire::cups::reject;
 use crate::wire::envelope::Rejected;
 use crate::wire::prefix::split_frame;
 use crate::wire::visa::VisaReject;
-use crate::wire::{Header, LengthPrefix, PosHeader, WireError};
+use crate::wire::{Header, LengthPrefix, WireError};
 
 /// `isoswitch decode`.
 #[derive(Debug, Clone, clap::Args)]
@@ -616,172 +615,17 @@ fn check_end(payload: &[u8], end: usize) -> Result<(), IsoError> {
     Ok(())
 }
 
+/// A scheme header as its own file describes it (`crates/wire/src/header/`).
 fn text_header(
     out: &mut impl Write,
     indent: usize,
     header: &Header,
     frame_len: Option<usize>,
 ) -> io::Result<()> {
-    let inner = indent + 2;
-    match header {
-        Header::Cups(h) => {
-            kv(out, indent, "CUPS header", "46 bytes")?;
-            kv(out, inner, "header length", h.0[0])?;
-            kv(
-                out,
-                inner,
-                "flag/version",
-                format_args!(
-                    "{:#04x}  version {}, {}",
-                    h.flag_version(),
-                    h.version(),
-                    if h.is_test() { "test" } else { "production" }
-                ),
-            )?;
-            kv(
-                out,
-                inner,
-                "total length",
-                String::from_utf8_lossy(&h.0[2..6]),
-            )?;
-            kv(out, inner, "destination ID", h.destination_id())?;
-            kv(out, inner, "source ID", h.source_id())?;
-            kv(out, inner, "reserved", Hex(&h.0[28..31]))?;
-            kv(
-                out,
-                inner,
-                "batch number",
-                format_args!("{:#04x}", h.batch_number()),
-            )?;
-            kv(
-                out,
-                inner,
-                "transaction info",
-                String::from_utf8_lossy(h.transaction_info()),
-            )?;
-            kv(
-                out,
-                inner,
-                "user info",
-                format_args!("{:#04x}", h.user_info()),
-            )?;
-            let code = h.reject_code();
-            kv(
-                out,
-                inner,
-                "reject code",
-                format_args!(
-                    "{}  {}",
-                    String::from_utf8_lossy(&code),
-                    cups_reject_reason(code)
-                ),
-            )?;
-            if let Some(len) = frame_len
-                && let Some(code) = h.check(len)
-            {
-                kv(
-                    out,
-                    inner,
-                    "! check",
-                    format_args!(
-                        "UnionPay would reject this header: {} {}",
-                        String::from_utf8_lossy(&code),
-                        cups_reject_reason(code)
-                    ),
-                )?;
-            }
-        }
-        Header::Pos(h) => {
-            kv(out, indent, "POS header", h)?;
-            kv(
-                out,
-                inner,
-                "application type",
-                format_args!("{:02X}  {}", h.application_type(), pos_application(h)),
-            )?;
-            kv(
-                out,
-                inner,
-                "software version",
-                format_args!("{:02X}", h.software_version()),
-            )?;
-            kv(
-                out,
-                inner,
-                "terminal status",
-                format_args!("{:02X}", h.terminal_status()),
-            )?;
-            kv(
-                out,
-                inner,
-                "processing req.",
-                format_args!("{:02X}", h.processing_requirement()),
-            )?;
-            kv(
-                out,
-                inner,
-                "software subversion",
-                Hex(&h.software_subversion()),
-            )?;
-        }
-        Header::Visa(h) => {
-            kv(out, indent, "VISA header", "22 bytes")?;
-            kv(out, inner, "header length", format_args!("{:#04x}", h.0[0]))?;
-            kv(
-                out,
-                inner,
-                "header format",
-                format_args!(
-                    "{:#04x}{}",
-                    h.header_format(),
-                    if h.is_reject() { "  reject" } else { "" }
-                ),
-            )?;
-            kv(
-                out,
-                inner,
-                "text format",
-                format_args!("{:#04x}", h.text_format()),
-            )?;
-            kv(out, inner, "total length", h.total_length())?;
-            kv(out, inner, "destination ID", Hex(&h.destination_id()))?;
-            kv(out, inner, "source ID", Hex(&h.source_id()))?;
-            kv(
-                out,
-                inner,
-                "round-trip control",
-                format_args!("{:#04x}", h.round_trip_control()),
-            )?;
-            kv(out, inner, "BASE I flags", Hex(&h.base1_flags()))?;
-            kv(out, inner, "message status", Hex(&h.message_status_flags()))?;
-            kv(
-                out,
-                inner,
-                "batch number",
-                format_args!("{:#04x}", h.batch_number()),
-            )?;
-            kv(out, inner, "reserved", Hex(&h.0[18..21]))?;
-            kv(
-                out,
-                inner,
-                "user info",
-                format_args!("{:#04x}", h.user_info()),
-            )?;
-            if let Some(len) = frame_len
-                && !h.is_reject()
-                && usize::from(h.total_length()) != len
-            {
-                kv(
-                    out,
-                    inner,
-                    "! check",
-                    format_args!(
-                        "total length {} does not match the frame ({len} bytes)",
-                        h.total_length()
-                    ),
-                )?;
-            }
-        }
+    let described = header.describe(frame_len);
+    kv(out, indent, described.title, &described.summary)?;
+    for (label, value) in &described.rows {
+        kv(out, indent + 2, label, value)?;
     }
     Ok(())
 }
@@ -797,26 +641,6 @@ fn text_rejected(out: &mut impl Write, r: &Rejected) -> io::Result<()> {
     }
     kv(out, 2, "original header", "(of the rejected message)")?;
     text_header(out, 4, &r.original, None)
-}
-
-fn cups_reject_reason(code: [u8; 5]) -> &'static str {
-    match code {
-        reject::ACCEPTED => "accepted",
-        reject::BAD_HEADER_LENGTH => "rejected: bad header length",
-        reject::BAD_VERSION => "rejected: bad version",
-        reject::BAD_TOTAL_LENGTH => "rejected: total length out of range",
-        reject::BAD_DESTINATION_ID => "rejected: bad destination ID",
-        reject::BAD_SOURCE_ID => "rejected: bad source ID",
-        _ => "rejected",
-    }
-}
-
-fn pos_application(h: &PosHeader) -> &'static str {
-    match h.application_type() {
-        0x60 => "magnetic stripe",
-        0x61 => "IC",
-        _ => "",
-    }
 }
 
 /// `1987 financial request, from acquirer`.

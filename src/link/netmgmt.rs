@@ -21,7 +21,8 @@ pub use super::front::out_links::NmKind;
 use crate::config::{FrontConfig, NetworkConfig, ServiceConfig};
 use crate::iso8583::{Decoded, FieldCodes, IsoError, Message, Mti, Spec};
 use crate::route::CorrelationKey;
-use crate::wire::{CupsHeader, HeaderKind, Tpdu, VisaHeader};
+use crate::wire::Tpdu;
+use crate::wire::header::{Fresh, Setting};
 
 /// Whose a network-management message is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -266,47 +267,21 @@ fn envelope(
         .source_id
         .clone()
         .or_else(|| ids.map(|(member, _)| member.clone()));
-    match env.header {
-        HeaderKind::None => {}
-        HeaderKind::Cups => {
-            let dest = dest.unwrap_or_default();
-            let source = source.unwrap_or_default();
-            for (key, id) in [("destination_id", &dest), ("source_id", &source)] {
-                if id.len() > 11 || !id.is_ascii() {
-                    return Err(bad(
-                        key,
-                        format!("`{id}` is not a CUPS institution ID (up to 11 ASCII characters)"),
-                    ));
-                }
-            }
-            out.extend_from_slice(&CupsHeader::new(&dest, &source, 0).0);
-        }
-        HeaderKind::Visa => {
-            let station = |key: &str, id: Option<String>| -> Result<[u8; 3], TemplateError> {
-                let text = id.unwrap_or_else(|| "000000".into());
-                text.bytes()
-                    .all(|b| b.is_ascii_digit())
-                    .then(|| hex(&text))
-                    .flatten()
-                    .and_then(|b| <[u8; 3]>::try_from(b).ok())
-                    .ok_or_else(|| {
-                        bad(key, format!("`{text}` is not a VISA station ID (6 digits)"))
-                    })
-            };
-            let d = station("destination_id", dest)?;
-            let s = station("source_id", source)?;
-            out.extend_from_slice(&VisaHeader::new(d, s, 0).0);
-        }
-        HeaderKind::Pos => {
-            let text = cfg.pos_header.as_deref().unwrap_or("603100310730");
-            let raw = hex(text).filter(|b| b.len() == 6).ok_or_else(|| {
-                bad(
-                    "pos_header",
-                    format!("`{text}` is not a POS header: 12 hex digits"),
-                )
-            })?;
-            out.extend_from_slice(&raw);
-        }
+    let settings = Fresh {
+        destination_id: dest.as_deref(),
+        source_id: source.as_deref(),
+        header_hex: cfg.pos_header.as_deref(),
+    };
+    let header = env.header.fresh(&settings).map_err(|e| {
+        let key = match e.setting {
+            Setting::DestinationId => "destination_id",
+            Setting::SourceId => "source_id",
+            Setting::HeaderHex => "pos_header",
+        };
+        bad(key, e.reason)
+    })?;
+    if let Some(header) = header {
+        out.extend_from_slice(header.as_bytes());
     }
     Ok(out)
 }
@@ -472,7 +447,7 @@ mod tests {
         let m = t
             .build(&spec, NmKind::SignOn, 7, SystemTime::now())
             .unwrap();
-        let header = CupsHeader::parse(&m).unwrap();
+        let header = crate::wire::CupsHeader::parse(&m).unwrap();
         assert_eq!(header.destination_id().trim_end(), "00010000");
         assert_eq!(header.source_id().trim_end(), "03105840");
         assert_eq!(field(&spec, &m, 33), "03105840");
@@ -487,7 +462,10 @@ mod tests {
         let t = NetworkTemplate::for_service(&svc, &spec).unwrap();
         let m = t.build(&spec, NmKind::Echo, 8, SystemTime::now()).unwrap();
         assert_eq!(
-            CupsHeader::parse(&m).unwrap().source_id().trim_end(),
+            crate::wire::CupsHeader::parse(&m)
+                .unwrap()
+                .source_id()
+                .trim_end(),
             "99999999"
         );
         assert_eq!(field(&spec, &m, 33), "99999999");

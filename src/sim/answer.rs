@@ -18,7 +18,7 @@
 use bytes::Bytes;
 
 use crate::iso8583::{Decoded, IsoError, Message, Mti, Spec};
-use crate::wire::{EnvelopeSpec, HeaderKind};
+use crate::wire::EnvelopeSpec;
 
 /// Fields a peer never sends back: track data (35, 36, 45), the PIN block
 /// (52), EMV data (55) and MACs (64, 96, 128) stay with the acquirer.
@@ -28,12 +28,6 @@ pub const NOT_ECHOED: [u16; 8] = [35, 36, 45, 52, 55, 64, 96, 128];
 const TPDU_LEN: usize = 5;
 const TPDU_DEST: usize = 1;
 const TPDU_ADDR_LEN: usize = 2;
-/// CUPS 46-byte header: destination ID at 6, source ID at 17, 11 bytes each.
-const CUPS_DEST: usize = 6;
-const CUPS_ID_LEN: usize = 11;
-/// VISA 22-byte header: destination ID at 5, source ID at 8, 3 bytes each.
-const VISA_DEST: usize = 5;
-const VISA_ID_LEN: usize = 3;
 
 /// The MTI of the answer to `request`, or `None` if `request` is itself an
 /// answer. ISO 8583's third digit is the message function: even for a request
@@ -65,18 +59,25 @@ pub fn turn_envelope(env: EnvelopeSpec, raw: &mut [u8]) {
     let Some(header) = raw.get_mut(header_at..) else {
         return;
     };
-    match env.header {
-        HeaderKind::Cups => swap_adjacent(header, CUPS_DEST, CUPS_ID_LEN),
-        HeaderKind::Visa => swap_adjacent(header, VISA_DEST, VISA_ID_LEN),
-        HeaderKind::Pos | HeaderKind::None => {}
+    // Where the IDs are is the header's wire format (its file under
+    // `crates/wire/src/header/`); turning them around is this file's own code.
+    if let Some(ids) = env.header.ids() {
+        swap_apart(header, ids.destination, ids.source, ids.len);
     }
 }
 
 /// Swaps `buf[at..at+len]` with `buf[at+len..at+2*len]`, if both are there.
 fn swap_adjacent(buf: &mut [u8], at: usize, len: usize) {
-    if let Some(pair) = buf.get_mut(at..at + 2 * len) {
-        let (a, b) = pair.split_at_mut(len);
-        a.swap_with_slice(b);
+    swap_apart(buf, at, at + len, len);
+}
+
+/// Swaps `buf[a..a+len]` with `buf[b..b+len]` (`a + len <= b`), if both are there.
+fn swap_apart(buf: &mut [u8], a: usize, b: usize, len: usize) {
+    if a + len <= b
+        && let Some(span) = buf.get_mut(a..b + len)
+    {
+        let (first, second) = span.split_at_mut(b - a);
+        first[..len].swap_with_slice(&mut second[..len]);
     }
 }
 
@@ -117,6 +118,7 @@ pub fn answer(spec: &Spec, request: &Message<'_>, code: &str) -> Result<Bytes, I
 mod tests {
     use super::*;
     use crate::iso8583::samples;
+    use crate::wire::HeaderKind;
 
     fn mti(s: &str) -> Mti {
         s.parse().unwrap()

@@ -9,7 +9,6 @@ use super::mask::Shown;
 use super::message::{Bitmap, Message};
 use super::mti::Mti;
 use super::spec::{BitmapEncoding, Data, FieldDef, MtiEncoding, Spec};
-use isoswitch_wire::{CupsHeader, HeaderKind, VisaHeader};
 
 /// A field's content. `Debug` shows only its size: a `Value` does not know
 /// whether it is sensitive. Use [`Value::show`] with its definition to display it.
@@ -378,16 +377,11 @@ impl Spec {
         if envelope.rejected.is_none() {
             let h = base + self.envelope().header_offset();
             let total = out.len() - h;
-            match self.envelope().header {
-                HeaderKind::Cups => CupsHeader::set_total_length_in_place(&mut out[h..], total),
-                HeaderKind::Visa => {
-                    let total = u16::try_from(total).map_err(|_| IsoError::TooLong {
-                        len,
-                        max: u16::MAX as usize,
-                    })?;
-                    VisaHeader::set_total_length_in_place(&mut out[h..], total)
-                }
-                HeaderKind::Pos | HeaderKind::None => {}
+            if let Some(header) = out.get_mut(h..) {
+                self.envelope()
+                    .header
+                    .set_total_length_in(header, total)
+                    .map_err(|e| IsoError::TooLong { len, max: e.max })?;
             }
         }
         Ok(())

@@ -12,7 +12,7 @@ use super::error::IsoError;
 use super::mask::Shown;
 use super::mti::Mti;
 use super::spec::{BitmapEncoding, Data, FieldDef, MtiEncoding, Spec, Step};
-use isoswitch_wire::{CupsHeader, Envelope, HeaderKind, Tpdu, VisaHeader};
+use isoswitch_wire::{Envelope, Tpdu};
 
 /// Up to three bitmaps as 64-bit words (bit 63 of word 0 is field 1).
 #[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -407,7 +407,8 @@ impl Spec {
     }
 
     /// Turns the envelope of a request in `buf` into the envelope of its response,
-    /// in place: TPDU destination/source swapped, CUPS / VISA header IDs swapped.
+    /// in place: TPDU destination/source swapped, the scheme header's IDs swapped
+    /// (CUPS, VISA; a POS header has none).
     pub fn swap_envelope(&self, buf: &mut [u8]) {
         let env = self.envelope();
         if env.tpdu {
@@ -415,11 +416,7 @@ impl Spec {
         }
         let at = env.header_offset();
         if let Some(rest) = buf.get_mut(at..) {
-            match env.header {
-                HeaderKind::Cups => CupsHeader::swap_ids_in_place(rest),
-                HeaderKind::Visa => VisaHeader::swap_ids_in_place(rest),
-                HeaderKind::Pos | HeaderKind::None => {}
-            }
+            env.header.swap_ids_in(rest);
         }
     }
 

@@ -2,7 +2,7 @@
 //! the stable API.
 
 use super::{Decoded, IsoError, Mti, Spec, Value};
-use isoswitch_wire::{CupsHeader, HeaderKind, Tpdu, VisaHeader};
+use isoswitch_wire::{HeaderKind, Tpdu};
 
 /// Fields of a UnionPay inter-institution purchase (also used for VISA and the
 /// generic dialects).
@@ -64,13 +64,8 @@ pub fn envelope(spec: &Spec) -> Vec<u8> {
     if env.tpdu {
         out.extend_from_slice(&Tpdu::from_bytes([Tpdu::ID, 0x00, 0x03, 0x00, 0x00]).to_bytes());
     }
-    match env.header {
-        HeaderKind::None => {}
-        HeaderKind::Cups => out.extend_from_slice(&CupsHeader::new("00010000", "03105840", 0).0),
-        HeaderKind::Pos => out.extend_from_slice(&[0x60, 0x31, 0x00, 0x31, 0x07, 0x30]),
-        HeaderKind::Visa => {
-            out.extend_from_slice(&VisaHeader::new([0x00, 0x00, 0x01], [0x45, 0x67, 0x89], 0).0)
-        }
+    if let Some(header) = env.header.sample() {
+        out.extend_from_slice(header.as_bytes());
     }
     out
 }

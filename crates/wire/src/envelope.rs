@@ -1,25 +1,13 @@
 //! What precedes the MTI in a frame: an optional TPDU, then an optional scheme
-//! header (CUPS, POS or VISA), and for rejects the original header.
+//! header (`header/`: CUPS, POS or VISA), and for rejects the original header.
 
 use serde::{Deserialize, Serialize};
 
-use super::part::{WireResult, complete};
+use super::part::WireResult;
 use super::visa::VisaReject;
-use super::{CupsHeader, PosHeader, Tpdu, VisaHeader, WireError, cups, pos, tpdu, visa};
-
-/// Which scheme header follows the length prefix (and TPDU, if any).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum HeaderKind {
-    #[default]
-    None,
-    /// UnionPay inter-institution 46-byte header.
-    Cups,
-    /// UnionPay POS 6-byte BCD application header.
-    Pos,
-    /// VISA BASE I 22-byte header.
-    Visa,
-}
+use super::{Tpdu, WireError, tpdu};
+use crate::header::Parts;
+pub use crate::header::{Header, HeaderKind};
 
 /// The envelope a dialect uses, as written in the `[envelope]` table of a spec.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
@@ -31,14 +19,6 @@ pub struct EnvelopeSpec {
     /// Then this header.
     #[serde(default)]
     pub header: HeaderKind,
-}
-
-/// A parsed scheme header.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Header {
-    Cups(CupsHeader),
-    Pos(PosHeader),
-    Visa(VisaHeader),
 }
 
 /// What a rejected message carries between its header and the original body.
@@ -64,12 +44,7 @@ impl EnvelopeSpec {
     /// Bytes before the MTI of a message that is not a reject.
     pub fn fixed_len(&self) -> usize {
         let tpdu = if self.tpdu { Tpdu::LEN } else { 0 };
-        tpdu + match self.header {
-            HeaderKind::None => 0,
-            HeaderKind::Cups => CupsHeader::LEN,
-            HeaderKind::Pos => PosHeader::LEN,
-            HeaderKind::Visa => VisaHeader::LEN,
-        }
+        tpdu + self.header.header_len()
     }
 
     /// Offset of the scheme header in the payload (after the TPDU, if any).
@@ -107,98 +82,33 @@ impl EnvelopeSpec {
 /// picks the mode: a short part is `Truncated` (whole frame) or `Incomplete`
 /// (streaming). Error offsets are shifted to count from the start of `payload`.
 fn envelope<const COMPLETE: bool>(spec: EnvelopeSpec, payload: &[u8]) -> WireResult<'_, Envelope> {
+    let parts = Parts::<COMPLETE>::new(payload);
     let mut input = payload;
     let tpdu = if spec.tpdu {
-        let (rest, t) = part::<COMPLETE, _>("TPDU", Tpdu::LEN, tpdu::tpdu, payload, input)?;
+        let (rest, t) = parts.read("TPDU", Tpdu::LEN, tpdu::tpdu, input)?;
         input = rest;
         Some(t)
     } else {
         None
     };
-    let (rest, header, rejected) = match spec.header {
-        HeaderKind::None => (input, None, None),
-        HeaderKind::Pos => {
-            let (rest, h) =
-                part::<COMPLETE, _>("POS header", PosHeader::LEN, pos::header, payload, input)?;
-            (rest, Some(Header::Pos(h)), None)
-        }
-        HeaderKind::Cups => {
-            let cups = |input| {
-                part::<COMPLETE, _>("CUPS header", CupsHeader::LEN, cups::header, payload, input)
-            };
-            let (rest, h) = cups(input)?;
-            if h.is_reject() {
-                // A reject: the original header follows before the body.
-                let (rest, original) = cups(rest)?;
-                let rejected = Rejected {
-                    visa: None,
-                    original: Header::Cups(original),
-                };
-                (rest, Some(Header::Cups(h)), Some(rejected))
-            } else {
-                (rest, Some(Header::Cups(h)), None)
-            }
-        }
-        HeaderKind::Visa => {
-            let (rest, h) =
-                part::<COMPLETE, _>("VISA header", VisaHeader::LEN, visa::header, payload, input)?;
-            if h.is_reject() {
-                // A reject: bitmap + code, then the original header.
-                let (rest, code) = part::<COMPLETE, _>(
-                    "VISA reject code",
-                    VisaHeader::REJECT_PART_LEN,
-                    visa::reject_code,
-                    payload,
-                    rest,
-                )?;
-                let (rest, original) = part::<COMPLETE, _>(
-                    "VISA header",
-                    VisaHeader::LEN,
-                    visa::header,
-                    payload,
-                    rest,
-                )?;
-                let rejected = Rejected {
-                    visa: Some(code),
-                    original: Header::Visa(original),
-                };
-                (rest, Some(Header::Visa(h)), Some(rejected))
-            } else {
-                (rest, Some(Header::Visa(h)), None)
-            }
-        }
-    };
-    let envelope = Envelope {
+    let mut envelope = Envelope {
         tpdu,
-        header,
-        rejected,
-        body_offset: payload.len() - rest.len(),
+        header: None,
+        rejected: None,
+        body_offset: 0,
     };
+    // The header and its reject form are the header's own (`header/`).
+    let (rest, ()) =
+        spec.header
+            .envelope_part(parts, input, &mut envelope.header, &mut envelope.rejected)?;
+    envelope.body_offset = payload.len() - rest.len();
     Ok((rest, envelope))
-}
-
-/// One part of the envelope at `input` (a suffix of `payload`), in the mode
-/// asked for, with error offsets counted from the start of `payload`.
-#[inline]
-fn part<'a, const COMPLETE: bool, T>(
-    what: &'static str,
-    len: usize,
-    parser: fn(&'a [u8]) -> WireResult<'a, T>,
-    payload: &'a [u8],
-    input: &'a [u8],
-) -> WireResult<'a, T> {
-    let at = payload.len() - input.len();
-    let result = if COMPLETE {
-        complete(what, len, parser)(input)
-    } else {
-        parser(input)
-    };
-    result.map_err(|e| e.map(|e| e.shifted(at)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{CupsHeader, VisaHeader};
 
     const POS: EnvelopeSpec = EnvelopeSpec {
         tpdu: true,

@@ -3,29 +3,31 @@
 //! - [`prefix`]: nom parsers for every length prefix the switch speaks.
 //! - [`codec`]: [`Framer`], which cuts a stream into frames and writes them, on top
 //!   of [`prefix`] (the switch wraps it in its tokio-util codec).
-//! - [`tpdu`], [`cups`], [`pos`], [`visa`]: the envelope parts that precede the MTI,
-//!   each a streaming nom parser (`Incomplete` on a short input) with a
+//! - [`tpdu`] and [`header`] (the scheme headers [`cups`], [`pos`], [`visa`]
+//!   behind the [`SchemeHeader`] seam): the envelope parts that precede the
+//!   MTI, each a streaming nom parser (`Incomplete` on a short input) with a
 //!   whole-frame form (`Tpdu::parse`, ...) where a short input is `Truncated`.
 //! - [`envelope`]: parses the whole envelope of a frame as a spec describes it.
 
 #![forbid(unsafe_code)]
 
 pub mod codec;
-pub mod cups;
 pub mod envelope;
 mod error;
+pub mod header;
 mod part;
 pub mod patch;
-pub mod pos;
 pub mod prefix;
 pub mod tpdu;
-pub mod visa;
+
+pub use header::{cups, pos, visa};
 
 pub use codec::FrameError;
 pub use codec::Framer;
 pub use cups::CupsHeader;
-pub use envelope::{Envelope, EnvelopeSpec, Header, HeaderKind};
+pub use envelope::{Envelope, EnvelopeSpec};
 pub use error::WireError;
+pub use header::{Header, HeaderKind, SchemeHeader};
 pub use part::WireResult;
 pub use patch::{Patch, PatchOverflow};
 pub use pos::PosHeader;

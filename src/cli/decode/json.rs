@@ -1,6 +1,7 @@
 //! `decode --json`: one JSON object per message, for scripts.
 
 use super::*;
+use crate::wire::header::Scalar;
 
 pub(super) fn json_message(
     spec: &Spec,
@@ -79,50 +80,19 @@ fn json_string(s: &str) -> String {
     serde_json::Value::String(s.to_owned()).to_string()
 }
 
+/// A scheme header as its own file describes it, after its `kind`.
 fn json_header(h: &Header) -> serde_json::Value {
-    use serde_json::json;
-    match h {
-        Header::Cups(h) => json!({
-            "kind": "cups",
-            "header_length": h.0[0],
-            "flag_version": format!("{:02X}", h.flag_version()),
-            "version": h.version(),
-            "test": h.is_test(),
-            "total_length": String::from_utf8_lossy(&h.0[2..6]),
-            "destination_id": h.destination_id(),
-            "source_id": h.source_id(),
-            "reserved": hex(&h.0[28..31]),
-            "batch_number": format!("{:02X}", h.batch_number()),
-            "transaction_info": String::from_utf8_lossy(h.transaction_info()),
-            "user_info": format!("{:02X}", h.user_info()),
-            "reject_code": String::from_utf8_lossy(&h.reject_code()),
-        }),
-        Header::Pos(h) => json!({
-            "kind": "pos",
-            "raw": h.to_string(),
-            "application_type": format!("{:02X}", h.application_type()),
-            "software_version": format!("{:02X}", h.software_version()),
-            "terminal_status": format!("{:02X}", h.terminal_status()),
-            "processing_requirement": format!("{:02X}", h.processing_requirement()),
-            "software_subversion": hex(&h.software_subversion()),
-        }),
-        Header::Visa(h) => json!({
-            "kind": "visa",
-            "header_length": h.0[0],
-            "header_format": format!("{:02X}", h.header_format()),
-            "text_format": format!("{:02X}", h.text_format()),
-            "total_length": h.total_length(),
-            "destination_id": hex(&h.destination_id()),
-            "source_id": hex(&h.source_id()),
-            "round_trip_control": format!("{:02X}", h.round_trip_control()),
-            "base1_flags": hex(&h.base1_flags()),
-            "message_status_flags": hex(&h.message_status_flags()),
-            "batch_number": format!("{:02X}", h.batch_number()),
-            "reserved": hex(&h.0[18..21]),
-            "user_info": format!("{:02X}", h.user_info()),
-            "is_reject": h.is_reject(),
-        }),
+    let mut map = serde_json::Map::new();
+    map.insert("kind".into(), h.kind().name().into());
+    for (key, value) in h.describe(None).keys {
+        let value = match value {
+            Scalar::Text(s) => s.into(),
+            Scalar::Number(n) => n.into(),
+            Scalar::Bool(b) => b.into(),
+        };
+        map.insert(key.into(), value);
     }
+    serde_json::Value::Object(map)
 }
 
 fn json_visa_reject(v: &VisaReject) -> serde_json::Value {

@@ -30,7 +30,11 @@
 //! | 48 | … | original body (MTI first) |
 
 use super::WireError;
+use super::describe::{Hex, flag, hex_byte};
+use super::fresh::{Fresh, FreshError, Setting, hex_bytes};
 use super::part::{WireResult, array, bad, whole};
+use super::{Description, IdFields, Parts, SchemeHeader, TotalTooLong};
+use crate::envelope::Rejected;
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct VisaHeader(pub [u8; VisaHeader::LEN]);
@@ -133,10 +137,7 @@ impl VisaHeader {
 
     /// Swaps the station IDs of a header at the start of `buf`.
     pub fn swap_ids_in_place(buf: &mut [u8]) {
-        if buf.len() >= Self::LEN {
-            let (dst, src) = buf[5..11].split_at_mut(3);
-            dst.swap_with_slice(src);
-        }
+        <Self as SchemeHeader>::swap_ids_in(buf);
     }
 
     /// Rewrites the total length of a header at the start of `buf`.
@@ -200,6 +201,135 @@ pub fn rejected(input: &[u8]) -> WireResult<'_, (VisaReject, VisaHeader)> {
     let (rest, original) =
         header(rest).map_err(|e| e.map(|e| e.shifted(VisaHeader::REJECT_PART_LEN)))?;
     Ok((rest, (code, original)))
+}
+
+impl SchemeHeader for VisaHeader {
+    const LEN: usize = 22;
+    const PART: &'static str = "VISA header";
+    const IDS: Option<IdFields> = Some(IdFields {
+        destination: 5,
+        source: 8,
+        len: 3,
+    });
+
+    #[inline(always)]
+    fn header(input: &[u8]) -> WireResult<'_, Self> {
+        header(input)
+    }
+
+    /// A reject carries its bitmap and code, then the original header,
+    /// before the body.
+    #[inline(always)]
+    fn envelope_part<'a, const COMPLETE: bool>(
+        parts: Parts<'a, COMPLETE>,
+        input: &'a [u8],
+        rejected: &mut Option<Rejected>,
+    ) -> WireResult<'a, Self> {
+        let (rest, h) = parts.read(Self::PART, Self::LEN, header, input)?;
+        if !h.is_reject() {
+            return Ok((rest, h));
+        }
+        let (rest, code) =
+            parts.read("VISA reject code", Self::REJECT_PART_LEN, reject_code, rest)?;
+        let (rest, original) = parts.read(Self::PART, Self::LEN, header, rest)?;
+        *rejected = Some(Rejected {
+            visa: Some(code),
+            original: original.into(),
+        });
+        Ok((rest, h))
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The configured station IDs (6 digits each), or `000000`.
+    fn fresh(settings: &Fresh<'_>) -> Result<Self, FreshError> {
+        let station = |setting, id: Option<&str>| {
+            let text = id.unwrap_or("000000");
+            text.bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| hex_bytes::<3>(text))
+                .flatten()
+                .ok_or_else(|| {
+                    FreshError::new(
+                        setting,
+                        format!("`{text}` is not a VISA station ID (6 digits)"),
+                    )
+                })
+        };
+        let destination = station(Setting::DestinationId, settings.destination_id)?;
+        let source = station(Setting::SourceId, settings.source_id)?;
+        Ok(VisaHeader::new(destination, source, 0))
+    }
+
+    fn sample() -> Self {
+        VisaHeader::new([0x00, 0x00, 0x01], [0x45, 0x67, 0x89], 0)
+    }
+
+    /// Two bytes, binary: a longer message cannot be sent.
+    #[inline]
+    fn set_total_length_in(buf: &mut [u8], total: usize) -> Result<(), TotalTooLong> {
+        let len = u16::try_from(total).map_err(|_| TotalTooLong {
+            total,
+            max: usize::from(u16::MAX),
+        })?;
+        Self::set_total_length_in_place(buf, len);
+        Ok(())
+    }
+
+    fn describe(&self, frame_len: Option<usize>) -> Description {
+        let h = self;
+        let mut d = Description::new(Self::PART, "22 bytes");
+        d.row("header length", flag(h.0[0]))
+            .row(
+                "header format",
+                format_args!(
+                    "{:#04x}{}",
+                    h.header_format(),
+                    if h.is_reject() { "  reject" } else { "" }
+                ),
+            )
+            .row("text format", flag(h.text_format()))
+            .row("total length", h.total_length())
+            .row("destination ID", Hex(&h.destination_id()))
+            .row("source ID", Hex(&h.source_id()))
+            .row("round-trip control", flag(h.round_trip_control()))
+            .row("BASE I flags", Hex(&h.base1_flags()))
+            .row("message status", Hex(&h.message_status_flags()))
+            .row("batch number", flag(h.batch_number()))
+            .row("reserved", Hex(&h.0[18..21]))
+            .row("user info", flag(h.user_info()));
+        if let Some(len) = frame_len
+            && !h.is_reject()
+            && usize::from(h.total_length()) != len
+        {
+            d.row(
+                "! check",
+                format_args!(
+                    "total length {} does not match the frame ({len} bytes)",
+                    h.total_length()
+                ),
+            );
+        }
+        d.key("header_length", h.0[0])
+            .key("header_format", hex_byte(h.header_format()))
+            .key("text_format", hex_byte(h.text_format()))
+            .key("total_length", h.total_length())
+            .key("destination_id", Hex(&h.destination_id()).to_string())
+            .key("source_id", Hex(&h.source_id()).to_string())
+            .key("round_trip_control", hex_byte(h.round_trip_control()))
+            .key("base1_flags", Hex(&h.base1_flags()).to_string())
+            .key(
+                "message_status_flags",
+                Hex(&h.message_status_flags()).to_string(),
+            )
+            .key("batch_number", hex_byte(h.batch_number()))
+            .key("reserved", Hex(&h.0[18..21]).to_string())
+            .key("user_info", hex_byte(h.user_info()))
+            .key("is_reject", h.is_reject());
+        d
+    }
 }
 
 impl std::fmt::Debug for VisaHeader {

@@ -14,7 +14,11 @@
 //! | 41 | 5 | reject code, ASCII `00000` = accepted |
 
 use super::WireError;
+use super::describe::{Hex, flag, hex_byte};
+use super::fresh::{Fresh, FreshError, Setting};
 use super::part::{WireResult, array, bad, whole};
+use super::{Description, IdFields, Parts, SchemeHeader, TotalTooLong};
+use crate::envelope::Rejected;
 
 /// Reject codes UnionPay puts in a rejected message's header.
 pub mod reject {
@@ -24,6 +28,19 @@ pub mod reject {
     pub const BAD_TOTAL_LENGTH: [u8; 5] = *b"00035";
     pub const BAD_DESTINATION_ID: [u8; 5] = *b"00045";
     pub const BAD_SOURCE_ID: [u8; 5] = *b"00055";
+
+    /// What a reject code means, as `decode` shows it.
+    pub fn reason(code: [u8; 5]) -> &'static str {
+        match code {
+            ACCEPTED => "accepted",
+            BAD_HEADER_LENGTH => "rejected: bad header length",
+            BAD_VERSION => "rejected: bad version",
+            BAD_TOTAL_LENGTH => "rejected: total length out of range",
+            BAD_DESTINATION_ID => "rejected: bad destination ID",
+            BAD_SOURCE_ID => "rejected: bad source ID",
+            _ => "rejected",
+        }
+    }
 }
 
 /// A CUPS header, kept as its 46 raw bytes so it can be forwarded unchanged.
@@ -149,10 +166,7 @@ impl CupsHeader {
 
     /// Swaps the IDs of a header at the start of `buf` (no-op on a short buffer).
     pub fn swap_ids_in_place(buf: &mut [u8]) {
-        if buf.len() >= Self::LEN {
-            let (left, right) = buf.split_at_mut(SOURCE.start);
-            left[DESTINATION].swap_with_slice(&mut right[..SOURCE.len()]);
-        }
+        <Self as SchemeHeader>::swap_ids_in(buf);
     }
 
     /// Rewrites the total length of a header at the start of `buf`.
@@ -199,6 +213,126 @@ pub fn header(input: &[u8]) -> WireResult<'_, CupsHeader> {
         ));
     }
     Ok((rest, CupsHeader(raw)))
+}
+
+impl SchemeHeader for CupsHeader {
+    const LEN: usize = 46;
+    const PART: &'static str = "CUPS header";
+    const IDS: Option<IdFields> = Some(IdFields {
+        destination: DESTINATION.start,
+        source: SOURCE.start,
+        len: DESTINATION.end - DESTINATION.start,
+    });
+
+    #[inline(always)]
+    fn header(input: &[u8]) -> WireResult<'_, Self> {
+        header(input)
+    }
+
+    /// A reject (non-zero reject code) carries the original header before the body.
+    #[inline(always)]
+    fn envelope_part<'a, const COMPLETE: bool>(
+        parts: Parts<'a, COMPLETE>,
+        input: &'a [u8],
+        rejected: &mut Option<Rejected>,
+    ) -> WireResult<'a, Self> {
+        let (rest, h) = parts.read(Self::PART, Self::LEN, header, input)?;
+        if !h.is_reject() {
+            return Ok((rest, h));
+        }
+        let (rest, original) = parts.read(Self::PART, Self::LEN, header, rest)?;
+        *rejected = Some(Rejected {
+            visa: None,
+            original: original.into(),
+        });
+        Ok((rest, h))
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The institution IDs of the link (the peer's as destination); empty
+    /// when not set, as UnionPay's own echoes are.
+    fn fresh(settings: &Fresh<'_>) -> Result<Self, FreshError> {
+        let destination = settings.destination_id.unwrap_or_default();
+        let source = settings.source_id.unwrap_or_default();
+        for (setting, id) in [
+            (Setting::DestinationId, destination),
+            (Setting::SourceId, source),
+        ] {
+            if id.len() > DESTINATION.end - DESTINATION.start || !id.is_ascii() {
+                return Err(FreshError::new(
+                    setting,
+                    format!("`{id}` is not a CUPS institution ID (up to 11 ASCII characters)"),
+                ));
+            }
+        }
+        Ok(CupsHeader::new(destination, source, 0))
+    }
+
+    fn sample() -> Self {
+        CupsHeader::new("00010000", "03105840", 0)
+    }
+
+    #[inline]
+    fn set_total_length_in(buf: &mut [u8], total: usize) -> Result<(), TotalTooLong> {
+        Self::set_total_length_in_place(buf, total);
+        Ok(())
+    }
+
+    fn describe(&self, frame_len: Option<usize>) -> Description {
+        let h = self;
+        let code = h.reject_code();
+        let lossy = String::from_utf8_lossy;
+        let mut d = Description::new(Self::PART, "46 bytes");
+        d.row("header length", h.0[0])
+            .row(
+                "flag/version",
+                format_args!(
+                    "{:#04x}  version {}, {}",
+                    h.flag_version(),
+                    h.version(),
+                    if h.is_test() { "test" } else { "production" }
+                ),
+            )
+            .row("total length", lossy(&h.0[TOTAL_LEN]))
+            .row("destination ID", h.destination_id())
+            .row("source ID", h.source_id())
+            .row("reserved", Hex(&h.0[28..31]))
+            .row("batch number", flag(h.batch_number()))
+            .row("transaction info", lossy(h.transaction_info()))
+            .row("user info", flag(h.user_info()))
+            .row(
+                "reject code",
+                format_args!("{}  {}", lossy(&code), reject::reason(code)),
+            );
+        if let Some(len) = frame_len
+            && let Some(code) = h.check(len)
+        {
+            d.row(
+                "! check",
+                format_args!(
+                    "UnionPay would reject this header: {} {}",
+                    lossy(&code),
+                    reject::reason(code)
+                ),
+            );
+        }
+        d.key("header_length", h.0[0])
+            .key("flag_version", hex_byte(h.flag_version()))
+            .key("version", h.version())
+            .key("test", h.is_test())
+            .key("total_length", lossy(&h.0[TOTAL_LEN]))
+            .key("destination_id", h.destination_id())
+            .key("source_id", h.source_id())
+            .key("reserved", Hex(&h.0[28..31]).to_string())
+            .key("batch_number", hex_byte(h.batch_number()))
+            .key("transaction_info", lossy(h.transaction_info()))
+            .key("user_info", hex_byte(h.user_info()))
+            .key("reject_code", lossy(&code));
+        d
+    }
 }
 
 impl std::fmt::Debug for CupsHeader {
