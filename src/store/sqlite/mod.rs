@@ -25,9 +25,9 @@ use super::schema::{
 };
 use super::writer::{self, Answer, Counters, Inbox, Op, Outcome, Request};
 
-#[path = "sqlite_insert.rs"]
+#[path = "../sqlite_insert.rs"]
 mod insert;
-#[path = "sqlite_journal.rs"]
+#[path = "../sqlite_journal.rs"]
 mod journal;
 
 use insert::RowInserts;
