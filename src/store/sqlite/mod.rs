@@ -25,7 +25,6 @@ use super::schema::{
 };
 use super::writer::{self, Answer, Counters, Inbox, Op, Outcome, Request};
 
-#[path = "../sqlite_insert.rs"]
 mod insert;
 #[path = "../sqlite_journal.rs"]
 mod journal;
@@ -129,7 +128,7 @@ const MIGRATIONS: &[&str] = &[
     DROP INDEX journal_f41;
     CREATE INDEX journal_f37_out ON journal (f37_out) WHERE f37_out IS NOT f37_in;
     CREATE INDEX journal_f41 ON journal (f41, f11);",
-    // 5: the journal in parts of PART_ROWS rows (sqlite_insert.rs), each
+    // 5: the journal in parts of PART_ROWS rows (sqlite/insert.rs), each
     // key index led by the part: a batch's keys (random RRNs, many
     // terminals) land in the newest part's few index pages instead of all
     // over b-trees as large as the table, whose every touched page the WAL
