@@ -26,7 +26,6 @@ use super::schema::{
 use super::writer::{self, Answer, Counters, Inbox, Op, Outcome, Request};
 
 mod insert;
-#[path = "../sqlite_journal.rs"]
 mod journal;
 
 use insert::RowInserts;
