@@ -281,7 +281,7 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
     // temp_store = MEMORY: a statement that writes several b-trees and may
     // stop midway on a constraint keeps a statement journal (the pages it
     // changes, to undo the statement alone). The journal's inserts did, until
-    // they became `INSERT OR FAIL` (journal_new.rs); in a temp file that was
+    // they became `INSERT OR FAIL` (journal/insert.rs); in a temp file that was
     // a pwrite per page, 21% of the switch's samples with the journal on at
     // 10k req/s. The SAF's statements still may; in memory it is a copy,
     // freed when the statement ends, and nothing durable moves there.
