@@ -107,7 +107,7 @@ template() { # $1 = on|bare
 prefill_rows() { # $1 = the file
     local part_col="" part_val="" parts=""
     if [ "$(sqlite3 "$1" "SELECT count(*) FROM pragma_table_info('journal') WHERE name = 'part'")" = 1 ]; then
-        # Parts of PART_ROWS (src/store/sqlite_insert.rs) rows, as the
+        # Parts of PART_ROWS (src/store/sqlite/insert.rs) rows, as the
         # switch fills them; a build with another PART_ROWS carries on from
         # the newest part by its own size.
         part_col=", part" part_val=", value / 2048"

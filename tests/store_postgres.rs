@@ -978,3 +978,109 @@ async fn an_answer_on_another_instance_finds_its_entry_by_its_keys() {
     })
     .await;
 }
+
+/// Issue 41: `journal.max_size` holds on PostgreSQL too. Past it, the disk
+/// guard drops the journal's oldest day partitions, then, with only
+/// today's left, pauses the journal (rows not written, counted) while SAF
+/// entries are still stored and delivered; it resumes by itself once the
+/// rows go (today's partition emptied).
+#[tokio::test]
+async fn the_disk_guard_holds_max_size_on_postgres() {
+    use isoswitch::config::journal::JournalConfig;
+    use isoswitch::config::space::SpaceLimit;
+    use isoswitch::journal::guard::Guard;
+    use std::sync::atomic::Ordering;
+    limited(async {
+        let (_server, url) = fresh("guard").await;
+        let admin = admin(&url).await;
+        let store = open(&url).await;
+        let today = isoswitch::store::now_millis().div_euclid(DAY_MS);
+        // What the journal's empty partitions take: the floor max_size
+        // stays above.
+        let empty = store.journal_space().await.expect("space").used;
+        for day in [today - 3, today - 2] {
+            make_day(&admin, "journal", day).await;
+            make_day(&admin, "admin_log", day).await;
+            fill_day(&admin, day, 20_000).await;
+        }
+        // Today's rows alone take more than max_size.
+        fill_day(&admin, today, 20_000).await;
+        let max_size = empty + (1 << 20);
+        let full = store.journal_space().await.expect("space").used;
+        assert!(full > 3 * max_size, "{full} bytes against {max_size}");
+        let (journal, rx) = isoswitch::journal::Journal::channel(64);
+        let counters = Arc::clone(&journal.counters);
+        let stop = tokio_util::sync::CancellationToken::new();
+        let guard = Guard {
+            store: store.clone(),
+            path: None,
+            probe: Arc::new(isoswitch::store::disk::Statvfs),
+            cfg: JournalConfig {
+                max_size: Some(SpaceLimit::Bytes(max_size)),
+                ..JournalConfig::default()
+            },
+            counters: Arc::clone(&counters),
+            every: Duration::from_millis(50),
+            stop: stop.clone(),
+        };
+        let guarding = tokio::spawn(guard.run());
+        let writer = isoswitch::journal::writer::WriterTask {
+            rx: Arc::new(tokio::sync::Mutex::new(rx)),
+            store: store.clone(),
+            counters: Arc::clone(&counters),
+            batch_interval: Duration::from_millis(10),
+            stop: stop.clone(),
+        };
+        let writing = tokio::spawn(writer.run());
+        while !counters.paused.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The old days went first, whole; today's and the days ahead stay.
+        let days = partitions(&admin, "journal").await;
+        assert_eq!(days.len(), 3, "{days:?}");
+        assert!(counters.purged.load(Ordering::Relaxed) > 0);
+        let space = store.journal_space().await.expect("space");
+        assert!(
+            space.oldest.is_some_and(|t| t >= today * DAY_MS),
+            "{space:?}"
+        );
+        // Paused: a row offered is not written, counted as such.
+        let (rows, paused_rows) = (counters.written.load(Ordering::Relaxed), 1);
+        journal.admin(isoswitch::journal::AdminRow {
+            at: isoswitch::store::now_millis(),
+            peer: "127.0.0.1:5".into(),
+            action: "drain".into(),
+            method: "POST".into(),
+            path: "/x".into(),
+            status: 200,
+            outcome: "ok".into(),
+            ..Default::default()
+        });
+        while counters.paused_rows.load(Ordering::Relaxed) < paused_rows {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(counters.written.load(Ordering::Relaxed), rows);
+        // SAF is not the journal: its entries are stored and delivered.
+        let id = store.saf_put(entry("cups", 1, T0)).await.expect("saf put");
+        let claimed = store.saf_claim("A", T0, 10, LEASE).await.expect("claim");
+        assert_eq!(claimed.len(), 1);
+        store
+            .saf_delivered(id, "A", T0 + 1_000, "0230 rc=00")
+            .await
+            .expect("delivered");
+        // The rows go: the journal resumes by itself.
+        let today_part = days.first().expect("today's partition").clone();
+        admin
+            .batch_execute(&format!("TRUNCATE {today_part}"))
+            .await
+            .expect("today's rows go");
+        while counters.paused.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+        guarding.await.expect("guard");
+        writing.await.expect("writer");
+        store.close().await.expect("close");
+    })
+    .await;
+}

@@ -92,6 +92,36 @@ impl JournalConfig {
         }
     }
 
+    /// `max_size` in bytes for a store on a PostgreSQL server, whose
+    /// filesystem the switch cannot read: the bytes given, else the
+    /// default's 50 GiB (a share of the filesystem is refused at `check`).
+    pub fn max_size_remote_bytes(&self) -> u64 {
+        match self.max_size {
+            Some(SpaceLimit::Bytes(b)) => b,
+            _ => DEFAULT_MAX_SIZE_BYTES,
+        }
+    }
+
+    /// What a store on a PostgreSQL server allows of these keys: a client
+    /// cannot read the server's filesystem, so `min_free` and a `max_size`
+    /// given as a share of the filesystem mean nothing there. Refused
+    /// rather than silently not held.
+    pub fn validate_remote(&self) -> Result<(), ConfigError> {
+        if self.min_free.is_some() {
+            return Err(invalid(
+                "journal.min_free",
+                "applies to SQLite's filesystem only: a PostgreSQL server's disk is its own (journal.max_size in bytes holds there)",
+            ));
+        }
+        if matches!(self.max_size, Some(SpaceLimit::Percent(_))) {
+            return Err(invalid(
+                "journal.max_size",
+                "give it in bytes with a PostgreSQL store: the server's filesystem cannot be read from the switch",
+            ));
+        }
+        Ok(())
+    }
+
     /// `min_free` in bytes on a filesystem of `total` bytes.
     pub fn min_free_bytes(&self, total: u64) -> u64 {
         self.min_free.unwrap_or(DEFAULT_MIN_FREE).bytes(total)
@@ -171,5 +201,24 @@ mod tests {
             assert!(e.contains(key), "{text}: {e}");
         }
         assert!(toml::from_str::<JournalConfig>("max_size = \"lots\"").is_err());
+        // On PostgreSQL only max_size in bytes holds.
+        let remote = |t: &str| {
+            toml::from_str::<JournalConfig>(t)
+                .expect("journal")
+                .validate_remote()
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(remote(""), Ok(()));
+        assert_eq!(remote("max_size = 1048576"), Ok(()));
+        let cfg: JournalConfig = toml::from_str("max_size = 1048576").expect("bytes");
+        assert_eq!(cfg.max_size_remote_bytes(), 1 << 20);
+        assert_eq!(JournalConfig::default().max_size_remote_bytes(), 50 * gib);
+        for (text, key) in [
+            ("min_free = 1048576", "journal.min_free"),
+            ("max_size = \"5%\"", "journal.max_size"),
+        ] {
+            let e = remote(text).expect_err(text);
+            assert!(e.contains(key), "{text}: {e}");
+        }
     }
 }

@@ -502,3 +502,19 @@ fn capture_clear_needs_the_tools_feature() {
         (Err(e), true) => panic!("refused with the tools feature: {e}"),
     }
 }
+
+/// Issue 41: a client cannot read a PostgreSQL server's filesystem, so
+/// `journal.min_free` and a `max_size` given as a share of it are refused
+/// with a PostgreSQL store, naming the key; `max_size` in bytes holds.
+#[test]
+fn a_postgres_store_refuses_what_only_a_local_filesystem_can_hold() {
+    let pg = "[store]\nurl = \"postgres://switch@127.0.0.1:5432/isoswitch\"\n";
+    let with = |journal: &str| format!("{pg}[journal]\n{journal}\n{MINIMAL}");
+    assert!(error_of(&with("min_free = 1048576")).contains("journal.min_free"));
+    assert!(error_of(&with("max_size = \"20%\"")).contains("journal.max_size"));
+    Config::from_toml(&with("max_size = 1048576")).expect("max_size in bytes, on PostgreSQL");
+    Config::from_toml(&format!(
+        "[journal]\nmin_free = \"10%\"\nmax_size = \"20%\"\n{MINIMAL}"
+    ))
+    .expect("both, on SQLite");
+}

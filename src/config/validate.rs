@@ -87,6 +87,14 @@ impl Config {
             admin.validate()?;
         }
         self.journal.validate()?;
+        if self
+            .store
+            .url
+            .as_deref()
+            .is_some_and(|u| u.starts_with("postgres://") || u.starts_with("postgresql://"))
+        {
+            self.journal.validate_remote()?;
+        }
         let mut names = std::collections::HashSet::new();
         for (i, svc) in self.services.iter().enumerate() {
             let key = format!("service[{i}]");

@@ -11,6 +11,12 @@
 //! (counted in `isoswitch_journal_paused_total`) while SAF keeps writing.
 //! Once both are back within their limits, with a margin so that the
 //! journal does not flap at the edge, it resumes by itself.
+//!
+//! On PostgreSQL the same guard holds `journal.max_size` alone: what the
+//! journal takes is its day partitions' total (`pg_total_relation_size`),
+//! the oldest day goes by dropping its partition, and the server's
+//! filesystem, which a client cannot read, is the server's own to watch
+//! (`journal.min_free` is refused there at `check`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -58,7 +64,22 @@ impl Limits {
             min_free: cfg.min_free_bytes(disk.total),
         }
     }
+
+    /// A store on a PostgreSQL server: `max_size` alone.
+    pub fn remote(cfg: &JournalConfig) -> Limits {
+        Limits {
+            max_size: cfg.max_size_remote_bytes(),
+            min_free: 0,
+        }
+    }
 }
+
+/// The disk of a store whose filesystem is not read (a PostgreSQL
+/// server's): never short of space, so only `max_size` decides.
+pub const UNREAD_DISK: DiskStats = DiskStats {
+    total: u64::MAX,
+    avail: u64::MAX,
+};
 
 /// Free space as the journal sees it: the filesystem's, and the free pages
 /// inside the store's file.
@@ -100,8 +121,9 @@ pub fn decide(
 #[derive(Clone)]
 pub struct Guard {
     pub store: Store,
-    /// The store's file (its filesystem is the one read).
-    pub path: PathBuf,
+    /// The store's file (its filesystem is the one read); `None`: a store
+    /// on a PostgreSQL server, whose filesystem is not read.
+    pub path: Option<PathBuf>,
     pub probe: Arc<dyn DiskProbe>,
     pub cfg: JournalConfig,
     pub counters: Arc<JournalCounters>,
@@ -126,12 +148,15 @@ impl Guard {
                     Err(e) => {
                         if last_warn.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
                             last_warn = Some(Instant::now());
-                            tracing::warn!(error = %e, path = %self.path.display(), "journal disk guard: cannot read the disk; will try again");
+                            tracing::warn!(error = %e, path = ?self.path, "journal disk guard: cannot read the disk; will try again");
                         }
                         break;
                     }
                 };
-                let limits = Limits::of(&self.cfg, disk);
+                let limits = match &self.path {
+                    Some(_) => Limits::of(&self.cfg, disk),
+                    None => Limits::remote(&self.cfg),
+                };
                 let paused = self.counters.paused.load(Ordering::Relaxed);
                 match decide(limits, &space, disk, paused, super::now_millis()) {
                     Action::DropBefore(before) => {
@@ -202,7 +227,10 @@ impl Guard {
             .journal_space()
             .await
             .map_err(|e| e.to_string())?;
-        let (probe, path) = (Arc::clone(&self.probe), self.path.clone());
+        let Some(path) = self.path.clone() else {
+            return Ok((space, UNREAD_DISK));
+        };
+        let probe = Arc::clone(&self.probe);
         let disk = tokio::task::spawn_blocking(move || probe.stat(&path))
             .await
             .map_err(|e| e.to_string())?

@@ -3,20 +3,22 @@
 //!
 //! The message path hands a [`Journal`] an [`Exchange`]: the request and
 //! answer as they already are (reference-counted [`Bytes`]) with who
-//! answered and when. The row builder ([`row`]) makes it a fixed-size
-//! [`NewRow`] there and then: one pass over each message, only the fields a
-//! reconciliation needs, the PAN masked by the one masking rule
-//! (`iso8583::mask`), no allocation; the messages' buffers go back to their
+//! answered and when. [`row`] takes what a row keeps there and then: the
+//! fields copied as they lie, from where the router found them, the PAN
+//! masked by the one masking rule (`iso8583::mask`), into a fixed-size
+//! [`raw::RawRow`], no allocation; the messages' buffers go back to their
 //! connections at once. `try_send` on a bounded queue: a full queue drops
 //! the row and counts it, it never waits. The journal writer task
-//! ([`writer`]) wakes once per `journal.batch_interval` and inserts what
+//! ([`writer`]) wakes once per `journal.batch_interval`, makes the rows'
+//! texts ([`raw::RawRow::row`], off the message path) and inserts what
 //! came in one transaction, a few multi-row statements. Rows never hold
-//! track data, PIN blocks, EMV data, MACs or key material: the row builder
+//! track data, PIN blocks, EMV data, MACs or key material: the row taker
 //! reads a fixed list of fields and nothing else.
 
 pub mod chart;
 pub mod guard;
 pub mod params;
+pub mod raw;
 pub mod report;
 pub mod row;
 pub mod writer;
@@ -171,6 +173,10 @@ impl BadOutcome {
 // message path an allocation per exchange, for the rare admin row's sake.
 #[allow(clippy::large_enum_variant)]
 pub enum Entry {
+    /// An exchange as the message path took it: the writer makes its
+    /// texts ([`raw::RawRow::row`]).
+    Exchange(raw::RawRow),
+    /// A row already made.
     Row(NewRow),
     Admin(AdminRow),
 }
@@ -262,8 +268,8 @@ impl Journal {
     /// Makes `exchange` a row and queues it; never waits. A full queue
     /// drops it, counted. An echo test makes no row.
     pub fn exchange(&self, exchange: Exchange) {
-        if let Some(row) = row::build(&exchange) {
-            self.offer(Entry::Row(row));
+        if let Some(row) = row::take(exchange) {
+            self.offer(Entry::Exchange(row));
         }
     }
 
@@ -271,8 +277,8 @@ impl Journal {
     /// and indexed (`exchange.response` is not read): the row takes the
     /// answer's fields from that parse.
     pub fn answered(&self, exchange: Exchange, response: &crate::route::Checked<'_>) {
-        if let Some(row) = row::build_answered(&exchange, response) {
-            self.offer(Entry::Row(row));
+        if let Some(row) = row::take_answered(exchange, response) {
+            self.offer(Entry::Exchange(row));
         }
     }
 

@@ -1,20 +1,24 @@
-//! An [`Exchange`] made a [`NewRow`], on the message path as the exchange
-//! completes: each message parsed once (one pass finds every field kept),
-//! a fixed list of fields written into the row's inline buffers (no
-//! allocation), the PAN masked by the one masking rule (`iso8583::mask`,
-//! first 6 and last 4). No other field is ever read, so no track data
-//! (F35, F36, F45), PIN block (F52), EMV data (F55), MAC (F64, F128) or key
-//! material can reach the store. The messages' buffers are let go at once,
-//! not held until the writer's next batch.
+//! An [`Exchange`] taken for the journal on the message path as it
+//! completes ([`take`], [`take_answered`]): the fields a row keeps copied
+//! as they lie, from where the router found them (no field read again, no
+//! text made), the PAN masked by the one masking rule (`iso8583::mask`,
+//! first 6 and last 4), into a fixed-size [`RawRow`] (no allocation). The
+//! journal's writer makes its texts ([`RawRow::row`]). No other field is
+//! ever read, so no track data (F35, F36, F45), PIN block (F52), EMV data
+//! (F55), MAC (F64, F128) or key material can reach the store. The
+//! messages' buffers are let go at once, not held until the writer's next
+//! batch.
 
 use std::fmt::Write;
+use std::ops::Range;
 
 use bytes::Bytes;
 
-use super::{AnsweredBy, Exchange, Link};
+use super::raw::{Fields, Raw, RawRow};
+use super::{AnsweredBy, Exchange};
 use crate::iso8583::{Bitmap, Data, FieldRef, Message, Mti, Spec, is_sensitive};
-use crate::route::{Checked, DeclineReason};
-use crate::store::journal::{NewRow, Short};
+use crate::route::Checked;
+use crate::store::journal::Short;
 
 /// The network-management code of an echo test (keep-alive): not journaled.
 const ECHO_F70: &[u8] = b"301";
@@ -35,17 +39,18 @@ const fn wanted() -> Bitmap {
 }
 const WANTED: Bitmap = wanted();
 
-/// Where a request's [`READ`] fields start, as the router's check of it
-/// found them, and its MTI: kept with the request while it is in flight
-/// (28 bytes), so that its row reads those fields where they lie instead
-/// of walking the whole request again (`scripts/path-ir.sh` with
-/// `PATH_JOURNAL=1`: that walk was about half the row's cost).
+/// Where a request's [`READ`] fields lie, as the router's check of it
+/// found them (length prefix to end), and its MTI: kept with the request
+/// while it is in flight (52 bytes), so that its row copies those fields
+/// where they lie instead of walking the whole request again, or even
+/// reading their length prefixes (`scripts/path-ir.sh` with
+/// `PATH_JOURNAL=1`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RequestAt {
     mti: Mti,
-    /// In [`READ`]'s order; 0 = absent (no field starts at 0: the MTI and
-    /// bitmap come first).
-    starts: [u16; READ.len()],
+    /// In [`READ`]'s order; `(0, 0)` = absent (no field starts at 0: the
+    /// MTI and bitmap come first).
+    spans: [(u16, u16); READ.len()],
 }
 
 /// Each field's place in [`READ`] plus one, by field number (0: not read).
@@ -67,53 +72,37 @@ impl RequestAt {
         if u16::try_from(checked.msg.payload().len()).is_err() {
             return None;
         }
-        let mut starts = [0u16; READ.len()];
-        for (id, at) in checked.index.starts() {
+        let mut spans = [(0u16, 0u16); READ.len()];
+        for (id, at) in checked.index.ranges() {
             let slot = SLOT.get(usize::from(id)).map_or(0, |&s| usize::from(s));
-            if let Some(start) = slot.checked_sub(1).and_then(|i| starts.get_mut(i)) {
-                *start = u16::try_from(at).unwrap_or(0);
+            if let Some(span) = slot.checked_sub(1).and_then(|i| spans.get_mut(i)) {
+                // Within the payload, which is under 64 KiB.
+                *span = (
+                    u16::try_from(at.start).unwrap_or(0),
+                    u16::try_from(at.end).unwrap_or(0),
+                );
             }
         }
         Some(RequestAt {
             mti: checked.msg.mti(),
-            starts,
+            spans,
         })
     }
 
-    fn start(&self, id: u16) -> Option<usize> {
+    fn range(&self, id: u16) -> Option<Range<usize>> {
         let i = usize::from(*SLOT.get(usize::from(id))?).checked_sub(1)?;
-        self.starts
+        self.spans
             .get(i)
-            .filter(|&&at| at != 0)
-            .map(|&at| usize::from(at))
+            .filter(|&&(start, _)| start != 0)
+            .map(|&(start, end)| usize::from(start)..usize::from(end))
     }
-}
-
-/// Fields read from one message, shown (masked) inline. None is sensitive
-/// but F2; a custom spec that flags another sensitive gets it masked all
-/// the same (`show`).
-#[derive(Default)]
-struct Read {
-    mti: Short<8>,
-    pan: Short<24>,
-    f4: Short<16>,
-    f7: Short<12>,
-    f11: Short<12>,
-    f32: Short<16>,
-    f33: Short<16>,
-    f37: Short<16>,
-    f39: Short<8>,
-    f41: Short<16>,
-    f42: Short<24>,
-    f49: Short<8>,
-    keepalive: bool,
 }
 
 /// `field`'s masked text into `out`: as `show` writes it (masked when
 /// sensitive, binary as hex, control characters escaped). A plain field of
 /// printable ASCII, nearly every one, is copied as it is without going
 /// through `Display` a character at a time (the same text).
-fn shown<const N: usize>(out: &mut Short<N>, field: Option<FieldRef<'_>>) {
+pub(super) fn shown<const N: usize>(out: &mut Short<N>, field: Option<FieldRef<'_>>) {
     let Some(f) = field else { return };
     let def = f.def();
     if def.id == 2
@@ -159,183 +148,186 @@ fn masked_pan<const N: usize>(pan: impl ExactSizeIterator<Item = u8>) -> Option<
     }))
 }
 
-impl Read {
-    /// One pass over `payload`; a message that does not pass whole (a bad
-    /// request) is read field by field, as far as it goes.
-    fn of(spec: &Spec, payload: &Bytes) -> Read {
-        let Ok(msg) = Message::parse(spec, payload.clone()) else {
-            return Read::default();
-        };
-        match msg.index(&WANTED) {
-            Ok(index) => Read::fields(msg.mti(), |id| msg.indexed(&index, id)),
-            Err(_) => Read::fields(msg.mti(), |id| msg.field(id).ok().flatten()),
+/// The bytes `field` takes in `payload`, its length prefix included.
+fn wire<'p>(payload: &'p [u8], field: Option<FieldRef<'_>>) -> Option<&'p [u8]> {
+    let f = field?;
+    payload.get(f.prefix_at()..f.range().end)
+}
+
+/// The request's fields into `out`; `false` for an echo test (no row).
+/// `get` finds a field's bytes as they lie (length prefix included).
+fn take_request<'p>(
+    spec: &Spec,
+    mti: Option<Mti>,
+    get: impl Fn(u16) -> Option<&'p [u8]>,
+    out: &mut Fields,
+) -> bool {
+    if mti.is_some_and(|m| m.is_network_management())
+        && get(70)
+            .and_then(|w| spec.field_at(w, 70, 0))
+            .is_some_and(|f| f.eq_logical(ECHO_F70))
+    {
+        return false;
+    }
+    out.mti = mti;
+    // F2 is always sensitive: `show` masks it as a PAN, here.
+    shown(&mut out.pan, get(2).and_then(|w| spec.field_at(w, 2, 0)));
+    out.f4 = Raw::take(spec, 4, get(4));
+    out.f7 = Raw::take(spec, 7, get(7));
+    out.f11 = Raw::take(spec, 11, get(11));
+    out.f32 = Raw::take(spec, 32, get(32));
+    out.f33 = Raw::take(spec, 33, get(33));
+    out.f37_in = Raw::take(spec, 37, get(37));
+    out.f41 = Raw::take(spec, 41, get(41));
+    out.f42 = Raw::take(spec, 42, get(42));
+    out.f49 = Raw::take(spec, 49, get(49));
+    true
+}
+
+/// The answer's fields into `out`, given the request's already there: of
+/// the answer a row keeps its MTI, F37 and F39, and any other field only
+/// where the request lacks it, so only those are looked up.
+fn take_answer<'p>(
+    spec: &Spec,
+    mti: Option<Mti>,
+    get: impl Fn(u16) -> Option<&'p [u8]>,
+    out: &mut Fields,
+) {
+    out.mti_out = mti;
+    out.f37_out = Raw::take(spec, 37, get(37));
+    out.f39 = Raw::take(spec, 39, get(39));
+    if out.pan.is_null() {
+        shown(&mut out.pan, get(2).and_then(|w| spec.field_at(w, 2, 0)));
+    }
+    fn lacked<'p, const M: usize>(
+        slot: &mut Raw<M>,
+        spec: &Spec,
+        id: u16,
+        get: &impl Fn(u16) -> Option<&'p [u8]>,
+    ) {
+        if slot.is_absent() {
+            *slot = Raw::take(spec, id, get(id));
         }
     }
+    lacked(&mut out.f4, spec, 4, &get);
+    lacked(&mut out.f7, spec, 7, &get);
+    lacked(&mut out.f11, spec, 11, &get);
+    lacked(&mut out.f32, spec, 32, &get);
+    lacked(&mut out.f33, spec, 33, &get);
+    lacked(&mut out.f41, spec, 41, &get);
+    lacked(&mut out.f42, spec, 42, &get);
+    lacked(&mut out.f49, spec, 49, &get);
+}
 
-    /// [`Read::of`] a request whose fields the router found (`at`): each
-    /// read where it starts, nothing walked.
-    fn at(spec: &Spec, payload: &Bytes, at: &RequestAt) -> Read {
-        Read::fields(at.mti, |id| spec.field_at(payload, id, at.start(id)?))
-    }
-
-    /// The fields of an answer a row keeps, given its request's (see
-    /// [`build_answered`]).
-    fn answer_of(checked: &Checked<'_>, req: &Read) -> Read {
-        let msg = &checked.msg;
-        let get = |id: u16| {
-            msg.indexed(&checked.index, id)
-                .or_else(|| msg.field(id).ok().flatten())
-        };
-        let mut r = Read {
-            mti: Short::new(msg.mti().as_str()),
-            ..Read::default()
-        };
-        shown(&mut r.f37, get(37));
-        shown(&mut r.f39, get(39));
-        // Of the rest, only what the request lacks reaches the row (`either`),
-        // so only that is looked up.
-        let lacked = |known: bool, id: u16| if known { None } else { get(id) };
-        shown(&mut r.pan, lacked(!req.pan.is_null(), 2));
-        shown(&mut r.f4, lacked(!req.f4.is_null(), 4));
-        shown(&mut r.f7, lacked(!req.f7.is_null(), 7));
-        shown(&mut r.f11, lacked(!req.f11.is_null(), 11));
-        shown(&mut r.f32, lacked(!req.f32.is_null(), 32));
-        shown(&mut r.f33, lacked(!req.f33.is_null(), 33));
-        shown(&mut r.f41, lacked(!req.f41.is_null(), 41));
-        shown(&mut r.f42, lacked(!req.f42.is_null(), 42));
-        shown(&mut r.f49, lacked(!req.f49.is_null(), 49));
-        r
-    }
-
-    fn fields<'m>(mti: Mti, get: impl Fn(u16) -> Option<FieldRef<'m>>) -> Read {
-        let mut r = Read {
-            mti: Short::new(mti.as_str()),
-            keepalive: mti.is_network_management()
-                && get(70).is_some_and(|f| f.eq_logical(ECHO_F70)),
-            ..Read::default()
-        };
-        // F2 is always sensitive: `show` masks it as a PAN.
-        shown(&mut r.pan, get(2));
-        shown(&mut r.f4, get(4));
-        shown(&mut r.f7, get(7));
-        shown(&mut r.f11, get(11));
-        shown(&mut r.f32, get(32));
-        shown(&mut r.f33, get(33));
-        shown(&mut r.f37, get(37));
-        shown(&mut r.f39, get(39));
-        shown(&mut r.f41, get(41));
-        shown(&mut r.f42, get(42));
-        shown(&mut r.f49, get(49));
-        r
+/// A message's fields taken by `take` (its MTI and a finder of its
+/// fields' bytes), parsing it once: one pass finds every field a row
+/// keeps; a message that does not pass whole (a bad request) is read
+/// field by field, as far as it goes. Nothing for one that does not parse.
+fn parsed<'p, R>(
+    spec: &Spec,
+    payload: &'p Bytes,
+    take: impl FnOnce(Option<Mti>, &dyn Fn(u16) -> Option<&'p [u8]>) -> R,
+) -> R {
+    let Ok(msg) = Message::parse(spec, payload.clone()) else {
+        return take(None, &|_| None);
+    };
+    match msg.index(&WANTED) {
+        Ok(index) => take(Some(msg.mti()), &|id| {
+            wire(payload, msg.indexed(&index, id))
+        }),
+        Err(_) => take(Some(msg.mti()), &|id| {
+            wire(payload, msg.field(id).ok().flatten())
+        }),
     }
 }
 
-/// The first of `a` and `b` that is not NULL.
-fn either<const N: usize>(a: Short<N>, b: Short<N>) -> Short<N> {
-    if a.is_null() { b } else { a }
-}
-
-fn link_text(link: Link) -> Short<24> {
-    match link {
-        // "client#" and the number's digits, without `write!`'s formatting
-        // machinery: itoa writes only the digits the number has, two at a
-        // time (scripts/path-ir.sh with PATH_JOURNAL=1).
-        Link::Client(conn) => {
-            let mut digits = itoa::Buffer::new();
-            let text = b"client#"
-                .iter()
-                .chain(digits.format(conn).as_bytes())
-                .copied();
-            Short::printable(text).unwrap_or_else(|| Short::new("client#?"))
+/// The row of `ex`, taken; `None` for an echo test (keep-alive).
+pub fn take(ex: Exchange) -> Option<RawRow> {
+    take_with(ex, |spec, response, fields| {
+        if let Some(r) = response {
+            parsed(spec, r, |mti, get| take_answer(spec, mti, get, fields));
         }
-        Link::Peer => Short::new("peer"),
-        Link::Node => Short::new("node"),
-        Link::Unknown => Short::new("-"),
-    }
-}
-
-/// The row of `ex`; `None` for an echo test (keep-alive).
-pub fn build(ex: &Exchange) -> Option<NewRow> {
-    build_with(ex, |_| {
-        ex.response
-            .as_ref()
-            .map(|r| Read::of(&ex.spec, r))
-            .unwrap_or_default()
     })
 }
 
 /// The row of `ex`, answered by `response` as the router parsed and
-/// indexed it (`ex.response` is not read). The same row as [`build`] of the
-/// answer's bytes: of the answer, a row keeps its MTI, F37 and F39, and
-/// any other field only where the request lacks it; those are read off
-/// the index where the router kept them, and looked up otherwise.
-pub fn build_answered(ex: &Exchange, response: &Checked<'_>) -> Option<NewRow> {
-    build_with(ex, |req| Read::answer_of(response, req))
+/// indexed it (`ex.response` is not read): the answer's fields are copied
+/// where the router found them, and looked up where it did not index them.
+pub fn take_answered(ex: Exchange, response: &Checked<'_>) -> Option<RawRow> {
+    take_with(ex, |spec, _, fields| {
+        let msg = &response.msg;
+        let payload: &[u8] = msg.payload();
+        let get = |id: u16| {
+            wire(
+                payload,
+                msg.indexed(&response.index, id)
+                    .or_else(|| msg.field(id).ok().flatten()),
+            )
+        };
+        take_answer(spec, Some(msg.mti()), get, fields);
+    })
 }
 
-/// The row of `ex`, with the answer read by `response` once the request
-/// is read (and found not to be a keep-alive).
-fn build_with(ex: &Exchange, response: impl FnOnce(&Read) -> Read) -> Option<NewRow> {
-    let req = match &ex.request_at {
-        Some(at) => Read::at(&ex.spec, &ex.request, at),
-        None => Read::of(&ex.spec, &ex.request),
+/// The row of `ex`, with the answer taken by `answer` once the request is
+/// taken (and found not to be a keep-alive).
+fn take_with(
+    ex: Exchange,
+    answer: impl FnOnce(&Spec, Option<&Bytes>, &mut Fields),
+) -> Option<RawRow> {
+    let Exchange {
+        spec,
+        service,
+        front,
+        link,
+        node,
+        from_node,
+        t_in,
+        t_out,
+        latency_us,
+        request,
+        request_at,
+        response,
+        answered_by,
+        late,
+        reversal_id,
+        bad,
+    } = ex;
+    let mut fields = Fields::ABSENT;
+    let kept = match &request_at {
+        Some(at) => take_request(
+            &spec,
+            Some(at.mti),
+            |id| request.get(at.range(id)?),
+            &mut fields,
+        ),
+        None => parsed(&spec, &request, |mti, get| {
+            take_request(&spec, mti, get, &mut fields)
+        }),
     };
-    if req.keepalive {
+    if !kept {
         return None;
     }
-    let resp = response(&req);
-    let repeat = req
-        .mti
-        .get()
-        .and_then(|m| m.as_bytes().get(3))
-        .is_some_and(|d| d.is_ascii_digit() && (d - b'0') % 2 == 1);
-    let duplicate = ex.answered_by == AnsweredBy::Switch(DeclineReason::Duplicate);
-    let unroutable = ex.answered_by == AnsweredBy::Switch(DeclineReason::NoHealthyNode);
-    let mti = if req.mti.is_null() {
-        Short::new("????")
-    } else {
-        req.mti
-    };
-    // What the request lacks (a bad one, unreadable) the answer may say.
-    Some(NewRow {
-        t_in: ex.t_in,
-        t_out: ex.t_out,
-        service: Some(ex.service.clone()),
-        front: Short::new(ex.front),
-        link: link_text(ex.link),
-        node: Short::opt(ex.node.as_ref().map(|n| n.as_str())),
-        origin: Short::new(if ex.from_node { "node" } else { "front" }),
-        mti,
-        mti_out: resp.mti,
-        f11: either(req.f11, resp.f11),
-        f7: either(req.f7, resp.f7),
-        f37_in: req.f37,
-        f37_out: resp.f37,
-        f41: either(req.f41, resp.f41),
-        f42: either(req.f42, resp.f42),
-        f32: either(req.f32, resp.f32),
-        f33: either(req.f33, resp.f33),
-        pan: either(req.pan, resp.pan),
-        f4: either(req.f4, resp.f4),
-        f49: either(req.f49, resp.f49),
-        f39: resp.f39,
-        answered_by: Short::new(ex.answered_by.who()),
-        reason: Short::opt(ex.answered_by.reason()),
-        outcome: Short::new(outcome(ex, duplicate, unroutable)),
-        latency_us: ex
-            .latency_us
-            .map(|us| i64::try_from(us).unwrap_or(i64::MAX)),
-        late: ex.late,
-        duplicate,
-        repeat,
-        unroutable,
-        bad: Short::opt(ex.bad.map(|b| b.as_str())),
-        reversal_id: ex.reversal_id,
+    answer(&spec, response.as_ref(), &mut fields);
+    Some(RawRow {
+        spec,
+        service,
+        front,
+        link,
+        node,
+        from_node,
+        t_in,
+        t_out,
+        latency_us,
+        answered_by,
+        late,
+        reversal_id,
+        bad,
+        fields,
     })
 }
 
 /// The one word a report counts the exchange under.
-fn outcome(ex: &Exchange, duplicate: bool, unroutable: bool) -> &'static str {
+pub(super) fn outcome(ex: &RawRow, duplicate: bool, unroutable: bool) -> &'static str {
     if ex.late {
         "late"
     } else if ex.bad.is_some() {
@@ -359,6 +351,18 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::journal::raw::link_text;
+    use crate::route::DeclineReason;
+    use crate::store::journal::NewRow;
+
+    /// The row of `ex` as the writer makes it of what the path took.
+    fn build(ex: Exchange) -> Option<NewRow> {
+        take(ex).map(|r| r.row())
+    }
+
+    fn build_answered(ex: Exchange, response: &Checked<'_>) -> Option<NewRow> {
+        take_answered(ex, response).map(|r| r.row())
+    }
     use crate::iso8583::{Decoded, Value};
     use crate::journal::{BadOutcome, Link};
 
@@ -427,7 +431,7 @@ mod tests {
         let spec = spec();
         let req = request(&spec, "0200", &[]);
         let resp = request(&spec, "0210", &[(39, "00")]);
-        let row = build(&exchange(&spec, req, Some(resp), AnsweredBy::Node)).expect("row");
+        let row = build(exchange(&spec, req, Some(resp), AnsweredBy::Node)).expect("row");
         assert_eq!(row.mti.get(), Some("0200"));
         assert_eq!(row.mti_out.get(), Some("0210"));
         assert_eq!(row.f11.get(), Some("000123"));
@@ -518,9 +522,8 @@ mod tests {
             let msg = Message::parse(&spec, resp.clone()).expect("answer parses");
             let index = msg.index(&routed).expect("answer is whole");
             let checked = Checked { msg, index };
-            let from_bytes = build(&exchange(&spec, req.clone(), Some(resp), AnsweredBy::Node));
-            let from_index =
-                build_answered(&exchange(&spec, req, None, AnsweredBy::Node), &checked);
+            let from_bytes = build(exchange(&spec, req.clone(), Some(resp), AnsweredBy::Node));
+            let from_index = build_answered(exchange(&spec, req, None, AnsweredBy::Node), &checked);
             let (a, b) = (format!("{from_bytes:?}"), format!("{from_index:?}"));
             assert_eq!(a, b);
             assert!(a.contains("\"05\""), "the answer's F39 is kept: {a}");
@@ -568,10 +571,7 @@ mod tests {
                     request_at: Some(at),
                     ..exchange(&spec, req, None, AnsweredBy::Node)
                 };
-                let (a, b) = (
-                    format!("{:?}", build(&walked)),
-                    format!("{:?}", build(&kept)),
-                );
+                let (a, b) = (format!("{:?}", build(walked)), format!("{:?}", build(kept)));
                 assert_eq!(a, b, "{name}");
             }
         }
@@ -640,6 +640,21 @@ mod tests {
                     let mut slow = Short::<24>::empty();
                     write!(slow, "{}", f.show()).expect("write");
                     assert_eq!(fast.get(), slow.get(), "{name} F{id} {text:?}");
+                    // Taken on the path as it lies, its text made by the
+                    // writer: the same text.
+                    let lies = wire(msg.payload(), Some(f.clone()));
+                    let raw = Raw::<24>::take(&spec, *id, lies);
+                    assert_eq!(raw.text::<24>(&spec, *id).get(), slow.get(), "{name} F{id}");
+                    // A slot too short to hold it as it lies: its text is
+                    // made on the path, clipped as the column clips it.
+                    let mut clipped = Short::<6>::NULL;
+                    shown(&mut clipped, Some(f.clone()));
+                    let raw = Raw::<6>::take(&spec, *id, lies);
+                    assert_eq!(
+                        raw.text::<6>(&spec, *id).get(),
+                        clipped.get(),
+                        "{name} F{id}"
+                    );
                     compared += 1;
                 }
             }
@@ -651,7 +666,7 @@ mod tests {
     fn switch_made_duplicate_bad_and_repeat_are_flagged() {
         let spec = spec();
         let req = request(&spec, "0200", &[]);
-        let made = |by| build(&exchange(&spec, req.clone(), None, by)).expect("row");
+        let made = |by| build(exchange(&spec, req.clone(), None, by)).expect("row");
         let timeout = made(AnsweredBy::Switch(DeclineReason::Timeout));
         assert_eq!(timeout.answered_by.text(), "switch");
         assert_eq!(timeout.reason.get(), Some("timeout"));
@@ -667,10 +682,10 @@ mod tests {
             AnsweredBy::Nobody("dropped"),
         );
         bad.bad = Some(BadOutcome::Dropped);
-        let bad = build(&bad).expect("row");
+        let bad = build(bad).expect("row");
         assert_eq!((bad.mti.text(), bad.outcome.text()), ("????", "bad"));
         assert!(bad.pan.is_null());
-        let rep = build(&exchange(
+        let rep = build(exchange(
             &spec,
             request(&spec, "0201", &[]),
             None,
@@ -684,8 +699,8 @@ mod tests {
     fn echo_tests_are_not_journaled_other_network_management_is() {
         let spec = spec();
         let echo = request(&spec, "0800", &[(70, "301")]);
-        assert!(build(&exchange(&spec, echo, None, AnsweredBy::Node)).is_none());
+        assert!(build(exchange(&spec, echo, None, AnsweredBy::Node)).is_none());
         let sign_on = request(&spec, "0800", &[(70, "001")]);
-        assert!(build(&exchange(&spec, sign_on, None, AnsweredBy::Node)).is_some());
+        assert!(build(exchange(&spec, sign_on, None, AnsweredBy::Node)).is_some());
     }
 }

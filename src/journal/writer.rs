@@ -4,7 +4,7 @@
 //! - the writer: takes what the message path queued, waits
 //!   `journal.batch_interval` for more (it wakes once per batch, never per
 //!   row) and inserts the batch in one transaction, a few multi-row
-//!   statements (the rows come built and masked). A kill -9
+//!   statements (the rows come masked; their texts are made here). A kill -9
 //!   loses what is queued and the batch being written: about one batch
 //!   interval plus one commit of rows. A failed insert loses its batch,
 //!   counted and logged, never retried into a growing backlog.
@@ -87,25 +87,28 @@ impl WriterTask {
     }
 
     async fn write(&self, batch: Vec<Entry>, last_error: &mut Option<Instant>) {
+        if batch.is_empty() {
+            return;
+        }
+        // The disk guard paused the journal: the disk is kept for SAF (and
+        // no row's texts are made for nothing).
+        if self.counters.paused.load(Ordering::Relaxed) {
+            self.counters
+                .paused_rows
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            return;
+        }
         let mut rows = Vec::with_capacity(batch.len());
         let mut admin = Vec::new();
         for entry in batch {
             match entry {
+                // The row's texts, made here, off the message path.
+                Entry::Exchange(raw) => rows.push(raw.row()),
                 Entry::Row(row) => rows.push(row),
                 Entry::Admin(a) => admin.push(a),
             }
         }
         let (n_rows, n_admin) = (rows.len() as u64, admin.len() as u64);
-        if n_rows + n_admin == 0 {
-            return;
-        }
-        // The disk guard paused the journal: the disk is kept for SAF.
-        if self.counters.paused.load(Ordering::Relaxed) {
-            self.counters
-                .paused_rows
-                .fetch_add(n_rows + n_admin, Ordering::Relaxed);
-            return;
-        }
         let outcomes: Vec<(i64, String)> = rows
             .iter()
             .filter(|r| r.outcome.text() != "answered")

@@ -446,22 +446,25 @@ fn start_journal(
     supervisor.spawn_critical("journal-retention".into(), supervisor.token(), move || {
         retain_forever(store.clone(), retain, Arc::clone(&counters), stop.clone())
     });
-    // The disk guard, where the store is a file on this host's disk (a
-    // PostgreSQL server's disk is its own: docs/journal.md, "The disk").
-    if let crate::store::Location::Sqlite(path) = guarded.location() {
-        let guard = crate::journal::guard::Guard {
-            store: guarded.clone(),
-            path: path.clone(),
-            probe: Arc::new(crate::store::disk::Statvfs),
-            cfg: cfg.clone(),
-            counters: Arc::clone(&journal.counters),
-            every: crate::journal::guard::GUARD_EVERY,
-            stop: supervisor.token(),
-        };
-        supervisor.spawn_critical("journal-disk-guard".into(), supervisor.token(), move || {
-            guard.clone().run()
-        });
-    }
+    // The disk guard: on SQLite, `max_size` and the filesystem's
+    // `min_free`; on a PostgreSQL server, whose disk is its own,
+    // `max_size` alone (docs/journal.md, "The disk").
+    let path = match guarded.location() {
+        crate::store::Location::Sqlite(path) => Some(path.clone()),
+        crate::store::Location::Postgres(_) => None,
+    };
+    let guard = crate::journal::guard::Guard {
+        store: guarded.clone(),
+        path,
+        probe: Arc::new(crate::store::disk::Statvfs),
+        cfg: cfg.clone(),
+        counters: Arc::clone(&journal.counters),
+        every: crate::journal::guard::GUARD_EVERY,
+        stop: supervisor.token(),
+    };
+    supervisor.spawn_critical("journal-disk-guard".into(), supervisor.token(), move || {
+        guard.clone().run()
+    });
     journal
 }
 

@@ -19,7 +19,6 @@ pub mod config;
 pub mod disk;
 pub mod error;
 pub mod journal;
-mod journal_new;
 pub mod journal_report;
 pub mod pg_tls;
 pub mod policy;

@@ -727,6 +727,17 @@ impl FieldIndex {
             .map(|(&id, span)| (id, span.0 as usize))
     }
 
+    /// Every field indexed and the bytes it takes, its length prefix
+    /// included (`start..end` of the payload), in message order: a field
+    /// copied as it lies, to be read later with [`Spec::field_at`] at 0.
+    pub fn ranges(&self) -> impl Iterator<Item = (u16, Range<usize>)> + '_ {
+        let n = usize::from(self.n);
+        self.ids[..n]
+            .iter()
+            .zip(&self.spans[..n])
+            .map(|(&id, span)| (id, span.0 as usize..span.2 as usize))
+    }
+
     /// End of the last field.
     pub fn end(&self) -> usize {
         self.end

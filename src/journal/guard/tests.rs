@@ -179,7 +179,7 @@ async fn the_guard_drops_old_days_then_pauses_then_resumes() {
     let stop = CancellationToken::new();
     let guard = Guard {
         store: store.clone(),
-        path: dir.clone(),
+        path: Some(dir.clone()),
         probe: Arc::clone(&fake) as Arc<dyn DiskProbe>,
         cfg: JournalConfig::default(),
         counters: Arc::clone(&counters),

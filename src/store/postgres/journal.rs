@@ -7,10 +7,10 @@ use tokio_postgres::Transaction;
 use tokio_postgres::types::ToSql;
 
 use super::Statements;
+use crate::store::journal::insert::{INSERT_ARITY, chunks};
 use crate::store::journal::{
     self as j, AdminRow, Dialect, JournalFilter, JournalRow, NewRow, Param, REPORT_SQL, ReportInput,
 };
-use crate::store::journal_new::{INSERT_ARITY, chunks};
 use crate::store::journal_report::ReportBuilder;
 use crate::store::saf::UnixMillis;
 use crate::store::writer::{Answer, Outcome};
@@ -66,7 +66,7 @@ pub(super) async fn put(
     Ok(Ok(Outcome::Changed(n)))
 }
 
-/// `r`'s values in [`crate::store::journal_new::INSERT_COLUMNS`]' order.
+/// `r`'s values in [`crate::store::journal::insert::INSERT_COLUMNS`]' order.
 fn push_row<'a>(
     params: &mut Vec<&'a (dyn ToSql + Sync)>,
     r: &'a NewRow,

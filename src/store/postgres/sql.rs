@@ -250,8 +250,8 @@ impl Statements {
             meta_put: c.prepare(META_PUT).await?,
             journal_inserts: {
                 let mut inserts = Vec::new();
-                for size in crate::store::journal_new::INSERT_CHUNKS {
-                    let sql = crate::store::journal_new::insert_rows(size, '$');
+                for size in crate::store::journal::insert::INSERT_CHUNKS {
+                    let sql = crate::store::journal::insert::insert_rows(size, '$');
                     inserts.push((size, c.prepare(&sql).await?));
                 }
                 inserts

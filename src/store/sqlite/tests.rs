@@ -24,7 +24,7 @@ fn opcodes(conn: &Connection, sql: &str) -> Vec<String> {
 #[test]
 fn list_checks_are_evaluated_in_place_not_through_a_temporary_btree() {
     let conn = migrated();
-    let mut writes = vec![crate::store::journal_new::sqlite_insert_sql(1).to_string()];
+    let mut writes = vec![crate::store::journal::insert::sqlite_insert_sql(1).to_string()];
     for (table, column, _) in LIST_CHECKS {
         writes.push(format!("UPDATE {table} SET {column} = ?1"));
     }

@@ -25,9 +25,7 @@ use super::schema::{
 };
 use super::writer::{self, Answer, Counters, Inbox, Op, Outcome, Request};
 
-#[path = "sqlite_insert.rs"]
 mod insert;
-#[path = "sqlite_journal.rs"]
 mod journal;
 
 use insert::RowInserts;
@@ -129,7 +127,7 @@ const MIGRATIONS: &[&str] = &[
     DROP INDEX journal_f41;
     CREATE INDEX journal_f37_out ON journal (f37_out) WHERE f37_out IS NOT f37_in;
     CREATE INDEX journal_f41 ON journal (f41, f11);",
-    // 5: the journal in parts of PART_ROWS rows (sqlite_insert.rs), each
+    // 5: the journal in parts of PART_ROWS rows (sqlite/insert.rs), each
     // key index led by the part: a batch's keys (random RRNs, many
     // terminals) land in the newest part's few index pages instead of all
     // over b-trees as large as the table, whose every touched page the WAL
@@ -283,7 +281,7 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
     // temp_store = MEMORY: a statement that writes several b-trees and may
     // stop midway on a constraint keeps a statement journal (the pages it
     // changes, to undo the statement alone). The journal's inserts did, until
-    // they became `INSERT OR FAIL` (journal_new.rs); in a temp file that was
+    // they became `INSERT OR FAIL` (journal/insert.rs); in a temp file that was
     // a pwrite per page, 21% of the switch's samples with the journal on at
     // 10k req/s. The SAF's statements still may; in memory it is a copy,
     // freed when the statement ends, and nothing durable moves there.

@@ -1,17 +1,18 @@
-//! A journal row on its way in: fixed-size, built once on the message path
-//! from the parsed message and bound straight into the store's insert. No
+//! A journal row on its way in: fixed-size, made once by the journal's
+//! writer (`crate::journal::raw`) and bound straight into the store's
+//! insert, with the statements both backends insert it with. No
 //! per-field `String`: each text column is a [`Short`], an inline buffer
 //! of its column's width (a value longer than that is clipped, as the
-//! store clips every text it keeps). The PAN arrives masked: the journal's
-//! row builder (`crate::journal::row`) is the only producer on the path.
+//! store clips every text it keeps). The PAN arrives masked: the message
+//! path masks it (`crate::journal::row`), and it never leaves it in clear.
 
 use std::fmt;
 use std::sync::Arc;
 
-use super::saf::UnixMillis;
+use crate::store::saf::UnixMillis;
 
 /// Inline text of at most `N` bytes, or NULL. Writing past `N` clips on a
-/// character boundary; a NUL becomes U+FFFD, as [`super::saf::clip`] does.
+/// character boundary; a NUL becomes U+FFFD, as [`crate::store::saf::clip`] does.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Short<const N: usize> {
     /// `NULL_LEN`: no value.

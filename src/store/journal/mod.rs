@@ -1,14 +1,17 @@
 //! The journal's rows as the store keeps them: one per exchange
 //! (`journal`), one per admin action (`admin_log`), the filters a query
-//! takes, and the SQL both backends share. The rows arrive masked: the
-//! journal's row builder (`crate::journal::row`) is the only producer, and
-//! it reads a fixed list of fields (docs/journal.md).
+//! takes, and the SQL both backends share; the row on its way in
+//! ([`insert`]). The rows arrive masked: the journal (`crate::journal::row`
+//! on the message path, `crate::journal::raw` on its writer) is the only
+//! producer, and it reads a fixed list of fields (docs/journal.md).
 
 use serde::Serialize;
 
-use super::saf::UnixMillis;
+use crate::store::saf::UnixMillis;
 
-pub use super::journal_new::{NewRow, Short};
+pub(crate) mod insert;
+
+pub use insert::{NewRow, Short};
 
 /// One exchange, as stored.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]

@@ -23,7 +23,7 @@ use std::ptr;
 use rusqlite::{Connection, ffi};
 
 use crate::store::journal::NewRow;
-use crate::store::journal_new::{INSERT_ARITY, INSERT_CHUNKS, chunks, sqlite_insert_sql};
+use crate::store::journal::insert::{INSERT_ARITY, INSERT_CHUNKS, chunks, sqlite_insert_sql};
 
 /// Rows per journal part. Smaller parts share index pages better (a part's
 /// slice of each key index is about PART_ROWS / 130 pages); larger ones
@@ -282,7 +282,7 @@ impl Binder<'_, '_> {
 
     /// A text bound in place (`SQLITE_STATIC`): the caller keeps it alive
     /// until the statement is reset and its bindings cleared. UTF-8, as
-    /// every [`Short`](crate::store::journal_new::Short) holds.
+    /// every [`Short`](crate::store::journal::insert::Short) holds.
     fn text(&mut self, value: Option<&[u8]>) -> rusqlite::Result<()> {
         let i = self.index()?;
         // SAFETY: `st` is live; `t` outlives the statement's step (see

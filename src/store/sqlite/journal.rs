@@ -1,5 +1,5 @@
 //! The SQLite backend's journal statements: batched inserts (bound in
-//! place, `sqlite_insert.rs`), queries, bounded purges and the report pass.
+//! place, `sqlite/insert.rs`), queries, bounded purges and the report pass.
 
 use rusqlite::{Transaction, params, params_from_iter};
 
