@@ -21,6 +21,7 @@ pub mod params;
 pub mod raw;
 pub mod report;
 pub mod row;
+mod text;
 pub mod writer;
 
 use std::sync::Arc;

@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use super::row::{outcome, shown};
+use super::text::shown;
 use super::{AnsweredBy, BadOutcome, Link};
 use crate::iso8583::{Mti, Spec};
 use crate::route::{DeclineReason, NodeId};
@@ -246,5 +246,25 @@ pub(super) fn link_text(link: Link) -> Short<24> {
         Link::Peer => Short::new("peer"),
         Link::Node => Short::new("node"),
         Link::Unknown => Short::new("-"),
+    }
+}
+
+/// The one word a report counts the exchange under.
+pub(super) fn outcome(ex: &RawRow, duplicate: bool, unroutable: bool) -> &'static str {
+    if ex.late {
+        "late"
+    } else if ex.bad.is_some() {
+        "bad"
+    } else if duplicate {
+        "duplicate"
+    } else if unroutable {
+        "unroutable"
+    } else {
+        match ex.answered_by {
+            AnsweredBy::Node | AnsweredBy::Peer => "answered",
+            AnsweredBy::Switch(_) => "switch-made",
+            AnsweredBy::Stored => "stored",
+            AnsweredBy::Withheld(_) | AnsweredBy::Nobody(_) => "unanswered",
+        }
     }
 }

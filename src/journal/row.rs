@@ -9,16 +9,15 @@
 //! messages' buffers are let go at once, not held until the writer's next
 //! batch.
 
-use std::fmt::Write;
 use std::ops::Range;
 
 use bytes::Bytes;
 
+use super::Exchange;
 use super::raw::{Fields, Raw, RawRow};
-use super::{AnsweredBy, Exchange};
-use crate::iso8583::{Bitmap, Data, FieldRef, Message, Mti, Spec, is_sensitive};
+use super::text::shown;
+use crate::iso8583::{Bitmap, FieldRef, Message, Mti, Spec};
 use crate::route::Checked;
-use crate::store::journal::Short;
 
 /// The network-management code of an echo test (keep-alive): not journaled.
 const ECHO_F70: &[u8] = b"301";
@@ -96,56 +95,6 @@ impl RequestAt {
             .filter(|&&(start, _)| start != 0)
             .map(|&(start, end)| usize::from(start)..usize::from(end))
     }
-}
-
-/// `field`'s masked text into `out`: as `show` writes it (masked when
-/// sensitive, binary as hex, control characters escaped). A plain field of
-/// printable ASCII, nearly every one, is copied as it is without going
-/// through `Display` a character at a time (the same text).
-pub(super) fn shown<const N: usize>(out: &mut Short<N>, field: Option<FieldRef<'_>>) {
-    let Some(f) = field else { return };
-    let def = f.def();
-    if def.id == 2
-        && def.data != Data::Binary
-        && let Some(masked) = masked_pan(f.logical())
-    {
-        *out = masked;
-        return;
-    }
-    if !is_sensitive(def) && def.data != Data::Binary {
-        // ASCII data is its own logical text: checked and copied as a slice.
-        let plain = if def.data == Data::Ascii {
-            Short::printable_slice(f.data())
-        } else {
-            Short::printable(f.logical())
-        };
-        if let Some(plain) = plain {
-            *out = plain;
-            return;
-        }
-    }
-    *out = Short::empty();
-    let _ = write!(out, "{}", f.show());
-}
-
-/// Shortest PAN `show` masks as first 6 + last 4 (a shorter one is shown
-/// as `[masked n chars]`, left to `show`).
-const PAN_MIN: usize = 13;
-
-/// A text PAN masked byte by byte as `show` masks it (the one rule,
-/// `iso8583::mask`: first 6 and last 4 kept where alphanumeric, `*` for
-/// every other character), without `Display`'s character-at-a-time
-/// formatting; the test `the_fast_pan_mask_is_shows_mask` holds the two
-/// equal.
-fn masked_pan<const N: usize>(pan: impl ExactSizeIterator<Item = u8>) -> Option<Short<N>> {
-    let n = pan.len();
-    if n < PAN_MIN {
-        return None;
-    }
-    Short::printable(pan.enumerate().map(|(i, b)| {
-        let clear = (i < 6 || i >= n - 4) && b.is_ascii_alphanumeric();
-        if clear { b } else { b'*' }
-    }))
 }
 
 /// The bytes `field` takes in `payload`, its length prefix included.
@@ -326,28 +275,12 @@ fn take_with(
     })
 }
 
-/// The one word a report counts the exchange under.
-pub(super) fn outcome(ex: &RawRow, duplicate: bool, unroutable: bool) -> &'static str {
-    if ex.late {
-        "late"
-    } else if ex.bad.is_some() {
-        "bad"
-    } else if duplicate {
-        "duplicate"
-    } else if unroutable {
-        "unroutable"
-    } else {
-        match ex.answered_by {
-            AnsweredBy::Node | AnsweredBy::Peer => "answered",
-            AnsweredBy::Switch(_) => "switch-made",
-            AnsweredBy::Stored => "stored",
-            AnsweredBy::Withheld(_) | AnsweredBy::Nobody(_) => "unanswered",
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::fmt::Write;
+
+    use crate::journal::AnsweredBy;
+    use crate::store::journal::Short;
     use std::sync::Arc;
 
     use super::*;
