@@ -103,7 +103,7 @@ pub async fn journal_suite(store: &Store) -> i64 {
 }
 
 /// SQLite's retention: what is older goes, in bounded batches of rows
-/// (PostgreSQL drops whole days instead: tests/store_postgres.rs).
+/// (PostgreSQL drops whole days instead: tests/store_postgres/).
 pub async fn journal_purges_rows(store: &Store) {
     let now = journal_suite(store).await;
     let q = |f: JournalFilter| store.journal_query(JournalFilter { limit: 100, ..f });
