@@ -10,7 +10,6 @@ use bytes::Bytes;
 
 use super::{Origin, Pending, Service, summary};
 use crate::journal::AnsweredBy;
-use crate::link::io::writer::Outbound;
 use crate::route::integrity::{Duplicate, Identity};
 use crate::route::{Checked, CorrelationKey, DeclineReason};
 
@@ -137,18 +136,11 @@ impl Service {
             ),
             now,
         );
-        let sent = match origin {
-            Origin::Client { tx, slot, .. } => {
-                drop(slot); // free before the client can read the answer
-                let patch = self.router.response_tpdu_patch(request);
-                tx.try_send(Outbound::Message(answer, patch)).is_ok()
-            }
-            Origin::Peer => self
-                .peer()
-                .is_some_and(|p| p.answer(Outbound::message(answer))),
-            Origin::Check(_) | Origin::Owed { .. } | Origin::Node => true,
-        };
-        if !sent {
+        // Only a client or the peer asks twice; the switch's own messages
+        // take no answer and count nothing here.
+        let asker = origin.takes_switch_answers();
+        let sent = origin.answer(self, request, answer);
+        if asker && !sent {
             self.counters.undeliverable.fetch_add(1, Ordering::Relaxed);
         }
     }
