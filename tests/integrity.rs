@@ -892,6 +892,54 @@ async fn an_approval_whose_terminal_is_gone_is_reversed_once() {
     .await;
 }
 
+/// A terminal that resends its purchase on a new connection while the first
+/// is in flight, then loses the first: the host approves in time, the first
+/// connection cannot take it, and the approval is reversed. The duplicate
+/// that waited for that answer must not get it (its terminal would show a
+/// sale whose money goes back): it gets a decline, and the host sees one
+/// purchase and one reversal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_never_gets_an_approval_its_original_could_not_take() {
+    use tokio::io::AsyncWriteExt;
+    within(Duration::from_secs(60), async {
+        let addr = free_addr();
+        let host = node("cup-pos", "01", addr, "800ms", &[]).await;
+        let listen = free_addr();
+        let data = data_dir("gone-duplicate-switch");
+        let toml = pos_toml(listen, &[addr], "300ms", "")
+            .replace("\"02x0\" = \"500ms\"", "\"02x0\" = \"10s\"")
+            + "[service.back.health]\ncheck = \"none\"\n";
+        let _switch = switch("gone-duplicate-switch", &toml, &data, listen).await;
+        let connect = || tokio::net::TcpStream::connect(listen);
+        let (mut first, mut second) = (
+            connect().await.expect("connect"),
+            connect().await.expect("connect"),
+        );
+        let purchase = pos_request("0200", "000951", "000000");
+        first.write_all(&framed(&purchase)).await.expect("write");
+        // The switch has no event to show it read a request; the host takes
+        // 800 ms to answer, so both are in flight well before it does.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        second.write_all(&framed(&purchase)).await.expect("write");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        drop(first);
+        let answer = read_answer(&mut second, Duration::from_secs(5)).await;
+        let code = answer.as_ref().map(|(_, code)| code.as_str());
+        assert!(answer.is_some(), "the duplicate gets an answer");
+        assert_ne!(code, Some("00"), "an approval being reversed: {answer:?}");
+        let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
+            count(rows, "reversal", "delivered") == 1
+        })
+        .await;
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        let r = books(host).await;
+        eprintln!("node: {r}");
+        assert_eq!(n(&r, "requests"), 1, "one purchase reached the host: {r}");
+        assert_eq!(sub(&r, "reversals", "chains"), 1, "{r}");
+    })
+    .await;
+}
+
 /// A partial approval (F39 10, half the amount, the host's own F38) that
 /// comes late is reversed by what it approved: the timeout reversal, stored
 /// when the switch declined and not yet taken by the host (its first 0420

@@ -159,7 +159,7 @@ impl Service {
                 let sent = self
                     .peer()
                     .is_some_and(|peer| peer.answer(Outbound::message(response.payload().clone())));
-                self.answer_same(same, &request, response.payload(), sent, now);
+                self.answer_same(same, (&request, facts.mti), response.payload(), sent, now);
                 return;
             }
         };
@@ -179,7 +179,7 @@ impl Service {
         }
         self.answer_same(
             same,
-            &request,
+            (&request, facts.mti),
             response.payload(),
             delivered && !uncertain,
             now,

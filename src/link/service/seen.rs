@@ -9,6 +9,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::{Origin, Pending, Service, summary};
+use crate::iso8583::Mti;
 use crate::journal::AnsweredBy;
 use crate::route::integrity::{Duplicate, Identity};
 use crate::route::{Checked, CorrelationKey, DeclineReason};
@@ -147,12 +148,13 @@ impl Service {
 
     /// The node's answer to a request also goes to the duplicates and
     /// repeats that waited for it, and is kept for later duplicates. An
-    /// answer its sender never got is kept as the switch's (a duplicate is
-    /// declined, never approved: the approval is being reversed).
+    /// answer its sender never got (or may not have got) is kept as the
+    /// switch's, and those that waited are declined as duplicates: the
+    /// approval is being reversed, so no terminal may show it approved.
     pub(super) fn answer_same(
         &self,
         same: SameRequest,
-        request: &Bytes,
+        (request, mti): (&Bytes, Mti),
         response: &Bytes,
         delivered: bool,
         now: Instant,
@@ -170,7 +172,12 @@ impl Service {
                 .counters
                 .duplicates_waited
                 .fetch_add(1, Ordering::Relaxed);
-            self.replay(origin, request, response.clone(), now);
+            if delivered {
+                self.replay(origin, request, response.clone(), now);
+            } else {
+                let asked = (request, Some(mti));
+                self.decline_noted(origin, asked, DeclineReason::Duplicate, None, now);
+            }
         }
     }
 }
