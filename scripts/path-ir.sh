@@ -7,6 +7,11 @@
 #
 #   scripts/path-ir.sh [PAIRS] [DIALECT...]     # default 20000, cups cup-pos visa
 #
+# PATH_DUPLICATES=off runs the rig's service without the duplicate check
+# (`duplicate_window = "0s"`): the check's cost is the difference.
+# PATH_TRAFFIC=fresh sends new STANs each round (new correlation keys, as
+# terminals send them) instead of the same STANs with another F7 or F41.
+#
 # PATH_JOURNAL=1 gives the rig's service a journal, so every exchange also
 # builds and queues its journal row (the queue is drained outside the
 # counted calls): the row's cost on the message path is the difference.

@@ -159,10 +159,6 @@ pub struct Service {
 impl Service {
     pub fn new(config: ServiceConfig, spec: Spec, now: Instant) -> Result<Service, ServiceError> {
         let pool = NodePool::new(&config.name, &config.back, now)?;
-        let in_flight = Shards::new(CorrelatorConfig {
-            capacity: config.correlation.max_in_flight,
-            ..CorrelatorConfig::default()
-        });
         let spec = Arc::new(spec);
         let mut router = Router::new(
             RouterConfig {
@@ -203,6 +199,14 @@ impl Service {
         let beside_key = duplicates.duplicate_fields.iter().copied();
         let beside_key = beside_key.filter(|&id| !key.contains(&crate::route::KeyPart::Field(id)));
         made.duplicates.tell_apart_by(beside_key.collect());
+        // The correlation table keeps the answers duplicates get.
+        let in_flight = Shards::with_keeping(
+            CorrelatorConfig {
+                capacity: config.correlation.max_in_flight,
+                ..CorrelatorConfig::default()
+            },
+            Arc::clone(made.duplicates.keeping()),
+        );
         Ok(Service {
             side: FrontSide::for_service(&config, now)?,
             live: ArcSwap::from_pointee(LiveSettings::of(&config)?),
@@ -351,10 +355,7 @@ impl Service {
             self.decline(origin, req.msg.payload(), DeclineReason::Timeout);
             return;
         }
-        let identity = self.identity_of(req, &key);
-        let Some(origin) = self.same_as_before(req, identity, origin, now) else {
-            return;
-        };
+        let identity = self.identity_of(req);
         // A repeat goes where its original went, never to another node; a
         // terminal's reversal goes to the node that answered its purchase.
         let mut only = mti
@@ -371,7 +372,11 @@ impl Service {
                 self.made.late.forget(&key);
             }
             Err((origin, reason)) => {
-                self.decline(origin, req.msg.payload(), reason);
+                // A duplicate of a request answered before gets that answer
+                // (registering it found the answer: or no node could take it).
+                if let Some(origin) = self.same_as_before(req, &key, identity, origin, now) {
+                    self.decline(origin, req.msg.payload(), reason);
+                }
             }
         }
     }
@@ -509,8 +514,12 @@ impl Service {
                 waiting: None,
             },
         };
+        let same = self.looked_up(req, identity, &pending.origin, now);
         // Register before sending, so a fast response always finds its entry.
-        if let Err(rejected) = self.in_flight.insert(key, pending, conn.id, deadline) {
+        if let Err(rejected) = self
+            .in_flight
+            .register(key, same, pending, conn.id, deadline)
+        {
             let p = match rejected.error {
                 CorrelateError::Duplicate => match self.wait_for_same(&key, rejected.value) {
                     None => return Ok(()),
@@ -618,7 +627,8 @@ impl Service {
                 return;
             }
         };
-        let taken = self.in_flight.take(&key, now);
+        // An answer to a request with duplicates is kept for them.
+        let taken = self.in_flight.take_answered(&key, msg.payload(), now);
         match taken {
             Ok(p) => self.deliver(&key, p, checked, now),
             Err(miss) => {
@@ -700,7 +710,7 @@ impl Service {
                 let sent = self
                     .peer()
                     .is_some_and(|peer| peer.answer(Outbound::message(response.payload().clone())));
-                self.answer_same(same, &request, response.payload(), sent, now);
+                self.answer_same(key, same, &request, response.payload(), sent, now);
                 return;
             }
         };
@@ -719,6 +729,7 @@ impl Service {
             undelivered::delivered_uncertain(self, key, (node, &request), response, tx, now);
         }
         self.answer_same(
+            key,
             same,
             &request,
             response.payload(),
