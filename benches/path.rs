@@ -12,7 +12,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group};
-use isoswitch::link::inproc::{Rig, purchase_frames, purchase_round, service_toml};
+use isoswitch::link::inproc::{
+    Rig, echo_response, frame, purchase_frames, purchase_round, service_toml,
+};
 
 /// Requests in flight per batch: distinct keys, answered after the batch.
 const BATCH: usize = 256;
@@ -50,13 +52,46 @@ struct Traffic {
 }
 
 impl Traffic {
-    /// The same STANs again as new transactions: sent again unchanged they
-    /// would be duplicates, answered by the switch from its duplicate book
-    /// without reaching a node. Made outside the timed and counted calls.
+    /// The same STANs again as new transactions (unless [`fresh_keys`]):
+    /// sent again unchanged they would be duplicates, answered by the
+    /// switch with the answers it kept, without reaching a node. Made
+    /// outside the timed and counted calls.
     fn next_round(&mut self, rig: &Rig) {
         self.round += 1;
+        if fresh_keys() {
+            (self.requests, self.answers) = fresh_round(rig, self.round);
+            return;
+        }
         self.requests = purchase_round(rig.service.spec(), BATCH, self.round).expect("frames");
     }
+}
+
+/// `PATH_TRAFFIC=fresh`: each round's purchases are new transactions as
+/// terminals send them, with new STANs (so new correlation keys: F11 is in
+/// every dialect's key) and nothing else changed (no F7 added to a POS
+/// request), and the node's answers echo them. The default traffic sends
+/// the same STANs again each round, another F7 (or F41) telling them apart:
+/// every request then finds its key answered by the round before, which
+/// the duplicate check pays for (docs/bench/integrity-cost.md).
+fn fresh_keys() -> bool {
+    std::env::var("PATH_TRAFFIC").is_ok_and(|v| v == "fresh")
+}
+
+/// Round `round` of [`fresh_keys`] traffic: the requests and their answers.
+fn fresh_round(rig: &Rig, round: u32) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let spec = rig.service.spec();
+    let prefix = spec.framing().prefix;
+    let mut d = isoswitch::iso8583::samples::purchase(spec);
+    let (mut requests, mut answers) = (Vec::with_capacity(BATCH), Vec::with_capacity(BATCH));
+    for i in 0..BATCH {
+        let stan = (round as usize * BATCH + i) % 999_999 + 1;
+        d.set_text(11, format!("{stan:06}"));
+        let payload = spec.encode(&d).expect("encode");
+        let answer = echo_response(spec, &payload).expect("echo");
+        answers.push(frame(prefix, &answer).expect("frame"));
+        requests.push(frame(prefix, &payload).expect("frame"));
+    }
+    (requests, answers)
 }
 
 /// A warm rig, its request frames and the node's answers to them.

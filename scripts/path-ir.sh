@@ -10,6 +10,10 @@
 # PATH_IR_DECLINE=1 sends the requests and answers none: each is declined
 # at its deadline (`Rig::expire_all`), and the table gives the instructions
 # per decline instead of per response.
+# PATH_DUPLICATES=off runs the rig's service without the duplicate check
+# (`duplicate_window = "0s"`): the check's cost is the difference.
+# PATH_TRAFFIC=fresh sends new STANs each round (new correlation keys, as
+# terminals send them) instead of the same STANs with another F7 or F41.
 #
 # PATH_JOURNAL=1 gives the rig's service a journal, so every exchange also
 # builds and queues its journal row (the queue is drained outside the

@@ -136,10 +136,6 @@ pub struct Service {
 impl Service {
     pub fn new(config: ServiceConfig, spec: Spec, now: Instant) -> Result<Service, ServiceError> {
         let pool = NodePool::new(&config.name, &config.back, now)?;
-        let in_flight = Shards::new(CorrelatorConfig {
-            capacity: config.correlation.max_in_flight,
-            ..CorrelatorConfig::default()
-        });
         let spec = Arc::new(spec);
         let mut router = Router::new(
             RouterConfig {
@@ -180,6 +176,14 @@ impl Service {
         let beside_key = duplicates.duplicate_fields.iter().copied();
         let beside_key = beside_key.filter(|&id| !key.contains(&crate::route::KeyPart::Field(id)));
         made.duplicates.tell_apart_by(beside_key.collect());
+        // The correlation table keeps the answers duplicates get.
+        let in_flight = Shards::with_keeping(
+            CorrelatorConfig {
+                capacity: config.correlation.max_in_flight,
+                ..CorrelatorConfig::default()
+            },
+            Arc::clone(made.duplicates.keeping()),
+        );
         Ok(Service {
             side: FrontSide::for_service(&config, now)?,
             live: ArcSwap::from_pointee(LiveSettings::of(&config)?),

@@ -865,6 +865,19 @@ impl Message<'_> {
         let def = self.spec.field(id)?;
         Some(field_ref(def, &self.payload, span))
     }
+
+    /// The data of field `id` (as [`FieldRef::data`]) through an index made
+    /// by [`Message::index`] of this message, read straight off the index:
+    /// the bitmap says first whether it is there at all. `None` when the
+    /// field is absent or was not asked for.
+    #[inline]
+    pub fn indexed_data(&self, index: &FieldIndex, id: u16) -> Option<&[u8]> {
+        if !self.layout.present.bit(id) {
+            return None;
+        }
+        let span = index.span(id)?;
+        self.payload.get(span.data..span.end)
+    }
 }
 
 impl fmt::Debug for Message<'_> {

@@ -16,6 +16,18 @@
 //! new request ("94", duplicate transmission); the first one keeps waiting.
 //! A key that is *not* in flight may be inserted again at any time (STANs wrap).
 //!
+//! **Answered keys** (a table that keeps answers, [`Shards::with_keeping`]):
+//! a request registered with a fingerprint ([`Shards::register`]) does not
+//! leave the table when it is answered, or when the switch answers it (a
+//! deadline, a lost connection, a drain): its entry becomes an answered
+//! one for `duplicate_window`, found by the same index under the same lock.
+//! So the duplicate check of a new request is the probe that registers it,
+//! and recording an answer is a change of the entry it leaves, not a second
+//! table's insert (docs/integrity.md, "Duplicates";
+//! [`crate::integrity::DuplicateBook`]). A request of an answered key with
+//! another fingerprint (another transaction: STANs wrap) takes the key over,
+//! and the answer it hid comes back if it leaves unanswered.
+//!
 //! **Capacity**: at `capacity` entries, insert fails with
 //! [`CorrelateError::Full`] and the caller declines. The table never grows.
 //!
@@ -40,11 +52,15 @@ use std::collections::{HashMap, VecDeque};
 use hashbrown::HashTable;
 use std::fmt;
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+use crate::integrity::duplicates::{ANSWERED, Answers, Keeping, duplicate};
+use crate::integrity::{Duplicate, Identity};
 
 /// Longest encoded key, in bytes (each part costs its length plus one).
 pub const KEY_MAX: usize = 64;
@@ -229,6 +245,11 @@ struct Entry<V> {
     deadline: Instant,
     prev: u32,
     next: u32,
+    /// What its answer is kept under for duplicates; 0: not kept.
+    fingerprint: u64,
+    /// The tag of the answered entry of the same key this request took
+    /// the index's place of (another transaction); 0: none.
+    hid: u32,
 }
 
 /// "No slot" in the deadline list's links.
@@ -241,7 +262,8 @@ struct Recent {
     key: CorrelationKey,
 }
 
-/// A bounded table of requests in flight. See the module doc.
+/// A bounded table of requests in flight (and, keeping answers, of the
+/// keys answered within `duplicate_window`). See the module doc.
 ///
 /// Entries live in a slab (a `Vec` of slots with a free list) indexed by a
 /// hash map from key to slot, and are linked in deadline order. Deadlines
@@ -255,7 +277,9 @@ pub struct Correlator<V> {
     cfg: CorrelatorConfig,
     /// Slots by their key's hash; the key itself lives once, in the slab.
     /// Hashed with `hasher`, which a sharded table shares across its shards
-    /// so a key is hashed once per operation (the shard and the slot).
+    /// so a key is hashed once per operation (the shard and the slot). An
+    /// answered key's value is its tag in `answers` (the [`ANSWERED`] bit
+    /// set, above every slot number).
     index: HashTable<u32>,
     hasher: KeyHasher,
     slab: Vec<Option<Entry<V>>>,
@@ -269,18 +293,59 @@ pub struct Correlator<V> {
     seq: u64,
     stats: CorrelatorStats,
     scratch: Vec<u32>,
+    /// The answered keys, oldest first, and their answers to replay.
+    answers: Answers,
+    /// How answers are kept (shared by a sharded table's shards); none:
+    /// a request leaves the table with its answer.
+    keeping: Option<Arc<Keeping>>,
 }
 
 /// Keys are hashed with foldhash: fast on short byte strings, and seeded per
 /// process, so a peer cannot aim keys at one bucket.
 pub type KeyHasher = foldhash::fast::RandomState;
 
-/// The hash of the key in `slot`, for the index to move it when it grows.
-fn rehash<V>(slab: &[Option<Entry<V>>], hasher: &KeyHasher, slot: u32) -> u64 {
+/// The hash of the key in `slot` (or of the answered key tagged so), for
+/// the index to move it when it grows.
+fn rehash<V>(slab: &[Option<Entry<V>>], answers: &Answers, hasher: &KeyHasher, slot: u32) -> u64 {
     use std::hash::BuildHasher;
+    if slot & ANSWERED != 0 {
+        return answers.hash(slot).unwrap_or(0);
+    }
     slab.get(slot as usize)
         .and_then(Option::as_ref)
         .map_or(0, |e| hasher.hash_one(e.key))
+}
+
+/// What the index keeps for a request leaving the table, `bucket` its
+/// entry: the key answered (its tag, returned), when the answer is
+/// `kept` and the request has a fingerprint and there is room; else the
+/// answered entry the request had hidden, if still held; else nothing.
+#[allow(clippy::too_many_arguments)]
+fn settle(
+    mut bucket: hashbrown::hash_table::OccupiedEntry<'_, u32>,
+    (fingerprint, hid): (u64, u32),
+    answers: &mut Answers,
+    keeping: Option<&Keeping>,
+    hash: u64,
+    now: Instant,
+    kept: bool,
+) -> Option<u32> {
+    // A fingerprint is only made with the check on.
+    if kept
+        && fingerprint != 0
+        && let Some(k) = keeping
+        && k.take_place()
+    {
+        let tag = answers.push(hash, fingerprint, now, bucket.bucket_index());
+        *bucket.get_mut() = tag;
+        return Some(tag);
+    }
+    if hid != 0 && answers.holds(hid, hash) {
+        *bucket.get_mut() = hid;
+    } else {
+        bucket.remove();
+    }
+    None
 }
 
 /// Capacity reserved up front; beyond it the maps grow on demand.
@@ -293,20 +358,27 @@ impl<V> Correlator<V> {
             cfg.capacity.min(PREALLOCATE_MAX),
             cfg.recent_capacity.min(PREALLOCATE_MAX),
             KeyHasher::default(),
+            None,
         )
     }
 
     /// A table that reserves room for `pre` entries and `recent_pre`
-    /// recently declined keys up front (a shard reserves its share).
+    /// recently declined keys up front (a shard reserves its share), and
+    /// its share of the answers `keeping` holds.
     fn with_reserve(
         cfg: CorrelatorConfig,
         pre: usize,
         recent_pre: usize,
         hasher: KeyHasher,
+        keeping: Option<Arc<Keeping>>,
     ) -> Self {
+        let answers_pre = keeping
+            .as_deref()
+            .filter(|k| k.is_on())
+            .map_or(0, |k| k.capacity().min(PREALLOCATE_MAX).div_ceil(SHARDS));
         Self {
             cfg,
-            index: HashTable::with_capacity(pre),
+            index: HashTable::with_capacity(pre + answers_pre),
             hasher,
             slab: Vec::with_capacity(pre),
             free: Vec::with_capacity(pre),
@@ -317,6 +389,8 @@ impl<V> Correlator<V> {
             seq: 0,
             stats: CorrelatorStats::default(),
             scratch: Vec::new(),
+            answers: Answers::with_capacity(answers_pre),
+            keeping,
         }
     }
 
@@ -335,11 +409,16 @@ impl<V> Correlator<V> {
 
     /// Requests in flight.
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.slab.len() - self.free.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.len() == 0
+    }
+
+    /// Answered keys held for duplicates.
+    pub fn answered(&self) -> usize {
+        self.answers.len()
     }
 
     pub fn stats(&self) -> CorrelatorStats {
@@ -361,16 +440,63 @@ impl<V> Correlator<V> {
         self.hasher.hash_one(key)
     }
 
-    /// The slot holding `key`, whose hash is `hash`.
+    /// The slot holding `key` in flight, whose hash is `hash`.
     fn find(&self, hash: u64, key: &CorrelationKey) -> Option<u32> {
         let slab = &self.slab;
         self.index
-            .find(hash, |&slot| {
-                slab.get(slot as usize)
-                    .and_then(Option::as_ref)
-                    .is_some_and(|e| e.key == *key)
-            })
+            .find(hash, |&slot| holds(slab, slot, key))
             .copied()
+    }
+
+    /// The slot holding `key` in flight, else the tag of its answered
+    /// entry (a key hashed `hash`): in one probe, the request in flight
+    /// first (an answered entry is known by its hash alone, so another key
+    /// of the same hash may have one).
+    #[inline]
+    fn find_any(&self, hash: u64, key: &CorrelationKey) -> (Option<u32>, Option<u32>) {
+        let (slab, answers) = (&self.slab, &self.answers);
+        let mut answered = None;
+        let slot = self
+            .index
+            .find(hash, |&v| {
+                if v & ANSWERED == 0 {
+                    return holds(slab, v, key);
+                }
+                if answered.is_none() && answers.holds(v, hash) {
+                    answered = Some(v);
+                }
+                false
+            })
+            .copied();
+        (slot, answered)
+    }
+
+    /// What the table knows of a request of `key` (hashed `hash`) known as
+    /// `id`, answered within the window: the answered entry of its key, or
+    /// the one a request of another transaction in flight hid.
+    /// A replayed answer is marked so, under the same lock: an answer
+    /// withheld later (its first sender gone) is known to have reached a
+    /// terminal all the same ([`Shards::withhold`]).
+    fn seen_hashed(
+        &mut self,
+        hash: u64,
+        key: &CorrelationKey,
+        id: Identity,
+        now: Instant,
+    ) -> Option<Duplicate> {
+        let k = self.keeping.as_deref()?;
+        if id.is_none() || !k.is_on() {
+            return None;
+        }
+        let tag = self.answered_tag(hash, key)?;
+        let seen = self
+            .answers
+            .seen(tag, id.fingerprint(), key.as_bytes(), now, k.window())?;
+        let seen = duplicate(seen, &k.counters);
+        if matches!(seen, Duplicate::Replay(_)) {
+            self.answers.mark_replayed(tag);
+        }
+        Some(seen)
     }
 
     /// Lets `f` change the value of the request in flight under `key`;
@@ -407,32 +533,61 @@ impl<V> Correlator<V> {
         via: u64,
         deadline: Instant,
     ) -> Result<(), Rejected<V>> {
+        self.register(key, (Identity::NONE, None), value, via, deadline)
+    }
+
+    /// [`Correlator::insert`] of a request known as `id` for duplicates,
+    /// whose answer the table keeps (a table that keeps answers). With
+    /// `look` (the time now), the same transaction answered within the
+    /// window is refused too, as [`CorrelateError::Duplicate`]:
+    /// [`Shards::seen`] says what it gets.
+    fn register(
+        &mut self,
+        key: CorrelationKey,
+        (id, look): (Identity, Option<Instant>),
+        value: V,
+        via: u64,
+        deadline: Instant,
+    ) -> Result<(), Rejected<V>> {
         let hash = self.hash(&key);
-        self.insert_if(hash, key, value, via, deadline, |table| {
-            table.index.len() < table.cfg.capacity
+        let entry = (key, id.fingerprint(), look);
+        self.insert_if(hash, entry, value, via, deadline, |table| {
+            table.len() < table.cfg.capacity
         })
     }
 
-    /// [`Correlator::insert`], with the capacity decided by `room`, asked
-    /// once the key is known not to be in flight (a sharded table counts its
-    /// capacity across shards).
+    /// [`Correlator::register`], with the capacity decided by `room`,
+    /// asked once the key is known not to be in flight (a sharded table
+    /// counts its capacity across shards).
     fn insert_if(
         &mut self,
         hash: u64,
-        key: CorrelationKey,
+        (key, fingerprint, look): (CorrelationKey, u64, Option<Instant>),
         value: V,
         via: u64,
         deadline: Instant,
         room: impl FnOnce(&Self) -> bool,
     ) -> Result<(), Rejected<V>> {
-        if self.find(hash, &key).is_some() {
+        let (in_flight, answered) = self.find_any(hash, &key);
+        let same = |tag| {
+            let now = look?;
+            // Nearly always another transaction (STANs wrap): told by the
+            // fingerprint alone.
+            if fingerprint == 0 || self.answers.fingerprint(tag) != Some(fingerprint) {
+                return None;
+            }
+            let window = self.keeping.as_deref()?.window();
+            self.answers
+                .seen(tag, fingerprint, key.as_bytes(), now, window)
+        };
+        if in_flight.is_some() || answered.and_then(same).is_some() {
             self.stats.duplicates += 1;
             return Err(Rejected {
                 error: CorrelateError::Duplicate,
                 value,
             });
         }
-        if self.slab.len() >= NIL as usize || !room(self) {
+        if self.slab.len() >= ANSWERED as usize || !room(self) {
             self.stats.full += 1;
             return Err(Rejected {
                 error: CorrelateError::Full,
@@ -446,6 +601,8 @@ impl<V> Correlator<V> {
             deadline,
             prev: NIL,
             next: NIL,
+            fingerprint,
+            hid: answered.unwrap_or(0),
         };
         let slot = match self.free.pop() {
             Some(slot) => {
@@ -458,9 +615,17 @@ impl<V> Correlator<V> {
             }
         };
         self.link_by_deadline(slot, deadline);
-        let (slab, hasher) = (&self.slab, &self.hasher);
-        self.index
-            .insert_unique(hash, slot, |&s| rehash(slab, hasher, s));
+        // The key's answered entry (another transaction's) gives its
+        // place up, and comes back if this one leaves unanswered.
+        let hid = answered.and_then(|tag| self.answers.bucket(&self.index, tag));
+        match hid.and_then(|bucket| self.index.get_bucket_mut(bucket)) {
+            Some(v) => *v = slot,
+            None => {
+                let (slab, answers, hasher) = (&self.slab, &self.answers, &self.hasher);
+                self.index
+                    .insert_unique(hash, slot, |&s| rehash(slab, answers, hasher, s));
+            }
+        }
         self.stats.inserted += 1;
         Ok(())
     }
@@ -472,9 +637,38 @@ impl<V> Correlator<V> {
     }
 
     fn take_hashed(&mut self, hash: u64, key: &CorrelationKey, now: Instant) -> Result<V, Miss> {
-        if let Some(value) = self.remove(hash, key) {
+        self.take_answered(hash, key, &[], now)
+    }
+
+    /// [`Correlator::take`] in one probe, of a request answered `answer`
+    /// (empty: nothing to replay): with a fingerprint, it leaves its key
+    /// answered, and the answer kept to replay.
+    fn take_answered(
+        &mut self,
+        hash: u64,
+        key: &CorrelationKey,
+        answer: &[u8],
+        now: Instant,
+    ) -> Result<V, Miss> {
+        let slab = &self.slab;
+        if let Ok(bucket) = self.index.find_entry(hash, |&slot| holds(slab, slot, key)) {
+            let slot = *bucket.get();
+            let taken = self.slab.get_mut(slot as usize).and_then(Option::take);
+            let Some(e) = taken else {
+                // Not so: `holds` found it in the slab.
+                bucket.remove();
+                return Err(Miss::Unknown);
+            };
+            let keeping = self.keeping.as_deref();
+            let ids = (e.fingerprint, e.hid);
+            let tag = settle(bucket, ids, &mut self.answers, keeping, hash, now, true);
+            if let (Some(_), Some(k)) = (tag, keeping) {
+                self.answers.keep_last(key.as_bytes(), answer, k);
+            }
+            self.unlink(&e);
+            self.free.push(slot);
             self.stats.answered += 1;
-            return Ok(value);
+            return Ok(e.value);
         }
         match self.recent.get(key) {
             Some(&(until, _)) if now < until => {
@@ -495,7 +689,8 @@ impl<V> Correlator<V> {
     }
 
     fn cancel_hashed(&mut self, hash: u64, key: &CorrelationKey, now: Instant) -> Option<V> {
-        let value = self.remove(hash, key)?;
+        let slot = self.find(hash, key)?;
+        let value = self.leave(hash, slot, false, now)?.value;
         self.stats.cancelled += 1;
         self.remember(*key, now);
         Some(value)
@@ -503,11 +698,13 @@ impl<V> Correlator<V> {
 
     /// Moves every entry whose deadline is at or before `now` to `out`,
     /// earliest deadline first (ties in insertion order). Returns how many.
+    /// Keys answered longer ago than the window are forgotten too.
     pub fn expire(&mut self, now: Instant, out: &mut Vec<(CorrelationKey, V)>) -> usize {
         self.purge_recent(now);
+        self.forget_answers(now);
         let mut n = 0;
         while self.entry(self.head).is_some_and(|e| e.deadline <= now) {
-            let Some(e) = self.remove_slot(self.head) else {
+            let Some(e) = self.remove_slot(self.head, now) else {
                 break;
             };
             out.push((e.key, e.value));
@@ -538,7 +735,7 @@ impl<V> Correlator<V> {
             at = e.next;
         }
         for &slot in &slots {
-            if let Some(e) = self.remove_slot(slot) {
+            if let Some(e) = self.remove_slot(slot, now) {
                 out.push((e.key, e.value));
                 self.stats.node_lost += 1;
                 self.remember(e.key, now);
@@ -552,7 +749,7 @@ impl<V> Correlator<V> {
     /// Moves every entry to `out` (shutdown), earliest deadline first.
     pub fn drain(&mut self, now: Instant, out: &mut Vec<(CorrelationKey, V)>) -> usize {
         let mut n = 0;
-        while let Some(e) = self.remove_slot(self.head) {
+        while let Some(e) = self.remove_slot(self.head, now) {
             out.push((e.key, e.value));
             self.stats.cancelled += 1;
             self.remember(e.key, now);
@@ -598,20 +795,29 @@ impl<V> Correlator<V> {
         }
     }
 
-    fn remove(&mut self, hash: u64, key: &CorrelationKey) -> Option<V> {
-        let slot = self.find(hash, key)?;
-        self.remove_slot_hashed(hash, slot).map(|e| e.value)
-    }
-
-    /// Unlinks and frees `slot`, and forgets its key.
-    fn remove_slot(&mut self, slot: u32) -> Option<Entry<V>> {
+    /// Unlinks and frees `slot`, the switch answering it: its key is left
+    /// answered when it has a fingerprint (a duplicate is declined).
+    fn remove_slot(&mut self, slot: u32, now: Instant) -> Option<Entry<V>> {
         let hash = self.hash(&self.entry(slot)?.key);
-        self.remove_slot_hashed(hash, slot)
+        self.leave(hash, slot, true, now)
     }
 
-    /// [`Correlator::remove_slot`] when the key's hash is known.
-    fn remove_slot_hashed(&mut self, hash: u64, slot: u32) -> Option<Entry<V>> {
+    /// Unlinks and frees `slot`, of a key hashed `hash`: its key answered
+    /// when `kept` (see [`settle`]), else forgotten.
+    fn leave(&mut self, hash: u64, slot: u32, kept: bool, now: Instant) -> Option<Entry<V>> {
         let e = self.slab.get_mut(slot as usize)?.take()?;
+        self.unlink(&e);
+        if let Ok(bucket) = self.index.find_entry(hash, |&s| s == slot) {
+            let keeping = self.keeping.as_deref();
+            let ids = (e.fingerprint, e.hid);
+            settle(bucket, ids, &mut self.answers, keeping, hash, now, kept);
+        }
+        self.free.push(slot);
+        Some(e)
+    }
+
+    /// Takes `e`, just out of its slot, out of the deadline list.
+    fn unlink(&mut self, e: &Entry<V>) {
         match self.entry_mut(e.prev) {
             Some(p) => p.next = e.next,
             None => self.head = e.next,
@@ -620,11 +826,32 @@ impl<V> Correlator<V> {
             Some(n) => n.prev = e.prev,
             None => self.tail = e.prev,
         }
-        if let Ok(indexed) = self.index.find_entry(hash, |&s| s == slot) {
-            indexed.remove();
+    }
+
+    /// Forgets the keys answered longer ago than the window.
+    fn forget_answers(&mut self, now: Instant) {
+        let Some(k) = self.keeping.as_deref() else {
+            return;
+        };
+        let gone = self.answers.expire(now, k.window(), &mut self.index);
+        k.give_back(gone);
+    }
+
+    /// The tag of the answered entry of `key` (hashed `hash`): its own,
+    /// or the one a request of another transaction in flight hid.
+    fn answered_tag(&self, hash: u64, key: &CorrelationKey) -> Option<u32> {
+        match self.find_any(hash, key) {
+            (Some(slot), _) => Some(self.entry(slot)?.hid).filter(|&t| t != 0),
+            (None, answered) => answered,
         }
-        self.free.push(slot);
-        Some(e)
+    }
+
+    /// The answer kept for the request of `key` known as `id` is not to
+    /// be replayed: its sender never got it.
+    /// Whether a duplicate was sent it before.
+    fn withhold_hashed(&mut self, hash: u64, key: &CorrelationKey, id: Identity) -> bool {
+        self.answered_tag(hash, key)
+            .is_some_and(|tag| self.answers.withhold(tag, id.fingerprint()))
     }
 
     fn remember(&mut self, key: CorrelationKey, now: Instant) {
@@ -661,6 +888,14 @@ impl<V> Correlator<V> {
     }
 }
 
+/// Whether `slot` is a request in flight of `key` (an answered key's tag
+/// is above every slot: it is no slot of the slab).
+fn holds<V>(slab: &[Option<Entry<V>>], slot: u32, key: &CorrelationKey) -> bool {
+    slab.get(slot as usize)
+        .and_then(Option::as_ref)
+        .is_some_and(|e| e.key == *key)
+}
+
 /// A correlation table split into shards, each a [`Correlator`] under its own
 /// lock, picked by the key's hash: requests on different shards never wait
 /// for each other, and no lock is held for more than one table operation.
@@ -672,6 +907,7 @@ pub struct Shards<V> {
     hasher: KeyHasher,
     in_flight: AtomicUsize,
     capacity: AtomicUsize,
+    keeping: Option<Arc<Keeping>>,
 }
 
 /// Shards per table: a power of two, several per core of the machines this
@@ -680,6 +916,16 @@ pub const SHARDS: usize = 16;
 
 impl<V> Shards<V> {
     pub fn new(cfg: CorrelatorConfig) -> Self {
+        Self::with(cfg, None)
+    }
+
+    /// A table that keeps answers as `keeping` says: each shard its share
+    /// of the answered keys and of the ring (see the module doc).
+    pub fn with_keeping(cfg: CorrelatorConfig, keeping: Arc<Keeping>) -> Self {
+        Self::with(cfg, Some(keeping))
+    }
+
+    fn with(cfg: CorrelatorConfig, keeping: Option<Arc<Keeping>>) -> Self {
         // Each shard reserves its share of the table, not all of it.
         let pre = cfg.capacity.min(PREALLOCATE_MAX).div_ceil(SHARDS);
         let recent_pre = cfg.recent_capacity.min(PREALLOCATE_MAX).div_ceil(SHARDS);
@@ -691,6 +937,7 @@ impl<V> Shards<V> {
                     pre,
                     recent_pre,
                     hasher.clone(),
+                    keeping.clone(),
                 );
                 std::sync::Mutex::new(shard)
             })
@@ -700,7 +947,13 @@ impl<V> Shards<V> {
             hasher,
             in_flight: AtomicUsize::new(0),
             capacity: AtomicUsize::new(cfg.capacity),
+            keeping,
         }
+    }
+
+    /// How the table keeps answers; none: it does not.
+    pub fn keeping(&self) -> Option<&Arc<Keeping>> {
+        self.keeping.as_ref()
     }
 
     /// A shard's own settings: capacity is enforced across shards, so each
@@ -718,10 +971,15 @@ impl<V> Shards<V> {
     fn shard(&self, key: &CorrelationKey) -> (std::sync::MutexGuard<'_, Correlator<V>>, u64) {
         use std::hash::BuildHasher;
         let hash = self.hasher.hash_one(key);
+        (self.shard_of(hash), hash)
+    }
+
+    /// The shard of a key hashed `hash`, locked.
+    fn shard_of(&self, hash: u64) -> std::sync::MutexGuard<'_, Correlator<V>> {
         // Bits the shard's index leaves alone pick the shard: hashbrown takes
         // buckets from the low bits and its tags from the top seven.
         let i = (hash >> 40) as usize & (SHARDS - 1);
-        (lock(&self.shards[i]), hash)
+        lock(&self.shards[i])
     }
 
     /// New limits (config reload); see [`Correlator::set_config`].
@@ -769,9 +1027,25 @@ impl<V> Shards<V> {
         via: u64,
         deadline: Instant,
     ) -> Result<(), Rejected<V>> {
+        self.register(key, (Identity::NONE, None), value, via, deadline)
+    }
+
+    /// See [`Correlator::register`]: one hash, one lock and one probe for
+    /// the request in flight, its key's answer within the window (with
+    /// `look`, the time now) and its place. The capacity counts every
+    /// shard.
+    pub fn register(
+        &self,
+        key: CorrelationKey,
+        (id, look): (Identity, Option<Instant>),
+        value: V,
+        via: u64,
+        deadline: Instant,
+    ) -> Result<(), Rejected<V>> {
         let cap = self.capacity.load(Ordering::Relaxed);
         let (mut shard, hash) = self.shard(&key);
-        shard.insert_if(hash, key, value, via, deadline, |_| {
+        let entry = (key, id.fingerprint(), look);
+        shard.insert_if(hash, entry, value, via, deadline, |_| {
             // Taken here, under the shard's lock, once the key is known new;
             // given back by whatever takes the entry out.
             if self.in_flight.fetch_add(1, Ordering::AcqRel) < cap {
@@ -790,13 +1064,52 @@ impl<V> Shards<V> {
 
     /// See [`Correlator::take`].
     pub fn take(&self, key: &CorrelationKey, now: Instant) -> Result<V, Miss> {
+        self.take_answered(key, &[], now)
+    }
+
+    /// [`Shards::take`] of a request answered `answer`: a request
+    /// registered with a fingerprint leaves its key answered, and the
+    /// answer is kept to replay to its duplicates, in the same lock (when
+    /// the ring can hold it: else they are declined 94). An answer its
+    /// sender does not get is withheld right after ([`Shards::withhold`]).
+    pub fn take_answered(
+        &self,
+        key: &CorrelationKey,
+        answer: &[u8],
+        now: Instant,
+    ) -> Result<V, Miss> {
         let (mut shard, hash) = self.shard(key);
-        let taken = shard.take_hashed(hash, key, now);
+        let taken = shard.take_answered(hash, key, answer, now);
         drop(shard);
         if taken.is_ok() {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
         taken
+    }
+
+    /// The answer kept for the request of `key` known as `id` is never
+    /// replayed: its sender did not get it (the client gone, its queue
+    /// full, its socket closing). Its duplicates are declined 94. Returns
+    /// whether a duplicate was sent it first (from another connection, in
+    /// the moment between the answer's take and this): then a terminal has
+    /// the answer, and the caller must not treat it as undelivered.
+    pub fn withhold(&self, key: &CorrelationKey, id: Identity) -> bool {
+        let (mut shard, hash) = self.shard(key);
+        shard.withhold_hashed(hash, key, id)
+    }
+
+    /// What a request of `key` known as `id` gets as a duplicate: the
+    /// answer of the same transaction within the window (its key answered,
+    /// or hidden by another transaction of the key in flight); `None`: it
+    /// is no duplicate.
+    pub fn seen(&self, key: &CorrelationKey, id: Identity, now: Instant) -> Option<Duplicate> {
+        let (mut shard, hash) = self.shard(key);
+        shard.seen_hashed(hash, key, id, now)
+    }
+
+    /// Answered keys held for duplicates.
+    pub fn answered(&self) -> usize {
+        self.keeping.as_deref().map_or(0, Keeping::held)
     }
 
     /// See [`Correlator::cancel`].

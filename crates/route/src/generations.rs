@@ -1,6 +1,7 @@
-//! The tables behind the books that remember every request for a window
-//! ([`RepeatBook`](crate::integrity::RepeatBook),
-//! [`DuplicateBook`](crate::integrity::DuplicateBook)).
+//! The tables behind the book that remembers every request for a window
+//! ([`RepeatBook`](crate::integrity::RepeatBook); the answers duplicates
+//! get are kept in the correlation table instead, one entry per key:
+//! [`crate::integrity::DuplicateBook`]).
 //!
 //! Kept in generations, each `window / GENERATIONS` long: a record goes into
 //! the newest generation, and a generation whose newest entry is older than

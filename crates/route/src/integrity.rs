@@ -27,11 +27,11 @@ use super::correlator::CorrelationKey;
 use super::decline::DeclineReason;
 use isoswitch_iso8583::{Decoded, FieldCodes, IsoError, Message, Mti, SafAnswerClass, Spec};
 
-mod duplicates;
+pub(crate) mod duplicates;
 mod original;
 mod repeats;
 pub use crate::generations::GENERATIONS;
-pub use duplicates::{Duplicate, DuplicateBook, DuplicateCounters, Identity};
+pub use duplicates::{Duplicate, DuplicateBook, DuplicateCounters, Identity, Keeping};
 pub use original::original_key;
 pub use repeats::{REPEAT_SHARDS, RepeatBook};
 

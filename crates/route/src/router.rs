@@ -115,6 +115,13 @@ impl Checked<'_> {
     pub fn field(&self, id: u16) -> Option<isoswitch_iso8583::FieldRef<'_>> {
         self.msg.indexed(&self.index, id)
     }
+
+    /// The data of field `id` (as [`Checked::field`] has it), read straight
+    /// off the index.
+    #[inline]
+    pub fn field_data(&self, id: u16) -> Option<&[u8]> {
+        self.msg.indexed_data(&self.index, id)
+    }
 }
 
 /// What a [`Router`] is built from (the service's config, as `link` reads it).

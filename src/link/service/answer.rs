@@ -73,7 +73,8 @@ impl Service {
                 return;
             }
         };
-        let taken = self.in_flight.take(&key, now);
+        // An answer to a request with duplicates is kept for them.
+        let taken = self.in_flight.take_answered(&key, msg.payload(), now);
         match taken {
             Ok(p) => self.deliver(&key, p, checked, now),
             Err(miss) => {
@@ -159,7 +160,8 @@ impl Service {
                 let sent = self
                     .peer()
                     .is_some_and(|peer| peer.answer(Outbound::message(response.payload().clone())));
-                self.answer_same(same, (&request, facts.mti), response.payload(), sent, now);
+                let had = sent || self.withhold_same(key, &same);
+                self.answer_same(same, (&request, facts.mti), response.payload(), had, now);
                 return;
             }
         };
@@ -172,18 +174,24 @@ impl Service {
         // Written to a client that closed its sending side: read only if it
         // is still there (a half-close); checked for a reset shortly.
         let uncertain = delivered && tx.peer_closed();
-        if !delivered {
+        let got = delivered && !uncertain;
+        // An answer its sender may not have is withheld from duplicates at
+        // once; one a duplicate from another connection was sent first (in
+        // the moment since the take) reached the terminal all the same.
+        let replayed = !got && self.withhold_same(key, &same);
+        if replayed {
+            tracing::info!(
+                service = self.name(),
+                conn,
+                "answer not delivered to its sender, but a duplicate was sent it: not reversed"
+            );
+        } else if !delivered {
             undelivered::undelivered(self, key, (node, &request), response, now);
         } else if uncertain {
             undelivered::delivered_uncertain(self, key, (node, &request), response, tx, now);
         }
-        self.answer_same(
-            same,
-            (&request, facts.mti),
-            response.payload(),
-            delivered && !uncertain,
-            now,
-        );
+        let had = got || replayed;
+        self.answer_same(same, (&request, facts.mti), response.payload(), had, now);
         if !delivered && self.undeliverable(now) {
             tracing::warn!(
                 service = self.name(),

@@ -100,11 +100,9 @@ impl Service {
         reason: DeclineReason,
         now: Instant,
     ) {
+        // Answered by the switch: the correlation table left its key
+        // answered, and a duplicate of it is declined.
         let waiting = p.same.waiting.take();
-        if p.origin.takes_switch_answers() {
-            // Answered by the switch: a duplicate of it is declined.
-            self.made.duplicates.record(p.same.identity, &[], now);
-        }
         match p.origin {
             Origin::Check(_) => return,
             Origin::Owed {

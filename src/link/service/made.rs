@@ -41,7 +41,8 @@ pub struct SwitchMade {
     pub late: LateBook,
     /// Which node each request went to, for its repeats.
     pub repeats: RepeatBook,
-    /// What each request was answered, for its duplicates.
+    /// What requests are known by for their duplicates, and how their
+    /// answers are kept (the correlation table keeps them).
     pub duplicates: DuplicateBook,
     /// Approvals written to clients that had closed their sending side,
     /// waiting to be checked for the client's reset.
@@ -227,6 +228,5 @@ impl SwitchMade {
     pub fn sweep(&self, now: Instant) {
         self.late.sweep(now);
         self.repeats.sweep(now);
-        self.duplicates.sweep(now);
     }
 }

@@ -117,10 +117,7 @@ impl Service {
             self.decline_checked(origin, req, DeclineReason::Timeout);
             return;
         }
-        let identity = self.identity_of(req, &key);
-        let Some(origin) = self.same_as_before(req, identity, origin, now) else {
-            return;
-        };
+        let identity = self.identity_of(req);
         // A repeat goes where its original went, never to another node; a
         // terminal's reversal goes to the node that answered its purchase.
         let mut only = mti
@@ -137,7 +134,11 @@ impl Service {
                 self.made.late.forget(&key);
             }
             Err((origin, reason)) => {
-                self.decline_checked(origin, req, reason);
+                // A duplicate of a request answered before gets that answer
+                // (registering it found the answer; or no node could take it).
+                if let Some(origin) = self.same_as_before(req, &key, identity, origin, now) {
+                    self.decline_checked(origin, req, reason);
+                }
             }
         }
     }
@@ -275,8 +276,12 @@ impl Service {
                 waiting: None,
             },
         };
+        let same = self.looked_up(req, identity, &pending.origin, now);
         // Register before sending, so a fast response always finds its entry.
-        if let Err(rejected) = self.in_flight.insert(key, pending, conn.id, deadline) {
+        if let Err(rejected) = self
+            .in_flight
+            .register(key, same, pending, conn.id, deadline)
+        {
             let p = match rejected.error {
                 CorrelateError::Duplicate => match self.wait_for_same(&key, rejected.value) {
                     None => return Ok(()),

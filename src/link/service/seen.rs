@@ -1,7 +1,8 @@
 //! Requests seen before: a repeat or a terminal's reversal goes to the
 //! node of its original; the same transaction sent again (a duplicate) is
-//! answered from the duplicate book, or waits for the one in flight, and
-//! never reaches a host twice (docs/integrity.md, "Duplicates").
+//! answered with the answer the correlation table kept for its key, or
+//! waits for the one in flight, and never reaches a host twice
+//! (docs/integrity.md, "Duplicates").
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -49,11 +50,13 @@ impl Service {
         })
     }
 
-    /// What the duplicate book knows a request of `key` by, when it may
-    /// have duplicates: an approvable one (0100, 0200 and their repeats);
-    /// [`Identity::NONE`] for the rest, or with duplicates off. Its fields
-    /// are read off the router's index; those in the key, from the key.
-    pub(super) fn identity_of(&self, req: &Checked<'_>, key: &CorrelationKey) -> Identity {
+    /// What the duplicate book knows a request by, when it may have
+    /// duplicates: an approvable one (0100, 0200 and their repeats);
+    /// [`Identity::NONE`] for the rest, or with duplicates off. It is the
+    /// fingerprint of the identifying fields its correlation key lacks,
+    /// read off the router's index: the correlation table, which keeps the
+    /// answers, knows the request by its whole key.
+    pub(super) fn identity_of(&self, req: &Checked<'_>) -> Identity {
         let book = &self.made.duplicates;
         if !book.is_on() || !crate::route::integrity::is_approvable(req.msg.mti()) {
             return Identity::NONE;
@@ -61,27 +64,47 @@ impl Service {
         let parts = book
             .fields()
             .iter()
-            .map(|&id| req.field(id).map_or(&[][..], |f| f.data()));
-        book.identify(key, parts)
+            .map(|&id| req.field_data(id).unwrap_or_default());
+        book.fingerprint(parts)
     }
 
-    /// A request answered before, within `duplicate_window`, gets that
-    /// answer again (or 94) and never reaches a node (one still in flight:
-    /// see [`Service::wait_for_same`]). The origin comes back when the
-    /// request is new, or a repeat (which goes by its own rules).
+    /// How a request known as `identity` registers in the correlation
+    /// table: its identity, and whether the table looks for the same
+    /// transaction answered before (the time now): for a new request from
+    /// a client or the peer. A repeat goes by its own rules (to the host);
+    /// its answer is kept all the same.
+    pub(super) fn looked_up(
+        &self,
+        req: &Checked<'_>,
+        identity: Identity,
+        origin: &Origin,
+        now: Instant,
+    ) -> (Identity, Option<Instant>) {
+        let look =
+            !identity.is_none() && !req.msg.mti().is_repeat() && origin.takes_switch_answers();
+        (identity, look.then_some(now))
+    }
+
+    /// A request refused (its registration found the same transaction
+    /// answered within `duplicate_window`, or no node could take it) gets
+    /// the answer the first got again (or 94), and never reaches a node
+    /// (one still in flight: see [`Service::wait_for_same`]). The origin
+    /// comes back when it is no duplicate, or a repeat (which goes by its
+    /// own rules).
     pub(super) fn same_as_before(
         &self,
         req: &Checked<'_>,
+        key: &CorrelationKey,
         identity: Identity,
         origin: Origin,
         now: Instant,
     ) -> Option<Origin> {
-        if identity.is_none() || req.msg.mti().is_repeat() || !origin.takes_switch_answers() {
+        if let (_, None) = self.looked_up(req, identity, &origin, now) {
             return Some(origin);
         }
         let c = &self.made.counters;
         let request = req.msg.payload();
-        let Some(seen) = self.made.duplicates.find(identity, now) else {
+        let Some(seen) = self.in_flight.seen(key, identity, now) else {
             return Some(origin);
         };
         match seen {
@@ -146,24 +169,28 @@ impl Service {
         }
     }
 
+    /// The answer kept for a request's duplicates is withheld: its sender
+    /// may not have it. Whether a duplicate was sent it first (then a
+    /// terminal has it, and it is no undelivered answer).
+    pub(super) fn withhold_same(&self, key: &CorrelationKey, same: &SameRequest) -> bool {
+        !same.identity.is_none() && self.in_flight.withhold(key, same.identity)
+    }
+
     /// The node's answer to a request also goes to the duplicates and
-    /// repeats that waited for it, and is kept for later duplicates. An
-    /// answer its sender never got (or may not have got) is kept as the
-    /// switch's, and those that waited are declined as duplicates: the
-    /// approval is being reversed, so no terminal may show it approved.
+    /// repeats that waited for it (the correlation table kept it for later
+    /// duplicates when it took the request). An answer no terminal got
+    /// (`had` false: its sender gone, the answer withheld by
+    /// [`Service::withhold_same`]) is declined to those that waited, as
+    /// duplicates: the approval is being reversed, so no terminal may show
+    /// it approved.
     pub(super) fn answer_same(
         &self,
         same: SameRequest,
         (request, mti): (&Bytes, Mti),
         response: &Bytes,
-        delivered: bool,
+        had: bool,
         now: Instant,
     ) {
-        if same.identity.is_none() {
-            return;
-        }
-        let kept: &[u8] = if delivered { response } else { &[] };
-        self.made.duplicates.record(same.identity, kept, now);
         let Some(waiting) = same.waiting else {
             return;
         };
@@ -172,7 +199,7 @@ impl Service {
                 .counters
                 .duplicates_waited
                 .fetch_add(1, Ordering::Relaxed);
-            if delivered {
+            if had {
                 self.replay(origin, request, response.clone(), now);
             } else {
                 let asked = (request, Some(mti));

@@ -347,6 +347,130 @@ fn config_parses() {
     );
 }
 
+/// A table keeping answers for a window of 300 s, and the book that says
+/// what requests are known by.
+fn keeping(capacity: usize) -> (Shards<u32>, crate::integrity::DuplicateBook) {
+    let book = crate::integrity::DuplicateBook::new(Duration::from_secs(300), capacity, 1 << 20);
+    let cfg = CorrelatorConfig {
+        capacity: 64,
+        recent_capacity: 64,
+        recent_ttl: Duration::from_secs(60),
+    };
+    (Shards::with_keeping(cfg, Arc::clone(book.keeping())), book)
+}
+
+#[test]
+fn an_answered_key_stays_for_its_duplicates() {
+    let t0 = Instant::now();
+    let (s, book) = keeping(100);
+    let first = book.fingerprint([&b"TERM0001"[..]]);
+    let other = book.fingerprint([&b"TERM0002"[..]]);
+    let look = |t| (first, Some(t));
+    s.register(k(1), look(t0), 1, 0, t0 + ms(100)).unwrap();
+    let v = s.take_answered(&k(1), b"0210-approved", t0).unwrap();
+    assert_eq!((v, s.len(), s.answered()), (1, 0, 1));
+    // A duplicate is refused registration, and gets the answer.
+    let refused = s.register(k(1), look(t0), 2, 0, t0 + ms(100));
+    assert_eq!(refused.map_err(|r| r.error), Err(CorrelateError::Duplicate));
+    let later = t0 + Duration::from_secs(300);
+    assert_eq!(
+        s.seen(&k(1), first, later),
+        Some(Duplicate::Replay(b"0210-approved".to_vec()))
+    );
+    assert_eq!(s.seen(&k(1), first, later + ms(1)), None, "past the window");
+    assert_eq!(s.seen(&k(2), first, t0), None, "another key");
+    assert_eq!(s.seen(&k(1), other, t0), None, "another transaction");
+    // A repeat is not looked up: it goes to the host. Its answer is kept
+    // in turn; one its sender never got is withheld: declined.
+    s.register(k(1), (first, None), 3, 0, t0 + ms(100)).unwrap();
+    assert_eq!(s.take_answered(&k(1), b"0211", t0), Ok(3));
+    s.withhold(&k(1), other);
+    assert_eq!(
+        s.seen(&k(1), first, t0),
+        Some(Duplicate::Replay(b"0211".to_vec())),
+        "another transaction's withholding touches nothing"
+    );
+    s.withhold(&k(1), first);
+    assert_eq!(s.seen(&k(1), first, t0), Some(Duplicate::Answered));
+    // Past the window, the sweep forgets it.
+    let mut out = Vec::new();
+    assert_eq!(s.answered(), 2);
+    assert_eq!(s.expire(later + ms(1), &mut out), 0);
+    assert_eq!(s.answered(), 0);
+    assert_eq!(s.seen(&k(1), first, later + ms(1)), None);
+}
+
+/// An answer withheld (its sender gone) says whether a duplicate from
+/// another connection was sent it first: then a terminal has it, and the
+/// switch must not reverse it as undelivered.
+#[test]
+fn withholding_an_answer_says_whether_a_duplicate_got_it_first() {
+    let t0 = Instant::now();
+    let (s, book) = keeping(100);
+    let first = book.fingerprint([&b"TERM0001"[..]]);
+    s.register(k(1), (first, Some(t0)), 1, 0, t0 + ms(100)).unwrap();
+    assert_eq!(s.take_answered(&k(1), b"0210-approved", t0), Ok(1));
+    assert!(!s.withhold(&k(1), first), "no duplicate was sent it");
+    assert_eq!(s.seen(&k(1), first, t0), Some(Duplicate::Answered));
+
+    s.register(k(2), (first, Some(t0)), 2, 0, t0 + ms(100)).unwrap();
+    assert_eq!(s.take_answered(&k(2), b"0210-approved", t0), Ok(2));
+    assert_eq!(
+        s.seen(&k(2), first, t0),
+        Some(Duplicate::Replay(b"0210-approved".to_vec()))
+    );
+    assert!(s.withhold(&k(2), first), "a duplicate was sent it first");
+    assert_eq!(s.seen(&k(2), first, t0), Some(Duplicate::Answered));
+}
+
+#[test]
+fn another_transaction_of_an_answered_key_hides_it_until_it_leaves() {
+    let t0 = Instant::now();
+    let (s, book) = keeping(100);
+    let first = book.fingerprint([&b"1206101112"[..]]);
+    let second = book.fingerprint([&b"1206101113"[..]]);
+    s.register(k(1), (first, Some(t0)), 1, 0, t0 + ms(100))
+        .unwrap();
+    assert_eq!(s.take_answered(&k(1), b"first", t0), Ok(1));
+    // The same key, another F7: a new transaction, in flight.
+    s.register(k(1), (second, Some(t0)), 2, 0, t0 + ms(100))
+        .unwrap();
+    let replay = |id| s.seen(&k(1), id, t0);
+    assert_eq!(replay(first), Some(Duplicate::Replay(b"first".to_vec())));
+    assert_eq!(replay(second), None, "in flight: it waits, no replay");
+    // Declined before it was sent: the first's answer is back in place.
+    assert_eq!(s.cancel(&k(1), t0), Some(2));
+    assert_eq!(replay(first), Some(Duplicate::Replay(b"first".to_vec())));
+    // Answered by the switch (its deadline): declined from now on.
+    s.register(k(1), (second, Some(t0)), 3, 0, t0 + ms(100))
+        .unwrap();
+    let mut out = Vec::new();
+    assert_eq!(s.expire(t0 + ms(100), &mut out), 1);
+    assert_eq!(replay(second), Some(Duplicate::Answered));
+    assert_eq!(replay(first), None, "the newest answer of a key is kept");
+    assert_eq!(s.answered(), 2);
+}
+
+#[test]
+fn a_full_table_of_answers_keeps_no_more() {
+    let t0 = Instant::now();
+    let (s, book) = keeping(2);
+    let id = book.fingerprint([&b"a"[..]]);
+    for n in 1..=3 {
+        s.register(k(n), (id, Some(t0)), n, 0, t0 + ms(100))
+            .unwrap();
+        assert_eq!(s.take(&k(n), t0), Ok(n));
+    }
+    assert_eq!(s.answered(), 2);
+    assert_eq!(book.counters.overflow.load(Ordering::Relaxed), 1);
+    assert_eq!(s.seen(&k(3), id, t0), None, "not kept: relayed");
+    // Without a fingerprint, nothing is kept.
+    let (s, _) = keeping(2);
+    s.insert(k(1), 1, 0, t0).unwrap();
+    assert_eq!(s.take(&k(1), t0), Ok(1));
+    assert_eq!((s.answered(), s.len()), (0, 0));
+}
+
 mod prop {
     use std::collections::HashMap;
 

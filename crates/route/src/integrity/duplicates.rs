@@ -1,28 +1,42 @@
-//! [`DuplicateBook`]: what each request was answered, for
-//! `duplicate_window`, so that the same request sent again (a terminal or
-//! network that retransmits without marking it a repeat) is answered as it
-//! was the first time, or declined 94, and never reaches a host a second
-//! time to be approved twice.
+//! What each request was answered, for `duplicate_window`, so that the same
+//! request sent again (a terminal or network that retransmits without
+//! marking it a repeat) is answered as it was the first time, or declined
+//! 94, and never reaches a host a second time to be approved twice.
 //!
 //! A request is the same when its correlation key and its fingerprint (a
-//! hash of the key and of the configured fields the key does not hold
-//! already: F7, F11, F32, F33, F41 by default) are. Both hashes are taken
-//! once, when the request comes in ([`DuplicateBook::identify`]), and kept
-//! with it while it is in flight, so its answer is recorded without
-//! hashing again. The answers are kept in a byte ring per shard, allocated
-//! on the first answer and never grown: memory is bounded by
-//! `replay_bytes`, and an answer overwritten before its window ends can no
-//! longer be replayed (the duplicate is declined instead, and counted).
+//! hash of the configured fields the key does not hold already: F7, F11,
+//! F32, F33, F41 by default) are. The fingerprint is taken once, when the
+//! request comes in, and kept with it while it is in flight.
+//!
+//! A service keeps its answers in its correlation table
+//! ([`Shards`](crate::correlator::Shards)), where the request waited for
+//! them: one key, one entry, in flight then answered. So looking a request
+//! up is the probe that registers it, and recording its answer is a change
+//! of the entry it leaves (see the correlator). [`Answers`] is that part of
+//! a table's shard: the answered entries, oldest first, and the answer
+//! bytes to replay. [`DuplicateBook`] is the same store on its own, keyed
+//! by a hash of the key, for a table that keeps no requests in flight.
+//!
+//! The answers are kept in a byte ring per shard, allocated on the first
+//! answer and never grown: memory is bounded by `replay_bytes`, and an
+//! answer overwritten before its window ends can no longer be replayed (the
+//! duplicate is declined instead, and counted). The ring keeps the whole
+//! correlation key before each answer: an answer is replayed only to a
+//! request of that very key, never on the strength of a hash alone.
 
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::correlator::CorrelationKey;
-use crate::generations::{Clock, Generations, generation_of, millis};
+use hashbrown::HashTable;
 
-/// Shards of the duplicate book (as for the repeat book).
-const SHARDS: usize = 16;
+use crate::correlator::CorrelationKey;
+
+/// Shards of the duplicate book: as many as a correlation table's, each
+/// with its share of the ring ([`Keeping`]).
+const SHARDS: usize = crate::correlator::SHARDS;
 
 /// What the book knows of a request seen before.
 #[derive(Debug, PartialEq, Eq)]
@@ -34,12 +48,15 @@ pub enum Duplicate {
     Answered,
 }
 
-/// What makes a request the same transaction as another, as the book
-/// tells them apart: the hash of its correlation key (where the book keeps
-/// it) and its fingerprint. [`Identity::NONE`] for a request that has no
+/// What makes a request the same transaction as another, beside its
+/// correlation key: its fingerprint (and, in a [`DuplicateBook`], where
+/// the book keeps its key). [`Identity::NONE`] for a request that has no
 /// duplicates (not approvable, or the check is off).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Identity {
+    /// The key's hash in a [`DuplicateBook`]; 0 from
+    /// [`DuplicateBook::fingerprint`] (a correlation table hashes the key
+    /// itself).
     place: u64,
     /// Never 0 for a request the book knows; 0: none.
     fingerprint: u64,
@@ -54,6 +71,11 @@ impl Identity {
     pub fn is_none(&self) -> bool {
         self.fingerprint == 0
     }
+
+    /// The fingerprint (0: none).
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
 }
 
 /// Counters of the duplicate book, readable at any time.
@@ -67,17 +89,108 @@ pub struct DuplicateCounters {
     pub overwritten: AtomicU64,
 }
 
-/// One answered request, in its generation's table.
+/// How answers are kept, shared by the shards of one table: the window,
+/// the most answers held and the ring's size, and how many are held now.
+#[derive(Debug)]
+pub struct Keeping {
+    window: Duration,
+    /// `window` is not zero (asked per request).
+    on: bool,
+    capacity: usize,
+    /// Ring bytes per shard; 0: nothing is replayed.
+    ring_bytes: usize,
+    held: AtomicUsize,
+    pub counters: Arc<DuplicateCounters>,
+}
+
+impl Keeping {
+    /// Answers of `window` (zero: none kept), at most `capacity` of them,
+    /// and `replay_bytes` of answers to replay across `shards` shards.
+    pub fn new(window: Duration, capacity: usize, replay_bytes: usize, shards: usize) -> Keeping {
+        Keeping {
+            window,
+            on: !window.is_zero(),
+            // A tag numbers entries in 31 bits.
+            capacity: capacity.min(1 << 30),
+            ring_bytes: replay_bytes / shards.max(1),
+            held: AtomicUsize::new(0),
+            counters: Arc::default(),
+        }
+    }
+
+    #[inline]
+    pub fn is_on(&self) -> bool {
+        self.on
+    }
+
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// The most answers held at once.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Answers held now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Takes a place for one more answer; false when full (counted).
+    pub(crate) fn take_place(&self) -> bool {
+        if self.held.fetch_add(1, Ordering::Relaxed) < self.capacity {
+            return true;
+        }
+        self.held.fetch_sub(1, Ordering::Relaxed);
+        self.counters.overflow.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
+    /// `n` answers forgotten.
+    pub(crate) fn give_back(&self, n: usize) {
+        if n > 0 {
+            self.held.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The tag of an answered entry in a table's index, where a request in
+/// flight is its slot number (below this bit): the entry's number, 31
+/// bits, wrapping.
+pub(crate) const ANSWERED: u32 = 1 << 31;
+const NUMBER: u32 = ANSWERED - 1;
+
+/// One answered request.
 #[derive(Clone, Copy, Debug)]
-struct Answered {
+struct Answer {
+    /// Its key's hash, as the table's index has it.
+    hash: u64,
     fingerprint: u64,
-    /// Milliseconds after its generation's start.
-    ms: u32,
+    at: Instant,
+    /// Where its key and answer start in the ring, counted from the ring's
+    /// first byte ever written.
+    ring_at: u64,
     /// Length of the answer in the ring; 0 when there is none to replay.
     len: u32,
-    /// Where the answer starts in the ring, counted from the ring's first
-    /// byte ever written.
-    at: u64,
+    /// Where the index held it last (a bucket number, good until the index
+    /// grows): found again without a probe.
+    bucket: u32,
+    /// Length of the key before it in the ring (0: none kept).
+    key_len: u8,
+    /// A duplicate was sent its answer: the sender's terminal has it.
+    replayed: bool,
+}
+
+/// What an answered entry says of a request with its fingerprint.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Seen<'a> {
+    /// Its answer, to replay.
+    Replay(&'a [u8]),
+    /// Answered by the switch, or nothing kept to replay.
+    Answered,
+    /// Its answer was written over in the ring.
+    Overwritten,
 }
 
 /// Answers to replay: a fixed ring of bytes, overwritten oldest first.
@@ -90,9 +203,11 @@ struct Ring {
 }
 
 impl Ring {
-    /// Copies `data` in; where it starts, or `None` when it cannot be kept.
-    fn put(&mut self, data: &[u8], capacity: usize) -> Option<u64> {
-        if data.is_empty() || data.len() > capacity / 4 {
+    /// Copies `key` then `data` in, together; where they start, or `None`
+    /// when they cannot be kept.
+    fn put(&mut self, key: &[u8], data: &[u8], capacity: usize) -> Option<u64> {
+        let len = key.len() + data.len();
+        if data.is_empty() || len > capacity / 4 {
             return None;
         }
         if self.bytes.len() != capacity {
@@ -101,55 +216,257 @@ impl Ring {
         }
         let cap = capacity as u64;
         let mut off = (self.head % cap) as usize;
-        if off + data.len() > capacity {
+        if off + len > capacity {
             // No answer wraps: the tail of the ring is skipped.
             self.head += cap - off as u64;
             off = 0;
         }
         let at = self.head;
-        self.bytes[off..off + data.len()].copy_from_slice(data);
-        self.head += data.len() as u64;
+        let (k, d) = self.bytes[off..off + len].split_at_mut(key.len());
+        k.copy_from_slice(key);
+        d.copy_from_slice(data);
+        self.head += len as u64;
         Some(at)
     }
 
-    /// The answer written at `at`, unless written over since.
-    fn get(&self, at: u64, len: u32) -> Option<&[u8]> {
+    /// The bytes written at `at`, unless written over since.
+    fn get(&self, at: u64, len: usize) -> Option<&[u8]> {
         let cap = self.bytes.len() as u64;
         if cap == 0 || self.head > at + cap {
             return None;
         }
         let off = (at % cap) as usize;
-        self.bytes.get(off..off + len as usize)
+        self.bytes.get(off..off + len)
     }
 }
 
+/// The answered entries of one shard, oldest first, and its ring. Found
+/// through the shard's index by their tags ([`ANSWERED`] and a number).
 #[derive(Debug, Default)]
-struct Shard {
-    generations: Generations<Answered>,
+pub(crate) struct Answers {
+    entries: VecDeque<Answer>,
+    /// The number of `entries[0]`.
+    first: u32,
     ring: Ring,
 }
 
-/// The answers of the last `window`, by correlation key (see the module).
+impl Answers {
+    /// Room for `n` entries without growing.
+    pub(crate) fn with_capacity(n: usize) -> Answers {
+        Answers {
+            entries: VecDeque::with_capacity(n),
+            ..Answers::default()
+        }
+    }
+
+    #[inline]
+    fn get(&self, tag: u32) -> Option<&Answer> {
+        if tag & ANSWERED == 0 {
+            return None;
+        }
+        let i = (tag & NUMBER).wrapping_sub(self.first) & NUMBER;
+        self.entries.get(i as usize)
+    }
+
+    /// The key hash of the entry tagged `tag`, if it is still held.
+    #[inline]
+    pub(crate) fn hash(&self, tag: u32) -> Option<u64> {
+        self.get(tag).map(|a| a.hash)
+    }
+
+    /// The fingerprint of the entry tagged `tag`, if it is still held.
+    #[inline]
+    pub(crate) fn fingerprint(&self, tag: u32) -> Option<u64> {
+        self.get(tag).map(|a| a.fingerprint)
+    }
+
+    /// Whether `tag` names an entry still held, of a key hashed `hash`.
+    #[inline]
+    pub(crate) fn holds(&self, tag: u32, hash: u64) -> bool {
+        self.hash(tag) == Some(hash)
+    }
+
+    /// The tag the next entry pushed gets.
+    pub(crate) fn next_tag(&self) -> u32 {
+        ANSWERED | (self.first.wrapping_add(self.entries.len() as u32) & NUMBER)
+    }
+
+    /// A new answered entry (nothing to replay yet), in the index's
+    /// `bucket`; its tag. The caller took its place
+    /// ([`Keeping::take_place`]).
+    pub(crate) fn push(&mut self, hash: u64, fingerprint: u64, at: Instant, bucket: usize) -> u32 {
+        let tag = ANSWERED | (self.first.wrapping_add(self.entries.len() as u32) & NUMBER);
+        self.entries.push_back(Answer {
+            hash,
+            fingerprint,
+            at,
+            ring_at: 0,
+            len: 0,
+            bucket: u32::try_from(bucket).unwrap_or(u32::MAX),
+            key_len: 0,
+            replayed: false,
+        });
+        tag
+    }
+
+    /// The index's bucket of the entry tagged `tag`, found without a
+    /// probe when the index has not grown since it was put there; else
+    /// found by its hash.
+    pub(crate) fn bucket(&self, index: &HashTable<u32>, tag: u32) -> Option<usize> {
+        let a = self.get(tag)?;
+        let at = a.bucket as usize;
+        if index.get_bucket(at) == Some(&tag) {
+            return Some(at);
+        }
+        index.find_bucket_index(a.hash, |&v| v == tag)
+    }
+
+    fn get_mut(&mut self, tag: u32) -> Option<&mut Answer> {
+        if tag & ANSWERED == 0 {
+            return None;
+        }
+        let i = (tag & NUMBER).wrapping_sub(self.first) & NUMBER;
+        self.entries.get_mut(i as usize)
+    }
+
+    /// Keeps `answer` (and the `key` it answers, at most 255 bytes) to
+    /// replay for the entry just pushed.
+    pub(crate) fn keep_last(&mut self, key: &[u8], answer: &[u8], keeping: &Keeping) {
+        if keeping.ring_bytes == 0 || answer.is_empty() {
+            return;
+        }
+        let key = if key.len() <= usize::from(u8::MAX) {
+            key
+        } else {
+            &[]
+        };
+        let Some(at) = self.ring.put(key, answer, keeping.ring_bytes) else {
+            keeping.counters.too_long.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if let Some(a) = self.entries.back_mut() {
+            a.ring_at = at;
+            // At most a quarter of the ring.
+            a.len = answer.len() as u32;
+            a.key_len = key.len() as u8;
+        }
+    }
+
+    /// The entry tagged `tag`, of a request with `fingerprint`, has no
+    /// answer to replay (any more). Whether a duplicate was sent it before.
+    pub(crate) fn withhold(&mut self, tag: u32, fingerprint: u64) -> bool {
+        match self.get_mut(tag).filter(|a| a.fingerprint == fingerprint) {
+            Some(a) => {
+                a.len = 0;
+                a.replayed
+            }
+            None => false,
+        }
+    }
+
+    /// A duplicate is being sent the answer of the entry tagged `tag`.
+    pub(crate) fn mark_replayed(&mut self, tag: u32) {
+        if let Some(a) = self.get_mut(tag) {
+            a.replayed = true;
+        }
+    }
+
+    /// What the entry tagged `tag` says of a request of `key` with
+    /// `fingerprint` at `now`: `None` when it is another transaction (its
+    /// fingerprint, its key where the ring kept it) or past the window.
+    pub(crate) fn seen(
+        &self,
+        tag: u32,
+        fingerprint: u64,
+        key: &[u8],
+        now: Instant,
+        window: Duration,
+    ) -> Option<Seen<'_>> {
+        let a = self.get(tag)?;
+        // A key seen before is nearly always another transaction: the
+        // fingerprint first, the clock only for the same one.
+        if a.fingerprint != fingerprint || now.saturating_duration_since(a.at) > window {
+            return None;
+        }
+        if a.len == 0 {
+            return Some(Seen::Answered);
+        }
+        let kept = usize::from(a.key_len);
+        let Some(bytes) = self.ring.get(a.ring_at, kept + a.len as usize) else {
+            return Some(Seen::Overwritten);
+        };
+        let (their_key, answer) = bytes.split_at(kept);
+        if kept > 0 && their_key != key {
+            // Another key of the same hash.
+            return None;
+        }
+        Some(Seen::Replay(answer))
+    }
+
+    /// Forgets the entries answered more than `window` before `now`,
+    /// oldest first, and takes them out of `index` (where it still has
+    /// them). Returns how many went.
+    pub(crate) fn expire(
+        &mut self,
+        now: Instant,
+        window: Duration,
+        index: &mut HashTable<u32>,
+    ) -> usize {
+        let mut gone = 0;
+        while let Some(a) = self.entries.front() {
+            if now.saturating_duration_since(a.at) <= window {
+                break;
+            }
+            let tag = ANSWERED | self.first;
+            if let Some(bucket) = self.bucket(index, tag)
+                && let Ok(e) = index.get_bucket_entry(bucket)
+            {
+                e.remove();
+            }
+            self.entries.pop_front();
+            self.first = self.first.wrapping_add(1) & NUMBER;
+            gone += 1;
+        }
+        gone
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// One shard of a [`DuplicateBook`]: its answers, by key hash.
+#[derive(Debug, Default)]
+struct Shard {
+    index: HashTable<u32>,
+    answers: Answers,
+}
+
+impl Shard {
+    /// The tag of the newest answer of a key hashed `place`.
+    fn find(&self, place: u64) -> Option<u32> {
+        let answers = &self.answers;
+        self.index
+            .find(place, |&tag| answers.holds(tag, place))
+            .copied()
+    }
+}
+
+/// The answers of the last `window` on their own, by a hash of the
+/// correlation key (see the module): for a table that keeps no requests in
+/// flight. It also says what a request is known by ([`DuplicateBook::identify`],
+/// [`DuplicateBook::fingerprint`]) and how answers are kept.
 #[derive(Debug)]
 pub struct DuplicateBook {
     shards: Box<[std::sync::Mutex<Shard>]>,
     /// Where a key lies (shard and table).
     hasher: foldhash::fast::RandomState,
-    /// The fingerprint, seeded apart from `hasher`: two requests whose keys
-    /// share a place are still told apart by their whole key.
+    /// The fingerprint, seeded apart from `hasher` and from a table's.
     fingerprints: foldhash::fast::RandomState,
-    clock: Clock,
-    window: Duration,
-    /// `window` and a generation's length, in milliseconds.
-    window_ms: u64,
-    generation: u64,
-    capacity: usize,
-    /// Ring bytes per shard; 0: nothing is replayed.
-    ring_bytes: usize,
+    keeping: Arc<Keeping>,
     /// The identifying fields the correlation key does not hold.
     fields: Vec<u16>,
-    held: AtomicUsize,
-    pub counters: DuplicateCounters,
+    pub counters: Arc<DuplicateCounters>,
 }
 
 impl DuplicateBook {
@@ -157,24 +474,25 @@ impl DuplicateBook {
     /// and `replay_bytes` of answers in all (zero: duplicates are declined,
     /// never replayed).
     pub fn new(window: Duration, capacity: usize, replay_bytes: usize) -> DuplicateBook {
+        let keeping = Arc::new(Keeping::new(window, capacity, replay_bytes, SHARDS));
         DuplicateBook {
             shards: (0..SHARDS).map(|_| Default::default()).collect(),
             hasher: foldhash::fast::RandomState::default(),
             fingerprints: foldhash::fast::RandomState::default(),
-            clock: Clock::new(),
-            window,
-            window_ms: millis(window),
-            generation: generation_of(window),
-            capacity,
-            ring_bytes: replay_bytes / SHARDS,
+            counters: Arc::clone(&keeping.counters),
+            keeping,
             fields: Vec::new(),
-            held: AtomicUsize::new(0),
-            counters: DuplicateCounters::default(),
         }
     }
 
     pub fn is_on(&self) -> bool {
-        !self.window.is_zero()
+        self.keeping.is_on()
+    }
+
+    /// How this book keeps answers, for a correlation table that keeps
+    /// them in its stead ([`Shards::keeping`](crate::correlator::Shards::keeping)).
+    pub fn keeping(&self) -> &Arc<Keeping> {
+        &self.keeping
     }
 
     /// The fields that tell two requests apart beyond their correlation
@@ -188,11 +506,29 @@ impl DuplicateBook {
         &self.fields
     }
 
-    /// What the request of `key` is known by: its key's place and its
-    /// fingerprint, a hash of the key and of `parts`, the bytes of the
-    /// identifying fields the key does not hold, in order (an absent field
-    /// as an empty part). Fields already in the key are not read twice:
-    /// the key holds their bytes. [`Identity::NONE`] with the check off.
+    /// The fingerprint of `parts`, the bytes of the identifying fields the
+    /// key does not hold, in order (an absent field as an empty part), after
+    /// `key`'s bytes if any. Each `write` folds its length in (foldhash
+    /// rotates by it), so the parts need no length beside them: an empty
+    /// part is a step of its own, and no two splits of the same bytes hash
+    /// alike.
+    fn hash_parts<'a>(&self, key: Option<&[u8]>, parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
+        let mut h = self.fingerprints.build_hasher();
+        if let Some(key) = key {
+            h.write(key);
+        }
+        for part in parts {
+            h.write(part);
+        }
+        h.finish() | 1
+    }
+
+    /// What the request of `key` is known by in this book: its key's place
+    /// and its fingerprint, a hash of the key and of `parts`, the bytes of
+    /// the identifying fields the key does not hold, in order (an absent
+    /// field as an empty part). Fields already in the key are not read
+    /// twice: the key holds their bytes. [`Identity::NONE`] with the check
+    /// off.
     pub fn identify<'a>(
         &self,
         key: &CorrelationKey,
@@ -202,15 +538,20 @@ impl DuplicateBook {
             return Identity::NONE;
         }
         let key = key.as_bytes();
-        let mut h = self.fingerprints.build_hasher();
-        h.write(key);
-        for part in parts {
-            h.write_usize(part.len());
-            h.write(part);
-        }
         Identity {
             place: self.hasher.hash_one(key),
-            fingerprint: h.finish() | 1,
+            fingerprint: self.hash_parts(Some(key), parts),
+        }
+    }
+
+    /// What a request is known by in a correlation table that keeps its
+    /// answers (which finds it by its whole key): the fingerprint of
+    /// `parts` alone (see [`DuplicateBook::identify`]). The caller asks
+    /// only with the check on ([`DuplicateBook::is_on`]).
+    pub fn fingerprint<'a>(&self, parts: impl IntoIterator<Item = &'a [u8]>) -> Identity {
+        Identity {
+            place: 0,
+            fingerprint: self.hash_parts(None, parts),
         }
     }
 
@@ -228,37 +569,36 @@ impl DuplicateBook {
         if id.is_none() || !self.is_on() {
             return;
         }
-        let t = self.clock.ms(now);
+        let k = &*self.keeping;
         let mut shard = self.shard(id.place);
         let shard = &mut *shard;
-        let gone = shard.generations.expire(t, self.window_ms, self.generation);
-        if gone > 0 {
-            self.held.fetch_sub(gone, Ordering::Relaxed);
-        }
-        let full = self.held.load(Ordering::Relaxed) >= self.capacity;
-        let g = shard.generations.current(t, self.generation);
-        if full && !g.entries.contains_key(&id.place) {
-            self.counters.overflow.fetch_add(1, Ordering::Relaxed);
+        let gone = shard.answers.expire(now, k.window, &mut shard.index);
+        k.give_back(gone);
+        if !k.take_place() {
             return;
         }
-        let kept = if self.ring_bytes == 0 || answer.is_empty() {
-            None
-        } else {
-            let at = shard.ring.put(answer, self.ring_bytes);
-            if at.is_none() {
-                self.counters.too_long.fetch_add(1, Ordering::Relaxed);
+        let answers = &shard.answers;
+        let (tag, bucket) = {
+            let tag = answers.next_tag();
+            match shard
+                .index
+                .find_entry(id.place, |&t| answers.holds(t, id.place))
+            {
+                Ok(mut e) => {
+                    *e.get_mut() = tag;
+                    (tag, e.bucket_index())
+                }
+                Err(absent) => {
+                    let e = absent
+                        .into_table()
+                        .insert_unique(id.place, tag, |&t| answers.hash(t).unwrap_or(0));
+                    (tag, e.bucket_index())
+                }
             }
-            at
         };
-        let entry = Answered {
-            fingerprint: id.fingerprint,
-            ms: g.ms_at(t),
-            len: kept.map_or(0, |_| u32::try_from(answer.len()).unwrap_or(0)),
-            at: kept.unwrap_or(0),
-        };
-        if g.entries.insert(id.place, entry).is_none() {
-            self.held.fetch_add(1, Ordering::Relaxed);
-        }
+        let pushed = shard.answers.push(id.place, id.fingerprint, now, bucket);
+        debug_assert_eq!(pushed, tag);
+        shard.answers.keep_last(&[], answer, k);
     }
 
     /// Whether the request known as `id` was answered within the window,
@@ -268,45 +608,46 @@ impl DuplicateBook {
             return None;
         }
         let shard = self.shard(id.place);
-        let (g, a) = shard.generations.newest(id.place)?;
-        // A key seen before is nearly always another transaction: the
-        // fingerprint first, the clock only for the same one.
-        if a.fingerprint != id.fingerprint
-            || self.clock.ms(now).saturating_sub(g.at(a.ms)) > self.window_ms
-        {
-            return None;
-        }
-        if a.len == 0 {
-            return Some(Duplicate::Answered);
-        }
-        match shard.ring.get(a.at, a.len) {
-            Some(bytes) => Some(Duplicate::Replay(bytes.to_vec())),
-            None => {
-                self.counters.overwritten.fetch_add(1, Ordering::Relaxed);
-                Some(Duplicate::Answered)
-            }
-        }
+        let tag = shard.find(id.place)?;
+        let seen = shard
+            .answers
+            .seen(tag, id.fingerprint, &[], now, self.keeping.window)?;
+        Some(duplicate(seen, &self.counters))
     }
 
-    /// Drops the generations past the window in every shard. Returns how
-    /// many entries went.
+    /// Forgets the answers past the window in every shard. Returns how many
+    /// went.
     pub fn sweep(&self, now: Instant) -> usize {
-        let t = self.clock.ms(now);
         let mut gone = 0;
         for s in self.shards.iter() {
             let mut shard = s.lock().unwrap_or_else(|e| e.into_inner());
-            gone += shard.generations.expire(t, self.window_ms, self.generation);
+            let shard = &mut *shard;
+            gone += shard
+                .answers
+                .expire(now, self.keeping.window, &mut shard.index);
         }
-        self.held.fetch_sub(gone, Ordering::Relaxed);
+        self.keeping.give_back(gone);
         gone
     }
 
     pub fn len(&self) -> usize {
-        self.held.load(Ordering::Relaxed)
+        self.keeping.held()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// What a duplicate gets for what its first's entry says.
+pub(crate) fn duplicate(seen: Seen<'_>, counters: &DuplicateCounters) -> Duplicate {
+    match seen {
+        Seen::Replay(bytes) => Duplicate::Replay(bytes.to_vec()),
+        Seen::Answered => Duplicate::Answered,
+        Seen::Overwritten => {
+            counters.overwritten.fetch_add(1, Ordering::Relaxed);
+            Duplicate::Answered
+        }
     }
 }
 
