@@ -50,124 +50,21 @@
 use std::collections::{HashMap, VecDeque};
 
 use hashbrown::HashTable;
-use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::integrity::duplicates::{ANSWERED, Answers, Keeping, duplicate};
-use crate::integrity::{Duplicate, Identity};
+use crate::integrity::Identity;
+use crate::integrity::duplicates::{ANSWERED, Answers, Keeping};
 
-/// Longest encoded key, in bytes (each part costs its length plus one).
-pub const KEY_MAX: usize = 64;
-
-/// A correlation key: length-prefixed parts, stored inline (no allocation).
-#[derive(Clone, Copy)]
-pub struct CorrelationKey {
-    len: u8,
-    bytes: [u8; KEY_MAX],
-}
-
-impl CorrelationKey {
-    /// Starts a key; add parts with [`KeyBuilder::push`].
-    pub fn builder() -> KeyBuilder {
-        KeyBuilder {
-            key: CorrelationKey {
-                len: 0,
-                bytes: [0; KEY_MAX],
-            },
-            overflow: false,
-        }
-    }
-
-    /// The encoded key: each part as one length byte then its bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..usize::from(self.len)]
-    }
-}
-
-impl PartialEq for CorrelationKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.as_bytes() == other.as_bytes()
-    }
-}
-
-impl Eq for CorrelationKey {}
-
-impl Hash for CorrelationKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.as_bytes().hash(state);
-    }
-}
-
-impl fmt::Debug for CorrelationKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Parts joined by `|`. Keys hold routing fields (ids, STAN, dates),
-        // never card data, so they may be shown.
-        f.write_str("CorrelationKey(")?;
-        let mut rest = self.as_bytes();
-        let mut first = true;
-        while let Some((&n, tail)) = rest.split_first() {
-            let n = usize::from(n).min(tail.len());
-            if !first {
-                f.write_str("|")?;
-            }
-            write!(f, "{}", tail[..n].escape_ascii())?;
-            rest = &tail[n..];
-            first = false;
-        }
-        f.write_str(")")
-    }
-}
-
-/// Builds a [`CorrelationKey`] part by part. Each part is length-prefixed, so
-/// `("12", "3")` and `("1", "23")` are different keys.
-#[derive(Clone, Copy, Debug)]
-pub struct KeyBuilder {
-    key: CorrelationKey,
-    overflow: bool,
-}
-
-/// The parts do not fit in [`KEY_MAX`] bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
-#[error("correlation key parts exceed {KEY_MAX} bytes")]
-pub struct KeyTooLong;
-
-impl KeyBuilder {
-    /// Appends one part (may be empty, e.g. an absent optional field).
-    pub fn push(mut self, part: &[u8]) -> Self {
-        self.append(part);
-        self
-    }
-
-    /// [`KeyBuilder::push`] in place: the per-request key is built where it
-    /// lies instead of moving its 66 bytes once per part.
-    #[inline]
-    pub fn append(&mut self, part: &[u8]) {
-        let at = usize::from(self.key.len);
-        let end = at + 1 + part.len();
-        if self.overflow || end > KEY_MAX {
-            self.overflow = true;
-            return;
-        }
-        // end <= 64, so part.len() < 64 fits a byte.
-        self.key.bytes[at] = part.len() as u8;
-        self.key.bytes[at + 1..end].copy_from_slice(part);
-        self.key.len = end as u8;
-    }
-
-    pub fn build(self) -> Result<CorrelationKey, KeyTooLong> {
-        if self.overflow {
-            Err(KeyTooLong)
-        } else {
-            Ok(self.key)
-        }
-    }
-}
+mod answered;
+mod key;
+mod shards;
+use answered::settle;
+pub use key::{CorrelationKey, KEY_MAX, KeyBuilder, KeyHasher, KeyTooLong};
+pub use shards::{SHARDS, Shards};
 
 /// Settings of a correlation table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -300,10 +197,6 @@ pub struct Correlator<V> {
     keeping: Option<Arc<Keeping>>,
 }
 
-/// Keys are hashed with foldhash: fast on short byte strings, and seeded per
-/// process, so a peer cannot aim keys at one bucket.
-pub type KeyHasher = foldhash::fast::RandomState;
-
 /// The hash of the key in `slot` (or of the answered key tagged so), for
 /// the index to move it when it grows.
 fn rehash<V>(slab: &[Option<Entry<V>>], answers: &Answers, hasher: &KeyHasher, slot: u32) -> u64 {
@@ -314,38 +207,6 @@ fn rehash<V>(slab: &[Option<Entry<V>>], answers: &Answers, hasher: &KeyHasher, s
     slab.get(slot as usize)
         .and_then(Option::as_ref)
         .map_or(0, |e| hasher.hash_one(e.key))
-}
-
-/// What the index keeps for a request leaving the table, `bucket` its
-/// entry: the key answered (its tag, returned), when the answer is
-/// `kept` and the request has a fingerprint and there is room; else the
-/// answered entry the request had hidden, if still held; else nothing.
-#[allow(clippy::too_many_arguments)]
-fn settle(
-    mut bucket: hashbrown::hash_table::OccupiedEntry<'_, u32>,
-    (fingerprint, hid): (u64, u32),
-    answers: &mut Answers,
-    keeping: Option<&Keeping>,
-    hash: u64,
-    now: Instant,
-    kept: bool,
-) -> Option<u32> {
-    // A fingerprint is only made with the check on.
-    if kept
-        && fingerprint != 0
-        && let Some(k) = keeping
-        && k.take_place()
-    {
-        let tag = answers.push(hash, fingerprint, now, bucket.bucket_index());
-        *bucket.get_mut() = tag;
-        return Some(tag);
-    }
-    if hid != 0 && answers.holds(hid, hash) {
-        *bucket.get_mut() = hid;
-    } else {
-        bucket.remove();
-    }
-    None
 }
 
 /// Capacity reserved up front; beyond it the maps grow on demand.
@@ -446,57 +307,6 @@ impl<V> Correlator<V> {
         self.index
             .find(hash, |&slot| holds(slab, slot, key))
             .copied()
-    }
-
-    /// The slot holding `key` in flight, else the tag of its answered
-    /// entry (a key hashed `hash`): in one probe, the request in flight
-    /// first (an answered entry is known by its hash alone, so another key
-    /// of the same hash may have one).
-    #[inline]
-    fn find_any(&self, hash: u64, key: &CorrelationKey) -> (Option<u32>, Option<u32>) {
-        let (slab, answers) = (&self.slab, &self.answers);
-        let mut answered = None;
-        let slot = self
-            .index
-            .find(hash, |&v| {
-                if v & ANSWERED == 0 {
-                    return holds(slab, v, key);
-                }
-                if answered.is_none() && answers.holds(v, hash) {
-                    answered = Some(v);
-                }
-                false
-            })
-            .copied();
-        (slot, answered)
-    }
-
-    /// What the table knows of a request of `key` (hashed `hash`) known as
-    /// `id`, answered within the window: the answered entry of its key, or
-    /// the one a request of another transaction in flight hid.
-    /// A replayed answer is marked so, under the same lock: an answer
-    /// withheld later (its first sender gone) is known to have reached a
-    /// terminal all the same ([`Shards::withhold`]).
-    fn seen_hashed(
-        &mut self,
-        hash: u64,
-        key: &CorrelationKey,
-        id: Identity,
-        now: Instant,
-    ) -> Option<Duplicate> {
-        let k = self.keeping.as_deref()?;
-        if id.is_none() || !k.is_on() {
-            return None;
-        }
-        let tag = self.answered_tag(hash, key)?;
-        let seen = self
-            .answers
-            .seen(tag, id.fingerprint(), key.as_bytes(), now, k.window())?;
-        let seen = duplicate(seen, &k.counters);
-        if matches!(seen, Duplicate::Replay(_)) {
-            self.answers.mark_replayed(tag);
-        }
-        Some(seen)
     }
 
     /// Lets `f` change the value of the request in flight under `key`;
@@ -828,32 +638,6 @@ impl<V> Correlator<V> {
         }
     }
 
-    /// Forgets the keys answered longer ago than the window.
-    fn forget_answers(&mut self, now: Instant) {
-        let Some(k) = self.keeping.as_deref() else {
-            return;
-        };
-        let gone = self.answers.expire(now, k.window(), &mut self.index);
-        k.give_back(gone);
-    }
-
-    /// The tag of the answered entry of `key` (hashed `hash`): its own,
-    /// or the one a request of another transaction in flight hid.
-    fn answered_tag(&self, hash: u64, key: &CorrelationKey) -> Option<u32> {
-        match self.find_any(hash, key) {
-            (Some(slot), _) => Some(self.entry(slot)?.hid).filter(|&t| t != 0),
-            (None, answered) => answered,
-        }
-    }
-
-    /// The answer kept for the request of `key` known as `id` is not to
-    /// be replayed: its sender never got it.
-    /// Whether a duplicate was sent it before.
-    fn withhold_hashed(&mut self, hash: u64, key: &CorrelationKey, id: Identity) -> bool {
-        self.answered_tag(hash, key)
-            .is_some_and(|tag| self.answers.withhold(tag, id.fingerprint()))
-    }
-
     fn remember(&mut self, key: CorrelationKey, now: Instant) {
         if self.cfg.recent_capacity == 0 {
             return;
@@ -894,276 +678,6 @@ fn holds<V>(slab: &[Option<Entry<V>>], slot: u32, key: &CorrelationKey) -> bool 
     slab.get(slot as usize)
         .and_then(Option::as_ref)
         .is_some_and(|e| e.key == *key)
-}
-
-/// A correlation table split into shards, each a [`Correlator`] under its own
-/// lock, picked by the key's hash: requests on different shards never wait
-/// for each other, and no lock is held for more than one table operation.
-/// The capacity is the service's, shared by all shards (an atomic count);
-/// each shard remembers its share of recently declined keys.
-#[derive(Debug)]
-pub struct Shards<V> {
-    shards: Box<[std::sync::Mutex<Correlator<V>>]>,
-    hasher: KeyHasher,
-    in_flight: AtomicUsize,
-    capacity: AtomicUsize,
-    keeping: Option<Arc<Keeping>>,
-}
-
-/// Shards per table: a power of two, several per core of the machines this
-/// runs on, so two workers rarely meet on one lock.
-pub const SHARDS: usize = 16;
-
-impl<V> Shards<V> {
-    pub fn new(cfg: CorrelatorConfig) -> Self {
-        Self::with(cfg, None)
-    }
-
-    /// A table that keeps answers as `keeping` says: each shard its share
-    /// of the answered keys and of the ring (see the module doc).
-    pub fn with_keeping(cfg: CorrelatorConfig, keeping: Arc<Keeping>) -> Self {
-        Self::with(cfg, Some(keeping))
-    }
-
-    fn with(cfg: CorrelatorConfig, keeping: Option<Arc<Keeping>>) -> Self {
-        // Each shard reserves its share of the table, not all of it.
-        let pre = cfg.capacity.min(PREALLOCATE_MAX).div_ceil(SHARDS);
-        let recent_pre = cfg.recent_capacity.min(PREALLOCATE_MAX).div_ceil(SHARDS);
-        let hasher = KeyHasher::default();
-        let shards = (0..SHARDS)
-            .map(|_| {
-                let shard = Correlator::with_reserve(
-                    Self::shard_config(cfg),
-                    pre,
-                    recent_pre,
-                    hasher.clone(),
-                    keeping.clone(),
-                );
-                std::sync::Mutex::new(shard)
-            })
-            .collect();
-        Self {
-            shards,
-            hasher,
-            in_flight: AtomicUsize::new(0),
-            capacity: AtomicUsize::new(cfg.capacity),
-            keeping,
-        }
-    }
-
-    /// How the table keeps answers; none: it does not.
-    pub fn keeping(&self) -> Option<&Arc<Keeping>> {
-        self.keeping.as_ref()
-    }
-
-    /// A shard's own settings: capacity is enforced across shards, so each
-    /// shard may hold all of it; the recent set is split.
-    fn shard_config(cfg: CorrelatorConfig) -> CorrelatorConfig {
-        CorrelatorConfig {
-            capacity: cfg.capacity,
-            recent_capacity: cfg.recent_capacity.div_ceil(SHARDS),
-            recent_ttl: cfg.recent_ttl,
-        }
-    }
-
-    /// The shard of `key`, and the key's hash, which the shard's index
-    /// uses too (the shards share the hasher): one hash per operation.
-    fn shard(&self, key: &CorrelationKey) -> (std::sync::MutexGuard<'_, Correlator<V>>, u64) {
-        use std::hash::BuildHasher;
-        let hash = self.hasher.hash_one(key);
-        (self.shard_of(hash), hash)
-    }
-
-    /// The shard of a key hashed `hash`, locked.
-    fn shard_of(&self, hash: u64) -> std::sync::MutexGuard<'_, Correlator<V>> {
-        // Bits the shard's index leaves alone pick the shard: hashbrown takes
-        // buckets from the low bits and its tags from the top seven.
-        let i = (hash >> 40) as usize & (SHARDS - 1);
-        lock(&self.shards[i])
-    }
-
-    /// New limits (config reload); see [`Correlator::set_config`].
-    pub fn set_config(&self, cfg: CorrelatorConfig) {
-        self.capacity.store(cfg.capacity, Ordering::Relaxed);
-        for s in &self.shards {
-            lock(s).set_config(Self::shard_config(cfg));
-        }
-    }
-
-    /// Requests in flight.
-    pub fn len(&self) -> usize {
-        self.in_flight.load(Ordering::Relaxed)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The shards' counters, summed.
-    pub fn stats(&self) -> CorrelatorStats {
-        self.shards
-            .iter()
-            .fold(CorrelatorStats::default(), |acc, s| {
-                let s = lock(s).stats();
-                CorrelatorStats {
-                    inserted: acc.inserted + s.inserted,
-                    answered: acc.answered + s.answered,
-                    expired: acc.expired + s.expired,
-                    node_lost: acc.node_lost + s.node_lost,
-                    cancelled: acc.cancelled + s.cancelled,
-                    duplicates: acc.duplicates + s.duplicates,
-                    full: acc.full + s.full,
-                    late: acc.late + s.late,
-                    unknown: acc.unknown + s.unknown,
-                }
-            })
-    }
-
-    /// See [`Correlator::insert`]; the capacity counts every shard.
-    pub fn insert(
-        &self,
-        key: CorrelationKey,
-        value: V,
-        via: u64,
-        deadline: Instant,
-    ) -> Result<(), Rejected<V>> {
-        self.register(key, (Identity::NONE, None), value, via, deadline)
-    }
-
-    /// See [`Correlator::register`]: one hash, one lock and one probe for
-    /// the request in flight, its key's answer within the window (with
-    /// `look`, the time now) and its place. The capacity counts every
-    /// shard.
-    pub fn register(
-        &self,
-        key: CorrelationKey,
-        (id, look): (Identity, Option<Instant>),
-        value: V,
-        via: u64,
-        deadline: Instant,
-    ) -> Result<(), Rejected<V>> {
-        let cap = self.capacity.load(Ordering::Relaxed);
-        let (mut shard, hash) = self.shard(&key);
-        let entry = (key, id.fingerprint(), look);
-        shard.insert_if(hash, entry, value, via, deadline, |_| {
-            // Taken here, under the shard's lock, once the key is known new;
-            // given back by whatever takes the entry out.
-            if self.in_flight.fetch_add(1, Ordering::AcqRel) < cap {
-                return true;
-            }
-            self.in_flight.fetch_sub(1, Ordering::AcqRel);
-            false
-        })
-    }
-
-    /// See [`Correlator::with_mut`].
-    pub fn with_mut<R>(&self, key: &CorrelationKey, f: impl FnOnce(&mut V) -> R) -> Option<R> {
-        let (mut shard, hash) = self.shard(key);
-        shard.with_mut_hashed(hash, key, f)
-    }
-
-    /// See [`Correlator::take`].
-    pub fn take(&self, key: &CorrelationKey, now: Instant) -> Result<V, Miss> {
-        self.take_answered(key, &[], now)
-    }
-
-    /// [`Shards::take`] of a request answered `answer`: a request
-    /// registered with a fingerprint leaves its key answered, and the
-    /// answer is kept to replay to its duplicates, in the same lock (when
-    /// the ring can hold it: else they are declined 94). An answer its
-    /// sender does not get is withheld right after ([`Shards::withhold`]).
-    pub fn take_answered(
-        &self,
-        key: &CorrelationKey,
-        answer: &[u8],
-        now: Instant,
-    ) -> Result<V, Miss> {
-        let (mut shard, hash) = self.shard(key);
-        let taken = shard.take_answered(hash, key, answer, now);
-        drop(shard);
-        if taken.is_ok() {
-            self.in_flight.fetch_sub(1, Ordering::AcqRel);
-        }
-        taken
-    }
-
-    /// The answer kept for the request of `key` known as `id` is never
-    /// replayed: its sender did not get it (the client gone, its queue
-    /// full, its socket closing). Its duplicates are declined 94. Returns
-    /// whether a duplicate was sent it first (from another connection, in
-    /// the moment between the answer's take and this): then a terminal has
-    /// the answer, and the caller must not treat it as undelivered.
-    pub fn withhold(&self, key: &CorrelationKey, id: Identity) -> bool {
-        let (mut shard, hash) = self.shard(key);
-        shard.withhold_hashed(hash, key, id)
-    }
-
-    /// What a request of `key` known as `id` gets as a duplicate: the
-    /// answer of the same transaction within the window (its key answered,
-    /// or hidden by another transaction of the key in flight); `None`: it
-    /// is no duplicate.
-    pub fn seen(&self, key: &CorrelationKey, id: Identity, now: Instant) -> Option<Duplicate> {
-        let (mut shard, hash) = self.shard(key);
-        shard.seen_hashed(hash, key, id, now)
-    }
-
-    /// Answered keys held for duplicates.
-    pub fn answered(&self) -> usize {
-        self.keeping.as_deref().map_or(0, Keeping::held)
-    }
-
-    /// See [`Correlator::cancel`].
-    pub fn cancel(&self, key: &CorrelationKey, now: Instant) -> Option<V> {
-        let (mut shard, hash) = self.shard(key);
-        let taken = shard.cancel_hashed(hash, key, now);
-        drop(shard);
-        if taken.is_some() {
-            self.in_flight.fetch_sub(1, Ordering::AcqRel);
-        }
-        taken
-    }
-
-    /// See [`Correlator::expire`]: shard by shard, each in deadline order.
-    pub fn expire(&self, now: Instant, out: &mut Vec<(CorrelationKey, V)>) -> usize {
-        self.each(out, |s, out| s.expire(now, out))
-    }
-
-    /// See [`Correlator::take_via`].
-    pub fn take_via(&self, via: u64, now: Instant, out: &mut Vec<(CorrelationKey, V)>) -> usize {
-        self.each(out, |s, out| s.take_via(via, now, out))
-    }
-
-    /// See [`Correlator::drain`].
-    pub fn drain(&self, now: Instant, out: &mut Vec<(CorrelationKey, V)>) -> usize {
-        self.each(out, |s, out| s.drain(now, out))
-    }
-
-    /// The earliest deadline of any shard.
-    pub fn next_deadline(&self) -> Option<Instant> {
-        self.shards
-            .iter()
-            .filter_map(|s| lock(s).next_deadline())
-            .min()
-    }
-
-    fn each(
-        &self,
-        out: &mut Vec<(CorrelationKey, V)>,
-        mut f: impl FnMut(&mut Correlator<V>, &mut Vec<(CorrelationKey, V)>) -> usize,
-    ) -> usize {
-        let mut n = 0;
-        for s in &self.shards {
-            n += f(&mut lock(s), out);
-        }
-        self.in_flight.fetch_sub(n, Ordering::AcqRel);
-        n
-    }
-}
-
-/// A poisoned shard is still consistent: every operation on it completes or
-/// does nothing before anything that could panic.
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! Tests of `correlator`.
 
 use super::*;
+use crate::integrity::Duplicate;
+use std::sync::atomic::Ordering;
 
 fn key(parts: &[&[u8]]) -> CorrelationKey {
     parts
@@ -408,12 +410,14 @@ fn withholding_an_answer_says_whether_a_duplicate_got_it_first() {
     let t0 = Instant::now();
     let (s, book) = keeping(100);
     let first = book.fingerprint([&b"TERM0001"[..]]);
-    s.register(k(1), (first, Some(t0)), 1, 0, t0 + ms(100)).unwrap();
+    s.register(k(1), (first, Some(t0)), 1, 0, t0 + ms(100))
+        .unwrap();
     assert_eq!(s.take_answered(&k(1), b"0210-approved", t0), Ok(1));
     assert!(!s.withhold(&k(1), first), "no duplicate was sent it");
     assert_eq!(s.seen(&k(1), first, t0), Some(Duplicate::Answered));
 
-    s.register(k(2), (first, Some(t0)), 2, 0, t0 + ms(100)).unwrap();
+    s.register(k(2), (first, Some(t0)), 2, 0, t0 + ms(100))
+        .unwrap();
     assert_eq!(s.take_answered(&k(2), b"0210-approved", t0), Ok(2));
     assert_eq!(
         s.seen(&k(2), first, t0),
