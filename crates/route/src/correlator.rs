@@ -474,6 +474,7 @@ impl<V> Correlator<V> {
             let tag = settle(bucket, ids, &mut self.answers, keeping, hash, now, true);
             if let (Some(_), Some(k)) = (tag, keeping) {
                 self.answers.keep_last(key.as_bytes(), answer, k);
+                self.trim_answers();
             }
             self.unlink(&e);
             self.free.push(slot);
@@ -620,7 +621,9 @@ impl<V> Correlator<V> {
         if let Ok(bucket) = self.index.find_entry(hash, |&s| s == slot) {
             let keeping = self.keeping.as_deref();
             let ids = (e.fingerprint, e.hid);
-            settle(bucket, ids, &mut self.answers, keeping, hash, now, kept);
+            if settle(bucket, ids, &mut self.answers, keeping, hash, now, kept).is_some() {
+                self.trim_answers();
+            }
         }
         self.free.push(slot);
         Some(e)

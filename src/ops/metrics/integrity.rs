@@ -106,6 +106,10 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
         "isoswitch_duplicates",
         "Requests that were the same as one answered within integrity.duplicate_window (same correlation key and duplicate_fields), none of them sent to a node, by outcome: replayed (the first answer sent again), declined (94: duplicates = \"decline\", the first answer was the switch's or is no longer held), waited (arrived while the first was in flight, a repeat too, and got its answer).",
     );
+    let mut forgotten = counter(
+        "isoswitch_duplicate_answers_forgotten",
+        "Answers kept for duplicates that were forgotten before integrity.duplicate_window ended, or never kept, by reason: full (the table at integrity.duplicate_capacity forgot its oldest), written_over (found written over in the replay ring: the duplicate was declined 94), too_long (over a quarter of a shard's ring: never kept to replay).",
+    );
     let mut host_answers = counter(
         "isoswitch_owed_host_answers",
         "Hosts' answers to owed messages (reversals, stored advices) that did not simply complete them, by class of their F39 (the dialect's saf_reconcile / saf_retry codes): reconcile (completed, flagged for reconciliation: 25, 94), retry (tried again: 91, 96, MAC and format errors, no F39), dead (refused: a dead letter at once).",
@@ -148,6 +152,16 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
                 .samples
                 .push((labelled("outcome", outcome), v.load(Ordering::Relaxed)));
         }
+        let kept = &s.view().made.duplicates.counters;
+        for (reason, v) in [
+            ("full", &kept.overflow),
+            ("written_over", &kept.overwritten),
+            ("too_long", &kept.too_long),
+        ] {
+            forgotten
+                .samples
+                .push((labelled("reason", reason), v.load(Ordering::Relaxed)));
+        }
         for (outcome, v) in [
             ("stored", &c.advices_stored),
             ("delivered", &c.advices_delivered),
@@ -168,6 +182,7 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, handle: &SwitchHandle) -> std:
     }
     encode_counters(enc, &advices)?;
     encode_counters(enc, &duplicates)?;
+    encode_counters(enc, &forgotten)?;
     encode_counters(enc, &host_answers)?;
     let mut awaiting = gauge(
         "isoswitch_reversals_awaiting_store",

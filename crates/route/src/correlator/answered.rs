@@ -24,11 +24,13 @@ pub(super) fn settle(
     kept: bool,
 ) -> Option<u32> {
     // A fingerprint is only made with the check on.
+    // A full shard makes room after (`Correlator::trim_answers`): the
+    // newest answer is always kept.
     if kept
         && fingerprint != 0
         && let Some(k) = keeping
-        && k.take_place()
     {
+        k.count_kept();
         let tag = answers.push(hash, fingerprint, now, bucket.bucket_index());
         *bucket.get_mut() = tag;
         return Some(tag);
@@ -113,6 +115,24 @@ impl<V> Correlator<V> {
     ) -> bool {
         self.answered_tag(hash, key)
             .is_some_and(|tag| self.answers.withhold(tag, id.fingerprint()))
+    }
+
+    /// A shard past its share of answers forgets its oldest: duplicates
+    /// come for the newest (a terminal or a network resends within
+    /// seconds), so a table at its capacity keeps those, never refuses
+    /// them. Counted (`overflow`).
+    #[inline]
+    pub(super) fn trim_answers(&mut self) {
+        let Some(k) = self.keeping.as_deref() else {
+            return;
+        };
+        if self.answers.len() <= k.shard_capacity() {
+            return;
+        }
+        let gone = self
+            .answers
+            .forget_oldest(k.shard_capacity(), &mut self.index);
+        k.forgot_early(gone);
     }
 
     /// Forgets the keys answered longer ago than the window.

@@ -91,10 +91,14 @@ impl<V> Shards<V> {
 
     /// The shard of a key hashed `hash`, locked.
     fn shard_of(&self, hash: u64) -> std::sync::MutexGuard<'_, Correlator<V>> {
-        // Bits the shard's index leaves alone pick the shard: hashbrown takes
-        // buckets from the low bits and its tags from the top seven.
-        let i = (hash >> 40) as usize & (SHARDS - 1);
-        lock(&self.shards[i])
+        lock(&self.shards[shard_number(hash)])
+    }
+
+    /// The number of the shard that holds `key` (for tests that fill one).
+    #[cfg(test)]
+    pub(super) fn shard_number_of(&self, key: &CorrelationKey) -> usize {
+        use std::hash::BuildHasher;
+        shard_number(self.hasher.hash_one(key))
     }
 
     /// New limits (config reload); see [`Correlator::set_config`].
@@ -279,4 +283,11 @@ impl<V> Shards<V> {
 /// does nothing before anything that could panic.
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The shard of a key hashed `hash`: bits the shard's index leaves alone
+/// pick it (hashbrown takes buckets from the low bits and its tags from
+/// the top seven).
+fn shard_number(hash: u64) -> usize {
+    (hash >> 40) as usize & (SHARDS - 1)
 }

@@ -455,24 +455,76 @@ fn another_transaction_of_an_answered_key_hides_it_until_it_leaves() {
     assert_eq!(s.answered(), 2);
 }
 
+/// Keys that land in the same shard of `s` as `first`.
+fn same_shard(s: &Shards<u32>, first: &CorrelationKey) -> impl Iterator<Item = CorrelationKey> {
+    let shard = s.shard_number_of(first);
+    let keys = (1000u32..).map(|n| key(&[&n.to_le_bytes()]));
+    keys.filter(move |k| s.shard_number_of(k) == shard)
+}
+
+/// A table at its capacity of answers forgets its oldest, never the
+/// newest: duplicates come for the newest (a terminal resends within
+/// seconds). Each shard holds its share.
 #[test]
-fn a_full_table_of_answers_keeps_no_more() {
+fn a_full_table_of_answers_forgets_its_oldest() {
     let t0 = Instant::now();
-    let (s, book) = keeping(2);
+    // Two answers a shard.
+    let (s, book) = keeping(2 * SHARDS);
     let id = book.fingerprint([&b"a"[..]]);
-    for n in 1..=3 {
-        s.register(k(n), (id, Some(t0)), n, 0, t0 + ms(100))
+    let keys: Vec<_> = same_shard(&s, &k(1)).take(3).collect();
+    for (n, key) in keys.iter().enumerate() {
+        s.register(*key, (id, Some(t0)), n as u32, 0, t0 + ms(100))
             .unwrap();
-        assert_eq!(s.take(&k(n), t0), Ok(n));
+        assert_eq!(s.take_answered(key, b"0210", t0), Ok(n as u32));
     }
     assert_eq!(s.answered(), 2);
     assert_eq!(book.counters.overflow.load(Ordering::Relaxed), 1);
-    assert_eq!(s.seen(&k(3), id, t0), None, "not kept: relayed");
+    assert_eq!(s.seen(&keys[0], id, t0), None, "the oldest forgotten");
+    for key in &keys[1..] {
+        assert_eq!(
+            s.seen(key, id, t0),
+            Some(Duplicate::Replay(b"0210".to_vec()))
+        );
+    }
     // Without a fingerprint, nothing is kept.
     let (s, _) = keeping(2);
     s.insert(k(1), 1, 0, t0).unwrap();
     assert_eq!(s.take(&k(1), t0), Ok(1));
     assert_eq!((s.answered(), s.len()), (0, 0));
+}
+
+/// An answer written over in its shard's ring before its window ends is
+/// declined, never replayed from stale bytes; one too long for the ring is
+/// never kept.
+#[test]
+fn an_answer_written_over_is_declined_not_replayed() {
+    let t0 = Instant::now();
+    // 256 bytes of ring a shard: a key and its answer of 64 bytes at most.
+    let book = crate::integrity::DuplicateBook::new(Duration::from_secs(300), 1000, 256 * SHARDS);
+    let cfg = CorrelatorConfig {
+        capacity: 64,
+        ..CorrelatorConfig::default()
+    };
+    let s = Shards::with_keeping(cfg, Arc::clone(book.keeping()));
+    let id = book.fingerprint([&b"a"[..]]);
+    let answer = |key: &CorrelationKey, bytes: &[u8]| {
+        s.register(*key, (id, Some(t0)), 0, 0, t0 + ms(100))
+            .unwrap();
+        assert_eq!(s.take_answered(key, bytes, t0), Ok(0));
+    };
+    let first = k(1);
+    answer(&first, &[7; 8]);
+    assert_eq!(s.seen(&first, id, t0), Some(Duplicate::Replay(vec![7; 8])));
+    // More answers through its shard wrap the ring.
+    for (n, key) in same_shard(&s, &first).take(40).enumerate() {
+        answer(&key, &[n as u8; 8]);
+    }
+    assert_eq!(s.seen(&first, id, t0), Some(Duplicate::Answered));
+    assert_eq!(book.counters.overwritten.load(Ordering::Relaxed), 1);
+    let long = k(2);
+    answer(&long, &[1; 60]);
+    assert_eq!(s.seen(&long, id, t0), Some(Duplicate::Answered));
+    assert_eq!(book.counters.too_long.load(Ordering::Relaxed), 1);
 }
 
 mod prop {
