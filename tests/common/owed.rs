@@ -391,12 +391,17 @@ pub fn store_column<T: rusqlite::types::FromSql>(data: &str, query: &str) -> Vec
 pub async fn an_owed_reversal(data: &str) -> Vec<u8> {
     let query = "SELECT id FROM saf WHERE kind = 'reversal' AND state = 'pending' \
                  AND payload IS NOT NULL ORDER BY id LIMIT 1";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let id = loop {
         if db_path(data).exists()
             && let Some(id) = store_column::<i64>(data, query).pop()
         {
             break id;
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reversal owed with its payload in {data} within 60 s"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let row = |column: &str| -> Vec<rusqlite::types::Value> {
