@@ -305,12 +305,12 @@ async fn unionpay_late_approvals_of_node_requests_are_reversed_toward_the_peer()
         for host in nodes {
             node_reports.push(host.report().await);
         }
-        // Not a wait for an event: UnionPay's late approvals are scheduled
-        // by its simulator (--late-by), which counts them only in its final
-        // report, and the nodes stopped with requests in flight, so the
-        // switch's timeouts are not all late answers on their way
-        // (late_answers_in does not apply). Their last one lands within it.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Every late approval toward the nodes' requests has landed: the
+        // nodes stopped only once each of their requests was answered or
+        // declined, and UnionPay's own requests at a stopping node end
+        // node-lost, not timed out, so each timeout is a late answer on its
+        // way.
+        late_answers_in(admin).await;
         // UnionPay's own requests in flight at a node as it stops get
         // timeout reversals to that node, pending until it is back: not
         // what this case counts.
