@@ -697,10 +697,10 @@ async fn a_wrong_token_flood_writes_a_few_audit_rows_and_not_the_disk_full() {
         // No lockout: every request of the flood is a refused token.
         let extra = "max_refused_tokens = 100000000";
         let switch = SwitchProcess::start("audit-flood", &nodes, extra).await;
-        // A second for the audit's first write, then the baseline. Not a
-        // wait for an event: the switch shows none for its store's writes
-        // at start, and a baseline taken early would blame them on the flood.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // The baseline, once ready (what start waits for): the store's
+        // writes at start are done by then (the data dir stays the same
+        // size from there while nothing comes), and anything written later
+        // is counted against the flood, never for it.
         let before = data_bytes(&switch.data_dir);
         let until = tokio::time::Instant::now() + Duration::from_secs(5);
         let local = "127.0.0.1".parse().unwrap();
