@@ -235,6 +235,7 @@ async fn slow_client(mut stream: TcpStream, idle: bool) {
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
             },
+            // Pacing, not a wait: one header byte every 250 ms.
             _ = tokio::time::sleep(Duration::from_millis(250)) => {
                 if stream.write_all(b"a").await.is_err() {
                     return;
@@ -406,6 +407,7 @@ async fn trickler(
                     Ok(0) | Err(_) => break,
                     Ok(_) => {}
                 },
+                // Pacing, not a wait: one header byte every 100 ms.
                 _ = tokio::time::sleep(Duration::from_millis(100)) => {
                     if stream.write_all(b"a").await.is_err() {
                         break;
@@ -414,6 +416,7 @@ async fn trickler(
                 _ = stop.cancelled() => return,
             }
         }
+        // Pacing, not a wait: a cut trickler comes back shortly after.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -458,6 +461,7 @@ async fn probes_answer_within_a_second_while_200_clients_trickle_headers() {
                 assert_eq!(answered.0, 200, "{path}, round {round}: {}", answered.1);
                 slowest = slowest.max(began.elapsed());
             }
+            // Pacing, not a wait: probe rounds spread past header_timeout.
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let (code, body) = tokio::time::timeout(
@@ -693,8 +697,10 @@ async fn a_wrong_token_flood_writes_a_few_audit_rows_and_not_the_disk_full() {
         // No lockout: every request of the flood is a refused token.
         let extra = "max_refused_tokens = 100000000";
         let switch = SwitchProcess::start("audit-flood", &nodes, extra).await;
-        // A second for the audit's first write, then the baseline.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // The baseline, once ready (what start waits for): the store's
+        // writes at start are done by then (the data dir stays the same
+        // size from there while nothing comes), and anything written later
+        // is counted against the flood, never for it.
         let before = data_bytes(&switch.data_dir);
         let until = tokio::time::Instant::now() + Duration::from_secs(5);
         let local = "127.0.0.1".parse().unwrap();
@@ -702,8 +708,20 @@ async fn a_wrong_token_flood_writes_a_few_audit_rows_and_not_the_disk_full() {
         let refused = statuses.iter().filter(|&&s| s == 401).count() as u64;
         assert_eq!(refused as usize, statuses.len(), "all 401");
         assert!(refused > 1_000, "a flood: {refused} requests");
-        // The last refusals are written within a second or two.
-        tokio::time::sleep(Duration::from_millis(2500)).await;
+        // The last refusals are written (the book is flushed once a second):
+        // the rows count every one.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let rows = refused_rows(&switch.data_dir);
+            if rows.iter().map(|(_, n)| n).sum::<u64>() >= refused {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{refused} refusals, never all in the audit rows: {rows:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let grown = data_bytes(&switch.data_dir).saturating_sub(before);
         let data_dir = switch.data_dir.clone();
         let (status, log) = switch.terminate().await;

@@ -440,7 +440,25 @@ async fn a_crash_writes_no_core() {
         // guard), puts the default action back and returns: a second one,
         // as a real fault repeating would be, ends the process.
         switch.signal("SEGV");
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The first one handled: SIGSEGV no longer in the caught set
+        // (SigCgt in /proc/PID/status, bit 10), or the process gone.
+        let catches_segv = || {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|status| {
+                    let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+                    u64::from_str_radix(mask.trim(), 16).ok()
+                })
+                .is_some_and(|mask| mask & (1 << (11 - 1)) != 0)
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while catches_segv() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the switch still catches SIGSEGV after the first one"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let _ = std::process::Command::new("kill")
             .args(["-SEGV", &pid.to_string()])
             .status();

@@ -61,6 +61,7 @@ async fn traffic(front: std::net::SocketAddr, spec: &Spec, n: u32) -> usize {
     let mut client = RawClient::connect(front, spec).await;
     let first = purchase(spec, "10000001", 1);
     client.send_raw(&first[..20]).await;
+    // The scenario, not a wait: a frame split across two writes.
     tokio::time::sleep(Duration::from_millis(50)).await;
     client.send_raw(&first[20..]).await;
     for i in 2..=n {

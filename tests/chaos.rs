@@ -298,14 +298,17 @@ async fn ctrl_c_during_startup_stops_the_switch_once_started() {
             Proc::spawn_ignoring_sigint(name, &["run", "--config", &config, "--data-dir", &data]);
         // Once the switch has its own handler (the store still locked, so
         // it is still starting), Ctrl-C.
-        let caught = |pid: u32| {
+        // SIGINT (2) in a signal set of /proc/PID/status: SigCgt (caught),
+        // ShdPnd (sent to the process, not yet delivered).
+        let sigint_in = |pid: u32, set: &str| {
             let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
             status
                 .lines()
-                .find_map(|l| l.strip_prefix("SigCgt:"))
+                .find_map(|l| l.strip_prefix(set)?.strip_prefix(':'))
                 .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
                 .is_some_and(|mask| mask & (1 << (2 - 1)) != 0)
         };
+        let caught = |pid: u32| sigint_in(pid, "SigCgt");
         let mut waited = 0;
         while !caught(switch.pid()) && waited < 300 {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -320,7 +323,15 @@ async fn ctrl_c_during_startup_stops_the_switch_once_started() {
             "the switch is still starting"
         );
         switch.signal("INT");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Delivered to the switch's handler while the store is still locked.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while sigint_in(switch.pid(), "ShdPnd") {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "SIGINT still pending at the switch"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         lock.execute_batch("COMMIT").expect("let the store open");
         drop(lock);
         let finished = tokio::time::timeout(Duration::from_secs(20), switch.finish())
@@ -354,6 +365,7 @@ async fn sigterm_under_load_drains_then_closes() {
                 .write_all(&pos_request(&spec, 1, stan))
                 .await
                 .expect("write");
+            // Pacing, not a wait: a terminal's steady stream of requests.
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let before = stan;
@@ -364,6 +376,7 @@ async fn sigterm_under_load_drains_then_closes() {
             if write.write_all(&pos_request(&spec, 1, stan)).await.is_err() {
                 break;
             }
+            // Pacing, not a wait: requests keep coming through the drain.
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let answers = reader.await.expect("reader");
@@ -498,6 +511,7 @@ async fn poison_burst_during_a_nac_run_costs_no_good_request() {
                 .write_all(&poison_request(&spec, 66, stan))
                 .await
                 .expect("write");
+            // Pacing, not a wait: the poison spread over the NAC's run.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // Fewer than the client's write queue (4096): however slowly its reader

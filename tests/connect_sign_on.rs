@@ -131,6 +131,8 @@ async fn a_duplex_link_carries_nothing_before_its_sign_on() {
         let m = Message::parse(&spec, p).unwrap();
         assert_eq!((link, m.mti().as_str()), (1, "0110"), "on the signed-on link");
         assert_eq!(links.up(), (2, 1));
+        // Absence, not a wait: nothing but a sign-on may come on link 0
+        // within this window.
         tokio::time::sleep(Duration::from_millis(300)).await;
         while let Ok((link, p)) = peer.frames.try_recv() {
             let m = Message::parse(&spec, p).unwrap();

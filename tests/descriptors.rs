@@ -90,6 +90,7 @@ impl Switch {
 
     /// Until the log (stderr) so far satisfies `done`.
     async fn wait_log(&mut self, done: impl Fn(&str) -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
             if done(&self.log()) {
                 return;
@@ -97,6 +98,11 @@ impl Switch {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("the switch exited ({status}):\n{}", self.log());
             }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the switch's log never had what was waited for in 60 s:\n{}",
+                self.log()
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -104,7 +110,16 @@ impl Switch {
 
 /// Until `held` live connections reach the node.
 async fn wait_held(node: &NodeSim, held: u64) {
-    while node.stats.held.load(Ordering::Relaxed) != held {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = node.stats.held.load(Ordering::Relaxed);
+        if now == held {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{now} connections held at the node, never {held} in 60 s"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -175,7 +175,13 @@ async fn cups_answers_cross_both_ways_when_requests_alternate_instances() {
         accept_in_links(Arc::clone(&spec), a, 2, "a", tx.clone()).await;
         accept_in_links(Arc::clone(&spec), b, 2, "b", tx).await;
         // Every in link registered before the first request.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while cups.report().in_links_up < 4 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "UnionPay's 4 in links never up: {}",
+                cups.report().in_links_up
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
 

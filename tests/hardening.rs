@@ -145,6 +145,7 @@ async fn poison_is_declined_never_forwarded_and_costs_no_good_request() {
                 Some(format!("T{stan:07}")),
                 "{kind:?}: and the terminal"
             );
+            // Pacing, not a wait: the poison spread over the NAC's run.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
 

@@ -40,22 +40,18 @@ async fn every_late_approval_is_reversed_once_at_the_node_that_approved() {
         }
         let listen = free_addr();
         let data = data_dir("late-switch");
-        let _switch = switch(
-            "late-switch",
-            &pos_toml(listen, &addrs, "300ms", ""),
-            &data,
-            listen,
-        )
-        .await;
+        let (admin, admin_toml) = admin_toml("late-switch");
+        let toml = PosToml::new(listen, &addrs).admin(&admin_toml).build();
+        let _switch = switch("late-switch", &toml, &data, listen).await;
         let report = nac("late-nac", listen, 200, ("3s", "5s"), &[])
             .report()
             .await;
         eprintln!("NAC: {report}");
         assert_exactly_once(&report);
         assert!(n(&report, "declined") > 0, "late ones declined: {report}");
-        // Every late approval arrives within the nodes' --late-by of the
-        // NAC's end; then the store must hold every reversal, delivered.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Once every late approval has arrived, the store must hold every
+        // reversal, delivered.
+        late_answers_in(admin).await;
         let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
             !rows.is_empty() && count(rows, "reversal", "pending") == 0
         })
@@ -134,8 +130,9 @@ async fn kill_9_with_reversals_and_advices_owed_then_restart_delivers_every_one(
         let advice_node = free_addr();
         let (pos, adv) = (free_addr(), free_addr());
         let data = data_dir("owed-switch");
+        let (admin, admin_toml) = admin_toml("owed-switch");
         let toml = format!(
-            "{}\n[[service]]\nname = \"advices\"\nspec = \"cup-pos\"\n\
+            "{admin_toml}{}\n[[service]]\nname = \"advices\"\nspec = \"cup-pos\"\n\
              [service.front]\nkind = \"listen\"\nlisten = \"{adv}\"\n\
              [service.back]\nconnections_per_node = 1\nreconnect_min = \"50ms\"\nreconnect_max = \"200ms\"\n\
              [service.integrity]\nadvices = \"store-and-forward\"\n{}",
@@ -162,9 +159,9 @@ async fn kill_9_with_reversals_and_advices_owed_then_restart_delivers_every_one(
             advices,
             "each advice acknowledged once stored: {adv_report}"
         );
-        // Past the late approvals: every one is a stored reversal, its first
-        // attempt ignored, its next one seconds away.
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        // Once the late approvals are in, every one is a stored reversal,
+        // its first attempt ignored, its next one seconds away.
+        late_answers_in(admin).await;
         let owed = store_settles(&data, Duration::from_millis(700), |rows| {
             count(rows, "advice", "pending") as u64 == advices
                 && count(rows, "reversal", "pending") > 0
@@ -236,15 +233,7 @@ async fn forward_advices_get_no_switch_made_answer_while_every_node_is_down() {
         );
         // The NAC's first advices meet no node; bring one up only after the
         // switch has had them (and would have answered them, if it did).
-        let seen = |text: &str| {
-            text.lines()
-                .filter(|l| l.starts_with("isoswitch_service_requests_total"))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>()
-        };
-        while seen(&metrics(admin, &["isoswitch_service_requests_total"]).await) < 5.0 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_metric_sum(admin, "isoswitch_service_requests", &[], 5.0).await;
         let host = node("cup-pos", "01", node_addr, "0ms", &[]).await;
         let report = sender.report().await;
         let host_books = books(host).await;
@@ -316,7 +305,12 @@ async fn unionpay_late_approvals_of_node_requests_are_reversed_toward_the_peer()
         for host in nodes {
             node_reports.push(host.report().await);
         }
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Every late approval toward the nodes' requests has landed: the
+        // nodes stopped only once each of their requests was answered or
+        // declined, and UnionPay's own requests at a stopping node end
+        // node-lost, not timed out, so each timeout is a late answer on its
+        // way.
+        late_answers_in(admin).await;
         // UnionPay's own requests in flight at a node as it stops get
         // timeout reversals to that node, pending until it is back: not
         // what this case counts.
@@ -378,18 +372,14 @@ async fn a_reversal_closes_only_on_the_host_done_code() {
         }
         let listen = free_addr();
         let data = data_dir("host-done-switch");
-        let _switch = switch(
-            "host-done-switch",
-            &pos_toml(listen, &addrs, "300ms", ""),
-            &data,
-            listen,
-        )
-        .await;
+        let (admin, admin_toml) = admin_toml("host-done-switch");
+        let toml = PosToml::new(listen, &addrs).admin(&admin_toml).build();
+        let _switch = switch("host-done-switch", &toml, &data, listen).await;
         let report = nac("host-done-nac", listen, 100, ("3s", "5s"), &[])
             .report()
             .await;
         assert_exactly_once(&report);
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        late_answers_in(admin).await;
         let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
             !rows.is_empty() && rows.iter().all(|r| r.state != "pending")
         })
@@ -651,7 +641,8 @@ async fn a_late_balance_inquiry_is_not_reversed() {
         .await;
         let listen = free_addr();
         let data = data_dir("inquiry-switch");
-        let toml = pos_toml(listen, &[addr], "300ms", "");
+        let (admin, admin_toml) = admin_toml("inquiry-switch");
+        let toml = PosToml::new(listen, &[addr]).admin(&admin_toml).build();
         let _switch = switch("inquiry-switch", &toml, &data, listen).await;
         let mut s = tokio::net::TcpStream::connect(listen)
             .await
@@ -661,9 +652,9 @@ async fn a_late_balance_inquiry_is_not_reversed() {
         assert_eq!(inquiry, Some(("0210".into(), "68".into())));
         let purchase = ask(&mut s, &pos_request("0200", "000402", "000000"), wait).await;
         assert_eq!(purchase, Some(("0210".into(), "68".into())));
-        // Both late approvals come within a second; then the store holds
-        // the purchase's reversal only.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Once both late approvals are in, the store holds the purchase's
+        // reversal only.
+        late_answers_in(admin).await;
         let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
             count(rows, "reversal", "delivered") >= 1
         })
@@ -696,16 +687,12 @@ async fn disable_lets_in_flight_finish_and_force_offline_reverses_them() {
         let (admin, admin_extra) = admin_toml("disable-switch");
         // Answers in 1 s, well inside the request timeout: only the admin
         // action decides what happens to them.
-        let toml = pos_toml(listen, &[addr], "300ms", "")
-            .replace("\"02x0\" = \"500ms\"", "\"02x0\" = \"10s\"")
-            .replace("request = \"500ms\"", "request = \"10s\"");
-        let _switch = switch(
-            "disable-switch",
-            &format!("{admin_extra}{toml}"),
-            &data,
-            listen,
-        )
-        .await;
+        let toml = PosToml::new(listen, &[addr])
+            .admin(&admin_extra)
+            .purchase_timeout("10s")
+            .request_timeout("10s")
+            .build();
+        let _switch = switch("disable-switch", &toml, &data, listen).await;
         let ctl = |command| CtlArgs {
             admin: format!("http://{admin}"),
             json: false,
@@ -785,9 +772,10 @@ async fn the_same_purchase_twice_reaches_the_host_once() {
         let listen = free_addr();
         let data = data_dir("duplicate-switch");
         // No echo checks: the host counts the purchases alone.
-        let toml = pos_toml(listen, &[addr], "300ms", "")
-            .replace("\"02x0\" = \"500ms\"", "\"02x0\" = \"10s\"")
-            + "[service.back.health]\ncheck = \"none\"\n";
+        let toml = PosToml::new(listen, &[addr])
+            .purchase_timeout("10s")
+            .back("[service.back.health]\ncheck = \"none\"")
+            .build();
         let _switch = switch("duplicate-switch", &toml, &data, listen).await;
         let mut s = tokio::net::TcpStream::connect(listen)
             .await
@@ -868,15 +856,19 @@ async fn an_approval_whose_terminal_is_gone_is_reversed_once() {
         let host = node("cup-pos", "01", addr, "600ms", &[]).await;
         let listen = free_addr();
         let data = data_dir("gone-switch");
-        let toml = pos_toml(listen, &[addr], "300ms", "")
-            .replace("\"02x0\" = \"500ms\"", "\"02x0\" = \"10s\"");
+        let (admin, admin_toml) = admin_toml("gone-switch");
+        let toml = PosToml::new(listen, &[addr])
+            .admin(&admin_toml)
+            .purchase_timeout("10s")
+            .build();
         let _switch = switch("gone-switch", &toml, &data, listen).await;
         let mut s = tokio::net::TcpStream::connect(listen)
             .await
             .expect("connect");
         let purchase = pos_request("0200", "000901", "000000");
         s.write_all(&framed(&purchase)).await.expect("write");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Gone once its purchase is at the host (which answers 600 ms on).
+        wait_metric_sum(admin, "isoswitch_server_requests", &[], 1.0).await;
         drop(s);
         let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
             count(rows, "reversal", "delivered") == 1
@@ -906,9 +898,12 @@ async fn a_duplicate_never_gets_an_approval_its_original_could_not_take() {
         let host = node("cup-pos", "01", addr, "800ms", &[]).await;
         let listen = free_addr();
         let data = data_dir("gone-duplicate-switch");
-        let toml = pos_toml(listen, &[addr], "300ms", "")
-            .replace("\"02x0\" = \"500ms\"", "\"02x0\" = \"10s\"")
-            + "[service.back.health]\ncheck = \"none\"\n";
+        let (admin, admin_toml) = admin_toml("gone-duplicate-switch");
+        let toml = PosToml::new(listen, &[addr])
+            .admin(&admin_toml)
+            .purchase_timeout("10s")
+            .back("[service.back.health]\ncheck = \"none\"")
+            .build();
         let _switch = switch("gone-duplicate-switch", &toml, &data, listen).await;
         let connect = || tokio::net::TcpStream::connect(listen);
         let (mut first, mut second) = (
@@ -917,11 +912,12 @@ async fn a_duplicate_never_gets_an_approval_its_original_could_not_take() {
         );
         let purchase = pos_request("0200", "000951", "000000");
         first.write_all(&framed(&purchase)).await.expect("write");
-        // The switch has no event to show it read a request; the host takes
-        // 800 ms to answer, so both are in flight well before it does.
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // The first at the host (which answers 800 ms on), then the second
+        // taken by the switch (counted as it is checked for a duplicate, in
+        // the same step that makes it wait for the first): both in flight.
+        wait_metric_sum(admin, "isoswitch_server_requests", &[], 1.0).await;
         second.write_all(&framed(&purchase)).await.expect("write");
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        wait_metric_sum(admin, "isoswitch_service_requests", &[], 2.0).await;
         drop(first);
         let answer = read_answer(&mut second, Duration::from_secs(5)).await;
         let code = answer.as_ref().map(|(_, code)| code.as_str());
@@ -996,15 +992,11 @@ async fn a_host_lost_with_a_purchase_in_flight_gets_its_reversal_when_back() {
         let listen = free_addr();
         let data = data_dir("host-lost-switch");
         let (admin, admin_extra) = admin_toml("host-lost-switch");
-        let toml = pos_toml(listen, &[addr], "300ms", "")
-            .replace("\"02x0\" = \"500ms\"", "\"02x0\" = \"10s\"");
-        let _switch = switch(
-            "host-lost-switch",
-            &format!("{admin_extra}{toml}"),
-            &data,
-            listen,
-        )
-        .await;
+        let toml = PosToml::new(listen, &[addr])
+            .admin(&admin_extra)
+            .purchase_timeout("10s")
+            .build();
+        let _switch = switch("host-lost-switch", &toml, &data, listen).await;
         let mut s = tokio::net::TcpStream::connect(listen)
             .await
             .expect("connect");

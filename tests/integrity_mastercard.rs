@@ -121,7 +121,7 @@ async fn a_mastercard_node_late_approval_is_reversed_at_that_node_with_0400() {
         );
         wait_listening(mc_addr).await;
         let data = data_dir("mc-late-switch");
-        let (_admin, admin_toml) = admin_toml("mc-late-switch");
+        let (admin, admin_toml) = admin_toml("mc-late-switch");
         let path = write_config(
             "mc-late-switch",
             &mastercard_toml(&admin_toml, mc_addr, &addrs),
@@ -146,8 +146,8 @@ async fn a_mastercard_node_late_approval_is_reversed_at_that_node_with_0400() {
             n(&report, "issuer_declined") > 0,
             "late ones declined: {report}"
         );
-        // Every late approval lands within --late-by of Mastercard's last answer.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Every late approval has landed (one for each timeout).
+        late_answers_in(admin).await;
         let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
             !rows.is_empty() && count(rows, "reversal", "pending") == 0
         })
@@ -250,7 +250,10 @@ async fn mastercard_late_approvals_of_node_requests_are_reversed_toward_masterca
         for host in nodes {
             node_reports.push(host.report().await);
         }
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Every late approval toward the network has landed: the nodes
+        // stopped only once each of their requests was answered or
+        // declined, so each timeout is a late answer on its way.
+        late_answers_in(admin).await;
         let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
             !rows.is_empty() && count(rows, "reversal", "pending") == 0
         })

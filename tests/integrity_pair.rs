@@ -90,9 +90,10 @@ async fn reversals_stored_through_a_are_delivered_by_b_after_a_is_killed() {
         }
         let (listen_a, listen_b) = (free_addr(), free_addr());
         let (data_a, data_b) = (data_dir("pair-a"), data_dir("pair-b"));
+        let (admin_a, admin_toml_a) = admin_toml("pair-a");
         let mut a = switch(
             "pair-a",
-            &pair_toml(&url, listen_a, &addrs),
+            &format!("{admin_toml_a}{}", pair_toml(&url, listen_a, &addrs)),
             &data_a,
             listen_a,
         )
@@ -110,15 +111,22 @@ async fn reversals_stored_through_a_are_delivered_by_b_after_a_is_killed() {
             .await;
         eprintln!("NAC through A: {report}");
         assert_exactly_once(&report);
-        // Past the late approvals: every reversal stored through A, none
-        // delivered (each chain's first message is ignored, and its next
-        // attempt is 8 s away).
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        // Once the late approvals are in: every reversal stored through A,
+        // none delivered (each chain's first message is ignored, and its
+        // next attempt is 8 s away).
+        late_answers_in(admin_a).await;
+        let name = "isoswitch_late_approvals";
+        let reversed = metric_sum(
+            &metrics(admin_a, &[name]).await,
+            name,
+            &["action=\"reversed\""],
+        ) as usize;
         let mut last = None;
         let owed = loop {
             let rows = pg_rows(&url).await;
             let now = Some((owed_count(&rows, "pending"), owed_count(&rows, "delivered")));
-            if !rows.is_empty() && now == last {
+            let stored = owed_count(&rows, "pending") + owed_count(&rows, "delivered");
+            if !rows.is_empty() && stored >= reversed && now == last {
                 break rows;
             }
             last = now;
@@ -195,9 +203,9 @@ async fn late_approvals_during_a_store_outage_are_reversed_once_it_is_back() {
             .await;
         eprintln!("NAC: {report}");
         assert_exactly_once(&report);
-        // Every late approval has come (1 s after the NAC's last request)
-        // while the store is away; then it is back.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Every late approval has come while the store is away; then it
+        // is back.
+        late_answers_in(admin).await;
         let held = awaiting_store(admin).await;
         assert!(
             held > 0.0,

@@ -111,7 +111,7 @@ async fn a_visa_node_late_approval_is_reversed_at_that_node() {
         );
         wait_listening(visa_addr).await;
         let data = data_dir("visa-late-switch");
-        let (_admin, admin_toml) = admin_toml("visa-late-switch");
+        let (admin, admin_toml) = admin_toml("visa-late-switch");
         let path = write_config(
             "visa-late-switch",
             &visa_toml(&admin_toml, visa_addr, &addrs),
@@ -136,8 +136,8 @@ async fn a_visa_node_late_approval_is_reversed_at_that_node() {
             n(&report, "issuer_declined") > 0,
             "late ones declined: {report}"
         );
-        // Every late approval lands within --late-by of VISA's last answer.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Every late approval has landed (one for each timeout).
+        late_answers_in(admin).await;
         let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
             !rows.is_empty() && count(rows, "reversal", "pending") == 0
         })
@@ -238,7 +238,10 @@ async fn visa_late_approvals_of_node_requests_are_reversed_toward_visa() {
         for host in nodes {
             node_reports.push(host.report().await);
         }
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Every late approval toward the network has landed: the nodes
+        // stopped only once each of their requests was answered or
+        // declined, so each timeout is a late answer on its way.
+        late_answers_in(admin).await;
         let rows = store_settles(&data, Duration::from_millis(1000), |rows| {
             !rows.is_empty() && count(rows, "reversal", "pending") == 0
         })

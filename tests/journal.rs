@@ -303,9 +303,13 @@ async fn a_late_approval_is_journaled_with_its_reversal() {
         }
         let listen = free_addr();
         let data = data_dir("journal-late");
+        let (admin, admin_toml) = admin_toml("journal-late");
         let _switch = switch(
             "journal-late",
-            &format!("{JOURNAL_ON}{}", pos_toml(listen, &addrs, "300ms", "")),
+            &format!(
+                "{admin_toml}{JOURNAL_ON}{}",
+                pos_toml(listen, &addrs, "300ms", "")
+            ),
             &data,
             listen,
         )
@@ -314,13 +318,15 @@ async fn a_late_approval_is_journaled_with_its_reversal() {
             .report()
             .await;
         assert_exactly_once(&report);
-        // Every late approval comes within --late-by of the NAC's end, and
-        // is journaled as it comes; its reversal (a timeout reversal held
-        // `timeout_reversal_hold` in the store) is delivered after that, so
-        // the hosts stay up until every row's reversal is delivered.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Every late approval lands, and is journaled as it comes; its
+        // reversal (a timeout reversal held `timeout_reversal_hold` in the
+        // store) is delivered after that, so the hosts stay up until every
+        // row's reversal is delivered.
+        late_answers_in(admin).await;
+        let name = "isoswitch_late_approvals";
+        let late = metric_sum(&metrics(admin, &[name]).await, name, &[]) as usize;
         let rows = journal_settles(&data, &["--outcome", "late"], |rows| {
-            !rows.is_empty() && rows.iter().all(|r| r["reversal_state"] == "delivered")
+            rows.len() >= late.max(1) && rows.iter().all(|r| r["reversal_state"] == "delivered")
         })
         .await;
         let mut late_total = 0;

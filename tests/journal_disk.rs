@@ -83,9 +83,56 @@ async fn gauge(admin: std::net::SocketAddr, name: &str) -> f64 {
 }
 
 async fn wait_gauge(admin: std::net::SocketAddr, name: &str, value: f64) {
-    while gauge(admin, name).await != value {
+    let what = format!("{name} at {value}");
+    metrics_hold(admin, &[name], &what, Duration::from_secs(60), |text| {
+        metric_sum(text, name, &[]) == value
+    })
+    .await;
+}
+
+/// Waits until the journal holds `rows` rows; fails naming them after 60 s.
+async fn journaled(data: &str, rows: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = journal_rows(data);
+        if now >= rows {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{now} rows journaled, never {rows}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Waits until every late approval so far has landed, its reversal is a
+/// row of the store, and the journal's queue is empty: what a phase of
+/// this case leaves behind, as events instead of the nodes' --late-by.
+async fn late_ones_landed(admin: std::net::SocketAddr, data: &str) {
+    late_answers_in(admin).await;
+    let name = "isoswitch_late_approvals";
+    let reversed = metric_sum(
+        &metrics(admin, &[name]).await,
+        name,
+        &["action=\"reversed\""],
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let stored = saf_rows(data)
+            .iter()
+            .filter(|r| r.kind == "reversal")
+            .count();
+        if stored as f64 >= reversed {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{stored} reversals stored, {reversed} late approvals reversed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_gauge(admin, "isoswitch_journal_queue_depth", 0.0).await;
 }
 
 /// Traffic with late approvals (the switch owes a reversal for each): a
@@ -127,11 +174,9 @@ async fn a_full_disk_pauses_the_journal_not_what_the_switch_owes() {
         .await;
         assert_exactly_once(&first);
         let sent1 = n(&first, "sent") as usize;
-        while journal_rows(&data) < sent1 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        // The late approvals of this phase come within 1 s: let them land.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        journaled(&data, sent1).await;
+        // The late approvals of this phase land, and their reversals.
+        late_ones_landed(admin, &data).await;
         assert_eq!(gauge(admin, "isoswitch_journal_disk_paused").await, 0.0);
         let rows1 = journal_rows(&data);
         let reversals1 = saf_rows(&data)
@@ -174,7 +219,8 @@ async fn a_full_disk_pauses_the_journal_not_what_the_switch_owes() {
         let sent2 = n(&second, "sent") as usize;
         // Every one of them reached the writer and was counted, not written.
         wait_metric_sum(admin, "isoswitch_journal_paused", &[], sent2 as f64).await;
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // And so did this phase's late approvals.
+        late_ones_landed(admin, &data).await;
         assert_eq!(journal_rows(&data), rows1, "nothing journaled while paused");
         // What the switch owes was stored while the journal was paused...
         let owed = saf_rows(&data)
@@ -207,13 +253,11 @@ async fn a_full_disk_pauses_the_journal_not_what_the_switch_owes() {
         .await;
         assert_exactly_once(&third);
         let sent3 = n(&third, "sent") as usize;
-        while journal_rows(&data) < rows1 + sent3 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        journaled(&data, rows1 + sent3).await;
 
         // Every late approval was reversed, the paused phase's too: the
         // last ones' reversals delivered before the nodes close their books.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        late_ones_landed(admin, &data).await;
         store_settles(&data, Duration::from_millis(500), |rows| {
             rows.iter()
                 .filter(|r| r.kind == "reversal")

@@ -653,6 +653,7 @@ async fn partial_frame_and_idle_timeouts_close_only_their_client() {
     let keep_alives = async {
         for _ in 0..14 {
             chatty.send_raw(&[0x00, 0x00]).await;
+            // Pacing, not a wait: the scenario is a keep-alive every 150 ms.
             tokio::time::sleep(Duration::from_millis(150)).await;
         }
         chatty
@@ -765,6 +766,8 @@ async fn a_node_stalling_mid_frame_loses_its_connection() {
                 if matches!(s.read(&mut buf).await, Ok(n) if n > 0) {
                     let _ = s.write_all(&[0x00, 0x64, 0x60, 0x00, 0x00]).await;
                 }
+                // The scenario, not a wait: a host that stalls mid-frame
+                // and holds its connection open.
                 tokio::time::sleep(Duration::from_secs(30)).await;
                 drop(s);
             });

@@ -221,9 +221,7 @@ async fn signs_on_checks_answers_and_answers_on_another_link() {
             got += 1;
         }
 
-        while sim.outstanding() > 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually("every request answered", || sim.outstanding() == 0).await;
         let r = sim.stop().await;
         assert_eq!(r.sign_ons_sent, 2, "{r}");
         assert_eq!(r.sign_ons_approved, 2, "{r}");
@@ -320,26 +318,21 @@ async fn an_answer_waits_for_a_link_to_come_back() {
         cfg.keepalive_idle = Duration::ZERO;
         let sim = VisaSim::start(spec(), cfg).await.unwrap();
         bank.wait_links(1).await;
-        while sim.links().0 == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        eventually("VISA's link up", || sim.links().0 > 0).await;
         // VISA drops its only link; the bank still sends on it, then closes.
         assert_eq!(sim.close_links(1), 1);
-        while sim.links().0 == 1 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        eventually("VISA's link dropped", || sim.links().0 != 1).await;
         let mut ours = isoswitch::iso8583::samples::purchase(&bank.spec);
         ours.retain(|id| [2, 3, 4, 7, 11, 32, 37, 41, 42, 49].contains(&id));
         ours.set_text(11, "777777");
         bank.send_on(0, &ours).await;
-        while sim
-            .stats()
-            .bank_requests
-            .load(std::sync::atomic::Ordering::Relaxed)
-            == 0
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        eventually("the bank's request at VISA", || {
+            sim.stats()
+                .bank_requests
+                .load(std::sync::atomic::Ordering::Relaxed)
+                > 0
+        })
+        .await;
         bank.writers[0].shutdown().await.unwrap();
         // VISA dials again and the answer goes out on the new link.
         bank.wait_links(2).await;
@@ -355,4 +348,16 @@ async fn an_answer_waits_for_a_link_to_come_back() {
     })
     .await
     .expect("in time");
+}
+
+/// Polls `cond` until it holds; fails naming `what` after 10 s.
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }

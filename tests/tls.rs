@@ -114,14 +114,16 @@ async fn metric(admin: SocketAddr, line: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
-/// Polls the metric until it reaches `at_least`.
+/// Polls the metric until it reaches `at_least`; fails naming it after 60 s.
 async fn wait_metric(admin: SocketAddr, line: &str, at_least: u64) {
-    loop {
-        if metric(admin, line).await >= at_least {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("{line} at {at_least} or more");
+    metrics_hold(admin, &[line], &what, Duration::from_secs(60), |text| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(line)?.trim().parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+            >= at_least
+    })
+    .await;
 }
 
 const NODE_HANDSHAKES: &str = "isoswitch_tls_handshakes_total{service=\"pos\",side=\"connect\"}";
@@ -269,7 +271,16 @@ async fn https_metric(admin: SocketAddr, ca: &Path, line: &str) -> u64 {
 }
 
 async fn wait_https_metric(admin: SocketAddr, ca: &Path, line: &str, at_least: u64) {
-    while https_metric(admin, ca, line).await < at_least {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = https_metric(admin, ca, line).await;
+        if now >= at_least {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{line} at {now}, never {at_least} within 60 s"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -678,6 +678,8 @@ async fn answers_wait_for_an_out_link_instead_of_being_lost() {
     let sign_on = isoswitch::iso8583::Message::parse(&spec, p).unwrap();
     assert_eq!(sign_on.mti().as_str(), "0820");
     assert_eq!(f70(&sign_on), b"001");
+    // Absence, not a wait: nothing but sign-ons may come in this window
+    // (the parked answer must wait for the 0830).
     tokio::time::sleep(Duration::from_millis(100)).await;
     while let Ok((_, p)) = peer.frames.try_recv() {
         let m = isoswitch::iso8583::Message::parse(&spec, p).unwrap();
@@ -1049,7 +1051,8 @@ async fn a_reversals_0430_on_the_other_instance_completes_it_through_the_store()
         assert_eq!(rows[0].completed_by.as_deref(), Some(owner_of(other).as_str()));
         assert_eq!(rows[0].attempts, 1, "no repeat was needed");
         // The sender's own wait (1 s) runs out; it finds the entry done
-        // and sends no 0421.
+        // and sends no 0421. Absence, not a wait: the switch shows no event
+        // for a wait that ends in nothing sent.
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         for peer in peers.iter_mut() {
             while let Ok((_, p)) = peer.frames.try_recv() {

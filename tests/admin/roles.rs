@@ -127,7 +127,8 @@ async fn a_node_outside_allowed_networks_is_refused_before_any_connection() {
         );
         assert_eq!(api.status().await.services[0].nodes.len(), 2);
         // A health check or a link would have connected by now: the node's
-        // tasks start right after the add.
+        // tasks start right after the add. Absence, not a wait: no
+        // connection within this window.
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(connects.load(Ordering::Relaxed), 0, "no connection made");
         switch.stop().await;

@@ -58,17 +58,111 @@ pub async fn switch(name: &str, toml: &str, data: &str, listen: SocketAddr) -> P
 /// A POS service on `listen` before `nodes`: requests time out after 500 ms
 /// (declined 68 to the terminal), reversals and advices get 2 s, a failed
 /// store-and-forward attempt is retried after `retry`. `extra` goes into
-/// `[service.integrity]`.
+/// `[service.integrity]`. [`PosToml`] says the same by name, and more.
 pub fn pos_toml(listen: SocketAddr, nodes: &[SocketAddr], retry: &str, extra: &str) -> String {
-    format!(
-        "[store.saf]\nretry = \"{retry}\"\nretry_max = \"{retry}\"\n\
-         [[service]]\nname = \"pos\"\nspec = \"cup-pos\"\n\
-         [service.front]\nkind = \"listen\"\nlisten = \"{listen}\"\n\
-         [service.back]\nconnections_per_node = 2\nreconnect_min = \"50ms\"\nreconnect_max = \"200ms\"\n\
-         [service.timeouts]\nrequest = \"500ms\"\nby_mti = {{ \"04x0\" = \"2s\", \"02x0\" = \"500ms\", \"0220\" = \"2s\" }}\n\
-         [service.integrity]\nlate_approval = \"reverse\"\n{extra}\n{}",
-        nodes_toml(nodes)
-    )
+    PosToml::new(listen, nodes)
+        .retry(retry)
+        .integrity(extra)
+        .build()
+}
+
+/// The config of [`pos_toml`], each setting a setter, so a case says what
+/// it changes instead of replacing text in the TOML.
+///
+/// ```ignore
+/// let toml = PosToml::new(listen, &[addr])
+///     .admin(&admin_toml)
+///     .purchase_timeout("10s")
+///     .back("[service.back.health]\ncheck = \"none\"")
+///     .build();
+/// ```
+#[derive(Clone, Debug)]
+pub struct PosToml {
+    listen: SocketAddr,
+    nodes: Vec<SocketAddr>,
+    /// Top-level sections before the rest (`[admin]`, `[journal]`).
+    top: String,
+    retry: String,
+    request: String,
+    purchase: String,
+    integrity: String,
+    /// Lines after the nodes, under `[service.back]` (its sub-tables).
+    back: String,
+}
+
+impl PosToml {
+    /// Retries after 300 ms, requests and purchases time out after 500 ms.
+    pub fn new(listen: SocketAddr, nodes: &[SocketAddr]) -> PosToml {
+        PosToml {
+            listen,
+            nodes: nodes.to_vec(),
+            top: String::new(),
+            retry: "300ms".into(),
+            request: "500ms".into(),
+            purchase: "500ms".into(),
+            integrity: String::new(),
+            back: String::new(),
+        }
+    }
+
+    /// Top-level sections (an [`admin_toml`]'s, `[journal]`), first.
+    pub fn admin(mut self, toml: &str) -> PosToml {
+        self.top.push_str(toml);
+        self
+    }
+
+    /// `[store.saf]` `retry` and `retry_max`.
+    pub fn retry(mut self, every: &str) -> PosToml {
+        self.retry = every.into();
+        self
+    }
+
+    /// `[service.timeouts]` `request`: any request without its own.
+    pub fn request_timeout(mut self, after: &str) -> PosToml {
+        self.request = after.into();
+        self
+    }
+
+    /// `[service.timeouts]` `by_mti` `"02x0"`: purchases and the like.
+    pub fn purchase_timeout(mut self, after: &str) -> PosToml {
+        self.purchase = after.into();
+        self
+    }
+
+    /// Lines of `[service.integrity]`.
+    pub fn integrity(mut self, lines: &str) -> PosToml {
+        self.integrity.push_str(lines);
+        self
+    }
+
+    /// Sub-tables of `[service.back]` (`[service.back.health]`), last.
+    pub fn back(mut self, lines: &str) -> PosToml {
+        self.back.push_str(lines);
+        self.back.push('\n');
+        self
+    }
+
+    pub fn build(&self) -> String {
+        let PosToml {
+            listen,
+            nodes,
+            top,
+            retry,
+            request,
+            purchase,
+            integrity,
+            back,
+        } = self;
+        format!(
+            "{top}[store.saf]\nretry = \"{retry}\"\nretry_max = \"{retry}\"\n\
+             [[service]]\nname = \"pos\"\nspec = \"cup-pos\"\n\
+             [service.front]\nkind = \"listen\"\nlisten = \"{listen}\"\n\
+             [service.back]\nconnections_per_node = 2\nreconnect_min = \"50ms\"\nreconnect_max = \"200ms\"\n\
+             [service.timeouts]\nrequest = \"{request}\"\nby_mti = {{ \"04x0\" = \"2s\", \"02x0\" = \"{purchase}\", \"0220\" = \"2s\" }}\n\
+             [service.integrity]\nlate_approval = \"reverse\"\n{integrity}\n{}{back}",
+            nodes_toml(nodes)
+        )
+    }
 }
 
 /// One row of the store's SAF table, as the test reads it.
@@ -297,12 +391,17 @@ pub fn store_column<T: rusqlite::types::FromSql>(data: &str, query: &str) -> Vec
 pub async fn an_owed_reversal(data: &str) -> Vec<u8> {
     let query = "SELECT id FROM saf WHERE kind = 'reversal' AND state = 'pending' \
                  AND payload IS NOT NULL ORDER BY id LIMIT 1";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let id = loop {
         if db_path(data).exists()
             && let Some(id) = store_column::<i64>(data, query).pop()
         {
             break id;
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reversal owed with its payload in {data} within 60 s"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let row = |column: &str| -> Vec<rusqlite::types::Value> {

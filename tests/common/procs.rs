@@ -251,6 +251,59 @@ pub async fn wait_metric_sum(admin: SocketAddr, name: &str, labels: &[&str], at_
     }
 }
 
+/// Waits until `done` holds of the switch's /metrics lines that start
+/// with one of `prefixes`; fails after `limit` naming `what` and the last
+/// lines read. The event a test of processes waits for instead of a time.
+pub async fn metrics_hold(
+    admin: SocketAddr,
+    prefixes: &[&str],
+    what: &str,
+    limit: Duration,
+    done: impl Fn(&str) -> bool,
+) -> String {
+    wait_listening(admin).await;
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let text = metrics(admin, prefixes).await;
+        if done(&text) {
+            return text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never {what} within {limit:?}:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until every request the switch declined for a timeout has had its
+/// late answer from the host (an approval, whatever the switch did with it,
+/// a decline, or one after its reversal): where a case's hosts answer late
+/// on purpose, the event that says every late approval has landed. Only
+/// for cases where every timeout is such a late answer on its way (no host
+/// stopped with requests in flight). At least one timeout is waited for.
+pub async fn late_answers_in(admin: SocketAddr) {
+    let late = [
+        "isoswitch_late_approvals",
+        "isoswitch_late_declines",
+        "isoswitch_late_answers_after_reversal",
+    ];
+    let mut prefixes = late.to_vec();
+    prefixes.push("isoswitch_service_declines");
+    metrics_hold(
+        admin,
+        &prefixes,
+        "a late answer for every timeout",
+        Duration::from_secs(60),
+        |text| {
+            let timeouts = metric_sum(text, "isoswitch_service_declines", &["reason=\"timeout\""]);
+            let answered: f64 = late.iter().map(|name| metric_sum(text, name, &[])).sum();
+            timeouts > 0.0 && answered >= timeouts
+        },
+    )
+    .await;
+}
+
 /// `n` node processes on `spec`, answering after `delay`, listening.
 pub async fn start_nodes(spec: &str, n: usize, delay: &str) -> (Vec<Proc>, Vec<SocketAddr>) {
     start_nodes_with(spec, n, delay, &[]).await

@@ -95,6 +95,7 @@ async fn traffic(
         }
         calls.push((started, started.elapsed()));
         n += 1;
+        // Pacing, not a wait: a steady stream of calls.
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     calls
@@ -103,8 +104,12 @@ async fn traffic(
 /// Samples, about every millisecond until `done`, whether the store's
 /// connections (application `isoswitch`, other than the maintenance's
 /// own, which runs the drop) wait on a lock; the longest such stretch and
-/// the samples taken.
-async fn lock_waits(url: String, done: Arc<std::sync::atomic::AtomicBool>) -> (Duration, u32) {
+/// the samples taken (counted in `sampled` as they are).
+async fn lock_waits(
+    url: String,
+    done: Arc<std::sync::atomic::AtomicBool>,
+    sampled: Arc<std::sync::atomic::AtomicU32>,
+) -> (Duration, u32) {
     let admin = admin(&url).await;
     let mut longest = Duration::ZERO;
     let mut since: Option<std::time::Instant> = None;
@@ -121,6 +126,7 @@ async fn lock_waits(url: String, done: Arc<std::sync::atomic::AtomicBool>) -> (D
             .expect("pg_stat_activity")
             .get(0);
         samples += 1;
+        sampled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         match (waiting > 0, since) {
             (true, None) => since = Some(std::time::Instant::now()),
             (false, Some(t)) => {
@@ -129,6 +135,7 @@ async fn lock_waits(url: String, done: Arc<std::sync::atomic::AtomicBool>) -> (D
             }
             _ => {}
         }
+        // Pacing, not a wait: a sample about every millisecond.
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     if let Some(t) = since {
@@ -204,12 +211,27 @@ async fn retention_drops_a_day_while_traffic_runs_without_a_pause() {
         let stop = Arc::new(AtomicBool::new(false));
         let saf = tokio::spawn(traffic(store.clone(), Arc::clone(&stop), false));
         let rows = tokio::spawn(traffic(store.clone(), Arc::clone(&stop), true));
+        // A measuring window, not a wait: the calls before the drop are
+        // the baseline printed below.
         tokio::time::sleep(Duration::from_millis(500)).await;
         // The drop, under traffic: everything before yesterday, while the
         // store's writer is watched for any wait on a lock.
         let watching = Arc::new(AtomicBool::new(false));
-        let watch = tokio::spawn(lock_waits(url.clone(), Arc::clone(&watching)));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let sampled = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let watch = tokio::spawn(lock_waits(
+            url.clone(),
+            Arc::clone(&watching),
+            Arc::clone(&sampled),
+        ));
+        // The watch under way (a few samples taken) before the drop.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while sampled.load(Ordering::Relaxed) < 3 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the lock watch never took a sample"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         let from = std::time::Instant::now();
         let dropped = store
             .journal_purge((today - 1) * DAY_MS, 500)
@@ -218,6 +240,7 @@ async fn retention_drops_a_day_while_traffic_runs_without_a_pause() {
         let to = std::time::Instant::now();
         watching.store(true, Ordering::Relaxed);
         let (waited, samples) = watch.await.expect("watch");
+        // A measuring window, not a wait: traffic goes on past the drop.
         tokio::time::sleep(Duration::from_millis(300)).await;
         stop.store(true, Ordering::Relaxed);
         let saf = saf.await.expect("saf traffic");
