@@ -15,6 +15,7 @@
 //! an entry stays pending until someone records it delivered, dead or
 //! dropped. See docs/store.md.
 
+mod backend;
 pub mod config;
 pub mod disk;
 pub mod error;

@@ -9,7 +9,7 @@ use super::error::StoreError;
 use super::saf::{
     ClaimedSaf, Direction, SafId, SafKeys, SafKind, SafOwed, SafRow, SafState, SafStats, UnixMillis,
 };
-use super::writer::{Outcome, StoredPayload};
+use super::writer::StoredPayload;
 
 /// The schema version this build writes; `meta.schema_version` holds the
 /// version a database is at. Each backend has exactly this many migrations.
@@ -188,7 +188,7 @@ pub fn refusal(
     id: SafId,
     owner: &str,
     found: Option<(String, Option<String>)>,
-) -> Result<Outcome, StoreError> {
+) -> Result<(), StoreError> {
     let Some((state, _lease_owner)) = found else {
         return Err(StoreError::NotFound { id });
     };
@@ -204,7 +204,7 @@ pub fn refusal(
         }
         // The same delivery reported twice (by two owners after a lease
         // ran out) is one delivery.
-        Change::Delivered if state == SafState::Delivered => return Ok(Outcome::Done),
+        Change::Delivered if state == SafState::Delivered => return Ok(()),
         Change::Delivered => ("saf_delivered", "pending"),
         Change::Dead => ("saf_dead", "pending"),
         Change::RetryNow => ("saf_retry_now", "pending or dead"),
@@ -357,7 +357,7 @@ mod tests {
         ));
         assert!(matches!(
             refusal(Change::Delivered, id, "a", Some(("delivered".into(), None))),
-            Ok(Outcome::Done)
+            Ok(())
         ));
         assert!(matches!(
             refusal(Change::Drop, id, "a", Some(("delivered".into(), None))),

@@ -1,6 +1,10 @@
 //! Unit tests of the SQLite backend: migrations, ops and refusals on an in-memory database.
 
+use rusqlite::params;
+
+use super::migrations::{LIST_CHECKS, MIGRATIONS, list_check_texts};
 use super::*;
+use crate::store::schema;
 
 fn migrated() -> Connection {
     let mut conn = Connection::open_in_memory().expect("open");
