@@ -22,12 +22,12 @@
 
 use super::disk::JournalSpace;
 use super::error::StoreError;
-use super::journal::{AdminRow, JournalFilter, JournalRow, NewRow};
+use super::journal::{JournalFilter, NewRow};
 use super::journal_report::Report;
-use super::saf::{
-    ClaimedSaf, NewSafEntry, SafFilter, SafId, SafOwed, SafRow, SafStats, UnixMillis,
-};
-use super::writer::{Answer, Op, Outcome, StoredPayload};
+use super::rows::{AdminRow, JournalRow};
+use super::rows::{ClaimedSaf, SafRow, StoredPayload};
+use super::saf::{NewSafEntry, SafFilter, SafId, SafOwed, SafStats, UnixMillis};
+use super::writer::{Answer, Op, Outcome};
 
 /// An operation's two layers of failure: the driver's (outer), the
 /// request's own (inner).

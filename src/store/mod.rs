@@ -24,6 +24,7 @@ pub mod journal_report;
 pub mod pg_tls;
 pub mod policy;
 mod postgres;
+pub mod rows;
 pub mod saf;
 mod schema;
 pub mod seal;
@@ -43,9 +44,10 @@ use tokio::sync::oneshot;
 pub use config::{Location, PgTarget, StoreConfig};
 pub use error::StoreError;
 pub use policy::{AfterFailure, MtiError, SafPolicy, repeat_mti};
+pub use rows::{ClaimedSaf, SafRow};
 pub use saf::{
-    ClaimedSaf, Direction, NewSafEntry, SafFilter, SafId, SafKeys, SafKind, SafOwed, SafRow,
-    SafState, SafStats, UnixMillis, now_millis,
+    Direction, NewSafEntry, SafFilter, SafId, SafKeys, SafKind, SafOwed, SafState, SafStats,
+    UnixMillis, now_millis,
 };
 pub use schema::SCHEMA_VERSION;
 
@@ -300,7 +302,7 @@ impl Store {
         }
     }
 
-    async fn reseal(&self, p: writer::StoredPayload, out: &mut Rekeyed) -> Result<(), StoreError> {
+    async fn reseal(&self, p: rows::StoredPayload, out: &mut Rekeyed) -> Result<(), StoreError> {
         if seal::sealing(&p.payload) == seal::Sealing::Key(out.key) {
             out.current += 1;
             return Ok(());

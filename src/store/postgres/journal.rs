@@ -14,10 +14,10 @@ use crate::store::disk::JournalSpace;
 use crate::store::error::StoreError;
 use crate::store::journal::insert::{INSERT_ARITY, INSERT_CHUNKS, chunks, insert_rows};
 use crate::store::journal::{
-    self as j, ADMIN_INSERT, AdminRow, Dialect, JournalFilter, JournalRow, NewRow, Param,
-    REPORT_SQL, ReportInput,
+    self as j, ADMIN_INSERT, Dialect, JournalFilter, NewRow, Param, REPORT_SQL,
 };
 use crate::store::journal_report::{Report, ReportBuilder};
+use crate::store::rows::{AdminRow, JournalRow, ReportInput};
 use crate::store::saf::UnixMillis;
 
 type PgResult<T> = Result<T, tokio_postgres::Error>;

@@ -8,11 +8,9 @@ use tokio_postgres::{Client, Statement};
 
 use super::Postgres;
 use crate::store::backend::{OpResult, SafOps};
-use crate::store::saf::{
-    ClaimedSaf, NewSafEntry, SafFilter, SafId, SafOwed, SafRow, SafStats, UnixMillis, clip,
-};
-use crate::store::schema::{self, CLAIM_COLUMNS, Change, IN_ORDER, ROW_COLUMNS, RawClaim, RawRow};
-use crate::store::writer::StoredPayload;
+use crate::store::rows::{ClaimedSaf, RawClaim, RawSafRow, SafRow, StoredPayload};
+use crate::store::saf::{NewSafEntry, SafFilter, SafId, SafOwed, SafStats, UnixMillis, clip};
+use crate::store::schema::{self, CLAIM_COLUMNS, Change, IN_ORDER, ROW_COLUMNS};
 
 type PgResult<T> = Result<T, tokio_postgres::Error>;
 
@@ -333,7 +331,7 @@ impl SafOps for Postgres<'_> {
             .query(&self.st.saf.list, &[&state, &filter.service, &limit])
             .await?;
         let raw = rows.iter().map(raw_row).collect::<PgResult<Vec<_>>>()?;
-        Ok(raw.into_iter().map(RawRow::into_row).collect())
+        Ok(raw.into_iter().map(RawSafRow::into_row).collect())
     }
 
     async fn saf_stats(&self, now: UnixMillis) -> OpResult<SafStats, tokio_postgres::Error> {
@@ -417,8 +415,8 @@ impl Postgres<'_> {
     }
 }
 
-fn raw_row(r: &tokio_postgres::Row) -> PgResult<RawRow> {
-    Ok(RawRow {
+fn raw_row(r: &tokio_postgres::Row) -> PgResult<RawSafRow> {
+    Ok(RawSafRow {
         id: r.try_get(0)?,
         service: r.try_get(1)?,
         direction: r.try_get(2)?,

@@ -8,10 +8,11 @@ use super::Sqlite;
 use crate::store::backend::{JournalOps, OpResult};
 use crate::store::disk::JournalSpace;
 use crate::store::journal::{
-    self as j, ADMIN_INSERT, AdminRow, Dialect, JournalFilter, JournalRow, NewRow, PURGE_ADMIN,
-    PURGE_JOURNAL, PURGE_PARTS, Param, REPORT_SQL, ReportInput, sqlite_placeholders,
+    self as j, ADMIN_INSERT, Dialect, JournalFilter, NewRow, PURGE_ADMIN, PURGE_JOURNAL,
+    PURGE_PARTS, Param, REPORT_SQL, sqlite_placeholders,
 };
 use crate::store::journal_report::{Report, ReportBuilder};
+use crate::store::rows::{AdminRow, JournalRow, ReportInput};
 use crate::store::saf::UnixMillis;
 
 impl JournalOps for Sqlite<'_> {

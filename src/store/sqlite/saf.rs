@@ -6,11 +6,9 @@ use rusqlite::{OptionalExtension, params};
 
 use super::Sqlite;
 use crate::store::backend::{OpResult, SafOps};
-use crate::store::saf::{
-    ClaimedSaf, NewSafEntry, SafFilter, SafId, SafOwed, SafRow, SafStats, UnixMillis, clip,
-};
-use crate::store::schema::{self, CLAIM_COLUMNS, Change, IN_ORDER, ROW_COLUMNS, RawClaim, RawRow};
-use crate::store::writer::StoredPayload;
+use crate::store::rows::{ClaimedSaf, RawClaim, RawSafRow, SafRow, StoredPayload};
+use crate::store::saf::{NewSafEntry, SafFilter, SafId, SafOwed, SafStats, UnixMillis, clip};
+use crate::store::schema::{self, CLAIM_COLUMNS, Change, IN_ORDER, ROW_COLUMNS};
 
 type Sql<T> = rusqlite::Result<T>;
 
@@ -252,7 +250,7 @@ impl SafOps for Sqlite<'_> {
                 raw_row,
             )?
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(raw.into_iter().map(RawRow::into_row).collect())
+        Ok(raw.into_iter().map(RawSafRow::into_row).collect())
     }
 
     async fn saf_stats(&self, now: UnixMillis) -> OpResult<SafStats, rusqlite::Error> {
@@ -338,8 +336,8 @@ impl Sqlite<'_> {
     }
 }
 
-fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
-    Ok(RawRow {
+fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawSafRow> {
+    Ok(RawSafRow {
         id: r.get(0)?,
         service: r.get(1)?,
         direction: r.get(2)?,
