@@ -116,3 +116,11 @@ fn a_connection_keeps_its_statement_journals_in_memory_and_syncs_fully() {
     drop(conn);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The writer polls each operation once: one that waited would be a bug,
+/// answered as an error rather than a writer stuck on it.
+#[test]
+fn an_operation_that_waits_is_an_error_not_a_hang() {
+    assert!(now(std::future::pending::<rusqlite::Result<()>>()).is_err());
+    assert_eq!(now(async { Ok(7) }).ok(), Some(7));
+}
