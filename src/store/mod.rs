@@ -1,5 +1,6 @@
 //! The durable store: messages the switch owes someone (store-and-forward,
-//! SAF) and a small `meta` key-value table; later the transaction journal.
+//! SAF), the journal of exchanges and admin actions, and a small `meta`
+//! key-value table.
 //!
 //! One [`Store`] handle (cheap to clone) fronts one of two backends, SQLite
 //! in the data dir or PostgreSQL shared by several instances. Either way a
@@ -8,6 +9,10 @@
 //! request's answer comes after the transaction holding it has committed and
 //! synced. Callers on the message path never touch the disk: they queue and
 //! await an answer, and a full queue is [`StoreError::QueueFull`] at once.
+//! Both writers run each request through one seam (`backend.rs`), which
+//! each backend implements in the same files (`sqlite/`, `postgres/`:
+//! `saf.rs`, `journal.rs`, `meta.rs`); the rows read back are in
+//! [`rows`].
 //!
 //! At-least-once, from the store's side: an entry acknowledged by
 //! [`Store::saf_put`] is on disk; [`Store::saf_claim`] leases due entries to
