@@ -22,7 +22,6 @@ use futures_util::future::join_all;
 use tokio::sync::oneshot;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
-
 use tokio_postgres::{Client, NoTls, Socket, Transaction};
 
 use super::backend::{self, Driver};
