@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::journal::ReportInput;
+use super::rows::ReportInput;
 use super::saf::UnixMillis;
 
 /// The report for one period, per service and node.

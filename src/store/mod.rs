@@ -1,5 +1,6 @@
 //! The durable store: messages the switch owes someone (store-and-forward,
-//! SAF) and a small `meta` key-value table; later the transaction journal.
+//! SAF), the journal of exchanges and admin actions, and a small `meta`
+//! key-value table.
 //!
 //! One [`Store`] handle (cheap to clone) fronts one of two backends, SQLite
 //! in the data dir or PostgreSQL shared by several instances. Either way a
@@ -8,6 +9,10 @@
 //! request's answer comes after the transaction holding it has committed and
 //! synced. Callers on the message path never touch the disk: they queue and
 //! await an answer, and a full queue is [`StoreError::QueueFull`] at once.
+//! Both writers run each request through one seam (`backend.rs`), which
+//! each backend implements in the same files (`sqlite/`, `postgres/`:
+//! `saf.rs`, `journal.rs`, `meta.rs`); the rows read back are in
+//! [`rows`].
 //!
 //! At-least-once, from the store's side: an entry acknowledged by
 //! [`Store::saf_put`] is on disk; [`Store::saf_claim`] leases due entries to
@@ -15,6 +20,7 @@
 //! an entry stays pending until someone records it delivered, dead or
 //! dropped. See docs/store.md.
 
+mod backend;
 pub mod config;
 pub mod disk;
 pub mod error;
@@ -23,6 +29,7 @@ pub mod journal_report;
 pub mod pg_tls;
 pub mod policy;
 mod postgres;
+pub mod rows;
 pub mod saf;
 mod schema;
 pub mod seal;
@@ -42,9 +49,10 @@ use tokio::sync::oneshot;
 pub use config::{Location, PgTarget, StoreConfig};
 pub use error::StoreError;
 pub use policy::{AfterFailure, MtiError, SafPolicy, repeat_mti};
+pub use rows::{ClaimedSaf, SafRow};
 pub use saf::{
-    ClaimedSaf, Direction, NewSafEntry, SafFilter, SafId, SafKeys, SafKind, SafOwed, SafRow,
-    SafState, SafStats, UnixMillis, now_millis,
+    Direction, NewSafEntry, SafFilter, SafId, SafKeys, SafKind, SafOwed, SafState, SafStats,
+    UnixMillis, now_millis,
 };
 pub use schema::SCHEMA_VERSION;
 
@@ -299,7 +307,7 @@ impl Store {
         }
     }
 
-    async fn reseal(&self, p: writer::StoredPayload, out: &mut Rekeyed) -> Result<(), StoreError> {
+    async fn reseal(&self, p: rows::StoredPayload, out: &mut Rekeyed) -> Result<(), StoreError> {
         if seal::sealing(&p.payload) == seal::Sealing::Key(out.key) {
             out.current += 1;
             return Ok(());

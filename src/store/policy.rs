@@ -6,7 +6,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::error::StoreError;
-use super::saf::{ClaimedSaf, UnixMillis};
+use super::rows::ClaimedSaf;
+use super::saf::UnixMillis;
 use crate::util::duration;
 
 /// `[store.saf]`: retry timing and limits for store-and-forward delivery.

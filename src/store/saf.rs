@@ -87,53 +87,6 @@ pub struct NewSafEntry {
     pub first_attempt_at: UnixMillis,
 }
 
-/// An entry leased to one owner for one delivery attempt.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ClaimedSaf {
-    pub id: SafId,
-    pub service: String,
-    pub direction: Direction,
-    pub kind: SafKind,
-    /// The MTI as first sent; see [`super::policy::repeat_mti`] for attempt > 1.
-    pub mti: String,
-    pub payload: Vec<u8>,
-    /// This attempt's number, from 1. Counted when the lease is taken, before
-    /// anything is sent, so an instance that dies between sending and
-    /// recording never makes the next instance send a second original: any
-    /// attempt after the first goes out as a repeat.
-    pub attempt: u32,
-    pub created_at: UnixMillis,
-    pub expires_at: UnixMillis,
-    pub lease_until: UnixMillis,
-}
-
-/// An entry as listed (everything but the payload).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct SafRow {
-    pub id: SafId,
-    pub service: String,
-    pub direction: Direction,
-    pub kind: SafKind,
-    pub mti: String,
-    pub keys: SafKeys,
-    pub state: SafState,
-    pub created_at: UnixMillis,
-    pub expires_at: UnixMillis,
-    /// Attempts started (leases taken).
-    pub attempts: u32,
-    pub next_attempt_at: UnixMillis,
-    pub last_error: Option<String>,
-    pub lease_owner: Option<String>,
-    pub lease_until: Option<UnixMillis>,
-    pub completed_at: Option<UnixMillis>,
-    /// The owner that recorded the delivery.
-    pub completed_by: Option<String>,
-    /// The host's answer, summarised by the caller (delivered entries).
-    pub answer: Option<String>,
-    /// Why the entry is dead or dropped.
-    pub reason: Option<String>,
-}
-
 /// Which entries [`super::Store::saf_list`] returns, newest first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SafFilter {
@@ -284,20 +237,6 @@ impl fmt::Debug for NewSafEntry {
             .field("keys", &self.keys)
             .field("created_at", &self.created_at)
             .field("expires_at", &self.expires_at)
-            .finish_non_exhaustive()
-    }
-}
-
-impl fmt::Debug for ClaimedSaf {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClaimedSaf")
-            .field("id", &self.id)
-            .field("service", &self.service)
-            .field("direction", &self.direction)
-            .field("mti", &self.mti)
-            .field("payload_len", &self.payload.len())
-            .field("attempt", &self.attempt)
-            .field("lease_until", &self.lease_until)
             .finish_non_exhaustive()
     }
 }

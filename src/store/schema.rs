@@ -1,15 +1,13 @@
 //! What both backends share about the tables: the schema version, the column
-//! lists, rows as read (before their text becomes types) and how a refused
-//! update is explained. The DDL itself is per backend (types differ); see
+//! lists, what rows as read (`rows.rs`) become, and how a refused update is
+//! explained. The DDL itself is per backend (types differ); see
 //! docs/store.md for the tables.
 
 use std::collections::BTreeMap;
 
 use super::error::StoreError;
-use super::saf::{
-    ClaimedSaf, Direction, SafId, SafKeys, SafKind, SafOwed, SafRow, SafState, SafStats, UnixMillis,
-};
-use super::writer::{Outcome, StoredPayload};
+use super::rows::{ClaimedSaf, RawClaim, RawPayload, StoredPayload};
+use super::saf::{SafId, SafKind, SafOwed, SafState, SafStats, UnixMillis};
 
 /// The schema version this build writes; `meta.schema_version` holds the
 /// version a database is at. Each backend has exactly this many migrations.
@@ -18,7 +16,7 @@ pub const SCHEMA_VERSION: i64 = 7;
 /// The `meta` key holding the schema version.
 pub const VERSION_KEY: &str = "schema_version";
 
-/// The columns of a listed row, in [`RawRow`]'s order.
+/// The columns of a listed row, in [`super::rows::RawSafRow`]'s order.
 pub const ROW_COLUMNS: &str = "id, service, direction, node_id, kind, mti, f11, f37, f7, \
      pan_masked, original, state, created_at, expires_at, attempts, next_attempt_at, last_error, \
      lease_owner, lease_until, completed_at, completed_by, answer, reason";
@@ -36,107 +34,6 @@ pub const IN_ORDER: &str = "(s.original IS NULL OR NOT EXISTS (SELECT 1 FROM saf
 pub const CLAIM_COLUMNS: &str =
     "id, service, direction, node_id, kind, mti, payload, attempts, created_at, expires_at";
 
-/// A `saf` row as the driver reads it.
-pub struct RawRow {
-    pub id: i64,
-    pub service: String,
-    pub direction: String,
-    pub node_id: Option<String>,
-    pub kind: String,
-    pub mti: String,
-    pub f11: Option<String>,
-    pub f37: Option<String>,
-    pub f7: Option<String>,
-    pub pan_masked: Option<String>,
-    pub original: Option<String>,
-    pub state: String,
-    pub created_at: i64,
-    pub expires_at: i64,
-    pub attempts: i64,
-    pub next_attempt_at: i64,
-    pub last_error: Option<String>,
-    pub lease_owner: Option<String>,
-    pub lease_until: Option<i64>,
-    pub completed_at: Option<i64>,
-    pub completed_by: Option<String>,
-    pub answer: Option<String>,
-    pub reason: Option<String>,
-}
-
-fn attempts(n: i64) -> Result<u32, StoreError> {
-    u32::try_from(n).map_err(|_| StoreError::Corrupt {
-        column: "saf.attempts",
-        value: n.to_string(),
-    })
-}
-
-impl RawRow {
-    pub fn into_row(self) -> Result<SafRow, StoreError> {
-        Ok(SafRow {
-            id: SafId(self.id),
-            service: self.service,
-            direction: Direction::from_columns(&self.direction, self.node_id)?,
-            kind: self.kind.parse()?,
-            mti: self.mti,
-            keys: SafKeys {
-                f11: self.f11,
-                f37: self.f37,
-                f7: self.f7,
-                pan_masked: self.pan_masked,
-                original: self.original,
-            },
-            state: self.state.parse()?,
-            created_at: self.created_at,
-            expires_at: self.expires_at,
-            attempts: attempts(self.attempts)?,
-            next_attempt_at: self.next_attempt_at,
-            last_error: self.last_error,
-            lease_owner: self.lease_owner,
-            lease_until: self.lease_until,
-            completed_at: self.completed_at,
-            completed_by: self.completed_by,
-            answer: self.answer,
-            reason: self.reason,
-        })
-    }
-}
-
-/// A claimed row as the driver reads it.
-pub struct RawClaim {
-    pub id: i64,
-    pub service: String,
-    pub direction: String,
-    pub node_id: Option<String>,
-    pub kind: String,
-    pub mti: String,
-    pub payload: Option<Vec<u8>>,
-    pub attempts: i64,
-    pub created_at: i64,
-    pub expires_at: i64,
-}
-
-impl RawClaim {
-    pub fn into_claimed(self, lease_until: UnixMillis) -> Result<ClaimedSaf, StoreError> {
-        Ok(ClaimedSaf {
-            id: SafId(self.id),
-            service: self.service,
-            direction: Direction::from_columns(&self.direction, self.node_id)?,
-            kind: self.kind.parse()?,
-            mti: self.mti,
-            // Only completed rows lose their payload; a pending one without
-            // it cannot be delivered.
-            payload: self.payload.ok_or(StoreError::Corrupt {
-                column: "saf.payload",
-                value: format!("missing on pending entry {}", SafId(self.id)),
-            })?,
-            attempt: attempts(self.attempts)?,
-            created_at: self.created_at,
-            expires_at: self.expires_at,
-            lease_until,
-        })
-    }
-}
-
 /// Claims oldest first (the drivers return updated rows in no set order).
 pub fn claims_in_order(
     raw: Vec<RawClaim>,
@@ -149,10 +46,6 @@ pub fn claims_in_order(
     claimed.sort_by_key(|c| c.id);
     Ok(claimed)
 }
-
-/// One row of `SafPayloads` as the drivers read it: id, service, kind,
-/// MTI, created_at, payload.
-pub type RawPayload = (i64, String, String, String, i64, Vec<u8>);
 
 /// `SafPayloads` rows, their kind parsed.
 pub fn stored_payloads(raw: Vec<RawPayload>) -> Result<Vec<StoredPayload>, StoreError> {
@@ -188,7 +81,7 @@ pub fn refusal(
     id: SafId,
     owner: &str,
     found: Option<(String, Option<String>)>,
-) -> Result<Outcome, StoreError> {
+) -> Result<(), StoreError> {
     let Some((state, _lease_owner)) = found else {
         return Err(StoreError::NotFound { id });
     };
@@ -204,7 +97,7 @@ pub fn refusal(
         }
         // The same delivery reported twice (by two owners after a lease
         // ran out) is one delivery.
-        Change::Delivered if state == SafState::Delivered => return Ok(Outcome::Done),
+        Change::Delivered if state == SafState::Delivered => return Ok(()),
         Change::Delivered => ("saf_delivered", "pending"),
         Change::Dead => ("saf_dead", "pending"),
         Change::RetryNow => ("saf_retry_now", "pending or dead"),
@@ -357,7 +250,7 @@ mod tests {
         ));
         assert!(matches!(
             refusal(Change::Delivered, id, "a", Some(("delivered".into(), None))),
-            Ok(Outcome::Done)
+            Ok(())
         ));
         assert!(matches!(
             refusal(Change::Drop, id, "a", Some(("delivered".into(), None))),

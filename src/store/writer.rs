@@ -17,9 +17,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::error::StoreError;
 use super::journal::{AdminRow, JournalFilter, JournalRow, NewRow};
 use super::journal_report::Report;
-use super::saf::{
-    ClaimedSaf, NewSafEntry, SafFilter, SafId, SafOwed, SafRow, SafStats, UnixMillis,
-};
+use super::rows::{ClaimedSaf, SafRow, StoredPayload};
+use super::saf::{NewSafEntry, SafFilter, SafId, SafOwed, SafStats, UnixMillis};
 
 /// One operation of the store.
 #[derive(Debug)]
@@ -148,17 +147,6 @@ pub(crate) enum Op {
     },
     /// Finish the queue ahead of it, then close the database.
     Close,
-}
-
-/// An entry's payload as stored, with what its seal is bound to.
-#[derive(Clone, Debug)]
-pub(crate) struct StoredPayload {
-    pub id: SafId,
-    pub service: String,
-    pub kind: super::saf::SafKind,
-    pub mti: String,
-    pub created_at: UnixMillis,
-    pub payload: Vec<u8>,
 }
 
 /// What an op produced.

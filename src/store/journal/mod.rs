@@ -1,7 +1,8 @@
-//! The journal's rows as the store keeps them: one per exchange
-//! (`journal`), one per admin action (`admin_log`), the filters a query
-//! takes, and the SQL both backends share; the row on its way in
-//! ([`insert`]). The rows arrive masked: the journal (`crate::journal::row`
+//! The journal in the store: one row per exchange (`journal`), one per
+//! admin action (`admin_log`), the filters a query takes, and the SQL both
+//! backends share; the row on its way in ([`insert`]). The rows as read
+//! back are with the store's other rows (`store/rows.rs`), re-exported here
+//! under the journal's name. The rows arrive masked: the journal (`crate::journal::row`
 //! on the message path, `crate::journal::raw` on its writer) is the only
 //! producer, and it reads a fixed list of fields (docs/journal.md).
 
@@ -11,81 +12,9 @@ use crate::store::saf::UnixMillis;
 
 pub(crate) mod insert;
 
+/// The rows as read: their home is [`crate::store::rows`].
+pub use crate::store::rows::{AdminRow, JournalRow, ReportInput};
 pub use insert::{NewRow, Short};
-
-/// One exchange, as stored.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct JournalRow {
-    /// Set by the store; 0 on a row not yet stored.
-    pub id: i64,
-    pub t_in: UnixMillis,
-    pub t_out: UnixMillis,
-    pub service: String,
-    pub front: String,
-    /// `client#N`, `peer` or `node`.
-    pub link: String,
-    pub node: Option<String>,
-    /// `front` (a client's or the peer's request) or `node` (a node's own).
-    pub origin: String,
-    pub mti: String,
-    pub mti_out: Option<String>,
-    pub f11: Option<String>,
-    pub f7: Option<String>,
-    /// F37 as received and as answered (the node's answer carries the
-    /// switch's stamp when it stamps).
-    pub f37_in: Option<String>,
-    pub f37_out: Option<String>,
-    pub f41: Option<String>,
-    pub f42: Option<String>,
-    pub f32: Option<String>,
-    pub f33: Option<String>,
-    /// First 6 and last 4 at most.
-    pub pan: Option<String>,
-    pub f4: Option<String>,
-    pub f49: Option<String>,
-    pub f39: Option<String>,
-    /// `node`, `peer`, `switch` or `none`.
-    pub answered_by: String,
-    /// Why the switch answered (or nobody did).
-    pub reason: Option<String>,
-    /// `answered`, `switch-made`, `duplicate`, `unroutable`, `bad`, `late`,
-    /// `unanswered`.
-    pub outcome: String,
-    pub latency_us: Option<i64>,
-    pub late: bool,
-    pub duplicate: bool,
-    pub repeat: bool,
-    pub unroutable: bool,
-    /// `declined`, `dropped` or `closed` for a request that failed
-    /// validation.
-    pub bad: Option<String>,
-    /// The `saf` row of the reversal a late approval was given.
-    pub reversal_id: Option<i64>,
-    /// Read only: that reversal's state (`pending`, `delivered`, `dead`,
-    /// `dropped`) and the host's answer to it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reversal_state: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reversal_answer: Option<String>,
-}
-
-/// One admin action, or a refused token.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct AdminRow {
-    pub id: i64,
-    pub at: UnixMillis,
-    /// The client's address, `-` when unknown.
-    pub peer: String,
-    /// `drain`, `disable`, `enable`, `add`, `remove`, `reload`, `saf-retry`,
-    /// `saf-drop`, `token-refused`, or the method and path.
-    pub action: String,
-    pub method: String,
-    pub path: String,
-    /// The HTTP status answered.
-    pub status: i64,
-    /// What the change did or why it was refused.
-    pub outcome: String,
-}
 
 /// `--outcome`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -290,20 +219,6 @@ pub fn select_admin(since: Option<UnixMillis>, limit: usize) -> (String, Vec<Par
 pub const REPORT_SQL: &str = "SELECT j.service, j.node, j.outcome, j.reason, j.late, \
      j.reversal_id, s.state, j.latency_us, j.t_in FROM journal j LEFT JOIN saf s ON s.id = j.reversal_id \
      WHERE j.t_in >= $1 AND j.t_in < $2";
-
-/// One row of [`REPORT_SQL`].
-#[derive(Clone, Debug)]
-pub struct ReportInput {
-    pub service: String,
-    pub node: Option<String>,
-    pub outcome: String,
-    pub reason: Option<String>,
-    pub late: bool,
-    pub reversal_id: Option<i64>,
-    pub reversal_state: Option<String>,
-    pub latency_us: Option<i64>,
-    pub t_in: UnixMillis,
-}
 
 /// SQLite spells placeholders `?n`; `$n` reads the same there, but one
 /// rule for both keeps the statements comparable.

@@ -1,32 +1,96 @@
-//! The PostgreSQL backend's journal statements: a batch's inserts pipelined
-//! on the prepared insert, queries, bounded purges and the report pass
-//! (streamed, so a day's rows are never all in memory).
+//! The PostgreSQL backend's journal: a batch's inserts pipelined on the
+//! prepared multi-row inserts, queries, the report pass (streamed, so a
+//! day's rows are never all in memory) and the journal's size. Retention
+//! drops whole days on the maintenance's connection (`maintain.rs`), never
+//! in the writer's transactions.
 
 use futures_util::{StreamExt, future::join_all, pin_mut};
-use tokio_postgres::Transaction;
 use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Statement};
 
-use super::Statements;
-use crate::store::journal::insert::{INSERT_ARITY, chunks};
+use super::Postgres;
+use crate::store::backend::{JournalOps, OpResult};
+use crate::store::disk::JournalSpace;
+use crate::store::error::StoreError;
+use crate::store::journal::insert::{INSERT_ARITY, INSERT_CHUNKS, chunks, insert_rows};
 use crate::store::journal::{
-    self as j, AdminRow, Dialect, JournalFilter, JournalRow, NewRow, Param, REPORT_SQL, ReportInput,
+    self as j, ADMIN_INSERT, Dialect, JournalFilter, NewRow, Param, REPORT_SQL,
 };
-use crate::store::journal_report::ReportBuilder;
+use crate::store::journal_report::{Report, ReportBuilder};
+use crate::store::rows::{AdminRow, JournalRow, ReportInput};
 use crate::store::saf::UnixMillis;
-use crate::store::writer::{Answer, Outcome};
 
 type PgResult<T> = Result<T, tokio_postgres::Error>;
+
+/// The journal's statements, prepared once per connection.
+pub(super) struct Statements {
+    /// The multi-row inserts, one per size of `INSERT_CHUNKS`, in its order.
+    inserts: Vec<(usize, Statement)>,
+    admin_insert: Statement,
+}
+
+impl Statements {
+    pub(super) async fn prepare(c: &Client) -> PgResult<Self> {
+        let mut inserts = Vec::new();
+        for size in INSERT_CHUNKS {
+            inserts.push((size, c.prepare(&insert_rows(size, '$')).await?));
+        }
+        Ok(Statements {
+            inserts,
+            admin_insert: c.prepare(ADMIN_INSERT).await?,
+        })
+    }
+}
+
+impl JournalOps for Postgres<'_> {
+    async fn journal_put(&self, rows: &[NewRow], admin: &[AdminRow]) -> PgResult<u64> {
+        put(self, rows, admin).await
+    }
+
+    async fn journal_query(&self, filter: &JournalFilter) -> PgResult<Vec<JournalRow>> {
+        query(self, filter).await
+    }
+
+    async fn admin_query(
+        &self,
+        since: Option<UnixMillis>,
+        limit: usize,
+    ) -> PgResult<Vec<AdminRow>> {
+        admin_query(self, since, limit).await
+    }
+
+    // The writer routes retention to the maintenance (it drops whole days):
+    // one in a batch is a bug.
+    async fn journal_purge(&self, _: UnixMillis, _: usize) -> OpResult<u64, tokio_postgres::Error> {
+        Ok(Err(purge_in_batch()))
+    }
+
+    async fn admin_purge(&self, _: UnixMillis, _: usize) -> OpResult<u64, tokio_postgres::Error> {
+        Ok(Err(purge_in_batch()))
+    }
+
+    async fn journal_report(&self, since: UnixMillis, until: UnixMillis) -> PgResult<Report> {
+        report(self, since, until).await
+    }
+
+    async fn journal_space(&self) -> PgResult<JournalSpace> {
+        space(self).await
+    }
+}
+
+fn purge_in_batch() -> StoreError {
+    StoreError::WrongAnswer {
+        op: "journal_purge",
+        got: "a purge in a batch".into(),
+    }
+}
 
 fn flag(b: bool) -> i16 {
     i16::from(b)
 }
 
-pub(super) async fn put(
-    tx: &Transaction<'_>,
-    st: &Statements,
-    rows: &[NewRow],
-    admin: &[AdminRow],
-) -> PgResult<Answer> {
+async fn put(pg: &Postgres<'_>, rows: &[NewRow], admin: &[AdminRow]) -> PgResult<u64> {
+    let (tx, st) = (pg.tx, &pg.st.journal);
     // The service and the flags as the columns take them, held for the
     // borrows.
     let held: Vec<(&str, [i16; 4])> = rows
@@ -39,8 +103,7 @@ pub(super) async fn put(
     let mut inserts = Vec::new();
     let mut at = 0;
     for chunk in chunks(rows) {
-        let Some((_, statement)) = st.journal_inserts.iter().find(|(n, _)| *n == chunk.len())
-        else {
+        let Some((_, statement)) = st.inserts.iter().find(|(n, _)| *n == chunk.len()) else {
             continue;
         };
         let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(chunk.len() * INSERT_ARITY);
@@ -63,7 +126,7 @@ pub(super) async fn put(
     for done in join_all(admins).await {
         n += done?;
     }
-    Ok(Ok(Outcome::Changed(n)))
+    Ok(n)
 }
 
 /// `r`'s values in [`crate::store::journal::insert::INSERT_COLUMNS`]' order.
@@ -126,10 +189,10 @@ fn refs(boxed: &[Box<dyn ToSql + Sync + Send>]) -> Vec<&(dyn ToSql + Sync)> {
         .collect()
 }
 
-pub(super) async fn query(tx: &Transaction<'_>, filter: &JournalFilter) -> PgResult<Answer> {
+async fn query(pg: &Postgres<'_>, filter: &JournalFilter) -> PgResult<Vec<JournalRow>> {
     let (sql, params) = j::select(filter, Dialect::Postgres);
     let boxed = bind(&params);
-    let rows = tx.query(&sql, &refs(&boxed)).await?;
+    let rows = pg.tx.query(&sql, &refs(&boxed)).await?;
     let rows = rows
         .iter()
         .map(|r| {
@@ -171,17 +234,17 @@ pub(super) async fn query(tx: &Transaction<'_>, filter: &JournalFilter) -> PgRes
             })
         })
         .collect::<PgResult<Vec<_>>>()?;
-    Ok(Ok(Outcome::JournalRows(rows)))
+    Ok(rows)
 }
 
-pub(super) async fn admin_query(
-    tx: &Transaction<'_>,
+async fn admin_query(
+    pg: &Postgres<'_>,
     since: Option<UnixMillis>,
     limit: usize,
-) -> PgResult<Answer> {
+) -> PgResult<Vec<AdminRow>> {
     let (sql, params) = j::select_admin(since, limit);
     let boxed = bind(&params);
-    let rows = tx.query(&sql, &refs(&boxed)).await?;
+    let rows = pg.tx.query(&sql, &refs(&boxed)).await?;
     let rows = rows
         .iter()
         .map(|r| {
@@ -197,14 +260,15 @@ pub(super) async fn admin_query(
             })
         })
         .collect::<PgResult<Vec<_>>>()?;
-    Ok(Ok(Outcome::AdminRows(rows)))
+    Ok(rows)
 }
 
 /// The journal's tables and indexes on the server, as PostgreSQL counts
 /// them (a deleted row's space is reused, not returned: `reusable` is not
 /// known here and stays 0).
-pub(super) async fn space(tx: &Transaction<'_>) -> PgResult<Answer> {
-    let row = tx
+async fn space(pg: &Postgres<'_>) -> PgResult<JournalSpace> {
+    let row = pg
+        .tx
         .query_one(
             "SELECT ((SELECT COALESCE(sum(pg_total_relation_size(relid)), 0) \
                FROM pg_partition_tree('journal')) \
@@ -215,20 +279,16 @@ pub(super) async fn space(tx: &Transaction<'_>) -> PgResult<Answer> {
         )
         .await?;
     let used: i64 = row.try_get(0)?;
-    Ok(Ok(Outcome::Space(crate::store::disk::JournalSpace {
+    Ok(JournalSpace {
         used: u64::try_from(used).unwrap_or(0),
         reusable: 0,
         oldest: row.try_get(1)?,
-    })))
+    })
 }
 
-pub(super) async fn report(
-    tx: &Transaction<'_>,
-    since: UnixMillis,
-    until: UnixMillis,
-) -> PgResult<Answer> {
+async fn report(pg: &Postgres<'_>, since: UnixMillis, until: UnixMillis) -> PgResult<Report> {
     let params: [&(dyn ToSql + Sync); 2] = [&since, &until];
-    let stream = tx.query_raw(REPORT_SQL, params).await?;
+    let stream = pg.tx.query_raw(REPORT_SQL, params).await?;
     pin_mut!(stream);
     let mut builder = ReportBuilder::new(since, until);
     while let Some(r) = stream.next().await {
@@ -245,5 +305,5 @@ pub(super) async fn report(
             t_in: r.try_get(8)?,
         });
     }
-    Ok(Ok(Outcome::Report(Box::new(builder.finish()))))
+    Ok(builder.finish())
 }

@@ -8,6 +8,12 @@
 //! applied: callers keep what they owe in memory and put it again (SAF is
 //! at-least-once; a second copy of an entry is a repeat the host absorbs).
 //! TLS (verify-full) when the target has a connector (`super::pg_tls`).
+//!
+//! Each batch runs in one transaction, through [`Postgres`], the backend
+//! seam (`store/backend.rs`) over that transaction: its operations are in
+//! `saf.rs`, `journal.rs` and `meta.rs`, each with the statements it
+//! prepares; the schema in `migrations.rs`; the journal's day partitions
+//! and their upkeep in `parts.rs` and `maintain.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,25 +22,53 @@ use futures_util::future::join_all;
 use tokio::sync::oneshot;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
-use tokio_postgres::{Client, NoTls, Socket};
+use tokio_postgres::{Client, NoTls, Socket, Transaction};
 
+use super::backend::{self, Driver};
 use super::config::PgTarget;
 use super::error::StoreError;
-use super::schema::{self, VERSION_KEY};
 use super::writer::{self, Answer, Counters, Inbox, Op, Outcome, Request};
 
+mod journal;
 mod maintain;
+mod meta;
+mod migrations;
 mod parts;
-mod sql;
+mod saf;
 
 use maintain::Maintenance;
-use sql::{META_PUT, MIGRATIONS, Statements, apply};
+use migrations::{Migration, migrate};
+
+/// The PostgreSQL backend inside one batch's transaction: what every op of
+/// the batch runs on, its statements pipelined.
+pub(crate) struct Postgres<'a> {
+    tx: &'a Transaction<'a>,
+    st: &'a Statements,
+}
+
+impl Driver for Postgres<'_> {
+    type Error = tokio_postgres::Error;
+}
+
+/// Every statement, prepared once per connection, by concept.
+struct Statements {
+    saf: saf::Statements,
+    journal: journal::Statements,
+    meta: meta::Statements,
+}
+
+impl Statements {
+    async fn prepare(c: &Client) -> Result<Self, tokio_postgres::Error> {
+        Ok(Statements {
+            saf: saf::Statements::prepare(c).await?,
+            journal: journal::Statements::prepare(c).await?,
+            meta: meta::Statements::prepare(c).await?,
+        })
+    }
+}
 
 const RECONNECT_MIN: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
-
-/// Serialises migrations of instances starting together ("isoswitc").
-const MIGRATION_LOCK: i64 = 0x6973_6f73_7769_7463;
 
 /// Whether an error means the server or connection is gone: closed, a
 /// connection exception (08) or operator intervention (57: shutdown,
@@ -152,52 +186,6 @@ where
     Ok(client)
 }
 
-enum Migration {
-    Sql(tokio_postgres::Error),
-    Store(StoreError),
-    /// The server's `server_version_num`, too old for the partitions.
-    TooOld(i32),
-}
-
-impl From<tokio_postgres::Error> for Migration {
-    fn from(e: tokio_postgres::Error) -> Self {
-        Migration::Sql(e)
-    }
-}
-
-/// Applies the migrations the database lacks in one transaction, under an
-/// advisory lock so two instances starting together do not race.
-async fn migrate(client: &mut Client) -> Result<(), Migration> {
-    let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-        .await?;
-    tx.batch_execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        .await?;
-    let stored: Option<String> = tx
-        .query_opt("SELECT value FROM meta WHERE key = $1", &[&VERSION_KEY])
-        .await?
-        .map(|row| row.get(0));
-    let version = schema::parse_version(stored).map_err(Migration::Store)?;
-    let server: i32 = tx
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
-        .await?
-        .try_get(0)?;
-    if server < parts::MIN_SERVER {
-        return Err(Migration::TooOld(server));
-    }
-    let from = usize::try_from(version).unwrap_or(usize::MAX);
-    for sql in MIGRATIONS.iter().skip(from) {
-        tx.batch_execute(sql).await?;
-    }
-    tx.execute(
-        META_PUT,
-        &[&VERSION_KEY, &schema::SCHEMA_VERSION.to_string()],
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(())
-}
-
 struct Live {
     client: Client,
     statements: Statements,
@@ -298,12 +286,11 @@ impl Writer {
         // the commit, not one per op. The ops of a batch come from callers
         // that did not wait on each other, so any order among them is one
         // they could have had anyway.
-        let results = join_all(
-            batch
-                .iter()
-                .map(|request| apply(&tx, &live.statements, &request.op)),
-        )
-        .await;
+        let pg = Postgres {
+            tx: &tx,
+            st: &live.statements,
+        };
+        let results = join_all(batch.iter().map(|request| backend::apply(&pg, &request.op))).await;
         let mut answers = Vec::with_capacity(batch.len());
         let mut errors = Vec::new();
         for result in results {

@@ -1,34 +1,145 @@
-//! The SQLite backend's journal statements: batched inserts (bound in
-//! place, `sqlite/insert.rs`), queries, bounded purges and the report pass.
+//! The SQLite backend's journal: batched inserts (bound in place,
+//! `sqlite/insert.rs`), queries, bounded purges, the report pass and the
+//! journal's share of the file.
 
 use rusqlite::{Transaction, params, params_from_iter};
 
-use super::RowInserts;
+use super::Sqlite;
+use crate::store::backend::{JournalOps, OpResult};
+use crate::store::disk::JournalSpace;
 use crate::store::journal::{
-    self as j, ADMIN_INSERT, AdminRow, Dialect, JournalFilter, JournalRow, NewRow, PURGE_ADMIN,
-    PURGE_JOURNAL, PURGE_PARTS, Param, REPORT_SQL, ReportInput, sqlite_placeholders,
+    self as j, ADMIN_INSERT, Dialect, JournalFilter, NewRow, PURGE_ADMIN, PURGE_JOURNAL,
+    PURGE_PARTS, Param, REPORT_SQL, sqlite_placeholders,
 };
-use crate::store::journal_report::ReportBuilder;
+use crate::store::journal_report::{Report, ReportBuilder};
+use crate::store::rows::{AdminRow, JournalRow, ReportInput};
 use crate::store::saf::UnixMillis;
-use crate::store::writer::{Answer, Outcome};
 
-pub(super) fn put(
-    tx: &Transaction<'_>,
-    inserts: &RowInserts<'_>,
-    rows: &[NewRow],
-    admin: &[AdminRow],
-) -> rusqlite::Result<Answer> {
-    let mut n = inserts.put(rows)?;
-    if !admin.is_empty() {
-        let mut st = tx.prepare_cached(&sqlite_placeholders(ADMIN_INSERT))?;
-        for a in admin {
-            st.execute(params![
-                a.at, a.peer, a.action, a.method, a.path, a.status, a.outcome
-            ])?;
-            n += 1;
+impl JournalOps for Sqlite<'_> {
+    async fn journal_put(&self, rows: &[NewRow], admin: &[AdminRow]) -> rusqlite::Result<u64> {
+        let mut n = self.inserts.put(rows)?;
+        if !admin.is_empty() {
+            let mut st = self.tx.prepare_cached(&sqlite_placeholders(ADMIN_INSERT))?;
+            for a in admin {
+                st.execute(params![
+                    a.at, a.peer, a.action, a.method, a.path, a.status, a.outcome
+                ])?;
+                n += 1;
+            }
         }
+        Ok(n)
     }
-    Ok(Ok(Outcome::Changed(n)))
+
+    async fn journal_query(&self, filter: &JournalFilter) -> rusqlite::Result<Vec<JournalRow>> {
+        query(self.tx, filter)
+    }
+
+    async fn admin_query(
+        &self,
+        since: Option<UnixMillis>,
+        limit: usize,
+    ) -> rusqlite::Result<Vec<AdminRow>> {
+        let (sql, params) = j::select_admin(since, limit);
+        let mut st = self.tx.prepare_cached(&sqlite_placeholders(&sql))?;
+        let rows = st
+            .query_map(params_from_iter(bind(&params)), |r| {
+                Ok(AdminRow {
+                    id: r.get(0)?,
+                    at: r.get(1)?,
+                    peer: r.get(2)?,
+                    action: r.get(3)?,
+                    method: r.get(4)?,
+                    path: r.get(5)?,
+                    status: r.get(6)?,
+                    outcome: r.get(7)?,
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    async fn journal_purge(
+        &self,
+        before: UnixMillis,
+        limit: usize,
+    ) -> OpResult<u64, rusqlite::Error> {
+        purge(self.tx, before, limit).map(Ok)
+    }
+
+    /// The admin audit's retention: at most `limit` rows older than `before`.
+    async fn admin_purge(
+        &self,
+        before: UnixMillis,
+        limit: usize,
+    ) -> OpResult<u64, rusqlite::Error> {
+        let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
+        let n = self
+            .tx
+            .prepare_cached(&sqlite_placeholders(PURGE_ADMIN))?
+            .execute(params![before, limit])? as u64;
+        Ok(Ok(n))
+    }
+
+    async fn journal_report(
+        &self,
+        since: UnixMillis,
+        until: UnixMillis,
+    ) -> rusqlite::Result<Report> {
+        let mut st = self.tx.prepare_cached(&sqlite_placeholders(REPORT_SQL))?;
+        let mut rows = st.query(params![since, until])?;
+        let mut builder = ReportBuilder::new(since, until);
+        while let Some(r) = rows.next()? {
+            builder.add(ReportInput {
+                service: r.get(0)?,
+                node: r.get(1)?,
+                outcome: r.get(2)?,
+                reason: r.get(3)?,
+                late: r.get(4)?,
+                reversal_id: r.get(5)?,
+                reversal_state: r.get(6)?,
+                latency_us: r.get(7)?,
+                t_in: r.get(8)?,
+            });
+        }
+        Ok(builder.finish())
+    }
+
+    /// The journal's share of the file: the pages in use less those of
+    /// every other b-tree (SAF, meta, the admin audit, which keeps its own
+    /// retention: `dbstat` walks only the b-tree it is asked for, and those
+    /// are small while SAF is healthy), and the file's free pages.
+    async fn journal_space(&self) -> rusqlite::Result<JournalSpace> {
+        let tx = self.tx;
+        let pragma = |name: &str| -> rusqlite::Result<u64> {
+            let n: i64 = tx.query_row(&format!("PRAGMA {name}"), [], |r| r.get(0))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
+        let page = pragma("page_size")?;
+        let in_use = pragma("page_count")?.saturating_sub(pragma("freelist_count")?);
+        let others: Vec<String> = tx
+            .prepare_cached(
+                "SELECT name FROM sqlite_schema WHERE rootpage > 0 \
+                 AND tbl_name NOT IN ('journal', 'journal_part')",
+            )?
+            .query_map([], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        // Page 1, the schema, is nobody's in particular.
+        let mut other_bytes = page;
+        let mut st = tx.prepare_cached(
+            "SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name = ?1 AND aggregate = 1",
+        )?;
+        for name in &others {
+            let n: i64 = st.query_row(params![name], |r| r.get(0))?;
+            other_bytes += u64::try_from(n).unwrap_or(0);
+        }
+        let oldest: Option<i64> =
+            tx.query_row("SELECT min(t_in) FROM journal", [], |r| r.get(0))?;
+        Ok(JournalSpace {
+            used: (in_use * page).saturating_sub(other_bytes),
+            reusable: pragma("freelist_count")? * page,
+            oldest,
+        })
+    }
 }
 
 fn bind(params: &[Param]) -> Vec<rusqlite::types::Value> {
@@ -41,7 +152,7 @@ fn bind(params: &[Param]) -> Vec<rusqlite::types::Value> {
         .collect()
 }
 
-pub(super) fn query(tx: &Transaction<'_>, filter: &JournalFilter) -> rusqlite::Result<Answer> {
+fn query(tx: &Transaction<'_>, filter: &JournalFilter) -> rusqlite::Result<Vec<JournalRow>> {
     let (sql, params) = j::select(filter, Dialect::Sqlite);
     let mut st = tx.prepare_cached(&sqlite_placeholders(&sql))?;
     let rows = st
@@ -84,38 +195,12 @@ pub(super) fn query(tx: &Transaction<'_>, filter: &JournalFilter) -> rusqlite::R
             })
         })?
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Ok(Outcome::JournalRows(rows)))
+    Ok(rows)
 }
 
-pub(super) fn admin_query(
-    tx: &Transaction<'_>,
-    since: Option<UnixMillis>,
-    limit: usize,
-) -> rusqlite::Result<Answer> {
-    let (sql, params) = j::select_admin(since, limit);
-    let mut st = tx.prepare_cached(&sqlite_placeholders(&sql))?;
-    let rows = st
-        .query_map(params_from_iter(bind(&params)), |r| {
-            Ok(AdminRow {
-                id: r.get(0)?,
-                at: r.get(1)?,
-                peer: r.get(2)?,
-                action: r.get(3)?,
-                method: r.get(4)?,
-                path: r.get(5)?,
-                status: r.get(6)?,
-                outcome: r.get(7)?,
-            })
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Ok(Outcome::AdminRows(rows)))
-}
-
-pub(super) fn purge(
-    tx: &Transaction<'_>,
-    before: UnixMillis,
-    limit: usize,
-) -> rusqlite::Result<Answer> {
+/// At most `limit` journal rows older than `before`, and the parts they
+/// leave empty.
+fn purge(tx: &Transaction<'_>, before: UnixMillis, limit: usize) -> rusqlite::Result<u64> {
     let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
     let n = tx
         .prepare_cached(&sqlite_placeholders(PURGE_JOURNAL))?
@@ -123,89 +208,18 @@ pub(super) fn purge(
     // Not counted: a part's record, not a row of the journal.
     tx.prepare_cached(&sqlite_placeholders(PURGE_PARTS))?
         .execute(params![before])?;
-    Ok(Ok(Outcome::Changed(n)))
-}
-
-/// The journal's share of the file: the pages in use less those of every
-/// other b-tree (SAF, meta, the admin audit, which keeps its own retention: `dbstat` walks only the b-tree it is asked for,
-/// and those are small while SAF is healthy), and the file's free pages.
-pub(super) fn space(tx: &Transaction<'_>) -> rusqlite::Result<Answer> {
-    let pragma = |name: &str| -> rusqlite::Result<u64> {
-        let n: i64 = tx.query_row(&format!("PRAGMA {name}"), [], |r| r.get(0))?;
-        Ok(u64::try_from(n).unwrap_or(0))
-    };
-    let page = pragma("page_size")?;
-    let in_use = pragma("page_count")?.saturating_sub(pragma("freelist_count")?);
-    let others: Vec<String> = tx
-        .prepare_cached(
-            "SELECT name FROM sqlite_schema WHERE rootpage > 0 \
-             AND tbl_name NOT IN ('journal', 'journal_part')",
-        )?
-        .query_map([], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
-    // Page 1, the schema, is nobody's in particular.
-    let mut other_bytes = page;
-    let mut st = tx.prepare_cached(
-        "SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name = ?1 AND aggregate = 1",
-    )?;
-    for name in &others {
-        let n: i64 = st.query_row(params![name], |r| r.get(0))?;
-        other_bytes += u64::try_from(n).unwrap_or(0);
-    }
-    let oldest: Option<i64> = tx.query_row("SELECT min(t_in) FROM journal", [], |r| r.get(0))?;
-    Ok(Ok(Outcome::Space(crate::store::disk::JournalSpace {
-        used: (in_use * page).saturating_sub(other_bytes),
-        reusable: pragma("freelist_count")? * page,
-        oldest,
-    })))
-}
-
-/// The admin audit's retention: at most `limit` rows older than `before`.
-pub(super) fn admin_purge(
-    tx: &Transaction<'_>,
-    before: UnixMillis,
-    limit: usize,
-) -> rusqlite::Result<Answer> {
-    let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-    let n = tx
-        .prepare_cached(&sqlite_placeholders(PURGE_ADMIN))?
-        .execute(params![before, limit])? as u64;
-    Ok(Ok(Outcome::Changed(n)))
-}
-
-pub(super) fn report(
-    tx: &Transaction<'_>,
-    since: UnixMillis,
-    until: UnixMillis,
-) -> rusqlite::Result<Answer> {
-    let mut st = tx.prepare_cached(&sqlite_placeholders(REPORT_SQL))?;
-    let mut rows = st.query(params![since, until])?;
-    let mut builder = ReportBuilder::new(since, until);
-    while let Some(r) = rows.next()? {
-        builder.add(ReportInput {
-            service: r.get(0)?,
-            node: r.get(1)?,
-            outcome: r.get(2)?,
-            reason: r.get(3)?,
-            late: r.get(4)?,
-            reversal_id: r.get(5)?,
-            reversal_state: r.get(6)?,
-            latency_us: r.get(7)?,
-            t_in: r.get(8)?,
-        });
-    }
-    Ok(Ok(Outcome::Report(Box::new(builder.finish()))))
+    Ok(n)
 }
 
 #[cfg(test)]
 mod parts {
     use rusqlite::{Connection, TransactionBehavior};
 
-    use super::super::{MIGRATIONS, RowInserts, migrate};
+    use super::super::RowInserts;
+    use super::super::migrations::{MIGRATIONS, migrate};
     use crate::store::journal::{
         self as j, Dialect, JournalFilter, JournalRow, NewRow, sqlite_placeholders,
     };
-    use crate::store::writer::Outcome;
 
     const BASE: i64 = 1_700_000_000_000;
 
@@ -252,9 +266,7 @@ mod parts {
 
     fn query(conn: &mut Connection, filter: &JournalFilter) -> Vec<i64> {
         let tx = conn.transaction().expect("tx");
-        let Ok(Outcome::JournalRows(rows)) = super::query(&tx, filter).expect("query") else {
-            panic!("not rows");
-        };
+        let rows = super::query(&tx, filter).expect("query");
         rows.iter().map(|r| r.t_in - BASE).collect()
     }
 
@@ -437,12 +449,12 @@ mod parts {
         // 3,000 empties part 0 only, and only once its rows are gone.
         let tx = conn.transaction().expect("tx");
         let purged = super::purge(&tx, BASE + 3_000, 1_000).expect("purge");
-        assert!(matches!(purged, Ok(Outcome::Changed(1_000))), "{purged:?}");
+        assert_eq!(purged, 1_000);
         tx.commit().expect("commit");
         assert_eq!(parts(&conn), [0, 1, 2, 3, 4], "part 0 still has rows");
         let tx = conn.transaction().expect("tx");
         let purged = super::purge(&tx, BASE + 3_000, 10_000).expect("purge");
-        assert!(matches!(purged, Ok(Outcome::Changed(2_000))), "{purged:?}");
+        assert_eq!(purged, 2_000);
         tx.commit().expect("commit");
         assert_eq!(parts(&conn), [1, 2, 3, 4]);
         let f = JournalFilter {

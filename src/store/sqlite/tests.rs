@@ -1,6 +1,10 @@
 //! Unit tests of the SQLite backend: migrations, ops and refusals on an in-memory database.
 
+use rusqlite::params;
+
+use super::migrations::{LIST_CHECKS, MIGRATIONS, list_check_texts};
 use super::*;
+use crate::store::schema;
 
 fn migrated() -> Connection {
     let mut conn = Connection::open_in_memory().expect("open");
@@ -111,4 +115,12 @@ fn a_connection_keeps_its_statement_journals_in_memory_and_syncs_fully() {
     assert_eq!(pragma("secure_delete"), 1);
     drop(conn);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The writer polls each operation once: one that waited would be a bug,
+/// answered as an error rather than a writer stuck on it.
+#[test]
+fn an_operation_that_waits_is_an_error_not_a_hang() {
+    assert!(now(std::future::pending::<rusqlite::Result<()>>()).is_err());
+    assert_eq!(now(async { Ok(7) }).ok(), Some(7));
 }
