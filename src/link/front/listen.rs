@@ -16,7 +16,7 @@ use super::admission::client::{ClientLink, InFlightLimit, canonical_peer};
 use crate::capture::{Opened, Tapped};
 use crate::config::ListenFront;
 use crate::link::io::conns::{ConnKind, Counted};
-use crate::link::io::direct::{self, start_writer};
+use crate::link::io::direct::{self, Residence, start_writer};
 use crate::link::io::frames::LeanFrames;
 use crate::link::io::timer::{Read, ReadTimer, TimedFrames};
 use crate::link::log_limit::{LogKind, LogPeer};
@@ -288,6 +288,7 @@ async fn serve_client(
         prefix,
         front.write_queue,
         Some(Arc::clone(&registered.entry)),
+        Residence::WhileBusy,
     );
     let client = ClientLink {
         conn,
@@ -367,10 +368,7 @@ async fn serve_client(
         // Let queued answers (e.g. the decline for a bad request) flush briefly.
         Ended::Other(_) => std::time::Duration::from_millis(200),
     };
-    if !writer.is_finished() {
-        let _ = tokio::time::timeout(linger, &mut writer).await;
-        writer.abort();
-    }
+    writer.finish(linger).await;
     service
         .counters
         .clients_closed
@@ -414,6 +412,41 @@ mod tests {
                 .join(",")
         );
         toml::from_str(&toml).unwrap()
+    }
+
+    /// What one client connection holds, in bytes, as this build lays it
+    /// out (`cargo test --lib per_client_sizes -- --nocapture`; numbers in
+    /// docs/bench/memory-connection-churn-and-requests-in-flight.md). A
+    /// tokio task is its future plus about 104 bytes of header and trailer,
+    /// rounded up to 128 (its cell is cache-line aligned).
+    #[test]
+    fn per_client_sizes() {
+        use std::mem::size_of;
+        fn future_size<A, B, C, D, E, G, F: Future>(_: fn(A, B, C, D, E, G) -> F) -> usize {
+            size_of::<F>()
+        }
+        type Reader = Counted<Tapped<crate::tls::LinkRead>>;
+        let task = |future: usize| (future + 104).div_ceil(128) * 128;
+        let client = future_size(serve_client);
+        let sizes = [
+            ("client task's future (serve_client)", client),
+            ("  its task cell", task(client)),
+            (
+                "TimedFrames (reader, codec, timer)",
+                size_of::<TimedFrames<Reader>>(),
+            ),
+            ("  LeanFrames", size_of::<LeanFrames<Reader>>()),
+            ("  boxed Sleep", size_of::<tokio::time::Sleep>()),
+            ("ClientLink", size_of::<ClientLink>()),
+            (
+                "ConnEntry (in an Arc)",
+                size_of::<crate::link::io::conns::ConnEntry>(),
+            ),
+            ("InFlightLimit (in an Arc)", size_of::<InFlightLimit>()),
+        ];
+        for (what, n) in sizes.iter().chain(crate::link::io::direct::sizes().iter()) {
+            println!("{what:<45} {n:>5}");
+        }
     }
 
     #[test]
