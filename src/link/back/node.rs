@@ -11,7 +11,7 @@ use tokio_util::codec::FramedRead;
 
 use super::pool::ConnHandle;
 use crate::capture::{Opened, Tapped};
-use crate::link::io::direct::{self, start_writer};
+use crate::link::io::direct::{self, Residence, start_writer};
 use crate::link::io::timer::{ReadTimer, in_frame};
 use crate::link::log_limit::{LogKind, LogPeer};
 use crate::link::service::Service;
@@ -85,7 +85,7 @@ async fn run_connection(
     let read = crate::link::io::conns::Counted::new(Tapped::reader(read, &tap), entry.clone());
     let prefix = service.spec().framing().prefix;
     let queue = service.config.back.write_queue;
-    let (tx, mut writer) = start_writer(write, &tap, prefix, queue, entry);
+    let (tx, mut writer) = start_writer(write, &tap, prefix, queue, entry, Residence::Resident);
     let handle = ConnHandle { id, tx };
     service
         .pool

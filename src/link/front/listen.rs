@@ -15,8 +15,8 @@ use super::admission::budget::ClientPermit;
 use super::admission::client::{ClientLink, InFlightLimit, canonical_peer};
 use crate::capture::{Opened, Tapped};
 use crate::config::ListenFront;
-use crate::link::io::conns::{ConnKind, Counted};
-use crate::link::io::direct::{self, start_writer};
+use crate::link::io::conns::{ConnKind, Counted, Registered};
+use crate::link::io::direct::{self, LinkWriter, Residence, start_writer};
 use crate::link::io::frames::LeanFrames;
 use crate::link::io::timer::{Read, ReadTimer, TimedFrames};
 use crate::link::log_limit::{LogKind, LogPeer};
@@ -168,14 +168,14 @@ pub async fn serve(
                     .counters
                     .clients_accepted
                     .fetch_add(1, Ordering::Relaxed);
-                let svc = Arc::clone(&service);
-                let f = ClientSettings::of(&front);
-                let sd = shutdown.clone();
-                let source_in_flight = Arc::clone(&slot.source_in_flight);
-                tokio::spawn(async move {
-                    serve_client(svc, f, stream, peer, source_in_flight, sd).await;
-                    drop((slot, permit));
-                });
+                tokio::spawn(serve_client(Box::new(Accepted {
+                    service: Arc::clone(&service),
+                    front: ClientSettings::of(&front),
+                    stream,
+                    peer,
+                    shutdown: shutdown.clone(),
+                    held: (slot, permit),
+                })));
             }
             Err(why) => {
                 // Closed at once: the descriptor the accept took comes back
@@ -249,14 +249,60 @@ impl ClientSettings {
     }
 }
 
-async fn serve_client(
+/// What the accept loop hands a client's task. Boxed: an async fn keeps
+/// its arguments' storage for as long as it runs, so the task's future
+/// keeps 8 bytes of this for the connection's life, not these fields
+/// (a tokio task is its future, cache-line aligned: every byte of it is
+/// paid by each of a front's thousands of quiet terminals).
+struct Accepted {
     service: Arc<Service>,
     front: ClientSettings,
     stream: TcpStream,
     peer: SocketAddr,
-    source_in_flight: Arc<InFlightLimit>,
-    mut shutdown: watch::Receiver<bool>,
-) {
+    shutdown: watch::Receiver<bool>,
+    /// The front's admission slot and the descriptor budget's permit, given
+    /// back when the task ends.
+    held: (Admitted, ClientPermit),
+}
+
+/// A client's reader, as [`serve_client`] frames it.
+type ClientFrames = TimedFrames<Counted<Tapped<crate::tls::LinkRead>>>;
+
+/// A connected client, between its setup and its end.
+struct Connected {
+    service: Arc<Service>,
+    client: ClientLink,
+    frames: ClientFrames,
+    writer: LinkWriter,
+    registered: Registered,
+    shutdown: watch::Receiver<bool>,
+    held: (Admitted, ClientPermit),
+}
+
+/// A client's task: its setup, its read loop, then its end. Each step is a
+/// future of its own, so the setup's (a TLS handshake's) and the end's
+/// (a linger timer's) do not sit beside the read loop's for the
+/// connection's life; the end's is boxed, made only when the client goes.
+async fn serve_client(accepted: Box<Accepted>) {
+    let Some(mut connected) = connect(accepted).await else {
+        return;
+    };
+    let why = connected.read().await;
+    Box::pin(connected.end(why)).await;
+}
+
+/// Registers the connection, runs the TLS handshake if the front has one,
+/// and sets up the client's reader and writer. `None` when the handshake
+/// failed (counted and logged).
+async fn connect(accepted: Box<Accepted>) -> Option<Connected> {
+    let Accepted {
+        service,
+        front,
+        stream,
+        peer,
+        shutdown,
+        held,
+    } = *accepted;
     let conn = service.links.next_conn_id();
     let local = stream.local_addr().unwrap_or(peer);
     let registered = service
@@ -265,16 +311,19 @@ async fn serve_client(
         .register(conn, ConnKind::Client, None, peer, local);
     let _ = stream.set_nodelay(true);
     let tap = service.links.tap(&stream, Opened::ByPeer);
-    let Some(stream) = crate::link::io::secure::accept(
-        service.handshake_book(),
-        service.links.tls.front.as_ref(),
-        stream,
-        peer,
-        Some(&registered.entry),
-    )
-    .await
-    else {
-        return;
+    let stream = match service.links.tls.front.as_ref() {
+        None => crate::tls::LinkStream::Plain(stream),
+        // Boxed: a handshake's future inline would size every client's.
+        Some(side) => {
+            Box::pin(crate::link::io::secure::accept(
+                service.handshake_book(),
+                Some(side),
+                stream,
+                peer,
+                Some(&registered.entry),
+            ))
+            .await?
+        }
     };
     let (read, write) = stream.into_split();
     let read = Counted::new(
@@ -282,19 +331,20 @@ async fn serve_client(
         Some(Arc::clone(&registered.entry)),
     );
     let prefix = service.spec().framing().prefix;
-    let (tx, mut writer) = start_writer(
+    let (tx, writer) = start_writer(
         write,
         &tap,
         prefix,
         front.write_queue,
         Some(Arc::clone(&registered.entry)),
+        Residence::WhileBusy,
     );
     let client = ClientLink {
         conn,
         peer,
         tx,
         in_flight: InFlightLimit::new(front.max_in_flight),
-        source_in_flight,
+        source_in_flight: Arc::clone(&held.0.source_in_flight),
     };
     registered.entry.track_in_flight(client.in_flight.clone());
     let codec = FrameCodec::new(prefix, service.spec().framing().max_frame);
@@ -302,80 +352,123 @@ async fn serve_client(
     tracing::debug!(service = service.name(), %peer, conn, "client connected");
     let now = Instant::now();
     let timer = ReadTimer::new(front.idle_timeout, front.partial_frame_timeout, now);
-    let mut frames = TimedFrames::new(frames, timer, now);
-    // Made once: a fresh `changed()` per frame would join and leave the
-    // watch's waiter list (a lock each way) for every message.
-    let stopping = shutdown.changed();
-    tokio::pin!(stopping);
-    let why = loop {
-        // Frames first: when one is ready the other branches are not polled.
-        // A client cannot starve them: the socket's reads spend tokio's
-        // cooperative budget, and a spent budget reads as pending.
-        let item = tokio::select! {
-            biased;
-            read = frames.next() => match read {
-                Read::Frame(item) => item,
-                Read::TimedOut(t) => break Ended::Other(t.as_str().to_string()),
-            },
-            res = &mut writer => break Ended::Other(format!("writer ended: {res:?}")),
-            _ = &mut stopping => break Ended::Other("shutdown".to_string()),
-        };
-        // One clock read per frame serves the timer and the request's timing.
-        let now = Instant::now();
-        frames.frame(now);
-        registered.entry.received();
-        match item {
-            Some(Ok(Frame::Message(payload))) => {
-                // A request with another behind it in the read buffer holds
-                // its writes back until the last one (one write per link).
-                let more = direct::frame_ready(frames.framed());
-                let keep = direct::corked(more, || match service.side.oneconnect() {
-                    Some(oc) => super::oneconnect::on_request(&service, oc, &client, payload, now),
-                    None => service.on_request(&client, payload, now),
-                });
-                if !keep {
-                    break Ended::Other("bad request (on_bad_message = close)".into());
+    Some(Connected {
+        service,
+        client,
+        frames: TimedFrames::new(frames, timer, now),
+        writer,
+        registered,
+        shutdown,
+        held,
+    })
+}
+
+impl Connected {
+    /// Reads and handles the client's frames until it goes, a read
+    /// timeout passes, its writer fails or the switch stops.
+    async fn read(&mut self) -> Ended {
+        let Connected {
+            service,
+            client,
+            frames,
+            writer,
+            registered,
+            shutdown,
+            ..
+        } = self;
+        // Made once: a fresh `changed()` per frame would join and leave the
+        // watch's waiter list (a lock each way) for every message.
+        let stopping = shutdown.changed();
+        tokio::pin!(stopping);
+        loop {
+            // Frames first: when one is ready the other branches are not polled.
+            // A client cannot starve them: the socket's reads spend tokio's
+            // cooperative budget, and a spent budget reads as pending.
+            let item = tokio::select! {
+                biased;
+                read = frames.next() => match read {
+                    Read::Frame(item) => item,
+                    Read::TimedOut(t) => return Ended::Other(t.as_str().to_string()),
+                },
+                res = &mut *writer => return Ended::Other(format!("writer ended: {res:?}")),
+                _ = &mut stopping => return Ended::Other("shutdown".to_string()),
+            };
+            // One clock read per frame serves the timer and the request's timing.
+            let now = Instant::now();
+            frames.frame(now);
+            registered.entry.received();
+            match item {
+                Some(Ok(Frame::Message(payload))) => {
+                    // A request with another behind it in the read buffer holds
+                    // its writes back until the last one (one write per link).
+                    let more = direct::frame_ready(frames.framed());
+                    let keep = direct::corked(more, || match service.side.oneconnect() {
+                        Some(oc) => {
+                            super::oneconnect::on_request(service, oc, client, payload, now)
+                        }
+                        None => service.on_request(client, payload, now),
+                    });
+                    if !keep {
+                        return Ended::Other("bad request (on_bad_message = close)".into());
+                    }
                 }
+                Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => {
+                    // It may end a burst whose requests were held back.
+                    direct::flush_corked();
+                    service.counters.keep_alives.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(Err(e)) if is_disconnect(&e) => {
+                    return Ended::Other(format!("disconnected: {e}"));
+                }
+                Some(Err(e)) => {
+                    service.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
+                    return Ended::Other(format!("untrusted frame: {e}"));
+                }
+                None => return Ended::HalfClosed,
             }
-            Some(Ok(Frame::KeepAlive | Frame::SessionControl(_))) => {
-                // It may end a burst whose requests were held back.
-                direct::flush_corked();
-                service.counters.keep_alives.fetch_add(1, Ordering::Relaxed);
-            }
-            Some(Err(e)) if is_disconnect(&e) => break Ended::Other(format!("disconnected: {e}")),
-            Some(Err(e)) => {
-                service.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
-                break Ended::Other(format!("untrusted frame: {e}"));
-            }
-            None => break Ended::HalfClosed,
         }
-    };
-    direct::flush_corked();
-    drop(frames);
-    if matches!(why, Ended::HalfClosed) {
-        // Answers still owed go out, but may never be read: each approval
-        // among them is checked for a reset afterwards (Service::deliver).
-        client.tx.mark_peer_closed();
     }
-    // The writer ends once every queue handle is gone: ours, and the one each
-    // request in flight holds until it is answered or declined.
-    drop(client);
-    let linger = match &why {
-        // A client that closed its sending side may still be reading: every
-        // answer in flight reaches it, until the last deadline has passed.
-        Ended::HalfClosed => service.live().longest_timeout() + crate::link::SWEEP_INTERVAL * 10,
-        // Let queued answers (e.g. the decline for a bad request) flush briefly.
-        Ended::Other(_) => std::time::Duration::from_millis(200),
-    };
-    if !writer.is_finished() {
-        let _ = tokio::time::timeout(linger, &mut writer).await;
-        writer.abort();
+
+    /// Lets the answers still owed go out, then closes the client.
+    async fn end(self, why: Ended) {
+        let Connected {
+            service,
+            client,
+            frames,
+            mut writer,
+            registered,
+            shutdown: _,
+            held,
+        } = self;
+        direct::flush_corked();
+        drop(frames);
+        if matches!(why, Ended::HalfClosed) {
+            // Answers still owed go out, but may never be read: each approval
+            // among them is checked for a reset afterwards (Service::deliver).
+            client.tx.mark_peer_closed();
+        }
+        let (conn, peer) = (client.conn, client.peer);
+        // The link ends once every sender is gone: ours, and the one each
+        // request in flight holds until it is answered or declined.
+        drop(client);
+        let linger = match &why {
+            // A client that closed its sending side may still be reading: every
+            // answer in flight reaches it, until the last deadline has passed.
+            Ended::HalfClosed => {
+                service.live().longest_timeout() + crate::link::SWEEP_INTERVAL * 10
+            }
+            // Let queued answers (e.g. the decline for a bad request) flush briefly.
+            Ended::Other(_) => std::time::Duration::from_millis(200),
+        };
+        writer.finish(linger).await;
+        service
+            .counters
+            .clients_closed
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::info!(service = service.name(), %peer, conn, reason = %why, "client disconnected");
+        drop(registered);
+        drop(held);
     }
-    service
-        .counters
-        .clients_closed
-        .fetch_add(1, Ordering::Relaxed);
-    tracing::info!(service = service.name(), %peer, conn, reason = %why, "client disconnected");
 }
 
 /// Why a client's read side ended.
@@ -414,6 +507,41 @@ mod tests {
                 .join(",")
         );
         toml::from_str(&toml).unwrap()
+    }
+
+    /// What one client connection holds, in bytes, as this build lays it
+    /// out (`cargo test --lib per_client_sizes -- --nocapture`; numbers in
+    /// docs/bench/memory-connection-churn-and-requests-in-flight.md). A
+    /// tokio task is its future plus about 104 bytes of header and trailer,
+    /// rounded up to 128 (its cell is cache-line aligned).
+    #[test]
+    fn per_client_sizes() {
+        use std::mem::size_of;
+        fn future_size<A, F: Future>(_: fn(A) -> F) -> usize {
+            size_of::<F>()
+        }
+        let task = |future: usize| (future + 104).div_ceil(128) * 128;
+        let client = future_size(serve_client);
+        let sizes = [
+            ("client task's future (serve_client)", client),
+            ("  its task cell", task(client)),
+            ("  Connected (what it keeps)", size_of::<Connected>()),
+            ("  Accepted (boxed, until set up)", size_of::<Accepted>()),
+            (
+                "TimedFrames (reader, codec, timer)",
+                size_of::<ClientFrames>(),
+            ),
+            ("  boxed Sleep", size_of::<tokio::time::Sleep>()),
+            ("ClientLink", size_of::<ClientLink>()),
+            (
+                "ConnEntry (in an Arc)",
+                size_of::<crate::link::io::conns::ConnEntry>(),
+            ),
+            ("InFlightLimit (in an Arc)", size_of::<InFlightLimit>()),
+        ];
+        for (what, n) in sizes.iter().chain(crate::link::io::direct::sizes().iter()) {
+            println!("{what:<45} {n:>5}");
+        }
     }
 
     #[test]

@@ -57,8 +57,9 @@ pub struct ConnEntry {
     in_flight: OnceLock<Arc<dyn InFlightCount>>,
     /// The service's totals, which outlive the connection.
     totals: Arc<Traffic>,
-    /// What TLS negotiated, on a TLS link.
-    tls: OnceLock<crate::tls::TlsInfo>,
+    /// What TLS negotiated, on a TLS link. Boxed: inline, its three
+    /// strings would sit in every plain client's entry too.
+    tls: OnceLock<Box<crate::tls::TlsInfo>>,
 }
 
 /// Bytes and messages a service moved, over every connection it ever had.
@@ -111,12 +112,12 @@ impl ConnEntry {
 
     /// Records what the link's TLS handshake negotiated.
     pub fn set_tls(&self, info: crate::tls::TlsInfo) {
-        let _ = self.tls.set(info);
+        let _ = self.tls.set(Box::new(info));
     }
 
     /// What TLS negotiated; `None` on a plain link.
     pub fn tls(&self) -> Option<&crate::tls::TlsInfo> {
-        self.tls.get()
+        self.tls.get().map(|info| &**info)
     }
 
     /// Requests in flight from this client (`None` for other links).

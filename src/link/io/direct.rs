@@ -36,6 +36,15 @@
 //! block of 32 slots (about 3 KB of `Outbound`s) per link up front. Here an
 //! idle link's queue holds no storage, which is most of a front's thousands
 //! of quiet terminals.
+//!
+//! For the same reason a client link's writer task exists only while the
+//! link is busy: the sender that hands the link over spawns it, and it ends
+//! when it hands the link back (a task is half a kilobyte, most of it idle
+//! on a quiet terminal). It stays while the link is coalescing (loaded), and
+//! always on a *resident* link (node links: few, busy, where a spawn per
+//! probe would be an allocation on the message path). The link's owner
+//! keeps a [`LinkWriter`]: it learns of a failed write from it, and ends the
+//! link with it ([`LinkWriter::finish`], [`LinkWriter::abort`]).
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -44,6 +53,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{Buf, BytesMut};
+use futures_util::task::AtomicWaker;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{Notify, mpsc};
@@ -95,8 +107,10 @@ impl Drop for LinkTx {
         if let Route::Direct(d) = &self.0
             && d.senders.fetch_sub(1, Ordering::AcqRel) == 1
         {
-            // The last one: the writer writes what is left, then ends.
+            // The last one: what is left is written (by the writer, or by
+            // the thread that corked it), then the owner may end the link.
             d.wake.notify_one();
+            d.owner.wake();
         }
     }
 }
@@ -107,9 +121,18 @@ struct Direct {
     sock: OwnedWriteHalf,
     prefix: LengthPrefix,
     state: Mutex<DirectState>,
-    /// Wakes the writer task when a sender leaves it a remainder, queues a
-    /// probe, or was the last one.
+    /// Wakes a writer task that waits for the link (a resident or coalescing
+    /// one) when a sender leaves it a remainder, queues a probe, or was the
+    /// last one.
     wake: Notify,
+    /// The link's owner ([`LinkWriter`]): woken when a write failed, and
+    /// when the last sender is gone and all is written. Never on a frame.
+    owner: AtomicWaker,
+    /// Where a sender spawns the writer task (it may run off the runtime).
+    runtime: tokio::runtime::Handle,
+    /// The writer task stays when it hands the link back (node links);
+    /// otherwise it ends unless the link is coalescing.
+    resident: bool,
     conn: Option<Arc<ConnEntry>>,
     /// [`PROBE_EVERY`] (tests that fill a socket by direct writes turn
     /// probes off).
@@ -117,17 +140,18 @@ struct Direct {
     /// The most frames [`DirectState::queue`] holds (the link's
     /// `write_queue`): a sender past it gets `Full`, as from a channel.
     capacity: usize,
-    /// Live [`LinkTx`] clones: the writer ends once none is left and
-    /// everything they sent is written.
+    /// Live [`LinkTx`] clones: the owner may end the link once none is left
+    /// and everything they sent is written.
     senders: AtomicUsize,
-    /// The writer task has ended (returned or dropped): nothing goes out.
+    /// The link has ended (its owner ended it, or a write failed): nothing
+    /// goes out.
     ended: AtomicBool,
     /// The peer closed its sending side: what is written now may never be
     /// read (see [`LinkTx::peer_closed`]).
     peer_closed: AtomicBool,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct DirectState {
     /// The writer task owns the socket: senders queue.
     busy: bool,
@@ -141,13 +165,34 @@ struct DirectState {
     /// readers queue into one write, as the queue-only writer does. One
     /// write per frame would cost more CPU than the wakeups it saves there.
     coalescing: bool,
+    /// The writer's waits in a row that gained no frame (kept here, across
+    /// writer tasks); [`FUTILE_WAITS`] of them end coalescing. A new link
+    /// starts direct.
+    futile: u32,
     /// Frames written directly since one last went through the writer: one
     /// in [`PROBE_EVERY`] does, so the writer notices the load coming back.
     since_probe: u32,
+    /// The writer task, while there is one (see the module doc).
+    writer: Option<JoinHandle<()>>,
     /// Frames for the writer, queued while it owns the link (and probes).
     /// Given back when it is handed back with more than [`IDLE_QUEUE`]
     /// slots.
     queue: VecDeque<Outbound>,
+}
+
+impl Default for DirectState {
+    fn default() -> DirectState {
+        DirectState {
+            busy: false,
+            pending: BytesMut::new(),
+            failed: None,
+            coalescing: false,
+            futile: FUTILE_WAITS,
+            since_probe: 0,
+            writer: None,
+            queue: VecDeque::new(),
+        }
+    }
 }
 
 /// A queue or batch holding more slots than this gives them back when the
@@ -286,12 +331,18 @@ impl Direct {
 
     /// Writes the bytes held back on an idle link; what the socket does not
     /// take is left to the writer task, which then owns the link.
-    fn flush(&self, st: &mut DirectState) {
+    fn flush(self: &Arc<Self>, st: &mut DirectState) {
         if st.busy || st.pending.is_empty() {
             return;
         }
         match self.sock.try_write(&st.pending) {
-            Ok(n) if n == st.pending.len() => settle(&mut st.pending, true),
+            Ok(n) if n == st.pending.len() => {
+                settle(&mut st.pending, true);
+                if self.senders.load(Ordering::Acquire) == 0 {
+                    // The last bytes of a link whose senders are all gone.
+                    self.owner.wake();
+                }
+            }
             Ok(n) => {
                 st.pending.advance(n);
                 self.hand_over(st);
@@ -304,10 +355,16 @@ impl Direct {
         }
     }
 
-    /// Marks the link busy and wakes its writer task to take it over.
-    fn hand_over(&self, st: &mut DirectState) {
+    /// Marks the link busy and has its writer task take it over: wakes the
+    /// one waiting, or spawns one.
+    fn hand_over(self: &Arc<Self>, st: &mut DirectState) {
         st.busy = true;
-        self.wake.notify_one();
+        if st.writer.is_some() {
+            self.wake.notify_one();
+        } else {
+            let writer = run_direct_writer(Arc::clone(self));
+            st.writer = Some(self.runtime.spawn(writer));
+        }
     }
 
     /// Queues a frame for the writer, or gives it back if the queue is full.
@@ -321,7 +378,9 @@ impl Direct {
 
     fn send(self: &Arc<Self>, item: Outbound) -> Result<(), TrySendError<Outbound>> {
         let mut st = self.lock();
-        if self.ended.load(Ordering::Acquire) {
+        if self.ended.load(Ordering::Acquire) || st.failed.is_some() {
+            // A failed link ends as its writer task does: nothing more goes
+            // out, and the sender must know it.
             return Err(TrySendError::Closed(item));
         }
         if st.busy {
@@ -387,20 +446,32 @@ impl Direct {
     }
 }
 
-/// Starts the writer task of a link's write half. A plain link without a
-/// capture tap gets the direct path; any other keeps its queue alone
-/// ([`super::writer::run_coalescing_writer`]).
+/// Whether a link's writer task stays when the link goes idle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residence {
+    /// Only while the link is busy (client links: thousands, mostly quiet).
+    WhileBusy,
+    /// For the link's life (node links: few and busy).
+    Resident,
+}
+
+/// Sets up the writing side of a link's write half. A plain link without a
+/// capture tap gets the direct path (and a writer task only as
+/// `residence` says); any other keeps its queue and a writer task for its
+/// life ([`super::writer::run_coalescing_writer`]).
 pub fn start_writer(
     write: LinkWrite,
     tap: &Option<ConnTap>,
     prefix: LengthPrefix,
     queue: usize,
     conn: Option<Arc<ConnEntry>>,
-) -> (LinkTx, JoinHandle<io::Result<()>>) {
+    residence: Residence,
+) -> (LinkTx, LinkWriter) {
     match (write, tap) {
         (LinkWrite::Plain(sock), None) => {
-            let (tx, writer) = direct_link(sock, prefix, queue, conn, PROBE_EVERY);
-            (tx, tokio::spawn(run_direct_writer(writer)))
+            let resident = residence == Residence::Resident;
+            let (tx, d) = direct_link(sock, prefix, queue, conn, PROBE_EVERY, resident);
+            (tx, LinkWriter(Owner::Direct(d)))
         }
         (write, tap) => {
             let (tx, rx) = mpsc::channel(queue.max(1));
@@ -408,7 +479,7 @@ pub fn start_writer(
             let task = tokio::spawn(super::writer::run_coalescing_writer(
                 write, prefix, rx, conn,
             ));
-            (tx.into(), task)
+            (tx.into(), LinkWriter(Owner::Task(task)))
         }
     }
 }
@@ -419,12 +490,16 @@ fn direct_link(
     queue: usize,
     conn: Option<Arc<ConnEntry>>,
     probe_every: u32,
+    resident: bool,
 ) -> (LinkTx, Arc<Direct>) {
     let direct = Arc::new(Direct {
         sock,
         prefix,
         state: Mutex::default(),
         wake: Notify::new(),
+        owner: AtomicWaker::new(),
+        runtime: tokio::runtime::Handle::current(),
+        resident,
         conn,
         probe_every,
         capacity: queue.max(1),
@@ -435,13 +510,129 @@ fn direct_link(
     (LinkTx(Route::Direct(Arc::clone(&direct))), direct)
 }
 
-/// Marks a direct link's writer ended however its task stops (returned,
-/// failed, or aborted), so that senders get `Closed` as from a channel.
-struct WriterEnded(Arc<Direct>);
+/// What a link's owner (the task that reads it) keeps of its writing side:
+/// awaited, it ends when the link can write no more (a write failed, or
+/// the writer task ended); [`LinkWriter::finish`] and [`LinkWriter::abort`]
+/// end the link.
+#[derive(Debug)]
+pub struct LinkWriter(Owner);
 
-impl Drop for WriterEnded {
+#[derive(Debug)]
+enum Owner {
+    /// A queue link's writer task.
+    Task(JoinHandle<io::Result<()>>),
+    /// A direct link, whose writer task comes and goes.
+    Direct(Arc<Direct>),
+}
+
+impl Future for LinkWriter {
+    type Output = io::Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().0 {
+            Owner::Task(task) => Pin::new(task)
+                .poll(cx)
+                .map(|joined| joined.unwrap_or_else(|e| Err(io::Error::other(e)))),
+            Owner::Direct(d) => {
+                d.owner.register(cx.waker());
+                if !d.ended.load(Ordering::Acquire) {
+                    return Poll::Pending;
+                }
+                Poll::Ready(match d.lock().failed {
+                    Some(kind) => Err(kind.into()),
+                    None => Ok(()),
+                })
+            }
+        }
+    }
+}
+
+impl LinkWriter {
+    /// Whether the link can write no more.
+    pub fn is_finished(&self) -> bool {
+        match &self.0 {
+            Owner::Task(task) => task.is_finished(),
+            Owner::Direct(d) => d.ended.load(Ordering::Acquire),
+        }
+    }
+
+    /// Lets what the link's senders sent go out: waits, at most `linger`,
+    /// until every sender is gone and all of it is written (or a write
+    /// failed), then ends the link.
+    pub async fn finish(&mut self, linger: std::time::Duration) {
+        let drained = std::future::poll_fn(|cx| match &mut self.0 {
+            Owner::Task(task) => Pin::new(task).poll(cx).map(drop),
+            Owner::Direct(d) => {
+                d.owner.register(cx.waker());
+                if d.drained() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            }
+        });
+        let _ = tokio::time::timeout(linger, drained).await;
+        self.abort();
+    }
+
+    /// Ends the link now: nothing more goes out, and a writer task still
+    /// writing is stopped.
+    pub fn abort(&self) {
+        match &self.0 {
+            Owner::Task(task) => task.abort(),
+            Owner::Direct(d) => {
+                d.ended.store(true, Ordering::Release);
+                // Taken under the lock, aborted outside it: the task's guard
+                // takes the lock when it is dropped.
+                let writer = d.lock().writer.take();
+                if let Some(writer) = writer {
+                    writer.abort();
+                }
+            }
+        }
+    }
+}
+
+impl Direct {
+    /// Every sender is gone and all they sent is written, or the link
+    /// ended: its owner has nothing left to wait for.
+    fn drained(&self) -> bool {
+        if self.ended.load(Ordering::Acquire) {
+            return true;
+        }
+        let st = self.lock();
+        st.failed.is_some()
+            || (self.senders.load(Ordering::Acquire) == 0
+                && !st.busy
+                && st.pending.is_empty()
+                && st.queue.is_empty())
+    }
+}
+
+/// The end of a writer task, however it ends: a write that failed ends the
+/// link (senders get `Closed`, as from a channel), and so does a task
+/// stopped before it handed the link back (aborted, or its runtime gone).
+struct WriterGone {
+    d: Arc<Direct>,
+    /// It handed the link back (or left it idle) and cleared its handle.
+    returned: bool,
+}
+
+impl WriterGone {
+    /// The task handed the link back itself: nothing to end.
+    fn returned(&mut self) {
+        self.returned = true;
+    }
+}
+
+impl Drop for WriterGone {
     fn drop(&mut self) {
-        self.0.ended.store(true, Ordering::Release);
+        if self.returned {
+            return;
+        }
+        self.d.ended.store(true, Ordering::Release);
+        self.d.lock().writer = None;
+        self.d.owner.wake();
     }
 }
 
@@ -474,45 +665,50 @@ fn settle_queue(q: &mut VecDeque<Outbound>) {
     }
 }
 
-/// The writer task of a direct link: idle until a sender hands it the link,
-/// then writes the remainder and what queues behind it, and hands the link
-/// back once the queue is empty. Ends when every sender is gone and all they
-/// sent is written (dropping the write half shuts the socket's sending
-/// side), or a write fails.
-fn run_direct_writer(d: Arc<Direct>) -> impl Future<Output = io::Result<()>> {
+/// The writer task of a direct link, spawned by the sender that handed it
+/// the link: writes the remainder and what queues behind it, and hands the
+/// link back once the queue is empty. Then it ends, unless the link is
+/// resident or coalescing: such a writer waits to be handed the link
+/// again. A failed write ends the link.
+fn run_direct_writer(d: Arc<Direct>) -> impl Future<Output = ()> {
     // Made before the task's first poll: a task aborted before it ran drops
     // its future, and with it this guard.
-    let ended = WriterEnded(Arc::clone(&d));
+    let mut gone = WriterGone {
+        d: Arc::clone(&d),
+        returned: false,
+    };
     async move {
-        let _ended = ended;
-        write_direct(d).await
+        match write_direct(&d).await {
+            // The guard ends the link as the task ends.
+            Err(e) => _ = d.lock().failed.get_or_insert(e.kind()),
+            Ok(()) => gone.returned(),
+        }
     }
 }
 
-async fn write_direct(d: Arc<Direct>) -> io::Result<()> {
+/// Runs a direct link's busy periods; `Ok` once it handed the link back
+/// and its handle is cleared (the task then ends).
+async fn write_direct(d: &Direct) -> io::Result<()> {
     let mut buf = BytesMut::new();
     // Frames taken from the queue and not yet encoded (a batch past
     // BATCH_BYTES leaves the rest for the next write).
     let mut batch = VecDeque::new();
-    // Waits in a row that gained no frame; a new link starts direct.
-    let mut futile = FUTILE_WAITS;
     loop {
-        d.wake.notified().await;
         loop {
             // The remainder a sender began goes before anything queued: those
             // frames were queued after it marked the link busy.
-            let (counted, closing) = {
+            let (counted, closing, mut futile) = {
                 let mut st = d.lock();
                 if let Some(kind) = st.failed {
                     return Err(kind.into());
                 }
                 let closing = d.senders.load(Ordering::Acquire) == 0;
                 if !st.busy {
-                    // Frames queue only while busy, so this is a stale wake-up
-                    // on an idle link: its held-back bytes, if any, are its
-                    // senders' to write. Unless every sender is gone: then
-                    // they are this task's.
+                    // A waiting writer's stale wake-up: the link is idle, its
+                    // held-back bytes (if any) are its senders' to write.
+                    // Unless every sender is gone: then they are this task's.
                     if closing && st.pending.is_empty() {
+                        st.writer = None;
                         return Ok(());
                     }
                     if !closing {
@@ -523,7 +719,7 @@ async fn write_direct(d: Arc<Direct>) -> io::Result<()> {
                 buf.extend_from_slice(&st.pending);
                 settle(&mut st.pending, true);
                 take_queue(&mut st, &mut batch);
-                (buf.len(), closing)
+                (buf.len(), closing, st.futile)
             };
             let mut frames = encode_batch(d.prefix, &mut batch, &mut buf);
             if frames > 0 && buf.len() < BATCH_BYTES && !closing {
@@ -544,6 +740,7 @@ async fn write_direct(d: Arc<Direct>) -> io::Result<()> {
                 conn.wrote(frames, (buf.len() - counted) as u64);
             }
             let mut st = d.lock();
+            st.futile = futile;
             if !st.pending.is_empty()
                 || st.failed.is_some()
                 || !st.queue.is_empty()
@@ -559,14 +756,24 @@ async fn write_direct(d: Arc<Direct>) -> io::Result<()> {
             st.busy = false;
             st.coalescing = futile < FUTILE_WAITS;
             settle_queue(&mut st.queue);
+            let stays = !closing && (d.resident || st.coalescing);
+            if !stays {
+                // Handed back under the lock with the handle cleared: the
+                // next hand-over spawns a new writer.
+                st.writer = None;
+            }
             drop(st);
-            settle_queue(&mut batch);
-            settle(&mut buf, true);
-            if closing {
+            if closing || d.senders.load(Ordering::Acquire) == 0 {
+                d.owner.wake();
+            }
+            if !stays {
                 return Ok(());
             }
+            settle_queue(&mut batch);
+            settle(&mut buf, true);
             break;
         }
+        d.wake.notified().await;
     }
 }
 
@@ -581,6 +788,27 @@ async fn write_all(sock: &OwnedWriteHalf, mut buf: &[u8]) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The sizes of a direct link's parts (`front::listen`'s `per_client_sizes`).
+#[cfg(test)]
+pub(crate) fn sizes() -> Vec<(&'static str, usize)> {
+    use std::mem::size_of;
+    fn future_size<A, F: Future>(_: fn(A) -> F) -> usize {
+        size_of::<F>()
+    }
+    let writer = future_size(run_direct_writer);
+    vec![
+        ("direct writer task's future", writer),
+        ("  its task cell", (writer + 104).div_ceil(128) * 128),
+        (
+            "Direct (in an Arc: socket half, lock, queue)",
+            size_of::<Direct>(),
+        ),
+        ("  DirectState", size_of::<DirectState>()),
+        ("  Notify", size_of::<Notify>()),
+        ("Outbound (a queue slot)", size_of::<Outbound>()),
+    ]
 }
 
 #[cfg(test)]
@@ -620,8 +848,8 @@ mod tests {
         seen
     }
 
-    /// A direct link over `sock` whose idle frames are never probes.
-    fn start(sock: TcpStream, queue: usize) -> (LinkTx, JoinHandle<io::Result<()>>, TcpStreamHalf) {
+    /// A direct (client) link over `sock` whose idle frames are never probes.
+    fn start(sock: TcpStream, queue: usize) -> (LinkTx, LinkWriter, TcpStreamHalf) {
         start_probing(sock, queue, u32::MAX)
     }
 
@@ -629,10 +857,32 @@ mod tests {
         sock: TcpStream,
         queue: usize,
         probe_every: u32,
-    ) -> (LinkTx, JoinHandle<io::Result<()>>, TcpStreamHalf) {
+    ) -> (LinkTx, LinkWriter, TcpStreamHalf) {
         let (read, write) = sock.into_split();
-        let (tx, d) = direct_link(write, LengthPrefix::Binary2, queue, None, probe_every);
-        (tx, tokio::spawn(run_direct_writer(d)), read)
+        let (tx, d) = direct_link(
+            write,
+            LengthPrefix::Binary2,
+            queue,
+            None,
+            probe_every,
+            false,
+        );
+        (tx, LinkWriter(Owner::Direct(d)), read)
+    }
+
+    /// Waits until everything sent is written and every sender is gone,
+    /// checks no write failed, and ends the link (its socket closes once
+    /// nothing holds it).
+    async fn finished(mut writer: LinkWriter) {
+        writer.finish(std::time::Duration::from_secs(60)).await;
+        if let Owner::Direct(d) = &writer.0 {
+            assert_eq!(d.lock().failed, None);
+        }
+    }
+
+    /// Whether the link has a writer task now.
+    fn has_writer(tx: &LinkTx) -> bool {
+        tx.direct().lock().writer.is_some()
     }
 
     type TcpStreamHalf = tokio::net::tcp::OwnedReadHalf;
@@ -657,9 +907,10 @@ mod tests {
         for n in 0..3 {
             tx.try_send(frame(n, 10)).unwrap();
             assert!(!tx.is_busy(), "written at once: the writer stays idle");
+            assert!(!has_writer(&tx), "and no writer task exists");
         }
         drop(tx);
-        writer.await.unwrap().unwrap();
+        finished(writer).await;
         assert_eq!(read_frames(peer).await, [0, 1, 2]);
     }
 
@@ -688,7 +939,7 @@ mod tests {
         }
         drop(tx);
         let reading = tokio::spawn(read_frames(peer));
-        writer.await.unwrap().unwrap();
+        finished(writer).await;
         let seen = reading.await.unwrap();
         assert_eq!(seen, (0..sent).collect::<Vec<u8>>());
     }
@@ -706,7 +957,7 @@ mod tests {
         tx.try_send(frame(sent, 5)).unwrap();
         sent += 1;
         drop(tx);
-        writer.await.unwrap().unwrap();
+        finished(writer).await;
         assert_eq!(reading.await.unwrap(), (0..sent).collect::<Vec<u8>>());
     }
 
@@ -729,8 +980,77 @@ mod tests {
         }
         assert_eq!(tx.direct().lock().queue.capacity(), 0, "given back");
         drop(tx);
-        writer.await.unwrap().unwrap();
+        finished(writer).await;
         assert_eq!(reading.await.unwrap(), (0..sent).collect::<Vec<u8>>());
+    }
+
+    /// A quiet terminal's link holds no task: the writer is spawned when the
+    /// socket fills and ends once it has handed the link back. A resident
+    /// (node) link's stays.
+    #[tokio::test]
+    async fn a_client_link_has_a_writer_task_only_while_busy() {
+        for resident in [false, true] {
+            let (ours, peer) = pair().await;
+            let (_read, write) = ours.into_split();
+            let (tx, d) = direct_link(write, LengthPrefix::Binary2, 64, None, u32::MAX, resident);
+            let writer = LinkWriter(Owner::Direct(d));
+            assert!(!has_writer(&tx), "a new link");
+            let mut sent = fill(&tx);
+            assert!(has_writer(&tx), "busy: spawned");
+            let reading = tokio::spawn(read_frames(peer));
+            while tx.is_busy() {
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(has_writer(&tx), resident, "handed back");
+            // Busy again: a new writer (or the same one) takes it.
+            let before = sent;
+            sent += fill(&tx);
+            assert!(sent > before);
+            drop(tx);
+            finished(writer).await;
+            let got = reading.await.unwrap();
+            assert_eq!(got.len(), usize::from(sent));
+        }
+    }
+
+    /// Requests in flight hold the link's senders: its owner waits for them
+    /// (a half-closed client's answers) at most its linger, then ends the
+    /// link, so that an answer after it is refused (and reversed as
+    /// undelivered by the service).
+    #[tokio::test]
+    async fn finish_ends_the_link_at_its_linger_while_a_sender_lives() {
+        let (ours, peer) = pair().await;
+        let (tx, mut writer, _read) = start(ours, 4);
+        let in_flight = tx.clone();
+        drop(tx);
+        writer.finish(std::time::Duration::from_millis(50)).await;
+        assert!(writer.is_finished());
+        assert!(matches!(
+            in_flight.try_send(frame(1, 10)),
+            Err(TrySendError::Closed(_))
+        ));
+        drop((in_flight, writer));
+        assert_eq!(read_frames(peer).await, Vec::<u8>::new());
+    }
+
+    /// ... and no longer than until the last of them is gone with all it
+    /// sent written.
+    #[tokio::test]
+    async fn finish_returns_once_the_last_sender_is_gone_and_all_is_written() {
+        let (ours, peer) = pair().await;
+        let (tx, writer, _read) = start(ours, 4);
+        let in_flight = tx.clone();
+        drop(tx);
+        let answer = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            in_flight.try_send(frame(1, 10)).unwrap();
+        });
+        // The linger is a minute: only the drained link ends it this soon.
+        tokio::time::timeout(std::time::Duration::from_secs(10), finished(writer))
+            .await
+            .expect("finish returned when the last sender went");
+        answer.await.unwrap();
+        assert_eq!(read_frames(peer).await, [1]);
     }
 
     #[tokio::test]
@@ -773,7 +1093,7 @@ mod tests {
             }
         }
         drop(tx);
-        writer.await.unwrap().unwrap();
+        finished(writer).await;
         assert_eq!(read_frames(peer).await, (0..n).collect::<Vec<u8>>());
     }
 
@@ -794,7 +1114,7 @@ mod tests {
         corked(false, || tx.try_send(frame(2, 10))).unwrap();
         assert!(!tx.is_busy());
         drop(tx);
-        writer.await.unwrap().unwrap();
+        finished(writer).await;
         assert_eq!(read_frames(peer).await, [0, 1, 2]);
     }
 
@@ -809,7 +1129,7 @@ mod tests {
         flush_corked();
         tx.try_send(frame(2, 10)).unwrap();
         drop(tx);
-        writer.await.unwrap().unwrap();
+        finished(writer).await;
         assert_eq!(read_frames(peer).await, [0, 1, 2]);
     }
 
@@ -821,7 +1141,7 @@ mod tests {
         drop(tx);
         // The writer may end first; the bytes are still written by the flush.
         flush_corked();
-        writer.await.unwrap().unwrap();
+        finished(writer).await;
         assert_eq!(read_frames(peer).await, [7]);
     }
 
@@ -848,7 +1168,7 @@ mod tests {
         let (ours, _peer) = pair().await;
         let (tx, writer, _read) = start(ours, 4);
         writer.abort();
-        let _ = writer.await;
+        assert!(writer.is_finished());
         assert!(matches!(
             tx.try_send(frame(0, 10)),
             Err(TrySendError::Closed(_))
