@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
@@ -21,11 +21,15 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_util::codec::FramedRead;
 
-use super::mask::mask_payload;
+mod record;
+mod verdict;
+
+use record::Rec;
+pub use verdict::{FieldDiff, Outcome, Report, compare};
+
 use super::read::{Connection, frames};
-use super::tap::Event;
 use super::writer::Recorder;
-use crate::iso8583::{Decoded, Mti, Spec};
+use crate::iso8583::{Mti, Spec};
 use crate::wire::{Frame, FrameCodec};
 
 /// How to replay.
@@ -47,132 +51,6 @@ pub struct ReplayOptions {
 /// Fields not compared unless asked: transmission time, the F37 node stamp,
 /// the authorization code.
 pub const DEFAULT_IGNORE: [u16; 3] = [7, 37, 38];
-
-/// One request's outcome.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Matched,
-    /// The answer differs: the first differences, masked.
-    Differs(Vec<FieldDiff>),
-    /// No answer within the timeout (the capture had one).
-    Missing,
-    /// An answer came, the capture had none.
-    Unexpected,
-    /// Neither the capture nor the target answered.
-    Unanswered,
-}
-
-/// One differing field (0 = the MTI), values shown masked.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FieldDiff {
-    pub field: u16,
-    pub captured: String,
-    pub replayed: String,
-}
-
-/// What a replay found.
-#[derive(Clone, Debug, Default)]
-pub struct Report {
-    pub connections: usize,
-    pub replayed: usize,
-    pub matched: usize,
-    pub differing: usize,
-    pub missing: usize,
-    /// Answers that match no replayed request, or requests the capture did
-    /// not see answered that the target answered.
-    pub unexpected: usize,
-    /// Requests the target itself sent (not compared).
-    pub unsolicited: usize,
-    /// Requests unanswered both in the capture and now (not a difference).
-    pub unanswered: usize,
-    /// Connections that could not be opened.
-    pub connect_errors: usize,
-    /// The first differences, for the report: (connection, request, diffs).
-    pub details: Vec<String>,
-}
-
-impl Report {
-    /// Whether the target answered as captured.
-    pub fn is_clean(&self) -> bool {
-        self.differing == 0 && self.missing == 0 && self.unexpected == 0 && self.connect_errors == 0
-    }
-
-    /// Counts one request's outcome, with a detail line for a difference.
-    pub(super) fn tally(&mut self, what: &str, outcome: Outcome) {
-        match outcome {
-            Outcome::Matched => self.matched += 1,
-            Outcome::Differs(diffs) => {
-                self.differing += 1;
-                let shown: Vec<String> = diffs
-                    .iter()
-                    .take(MAX_DIFFS)
-                    .map(|d| {
-                        let name = if d.field == 0 {
-                            "MTI".to_string()
-                        } else {
-                            format!("F{}", d.field)
-                        };
-                        format!("{name} captured {} replayed {}", d.captured, d.replayed)
-                    })
-                    .collect();
-                self.details
-                    .push(format!("{what}: differs: {}", shown.join("; ")));
-            }
-            Outcome::Missing => {
-                self.missing += 1;
-                self.details.push(format!("{what}: no answer"));
-            }
-            Outcome::Unexpected => {
-                self.unexpected += 1;
-                self.details
-                    .push(format!("{what}: answered, the capture has no answer"));
-            }
-            Outcome::Unanswered => self.unanswered += 1,
-        }
-    }
-
-    pub(super) fn add(&mut self, other: Report) {
-        self.connections += other.connections;
-        self.replayed += other.replayed;
-        self.matched += other.matched;
-        self.differing += other.differing;
-        self.missing += other.missing;
-        self.unexpected += other.unexpected;
-        self.unsolicited += other.unsolicited;
-        self.unanswered += other.unanswered;
-        self.connect_errors += other.connect_errors;
-        self.details.extend(other.details);
-    }
-}
-
-impl std::fmt::Display for Report {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(
-            f,
-            "replayed {} requests on {} connections: matched {}, differing {}, missing {}, unexpected {} (unanswered in capture and replay {}, target-originated {}, connect errors {})",
-            self.replayed,
-            self.connections,
-            self.matched,
-            self.differing,
-            self.missing,
-            self.unexpected,
-            self.unanswered,
-            self.unsolicited,
-            self.connect_errors
-        )?;
-        for d in self.details.iter().take(MAX_DETAILS) {
-            writeln!(f, "  {d}")?;
-        }
-        if self.details.len() > MAX_DETAILS {
-            writeln!(f, "  ... {} more", self.details.len() - MAX_DETAILS)?;
-        }
-        Ok(())
-    }
-}
-
-const MAX_DETAILS: usize = 20;
-/// Field differences shown per request.
-const MAX_DIFFS: usize = 5;
 
 /// A request and what to expect, taken from a captured connection.
 #[derive(Clone, Debug)]
@@ -535,140 +413,6 @@ fn take_answer(
             report.details.push("an answer that does not decode".into());
             0
         }
-    }
-}
-
-/// Compares a captured answer with a replayed one, both masked first (a
-/// masked capture holds masked values; the replayed answer is masked the same
-/// way so that only real differences show).
-pub fn compare(
-    spec: &Spec,
-    captured: Option<&[u8]>,
-    replayed: Option<&[u8]>,
-    ignore: &[u16],
-) -> Outcome {
-    let (c, r) = match (captured, replayed) {
-        (None, None) => return Outcome::Unanswered,
-        (Some(_), None) => return Outcome::Missing,
-        (None, Some(_)) => return Outcome::Unexpected,
-        (Some(c), Some(r)) => (c, r),
-    };
-    let decode = |b: &[u8]| -> Option<Decoded> {
-        let mut m = b.to_vec();
-        mask_payload(spec, &mut m).ok()?;
-        spec.decode(&m).ok()
-    };
-    let (Some(c), Some(r)) = (decode(c), decode(r)) else {
-        return Outcome::Differs(vec![FieldDiff {
-            field: 0,
-            captured: "(undecodable)".into(),
-            replayed: "(undecodable)".into(),
-        }]);
-    };
-    let mut diffs = Vec::new();
-    if c.mti != r.mti {
-        diffs.push(FieldDiff {
-            field: 0,
-            captured: c.mti.to_string(),
-            replayed: r.mti.to_string(),
-        });
-    }
-    let mut ids: Vec<u16> = c
-        .fields
-        .iter()
-        .chain(&r.fields)
-        .map(|(id, _)| *id)
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    for id in ids.into_iter().filter(|id| !ignore.contains(id)) {
-        let (cv, rv) = (c.get(id), r.get(id));
-        if cv == rv {
-            continue;
-        }
-        let show = |v: Option<&crate::iso8583::Value>| match (v, spec.field(id)) {
-            (Some(v), Some(def)) => format!("{:?}", v.show(def).to_string()),
-            (Some(_), None) => "(present)".into(),
-            (None, _) => "(absent)".into(),
-        };
-        diffs.push(FieldDiff {
-            field: id,
-            captured: show(cv),
-            replayed: show(rv),
-        });
-    }
-    if diffs.is_empty() {
-        Outcome::Matched
-    } else {
-        Outcome::Differs(diffs)
-    }
-}
-
-/// `--record`: what the replay sent and the target answered, as a capture.
-struct Rec {
-    recorder: Option<Arc<Mutex<Recorder>>>,
-    conn: u64,
-    offsets: Mutex<[u64; 2]>,
-}
-
-static RECORD_CONN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
-impl Rec {
-    fn open(recorder: Option<Arc<Mutex<Recorder>>>, stream: &TcpStream) -> Rec {
-        let conn = RECORD_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let rec = Rec {
-            recorder,
-            conn,
-            offsets: Mutex::new([0, 0]),
-        };
-        if let (Ok(client), Ok(server)) = (stream.local_addr(), stream.peer_addr()) {
-            rec.event(Event::Open {
-                conn,
-                client,
-                server,
-                at: SystemTime::now(),
-                staged: None,
-            });
-        }
-        rec
-    }
-
-    fn data(&self, from_client: bool, bytes: &[u8]) {
-        if self.recorder.is_none() {
-            return;
-        }
-        let offset = {
-            let mut o = self.offsets.lock().unwrap_or_else(|p| p.into_inner());
-            let slot = &mut o[usize::from(from_client)];
-            let at = *slot;
-            *slot += bytes.len() as u64;
-            at
-        };
-        self.event(Event::Data {
-            conn: self.conn,
-            from_client,
-            offset,
-            bytes: Bytes::copy_from_slice(bytes),
-            at: SystemTime::now(),
-        });
-    }
-
-    fn event(&self, ev: Event) {
-        if let Some(r) = &self.recorder {
-            let mut r = r.lock().unwrap_or_else(|p| p.into_inner());
-            if let Err(e) = r.record(ev) {
-                tracing::error!(error = %e, "--record: cannot write the capture");
-            }
-        }
-    }
-}
-
-impl Drop for Rec {
-    fn drop(&mut self) {
-        self.event(Event::Close {
-            conn: self.conn,
-            at: SystemTime::now(),
-        });
     }
 }
 

@@ -22,13 +22,18 @@ use crate::iso8583::Spec;
 use crate::iso8583::SpecFiles;
 use crate::link::Service;
 use crate::ops::run::Switch;
-use crate::route::DeclineReason;
-use crate::sim::cups::{CupsReport, CupsSim, CupsSimConfig};
+use crate::sim::cups::{CupsSim, CupsSimConfig};
 use crate::sim::ledger::LateApprovals;
-use crate::sim::nac::{self, NacCounters, NacReport, NacSimConfig};
+use crate::sim::nac::{self, NacCounters, NacSimConfig};
 use crate::sim::node::{Finance, NodeOptions, NodeSim, NodeSimConfig, Originate};
 
+mod files;
 mod network;
+mod report;
+
+use files::{DemoFiles, DemoLog};
+pub use report::ScenarioRow;
+use report::{Snapshot, integrity_row, progress_line, summary};
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
@@ -456,32 +461,6 @@ async fn settle_reversals(nodes: &[ChannelNode], pos: &Service) {
     }
 }
 
-/// The summary's row of what the switch owed: late approvals (by the
-/// nodes' own books) reversed and acknowledged, and UnionPay's key resets
-/// reaching the key node and answered.
-fn integrity_row(nodes: &[ChannelNode], pos: &Service, cups: &CupsReport) -> ScenarioRow {
-    let c = &pos.view().made.counters;
-    let late: u64 = nodes.iter().map(ChannelNode::late_approvals).sum();
-    let reversed = c.late_reversed.load(Ordering::Relaxed);
-    let acked = c.reversals_acknowledged.load(Ordering::Relaxed);
-    let at_key_node = nodes.first().map_or(0, ChannelNode::key_resets);
-    let elsewhere: u64 = nodes.iter().skip(1).map(ChannelNode::key_resets).sum();
-    ScenarioRow {
-        label: "integrity",
-        // Reversed counts every approval that came after the switch had
-        // answered for its node: the nodes' late share, and approvals racing
-        // a decline (a node forced offline, a timeout by a hair).
-        line: format!(
-            "late approvals {late} (nodes' books), approvals after a switch decline reversed {reversed}, acknowledged {acked} | key resets sent {}, at key node 01 {at_key_node} (elsewhere {elsewhere}), answered {}",
-            cups.key_resets_sent, cups.key_resets_answered
-        ),
-        // A late approval not reversed, or a reversal not acknowledged, is
-        // money astray.
-        lost: late.saturating_sub(reversed) + reversed.saturating_sub(acked),
-        doubled: 0,
-    }
-}
-
 /// Points the embedded config at the demo's nodes and free ports.
 fn place(cfg: &mut Config, nodes: &[ChannelNode], peer_accept: SocketAddr) -> Result<(), String> {
     let any: SocketAddr = "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?;
@@ -523,230 +502,6 @@ async fn wait_ready(pos: &Service, unionpay: &Service) -> Result<(), String> {
             ));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Cumulative counters at one instant.
-struct Snapshot {
-    /// Requests routed to each node, both services.
-    per_node: [u64; NODES],
-    messages: u64,
-}
-
-impl Snapshot {
-    fn take(services: &[&Arc<Service>]) -> Snapshot {
-        let mut per_node = [0u64; NODES];
-        let mut messages = 0;
-        for s in services {
-            for (slot, n) in per_node.iter_mut().zip(s.view().pool.nodes()) {
-                *slot += n.counters.sent.load(Ordering::Relaxed);
-            }
-            let c = &s.view().counters;
-            messages +=
-                c.requests.load(Ordering::Relaxed) + c.peer.node_requests.load(Ordering::Relaxed);
-        }
-        Snapshot { per_node, messages }
-    }
-}
-
-fn progress_line(t: u64, last: &Snapshot, now: &Snapshot, services: &[&Arc<Service>]) -> String {
-    let delta: Vec<u64> = now
-        .per_node
-        .iter()
-        .zip(last.per_node)
-        .map(|(a, b)| a - b)
-        .collect();
-    let total: u64 = delta.iter().sum::<u64>().max(1);
-    let share: Vec<String> = delta
-        .iter()
-        .enumerate()
-        .map(|(i, d)| format!("{:02} {:>3}%", i + 1, d * 100 / total))
-        .collect();
-    let in_flight: usize = services.iter().map(|s| s.in_flight()).sum();
-    let declines: u64 = services
-        .iter()
-        .map(|s| s.view().counters.declined_total())
-        .sum();
-    format!(
-        "t={t:>3}s  {:>6} msg/s  in flight {:>4}  share [{}]  declines {declines}",
-        now.messages - last.messages,
-        in_flight,
-        share.join("  ")
-    )
-}
-
-/// A scenario's own row in the summary, and what it adds to the verdict.
-pub struct ScenarioRow {
-    pub label: &'static str,
-    pub line: String,
-    pub lost: u64,
-    pub doubled: u64,
-}
-
-/// Prints the summary; true when nothing was lost and nothing doubled.
-fn summary(
-    nodes: &[ChannelNode],
-    services: &[&Arc<Service>],
-    nac: &NacReport,
-    cups: &CupsReport,
-    rows: &[ScenarioRow],
-) -> bool {
-    let [pos, unionpay, ..] = services else {
-        return false;
-    };
-    println!("\n== summary");
-    println!("node   POS requests   UnionPay requests   own requests (answered/declined)");
-    for (i, n) in nodes.iter().enumerate() {
-        let sent = |s: &Service| {
-            s.view().pool.nodes()[i]
-                .counters
-                .sent
-                .load(Ordering::Relaxed)
-        };
-        let own = n.own_requests();
-        println!(
-            "{:<6} {:>12}   {:>17}   {:>6} ({}/{})",
-            n.id,
-            sent(pos),
-            sent(unionpay),
-            own[0],
-            own[1],
-            own[2]
-        );
-    }
-    println!("\nPOS NAC      {nac}");
-    println!(
-        "UnionPay     issuer sent {} answered {} declined {} mismatched {} unanswered {} | member requests {} answered {}",
-        cups.sent,
-        cups.answered,
-        cups.declined,
-        cups.mismatched,
-        cups.unanswered,
-        cups.member_requests,
-        cups.member_requests_answered
-    );
-    let own: [u64; 5] = nodes
-        .iter()
-        .map(ChannelNode::own_requests)
-        .fold([0; 5], |mut acc, o| {
-            for (a, b) in acc.iter_mut().zip(o) {
-                *a += b;
-            }
-            acc
-        });
-    println!(
-        "nodes' own   sent {} answered {} declined {} unanswered {} foreign {}",
-        own[0], own[1], own[2], own[3], own[4]
-    );
-    for r in rows {
-        println!("{:<12} {}", r.label, r.line);
-    }
-    let reasons: Vec<String> = DeclineReason::ALL
-        .iter()
-        .map(|&r| {
-            let n: u64 = services.iter().map(|s| s.view().counters.declined(r)).sum();
-            format!("{} {n}", r.as_str())
-        })
-        .collect();
-    println!("declines     {}", reasons.join(", "));
-    let lost = nac.unanswered + cups.unanswered + own[3] + rows.iter().map(|r| r.lost).sum::<u64>();
-    let doubled =
-        nac.mismatched + cups.mismatched + own[4] + rows.iter().map(|r| r.doubled).sum::<u64>();
-    println!("lost = {lost}, answered twice or crossed = {doubled}");
-    lost == 0 && doubled == 0
-}
-
-/// Where the switch's log goes during the demo: `isoswitch-demo-PID-SALT.log`
-/// in the temp directory, a new file private to the user (its lines are
-/// masked, but they are the switch's; never one someone else left there),
-/// kept for reading afterwards. Logging is set up for the demo's life and
-/// flushed when this is dropped.
-struct DemoLog {
-    path: std::path::PathBuf,
-    _flush: tracing_appender::non_blocking::WorkerGuard,
-}
-
-impl DemoLog {
-    fn create() -> Result<DemoLog, String> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let salt = crate::util::rng::entropy_seed() & 0xff_ffff;
-        let path = std::env::temp_dir().join(format!(
-            "isoswitch-demo-{}-{salt:06x}.log",
-            std::process::id()
-        ));
-        let file = std::fs::OpenOptions::new()
-            .create_new(true)
-            .write(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        // INFO by default: the file tells the whole story (sign-ons, drains,
-        // the reload), which the screen only summarises.
-        let flush = super::init_logging("info", file, false);
-        Ok(DemoLog {
-            path,
-            _flush: flush,
-        })
-    }
-}
-
-/// The demo's token and config files (the config is what reload reads) and
-/// its data directory, fresh for every demo (a demo never inherits the
-/// runtime changes of another), removed when the demo ends.
-struct DemoFiles {
-    token: std::path::PathBuf,
-    token_text: String,
-    config: std::path::PathBuf,
-    data_dir: std::path::PathBuf,
-}
-
-/// Creates `path` for its owner alone (the switch refuses a token others
-/// may read) and writes `text` into it.
-fn write_owner_only(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let _ = std::fs::remove_file(path);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?
-        .write_all(text.as_bytes())
-}
-
-impl DemoFiles {
-    fn new() -> Result<DemoFiles, String> {
-        let dir = std::env::temp_dir();
-        let pid = std::process::id();
-        let salt = crate::util::rng::entropy_seed();
-        // A demo token, not a secret worth a CSPRNG: the listener is loopback.
-        let token_text = format!("demo-{pid:x}-{salt:016x}");
-        let token = dir.join(format!("isoswitch-demo-{pid}.token"));
-        write_owner_only(&token, &token_text).map_err(|e| format!("{}: {e}", token.display()))?;
-        // Its own salt: the name is visible to anyone who lists the temp dir.
-        let data_dir = dir.join(format!(
-            "isoswitch-demo-{pid}-{:016x}",
-            crate::util::rng::entropy_seed()
-        ));
-        Ok(DemoFiles {
-            token,
-            token_text,
-            config: dir.join(format!("isoswitch-demo-{pid}.toml")),
-            data_dir,
-        })
-    }
-
-    fn write_config(&self, cfg: &Config) -> Result<(), String> {
-        let text = toml::to_string_pretty(cfg).map_err(|e| e.to_string())?;
-        std::fs::write(&self.config, text).map_err(|e| format!("{}: {e}", self.config.display()))
-    }
-}
-
-impl Drop for DemoFiles {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.token);
-        let _ = std::fs::remove_file(&self.config);
-        // The data dir stays: its journal is the demo's record.
     }
 }
 

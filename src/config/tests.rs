@@ -1,5 +1,7 @@
 //! The config's loading, defaults, environment overrides and validation.
 
+use std::time::Duration;
+
 use super::*;
 
 const MINIMAL: &str = r#"

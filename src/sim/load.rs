@@ -5,14 +5,19 @@
 
 /// The paper's two client profiles: ATMs and rounds of in-flight requests.
 mod profiles;
+mod report;
+mod template;
+
+pub use report::{LoadCounters, LoadReport};
+pub(crate) use template::{Template, pick_template, stan_bytes, stan_value};
+use template::{templates, vary_f7, vary_keys};
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use futures_util::StreamExt;
 use hdrhistogram::Histogram;
 use tokio::net::{TcpSocket, TcpStream};
@@ -124,157 +129,6 @@ impl LoadConfig {
     }
 }
 
-/// What the load generator saw.
-#[derive(Clone, Debug)]
-pub struct LoadReport {
-    pub requests: u64,
-    /// Responses with F39 `00`.
-    pub answered: u64,
-    /// Responses with another F39.
-    pub declined: u64,
-    pub timeouts: u64,
-    /// Responses that matched no request waiting on their connection (a crossed,
-    /// doubled or garbled answer).
-    pub mismatches: u64,
-    /// Client connections that closed before the end.
-    pub connections_lost: u64,
-    /// Connections opened, and connect attempts that failed.
-    pub connects: u64,
-    pub connect_failures: u64,
-    pub elapsed: Duration,
-    /// Latency of answered and declined requests, in microseconds.
-    pub latency_us: Histogram<u64>,
-}
-
-impl LoadReport {
-    /// Answers of any kind (approved and declined) per second.
-    pub fn throughput(&self) -> f64 {
-        self.per_s(self.answered + self.declined)
-    }
-
-    /// Approved answers (F39 `00`) per second: the work a payment system is
-    /// for. A proxy that declines fast would look fast in [`Self::throughput`].
-    pub fn approved_per_s(&self) -> f64 {
-        self.per_s(self.answered)
-    }
-
-    /// Requests sent per second: at a fixed rate, whether the offered rate
-    /// was held.
-    pub fn sent_per_s(&self) -> f64 {
-        self.per_s(self.requests)
-    }
-
-    /// Requests that got no usable answer: timeouts, answers matching no
-    /// request, connections lost or never made.
-    pub fn errors(&self) -> u64 {
-        self.timeouts + self.mismatches + self.connections_lost + self.connect_failures
-    }
-
-    fn per_s(&self, n: u64) -> f64 {
-        n as f64 / self.elapsed.as_secs_f64().max(1e-9)
-    }
-
-    pub fn connects_per_s(&self) -> f64 {
-        self.connects as f64 / self.elapsed.as_secs_f64().max(1e-9)
-    }
-
-    pub fn percentile_us(&self, q: f64) -> u64 {
-        self.latency_us.value_at_quantile(q)
-    }
-
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "requests": self.requests,
-            "answered": self.answered,
-            "declined": self.declined,
-            "timeouts": self.timeouts,
-            "mismatches": self.mismatches,
-            "connections_lost": self.connections_lost,
-            "connects": self.connects,
-            "connects_per_s": self.connects_per_s(),
-            "connect_failures": self.connect_failures,
-            "elapsed_s": self.elapsed.as_secs_f64(),
-            "throughput_per_s": self.throughput(),
-            "approved_per_s": self.approved_per_s(),
-            "sent_per_s": self.sent_per_s(),
-            "latency_us": {
-                "p50": self.percentile_us(0.50),
-                "p90": self.percentile_us(0.90),
-                "p99": self.percentile_us(0.99),
-                "p99_9": self.percentile_us(0.999),
-                "max": self.latency_us.max(),
-            }
-        })
-    }
-}
-
-impl std::fmt::Display for LoadReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(
-            f,
-            "requests {}  answered {}  declined {}  timeouts {}  mismatches {}  connections lost {}",
-            self.requests,
-            self.answered,
-            self.declined,
-            self.timeouts,
-            self.mismatches,
-            self.connections_lost
-        )?;
-        writeln!(
-            f,
-            "connects {} ({:.1}/s)  connect failures {}",
-            self.connects,
-            self.connects_per_s(),
-            self.connect_failures
-        )?;
-        write!(
-            f,
-            "throughput {:.0} msg/s ({:.0} approved/s) over {:.1} s  latency p50 {} µs  p90 {} µs  p99 {} µs  p99.9 {} µs  max {} µs",
-            self.throughput(),
-            self.approved_per_s(),
-            self.elapsed.as_secs_f64(),
-            self.percentile_us(0.50),
-            self.percentile_us(0.90),
-            self.percentile_us(0.99),
-            self.percentile_us(0.999),
-            self.latency_us.max()
-        )
-    }
-}
-
-/// Live counters, readable while the load runs (progress lines).
-#[derive(Debug, Default)]
-pub struct LoadCounters {
-    pub requests: AtomicU64,
-    pub answered: AtomicU64,
-    pub declined: AtomicU64,
-    pub timeouts: AtomicU64,
-    pub mismatches: AtomicU64,
-    pub connections_lost: AtomicU64,
-    pub connects: AtomicU64,
-    pub connect_failures: AtomicU64,
-    /// While set, answers to requests sent meanwhile are counted but their
-    /// latency is not recorded: `isoswitch bench --scenario clients` keeps
-    /// the minutes of connecting thousands of clients out of its p50/p99.
-    pub latency_paused: AtomicBool,
-}
-
-pub(crate) struct Template {
-    pub(crate) payload: Bytes,
-    /// Offset and width of F11: 6 for ASCII digits, 3 for BCD.
-    pub(crate) f11: usize,
-    pub(crate) f11_width: usize,
-    /// Offsets of F37 (12 characters) and F41 (8), where the template
-    /// carries them as text, for `vary_keys`.
-    pub(crate) f37: Option<usize>,
-    pub(crate) f41: Option<usize>,
-    /// Offset and width of F7 (10 ASCII digits or 5 BCD bytes): changed
-    /// each time a slot's STANs come round again, so a STAN sent again is a
-    /// new transaction, not a duplicate the switch answers from its book.
-    pub(crate) f7: Option<(usize, usize)>,
-    pub(crate) share: u32,
-}
-
 pub(crate) enum Outcome {
     Answered,
     Declined,
@@ -380,62 +234,6 @@ pub(crate) async fn connect(
     };
     stream.set_nodelay(true)?;
     crate::tls::tools::secure_connect(cfg.tls.as_deref(), stream, target).await
-}
-
-fn templates(spec: &Spec, cfg: &LoadConfig) -> Result<Vec<Template>, String> {
-    cfg.mix
-        .sizes()
-        .into_iter()
-        .map(|(size, share)| {
-            let payload = with_f7(spec, crate::sim::sized_request(spec, &cfg.mti, size)?)?;
-            let msg = Message::parse(spec, payload.clone()).map_err(|e| e.to_string())?;
-            let f11 = msg
-                .field(11)
-                .map_err(|e| e.to_string())?
-                .ok_or("the request template has no F11")?;
-            if !matches!(f11.range().len(), 3 | 6) {
-                return Err("F11 must be n6 as 6 ASCII digits or 3 BCD bytes".into());
-            }
-            let text_at = |id: u16, width: usize| {
-                msg.field(id).ok().flatten().and_then(|f| {
-                    let r = f.range();
-                    let text = payload.get(r.clone())?;
-                    (r.len() == width && text.iter().all(u8::is_ascii_graphic)).then_some(r.start)
-                })
-            };
-            let f7 = msg
-                .field(7)
-                .ok()
-                .flatten()
-                .map(|f| f.range())
-                .filter(|r| matches!(r.len(), 10 | 5))
-                .map(|r| (r.start, r.len()));
-            Ok(Template {
-                f7,
-                f11: f11.range().start,
-                f11_width: f11.range().len(),
-                f37: text_at(37, 12),
-                f41: text_at(41, 8),
-                payload,
-                share,
-            })
-        })
-        .collect()
-}
-
-/// The template with an F7 where the dialect defines one: a STAN sent
-/// again in another run (or once a slot's STANs come round) must be a new
-/// transaction, not a duplicate the switch answers from its book.
-fn with_f7(spec: &Spec, payload: Bytes) -> Result<Bytes, String> {
-    if spec.field(7).is_none() {
-        return Ok(payload);
-    }
-    let mut d = spec.decode(&payload).map_err(|e| e.to_string())?;
-    if d.get(7).is_some() {
-        return Ok(payload);
-    }
-    d.set_text(7, "0000000000");
-    spec.encode(&d).map(Bytes::from).map_err(|e| e.to_string())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -630,86 +428,6 @@ pub(crate) fn record_latency(histogram: &mut Histogram<u64>, us: u64, pace: Opti
     };
 }
 
-pub(crate) fn pick_template<'t>(
-    templates: &'t [Template],
-    total: u32,
-    rng: &mut Rng,
-) -> &'t Template {
-    let mut x = rng.below_u64(u64::from(total.max(1))) as u32;
-    for t in templates {
-        if x < t.share {
-            return t;
-        }
-        x -= t.share;
-    }
-    &templates[0]
-}
-
-/// F41 `T` and the client's number; F37 the client's number and the STAN,
-/// so that every request's RRN differs and each client is a terminal.
-fn vary_keys(patch: &mut Patch, t: &Template, terminal: u32, stan: u32) {
-    if let Some(at) = t.f41 {
-        let mut f41 = *b"T0000000";
-        put_digits(&mut f41[1..], terminal);
-        let _ = patch.overwrite(at, &f41);
-    }
-    if let Some(at) = t.f37 {
-        let mut f37 = [b'0'; 12];
-        put_digits(&mut f37[..6], terminal);
-        put_digits(&mut f37[6..], stan);
-        let _ = patch.overwrite(at, &f37);
-    }
-}
-
-/// F7 = `secs` (since the epoch) as MMDDhhmmss, in the template's
-/// encoding.
-fn vary_f7(patch: &mut Patch, t: &Template, secs: u64) {
-    let Some((at, width)) = t.f7 else { return };
-    let f7 = crate::iso8583::transmission_date_time(secs);
-    if width == 10 {
-        let _ = patch.overwrite(at, &f7);
-    } else {
-        let mut bcd = [0u8; 5];
-        for (i, b) in bcd.iter_mut().enumerate() {
-            *b = ((f7[2 * i] - b'0') << 4) | (f7[2 * i + 1] - b'0');
-        }
-        let _ = patch.overwrite(at, &bcd);
-    }
-}
-
-/// `n`'s last `out.len()` decimal digits into `out`, zero-padded.
-fn put_digits(out: &mut [u8], mut n: u32) {
-    for d in out.iter_mut().rev() {
-        *d = b'0' + (n % 10) as u8;
-        n /= 10;
-    }
-}
-
-/// F11 both ways a spec may encode it: six ASCII digits and three BCD bytes.
-pub(crate) fn stan_bytes(stan: u32) -> ([u8; 6], [u8; 3]) {
-    let mut ascii = [b'0'; 6];
-    crate::wire::write_ascii_decimal(&mut ascii, u64::from(stan));
-    let mut bcd = [0u8; 3];
-    for (i, b) in bcd.iter_mut().enumerate() {
-        *b = ((ascii[2 * i] - b'0') << 4) | (ascii[2 * i + 1] - b'0');
-    }
-    (ascii, bcd)
-}
-
-/// The STAN value of a raw F11 in either encoding.
-pub(crate) fn stan_value(raw: &[u8]) -> Option<u32> {
-    let digit = |d: u8| (d <= 9).then_some(u32::from(d));
-    match raw.len() {
-        6 => raw.iter().try_fold(0u32, |n, &b| {
-            b.is_ascii_digit().then(|| n * 10 + u32::from(b - b'0'))
-        }),
-        3 => raw.iter().try_fold(0u32, |n, &b| {
-            Some(n * 100 + digit(b >> 4)? * 10 + digit(b & 0x0F)?)
-        }),
-        _ => None,
-    }
-}
-
 pub(crate) async fn read_responses(
     spec: Arc<Spec>,
     read: crate::tls::LinkRead,
@@ -753,6 +471,8 @@ pub(crate) async fn read_responses(
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
 
     #[test]

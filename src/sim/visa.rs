@@ -48,6 +48,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+mod issuer;
 mod links;
 mod netmgmt;
 mod network;
@@ -58,6 +59,7 @@ pub use network::Network;
 
 pub use report::{VisaReport, VisaSimStats};
 
+use issuer::originate;
 use links::{LinkHandle, accept_links, keep_link};
 use network::check_spec;
 use owed::reset_keys;
@@ -67,7 +69,7 @@ use crate::sim::answer;
 use crate::sim::ledger::{LateApprovals, is_approvable};
 use crate::sim::node::Delay;
 use crate::sim::original::OriginalKey;
-use crate::sim::peer::{Outstanding, Pacer, deadline_after, lock};
+use crate::sim::peer::{Outstanding, deadline_after, lock};
 use crate::util::rng::{Rng, entropy_seed};
 
 /// VISA's station ID (source of what it sends), BCD.
@@ -562,67 +564,6 @@ impl Shared {
         (d, f7_num * 1_000_000 + u64::from(stan), stan)
     }
 
-    /// One issuer request (the bank's card, VISA acquiring) on a signed-on
-    /// link. `false` when no link could take it (nothing is counted then: the
-    /// request is sent later).
-    fn send_issuer_request(&self) -> bool {
-        let mtis = &self.cfg.mtis;
-        let Some(&mti) =
-            mtis.get(self.next_mti.fetch_add(1, Ordering::Relaxed) % mtis.len().max(1))
-        else {
-            return false;
-        };
-        let Some(response) = answer::response_mti(mti) else {
-            return false;
-        };
-        let (mut d, key, stan) = self.fresh(mti);
-        let amount = 100 + u64::from(stan % 100_000);
-        // F37: a retrieval reference of our own, unique per request.
-        let card = self.network.card();
-        let rrn = format!(
-            "{}{:05}{stan:06}",
-            card.rrn_letter,
-            (key / 1_000_000) % 100_000
-        );
-        // Only fields whose VISA encoding is settled (see the module notes).
-        d.set_text(2, card.pan);
-        d.set_text(3, "000000");
-        d.set_text(4, format!("{amount:012}"));
-        d.set_text(12, "120000");
-        d.set_text(13, "1203");
-        d.set_text(14, "2812");
-        d.set_text(32, card.acquirer);
-        d.set_text(37, rrn.clone());
-        d.set_text(41, card.terminal);
-        d.set_text(42, card.merchant);
-        d.set_text(49, "840");
-        let payload = match self.spec.encode(&d) {
-            Ok(p) => Bytes::from(p),
-            Err(e) => {
-                tracing::error!(error = %e, "sim visa: cannot build an issuer request");
-                return false;
-            }
-        };
-        let echoed = CHECKED
-            .iter()
-            .filter_map(|&id| {
-                let v = d.get(id)?.as_text()?;
-                Some((id, v.as_bytes().to_vec()))
-            })
-            .collect();
-        let pending = Pending {
-            kind: Kind::Issuer { echoed },
-            response,
-        };
-        let sent = self.send_expected(&payload, key, pending, |l| {
-            l.signed_on.load(Ordering::Relaxed)
-        });
-        if sent {
-            self.stats.issuer_sent.fetch_add(1, Ordering::Relaxed);
-        }
-        sent
-    }
-
     /// Registers a request as outstanding and writes it on a link `pick`
     /// allows; `false` (and forgotten) when none takes it.
     fn send_expected(
@@ -761,37 +702,6 @@ impl Shared {
             self.deliver(link, &resp);
         } else {
             self.deliver_later(link, resp, delay, approved_late);
-        }
-    }
-}
-
-/// Sends issuer requests at `rate` until `count` are sent or `duration` has
-/// passed. Requests no link can take wait for one (they are not dropped).
-async fn originate(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let Some(mut pacer) = shared.cfg.rate.and_then(Pacer::new) else {
-        return;
-    };
-    let stop_at = shared.base.checked_add(shared.cfg.duration);
-    let limit = shared.cfg.count.unwrap_or(u64::MAX);
-    loop {
-        tokio::select! {
-            _ = pacer.tick() => {}
-            _ = shutdown.changed() => return,
-        }
-        let now = Instant::now();
-        let sent = shared.stats.issuer_sent.load(Ordering::Relaxed);
-        if stop_at.is_some_and(|s| now >= s) || sent >= limit {
-            return;
-        }
-        if shared.paused.load(Ordering::Relaxed) {
-            pacer.restart();
-            continue;
-        }
-        let owed = pacer.owed(now, sent).min(limit - sent);
-        for _ in 0..owed {
-            if !shared.send_issuer_request() {
-                break;
-            }
         }
     }
 }

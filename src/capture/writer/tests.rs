@@ -1,9 +1,12 @@
 //! Tests of `writer`.
 
+use std::time::SystemTime;
+
 use super::*;
 use crate::capture::read;
+use crate::capture::tap::Staged;
 use crate::iso8583::samples;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 fn temp_dir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!(
