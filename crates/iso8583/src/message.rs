@@ -11,7 +11,7 @@ use super::codec::{self, Span, ebcdic};
 use super::error::IsoError;
 use super::mask::Shown;
 use super::mti::Mti;
-use super::spec::{BitmapEncoding, Data, FieldDef, MtiEncoding, Spec, Step};
+use super::spec::{BitmapEncoding, Data, FieldDef, MtiEncoding, NOT_A_DIGIT, PREFIX_VALUE, Spec};
 use isoswitch_wire::{Envelope, Tpdu};
 
 /// Up to three bitmaps as 64-bit words (bit 63 of word 0 is field 1).
@@ -684,6 +684,10 @@ pub struct FieldIndex {
     ids: [u16; FieldIndex::CAPACITY],
     spans: [(u32, u32, u32, u32); FieldIndex::CAPACITY],
     n: u8,
+    /// The fields recorded, as a bitmap: a field's entry is its rank
+    /// among them (they are recorded in message order), found in a few
+    /// instructions instead of a search.
+    have: Bitmap,
     /// Where the last field ends (= the payload's length for a whole message).
     end: usize,
 }
@@ -693,21 +697,53 @@ impl FieldIndex {
     pub const CAPACITY: usize = 24;
 
     fn record(&mut self, id: u16, span: Span) {
+        if !(1..=192).contains(&id) {
+            return;
+        }
+        let i = (id - 1) as usize;
+        let (w, bit) = (i / 64, 1u64 << (63 - i % 64));
+        let span = (span.start, span.data, span.end, span.units as u32);
+        self.record_at(w, bit, id, span);
+    }
+
+    /// Records field `id`, bit `bit` of word `w` of the bitmap, at
+    /// `(start, data, end, units)`. Fields come in message order; past
+    /// [`FieldIndex::CAPACITY`] they are left out.
+    #[inline]
+    fn record_at(&mut self, w: usize, bit: u64, id: u16, span: (usize, usize, usize, u32)) {
         let i = self.n as usize;
-        if i < Self::CAPACITY {
+        if i < Self::CAPACITY && w < 3 {
             self.ids[i] = id;
-            self.spans[i] = (
-                span.start as u32,
-                span.data as u32,
-                span.end as u32,
-                span.units as u32,
-            );
+            // Every offset is within a payload whose length fits a u32
+            // (checked by both walks).
+            self.spans[i] = (span.0 as u32, span.1 as u32, span.2 as u32, span.3);
             self.n += 1;
+            self.have.0[w] |= bit;
         }
     }
 
     pub(super) fn span(&self, id: u16) -> Option<Span> {
-        let i = self.ids[..self.n as usize].iter().position(|&x| x == id)?;
+        if !(1..=192).contains(&id) {
+            return None;
+        }
+        let j = (id - 1) as usize;
+        let (w, bit) = (j / 64, 1u64 << (63 - j % 64));
+        let have = self.have.0;
+        if have[w] & bit == 0 {
+            return None;
+        }
+        // The fields recorded before it: those of the words before, and
+        // the higher bits of its own word.
+        let mut i = (have[w] & !((bit << 1).wrapping_sub(1))).count_ones() as usize;
+        if w >= 1 {
+            i += have[0].count_ones() as usize;
+        }
+        if w == 2 {
+            i += have[1].count_ones() as usize;
+        }
+        if i >= self.n as usize || self.ids.get(i) != Some(&id) {
+            return None;
+        }
         let (start, data, end, units) = self.spans[i];
         Some(Span {
             start: start as usize,
@@ -773,52 +809,64 @@ impl Message<'_> {
     }
 
     /// [`Message::index`] for a message that turns out sound, in the fewest
-    /// steps: a fixed field moves the offset by its length from the spec's
-    /// dense step table (no definition read, no bounds check: the offset only
-    /// grows, so one check that the last field ends at the payload's end
-    /// covers them all); a variable field reads its prefix, checked.
-    /// `None` on anything [`Message::index_checked`] would refuse (`index`
-    /// then holds nothing of use), and it accepts nothing that walk refuses.
+    /// steps, table-driven: each field is crossed by its spec's precomputed
+    /// [`Cross`] entry (no definition read, no branch on an encoding). A
+    /// fixed field moves the offset by its length, with no bounds check
+    /// (the offset only grows, so one check that the last field ends at the
+    /// payload's end covers them all); a variable field reads its prefix
+    /// through its encoding's digit table, checked. `None` on anything
+    /// [`Message::index_checked`] would refuse (`index` then holds nothing
+    /// of use), and it accepts nothing that walk refuses.
     pub(super) fn index_fast(&self, wanted: &Bitmap, index: &mut FieldIndex) -> Option<()> {
         let payload: &[u8] = &self.payload;
         u32::try_from(payload.len()).ok()?;
         // Only the first `n` entries are ever read: no need to clear the rest.
         index.n = 0;
+        index.have = Bitmap::default();
+        let cross = self.spec.cross();
         let mut at = self.layout.fields_at;
-        // The bits by hand, as `Spec::walk` does: `Bitmap::iter`'s flat_map
-        // cost ~300 instructions more per message here (scripts/path-ir.sh).
+        // The bits by hand: `Bitmap::iter`'s flat_map cost ~300
+        // instructions more per message here (scripts/path-ir.sh).
         for w in 0..3 {
             let mut bits = self.layout.present.0[w];
+            let want = wanted.0[w];
             while bits != 0 {
                 let lz = bits.leading_zeros();
-                bits &= !(1u64 << (63 - lz));
-                let id = (w as u32 * 64 + lz + 1) as u16;
-                at = match self.spec.step(id) {
-                    Step::UNDEFINED => return None,
-                    Step::VARIABLE => {
-                        let span = codec::span(self.spec.field(id)?, payload, at).ok()?;
-                        if wanted.bit(id) {
-                            index.record(id, span);
-                        }
-                        span.end
+                let bit = 1u64 << (63 - lz);
+                bits ^= bit;
+                // At most 3 * 64: fits the 256-entry table, unchecked.
+                let id = (w as u32 * 64 + lz + 1) as u8;
+                let c = &cross[id as usize];
+                let start = at;
+                let (data, units) = if c.prefix == 0 {
+                    if c.units == 0 {
+                        return None;
                     }
-                    fixed => {
-                        let end = at.checked_add(fixed as usize)?;
-                        if wanted.bit(id) {
-                            let units = self.spec.field(id)?.length;
-                            index.record(
-                                id,
-                                Span {
-                                    start: at,
-                                    data: at,
-                                    end,
-                                    units,
-                                },
-                            );
+                    at = at.checked_add(c.fixed as usize)?;
+                    (start, c.units)
+                } else {
+                    let data = at.checked_add(c.prefix as usize)?;
+                    let digits = payload.get(at..data)?;
+                    let value = &PREFIX_VALUE[usize::from(c.table & 3)];
+                    let base = u32::from(c.base);
+                    let mut len = 0u32;
+                    for &b in digits {
+                        let v = value[b as usize];
+                        if v == NOT_A_DIGIT {
+                            return None;
                         }
-                        end
+                        len = len * base + u32::from(v);
                     }
+                    if len > c.units || len & u32::from(c.whole) != 0 {
+                        return None;
+                    }
+                    let wire = (len + u32::from(c.round)) >> c.shift;
+                    at = data.checked_add(wire as usize)?;
+                    (data, len)
                 };
+                if want & bit != 0 {
+                    index.record_at(w, bit, id as u16, (start, data, at, units));
+                }
             }
         }
         if at != payload.len() {
