@@ -11,7 +11,9 @@ use super::codec::{self, Span, ebcdic};
 use super::error::IsoError;
 use super::mask::Shown;
 use super::mti::Mti;
-use super::spec::{BitmapEncoding, Data, FieldDef, MtiEncoding, NOT_A_DIGIT, PREFIX_VALUE, Spec};
+use super::spec::{
+    BitmapEncoding, Data, FieldDef, MAX_FIELD, MtiEncoding, NOT_A_DIGIT, PREFIX_VALUE, Spec,
+};
 use isoswitch_wire::{Envelope, Tpdu};
 
 /// Up to three bitmaps as 64-bit words (bit 63 of word 0 is field 1).
@@ -510,8 +512,9 @@ fn read_bitmap(enc: BitmapEncoding, payload: &[u8], at: usize) -> Result<u64, Is
     let mut word = 0u64;
     match enc {
         BitmapEncoding::Binary => {
-            for &b in raw {
-                word = (word << 8) | b as u64;
+            // `raw` is 8 bytes here: one load, not eight shifts.
+            if let Ok(bytes) = <[u8; 8]>::try_from(raw) {
+                word = u64::from_be_bytes(bytes);
             }
         }
         BitmapEncoding::Hex => {
@@ -678,18 +681,29 @@ impl<'s> Message<'s> {
 /// The fields a service reads from every message, found in the same pass that
 /// checks the whole message ([`Message::index`]). A fixed-size table on the
 /// stack: no allocation per message.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FieldIndex {
     /// The ids recorded, and the span of each (`Span::end == 0` = absent).
     ids: [u16; FieldIndex::CAPACITY],
     spans: [(u32, u32, u32, u32); FieldIndex::CAPACITY],
     n: u8,
-    /// The fields recorded, as a bitmap: a field's entry is its rank
-    /// among them (they are recorded in message order), found in a few
-    /// instructions instead of a search.
-    have: Bitmap,
+    /// `slot[id]`: the entry of field `id` plus one (0: not recorded), so
+    /// that a lookup is one load instead of a search.
+    slot: [u8; MAX_FIELD as usize + 1],
     /// Where the last field ends (= the payload's length for a whole message).
     end: usize,
+}
+
+impl Default for FieldIndex {
+    fn default() -> FieldIndex {
+        FieldIndex {
+            ids: [0; FieldIndex::CAPACITY],
+            spans: [(0, 0, 0, 0); FieldIndex::CAPACITY],
+            n: 0,
+            slot: [0; MAX_FIELD as usize + 1],
+            end: 0,
+        }
+    }
 }
 
 impl FieldIndex {
@@ -697,51 +711,44 @@ impl FieldIndex {
     pub const CAPACITY: usize = 24;
 
     fn record(&mut self, id: u16, span: Span) {
-        if !(1..=192).contains(&id) {
-            return;
-        }
-        let i = (id - 1) as usize;
-        let (w, bit) = (i / 64, 1u64 << (63 - i % 64));
         let span = (span.start, span.data, span.end, span.units as u32);
-        self.record_at(w, bit, id, span);
+        self.record_at(id, span);
     }
 
-    /// Records field `id`, bit `bit` of word `w` of the bitmap, at
-    /// `(start, data, end, units)`. Fields come in message order; past
-    /// [`FieldIndex::CAPACITY`] they are left out.
+    /// Records field `id` at `(start, data, end, units)`. Fields come in
+    /// message order; past [`FieldIndex::CAPACITY`] they are left out.
     #[inline]
-    fn record_at(&mut self, w: usize, bit: u64, id: u16, span: (usize, usize, usize, u32)) {
+    fn record_at(&mut self, id: u16, span: (usize, usize, usize, u32)) {
         let i = self.n as usize;
-        if i < Self::CAPACITY && w < 3 {
+        if i >= Self::CAPACITY {
+            return;
+        }
+        if let Some(slot) = self.slot.get_mut(id as usize) {
+            // CAPACITY < 255: the entry plus one fits a u8.
+            *slot = i as u8 + 1;
             self.ids[i] = id;
             // Every offset is within a payload whose length fits a u32
             // (checked by both walks).
             self.spans[i] = (span.0 as u32, span.1 as u32, span.2 as u32, span.3);
             self.n += 1;
-            self.have.0[w] |= bit;
         }
     }
 
+    /// Forgets every field recorded (only the slots they took are cleared).
+    #[inline]
+    fn clear(&mut self) {
+        let n = usize::from(self.n).min(Self::CAPACITY);
+        for &id in &self.ids[..n] {
+            if let Some(slot) = self.slot.get_mut(id as usize) {
+                *slot = 0;
+            }
+        }
+        self.n = 0;
+    }
+
     pub(super) fn span(&self, id: u16) -> Option<Span> {
-        if !(1..=192).contains(&id) {
-            return None;
-        }
-        let j = (id - 1) as usize;
-        let (w, bit) = (j / 64, 1u64 << (63 - j % 64));
-        let have = self.have.0;
-        if have[w] & bit == 0 {
-            return None;
-        }
-        // The fields recorded before it: those of the words before, and
-        // the higher bits of its own word.
-        let mut i = (have[w] & !((bit << 1).wrapping_sub(1))).count_ones() as usize;
-        if w >= 1 {
-            i += have[0].count_ones() as usize;
-        }
-        if w == 2 {
-            i += have[1].count_ones() as usize;
-        }
-        if i >= self.n as usize || self.ids.get(i) != Some(&id) {
+        let i = usize::from(*self.slot.get(id as usize)?).checked_sub(1)?;
+        if i >= usize::from(self.n) || self.ids.get(i) != Some(&id) {
             return None;
         }
         let (start, data, end, units) = self.spans[i];
@@ -820,9 +827,8 @@ impl Message<'_> {
     pub(super) fn index_fast(&self, wanted: &Bitmap, index: &mut FieldIndex) -> Option<()> {
         let payload: &[u8] = &self.payload;
         u32::try_from(payload.len()).ok()?;
-        // Only the first `n` entries are ever read: no need to clear the rest.
-        index.n = 0;
-        index.have = Bitmap::default();
+        // Only the first `n` entries and their slots are ever read.
+        index.clear();
         let cross = self.spec.cross();
         let mut at = self.layout.fields_at;
         // The bits by hand: `Bitmap::iter`'s flat_map cost ~300
@@ -865,7 +871,7 @@ impl Message<'_> {
                     (data, len)
                 };
                 if want & bit != 0 {
-                    index.record_at(w, bit, id as u16, (start, data, at, units));
+                    index.record_at(id as u16, (start, data, at, units));
                 }
             }
         }
