@@ -711,14 +711,21 @@ impl FieldIndex {
     pub const CAPACITY: usize = 24;
 
     fn record(&mut self, id: u16, span: Span) {
-        let span = (span.start, span.data, span.end, span.units as u32);
+        // Every offset is within a payload whose length fits a u32 (checked
+        // by the walk).
+        let span = (
+            span.start as u32,
+            span.data as u32,
+            span.end as u32,
+            span.units as u32,
+        );
         self.record_at(id, span);
     }
 
     /// Records field `id` at `(start, data, end, units)`. Fields come in
     /// message order; past [`FieldIndex::CAPACITY`] they are left out.
     #[inline]
-    fn record_at(&mut self, id: u16, span: (usize, usize, usize, u32)) {
+    fn record_at(&mut self, id: u16, span: (u32, u32, u32, u32)) {
         let i = self.n as usize;
         if i >= Self::CAPACITY {
             return;
@@ -727,9 +734,7 @@ impl FieldIndex {
             // CAPACITY < 255: the entry plus one fits a u8.
             *slot = i as u8 + 1;
             self.ids[i] = id;
-            // Every offset is within a payload whose length fits a u32
-            // (checked by both walks).
-            self.spans[i] = (span.0 as u32, span.1 as u32, span.2 as u32, span.3);
+            self.spans[i] = span;
             self.n += 1;
         }
     }
@@ -830,14 +835,21 @@ impl Message<'_> {
         // Only the first `n` entries and their slots are ever read.
         index.clear();
         let cross = self.spec.cross();
-        let mut at = self.layout.fields_at;
+        // In 64 bits: the payload's length fits 32 (checked above) and a
+        // field moves the offset by at most 2^32 - 1 (an undefined field:
+        // `Cross::UNDEFINED`), 192 times, so no sum overflows and none
+        // needs checking. An offset past the payload only grows, so the
+        // one check at the end refuses it.
+        let mut at = self.layout.fields_at as u64;
         // The bits by hand: `Bitmap::iter`'s flat_map cost ~300
         // instructions more per message here (scripts/path-ir.sh).
         for w in 0..3 {
             let mut bits = self.layout.present.0[w];
             let want = wanted.0[w];
-            while bits != 0 {
-                let lz = bits.leading_zeros();
+            // Non-zero: `leading_zeros` is one instruction, with no case
+            // for zero.
+            while let Some(nz) = std::num::NonZeroU64::new(bits) {
+                let lz = nz.leading_zeros();
                 let bit = 1u64 << (63 - lz);
                 bits ^= bit;
                 // At most 3 * 64: fits the 256-entry table, unchecked.
@@ -845,14 +857,11 @@ impl Message<'_> {
                 let c = &cross[id as usize];
                 let start = at;
                 let (data, units) = if c.prefix == 0 {
-                    if c.units == 0 {
-                        return None;
-                    }
-                    at = at.checked_add(c.fixed as usize)?;
+                    at += u64::from(c.fixed);
                     (start, c.units)
                 } else {
-                    let data = at.checked_add(c.prefix as usize)?;
-                    let digits = payload.get(at..data)?;
+                    let from = usize::try_from(at).ok()?;
+                    let digits = payload.get(from..from.checked_add(c.prefix as usize)?)?;
                     let value = &PREFIX_VALUE[usize::from(c.table & 3)];
                     let base = u32::from(c.base);
                     let mut len = 0u32;
@@ -867,18 +876,21 @@ impl Message<'_> {
                         return None;
                     }
                     let wire = (len + u32::from(c.round)) >> c.shift;
-                    at = data.checked_add(wire as usize)?;
+                    let data = at + u64::from(c.prefix);
+                    at = data + u64::from(wire);
                     (data, len)
                 };
                 if want & bit != 0 {
-                    index.record_at(id as u16, (start, data, at, units));
+                    // Truncation cannot matter: a sound message ends within
+                    // 32 bits, and any other is refused below.
+                    index.record_at(id as u16, (start as u32, data as u32, at as u32, units));
                 }
             }
         }
-        if at != payload.len() {
+        if at != payload.len() as u64 {
             return None;
         }
-        index.end = at;
+        index.end = payload.len();
         Some(())
     }
 

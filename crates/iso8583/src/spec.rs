@@ -382,10 +382,10 @@ pub(crate) struct Cross {
     /// What each prefix byte multiplies the length read so far by (10,
     /// 100 or 256).
     pub(crate) base: u16,
-    /// A fixed field's length, a variable field's maximum, in its units (0:
-    /// no such field).
+    /// A fixed field's length, a variable field's maximum, in its units.
     pub(crate) units: u32,
-    /// A fixed field's bytes.
+    /// A fixed field's bytes; `u32::MAX` for no field, which takes the
+    /// walk past the end of any payload the index accepts.
     pub(crate) fixed: u32,
 }
 
@@ -419,6 +419,18 @@ const fn prefix_values() -> [[u16; 256]; 4] {
 }
 
 impl Cross {
+    /// No field of that id: crossing it goes past any payload's end.
+    const UNDEFINED: Cross = Cross {
+        prefix: 0,
+        table: 0,
+        round: 0,
+        shift: 0,
+        whole: 0,
+        base: 0,
+        units: 0,
+        fixed: u32::MAX,
+    };
+
     fn of(d: &FieldDef) -> Cross {
         // Validated at load: a length fits 16 bits, so every count here fits.
         let units = u32::try_from(d.length).unwrap_or(u32::MAX);
@@ -619,7 +631,7 @@ impl Spec {
         }
         fields.sort_by_key(|d| d.id);
         let mut step = [Step::UNDEFINED; MAX_FIELD as usize + 1];
-        let mut cross = Box::new([Cross::default(); 256]);
+        let mut cross = Box::new([Cross::UNDEFINED; 256]);
         for (i, d) in fields.iter().enumerate() {
             cross[d.id as usize] = Cross::of(d);
             // At most 191 fields (ids 2..=192), so the index fits a u8.
