@@ -11,7 +11,9 @@ use super::codec::{self, Span, ebcdic};
 use super::error::IsoError;
 use super::mask::Shown;
 use super::mti::Mti;
-use super::spec::{BitmapEncoding, Data, FieldDef, MtiEncoding, Spec, Step};
+use super::spec::{
+    BitmapEncoding, Data, FieldDef, MAX_FIELD, MtiEncoding, NOT_A_DIGIT, PREFIX_VALUE, Spec,
+};
 use isoswitch_wire::{Envelope, Tpdu};
 
 /// Up to three bitmaps as 64-bit words (bit 63 of word 0 is field 1).
@@ -510,8 +512,9 @@ fn read_bitmap(enc: BitmapEncoding, payload: &[u8], at: usize) -> Result<u64, Is
     let mut word = 0u64;
     match enc {
         BitmapEncoding::Binary => {
-            for &b in raw {
-                word = (word << 8) | b as u64;
+            // `raw` is 8 bytes here: one load, not eight shifts.
+            if let Ok(bytes) = <[u8; 8]>::try_from(raw) {
+                word = u64::from_be_bytes(bytes);
             }
         }
         BitmapEncoding::Hex => {
@@ -678,14 +681,29 @@ impl<'s> Message<'s> {
 /// The fields a service reads from every message, found in the same pass that
 /// checks the whole message ([`Message::index`]). A fixed-size table on the
 /// stack: no allocation per message.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FieldIndex {
     /// The ids recorded, and the span of each (`Span::end == 0` = absent).
     ids: [u16; FieldIndex::CAPACITY],
     spans: [(u32, u32, u32, u32); FieldIndex::CAPACITY],
     n: u8,
+    /// `slot[id]`: the entry of field `id` plus one (0: not recorded), so
+    /// that a lookup is one load instead of a search.
+    slot: [u8; MAX_FIELD as usize + 1],
     /// Where the last field ends (= the payload's length for a whole message).
     end: usize,
+}
+
+impl Default for FieldIndex {
+    fn default() -> FieldIndex {
+        FieldIndex {
+            ids: [0; FieldIndex::CAPACITY],
+            spans: [(0, 0, 0, 0); FieldIndex::CAPACITY],
+            n: 0,
+            slot: [0; MAX_FIELD as usize + 1],
+            end: 0,
+        }
+    }
 }
 
 impl FieldIndex {
@@ -693,21 +711,51 @@ impl FieldIndex {
     pub const CAPACITY: usize = 24;
 
     fn record(&mut self, id: u16, span: Span) {
+        // Every offset is within a payload whose length fits a u32 (checked
+        // by the walk).
+        let span = (
+            span.start as u32,
+            span.data as u32,
+            span.end as u32,
+            span.units as u32,
+        );
+        self.record_at(id, span);
+    }
+
+    /// Records field `id` at `(start, data, end, units)`. Fields come in
+    /// message order; past [`FieldIndex::CAPACITY`] they are left out.
+    #[inline]
+    fn record_at(&mut self, id: u16, span: (u32, u32, u32, u32)) {
         let i = self.n as usize;
-        if i < Self::CAPACITY {
+        if i >= Self::CAPACITY {
+            return;
+        }
+        if let Some(slot) = self.slot.get_mut(id as usize) {
+            // CAPACITY < 255: the entry plus one fits a u8.
+            *slot = i as u8 + 1;
             self.ids[i] = id;
-            self.spans[i] = (
-                span.start as u32,
-                span.data as u32,
-                span.end as u32,
-                span.units as u32,
-            );
+            self.spans[i] = span;
             self.n += 1;
         }
     }
 
+    /// Forgets every field recorded (only the slots they took are cleared).
+    #[inline]
+    fn clear(&mut self) {
+        let n = usize::from(self.n).min(Self::CAPACITY);
+        for &id in &self.ids[..n] {
+            if let Some(slot) = self.slot.get_mut(id as usize) {
+                *slot = 0;
+            }
+        }
+        self.n = 0;
+    }
+
     pub(super) fn span(&self, id: u16) -> Option<Span> {
-        let i = self.ids[..self.n as usize].iter().position(|&x| x == id)?;
+        let i = usize::from(*self.slot.get(id as usize)?).checked_sub(1)?;
+        if i >= usize::from(self.n) || self.ids.get(i) != Some(&id) {
+            return None;
+        }
         let (start, data, end, units) = self.spans[i];
         Some(Span {
             start: start as usize,
@@ -773,58 +821,76 @@ impl Message<'_> {
     }
 
     /// [`Message::index`] for a message that turns out sound, in the fewest
-    /// steps: a fixed field moves the offset by its length from the spec's
-    /// dense step table (no definition read, no bounds check: the offset only
-    /// grows, so one check that the last field ends at the payload's end
-    /// covers them all); a variable field reads its prefix, checked.
-    /// `None` on anything [`Message::index_checked`] would refuse (`index`
-    /// then holds nothing of use), and it accepts nothing that walk refuses.
+    /// steps, table-driven: each field is crossed by its spec's precomputed
+    /// [`Cross`] entry (no definition read, no branch on an encoding). A
+    /// fixed field moves the offset by its length, with no bounds check
+    /// (the offset only grows, so one check that the last field ends at the
+    /// payload's end covers them all); a variable field reads its prefix
+    /// through its encoding's digit table, checked. `None` on anything
+    /// [`Message::index_checked`] would refuse (`index` then holds nothing
+    /// of use), and it accepts nothing that walk refuses.
     pub(super) fn index_fast(&self, wanted: &Bitmap, index: &mut FieldIndex) -> Option<()> {
         let payload: &[u8] = &self.payload;
         u32::try_from(payload.len()).ok()?;
-        // Only the first `n` entries are ever read: no need to clear the rest.
-        index.n = 0;
-        let mut at = self.layout.fields_at;
-        // The bits by hand, as `Spec::walk` does: `Bitmap::iter`'s flat_map
-        // cost ~300 instructions more per message here (scripts/path-ir.sh).
+        // Only the first `n` entries and their slots are ever read.
+        index.clear();
+        let cross = self.spec.cross();
+        // In 64 bits: the payload's length fits 32 (checked above) and a
+        // field moves the offset by at most 2^32 - 1 (an undefined field:
+        // `Cross::UNDEFINED`), 192 times, so no sum overflows and none
+        // needs checking. An offset past the payload only grows, so the
+        // one check at the end refuses it.
+        let mut at = self.layout.fields_at as u64;
+        // The bits by hand: `Bitmap::iter`'s flat_map cost ~300
+        // instructions more per message here (scripts/path-ir.sh).
         for w in 0..3 {
             let mut bits = self.layout.present.0[w];
-            while bits != 0 {
-                let lz = bits.leading_zeros();
-                bits &= !(1u64 << (63 - lz));
-                let id = (w as u32 * 64 + lz + 1) as u16;
-                at = match self.spec.step(id) {
-                    Step::UNDEFINED => return None,
-                    Step::VARIABLE => {
-                        let span = codec::span(self.spec.field(id)?, payload, at).ok()?;
-                        if wanted.bit(id) {
-                            index.record(id, span);
+            let want = wanted.0[w];
+            // Non-zero: `leading_zeros` is one instruction, with no case
+            // for zero.
+            while let Some(nz) = std::num::NonZeroU64::new(bits) {
+                let lz = nz.leading_zeros();
+                let bit = 1u64 << (63 - lz);
+                bits ^= bit;
+                // At most 3 * 64: fits the 256-entry table, unchecked.
+                let id = (w as u32 * 64 + lz + 1) as u8;
+                let c = &cross[id as usize];
+                let start = at;
+                let (data, units) = if c.prefix == 0 {
+                    at += u64::from(c.fixed);
+                    (start, c.units)
+                } else {
+                    let from = usize::try_from(at).ok()?;
+                    let digits = payload.get(from..from.checked_add(c.prefix as usize)?)?;
+                    let value = &PREFIX_VALUE[usize::from(c.table & 3)];
+                    let base = u32::from(c.base);
+                    let mut len = 0u32;
+                    for &b in digits {
+                        let v = value[b as usize];
+                        if v == NOT_A_DIGIT {
+                            return None;
                         }
-                        span.end
+                        len = len * base + u32::from(v);
                     }
-                    fixed => {
-                        let end = at.checked_add(fixed as usize)?;
-                        if wanted.bit(id) {
-                            let units = self.spec.field(id)?.length;
-                            index.record(
-                                id,
-                                Span {
-                                    start: at,
-                                    data: at,
-                                    end,
-                                    units,
-                                },
-                            );
-                        }
-                        end
+                    if len > c.units || len & u32::from(c.whole) != 0 {
+                        return None;
                     }
+                    let wire = (len + u32::from(c.round)) >> c.shift;
+                    let data = at + u64::from(c.prefix);
+                    at = data + u64::from(wire);
+                    (data, len)
                 };
+                if want & bit != 0 {
+                    // Truncation cannot matter: a sound message ends within
+                    // 32 bits, and any other is refused below.
+                    index.record_at(id as u16, (start as u32, data as u32, at as u32, units));
+                }
             }
         }
-        if at != payload.len() {
+        if at != payload.len() as u64 {
             return None;
         }
-        index.end = at;
+        index.end = payload.len();
         Some(())
     }
 

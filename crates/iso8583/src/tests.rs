@@ -503,20 +503,22 @@ fn decoded_setters_keep_order() {
 }
 
 proptest::proptest! {
-    /// The routing walk's fast path (offsets from the step table, one bounds
-    /// check at the end) accepts exactly what the careful walk accepts, and
+    /// The index's fast path (the spec's crossing table, one bounds check at
+    /// the end) accepts exactly what the careful walk accepts, and
     /// finds the same spans, on every builtin spec's purchase mangled at
     /// random: truncated, a byte changed, bytes inserted.
     #[test]
     fn fast_index_agrees_with_checked_walk(
-        which in 0usize..5,
+        which in 0usize..7,
         cut in proptest::prelude::any::<proptest::sample::Index>(),
         at in proptest::prelude::any::<proptest::sample::Index>(),
         byte in proptest::prelude::any::<u8>(),
         how in 0u8..4,
         wanted in proptest::prelude::any::<[u64; 3]>(),
     ) {
-        let name = ["cups", "cup-pos", "visa-base1", "iso87ascii", "iso87binary"][which];
+        let name = [
+            "cups", "cup-pos", "visa-base1", "iso87ascii", "iso87binary", "iso93binary", "mastercard",
+        ][which];
         let spec = spec(name);
         let mut payload = samples::purchase_payload(&spec).unwrap();
         match how {
