@@ -8,10 +8,48 @@ use std::time::SystemTime;
 
 use clap::{Args, Subcommand};
 
-use crate::journal::params::{self, DEFAULT_LIMIT, MAX_LIMIT};
+use crate::config::ConfigError;
+use crate::journal::chart::ChartError;
+use crate::journal::params::{self, DEFAULT_LIMIT, MAX_LIMIT, TimeError};
 use crate::journal::report as show;
 use crate::store::journal::{JournalFilter, OutcomeFilter};
-use crate::store::{Store, StoreConfig};
+use crate::store::{Store, StoreConfig, StoreError};
+
+/// Why `isoswitch journal` (or the store it opens for `isoswitch store`)
+/// stopped; each variant names the flag or the file at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalCliError {
+    #[error("--{flag}: {source}")]
+    Time {
+        flag: &'static str,
+        #[source]
+        source: TimeError,
+    },
+    #[error("--limit: within 1..={MAX_LIMIT}")]
+    Limit,
+    #[error("--day: {0}")]
+    Day(#[source] TimeError),
+    #[error("{}: {source}", .path.display())]
+    Config {
+        path: PathBuf,
+        #[source]
+        source: ConfigError,
+    },
+    #[error("no store at {} (give --data-dir, --store-url or --config)", .0.display())]
+    NoStore(PathBuf),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Chart(#[from] ChartError),
+    #[error("--svg {}: {source}", .path.display())]
+    Svg {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -100,14 +138,17 @@ pub struct FilterArgs {
 }
 
 impl FilterArgs {
-    fn filter(&self, now: SystemTime) -> Result<JournalFilter, String> {
-        let time = |flag: &str, v: &Option<String>| {
+    fn filter(&self, now: SystemTime) -> Result<JournalFilter, JournalCliError> {
+        let time = |flag: &'static str, v: &Option<String>| {
             v.as_deref()
-                .map(|t| params::parse_time(t, now).map_err(|e| format!("--{flag}: {e}")))
+                .map(|t| {
+                    params::parse_time(t, now)
+                        .map_err(|source| JournalCliError::Time { flag, source })
+                })
                 .transpose()
         };
         if !(1..=MAX_LIMIT).contains(&self.limit) {
-            return Err(format!("--limit: within 1..={MAX_LIMIT}"));
+            return Err(JournalCliError::Limit);
         }
         Ok(JournalFilter {
             since: time("since", &self.since)?,
@@ -134,25 +175,21 @@ pub fn run(args: JournalArgs) -> ExitCode {
                 svg,
             }) => {
                 let (since, until) = params::day_bounds(day.as_deref(), SystemTime::now())
-                    .map_err(|e| format!("--day: {e}"))?;
+                    .map_err(JournalCliError::Day)?;
                 let store = open_store(store).await?;
-                let report = store
-                    .journal_report(since, until)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let report = store.journal_report(since, until).await?;
                 if *json {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
-                    );
+                    println!("{}", serde_json::to_string_pretty(&report)?);
                 } else {
                     print!("{}", show::report_table(&report));
                 }
                 if let Some(path) = svg {
                     let title = day.clone().unwrap_or_else(|| "today (UTC)".to_string());
                     let drawn = crate::journal::chart::outcomes_svg(&report, &title)?;
-                    std::fs::write(path, drawn)
-                        .map_err(|e| format!("--svg {}: {e}", path.display()))?;
+                    std::fs::write(path, drawn).map_err(|source| JournalCliError::Svg {
+                        path: path.clone(),
+                        source,
+                    })?;
                 }
                 close(store).await;
                 Ok(())
@@ -162,26 +199,20 @@ pub fn run(args: JournalArgs) -> ExitCode {
     })
 }
 
-async fn list(args: &JournalArgs) -> Result<(), String> {
+async fn list(args: &JournalArgs) -> Result<(), JournalCliError> {
     let filter = args.filter.filter(SystemTime::now())?;
     let store = open_store(&args.store).await?;
     let printed = if args.admin {
-        let rows = store
-            .admin_query(filter.since, filter.limit)
-            .await
-            .map_err(|e| e.to_string())?;
+        let rows = store.admin_query(filter.since, filter.limit).await?;
         if args.json {
-            serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())? + "\n"
+            serde_json::to_string_pretty(&rows)? + "\n"
         } else {
             show::admin_table(&rows)
         }
     } else {
-        let rows = store
-            .journal_query(filter)
-            .await
-            .map_err(|e| e.to_string())?;
+        let rows = store.journal_query(filter).await?;
         if args.json {
-            serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())? + "\n"
+            serde_json::to_string_pretty(&rows)? + "\n"
         } else if args.csv {
             show::csv(&rows)
         } else {
@@ -195,13 +226,17 @@ async fn list(args: &JournalArgs) -> Result<(), String> {
 
 /// Opens the store the flags name; a SQLite store that is not there is an
 /// error (a query never creates one).
-pub(super) async fn open_store(args: &StoreArgs) -> Result<Store, String> {
-    let loaded = match &args.config {
-        Some(path) => Some(
-            crate::config::Config::load(path).map_err(|e| format!("{}: {e}", path.display()))?,
-        ),
-        None => None,
-    };
+pub(super) async fn open_store(args: &StoreArgs) -> Result<Store, JournalCliError> {
+    let loaded =
+        match &args.config {
+            Some(path) => Some(crate::config::Config::load(path).map_err(|source| {
+                JournalCliError::Config {
+                    path: path.clone(),
+                    source,
+                }
+            })?),
+            None => None,
+        };
     let mut cfg = loaded
         .as_ref()
         .map(|c| c.store.clone())
@@ -215,18 +250,12 @@ pub(super) async fn open_store(args: &StoreArgs) -> Result<Store, String> {
         loaded.as_ref().and_then(|c| c.data_dir.as_deref()),
         state_directory.as_deref(),
     );
-    if let crate::store::Location::Sqlite(path) =
-        cfg.location(&data_dir).map_err(|e| e.to_string())?
+    if let crate::store::Location::Sqlite(path) = cfg.location(&data_dir)?
         && !path.exists()
     {
-        return Err(format!(
-            "no store at {} (give --data-dir, --store-url or --config)",
-            path.display()
-        ));
+        return Err(JournalCliError::NoStore(path));
     }
-    Store::open(&cfg, &data_dir)
-        .await
-        .map_err(|e| e.to_string())
+    Ok(Store::open(&cfg, &data_dir).await?)
 }
 
 async fn close(store: Store) {

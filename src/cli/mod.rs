@@ -183,7 +183,6 @@ pub fn main() -> ExitCode {
                     Duration::from_secs(stats_every.max(1)),
                 )
                 .await
-                .map_err(|e| e.to_string())
             })
         }
         #[cfg(feature = "tools")]
@@ -225,16 +224,20 @@ fn no_core_dumps() -> std::io::Result<()> {
     Ok(())
 }
 
-fn runtime<F>(fut: F) -> ExitCode
+/// Runs a command's future; its error (typed, or a tool's `String`) is
+/// printed as the command's failure.
+fn runtime<F, E>(fut: F) -> ExitCode
 where
-    F: std::future::Future<Output = Result<(), String>>,
+    F: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
 {
     runtime_with(None, fut)
 }
 
-fn runtime_with<F>(worker_threads: Option<usize>, fut: F) -> ExitCode
+fn runtime_with<F, E>(worker_threads: Option<usize>, fut: F) -> ExitCode
 where
-    F: std::future::Future<Output = Result<(), String>>,
+    F: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
 {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = worker_threads {
@@ -246,7 +249,7 @@ where
     };
     match rt.block_on(fut) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => fail(e),
+        Err(e) => fail(e.to_string()),
     }
 }
 

@@ -246,7 +246,7 @@ pub fn run(sim: SimCommand) -> ExitCode {
         } => {
             let tls = match tls.server() {
                 Ok(t) => t,
-                Err(e) => return fail(e),
+                Err(e) => return fail(e.to_string()),
             };
             let spec = match resolve_spec(&spec) {
                 Ok(s) => s,
@@ -296,7 +296,7 @@ pub fn run(sim: SimCommand) -> ExitCode {
                 fail_rate,
                 originate,
             };
-            runtime(async move {
+            runtime::<_, String>(async move {
                 let opts = crate::sim::node::NodeOptions { no_key };
                 let node =
                     crate::sim::node::NodeSim::start_tls(listen, spec, cfg, opts, finance, tls)
@@ -356,7 +356,7 @@ pub fn run(sim: SimCommand) -> ExitCode {
         } => {
             let tls = match tls.client() {
                 Ok(t) => t,
-                Err(e) => return fail(e),
+                Err(e) => return fail(e.to_string()),
             };
             let spec = match resolve_spec(&spec) {
                 Ok(s) => s,
@@ -382,7 +382,7 @@ pub fn run(sim: SimCommand) -> ExitCode {
                 duration,
                 timeout,
             };
-            runtime(async move {
+            runtime::<_, String>(async move {
                 let counters = Arc::new(crate::sim::nac::NacCounters::default());
                 let report = crate::sim::nac::run_tls(spec, cfg, traffic, counters, tls)
                     .await
@@ -424,7 +424,7 @@ pub fn run(sim: SimCommand) -> ExitCode {
         } => {
             let tls = match tls.both() {
                 Ok(t) => t,
-                Err(e) => return fail(e),
+                Err(e) => return fail(e.to_string()),
             };
             let spec = match resolve_spec(&spec) {
                 Ok(s) => s,
@@ -476,7 +476,7 @@ pub fn run(sim: SimCommand) -> ExitCode {
                 tls,
                 ..crate::sim::cups::CupsSimConfig::new(accept, connect, links)
             };
-            runtime(async move {
+            runtime::<_, String>(async move {
                 // Ctrl-C (SIGINT) ends the run early, with the usual report.
                 let interrupted = async {
                     let _ = tokio::signal::ctrl_c().await;

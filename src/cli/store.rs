@@ -8,7 +8,19 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
-use super::journal::{StoreArgs, open_store};
+use super::journal::{JournalCliError, StoreArgs, open_store};
+use crate::store::StoreError;
+
+/// Why `isoswitch store rekey` stopped or left payloads behind.
+#[derive(Debug, thiserror::Error)]
+pub enum RekeyError {
+    #[error(transparent)]
+    Open(#[from] JournalCliError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0} payloads open under no key of the key file: left as they are (see the log)")]
+    Unopenable(u64),
+}
 
 #[derive(Debug, Args)]
 pub struct StoreCmdArgs {
@@ -31,17 +43,14 @@ pub fn run(args: StoreCmdArgs) -> ExitCode {
                 "store rekey: sealing under the first key of {}",
                 store.key_file().display()
             );
-            let done = store.saf_rekey().await.map_err(|e| e.to_string());
+            let done = store.saf_rekey().await;
             let _ = store.close().await;
             let done = done?;
             println!("{}", serde_json::to_string(&done).unwrap_or_default());
             if done.unopenable > 0 {
-                return Err(format!(
-                    "{} payloads open under no key of the key file: left as they are (see the log)",
-                    done.unopenable
-                ));
+                return Err(RekeyError::Unopenable(done.unopenable));
             }
-            Ok(())
+            Ok::<(), RekeyError>(())
         }),
     }
 }

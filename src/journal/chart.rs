@@ -7,6 +7,21 @@ use plotters::prelude::*;
 
 use crate::store::journal_report::Report;
 
+/// A chart plotters could not draw; `step` names the part being drawn.
+#[derive(Debug, thiserror::Error)]
+#[error("journal chart ({step}): {source}")]
+pub struct ChartError {
+    step: &'static str,
+    #[source]
+    source: DrawingAreaErrorKind<std::io::Error>,
+}
+
+impl ChartError {
+    fn at(step: &'static str) -> impl FnOnce(DrawingAreaErrorKind<std::io::Error>) -> ChartError {
+        move |source| ChartError { step, source }
+    }
+}
+
 /// Colours by outcome, so a day's chart reads like the next day's: the
 /// common outcome muted, the exceptions bright.
 fn colour(outcome: &str) -> RGBColor {
@@ -24,7 +39,7 @@ fn colour(outcome: &str) -> RGBColor {
 }
 
 /// The chart of `report` as SVG text; `title` heads it (the day).
-pub fn outcomes_svg(report: &Report, title: &str) -> Result<String, String> {
+pub fn outcomes_svg(report: &Report, title: &str) -> Result<String, ChartError> {
     let hours = report.by_hour.values().map(Vec::len).max().unwrap_or(24);
     let top = report
         .by_hour
@@ -37,7 +52,7 @@ pub fn outcomes_svg(report: &Report, title: &str) -> Result<String, String> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (960, 420)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        root.fill(&WHITE).map_err(ChartError::at("fill"))?;
         let mut chart = ChartBuilder::on(&root)
             .caption(
                 format!("exchanges by outcome and hour, {title}"),
@@ -47,20 +62,20 @@ pub fn outcomes_svg(report: &Report, title: &str) -> Result<String, String> {
             .x_label_area_size(32)
             .y_label_area_size(56)
             .build_cartesian_2d(0u32..hours as u32, 0u64..top + top / 10 + 1)
-            .map_err(|e| e.to_string())?;
+            .map_err(ChartError::at("axes"))?;
         chart
             .configure_mesh()
             .x_desc("hour (UTC, from the period's start)")
             .y_desc("exchanges")
             .x_labels(hours.min(24))
             .draw()
-            .map_err(|e| e.to_string())?;
+            .map_err(ChartError::at("mesh"))?;
         for (outcome, counts) in &report.by_hour {
             let c = colour(outcome);
             let points = counts.iter().enumerate().map(|(h, &n)| (h as u32, n));
             chart
                 .draw_series(LineSeries::new(points, c.stroke_width(2)))
-                .map_err(|e| e.to_string())?
+                .map_err(ChartError::at("series"))?
                 .label(outcome.clone())
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], c.stroke_width(2)));
         }
@@ -70,8 +85,8 @@ pub fn outcomes_svg(report: &Report, title: &str) -> Result<String, String> {
             .border_style(BLACK)
             .background_style(WHITE.mix(0.85))
             .draw()
-            .map_err(|e| e.to_string())?;
-        root.present().map_err(|e| e.to_string())?;
+            .map_err(ChartError::at("legend"))?;
+        root.present().map_err(ChartError::at("present"))?;
     }
     Ok(svg)
 }

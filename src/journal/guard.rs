@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use super::JournalCounters;
 use crate::config::journal::JournalConfig;
 use crate::store::Store;
+use crate::store::StoreError;
 use crate::store::disk::{DiskProbe, DiskStats, JournalSpace};
 
 /// How often the guard reads the disk: a few pragmas on the store's writer
@@ -221,22 +222,34 @@ impl Guard {
         }
     }
 
-    async fn read(&self) -> Result<(JournalSpace, DiskStats), String> {
-        let space = self
-            .store
-            .journal_space()
-            .await
-            .map_err(|e| e.to_string())?;
+    async fn read(&self) -> Result<(JournalSpace, DiskStats), ReadError> {
+        let space = self.store.journal_space().await?;
         let Some(path) = self.path.clone() else {
             return Ok((space, UNREAD_DISK));
         };
         let probe = Arc::clone(&self.probe);
-        let disk = tokio::task::spawn_blocking(move || probe.stat(&path))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+        let at = path.clone();
+        let disk = tokio::task::spawn_blocking(move || probe.stat(&at))
+            .await?
+            .map_err(|source| ReadError::Disk { path, source })?;
         Ok((space, disk))
     }
+}
+
+/// Why a pass of the guard could not read the journal's size or the disk
+/// it lives on; the pass is skipped and tried again.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error("journal size: {0}")]
+    Space(#[from] StoreError),
+    #[error("{}: {source}", .path.display())]
+    Disk {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("disk probe: {0}")]
+    Probe(#[from] tokio::task::JoinError),
 }
 
 #[cfg(test)]

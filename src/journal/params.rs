@@ -4,7 +4,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::store::journal::{JournalFilter, OutcomeFilter};
+use crate::store::journal::{JournalFilter, OutcomeFilter, UnknownOutcome};
 
 /// Rows a query returns by default, and at most.
 pub const DEFAULT_LIMIT: usize = 1000;
@@ -17,15 +17,51 @@ fn millis(t: SystemTime) -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// A time or a day that does not read as one; it carries the text given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimeError {
+    #[error("`{0}`: too large for Unix milliseconds")]
+    TooLarge(String),
+    #[error(
+        "`{}`: not a time (2026-12-04T10:00:00Z, 2026-12-04, Unix ms, or 2h for two hours ago)",
+        .0.escape_debug()
+    )]
+    NotATime(String),
+    #[error("day `{}`: write YYYY-MM-DD", .0.escape_debug())]
+    NotADay(String),
+}
+
+/// A journal query string that does not read as a filter; each variant
+/// names the parameter at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    /// `since` or `until`.
+    #[error("{param}: {source}")]
+    Time {
+        param: &'static str,
+        #[source]
+        source: TimeError,
+    },
+    #[error("outcome: {0}")]
+    Outcome(#[source] UnknownOutcome),
+    #[error("limit: `{0}` is not within 1..={MAX_LIMIT}")]
+    Limit(String),
+    #[error(
+        "`{}`: expected since, until, rrn, stan, terminal, node, service, outcome, order or limit",
+        .0.escape_debug()
+    )]
+    UnknownParam(String),
+}
+
 /// A time: RFC 3339 (`2026-12-04T10:00:00Z`, or with a space, UTC), a day
 /// (`2026-12-04`, its midnight UTC), Unix milliseconds, or a duration ago
 /// (`15m`, `2h`, `1d`).
-pub fn parse_time(text: &str, now: SystemTime) -> Result<i64, String> {
+pub fn parse_time(text: &str, now: SystemTime) -> Result<i64, TimeError> {
     let text = text.trim();
     if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
         return text
             .parse::<i64>()
-            .map_err(|_| format!("`{text}`: too large for Unix milliseconds"));
+            .map_err(|_| TimeError::TooLarge(text.to_string()));
     }
     if let Ok(ago) = crate::util::duration::parse(text) {
         return Ok(millis(now.checked_sub(ago).unwrap_or(UNIX_EPOCH)));
@@ -37,19 +73,14 @@ pub fn parse_time(text: &str, now: SystemTime) -> Result<i64, String> {
     };
     humantime::parse_rfc3339_weak(&full)
         .map(millis)
-        .map_err(|_| {
-            format!(
-                "`{}`: not a time (2026-12-04T10:00:00Z, 2026-12-04, Unix ms, or 2h for two hours ago)",
-                text.escape_debug()
-            )
-        })
+        .map_err(|_| TimeError::NotATime(text.to_string()))
 }
 
 /// A day's bounds `[midnight, next midnight)` UTC; `None`: today.
-pub fn day_bounds(day: Option<&str>, now: SystemTime) -> Result<(i64, i64), String> {
+pub fn day_bounds(day: Option<&str>, now: SystemTime) -> Result<(i64, i64), TimeError> {
     let start = match day {
         Some(d) if d.len() == 10 => parse_time(d, now)?,
-        Some(d) => return Err(format!("day `{}`: write YYYY-MM-DD", d.escape_debug())),
+        Some(d) => return Err(TimeError::NotADay(d.to_string())),
         None => millis(now).div_euclid(DAY_MS) * DAY_MS,
     };
     Ok((start, start + DAY_MS))
@@ -94,7 +125,7 @@ fn unescape(value: &str) -> String {
 /// The filter of `GET /api/v1/journal?since=..&until=..&rrn=..&stan=..&
 /// terminal=..&node=..&service=..&outcome=..&limit=..`; errors name the
 /// parameter.
-pub fn filter_of_query(query: Option<&str>, now: SystemTime) -> Result<JournalFilter, String> {
+pub fn filter_of_query(query: Option<&str>, now: SystemTime) -> Result<JournalFilter, QueryError> {
     let mut f = JournalFilter {
         limit: DEFAULT_LIMIT,
         ..JournalFilter::default()
@@ -106,16 +137,24 @@ pub fn filter_of_query(query: Option<&str>, now: SystemTime) -> Result<JournalFi
     {
         let (key, raw) = pair.split_once('=').unwrap_or((pair, ""));
         let value = unescape(raw);
-        let named = |e: String| format!("{key}: {e}");
+        let time = |param: &'static str| {
+            parse_time(&value, now).map_err(|source| QueryError::Time { param, source })
+        };
         match key {
-            "since" => f.since = Some(parse_time(&value, now).map_err(named)?),
-            "until" => f.until = Some(parse_time(&value, now).map_err(named)?),
+            "since" => f.since = Some(time("since")?),
+            "until" => f.until = Some(time("until")?),
             "rrn" => f.rrn = Some(value),
             "stan" => f.stan = Some(value),
             "terminal" => f.terminal = Some(value),
             "node" => f.node = Some(value),
             "service" => f.service = Some(value),
-            "outcome" => f.outcome = Some(value.parse::<OutcomeFilter>().map_err(named)?),
+            "outcome" => {
+                f.outcome = Some(
+                    value
+                        .parse::<OutcomeFilter>()
+                        .map_err(QueryError::Outcome)?,
+                )
+            }
             "order" if value == "newest" => f.newest_first = true,
             "order" if value == "oldest" => f.newest_first = false,
             "limit" => {
@@ -123,14 +162,9 @@ pub fn filter_of_query(query: Option<&str>, now: SystemTime) -> Result<JournalFi
                     .parse::<usize>()
                     .ok()
                     .filter(|n| (1..=MAX_LIMIT).contains(n))
-                    .ok_or_else(|| named(format!("`{value}` is not within 1..={MAX_LIMIT}")))?;
+                    .ok_or_else(|| QueryError::Limit(value.clone()))?;
             }
-            other => {
-                return Err(format!(
-                    "`{}`: expected since, until, rrn, stan, terminal, node, service, outcome, order or limit",
-                    other.escape_debug()
-                ));
-            }
+            other => return Err(QueryError::UnknownParam(other.to_string())),
         }
     }
     Ok(f)
@@ -166,7 +200,7 @@ mod tests {
         assert_eq!(f.since, Some(1_764_842_400_000));
         assert_eq!(f.limit, 5);
         let e = filter_of_query(Some("outcome=weird"), now).unwrap_err();
-        assert!(e.starts_with("outcome:"), "{e}");
+        assert!(e.to_string().starts_with("outcome:"), "{e}");
         assert!(filter_of_query(Some("pan=4"), now).is_err());
         assert_eq!(unescape("a%2"), "a%2");
     }

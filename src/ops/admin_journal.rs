@@ -70,7 +70,7 @@ pub async fn query(journal: Option<&Journal>, query: Option<&str>) -> Response {
         Err(why) => {
             return (
                 StatusCode::BAD_REQUEST,
-                axum::Json(serde_json::json!({ "error": why })),
+                axum::Json(serde_json::json!({ "error": why.to_string() })),
             )
                 .into_response();
         }

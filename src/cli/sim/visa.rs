@@ -125,7 +125,7 @@ pub fn run(args: SimVisaArgs) -> ExitCode {
     };
     let tls = match tls {
         Ok(t) => t,
-        Err(e) => return crate::cli::fail(e),
+        Err(e) => return crate::cli::fail(e.to_string()),
     };
     let cfg = VisaSimConfig {
         tls,

@@ -29,9 +29,14 @@ pub enum OutcomeFilter {
     Repeat,
 }
 
+/// An `outcome` filter that names none of [`OutcomeFilter`]'s outcomes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("outcome `{0}`: one of switch-made, late, reversed, bad, duplicate, unroutable, repeat")]
+pub struct UnknownOutcome(pub String);
+
 impl std::str::FromStr for OutcomeFilter {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownOutcome;
+    fn from_str(s: &str) -> Result<Self, UnknownOutcome> {
         Ok(match s {
             "switch-made" => OutcomeFilter::SwitchMade,
             "late" => OutcomeFilter::Late,
@@ -40,11 +45,7 @@ impl std::str::FromStr for OutcomeFilter {
             "duplicate" => OutcomeFilter::Duplicate,
             "unroutable" => OutcomeFilter::Unroutable,
             "repeat" => OutcomeFilter::Repeat,
-            other => {
-                return Err(format!(
-                    "outcome `{other}`: one of switch-made, late, reversed, bad, duplicate, unroutable, repeat"
-                ));
-            }
+            other => return Err(UnknownOutcome(other.to_string())),
         })
     }
 }
