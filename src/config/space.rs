@@ -7,6 +7,28 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+/// A space limit that does not read as one; it carries the text given
+/// (the config key is added by the config loader's path).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpaceError {
+    #[error("`{}`: not a percentage", .0.escape_debug())]
+    NotAPercentage(String),
+    #[error("`{}`: at most two decimals", .0.escape_debug())]
+    Decimals(String),
+    #[error("`{}`: more than 100%", .0.escape_debug())]
+    OverHundred(String),
+    #[error("`{}`: write bytes, a size (512MiB, 50GiB, 2GB) or a share (20%)", .0.escape_debug())]
+    NotASize(String),
+    #[error(
+        "`{}`: unknown unit `{}` (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)",
+        .text.escape_debug(),
+        .unit.escape_debug()
+    )]
+    UnknownUnit { text: String, unit: String },
+    #[error("`{}`: too large", .0.escape_debug())]
+    TooLarge(String),
+}
+
 /// A size in bytes, or a share of a filesystem's size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SpaceLimit {
@@ -27,35 +49,32 @@ impl SpaceLimit {
     }
 
     /// Reads `"20%"`, `"50GiB"`, `"2 GB"`, `"4096"`.
-    pub fn parse(text: &str) -> Result<SpaceLimit, String> {
+    pub fn parse(text: &str) -> Result<SpaceLimit, SpaceError> {
         let t = text.trim();
         if let Some(p) = t.strip_suffix('%') {
             let p = p.trim();
             let (whole, frac) = p.split_once('.').unwrap_or((p, ""));
             let whole: u32 = whole
                 .parse()
-                .map_err(|_| format!("`{}`: not a percentage", text.escape_debug()))?;
+                .map_err(|_| SpaceError::NotAPercentage(text.to_string()))?;
             let frac = match frac.len() {
                 0 => 0,
                 1 | 2 => format!("{frac:0<2}")
                     .parse::<u32>()
-                    .map_err(|_| format!("`{}`: not a percentage", text.escape_debug()))?,
-                _ => return Err(format!("`{}`: at most two decimals", text.escape_debug())),
+                    .map_err(|_| SpaceError::NotAPercentage(text.to_string()))?,
+                _ => return Err(SpaceError::Decimals(text.to_string())),
             };
             let hundredths = whole.saturating_mul(100).saturating_add(frac);
             if hundredths > 10_000 {
-                return Err(format!("`{}`: more than 100%", text.escape_debug()));
+                return Err(SpaceError::OverHundred(text.to_string()));
             }
             return Ok(SpaceLimit::Percent(hundredths));
         }
         let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (digits, unit) = t.split_at(split);
-        let n: u64 = digits.parse().map_err(|_| {
-            format!(
-                "`{}`: write bytes, a size (512MiB, 50GiB, 2GB) or a share (20%)",
-                text.escape_debug()
-            )
-        })?;
+        let n: u64 = digits
+            .parse()
+            .map_err(|_| SpaceError::NotASize(text.to_string()))?;
         let unit_bytes: u64 = match unit.trim() {
             "" | "B" => 1,
             "KB" => 1_000,
@@ -67,16 +86,15 @@ impl SpaceLimit {
             "GiB" => 1 << 30,
             "TiB" => 1 << 40,
             other => {
-                return Err(format!(
-                    "`{}`: unknown unit `{}` (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)",
-                    text.escape_debug(),
-                    other.escape_debug()
-                ));
+                return Err(SpaceError::UnknownUnit {
+                    text: text.to_string(),
+                    unit: other.to_string(),
+                });
             }
         };
         n.checked_mul(unit_bytes)
             .map(SpaceLimit::Bytes)
-            .ok_or_else(|| format!("`{}`: too large", text.escape_debug()))
+            .ok_or_else(|| SpaceError::TooLarge(text.to_string()))
     }
 }
 
