@@ -91,6 +91,20 @@ pub enum SubelementError {
     },
 }
 
+/// A `[field.subelements]` table that cannot describe the field; each
+/// variant names the key at fault. The spec loader adds the field and spec.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    #[error("{key} = {digits}: must be 1 to {MAX_DIGITS} digits")]
+    Digits { key: &'static str, digits: usize },
+    #[error("lead = {lead} leaves no room for subelements in a field of {field_length}")]
+    LeadTooLong { lead: usize, field_length: usize },
+    #[error("tag {tag:?} is not {digits} digits")]
+    BadTag { tag: String, digits: usize },
+    #[error("lead_name needs lead")]
+    LeadNameWithoutLead,
+}
+
 /// Widest tag or length a layout may give (4 digits: a length up to 9999).
 const MAX_DIGITS: usize = 4;
 
@@ -100,26 +114,29 @@ impl Subelements {
     pub(super) fn validate(
         file: SubelementsFile,
         field_length: usize,
-    ) -> Result<Subelements, String> {
-        for (key, n) in [("tag", file.tag), ("length", file.length)] {
-            if n == 0 || n > MAX_DIGITS {
-                return Err(format!("{key} = {n}: must be 1 to {MAX_DIGITS} digits"));
+    ) -> Result<Subelements, LayoutError> {
+        for (key, digits) in [("tag", file.tag), ("length", file.length)] {
+            if digits == 0 || digits > MAX_DIGITS {
+                return Err(LayoutError::Digits { key, digits });
             }
         }
         if file.lead >= field_length {
-            return Err(format!(
-                "lead = {} leaves no room for subelements in a field of {field_length}",
-                file.lead
-            ));
+            return Err(LayoutError::LeadTooLong {
+                lead: file.lead,
+                field_length,
+            });
         }
         let tag_ok = |t: &String| t.len() == file.tag && t.bytes().all(|b| b.is_ascii_digit());
         for t in file.names.keys().chain(&file.sensitive) {
             if !tag_ok(t) {
-                return Err(format!("tag {t:?} is not {} digits", file.tag));
+                return Err(LayoutError::BadTag {
+                    tag: t.clone(),
+                    digits: file.tag,
+                });
             }
         }
         if file.lead == 0 && file.lead_name.is_some() {
-            return Err("lead_name needs lead".into());
+            return Err(LayoutError::LeadNameWithoutLead);
         }
         Ok(Subelements {
             layout: file.layout,
@@ -276,7 +293,9 @@ mod tests {
     fn validation_names_what_is_wrong() {
         let bad = |text: &str| {
             let file: SubelementsFile = toml::from_str(text).expect("toml");
-            Subelements::validate(file, 10).expect_err("invalid")
+            Subelements::validate(file, 10)
+                .expect_err("invalid")
+                .to_string()
         };
         assert!(bad("layout = \"tlv\"\ntag = 0\nlength = 2").contains("tag"));
         assert!(bad("layout = \"tlv\"\ntag = 2\nlength = 5").contains("length"));
