@@ -118,6 +118,8 @@ pub enum CtlError {
     Status { status: u16, body: String },
     #[error("{0}")]
     Usage(String),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::tools::TlsFlagsError),
 }
 
 /// One request to the admin API: `(status, body)`.
@@ -405,7 +407,7 @@ fn connector(args: &CtlArgs) -> Result<Option<Arc<crate::tls::tools::Connector>>
     if flags.tls_server_name.is_none() {
         flags.tls_server_name = Some(host_of(authority).to_string());
     }
-    flags.client().map_err(CtlError::Usage)
+    Ok(flags.client()?)
 }
 
 pub fn status_table(status: &Status) -> String {

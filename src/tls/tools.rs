@@ -15,8 +15,20 @@ use tokio::net::TcpStream;
 
 #[cfg(feature = "tools")]
 use crate::config::tls::TlsServer;
-use crate::config::tls::{TlsClient, TlsVersion};
+use crate::config::tls::{TlsClient, TlsError, TlsVersion};
 use crate::tls::LinkStream;
+
+/// `--tls-*` flags that do not make a handshake; each variant names the
+/// flags (the loader's errors name the `--tls.*` key and the file).
+#[derive(Debug, thiserror::Error)]
+pub enum TlsFlagsError {
+    #[error("--tls-ca: needed to verify the server")]
+    NoCa,
+    #[error("--tls-cert and --tls-key: needed to accept TLS")]
+    NoCertKey,
+    #[error(transparent)]
+    Load(#[from] TlsError),
+}
 
 /// `--tls-ca`, `--tls-cert`, `--tls-key`, `--tls-server-name`: TLS is on
 /// when any is given.
@@ -46,14 +58,11 @@ impl TlsFlags {
     }
 
     /// The client side, when TLS is on.
-    pub fn client(&self) -> Result<Option<Arc<Connector>>, String> {
+    pub fn client(&self) -> Result<Option<Arc<Connector>>, TlsFlagsError> {
         if !self.any() {
             return Ok(None);
         }
-        let ca = self
-            .tls_ca
-            .clone()
-            .ok_or("--tls-ca: needed to verify the server")?;
+        let ca = self.tls_ca.clone().ok_or(TlsFlagsError::NoCa)?;
         let table = TlsClient {
             ca,
             cert: self.tls_cert.clone(),
@@ -62,7 +71,7 @@ impl TlsFlags {
             min_version: TlsVersion::V1_2,
             handshake_timeout: std::time::Duration::from_secs(10),
         };
-        let loaded = table.load("--tls").map_err(|e| e.to_string())?;
+        let loaded = table.load("--tls")?;
         Ok(Some(Arc::new(Connector {
             connector: tokio_rustls::TlsConnector::from(loaded.config),
             name: loaded.server_name,
@@ -71,12 +80,12 @@ impl TlsFlags {
 
     /// The server side, when TLS is on.
     #[cfg(feature = "tools")]
-    pub fn server(&self) -> Result<Option<Arc<Acceptor>>, String> {
+    pub fn server(&self) -> Result<Option<Arc<Acceptor>>, TlsFlagsError> {
         if !self.any() {
             return Ok(None);
         }
         let (Some(cert), Some(key)) = (self.tls_cert.clone(), self.tls_key.clone()) else {
-            return Err("--tls-cert and --tls-key: needed to accept TLS".into());
+            return Err(TlsFlagsError::NoCertKey);
         };
         let table = TlsServer {
             cert,
@@ -87,7 +96,7 @@ impl TlsFlags {
             min_version: TlsVersion::V1_2,
             handshake_timeout: std::time::Duration::from_secs(10),
         };
-        let loaded = table.load("--tls").map_err(|e| e.to_string())?;
+        let loaded = table.load("--tls")?;
         Ok(Some(Arc::new(Acceptor(tokio_rustls::TlsAcceptor::from(
             loaded.config,
         )))))
@@ -107,7 +116,7 @@ pub struct SimTls {
 impl TlsFlags {
     /// Both sides from one set of flags: --tls-cert/--tls-key are presented
     /// either way, --tls-ca verifies the switch either way.
-    pub fn both(&self) -> Result<SimTls, String> {
+    pub fn both(&self) -> Result<SimTls, TlsFlagsError> {
         Ok(SimTls {
             server: self.server()?,
             client: self.client()?,
