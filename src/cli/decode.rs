@@ -224,7 +224,7 @@ pub fn run(a: &DecodeArgs) -> ExitCode {
     warn_unflagged(&spec);
     let input = match read_input(a) {
         Ok(bytes) => bytes,
-        Err(msg) => return fail(&msg),
+        Err(e) => return fail(&e.to_string()),
     };
     if input.is_empty() {
         return fail("no input: nothing to decode");
@@ -254,15 +254,40 @@ fn fail(msg: &str) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// Why the input of `isoswitch decode` could not be read; each variant
+/// names where it came from (`--hex`, the file, stdin).
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("--hex: {0}")]
+    HexFlag(#[source] HexError),
+    #[error("cannot read {}: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot read stdin: {0}")]
+    Stdin(#[source] io::Error),
+    /// Hex text in the file (its name) or stdin (`stdin`).
+    #[error("{name}: {source}")]
+    Hex {
+        name: String,
+        #[source]
+        source: HexError,
+    },
+}
+
 /// The bytes to decode: `--hex`, else FILE or stdin, hex text or raw.
-fn read_input(a: &DecodeArgs) -> Result<Vec<u8>, String> {
+fn read_input(a: &DecodeArgs) -> Result<Vec<u8>, InputError> {
     if let Some(hex) = &a.hex {
-        return parse_hex(hex.as_bytes()).map_err(|e| format!("--hex: {e}"));
+        return parse_hex(hex.as_bytes()).map_err(InputError::HexFlag);
     }
     let (name, content) = match &a.file {
         Some(path) if path.as_os_str() != "-" => {
-            let content =
-                std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let content = std::fs::read(path).map_err(|source| InputError::Read {
+                path: path.clone(),
+                source,
+            })?;
             (path.display().to_string(), content)
         }
         _ => {
@@ -270,14 +295,14 @@ fn read_input(a: &DecodeArgs) -> Result<Vec<u8>, String> {
             io::stdin()
                 .lock()
                 .read_to_end(&mut content)
-                .map_err(|e| format!("cannot read stdin: {e}"))?;
+                .map_err(InputError::Stdin)?;
             ("stdin".to_string(), content)
         }
     };
     if a.raw || !looks_like_hex(&content) {
         return Ok(content);
     }
-    parse_hex(&content).map_err(|e| format!("{name}: {e}"))
+    parse_hex(&content).map_err(|source| InputError::Hex { name, source })
 }
 
 /// Cuts `input` into frames with the spec's prefix and maximum frame, and writes

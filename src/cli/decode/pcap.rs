@@ -8,16 +8,16 @@
 use std::collections::HashMap;
 use std::io::{self, BufWriter, Write};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::{DecodeArgs, Options, write_message};
 use crate::capture::read::{self, Connection};
-use crate::config::{Config, FrontConfig};
-use crate::iso8583::Spec;
+use crate::config::{Config, ConfigError, FrontConfig};
 use crate::iso8583::SpecFiles;
+use crate::iso8583::{Spec, SpecError};
 use crate::wire::Frame;
 
 /// What a pcap decode saw (also what the tshark check compares).
@@ -45,7 +45,7 @@ pub fn run(a: &DecodeArgs, path: &Path) -> ExitCode {
     let conns = read::connections(&packets.segments);
     let specs = match ConnSpecs::new(a, &conns) {
         Ok(s) => s,
-        Err(e) => return fail(&e),
+        Err(e) => return fail(&e.to_string()),
     };
     let opts = Options {
         json: a.json,
@@ -77,6 +77,26 @@ fn fail(msg: &str) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// Why the specs of a capture's connections could not be chosen: the
+/// `--spec`, the `--config` file, or the service whose spec would not load.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnSpecsError {
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error("{}: {source}", .path.display())]
+    Config {
+        path: PathBuf,
+        #[source]
+        source: ConfigError,
+    },
+    #[error("service {service}: {source}")]
+    Service {
+        service: String,
+        #[source]
+        source: ConfigError,
+    },
+}
+
 /// The spec of each connection.
 pub struct ConnSpecs {
     fixed: Option<Arc<Spec>>,
@@ -85,14 +105,17 @@ pub struct ConnSpecs {
 }
 
 impl ConnSpecs {
-    fn new(a: &DecodeArgs, conns: &[Connection]) -> Result<ConnSpecs, String> {
+    fn new(a: &DecodeArgs, conns: &[Connection]) -> Result<ConnSpecs, ConnSpecsError> {
         let fixed = match &a.spec {
-            Some(name) => Some(Arc::new(Spec::resolve(name).map_err(|e| e.to_string())?)),
+            Some(name) => Some(Arc::new(Spec::resolve(name)?)),
             None => None,
         };
         let by_port = match &a.config {
             Some(path) => {
-                let cfg = Config::load(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let cfg = Config::load(path).map_err(|source| ConnSpecsError::Config {
+                    path: path.clone(),
+                    source,
+                })?;
                 specs_by_port(&cfg)?
             }
             None => HashMap::new(),
@@ -131,13 +154,13 @@ impl ConnSpecs {
 }
 
 /// Server port → spec, from every address a config names.
-pub fn specs_by_port(cfg: &Config) -> Result<HashMap<u16, Arc<Spec>>, String> {
+pub fn specs_by_port(cfg: &Config) -> Result<HashMap<u16, Arc<Spec>>, ConnSpecsError> {
     let mut out = HashMap::new();
     for svc in &cfg.services {
-        let spec = Arc::new(
-            svc.load_spec()
-                .map_err(|e| format!("service {}: {e}", svc.name))?,
-        );
+        let spec = Arc::new(svc.load_spec().map_err(|source| ConnSpecsError::Service {
+            service: svc.name.to_string(),
+            source,
+        })?);
         let mut ports: Vec<u16> = svc.back.nodes.iter().map(|n| n.address.port()).collect();
         match &svc.front {
             FrontConfig::Listen(f) => ports.push(f.listen.port()),
