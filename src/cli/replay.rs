@@ -101,7 +101,7 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
     }
     let conns = match select(&spec, read::connections(&packets.segments), a.server_port) {
         Ok(c) => c,
-        Err(e) => return fail(&e),
+        Err(e) => return fail(&e.to_string()),
     };
     if !a.accept.is_empty() {
         return run_peer(a, &spec, &packets.segments);
@@ -188,7 +188,12 @@ fn run_peer(a: &ReplayArgs, spec: &Arc<Spec>, segments: &[read::Segment]) -> Exi
         for (port, addr) in &a.accept {
             match tokio::net::TcpListener::bind(addr).await {
                 Ok(l) => accept.push((*port, l)),
-                Err(e) => return Err(format!("cannot listen on {addr}: {e}")),
+                Err(source) => {
+                    return Err(ReplayError::Listen {
+                        addr: *addr,
+                        source,
+                    });
+                }
             }
         }
         let links = peer::PeerLinks { accept, connect };
@@ -196,7 +201,7 @@ fn run_peer(a: &ReplayArgs, spec: &Arc<Spec>, segments: &[read::Segment]) -> Exi
     });
     let report = match report {
         Ok(r) => r,
-        Err(e) => return fail(&e),
+        Err(e) => return fail(&e.to_string()),
     };
     print!("{report}");
     if report.is_clean() && report.replayed > 0 {
@@ -209,16 +214,64 @@ fn run_peer(a: &ReplayArgs, spec: &Arc<Spec>, segments: &[read::Segment]) -> Exi
     }
 }
 
-fn parse_accept(s: &str) -> Result<(u16, SocketAddr), String> {
+/// Why `isoswitch replay` could not start: a flag, the capture's
+/// connections, or a listener for `--accept`.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("--accept {0}: expected PORT=ADDR")]
+    AcceptForm(String),
+    #[error("--accept {accept}: port {port}: {source}")]
+    AcceptPort {
+        accept: String,
+        port: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    #[error("--accept {accept}: address {addr}: {source}")]
+    AcceptAddr {
+        accept: String,
+        addr: String,
+        #[source]
+        source: std::net::AddrParseError,
+    },
+    #[error("the capture has no client-side requests to replay")]
+    NoRequests,
+    /// The server ports the requests go to, with their connections.
+    #[error(
+        "the capture has requests to several server ports: {}; choose with --server-port",
+        port_list(.0)
+    )]
+    SeveralPorts(Vec<(u16, usize)>),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn port_list(ports: &[(u16, usize)]) -> String {
+    let list: Vec<String> = ports
+        .iter()
+        .map(|(p, n)| format!("{p} ({n} connections)"))
+        .collect();
+    list.join(", ")
+}
+
+fn parse_accept(s: &str) -> Result<(u16, SocketAddr), ReplayError> {
     let (port, addr) = s
         .split_once('=')
-        .ok_or_else(|| format!("--accept {s}: expected PORT=ADDR"))?;
-    let port = port
-        .parse()
-        .map_err(|e| format!("--accept {s}: port {port}: {e}"))?;
-    let addr = addr
-        .parse()
-        .map_err(|e| format!("--accept {s}: address {addr}: {e}"))?;
+        .ok_or_else(|| ReplayError::AcceptForm(s.to_string()))?;
+    let port = port.parse().map_err(|source| ReplayError::AcceptPort {
+        accept: s.to_string(),
+        port: port.to_string(),
+        source,
+    })?;
+    let addr = addr.parse().map_err(|source| ReplayError::AcceptAddr {
+        accept: s.to_string(),
+        addr: addr.to_string(),
+        source,
+    })?;
     Ok((port, addr))
 }
 
@@ -228,22 +281,13 @@ pub fn select(
     spec: &Spec,
     conns: Vec<read::Connection>,
     server_port: Option<u16>,
-) -> Result<Vec<read::Connection>, String> {
+) -> Result<Vec<read::Connection>, ReplayError> {
     let ports = replay::server_ports(spec, &conns);
     let port = match (server_port, ports.as_slice()) {
         (Some(p), _) => p,
         (None, [(p, _)]) => *p,
-        (None, []) => return Err("the capture has no client-side requests to replay".into()),
-        (None, many) => {
-            let list: Vec<String> = many
-                .iter()
-                .map(|(p, n)| format!("{p} ({n} connections)"))
-                .collect();
-            return Err(format!(
-                "the capture has requests to several server ports: {}; choose with --server-port",
-                list.join(", ")
-            ));
-        }
+        (None, []) => return Err(ReplayError::NoRequests),
+        (None, many) => return Err(ReplayError::SeveralPorts(many.to_vec())),
     };
     Ok(conns
         .into_iter()
