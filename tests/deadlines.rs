@@ -1,0 +1,312 @@
+//! Deadlines, late answers and the duplicate window, end to end in process
+//! (`isoswitch::link::inproc::Rig`: the real service, its node connections
+//! channels) on the rig's clock: a case steps to a deadline to the
+//! millisecond with `Rig::advance` and runs the sweeper with `Rig::expire`.
+//! None sleeps. What needs the sockets, the tasks or a simulator's own books
+//! stays in tests/integrity.rs and tests/mblb.rs.
+//!
+//! Cases that touch no store run on tokio's paused clock too, so nothing
+//! the service might schedule on tokio's timers runs in real time; the ones
+//! with a store keep the real clock, since their wait is on the store's
+//! writer thread, which a paused clock would jump past.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use isoswitch::config::TimeoutRule;
+use isoswitch::route::{DeclineReason, OnTimeout};
+use isoswitch::store::{Direction, SafKind, SafState};
+
+#[path = "common/clock.rs"]
+mod clock;
+#[path = "common/owed.rs"]
+mod owed;
+#[path = "common/procs.rs"]
+mod procs;
+use clock::*;
+
+const MS: Duration = Duration::from_millis(1);
+/// `PosToml`'s deadline of a purchase (02x0).
+const PURCHASE: Duration = Duration::from_millis(500);
+
+/// A purchase no node answers is declined with the timeout code (68) at
+/// its deadline exactly: not a millisecond before, and once.
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_purchase_is_declined_68_at_its_deadline_not_before() {
+    bounded(async {
+        let mut rig = rig(pos_config(1));
+        to_node(&mut rig, &purchase(1));
+        rig.advance(PURCHASE - MS);
+        assert_eq!(rig.expire(), 0, "1 ms before its deadline");
+        assert_eq!(said(&mut rig), None);
+        assert_eq!(rig.service.in_flight(), 1);
+        rig.advance(MS);
+        assert_eq!(rig.expire(), 1, "at its deadline");
+        assert_eq!(
+            answered(&mut rig, "the decline"),
+            ("0210".into(), "68".into())
+        );
+        let counters = rig.service.view().counters;
+        assert_eq!(counters.declined(DeclineReason::Timeout), 1);
+        rig.advance(PURCHASE);
+        assert_eq!(rig.expire(), 0, "declined once");
+        assert_eq!(said(&mut rig), None);
+    })
+    .await;
+}
+
+/// The node's approval a millisecond before the deadline is relayed, and
+/// the deadline then passes with nothing to decline.
+#[tokio::test(start_paused = true)]
+async fn an_approval_a_millisecond_before_the_deadline_is_relayed() {
+    bounded(async {
+        let mut rig = rig(pos_config(1));
+        let (node, got) = to_node(&mut rig, &purchase(1));
+        rig.advance(PURCHASE - MS);
+        let approval = answer(&rig, &got, "00");
+        assert_eq!(
+            relay(&mut rig, node, &approval),
+            ("0210".into(), "00".into())
+        );
+        rig.advance(MS);
+        assert_eq!(rig.expire(), 0);
+        assert_eq!(said(&mut rig), None, "no decline after the answer");
+        let counters = rig.service.view().counters;
+        assert_eq!(counters.declined(DeclineReason::Timeout), 0);
+        assert_eq!(counters.answered.load(Ordering::Relaxed), 1);
+    })
+    .await;
+}
+
+/// Deadlines follow the MTI: with purchases given 10 s, an authorization
+/// (0100, the 500 ms default) is declined at 500 ms while the purchase sent
+/// with it waits for its own 10 s.
+#[tokio::test(start_paused = true)]
+async fn each_flow_is_declined_at_its_own_deadline() {
+    bounded(async {
+        let cfg = owed::PosToml::in_process(1)
+            .purchase_timeout("10s")
+            .service_config();
+        let mut rig = rig(cfg);
+        to_node(&mut rig, &request("0100", 1));
+        to_node(&mut rig, &purchase(2));
+        rig.advance(Duration::from_millis(500));
+        assert_eq!(rig.expire(), 1);
+        assert_eq!(
+            answered(&mut rig, "the 0100's"),
+            ("0110".into(), "68".into())
+        );
+        rig.advance(Duration::from_secs(10) - Duration::from_millis(500) - MS);
+        assert_eq!(rig.expire(), 0, "the purchase 1 ms before its 10 s");
+        rig.advance(MS);
+        assert_eq!(rig.expire(), 1);
+        assert_eq!(
+            answered(&mut rig, "the 0200's"),
+            ("0210".into(), "68".into())
+        );
+    })
+    .await;
+}
+
+/// Moved from tests/mblb.rs, where it waited out 150 ms deadlines against
+/// nodes answering after 400 ms: each request of a node slower than the
+/// timeout gets exactly one answer, the switch's 68, and the node's late
+/// answers are counted and never reach the client.
+#[tokio::test(start_paused = true)]
+async fn timeouts_are_declined_once_and_late_responses_are_dropped() {
+    bounded(async {
+        let mut cfg = pos_config(2);
+        // Passive ejection off: this case is about timeouts alone.
+        cfg.back.health.state.ejection_threshold = 0;
+        let mut rig = rig(cfg);
+        let sent: Vec<_> = (1..=10)
+            .map(|stan| to_node(&mut rig, &purchase(stan)))
+            .collect();
+        rig.advance(PURCHASE);
+        assert_eq!(rig.expire(), 10);
+        for _ in 0..10 {
+            assert_eq!(answered(&mut rig, "a decline").1, "68");
+        }
+        for (node, got) in &sent {
+            let late = answer(&rig, got, "00");
+            rig.node_frame(*node, &late).expect("a frame");
+        }
+        assert_eq!(said(&mut rig), None, "no late answer reaches the client");
+        let counters = rig.service.view().counters;
+        assert_eq!(counters.declined(DeclineReason::Timeout), 10);
+        assert_eq!(late_responses(&rig), 10);
+    })
+    .await;
+}
+
+/// Moved from tests/mblb.rs (it waited out a 150 ms silent timeout against
+/// a node answering at 400 ms): a purchase the switch let expire in
+/// silence, then its repeat (0201), which goes to the same node; the
+/// node's approval of the original comes while the repeat is in flight and
+/// reaches the terminal as the repeat's answer. The node's answer to the
+/// repeat then finds no request: it must not be taken for a late approval
+/// of the original, since the terminal has the approval.
+#[tokio::test(start_paused = true)]
+async fn an_approval_relayed_for_a_repeat_is_never_reversed() {
+    bounded(async {
+        let mut cfg = pos_config(2);
+        cfg.timeouts.on_timeout = OnTimeout::Silent;
+        // The repeat waits longer than the original, so that the original's
+        // answer comes while the repeat is in flight.
+        let repeat_waits = TimeoutRule::After(Duration::from_secs(3));
+        cfg.timeouts.by_mti.insert("0201".into(), repeat_waits);
+        let mut rig = rig(cfg);
+        let (node, original) = to_node(&mut rig, &purchase(1));
+        rig.advance(PURCHASE);
+        assert_eq!(rig.expire(), 1);
+        assert_eq!(said(&mut rig), None, "silent");
+        let made = std::sync::Arc::clone(&rig.service.view().made.counters);
+        assert_eq!(made.silent_timeouts.load(Ordering::Relaxed), 1);
+        let (repeat_node, repeat) = to_node(&mut rig, &request("0201", 1));
+        assert_eq!(repeat_node, node, "a repeat goes to its original's node");
+        let approval = answer(&rig, &original, "00");
+        let to_terminal = relay(&mut rig, node, &approval);
+        assert_eq!(
+            to_terminal,
+            ("0210".into(), "00".into()),
+            "the repeat's answer"
+        );
+        let answer_to_repeat = answer(&rig, &repeat, "00");
+        rig.node_frame(node, &answer_to_repeat).expect("a frame");
+        assert_eq!(said(&mut rig), None, "one answer to the terminal");
+        let made = std::sync::Arc::clone(&rig.service.view().made.counters);
+        assert_eq!(
+            made.late_unreversed.load(Ordering::Relaxed),
+            0,
+            "taken for a late approval"
+        );
+        assert_eq!(
+            made.late_reversed.load(Ordering::Relaxed),
+            0,
+            "reversed what the terminal has"
+        );
+    })
+    .await;
+}
+
+/// The host approves after the switch declined (`timeout_reversal` off, so
+/// only an approval read is reversed): the approval goes nowhere, and one
+/// reversal (0420) is owed to the node that approved, in the store; a
+/// second late approval of it is only counted (never twice).
+#[tokio::test]
+async fn a_late_approval_is_reversed_once_at_the_node_that_approved() {
+    bounded(async {
+        let mut cfg = pos_config(2);
+        cfg.integrity.timeout_reversal = false;
+        let mut rig = rig(cfg);
+        let (store, stored) = owe_into_store(&rig, "late-approval").await;
+        let (node, got) = to_node(&mut rig, &purchase(1));
+        rig.advance(PURCHASE);
+        assert_eq!(rig.expire(), 1);
+        assert_eq!(answered(&mut rig, "the decline").1, "68");
+        rig.advance(Duration::from_secs(1));
+        let approval = answer(&rig, &got, "00");
+        rig.node_frame(node, &approval).expect("a frame");
+        assert_eq!(said(&mut rig), None, "a late approval is not relayed");
+        stored.notified().await;
+        let made = std::sync::Arc::clone(&rig.service.view().made.counters);
+        assert_eq!(made.late_reversed.load(Ordering::Relaxed), 1);
+        rig.node_frame(node, &approval).expect("a frame");
+        assert_eq!(made.late_again.load(Ordering::Relaxed), 1);
+        let rows = owed_rows(&store).await;
+        assert_eq!(rows.len(), 1, "one reversal: {rows:?}");
+        assert_eq!(
+            (rows[0].kind, rows[0].mti.as_str()),
+            (SafKind::Reversal, "0420")
+        );
+        assert_eq!(rows[0].direction, Direction::ToNode(node_id(&rig, node)));
+        assert_eq!(rows[0].state, SafState::Pending);
+        assert_eq!(rows[0].keys.f11.as_deref(), Some("000001"));
+    })
+    .await;
+}
+
+/// The host declines after the switch declined: nothing to reverse,
+/// counted, nothing stored.
+#[tokio::test]
+async fn a_late_decline_is_never_reversed() {
+    bounded(async {
+        let mut cfg = pos_config(1);
+        cfg.integrity.timeout_reversal = false;
+        let mut rig = rig(cfg);
+        let (store, _stored) = owe_into_store(&rig, "late-decline").await;
+        let (node, got) = to_node(&mut rig, &purchase(1));
+        rig.advance(PURCHASE);
+        assert_eq!(rig.expire(), 1);
+        assert_eq!(answered(&mut rig, "the decline").1, "68");
+        let decline = answer(&rig, &got, "05");
+        rig.node_frame(node, &decline).expect("a frame");
+        assert_eq!(said(&mut rig), None);
+        let made = std::sync::Arc::clone(&rig.service.view().made.counters);
+        assert_eq!(made.late_declines.load(Ordering::Relaxed), 1);
+        assert_eq!(made.late_reversed.load(Ordering::Relaxed), 0);
+        assert_eq!(owed_rows(&store).await.len(), 0, "nothing owed");
+    })
+    .await;
+}
+
+/// With `timeout_reversal` (the default) the switch owes a reversal the
+/// moment it declines a purchase whose outcome is unknown; the host's late
+/// approval attaches to it: counted as reversed, never a second chain.
+#[tokio::test]
+async fn a_timeout_reversal_covers_the_late_approval() {
+    bounded(async {
+        let mut rig = rig(pos_config(1));
+        let (store, stored) = owe_into_store(&rig, "timeout-reversal").await;
+        let (node, got) = to_node(&mut rig, &purchase(1));
+        rig.advance(PURCHASE);
+        assert_eq!(rig.expire(), 1);
+        assert_eq!(answered(&mut rig, "the decline").1, "68");
+        stored.notified().await;
+        let made = std::sync::Arc::clone(&rig.service.view().made.counters);
+        assert_eq!(made.timeout_reversals.load(Ordering::Relaxed), 1);
+        let approval = answer(&rig, &got, "00");
+        rig.node_frame(node, &approval).expect("a frame");
+        assert_eq!(said(&mut rig), None);
+        assert_eq!(made.late_reversed.load(Ordering::Relaxed), 1);
+        let rows = owed_rows(&store).await;
+        assert_eq!(rows.len(), 1, "one chain: {rows:?}");
+        assert_eq!(
+            (rows[0].kind, rows[0].mti.as_str()),
+            (SafKind::Reversal, "0420")
+        );
+    })
+    .await;
+}
+
+/// The same purchase again within `duplicate_window` never reaches a node
+/// and gets the first answer; once the window has passed it is a new
+/// transaction, and goes to the node.
+#[tokio::test(start_paused = true)]
+async fn a_duplicate_gets_the_first_answer_within_the_window_only() {
+    bounded(async {
+        let window = Duration::from_secs(60);
+        let mut cfg = pos_config(1);
+        cfg.integrity.duplicate_window = window;
+        let mut rig = rig(cfg);
+        let (node, got) = to_node(&mut rig, &purchase(7));
+        let approval = answer(&rig, &got, "00");
+        assert_eq!(relay(&mut rig, node, &approval).1, "00");
+        rig.advance(window - Duration::from_secs(1));
+        rig.expire();
+        assert_eq!(send(&mut rig, &purchase(7)), None, "not sent to the node");
+        assert_eq!(
+            answered(&mut rig, "the replay"),
+            ("0210".into(), "00".into())
+        );
+        let made = std::sync::Arc::clone(&rig.service.view().made.counters);
+        assert_eq!(made.duplicates_replayed.load(Ordering::Relaxed), 1);
+        rig.advance(Duration::from_secs(2));
+        rig.expire();
+        let again = send(&mut rig, &purchase(7)).map(|(to, _)| to);
+        assert_eq!(again, Some(node), "past the window: a new transaction");
+        assert_eq!(made.duplicates_replayed.load(Ordering::Relaxed), 1);
+        assert_eq!(rig.service.in_flight(), 1, "the new one waits for its node");
+    })
+    .await;
+}
