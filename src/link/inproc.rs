@@ -208,6 +208,33 @@ impl Rig {
         Ok(())
     }
 
+    /// One attempt of an owed message (a reversal, a stored advice) the
+    /// caller claimed from the service's store, made as the delivery loop
+    /// (`link::saf`) makes it, at the rig's clock: registered in the
+    /// correlation table until the rig's clock passes its wait, and queued
+    /// for its node ([`Rig::node_bytes`]). The node's answer
+    /// ([`Rig::node_frame`]) completes it or schedules the next attempt.
+    pub fn send_owed(&mut self, entry: crate::store::ClaimedSaf) {
+        super::saf::send_claimed(&self.service, entry, self.now);
+    }
+
+    /// The next frame queued for a node outside [`Rig::request`] (an owed
+    /// message): which node, and the bytes its writer would write.
+    pub fn node_bytes(&mut self) -> Result<Option<(usize, &[u8])>, RigError> {
+        let queued = self
+            .nodes
+            .iter_mut()
+            .enumerate()
+            .find_map(|(node, rx)| rx.try_recv().ok().map(|out| (node, out)));
+        let Some((node, out)) = queued else {
+            return Ok(None);
+        };
+        self.outbound.clear();
+        encode_into(self.prefix, &out, &mut self.outbound)
+            .map_err(|e| RigError::Frame(e.to_string()))?;
+        Ok(Some((node, &self.outbound[..])))
+    }
+
     /// The rig's clock: the time the service was last told.
     pub fn now(&self) -> Instant {
         self.now
@@ -358,5 +385,61 @@ impl Rig {
         let answer =
             echo_response(spec, payload).ok_or(RigError::Frame("request does not parse".into()))?;
         frame(self.prefix, &answer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rig on `cups` with the default deadline (`timeouts.request`, 3 s)
+    /// and one purchase in flight to a node.
+    fn one_in_flight() -> Rig {
+        let mut rig = Rig::new(&service_toml("cups", false)).expect("rig");
+        let frames = purchase_frames(rig.service.spec(), 1).expect("frames");
+        let sent = rig.request(&frames[0]).expect("routed");
+        assert!(sent.is_some(), "at a node");
+        rig
+    }
+
+    /// The sweep reads the rig's clock: nothing is due a millisecond before
+    /// the deadline, the request is declined at it, and real time passing
+    /// meanwhile changes nothing.
+    #[test]
+    fn the_sweep_runs_on_the_rigs_clock() {
+        let mut rig = one_in_flight();
+        let start = rig.now();
+        rig.advance(Duration::from_millis(2_999));
+        assert_eq!(rig.expire(), 0);
+        assert_eq!(rig.now() - start, Duration::from_millis(2_999));
+        assert!(rig.client_bytes().expect("encodes").is_none());
+        rig.advance(Duration::from_millis(1));
+        assert_eq!(rig.expire(), 1);
+        assert!(
+            rig.client_bytes().expect("encodes").is_some(),
+            "the decline"
+        );
+        assert_eq!(rig.expire(), 0, "once");
+    }
+
+    /// A typed config builds the same rig as its TOML.
+    #[test]
+    fn from_config_takes_a_typed_service() {
+        let cfg = Config::from_toml(&service_toml("cups", true)).expect("config");
+        let svc = cfg.services.into_iter().next().expect("a service");
+        let rig = Rig::from_config(svc).expect("rig");
+        assert_eq!(rig.nodes.len(), 3);
+        assert_eq!(rig.service.name(), "path");
+    }
+
+    /// The bench's sweep stays on the real clock (an hour past it): it
+    /// declines what is in flight without moving the rig's clock.
+    #[test]
+    fn expire_all_declines_everything_in_flight() {
+        let mut rig = one_in_flight();
+        let before = rig.now();
+        assert_eq!(rig.expire_all(), 1);
+        assert!(rig.client_bytes().expect("encodes").is_some());
+        assert_eq!(rig.now(), before);
     }
 }
