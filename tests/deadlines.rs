@@ -310,3 +310,85 @@ async fn a_duplicate_gets_the_first_answer_within_the_window_only() {
     })
     .await;
 }
+
+/// Only a host's "done" closes what the switch owes (docs/integrity.md,
+/// Delivery): the node answers the reversal of a late approval 0430 F39
+/// 96 (a "retry" code): the entry stays owed, the answer in its last
+/// error; its next attempt goes as a repeat (0421) to the same node, and
+/// the 00 to that one completes it.
+#[tokio::test]
+async fn a_hosts_96_to_a_reversal_does_not_close_it() {
+    bounded(async {
+        let mut cfg = pos_config(2);
+        cfg.integrity.timeout_reversal = false;
+        let mut rig = rig(cfg);
+        let (store, stored) = owe_into_store(&rig, "reversal-96").await;
+        let (node, got) = to_node(&mut rig, &purchase(1));
+        rig.advance(PURCHASE);
+        assert_eq!(rig.expire(), 1);
+        let approval = answer(&rig, &got, "00");
+        rig.node_frame(node, &approval).expect("a frame");
+        stored.notified().await;
+        rig.send_owed(claim_due(&store, Duration::ZERO).await);
+        let (to, reversal) = owed_at_node(&mut rig);
+        assert_eq!((to, mti_of(&rig, &reversal).as_str()), (node, "0420"));
+        rig.node_frame(to, &answer(&rig, &reversal, "96"))
+            .expect("a frame");
+        let made = std::sync::Arc::clone(&rig.service.view().made.counters);
+        assert_eq!(made.saf_answers_retry.load(Ordering::Relaxed), 1);
+        let row = row_when(&store, |r| r.last_error.is_some()).await;
+        assert_eq!(row.state, SafState::Pending, "96 does not close it");
+        assert_eq!(
+            row.last_error.as_deref(),
+            Some("the host answered 0430 F39 96")
+        );
+        // Past saf.retry and the attempt's lease, by the store's clock.
+        rig.send_owed(claim_due(&store, Duration::from_secs(120)).await);
+        let (to, repeat) = owed_at_node(&mut rig);
+        assert_eq!((to, mti_of(&rig, &repeat).as_str()), (node, "0421"));
+        rig.node_frame(to, &answer(&rig, &repeat, "00"))
+            .expect("a frame");
+        assert_eq!(made.reversals_acknowledged.load(Ordering::Relaxed), 1);
+        let row = row_when(&store, |r| r.state != SafState::Pending).await;
+        assert_eq!(row.state, SafState::Delivered);
+        assert_eq!(
+            (row.attempts, row.answer.as_deref()),
+            (2, Some("0430 F39 00"))
+        );
+    })
+    .await;
+}
+
+/// An attempt of an owed reversal that its node leaves unanswered waits
+/// for the timeout of its MTI (`04x0`: 2 s) on the rig's clock, not a
+/// millisecond less, and is then recorded as an attempt without an answer:
+/// still owed, for the next attempt.
+#[tokio::test]
+async fn an_unanswered_reversal_attempt_ends_at_its_deadline_still_owed() {
+    bounded(async {
+        let mut cfg = pos_config(1);
+        cfg.integrity.timeout_reversal = false;
+        let mut rig = rig(cfg);
+        let (store, stored) = owe_into_store(&rig, "reversal-unanswered").await;
+        let (node, got) = to_node(&mut rig, &purchase(1));
+        rig.advance(PURCHASE);
+        assert_eq!(rig.expire(), 1);
+        assert_eq!(answered(&mut rig, "the decline").1, "68");
+        rig.node_frame(node, &answer(&rig, &got, "00"))
+            .expect("a frame");
+        stored.notified().await;
+        rig.send_owed(claim_due(&store, Duration::ZERO).await);
+        let (_, reversal) = owed_at_node(&mut rig);
+        assert_eq!(mti_of(&rig, &reversal), "0420");
+        rig.advance(Duration::from_secs(2) - MS);
+        assert_eq!(rig.expire(), 0);
+        assert_eq!(rig.service.in_flight(), 1, "the attempt waits 1 ms more");
+        rig.advance(MS);
+        rig.expire();
+        assert_eq!(rig.service.in_flight(), 0, "the attempt is over");
+        assert_eq!(said(&mut rig), None, "nothing to a client for it");
+        let row = row_when(&store, |r| r.last_error.is_some()).await;
+        assert_eq!((row.state, row.attempts), (SafState::Pending, 1));
+    })
+    .await;
+}

@@ -18,7 +18,7 @@ use isoswitch::config::ServiceConfig;
 use isoswitch::iso8583::Message;
 use isoswitch::link::inproc::Rig;
 use isoswitch::link::service::SafOutbox;
-use isoswitch::store::{SafFilter, SafRow, Store, StoreConfig};
+use isoswitch::store::{ClaimedSaf, SafFilter, SafRow, Store, StoreConfig, now_millis};
 
 use super::owed::{PosToml, framed, pos_request};
 use super::procs::data_dir;
@@ -66,14 +66,17 @@ pub fn to_node(rig: &mut Rig, frame: &[u8]) -> (usize, Vec<u8>) {
 }
 
 /// The node's answer to what it got (`node_bytes`, framed): the response
-/// MTI, F39 `f39`, every other field echoed.
+/// response MTI, F39 `f39`, every other field echoed.
 pub fn answer(rig: &Rig, node_bytes: &[u8], f39: &str) -> Vec<u8> {
     let spec = rig.service.spec();
     let mut d = spec
         .decode(&node_bytes[2..])
         .expect("the node's bytes decode");
+    // The function digit up one (0200 → 0210, 0420 → 0430), and a repeat's
+    // answer is the original's (0421 → 0430).
     let mut mti = d.mti.as_str().as_bytes().to_vec();
-    mti[2] = b'1';
+    mti[2] += 1;
+    mti[3] = b'0';
     d.mti = std::str::from_utf8(&mti).unwrap().parse().expect("an MTI");
     d.set_text(39, f39);
     framed(&spec.encode(&d).expect("the answer encodes"))
@@ -152,4 +155,44 @@ pub async fn owed_rows(store: &Store) -> Vec<SafRow> {
 pub fn late_responses(rig: &Rig) -> u64 {
     let c = &rig.service.view().counters.late_responses;
     c.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The one entry due in `store` `later` past the wall clock (the store's
+/// times are its own clock: a case steps it past `saf.retry` and the lease
+/// by asking as of later), claimed by the rig's outbox as the delivery loop
+/// claims it.
+pub async fn claim_due(store: &Store, later: Duration) -> ClaimedSaf {
+    let at = now_millis() + i64::try_from(later.as_millis()).expect("short");
+    let lease = StoreConfig::default().saf.lease;
+    let mut due = store.saf_claim("rig", at, 10, lease).await.expect("claims");
+    assert_eq!(due.len(), 1, "one entry due: {due:?}");
+    due.remove(0)
+}
+
+/// The store's one row once `done` holds for it: what the service's own
+/// store writes (tasks of their own) have recorded. Read again after each
+/// turn of the runtime; the case's bound limits it.
+pub async fn row_when(store: &Store, done: impl Fn(&SafRow) -> bool) -> SafRow {
+    loop {
+        let mut rows = owed_rows(store).await;
+        assert_eq!(rows.len(), 1, "one row: {rows:?}");
+        if done(&rows[0]) {
+            return rows.remove(0);
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// The owed message the rig queued for a node: which node, and its bytes.
+pub fn owed_at_node(rig: &mut Rig) -> (usize, Vec<u8>) {
+    let (node, bytes) = rig
+        .node_bytes()
+        .expect("encodes")
+        .expect("an owed message queued for a node");
+    (node, bytes.to_vec())
+}
+
+/// A framed message's MTI.
+pub fn mti_of(rig: &Rig, framed: &[u8]) -> String {
+    mti_f39(rig.service.spec(), framed).0
 }
