@@ -311,6 +311,40 @@ async fn a_duplicate_gets_the_first_answer_within_the_window_only() {
     .await;
 }
 
+/// Moved from tests/mblb.rs (a node answering after 300 ms kept the first
+/// in flight there): another transaction under the key of one still in
+/// flight (cup-pos: the same TPDU, F41 and F11, another F7) is declined
+/// with the duplicate code (94) and never overwrites the first; the same
+/// transaction sent again waits for the first one's answer and gets it
+/// too. One request reaches the node.
+#[tokio::test(start_paused = true)]
+async fn a_key_in_flight_is_declined_94_unless_it_is_the_same_transaction() {
+    bounded(async {
+        let mut rig = rig(pos_config(1));
+        let spec = std::sync::Arc::clone(rig.service.spec());
+        let first = purchase(3);
+        let mut other = spec.decode(&first[2..]).expect("decodes");
+        other.set_text(7, "1206235959");
+        let other = owed::framed(&spec.encode(&other).expect("encodes"));
+        let (node, got) = to_node(&mut rig, &first);
+        assert_eq!(send(&mut rig, &other), None, "not sent");
+        let declined = answered(&mut rig, "another transaction's decline");
+        assert_eq!(declined, ("0210".into(), "94".into()));
+        assert_eq!(send(&mut rig, &first), None, "the same one waits");
+        assert_eq!(said(&mut rig), None, "for the first one's answer");
+        let approval = answer(&rig, &got, "00");
+        assert_eq!(relay(&mut rig, node, &approval).1, "00", "the original");
+        let again = answered(&mut rig, "the duplicate's answer");
+        assert_eq!(again.1, "00", "and its duplicate");
+        assert_eq!(said(&mut rig), None);
+        assert!(
+            rig.node_bytes().expect("encodes").is_none(),
+            "one request at the node"
+        );
+    })
+    .await;
+}
+
 /// Only a host's "done" closes what the switch owes (docs/integrity.md,
 /// Delivery): the node answers the reversal of a late approval 0430 F39
 /// 96 (a "retry" code): the entry stays owed, the answer in its last

@@ -358,51 +358,6 @@ async fn bad_clients_are_closed_and_others_are_unaffected() {
     switch.stop().await;
 }
 
-/// Another transaction under the key of one still in flight (here: the
-/// same F7, F11, F32, F33, another terminal) is declined with the duplicate
-/// code and never overwrites the first; the same transaction sent again
-/// waits for the first one's answer and gets it too.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_in_flight_is_declined_94_unless_it_is_the_same_transaction() {
-    let spec = spec("cups");
-    // No echo checks: the nodes count the requests alone.
-    let back = "[service.back.health]\ncheck = \"none\"";
-    let (nodes, switch) = Rig::on("cups").delay("300ms").back(back).start().await;
-    let svc = service(&switch).clone();
-    wait_connected(&svc, 2).await;
-    let request = isoswitch::sim::sample_request(&spec, "0200").unwrap();
-    let mut other = spec.decode(&request).unwrap();
-    other.set_text(41, "OTHERTRM");
-    let other = spec.encode(&other).unwrap();
-    let mut client = RawClient::connect(front(&switch), &spec).await;
-    let frame = RawClient::frame(&spec, &request);
-    client.send_raw(&frame).await;
-    client.send_raw(&RawClient::frame(&spec, &other)).await;
-    client.send_raw(&frame).await;
-    let f39 = |p: bytes::Bytes| {
-        let m = Message::parse(&spec, p).unwrap();
-        m.field(39).unwrap().unwrap().data().to_vec()
-    };
-    assert_eq!(
-        f39(client.recv().await.unwrap()),
-        b"94",
-        "another transaction under the key is declined at once"
-    );
-    for _ in 0..2 {
-        assert_eq!(
-            f39(client.recv().await.unwrap()),
-            b"00",
-            "the original and its duplicate are answered"
-        );
-    }
-    let to_nodes: u64 = nodes
-        .iter()
-        .map(|n| n.stats.requests.load(Ordering::Relaxed))
-        .sum();
-    assert_eq!(to_nodes, 1, "one request reached a node");
-    switch.stop().await;
-}
-
 /// No node up: requests are declined with the no-healthy-node code, and the
 /// client stays connected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
