@@ -279,9 +279,10 @@ async fn a_timeout_reversal_covers_the_late_approval() {
     .await;
 }
 
-/// The same purchase again within `duplicate_window` never reaches a node
-/// and gets the first answer; once the window has passed it is a new
-/// transaction, and goes to the node.
+/// The same purchase again within `duplicate_window` of its answer, up to
+/// the window's last millisecond, never reaches a node and gets the first
+/// answer; a millisecond past the window it is a new transaction, and goes
+/// to the node.
 #[tokio::test(start_paused = true)]
 async fn a_duplicate_gets_the_first_answer_within_the_window_only() {
     bounded(async {
@@ -292,16 +293,13 @@ async fn a_duplicate_gets_the_first_answer_within_the_window_only() {
         let (node, got) = to_node(&mut rig, &purchase(7));
         let approval = answer(&rig, &got, "00");
         assert_eq!(relay(&mut rig, node, &approval).1, "00");
-        rig.advance(window - Duration::from_secs(1));
+        rig.advance(window);
         rig.expire();
         assert_eq!(send(&mut rig, &purchase(7)), None, "not sent to the node");
-        assert_eq!(
-            answered(&mut rig, "the replay"),
-            ("0210".into(), "00".into())
-        );
+        assert_eq!(answered(&mut rig, "the replay"), ("0210".into(), "00".into()));
         let made = std::sync::Arc::clone(&rig.service.view().made.counters);
         assert_eq!(made.duplicates_replayed.load(Ordering::Relaxed), 1);
-        rig.advance(Duration::from_secs(2));
+        rig.advance(MS);
         rig.expire();
         let again = send(&mut rig, &purchase(7)).map(|(to, _)| to);
         assert_eq!(again, Some(node), "past the window: a new transaction");
