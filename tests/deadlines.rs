@@ -226,6 +226,42 @@ async fn a_late_approval_is_reversed_once_at_the_node_that_approved() {
     .await;
 }
 
+/// A request the switch declined is remembered for `late_window`: the
+/// host's approval at the window's last millisecond is reversed, one a
+/// millisecond later is not known any more (logged and counted as a late
+/// response, as any stray).
+#[tokio::test]
+async fn a_late_approval_is_reversed_within_late_window_only() {
+    bounded(async {
+        let window = Duration::from_secs(30);
+        let mut cfg = pos_config(1);
+        cfg.integrity.timeout_reversal = false;
+        cfg.integrity.late_window = window;
+        let mut rig = rig(cfg);
+        let (store, stored) = owe_into_store(&rig, "late-window").await;
+        let (node, first) = to_node(&mut rig, &purchase(1));
+        let (_, second) = to_node(&mut rig, &purchase(2));
+        rig.advance(PURCHASE);
+        assert_eq!(rig.expire(), 2);
+        rig.advance(window);
+        rig.node_frame(node, &answer(&rig, &first, "00"))
+            .expect("a frame");
+        stored.notified().await;
+        rig.advance(MS);
+        rig.expire();
+        rig.node_frame(node, &answer(&rig, &second, "00"))
+            .expect("a frame");
+        let made = std::sync::Arc::clone(&rig.service.view().made.counters);
+        assert_eq!(made.late_reversed.load(Ordering::Relaxed), 1);
+        assert_eq!(made.late_unreversed.load(Ordering::Relaxed), 0);
+        assert_eq!(late_responses(&rig), 2, "both counted late");
+        let rows = owed_rows(&store).await;
+        assert_eq!(rows.len(), 1, "the first one's reversal only: {rows:?}");
+        assert_eq!(rows[0].keys.f11.as_deref(), Some("000001"));
+    })
+    .await;
+}
+
 /// The host declines after the switch declined: nothing to reverse,
 /// counted, nothing stored.
 #[tokio::test]
@@ -296,7 +332,10 @@ async fn a_duplicate_gets_the_first_answer_within_the_window_only() {
         rig.advance(window);
         rig.expire();
         assert_eq!(send(&mut rig, &purchase(7)), None, "not sent to the node");
-        assert_eq!(answered(&mut rig, "the replay"), ("0210".into(), "00".into()));
+        assert_eq!(
+            answered(&mut rig, "the replay"),
+            ("0210".into(), "00".into())
+        );
         let made = std::sync::Arc::clone(&rig.service.view().made.counters);
         assert_eq!(made.duplicates_replayed.load(Ordering::Relaxed), 1);
         rig.advance(MS);
