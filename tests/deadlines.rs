@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use isoswitch::config::TimeoutRule;
-use isoswitch::route::{DeclineReason, OnTimeout};
+use isoswitch::route::{AdminState, DeclineReason, OnTimeout};
 use isoswitch::store::{Direction, SafKind, SafState};
 
 #[path = "common/clock.rs"]
@@ -344,6 +344,36 @@ async fn a_duplicate_gets_the_first_answer_within_the_window_only() {
         assert_eq!(again, Some(node), "past the window: a new transaction");
         assert_eq!(made.duplicates_replayed.load(Ordering::Relaxed), 1);
         assert_eq!(rig.service.in_flight(), 1, "the new one waits for its node");
+    })
+    .await;
+}
+
+/// A repeat (0201) within `repeat_window` (30 s) of its original's answer
+/// goes to the original's node or nowhere: with that node disabled it is
+/// declined 91 up to the window's last millisecond, never sent to another
+/// node; a millisecond later it is routed like a new request.
+#[tokio::test(start_paused = true)]
+async fn a_repeat_goes_to_its_originals_node_within_repeat_window_only() {
+    bounded(async {
+        let window = Duration::from_secs(30);
+        let mut rig = rig(pos_config(2));
+        let (node, got) = to_node(&mut rig, &purchase(1));
+        let approval = answer(&rig, &got, "00");
+        assert_eq!(relay(&mut rig, node, &approval).1, "00");
+        let svc = std::sync::Arc::clone(&rig.service);
+        assert!(svc.set_node_admin(node, AdminState::Disabled, rig.now()));
+        rig.advance(window);
+        rig.expire();
+        assert_eq!(
+            send(&mut rig, &request("0201", 1)),
+            None,
+            "not to another node"
+        );
+        assert_eq!(answered(&mut rig, "no node"), ("0210".into(), "91".into()));
+        rig.advance(MS);
+        rig.expire();
+        let (to, _) = to_node(&mut rig, &request("0201", 1));
+        assert_ne!(to, node, "past the window: routed as a new request");
     })
     .await;
 }
