@@ -81,6 +81,61 @@ async fn a_node_whose_answers_time_out_is_ejected_until_its_time_is_up() {
     .await;
 }
 
+/// Sends purchases from STAN `first` on until `times` of them went to
+/// `node` (the others' nodes answer at once), then lets those time out:
+/// the sweep that declines them is at the rig's clock when it returns.
+fn time_out_at(rig: &mut Rig, node: usize, times: usize, first: u32) {
+    let mut stan = first;
+    let mut at_node = 0;
+    while at_node < times {
+        let (to, got) = to_node(rig, &purchase(stan));
+        stan += 1;
+        if to == node {
+            at_node += 1;
+        } else {
+            let approval = answer(rig, &got, "00");
+            assert_eq!(relay(rig, to, &approval).1, "00");
+        }
+    }
+    rig.advance(PURCHASE);
+    assert_eq!(rig.expire(), times, "node {node}'s purchases time out");
+    for _ in 0..times {
+        assert_eq!(answered(rig, "a timeout decline").1, "68");
+    }
+}
+
+/// Out for `ejection` from now: still out a millisecond before its end,
+/// back at it.
+fn out_for(rig: &mut Rig, node: usize, ejection: Duration) {
+    assert!(!eligible(rig, node), "ejected");
+    rig.advance(ejection - MS);
+    assert!(!eligible(rig, node), "1 ms before {ejection:?} are up");
+    rig.advance(MS);
+    assert!(eligible(rig, node), "back after {ejection:?}");
+}
+
+/// An ejection that follows another doubles (5 s, then 10 s), up to
+/// `max_ejection`; after `ejection_reset` (1 min) without one the next is
+/// `base_ejection` again.
+#[tokio::test(start_paused = true)]
+async fn a_repeated_ejection_doubles_and_starts_over_after_the_reset() {
+    bounded(async {
+        let base = Duration::from_secs(5);
+        let mut cfg = ejecting(2, 2, base);
+        cfg.back.health.state.max_ejection = Duration::from_secs(300);
+        cfg.back.health.state.ejection_reset = Duration::from_secs(60);
+        let mut rig = rig(cfg);
+        time_out_at(&mut rig, 0, 2, 1);
+        out_for(&mut rig, 0, base);
+        time_out_at(&mut rig, 0, 2, 100);
+        out_for(&mut rig, 0, 2 * base);
+        rig.advance(Duration::from_secs(60));
+        time_out_at(&mut rig, 0, 2, 200);
+        out_for(&mut rig, 0, base);
+    })
+    .await;
+}
+
 /// Moved from tests/hardening.rs, where nodes answering after 20 s waited
 /// out real 100 ms timeouts: nodes that never answer time out, but passive
 /// ejection stops at `max_ejection_percent` (50%): the pool keeps half its
