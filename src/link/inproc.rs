@@ -208,12 +208,14 @@ impl Rig {
         Ok(())
     }
 
-    /// One attempt of an owed message (a reversal, a stored advice) the
-    /// caller claimed from the service's store, made as the delivery loop
-    /// (`link::saf`) makes it, at the rig's clock: registered in the
-    /// correlation table until the rig's clock passes its wait, and queued
-    /// for its node ([`Rig::node_bytes`]). The node's answer
-    /// ([`Rig::node_frame`]) completes it or schedules the next attempt.
+    /// One attempt of an owed message addressed to a node (a reversal, a
+    /// pinned advice) that the caller claimed from the service's store, made
+    /// as the delivery loop (`link::saf`) makes it, at the rig's clock:
+    /// registered in the correlation table until the rig's clock passes its
+    /// wait, and queued for its node ([`Rig::node_bytes`]). The node's answer
+    /// ([`Rig::node_frame`]) completes it or schedules the next attempt. (An
+    /// advice's first attempt is pinned by a store write first, then sent on
+    /// the real clock: see `saf::send_claimed`.)
     pub fn send_owed(&mut self, entry: crate::store::ClaimedSaf) {
         super::saf::send_claimed(&self.service, entry, self.now);
     }
@@ -249,9 +251,8 @@ impl Rig {
     /// Runs the sweeper once at the rig's clock, as the service's sweeper
     /// task (`link::sweep`) does: declines what has passed its deadline (a
     /// timeout: the switch answers for its node) and forgets the late and
-    /// repeat records past their windows.
-    /// Returns how many were declined; the declines wait in
-    /// [`Rig::client_bytes`].
+    /// repeat records past their windows. Returns how many were declined;
+    /// the declines wait in [`Rig::client_bytes`].
     pub fn expire(&mut self) -> usize {
         let declined = self.service.expire(self.now, &mut self.expired);
         // The task does this once a second; a test's sweep is a whole tick.

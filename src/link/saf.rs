@@ -104,7 +104,9 @@ async fn release_own_leases(store: &Store, owner: &str) {
 /// One attempt of `entry`, claimed by the caller, by its service's outbox:
 /// what the delivery loop does with each entry it claims, for a caller with
 /// a clock of its own (`inproc::Rig`): the attempt's wait in the correlation
-/// table is counted from `at`. Nothing is sent without an outbox.
+/// table is counted from `at`. Nothing is sent without an outbox. An entry
+/// for any node (an advice's first attempt) is pinned to its node by a
+/// store write first, and sent after it on the real clock, as in the loop.
 pub fn send_claimed(svc: &Arc<Service>, entry: ClaimedSaf, at: Instant) {
     let Some(outbox) = svc.made.saf() else {
         return;
