@@ -7,10 +7,17 @@
 //! goes the way a node reader sends it ([`Service::on_node_frame`]: validation,
 //! key, correlator take, health, client queue) and is encoded as the client
 //! writer encodes it. Only the sockets and the tasks around them are left out.
+//!
+//! The rig keeps its own clock ([`Rig::now`], moved by [`Rig::advance`]) and
+//! hands it to every call into the service, since every timing decision there
+//! (deadlines, the sweep, late answers, the duplicate window, repeats,
+//! ejection) takes the caller's `now`: a test steps past a deadline to the
+//! millisecond and sleeps for none of it. A rig is built from a typed
+//! [`ServiceConfig`] ([`Rig::from_config`]) or from TOML ([`Rig::new`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
@@ -20,7 +27,7 @@ use super::back::pool::ConnHandle;
 use super::front::admission::client::{ClientLink, InFlightLimit};
 use super::io::writer::{Outbound, encode_into};
 use super::service::Service;
-use crate::config::Config;
+use crate::config::{Config, ServiceConfig};
 use crate::iso8583::{MtiEncoding, Spec};
 use crate::journal::{Entry, Journal};
 use crate::wire::{Frame, FrameCodec, LengthPrefix};
@@ -50,8 +57,11 @@ pub struct Rig {
     /// With [`Rig::with_journal`]: the rows the path queued for the
     /// journal's writer.
     journal: Option<mpsc::Receiver<Entry>>,
-    /// The sweeper's scratch for [`Rig::expire_all`].
+    /// The sweeper's scratch for [`Rig::expire`] and [`Rig::expire_all`].
     expired: Vec<(crate::route::CorrelationKey, crate::link::service::Pending)>,
+    /// The rig's clock: what every call into the service is told the time
+    /// is. Set at construction; only [`Rig::advance`] moves it.
+    now: Instant,
 }
 
 /// Why a rig could not be built or a message did not go through.
@@ -74,6 +84,13 @@ impl Rig {
             .into_iter()
             .next()
             .ok_or(RigError::Config("no [[service]]".into()))?;
+        Rig::from_config(svc_cfg)
+    }
+
+    /// A rig for one service's config as it is: a test sets the keys it is
+    /// about as typed fields instead of writing TOML. The config is taken as
+    /// given (a loaded one was validated; a test's edits are its own).
+    pub fn from_config(svc_cfg: ServiceConfig) -> Result<Rig, RigError> {
         let spec: Spec = svc_cfg
             .load_spec()
             .map_err(|e| RigError::Config(e.to_string()))?;
@@ -111,6 +128,7 @@ impl Rig {
             expired: Vec::new(),
             journal: None,
             service,
+            now,
         })
     }
 
@@ -154,8 +172,7 @@ impl Rig {
     #[inline(never)]
     pub fn request(&mut self, frame: &[u8]) -> Result<Option<(usize, &[u8])>, RigError> {
         let payload = self.cut(frame)?;
-        self.service
-            .on_request(&self.client, payload, Instant::now());
+        self.service.on_request(&self.client, payload, self.now);
         for (node, rx) in self.nodes.iter_mut().enumerate() {
             if let Ok(out) = rx.try_recv() {
                 self.outbound.clear();
@@ -175,10 +192,72 @@ impl Rig {
     pub fn response(&mut self, node: usize, frame: &[u8]) -> Result<&[u8], RigError> {
         let payload = self.cut(frame)?;
         self.service
-            .on_node_frame(node, 1_000_000 + node as u64, payload, Instant::now());
+            .on_node_frame(node, 1_000_000 + node as u64, payload, self.now);
         self.client_bytes()?
             .ok_or(RigError::Nothing("no answer queued for the client"))?;
         Ok(&self.outbound[..])
+    }
+
+    /// A frame from `node` that owes the client nothing: a late answer, an
+    /// answer to a repeat already answered, a stray. Whatever the service
+    /// queues for the client waits in [`Rig::client_bytes`].
+    pub fn node_frame(&mut self, node: usize, frame: &[u8]) -> Result<(), RigError> {
+        let payload = self.cut(frame)?;
+        self.service
+            .on_node_frame(node, 1_000_000 + node as u64, payload, self.now);
+        Ok(())
+    }
+
+    /// One attempt of an owed message addressed to a node (a reversal, a
+    /// pinned advice) that the caller claimed from the service's store, made
+    /// as the delivery loop (`link::saf`) makes it, at the rig's clock:
+    /// registered in the correlation table until the rig's clock passes its
+    /// wait, and queued for its node ([`Rig::node_bytes`]). The node's answer
+    /// ([`Rig::node_frame`]) completes it or schedules the next attempt. (An
+    /// advice's first attempt is pinned by a store write first, then sent on
+    /// the real clock: see `saf::send_claimed`.)
+    pub fn send_owed(&mut self, entry: crate::store::ClaimedSaf) {
+        super::saf::send_claimed(&self.service, entry, self.now);
+    }
+
+    /// The next frame queued for a node outside [`Rig::request`] (an owed
+    /// message): which node, and the bytes its writer would write.
+    pub fn node_bytes(&mut self) -> Result<Option<(usize, &[u8])>, RigError> {
+        let queued = self
+            .nodes
+            .iter_mut()
+            .enumerate()
+            .find_map(|(node, rx)| rx.try_recv().ok().map(|out| (node, out)));
+        let Some((node, out)) = queued else {
+            return Ok(None);
+        };
+        self.outbound.clear();
+        encode_into(self.prefix, &out, &mut self.outbound)
+            .map_err(|e| RigError::Frame(e.to_string()))?;
+        Ok(Some((node, &self.outbound[..])))
+    }
+
+    /// The rig's clock: the time the service was last told.
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// Moves the rig's clock on by `by`. Nothing runs by itself: what falls
+    /// due is acted on by the next call (the sweep is [`Rig::expire`]).
+    pub fn advance(&mut self, by: Duration) {
+        self.now += by;
+    }
+
+    /// Runs the sweeper once at the rig's clock, as the service's sweeper
+    /// task (`link::sweep`) does: declines what has passed its deadline (a
+    /// timeout: the switch answers for its node) and forgets the late and
+    /// repeat records past their windows. Returns how many were declined;
+    /// the declines wait in [`Rig::client_bytes`].
+    pub fn expire(&mut self) -> usize {
+        let declined = self.service.expire(self.now, &mut self.expired);
+        // The task does this once a second; a test's sweep is a whole tick.
+        self.service.made.sweep(self.now);
+        declined
     }
 
     /// Lets every request in flight pass its deadline: each is declined as
@@ -186,8 +265,10 @@ impl Rig {
     /// node). Returns how many; the declines wait in [`Rig::client_bytes`].
     // Never inlined: scripts/path-ir.sh counts it by its symbol.
     #[inline(never)]
+    // On the real clock, not the rig's: the bench's measure of the sweep is
+    // left as it was. Tests step the rig's clock and call [`Rig::expire`].
     pub fn expire_all(&mut self) -> usize {
-        let later = Instant::now() + std::time::Duration::from_secs(3600);
+        let later = Instant::now() + Duration::from_secs(3600);
         self.service.expire(later, &mut self.expired)
     }
 
@@ -305,5 +386,61 @@ impl Rig {
         let answer =
             echo_response(spec, payload).ok_or(RigError::Frame("request does not parse".into()))?;
         frame(self.prefix, &answer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rig on `cups` with the default deadline (`timeouts.request`, 3 s)
+    /// and one purchase in flight to a node.
+    fn one_in_flight() -> Rig {
+        let mut rig = Rig::new(&service_toml("cups", false)).expect("rig");
+        let frames = purchase_frames(rig.service.spec(), 1).expect("frames");
+        let sent = rig.request(&frames[0]).expect("routed");
+        assert!(sent.is_some(), "at a node");
+        rig
+    }
+
+    /// The sweep reads the rig's clock: nothing is due a millisecond before
+    /// the deadline, the request is declined at it, and real time passing
+    /// meanwhile changes nothing.
+    #[test]
+    fn the_sweep_runs_on_the_rigs_clock() {
+        let mut rig = one_in_flight();
+        let start = rig.now();
+        rig.advance(Duration::from_millis(2_999));
+        assert_eq!(rig.expire(), 0);
+        assert_eq!(rig.now() - start, Duration::from_millis(2_999));
+        assert!(rig.client_bytes().expect("encodes").is_none());
+        rig.advance(Duration::from_millis(1));
+        assert_eq!(rig.expire(), 1);
+        assert!(
+            rig.client_bytes().expect("encodes").is_some(),
+            "the decline"
+        );
+        assert_eq!(rig.expire(), 0, "once");
+    }
+
+    /// A typed config builds the same rig as its TOML.
+    #[test]
+    fn from_config_takes_a_typed_service() {
+        let cfg = Config::from_toml(&service_toml("cups", true)).expect("config");
+        let svc = cfg.services.into_iter().next().expect("a service");
+        let rig = Rig::from_config(svc).expect("rig");
+        assert_eq!(rig.nodes.len(), 3);
+        assert_eq!(rig.service.name(), "path");
+    }
+
+    /// The bench's sweep stays on the real clock (an hour past it): it
+    /// declines what is in flight without moving the rig's clock.
+    #[test]
+    fn expire_all_declines_everything_in_flight() {
+        let mut rig = one_in_flight();
+        let before = rig.now();
+        assert_eq!(rig.expire_all(), 1);
+        assert!(rig.client_bytes().expect("encodes").is_some());
+        assert_eq!(rig.now(), before);
     }
 }

@@ -71,7 +71,7 @@ pub async fn run(services: Vec<Arc<Service>>, mut shutdown: watch::Receiver<bool
             };
             let full = claimed.len() == CLAIM_BATCH;
             for entry in claimed {
-                send(&by_name, &store, &owner, &policy, entry);
+                send(&by_name, &store, &owner, &policy, entry, Instant::now());
             }
             if !full {
                 break;
@@ -101,13 +101,30 @@ async fn release_own_leases(store: &Store, owner: &str) {
     }
 }
 
-/// One attempt of one entry.
+/// One attempt of `entry`, claimed by the caller, by its service's outbox:
+/// what the delivery loop does with each entry it claims, for a caller with
+/// a clock of its own (`inproc::Rig`): the attempt's wait in the correlation
+/// table is counted from `at`. Nothing is sent without an outbox. An entry
+/// for any node (an advice's first attempt) is pinned to its node by a
+/// store write first, and sent after it on the real clock, as in the loop.
+pub fn send_claimed(svc: &Arc<Service>, entry: ClaimedSaf, at: Instant) {
+    let Some(outbox) = svc.made.saf() else {
+        return;
+    };
+    let services = HashMap::from([(svc.name().to_string(), Arc::clone(svc))]);
+    let (store, owner, policy) = (&outbox.store, &outbox.owner, &outbox.policy);
+    send(&services, store, owner, policy, entry, at);
+}
+
+/// One attempt of one entry; `at` is the message path's clock, the store's
+/// times stay on the wall clock.
 fn send(
     services: &HashMap<String, Arc<Service>>,
     store: &Store,
     owner: &str,
     policy: &SafPolicy,
     entry: ClaimedSaf,
+    at: Instant,
 ) {
     let now = now_millis();
     if let Some(why) = policy.refuse_send(&entry, now) {
@@ -124,10 +141,10 @@ fn send(
         Err(why) => return record_dead(store, entry.id, why.to_string()),
     };
     let sent = match (&entry.direction, svc.side.oneconnect()) {
-        (Direction::ToPeer, _) => to_peer(svc, &entry, payload),
+        (Direction::ToPeer, _) => to_peer(svc, &entry, payload, at),
         (to, Some(oc)) => via_oneconnect(svc, oc, &entry, payload, to, policy),
-        (Direction::ToNode(id), None) => to_node(svc, &entry, payload, id),
-        (Direction::ToAnyNode, None) => match pick_node(svc, &entry) {
+        (Direction::ToNode(id), None) => to_node(svc, &entry, payload, id, at),
+        (Direction::ToAnyNode, None) => match pick_node(svc, &entry, at) {
             Ok(node) => {
                 let (store, owner) = (store.clone(), owner.to_string());
                 let (svc, policy) = (Arc::clone(svc), policy.clone());
@@ -172,7 +189,7 @@ fn sent_or_failed(
 }
 
 /// The node the balancer would give an entry for any node now.
-fn pick_node(svc: &Service, entry: &ClaimedSaf) -> Result<String, &'static str> {
+fn pick_node(svc: &Service, entry: &ClaimedSaf, now: Instant) -> Result<String, &'static str> {
     let mti: [u8; 4] = entry
         .mti
         .as_bytes()
@@ -180,7 +197,7 @@ fn pick_node(svc: &Service, entry: &ClaimedSaf) -> Result<String, &'static str> 
         .map_err(|_| "stored MTI is not 4 digits")?;
     let (picked, _conn) = svc
         .pool
-        .pick(&mti, |_| None, None, Instant::now())
+        .pick(&mti, |_| None, None, now)
         .map_err(|_| "no node can take it")?;
     svc.pool
         .node(picked.node())
@@ -205,7 +222,7 @@ async fn pin_then_send(
 ) {
     match store.saf_pin(entry.id, &owner, &node).await {
         Ok(true) => {
-            let sent = to_node(&svc, &entry, payload, &node);
+            let sent = to_node(&svc, &entry, payload, &node, Instant::now());
             sent_or_failed(&svc, &store, &owner, &policy, &entry, sent);
         }
         Ok(false) => {
@@ -310,8 +327,8 @@ fn to_node(
     entry: &ClaimedSaf,
     payload: Bytes,
     id: &str,
+    now: Instant,
 ) -> Result<(), &'static str> {
-    let now = Instant::now();
     let checked = svc
         .check(payload.clone())
         .map_err(|_| "stored message is invalid")?;
@@ -334,8 +351,12 @@ fn to_node(
 }
 
 /// Sends to the peer on a signed-on out link.
-fn to_peer(svc: &Service, entry: &ClaimedSaf, payload: Bytes) -> Result<(), &'static str> {
-    let now = Instant::now();
+fn to_peer(
+    svc: &Service,
+    entry: &ClaimedSaf,
+    payload: Bytes,
+    now: Instant,
+) -> Result<(), &'static str> {
     let out = svc.side.out_links().ok_or("the service has no peer")?;
     let checked = svc
         .check(payload.clone())

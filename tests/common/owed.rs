@@ -105,6 +105,26 @@ impl PosToml {
         }
     }
 
+    /// The same service for `isoswitch::link::inproc::Rig`, which listens
+    /// nowhere and dials no node: `nodes` nodes (ids `01`, ...) at an
+    /// address nobody connects to. Read with [`PosToml::service_config`].
+    pub fn in_process(nodes: usize) -> PosToml {
+        let never_dialled: Vec<SocketAddr> = (0..nodes)
+            .map(|i| SocketAddr::from(([127, 0, 0, 1], 9 + i as u16)))
+            .collect();
+        PosToml::new(SocketAddr::from(([127, 0, 0, 1], 0)), &never_dialled)
+    }
+
+    /// The service's config, typed: what `Rig::from_config` takes, and where
+    /// a case sets a key this has no setter for as a field
+    /// (`cfg.integrity.duplicate_window = ...`) instead of in TOML.
+    pub fn service_config(&self) -> isoswitch::config::ServiceConfig {
+        let toml = self.build();
+        let cfg = isoswitch::config::Config::from_toml(&toml)
+            .unwrap_or_else(|e| panic!("config: {e}\n{toml}"));
+        cfg.services.into_iter().next().expect("one [[service]]")
+    }
+
     /// Top-level sections (an [`admin_toml`]'s, `[journal]`), first.
     pub fn admin(mut self, toml: &str) -> PosToml {
         self.top.push_str(toml);
