@@ -34,7 +34,9 @@ type Frames = Vec<Vec<u8>>;
 /// Request frames as the client sends them, as the switch sends them to
 /// the node (F37 stamped), and the node's answers.
 fn frames() -> (Frames, Frames, Frames) {
-    let mut rig = Rig::new(&service_toml("cups", true)).expect("rig");
+    let mut rig = Rig::new(&service_toml("cups", true))
+        .expect("rig")
+        .on_wall_clock();
     let requests = purchase_frames(rig.service.spec(), PAIRS).expect("frames");
     let (mut to_node, mut answers) = (Vec::new(), Vec::new());
     for req in &requests {

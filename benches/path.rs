@@ -102,7 +102,7 @@ fn setup(d: &Dialect) -> (Rig, Traffic) {
         Some("decline") => toml += "[service.integrity]\nduplicates = \"decline\"\n",
         _ => {}
     }
-    let mut rig = Rig::new(&toml).expect("rig");
+    let mut rig = Rig::new(&toml).expect("rig").on_wall_clock();
     if journal_on() {
         rig = rig.with_journal().expect("journal");
     }

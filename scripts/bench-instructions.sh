@@ -20,7 +20,9 @@
 #   scripts/bench-instructions.sh [CLIENTS] [RATE] [WINDOW_S]   # default 50 100 10
 #
 # ISOSWITCH_BIN=<binary> measures that build instead of this tree's
-# production build. Needs valgrind and haproxy.
+# production build. KEEP=<dir> keeps each proxy's callgrind output there,
+# for `callgrind_annotate --inclusive=yes` (where the count goes). Needs
+# valgrind and haproxy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 clients=${1:-50}
@@ -81,6 +83,9 @@ measure() {
     callgrind_control -d "$pid" >/dev/null
     kill -KILL "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
+    if [ -n "${KEEP:-}" ]; then
+        mkdir -p "$KEEP" && cp "$out"* "$KEEP/"
+    fi
     python3 - "$name" "$out" "$work/load-$name.json" "$window" <<'PY'
 import json, sys
 name, out, load, window = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])

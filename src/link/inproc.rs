@@ -62,6 +62,9 @@ pub struct Rig {
     /// The rig's clock: what every call into the service is told the time
     /// is. Set at construction; only [`Rig::advance`] moves it.
     now: Instant,
+    /// [`Rig::on_wall_clock`]: each message reads the time, as a reader
+    /// does per frame, instead of the rig's clock.
+    wall_clock: bool,
 }
 
 /// Why a rig could not be built or a message did not go through.
@@ -129,7 +132,27 @@ impl Rig {
             journal: None,
             service,
             now,
+            wall_clock: false,
         })
+    }
+
+    /// The same rig telling the service the real time at each message, as
+    /// the front and node readers do (one clock read per frame): what the
+    /// path benchmark counts. A test's rig keeps its own clock.
+    pub fn on_wall_clock(mut self) -> Rig {
+        self.wall_clock = true;
+        self
+    }
+
+    /// The time a message is handled at: the rig's clock, or the wall
+    /// clock's ([`Rig::on_wall_clock`]).
+    #[inline]
+    fn message_time(&self) -> Instant {
+        if self.wall_clock {
+            Instant::now()
+        } else {
+            self.now
+        }
     }
 
     /// The same rig with the journal on, as `[journal] enabled = true` has
@@ -172,7 +195,8 @@ impl Rig {
     #[inline(never)]
     pub fn request(&mut self, frame: &[u8]) -> Result<Option<(usize, &[u8])>, RigError> {
         let payload = self.cut(frame)?;
-        self.service.on_request(&self.client, payload, self.now);
+        let now = self.message_time();
+        self.service.on_request(&self.client, payload, now);
         for (node, rx) in self.nodes.iter_mut().enumerate() {
             if let Ok(out) = rx.try_recv() {
                 self.outbound.clear();
@@ -191,8 +215,9 @@ impl Rig {
     #[inline(never)]
     pub fn response(&mut self, node: usize, frame: &[u8]) -> Result<&[u8], RigError> {
         let payload = self.cut(frame)?;
+        let now = self.message_time();
         self.service
-            .on_node_frame(node, 1_000_000 + node as u64, payload, self.now);
+            .on_node_frame(node, 1_000_000 + node as u64, payload, now);
         self.client_bytes()?
             .ok_or(RigError::Nothing("no answer queued for the client"))?;
         Ok(&self.outbound[..])
