@@ -31,6 +31,12 @@ impl Picked<'_> {
     /// outstanding count, and whoever takes the entry out finishes it.
     pub fn in_flight(self) -> usize {
         let node = self.node;
+        // Counted as sent only now: a pick given back (a duplicate answered
+        // from the table, a full queue, a pick made only to name a node)
+        // never reached the node.
+        if let Some(n) = self.pool.slot(node) {
+            n.counters.sent.fetch_add(1, Ordering::Relaxed);
+        }
         std::mem::forget(self);
         node
     }
@@ -104,11 +110,10 @@ impl NodePool {
         Ok((self.picked(node, index), conn))
     }
 
-    /// Counts a request outstanding on (and sent to) `node`, until the pick
-    /// is given back or handed on.
+    /// Counts a request outstanding on `node`, until the pick is given back
+    /// or handed on ([`Picked::in_flight`] counts it sent).
     fn picked(&self, node: &Node, index: usize) -> Picked<'_> {
         node.outstanding.fetch_add(1, Ordering::Relaxed);
-        node.counters.sent.fetch_add(1, Ordering::Relaxed);
         Picked {
             pool: self,
             node: index,
@@ -233,7 +238,7 @@ impl NodePool {
 
     /// As [`NodePool::pick`], among the nodes `usable` accepts, without asking
     /// for a live connection (a OneConnect pool opens its own). Counts the
-    /// request as sent and outstanding on the node picked.
+    /// request outstanding on the node picked.
     pub fn pick_where<'f>(
         &self,
         mti: &[u8; 4],
