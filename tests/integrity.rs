@@ -562,14 +562,7 @@ async fn a_repeat_of_a_reversed_purchase_is_never_relayed() {
             s.read_exact(&mut len).await.expect("an answer");
             let mut answer = vec![0u8; usize::from(u16::from_be_bytes(len))];
             s.read_exact(&mut answer).await.expect("an answer");
-            let msg = isoswitch::iso8583::Message::parse(&spec, bytes::Bytes::from(answer))
-                .expect("parses");
-            let f39 = msg
-                .field(39)
-                .ok()
-                .flatten()
-                .map(|f| f.logical().map(char::from).collect());
-            (msg.mti().as_str().to_string(), f39.unwrap_or_default())
+            owed::mti_f39(&spec, answer)
         };
         assert_eq!(exchange(&original).await, ("0210".into(), "68".into()));
         assert_eq!(exchange(&repeat).await, ("0210".into(), "68".into()));

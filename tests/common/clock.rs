@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use isoswitch::config::ServiceConfig;
-use isoswitch::iso8583::Message;
 use isoswitch::link::inproc::Rig;
 use isoswitch::link::service::SafOutbox;
 use isoswitch::store::{ClaimedSaf, SafFilter, SafRow, Store, StoreConfig, now_millis};
@@ -87,26 +86,19 @@ pub fn answer(rig: &Rig, node_bytes: &[u8], f39: &str) -> Vec<u8> {
 pub fn said(rig: &mut Rig) -> Option<(String, String)> {
     let spec = Arc::clone(rig.service.spec());
     let bytes = rig.client_bytes().expect("encodes")?;
-    Some(mti_f39(&spec, bytes))
+    Some(framed_mti_f39(&spec, bytes))
 }
 
 /// The node's `frame` relayed to the client: the MTI and F39 it got.
 pub fn relay(rig: &mut Rig, node: usize, frame: &[u8]) -> (String, String) {
     let spec = Arc::clone(rig.service.spec());
     let bytes = rig.response(node, frame).expect("relayed to the client");
-    mti_f39(&spec, bytes)
+    framed_mti_f39(&spec, bytes)
 }
 
 /// A framed cup-pos message's MTI and F39 (empty without one).
-fn mti_f39(spec: &isoswitch::iso8583::Spec, framed: &[u8]) -> (String, String) {
-    let payload = bytes::Bytes::from(framed[2..].to_vec());
-    let msg = Message::parse(spec, payload).expect("parses");
-    let f39 = msg
-        .field(39)
-        .ok()
-        .flatten()
-        .map(|f| f.logical().map(char::from).collect());
-    (msg.mti().as_str().to_string(), f39.unwrap_or_default())
+fn framed_mti_f39(spec: &isoswitch::iso8583::Spec, framed: &[u8]) -> (String, String) {
+    super::owed::mti_f39(spec, framed[2..].to_vec())
 }
 
 /// The answer to the client, or a panic naming `what` was expected.
@@ -194,5 +186,5 @@ pub fn owed_at_node(rig: &mut Rig) -> (usize, Vec<u8>) {
 
 /// A framed message's MTI.
 pub fn mti_of(rig: &Rig, framed: &[u8]) -> String {
-    mti_f39(rig.service.spec(), framed).0
+    framed_mti_f39(rig.service.spec(), framed).0
 }

@@ -372,14 +372,19 @@ pub async fn read_answer(
         .expect("read");
     let mut answer = vec![0u8; usize::from(u16::from_be_bytes(len))];
     s.read_exact(&mut answer).await.expect("an answer");
+    Some(mti_f39(&spec, answer))
+}
+
+/// A message's MTI and F39 as text (F39 empty without one).
+pub fn mti_f39(spec: &isoswitch::iso8583::Spec, payload: Vec<u8>) -> (String, String) {
     let msg =
-        isoswitch::iso8583::Message::parse(&spec, bytes::Bytes::from(answer)).expect("parses");
+        isoswitch::iso8583::Message::parse(spec, bytes::Bytes::from(payload)).expect("parses");
     let f39 = msg
         .field(39)
         .ok()
         .flatten()
         .map(|f| f.logical().map(char::from).collect());
-    Some((msg.mti().as_str().to_string(), f39.unwrap_or_default()))
+    (msg.mti().as_str().to_string(), f39.unwrap_or_default())
 }
 
 /// `query`'s one-column rows from the store, read from outside (none
