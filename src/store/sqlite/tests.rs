@@ -124,3 +124,23 @@ fn an_operation_that_waits_is_an_error_not_a_hang() {
     assert!(now(std::future::pending::<rusqlite::Result<()>>()).is_err());
     assert_eq!(now(async { Ok(7) }).ok(), Some(7));
 }
+
+/// The claim, run twice a second and at every reversal stored, is
+/// prepared once: a bound `LIMIT` made SQLite prepare it again at each
+/// step (see `saf::claim_sql`).
+#[test]
+fn a_claim_is_prepared_once_not_at_every_step() {
+    let conn = migrated();
+    let sql = super::saf::claim_sql(64);
+    let mut reprepared = 0;
+    for now in 1..=3i64 {
+        let mut st = conn.prepare_cached(&sql).expect("prepares");
+        let rows = st
+            .query_map(params!["me", now + 1_000, now], |_| Ok(()))
+            .expect("runs")
+            .count();
+        assert_eq!(rows, 0);
+        reprepared = st.get_status(rusqlite::StatementStatus::RePrepare);
+    }
+    assert_eq!(reprepared, 0, "the claim was prepared again");
+}
