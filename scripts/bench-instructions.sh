@@ -20,7 +20,9 @@
 #   scripts/bench-instructions.sh [CLIENTS] [RATE] [WINDOW_S]   # default 50 100 10
 #
 # ISOSWITCH_BIN=<binary> measures that build instead of this tree's
-# production build. KEEP=<dir> keeps each proxy's callgrind output there,
+# production build. SWITCH_THREADS=--single-thread runs the switch on
+# tokio's current-thread runtime instead of one multi-thread worker (what
+# the scheduler costs a message). KEEP=<dir> keeps each proxy's callgrind output there,
 # for `callgrind_annotate --inclusive=yes` (where the count goes). Needs
 # valgrind and haproxy.
 set -euo pipefail
@@ -52,11 +54,11 @@ measure() {
     local grind=(valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out")
     case "$name" in
         switch-journal-off)
-            ISOSWITCH_LOG=warn taskset -c 1 "${grind[@]}" "$bin" run --worker-threads 1 \
+            ISOSWITCH_LOG=warn taskset -c 1 "${grind[@]}" "$bin" run ${SWITCH_THREADS:---worker-threads 1} \
                 --config "$work/switch-nojournal.toml" --data-dir "$work/data-$name" \
                 >/dev/null 2>"$work/$name.log" & ;;
         switch-as-shipped)
-            ISOSWITCH_LOG=warn taskset -c 1 "${grind[@]}" "$bin" run --worker-threads 1 \
+            ISOSWITCH_LOG=warn taskset -c 1 "${grind[@]}" "$bin" run ${SWITCH_THREADS:---worker-threads 1} \
                 --config "$work/switch.toml" --data-dir "$work/data-$name" \
                 >/dev/null 2>"$work/$name.log" & ;;
         haproxy)
@@ -104,7 +106,7 @@ print(f"{name:19} {rate:8,.0f} answers/s (p99 {p99:,.0f} ms)  {total / msgs:9,.0
       f"  ({total:,} in {window:.0f} s; {lost} unanswered)")
 PY
 }
-echo "# scripts/bench-instructions.sh $clients $rate $window: $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), binary $bin, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# scripts/bench-instructions.sh $clients $rate $window (switch: ${SWITCH_THREADS:---worker-threads 1}): $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), binary $bin, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 measure switch-journal-off
 measure switch-as-shipped
 measure haproxy

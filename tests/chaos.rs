@@ -111,6 +111,48 @@ async fn kill_9_of_a_node_under_nac_load() {
     .await;
 }
 
+/// The switch on one thread (`run --single-thread`, tokio's current-thread
+/// runtime): a node killed with SIGKILL under NAC load, every request
+/// answered exactly once, the rest served by the live nodes, and SIGINT
+/// still ends it cleanly. Nothing of the switch may assume a second thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_single_thread_a_node_killed_under_load_loses_nothing() {
+    within(Duration::from_secs(90), async {
+        let (mut nodes, addrs) = start_nodes("cup-pos", 3, "5..20ms").await;
+        let listen = free_addr();
+        let (admin, admin_toml) = admin_toml("single-switch");
+        let toml = format!("{admin_toml}{}", pos_config(listen, &addrs, "3s"));
+        let path = write_config("single-switch", &toml);
+        let (p, data) = (
+            path.to_string_lossy().into_owned(),
+            data_dir("single-switch"),
+        );
+        let switch = Proc::spawn(
+            "single-switch",
+            &[
+                "run",
+                "--single-thread",
+                "--config",
+                &p,
+                "--data-dir",
+                &data,
+            ],
+        );
+        wait_listening(listen).await;
+        let load = start_nac("single-nac", listen, 200, "3s");
+        wait_metric_sum(admin, "isoswitch_service_requests", &[], 100.0).await;
+        nodes[2].kill9().await;
+        let report = load.report().await;
+        eprintln!("NAC across the kill, one thread: {report}");
+        assert_exactly_once(&report);
+        assert!(n(&report, "answered") > 100, "{report}");
+        switch.signal("INT");
+        let (status, _) = switch.finish().await;
+        assert!(status.success(), "a clean stop on one thread: {status:?}");
+    })
+    .await;
+}
+
 /// UnionPay (a `sim cups` process that refuses any frame on a link before
 /// its sign-on) drops all 8 out links at once every 700 ms under load both
 /// ways (its own 0100s, and the nodes' 0200s): no frame precedes a sign-on on

@@ -59,6 +59,12 @@ pub enum Command {
         /// Runtime worker threads (default: one per core).
         #[arg(long)]
         worker_threads: Option<usize>,
+        /// Runs every task on one thread (tokio's current-thread runtime):
+        /// no work stealing and no scheduler statistics per wake-up, and one
+        /// core at most. For single-core hosts, and to measure what the
+        /// multi-thread scheduler costs a message (BENCHMARKS.md).
+        #[arg(long, conflicts_with = "worker_threads")]
+        single_thread: bool,
         /// Capture every service's connections as pcapng into DIR (masked).
         #[arg(long, value_name = "DIR")]
         capture: Option<PathBuf>,
@@ -143,6 +149,7 @@ pub fn main() -> ExitCode {
             config,
             stats_every,
             worker_threads,
+            single_thread,
             capture,
             capture_clear,
             data_dir,
@@ -175,7 +182,12 @@ pub fn main() -> ExitCode {
                 state_directory.as_deref(),
             );
             tracing::info!(data_dir = %data_dir.display(), from = origin.as_str(), "data directory");
-            runtime_with(worker_threads, async move {
+            let threads = if single_thread {
+                Threads::One
+            } else {
+                Threads::Workers(worker_threads)
+            };
+            runtime_with(threads, async move {
                 crate::ops::run::run_until_interrupted(
                     &cfg,
                     config.clone(),
@@ -231,18 +243,32 @@ where
     F: std::future::Future<Output = Result<(), E>>,
     E: std::fmt::Display,
 {
-    runtime_with(None, fut)
+    runtime_with(Threads::Workers(None), fut)
 }
 
-fn runtime_with<F, E>(worker_threads: Option<usize>, fut: F) -> ExitCode
+/// The threads a command's runtime runs its tasks on.
+enum Threads {
+    /// A multi-thread runtime of that many workers (default: one per core).
+    Workers(Option<usize>),
+    /// The calling thread alone (`run --single-thread`).
+    One,
+}
+
+fn runtime_with<F, E>(threads: Threads, fut: F) -> ExitCode
 where
     F: std::future::Future<Output = Result<(), E>>,
     E: std::fmt::Display,
 {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = worker_threads {
-        builder.worker_threads(n.max(1));
-    }
+    let mut builder = match threads {
+        Threads::Workers(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            if let Some(n) = n {
+                b.worker_threads(n.max(1));
+            }
+            b
+        }
+        Threads::One => tokio::runtime::Builder::new_current_thread(),
+    };
     let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
