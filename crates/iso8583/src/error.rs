@@ -145,7 +145,7 @@ pub enum SpecError {
     BadKey {
         spec: String,
         key: &'static str,
-        reason: String,
+        reason: KeyReason,
     },
 
     #[error("spec {spec}: field {id}: defined twice")]
@@ -174,4 +174,66 @@ pub enum SpecError {
 
     #[error("spec {spec}: [bitmap] tertiary = true needs secondary = true")]
     TertiaryWithoutSecondary { spec: String },
+}
+
+/// Why a spec key outside `[[field]]` holds a value the switch cannot use:
+/// a closed set, so a caller (and a test) matches on the reason instead of
+/// reading text. The values quoted are the spec's own (MTIs, codes, field
+/// ids), never message data.
+#[derive(Debug, Error)]
+pub enum KeyReason {
+    #[error("must not be empty")]
+    Empty,
+    #[error("must be at least 1")]
+    Zero,
+    /// Not four digits (the text as written).
+    #[error("{0:?}: {msg}", msg = crate::mti::NOT_AN_MTI)]
+    NotAnMti(String),
+    #[error("{0:?} is not a number")]
+    NotANumber(String),
+    #[error("field {0} is not defined")]
+    FieldUndefined(u16),
+    #[error("{value:?} does not fit field {id} (length {length})")]
+    DoesNotFit {
+        value: String,
+        id: u16,
+        length: usize,
+    },
+    /// A code the key lists cannot be a value of the field it is compared
+    /// with (F39, F70).
+    #[error(transparent)]
+    NotAFieldValue(IsoError),
+    #[error("{0} is not a reversal request or advice (04x0)")]
+    NotAReversal(crate::mti::Mti),
+    #[error(
+        "F{0} is sensitive authentication data (track, PIN block or EMV data): a reversal is stored until delivered and may not carry it"
+    )]
+    SensitiveField(u16),
+    #[error("{0:?} is not a 2-character response code")]
+    NotAResponseCode(String),
+    #[error("{0:?} is in more than one of saf_done, saf_reconcile, saf_retry")]
+    InSeveralClasses(String),
+    #[error("{0:?} is not the start of a processing code: 1 to 6 digits")]
+    NotAProcessingCode(String),
+    #[error("empty: no host answer would ever complete what the switch owes")]
+    NoDoneCode,
+    #[error(
+        "F{0}: not a field of this dialect, or sensitive authentication data a stored reversal may not carry"
+    )]
+    NotAnAnswerField(u16),
+    #[error("field {0} (or F4, the amount it replaces) is not defined")]
+    ReplacementUndefined(u16),
+    #[error("\"fresh\" sets F7 and F11, and the spec does not define both")]
+    FreshWithoutKeys,
+    #[error("{0:?} is not a network management code (F70): 1 to 4 digits")]
+    NotAnF70Code(String),
+}
+
+/// A spec key and why its value is refused, before the spec's name is
+/// known to the caller ([`SpecError::BadKey`] adds it).
+#[derive(Debug, Error)]
+#[error("key {key}: {reason}")]
+pub struct KeyError {
+    pub key: &'static str,
+    pub reason: KeyReason,
 }

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{IsoError, SpecError};
+use super::error::{IsoError, KeyError, KeyReason, SpecError};
 use super::mti::Mti;
 use isoswitch_wire::{EnvelopeSpec, LengthPrefix};
 
@@ -500,16 +500,16 @@ impl Spec {
 
     fn validate(file: SpecFile) -> Result<Spec, SpecError> {
         let spec = file.name.clone();
-        let bad_key = |key: &'static str, reason: String| SpecError::BadKey {
+        let bad_key = |key: &'static str, reason: KeyReason| SpecError::BadKey {
             spec: spec.clone(),
             key,
             reason,
         };
         if file.name.trim().is_empty() {
-            return Err(bad_key("name", "must not be empty".into()));
+            return Err(bad_key("name", KeyReason::Empty));
         }
         if file.framing.max_frame == 0 {
-            return Err(bad_key("framing.max_frame", "must be at least 1".into()));
+            return Err(bad_key("framing.max_frame", KeyReason::Zero));
         }
         let bitmap = file.bitmap;
         if bitmap.tertiary && !bitmap.secondary {
@@ -548,7 +548,7 @@ impl Spec {
             None => None,
             Some(s) => Some(
                 s.parse::<Mti>()
-                    .map_err(|e| bad_key("network.echo_mti", format!("{s:?}: {e}")))?,
+                    .map_err(|_| bad_key("network.echo_mti", KeyReason::NotAnMti(s.clone())))?,
             ),
         };
         for (key, value) in [
@@ -558,15 +558,19 @@ impl Spec {
         ] {
             if let Some(v) = value {
                 if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(bad_key(key, format!("{v:?} is not a number")));
+                    return Err(bad_key(key, KeyReason::NotANumber(v.clone())));
                 }
                 let Some(f70) = fields.iter().find(|d| d.id == 70) else {
-                    return Err(bad_key(key, "field 70 is not defined".into()));
+                    return Err(bad_key(key, KeyReason::FieldUndefined(70)));
                 };
                 if f70.is_fixed() && v.len() != f70.length {
                     return Err(bad_key(
                         key,
-                        format!("{v:?} does not fit field 70 (length {})", f70.length),
+                        KeyReason::DoesNotFit {
+                            value: v.clone(),
+                            id: 70,
+                            length: f70.length,
+                        },
                     ));
                 }
             }
@@ -578,18 +582,19 @@ impl Spec {
             if slot.get(id as usize).copied().unwrap_or(0) == 0 {
                 return Err(bad_key(
                     "network.echo_fields",
-                    format!("field {id} is not defined"),
+                    KeyReason::FieldUndefined(id),
                 ));
             }
         }
 
-        let integrity = validate_integrity(&file.integrity, &slot).map_err(|(key, reason)| {
-            SpecError::BadKey {
-                spec: spec.clone(),
-                key,
-                reason,
-            }
-        })?;
+        let integrity =
+            validate_integrity(&file.integrity, &slot).map_err(|KeyError { key, reason }| {
+                SpecError::BadKey {
+                    spec: spec.clone(),
+                    key,
+                    reason,
+                }
+            })?;
 
         Spec {
             name: file.name,
@@ -622,7 +627,7 @@ impl Spec {
         let bad = |key: &'static str, e: IsoError| SpecError::BadKey {
             spec: self.name.clone(),
             key,
-            reason: e.to_string(),
+            reason: KeyReason::NotAFieldValue(e),
         };
         if own_approval_codes && self.field(39).is_some() {
             self.field_codes(39, &self.integrity.approval_codes)
