@@ -24,6 +24,8 @@ mod front;
 pub mod host_port;
 pub mod integrity;
 pub mod journal;
+mod reason;
+pub use reason::Reason;
 pub mod space;
 pub mod strict;
 #[cfg(test)]
@@ -165,17 +167,17 @@ pub enum ConfigError {
     #[error("cannot read configuration: {0}")]
     Load(#[from] config::ConfigError),
     #[error("{key}: {reason}")]
-    Invalid { key: String, reason: String },
+    Invalid { key: String, reason: Reason },
     /// A value set by an environment variable, named first.
     #[error("{var} (sets {key}): {reason}")]
     Env {
         var: String,
         key: String,
-        reason: String,
+        reason: Reason,
     },
 }
 
-fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+fn invalid(key: impl Into<String>, reason: impl Into<Reason>) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
         reason: reason.into(),
