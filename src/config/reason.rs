@@ -68,7 +68,7 @@ pub enum Reason {
     NotF39Values {
         spec: String,
         #[source]
-        source: IsoError,
+        source: Box<IsoError>,
     },
     /// The spec serves decode only: its F39 is not two characters.
     #[error(
@@ -82,21 +82,24 @@ pub enum Reason {
     },
     #[error("`{0}` has no F39: the switch could not decline or read an answer")]
     NoF39(String),
+    // The refusing layers' errors are boxed: a config error is returned
+    // through every check, and most are not these (clippy's
+    // result_large_err).
     #[error(transparent)]
-    Spec(#[from] SpecError),
+    Spec(Box<SpecError>),
     #[error(transparent)]
-    NodeId(#[from] NodeIdError),
+    NodeId(Box<NodeIdError>),
     #[error(transparent)]
-    Rules(#[from] RuleError),
+    Rules(Box<RuleError>),
     #[error(transparent)]
-    Health(#[from] HealthConfigError),
+    Health(Box<HealthConfigError>),
     #[error(transparent)]
-    Stamp(#[from] StampError),
+    Stamp(Box<StampError>),
     #[error(transparent)]
-    MtiPattern(#[from] BadPattern),
+    MtiPattern(Box<BadPattern>),
     /// A TLS table refused (the key is the error's own).
     #[error("{}", .0.reason())]
-    Tls(#[source] TlsError),
+    Tls(#[source] Box<TlsError>),
     /// An environment variable's index past the end of the list it sets.
     #[error("index {index} is past the {len} configured")]
     PastTheList { index: usize, len: usize },
@@ -109,4 +112,25 @@ impl From<&'static str> for Reason {
     fn from(rule: &'static str) -> Self {
         Reason::Rule(rule)
     }
+}
+
+/// `From` each refusing layer's error, into its boxed variant.
+macro_rules! boxed_from {
+    ($($error:ty => $variant:ident),* $(,)?) => {
+        $(impl From<$error> for Reason {
+            fn from(e: $error) -> Self {
+                Reason::$variant(Box::new(e))
+            }
+        })*
+    };
+}
+
+boxed_from! {
+    SpecError => Spec,
+    NodeIdError => NodeId,
+    RuleError => Rules,
+    HealthConfigError => Health,
+    StampError => Stamp,
+    BadPattern => MtiPattern,
+    TlsError => Tls,
 }

@@ -106,7 +106,7 @@ impl Config {
             }
             svc.validate(&key)?;
         }
-        tls::validate(self).map_err(|e| invalid(e.key(), Reason::Tls(e)))?;
+        tls::validate(self).map_err(|e| invalid(e.key(), e))?;
         Ok(())
     }
 }
@@ -180,7 +180,7 @@ impl ServiceConfig {
                     format!("{key}.integrity.approval_codes"),
                     Reason::NotF39Values {
                         spec: self.spec.clone(),
-                        source: e,
+                        source: Box::new(e),
                     },
                 )
             })?;
