@@ -166,21 +166,24 @@ impl Default for CorrelationConfig {
 pub enum ConfigError {
     #[error("cannot read configuration: {0}")]
     Load(#[from] config::ConfigError),
+    // The reason is boxed: a config error is returned through every check
+    // and wrapped by the commands that load one (clippy's
+    // result_large_err), and it is only ever made once.
     #[error("{key}: {reason}")]
-    Invalid { key: String, reason: Reason },
+    Invalid { key: String, reason: Box<Reason> },
     /// A value set by an environment variable, named first.
     #[error("{var} (sets {key}): {reason}")]
     Env {
         var: String,
         key: String,
-        reason: Reason,
+        reason: Box<Reason>,
     },
 }
 
 fn invalid(key: impl Into<String>, reason: impl Into<Reason>) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
-        reason: reason.into(),
+        reason: Box::new(reason.into()),
     }
 }
 

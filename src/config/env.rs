@@ -38,10 +38,10 @@ pub fn env_overrides(
                         return Err(ConfigError::Env {
                             var,
                             key,
-                            reason: Reason::PastTheList {
+                            reason: Box::new(Reason::PastTheList {
                                 index: i,
                                 len: items.len(),
-                            },
+                            }),
                         });
                     }
                     key.push_str(&format!("[{i}]"));
@@ -51,7 +51,7 @@ pub fn env_overrides(
                     return Err(ConfigError::Env {
                         var,
                         key,
-                        reason: Reason::NotAList(seg),
+                        reason: Box::new(Reason::NotAList(seg)),
                     });
                 }
                 (_, None) if seg.is_empty() => {
@@ -110,14 +110,14 @@ pub(super) fn join_path(mut key: String, mut reason: String) -> (String, String)
 
 /// Blames an error at `key` on the variable that set it (or a table above
 /// it), else on the file.
-pub(super) fn blame(overrides: &[EnvOverride], key: String, reason: Reason) -> ConfigError {
+pub(super) fn blame(overrides: &[EnvOverride], key: String, reason: Box<Reason>) -> ConfigError {
     // Only the deserializer's message starts with a path of its own.
-    let (key, reason) = match reason {
+    let (key, reason) = match *reason {
         Reason::Parse(text) => {
             let (key, text) = join_path(key, text);
-            (key, Reason::Parse(text))
+            (key, Box::new(Reason::Parse(text)))
         }
-        typed => (key, typed),
+        _ => (key, reason),
     };
     let shown = reason.to_string();
     let covers = |o: &&EnvOverride| {

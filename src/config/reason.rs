@@ -68,7 +68,7 @@ pub enum Reason {
     NotF39Values {
         spec: String,
         #[source]
-        source: Box<IsoError>,
+        source: IsoError,
     },
     /// The spec serves decode only: its F39 is not two characters.
     #[error(
@@ -82,24 +82,21 @@ pub enum Reason {
     },
     #[error("`{0}` has no F39: the switch could not decline or read an answer")]
     NoF39(String),
-    // The refusing layers' errors are boxed: a config error is returned
-    // through every check, and most are not these (clippy's
-    // result_large_err).
     #[error(transparent)]
-    Spec(Box<SpecError>),
+    Spec(#[from] SpecError),
     #[error(transparent)]
-    NodeId(Box<NodeIdError>),
+    NodeId(#[from] NodeIdError),
     #[error(transparent)]
-    Rules(Box<RuleError>),
+    Rules(#[from] RuleError),
     #[error(transparent)]
-    Health(Box<HealthConfigError>),
+    Health(#[from] HealthConfigError),
     #[error(transparent)]
-    Stamp(Box<StampError>),
+    Stamp(#[from] StampError),
     #[error(transparent)]
-    MtiPattern(Box<BadPattern>),
+    MtiPattern(#[from] BadPattern),
     /// A TLS table refused (the key is the error's own).
     #[error("{}", .0.reason())]
-    Tls(#[source] Box<TlsError>),
+    Tls(#[source] TlsError),
     /// An environment variable's index past the end of the list it sets.
     #[error("index {index} is past the {len} configured")]
     PastTheList { index: usize, len: usize },
@@ -114,23 +111,8 @@ impl From<&'static str> for Reason {
     }
 }
 
-/// `From` each refusing layer's error, into its boxed variant.
-macro_rules! boxed_from {
-    ($($error:ty => $variant:ident),* $(,)?) => {
-        $(impl From<$error> for Reason {
-            fn from(e: $error) -> Self {
-                Reason::$variant(Box::new(e))
-            }
-        })*
-    };
-}
-
-boxed_from! {
-    SpecError => Spec,
-    NodeIdError => NodeId,
-    RuleError => Rules,
-    HealthConfigError => Health,
-    StampError => Stamp,
-    BadPattern => MtiPattern,
-    TlsError => Tls,
+impl From<TlsError> for Reason {
+    fn from(e: TlsError) -> Self {
+        Reason::Tls(e)
+    }
 }

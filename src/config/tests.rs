@@ -494,8 +494,8 @@ fn reasons_are_typed_and_keep_the_refusing_layers_error() {
     assert_eq!(key, "service[0].spec");
     assert!(
         matches!(
-            &reason,
-            Reason::Spec(e) if matches!(**e, crate::iso8583::SpecError::NotFound { .. })
+            *reason,
+            Reason::Spec(crate::iso8583::SpecError::NotFound { .. })
         ),
         "{reason}"
     );
@@ -508,12 +508,12 @@ fn reasons_are_typed_and_keep_the_refusing_layers_error() {
     let (key, reason) =
         invalid(&MINIMAL.replace("127.0.0.1:7001\"", "127.0.0.1:7001\"\nweight = 0"));
     assert_eq!(key, "service[0].back.node[0].weight");
-    assert!(matches!(reason, Reason::Rule(_)), "{reason:?}");
+    assert!(matches!(*reason, Reason::Rule(_)), "{reason:?}");
     let dup =
         format!("{MINIMAL}[[service.back.node]]\nid = \"01\"\naddress = \"127.0.0.1:7002\"\n");
     let (_, reason) = invalid(&dup);
     assert!(
-        matches!(&reason, Reason::DuplicateNode(id) if id == "01"),
+        matches!(&*reason, Reason::DuplicateNode(id) if id == "01"),
         "{reason:?}"
     );
     // Set by a variable: the same typed reason, blamed on the variable.
@@ -524,7 +524,7 @@ fn reasons_are_typed_and_keep_the_refusing_layers_error() {
         Err(ConfigError::Env { var, key, reason }) => {
             assert_eq!(var, "ISOSWITCH__SERVICE__0__CORRELATION__MAX_IN_FLIGHT");
             assert_eq!(key, "service[0].correlation.max_in_flight");
-            assert!(matches!(reason, Reason::Rule(_)), "{reason:?}");
+            assert!(matches!(*reason, Reason::Rule(_)), "{reason:?}");
         }
         other => panic!("not blamed on the variable: {other:?}"),
     }
@@ -567,10 +567,10 @@ fn a_postgres_store_refuses_what_only_a_local_filesystem_can_hold() {
     .expect("both, on SQLite");
 }
 
-/// A config error is returned through every check: it stays small
-/// (clippy's result_large_err is at 128 bytes), the refusing layers'
-/// errors boxed inside its reason.
+/// A config error is returned through every check and wrapped with a path
+/// or a service name by the commands that load one: it stays well under
+/// clippy's result_large_err (128 bytes), its reason boxed.
 #[test]
 fn a_config_error_stays_small() {
-    assert!(std::mem::size_of::<ConfigError>() <= 128);
+    assert!(std::mem::size_of::<ConfigError>() <= 96);
 }

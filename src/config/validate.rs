@@ -44,14 +44,20 @@ impl Config {
         for o in &overrides {
             merged = merged
                 .set_override(o.key.as_str(), o.value.as_str())
-                .map_err(|e| blame(&overrides, o.key.clone(), Reason::Parse(e.to_string())))?;
+                .map_err(|e| {
+                    blame(
+                        &overrides,
+                        o.key.clone(),
+                        Box::new(Reason::Parse(e.to_string())),
+                    )
+                })?;
         }
         let merged = merged.build()?;
         // serde_path_to_error names the key of every type error: durations,
         // addresses, CIDRs, codes, enums and unknown keys alike.
         let cfg: Config = serde_path_to_error::deserialize(merged).map_err(|e| {
             let key = e.path().to_string();
-            blame(&overrides, key, Reason::Parse(reason(e.inner())))
+            blame(&overrides, key, Box::new(Reason::Parse(reason(e.inner()))))
         })?;
         cfg.validate().map_err(|e| match e {
             ConfigError::Invalid { key, reason } => blame(&overrides, key, reason),
@@ -180,7 +186,7 @@ impl ServiceConfig {
                     format!("{key}.integrity.approval_codes"),
                     Reason::NotF39Values {
                         spec: self.spec.clone(),
-                        source: Box::new(e),
+                        source: e,
                     },
                 )
             })?;
