@@ -37,10 +37,8 @@ pub struct Switch {
 pub enum ServiceStartError {
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
-    /// Boxed: a ServiceError holds a config error among others (clippy's
-    /// result_large_err).
     #[error(transparent)]
-    Build(#[from] Box<crate::link::service::ServiceError>),
+    Build(#[from] crate::link::service::ServiceError),
     #[error(transparent)]
     Tls(#[from] crate::config::tls::TlsError),
 }
@@ -51,8 +49,10 @@ pub enum StartError {
     #[error("service `{service}`: {source}")]
     Service {
         service: String,
+        // Boxed: the errors of three layers, made once (clippy's
+        // result_large_err).
         #[source]
-        source: ServiceStartError,
+        source: Box<ServiceStartError>,
     },
     #[error("service `{service}`: cannot listen: {source}")]
     Bind {
@@ -138,11 +138,11 @@ impl Switch {
         for (index, svc) in config.services.iter().enumerate() {
             let refused = |e: ServiceStartError| StartError::Service {
                 service: svc.name.clone(),
-                source: e,
+                source: Box::new(e),
             };
             let spec = svc.load_spec().map_err(|e| refused(e.into()))?;
-            let mut service = Service::new(svc.clone(), spec, Instant::now())
-                .map_err(|e| refused(Box::new(e).into()))?;
+            let mut service =
+                Service::new(svc.clone(), spec, Instant::now()).map_err(|e| refused(e.into()))?;
             service.links_mut().set_budget(Arc::clone(&budget));
             service.links_mut().tls =
                 crate::tls::ServiceTls::load(svc, index).map_err(|e| refused(e.into()))?;
