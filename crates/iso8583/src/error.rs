@@ -162,14 +162,14 @@ pub enum SpecError {
     BadLength {
         spec: String,
         id: u16,
-        reason: String,
+        reason: LengthReason,
     },
 
     #[error("spec {spec}: field {id}: {reason}")]
     BadField {
         spec: String,
         id: u16,
-        reason: String,
+        reason: FieldReason,
     },
 
     #[error("spec {spec}: [bitmap] tertiary = true needs secondary = true")]
@@ -236,4 +236,50 @@ pub enum KeyReason {
 pub struct KeyError {
     pub key: &'static str,
     pub reason: KeyReason,
+}
+
+/// Why a `[[field]]`'s `length` cannot be used.
+#[derive(Debug, Error)]
+pub enum LengthReason {
+    #[error("must be at least 1")]
+    Zero,
+    #[error("{0} exceeds 65535")]
+    TooLong(usize),
+    #[error("{0} bits is not a whole number of bytes")]
+    NotWholeBytes(usize),
+    /// A variable field's maximum the length prefix cannot count.
+    #[error("max {length} does not fit a {encoding} {format} length (at most {cap})")]
+    PrefixTooSmall {
+        length: usize,
+        encoding: &'static str,
+        format: &'static str,
+        cap: usize,
+    },
+}
+
+/// Why a `[[field]]` definition cannot be used (its keys together).
+#[derive(Debug, Error)]
+pub enum FieldReason {
+    #[error("name must not be empty")]
+    NoName,
+    #[error("unit = \"digits\" does not apply to binary data")]
+    DigitsOfBinary,
+    #[error("unit = \"bits\" applies to binary data only")]
+    BitsOfText,
+    #[error("align and pad apply to BCD data counted in digits only")]
+    AlignNotBcdDigits,
+    #[error("pad {0:?} is not a hex nibble")]
+    PadNotANibble(char),
+    #[error("length_encoding applies to variable fields only")]
+    EncodingOfFixed,
+    #[error("variable field needs length_encoding (or [defaults] length_encoding)")]
+    NoLengthEncoding,
+    #[error("mask given but sensitive is false")]
+    MaskNotSensitive,
+    #[error("mask = \"pan\" needs text or BCD data")]
+    PanMaskOfBinary,
+    #[error("subelements apply to ascii or ebcdic data only")]
+    SubelementsOfBinary,
+    #[error("subelements: {0}")]
+    Subelements(#[source] crate::spec::LayoutError),
 }

@@ -106,7 +106,21 @@ fn validation_errors_name_spec_and_field() {
         "[[field]]\nid = 2\nname = \"x\"\nformat = \"llvar\"\nlength = 100\ndata = \"ascii\"\nlength_encoding = \"ascii\"\n",
     )
     .unwrap_err();
-    assert!(matches!(e, SpecError::BadLength { id: 2, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            SpecError::BadLength {
+                id: 2,
+                reason: LengthReason::PrefixTooSmall { cap: 99, .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "spec t: field 2: bad length: max 100 does not fit a ASCII LL length (at most 99)"
+    );
 
     let e = with_fields(
         "[[field]]\nid = 2\nname = \"x\"\nformat = \"llvar\"\nlength = 10\ndata = \"ascii\"\n",
@@ -115,7 +129,17 @@ fn validation_errors_name_spec_and_field() {
     assert!(e.to_string().contains("length_encoding"), "{e}");
 
     let e = with_fields(&field(4, "pad = \"F\"")).unwrap_err();
-    assert!(matches!(e, SpecError::BadField { id: 4, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            SpecError::BadField {
+                id: 4,
+                reason: FieldReason::AlignNotBcdDigits,
+                ..
+            }
+        ),
+        "{e}"
+    );
 
     let e = with_fields(&field(4, "mask = \"pan\"")).unwrap_err();
     assert!(e.to_string().contains("sensitive"), "{e}");
