@@ -81,7 +81,7 @@ pub enum IsoError {
     /// A value does not fit its field definition (wrong kind, width or characters).
     /// The reason never quotes the value.
     #[error("field {id}: {reason}")]
-    BadValue { id: u16, reason: String },
+    BadValue { id: u16, reason: ValueReason },
 
     /// The fields of a [`super::Decoded`] are not in strictly ascending id order.
     #[error("field {id}: fields must be in strictly ascending id order without duplicates")]
@@ -282,4 +282,29 @@ pub enum FieldReason {
     SubelementsOfBinary,
     #[error("subelements: {0}")]
     Subelements(#[source] crate::spec::LayoutError),
+}
+
+/// Why a value does not fit its field ([`IsoError::BadValue`]): counts and
+/// positions only, never the value.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+pub enum ValueReason {
+    #[error("length {units}, fixed length is {length}")]
+    NotFixedLength { units: usize, length: usize },
+    #[error("length {units} exceeds max {max}")]
+    TooLong { units: usize, max: usize },
+    #[error("{0} bits is not a whole number of bytes")]
+    BitsNotWholeBytes(usize),
+    #[error("{0} hex digits is not a whole number of bytes")]
+    HexDigitsNotWholeBytes(usize),
+    /// The 1-based position of the digit.
+    #[error("BCD digit {0} is not 0-9 or A-F")]
+    NotBcd(usize),
+    #[error("binary field given a text value")]
+    TextForBinary,
+    #[error("text field given a binary value")]
+    BinaryForText,
+    #[error("character outside the one-byte (Latin-1) range")]
+    NotLatin1,
+    #[error("the node stamp needs F37 as ASCII or EBCDIC text")]
+    StampNotText,
 }

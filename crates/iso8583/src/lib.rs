@@ -37,7 +37,7 @@ pub use codec::span as field_span;
 pub use codes::FieldCodes;
 pub use datetime::{civil_from_days, transmission_date_time};
 pub use decoded::{Decoded, ShownMessage, Value};
-pub use error::{FieldReason, IsoError, KeyError, KeyReason, LengthReason, SpecError};
+pub use error::{FieldReason, IsoError, KeyError, KeyReason, LengthReason, SpecError, ValueReason};
 pub use mask::{ALWAYS_SENSITIVE, Shown, is_sensitive, mask_of, unflagged_sensitive};
 pub use message::{Bitmap, FieldIndex, FieldRef, Layout, Message, RoutingView, patch_fixed, stamp};
 pub use mti::Mti;
