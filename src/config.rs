@@ -24,6 +24,8 @@ mod front;
 pub mod host_port;
 pub mod integrity;
 pub mod journal;
+mod reason;
+pub use reason::Reason;
 pub mod space;
 pub mod strict;
 #[cfg(test)]
@@ -164,21 +166,24 @@ impl Default for CorrelationConfig {
 pub enum ConfigError {
     #[error("cannot read configuration: {0}")]
     Load(#[from] config::ConfigError),
+    // The reason is boxed: a config error is returned through every check
+    // and wrapped by the commands that load one (clippy's
+    // result_large_err), and it is only ever made once.
     #[error("{key}: {reason}")]
-    Invalid { key: String, reason: String },
+    Invalid { key: String, reason: Box<Reason> },
     /// A value set by an environment variable, named first.
     #[error("{var} (sets {key}): {reason}")]
     Env {
         var: String,
         key: String,
-        reason: String,
+        reason: Box<Reason>,
     },
 }
 
-fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+fn invalid(key: impl Into<String>, reason: impl Into<Reason>) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
-        reason: reason.into(),
+        reason: Box::new(reason.into()),
     }
 }
 

@@ -112,14 +112,62 @@ pub enum CtlError {
     BadUrl(String),
     #[error("--admin {0}: https needs --tls-ca (the CA of the admin's certificate)")]
     NoCa(String),
+    /// The admin listener at `admin` could not be reached.
+    #[error("{admin}: {}{source}", .step.prefix())]
+    Io {
+        admin: String,
+        step: IoStep,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The HTTP exchange failed once connected.
+    #[error("{source}")]
+    Http {
+        step: HttpStep,
+        #[source]
+        source: hyper::Error,
+    },
+    /// The request could not be built (a method, path or token that is no
+    /// valid HTTP).
     #[error("{0}")]
-    Io(String),
+    Request(#[source] hyper::http::Error),
+    /// A 2xx answer that is not the JSON the command reads.
+    #[error("unexpected answer: {0}")]
+    Answer(#[source] serde_json::Error),
     #[error("HTTP {status}: {body}")]
     Status { status: u16, body: String },
-    #[error("{0}")]
-    Usage(String),
+    /// A flag or argument refused before any request, in the switch's own
+    /// words (they name the parameter: state, limit, service, id).
+    #[error(transparent)]
+    Usage(#[from] crate::ops::saf::SafInputError),
     #[error(transparent)]
     Tls(#[from] crate::tls::tools::TlsFlagsError),
+}
+
+/// What ctl was doing when the admin listener could not be reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoStep {
+    /// The TCP connection (or reading its peer address).
+    Connect,
+    /// The TLS handshake of an `https://` admin.
+    TlsHandshake,
+}
+
+impl IoStep {
+    fn prefix(self) -> &'static str {
+        match self {
+            IoStep::Connect => "",
+            IoStep::TlsHandshake => "TLS: ",
+        }
+    }
+}
+
+/// Which part of the HTTP exchange failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HttpStep {
+    Handshake,
+    Send,
+    ReadBody,
 }
 
 /// One request to the admin API: `(status, body)`.
@@ -163,23 +211,29 @@ pub async fn request_tls(
     body: Option<String>,
 ) -> Result<(u16, String), CtlError> {
     let (authority, https) = authority(admin)?;
+    let io = |step| {
+        move |source| CtlError::Io {
+            admin: admin.to_string(),
+            step,
+            source,
+        }
+    };
+    let http = |step| move |source| CtlError::Http { step, source };
     let tcp = tokio::net::TcpStream::connect(authority)
         .await
-        .map_err(|e| CtlError::Io(format!("{admin}: {e}")))?;
+        .map_err(io(IoStep::Connect))?;
     let tls = match (https, tls) {
         (false, _) => None,
         (true, Some(t)) => Some(t),
         (true, None) => return Err(CtlError::NoCa(admin.to_string())),
     };
-    let peer = tcp
-        .peer_addr()
-        .map_err(|e| CtlError::Io(format!("{admin}: {e}")))?;
+    let peer = tcp.peer_addr().map_err(io(IoStep::Connect))?;
     let stream = crate::tls::tools::secure_connect(tls, tcp, peer)
         .await
-        .map_err(|e| CtlError::Io(format!("{admin}: TLS: {e}")))?;
+        .map_err(io(IoStep::TlsHandshake))?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| CtlError::Io(e.to_string()))?;
+        .map_err(http(HttpStep::Handshake))?;
     let driver = tokio::spawn(conn);
     let mut req = hyper::Request::builder()
         .method(method)
@@ -195,17 +249,17 @@ pub async fn request_tls(
     }
     let req = req
         .body(Full::new(Bytes::from(body.unwrap_or_default())))
-        .map_err(|e| CtlError::Io(e.to_string()))?;
+        .map_err(CtlError::Request)?;
     let resp = sender
         .send_request(req)
         .await
-        .map_err(|e| CtlError::Io(e.to_string()))?;
+        .map_err(http(HttpStep::Send))?;
     let status = resp.status().as_u16();
     let bytes = resp
         .into_body()
         .collect()
         .await
-        .map_err(|e| CtlError::Io(e.to_string()))?
+        .map_err(http(HttpStep::ReadBody))?
         .to_bytes();
     driver.abort();
     Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
@@ -287,7 +341,7 @@ pub async fn execute(args: &CtlArgs) -> Result<String, CtlError> {
     if args.json {
         return Ok(format!("{text}\n"));
     }
-    let parse_err = |e: serde_json::Error| CtlError::Io(format!("unexpected answer: {e}"));
+    let parse_err = CtlError::Answer;
     Ok(match args.command {
         CtlCommand::Status => status_table(&serde_json::from_str(&text).map_err(parse_err)?),
         CtlCommand::Conns => {
@@ -318,7 +372,7 @@ fn saf_request(
     let entry = |id: &str| {
         crate::ops::saf::parse_id(id)
             .map(|id| id.0)
-            .map_err(|e| CtlError::Usage(e.to_string()))
+            .map_err(CtlError::Usage)
     };
     Ok(match action {
         None => {
@@ -327,8 +381,7 @@ fn saf_request(
                 query.push_str(&format!("&service={s}"));
             }
             // Refused here with the switch's own words, before any request.
-            let query =
-                SafQuery::parse(Some(&query)).map_err(|e| CtlError::Usage(e.to_string()))?;
+            let query = SafQuery::parse(Some(&query))?;
             ("GET", format!("/api/v1/saf?{}", query.to_query()), None)
         }
         Some(SafAction::Retry { id }) => {
@@ -546,6 +599,7 @@ fn conns_table(conns: &[ConnectionView]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::saf::SafInputError;
 
     fn status(refused: &str) -> Status {
         let json = format!(
@@ -570,6 +624,29 @@ mod tests {
         assert!(!quiet.contains("refused"), "{quiet}");
     }
 
+    #[tokio::test]
+    async fn an_unreachable_admin_is_an_io_error_naming_it_and_the_step() {
+        // A port just bound and released: nothing listens there.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
+        let admin = format!("http://{addr}");
+        let e = request(&admin, "GET", "/healthz", None, None)
+            .await
+            .expect_err("nothing listens");
+        let CtlError::Io { step, source, .. } = &e else {
+            panic!("not an I/O error: {e:?}");
+        };
+        assert_eq!(*step, IoStep::Connect);
+        assert_eq!(e.to_string(), format!("{admin}: {source}"));
+        let parse = serde_json::from_str::<Status>("{").expect_err("not JSON");
+        let shown = parse.to_string();
+        assert_eq!(
+            CtlError::Answer(parse).to_string(),
+            format!("unexpected answer: {shown}")
+        );
+    }
+
     #[test]
     fn saf_requests_are_built_and_bad_flags_refused_before_sending() {
         let (m, path, body) = saf_request("dead", Some("pos"), 5, None).expect("list");
@@ -588,15 +665,15 @@ mod tests {
         let retry = SafAction::Retry { id: "x".into() };
         assert!(matches!(
             saf_request("pending", None, 1, Some(&retry)),
-            Err(CtlError::Usage(_))
+            Err(CtlError::Usage(SafInputError::Id(_)))
         ));
         assert!(matches!(
             saf_request("lost", None, 1, None),
-            Err(CtlError::Usage(_))
+            Err(CtlError::Usage(SafInputError::State(_)))
         ));
         assert!(matches!(
             saf_request("all", None, 0, None),
-            Err(CtlError::Usage(_))
+            Err(CtlError::Usage(SafInputError::Limit(_)))
         ));
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, duration, invalid, tls};
+use super::{ConfigError, Reason, duration, invalid, tls};
 
 /// `[admin]`: the admin HTTP listener. See docs/config.md.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -172,11 +172,10 @@ impl AdminConfig {
             if !Self::OPENABLE.contains(&path.as_str()) {
                 return Err(invalid(
                     format!("admin.open_paths[{i}]"),
-                    format!(
-                        "`{}` cannot be opened: only GET on {} can go without the token",
-                        path.escape_debug(),
-                        Self::OPENABLE.join(", ")
-                    ),
+                    Reason::NotOpenable {
+                        path: path.clone(),
+                        openable: Self::OPENABLE.join(", "),
+                    },
                 ));
             }
         }

@@ -38,7 +38,10 @@ pub fn env_overrides(
                         return Err(ConfigError::Env {
                             var,
                             key,
-                            reason: format!("index {i} is past the {} configured", items.len()),
+                            reason: Box::new(Reason::PastTheList {
+                                index: i,
+                                len: items.len(),
+                            }),
                         });
                     }
                     key.push_str(&format!("[{i}]"));
@@ -48,7 +51,7 @@ pub fn env_overrides(
                     return Err(ConfigError::Env {
                         var,
                         key,
-                        reason: format!("`{seg}` indexes a list, and this key is not one"),
+                        reason: Box::new(Reason::NotAList(seg)),
                     });
                 }
                 (_, None) if seg.is_empty() => {
@@ -107,8 +110,16 @@ pub(super) fn join_path(mut key: String, mut reason: String) -> (String, String)
 
 /// Blames an error at `key` on the variable that set it (or a table above
 /// it), else on the file.
-pub(super) fn blame(overrides: &[EnvOverride], key: String, reason: String) -> ConfigError {
-    let (key, reason) = join_path(key, reason);
+pub(super) fn blame(overrides: &[EnvOverride], key: String, reason: Box<Reason>) -> ConfigError {
+    // Only the deserializer's message starts with a path of its own.
+    let (key, reason) = match *reason {
+        Reason::Parse(text) => {
+            let (key, text) = join_path(key, text);
+            (key, Box::new(Reason::Parse(text)))
+        }
+        _ => (key, reason),
+    };
+    let shown = reason.to_string();
     let covers = |o: &&EnvOverride| {
         let under = |outer: &str, inner: &str| {
             inner
@@ -121,7 +132,7 @@ pub(super) fn blame(overrides: &[EnvOverride], key: String, reason: String) -> C
                 && o.key
                     .rsplit('.')
                     .next()
-                    .is_some_and(|leaf| reason.contains(&format!("`{leaf}`"))))
+                    .is_some_and(|leaf| shown.contains(&format!("`{leaf}`"))))
     };
     match overrides.iter().rev().find(covers) {
         Some(o) => ConfigError::Env {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, duration, invalid};
+use super::{ConfigError, Reason, duration, invalid};
 use crate::route::{OnTimeout, Timeout, TimeoutPolicy};
 
 /// `[service.timeouts]`.
@@ -83,7 +83,7 @@ impl TimeoutConfig {
             (pattern.as_str(), timeout)
         });
         TimeoutPolicy::new(default, rules)
-            .map_err(|e| invalid(format!("timeouts.by_mti.{}", e.0), e.to_string()))
+            .map_err(|e| invalid(format!("timeouts.by_mti.{}", e.0), e))
     }
 
     pub(super) fn validate(&self, key: &str) -> Result<(), ConfigError> {
@@ -258,19 +258,10 @@ impl IntegrityConfig {
         for (i, id) in self.key_nodes.iter().enumerate() {
             let key = format!("{key}.key_nodes[{i}]");
             if !node_ids.contains(&id.as_str()) {
-                return Err(invalid(
-                    key,
-                    format!(
-                        "`{}` is not the ID of a node in [service.back]",
-                        id.escape_debug()
-                    ),
-                ));
+                return Err(invalid(key, Reason::UnknownNode(id.clone())));
             }
             if self.key_nodes[..i].contains(id) {
-                return Err(invalid(
-                    key,
-                    format!("`{}` is listed twice", id.escape_debug()),
-                ));
+                return Err(invalid(key, Reason::ListedTwice(id.clone())));
             }
         }
         if let Some(codes) = &self.approval_codes {
@@ -284,7 +275,7 @@ impl IntegrityConfig {
                 if c.len() != 2 || !c.bytes().all(|b| b.is_ascii_alphanumeric()) {
                     return Err(invalid(
                         format!("{key}.approval_codes[{i}]"),
-                        format!("`{}` is not a 2-character response code", c.escape_debug()),
+                        Reason::NotAResponseCode(c.clone()),
                     ));
                 }
             }
@@ -308,7 +299,7 @@ impl IntegrityConfig {
             if !(2..=128).contains(&id) {
                 return Err(invalid(
                     format!("{key}.duplicate_fields[{i}]"),
-                    format!("{id} is not a data field (2..=128)"),
+                    Reason::NotADataField(id),
                 ));
             }
         }

@@ -484,6 +484,52 @@ fn a_spec_with_a_3_digit_action_code_is_refused_on_a_service() {
     assert!(e.contains("F39 is 3 characters"), "{e}");
 }
 
+#[test]
+fn reasons_are_typed_and_keep_the_refusing_layers_error() {
+    let invalid = |toml: &str| match Config::from_toml(toml) {
+        Err(ConfigError::Invalid { key, reason }) => (key, reason),
+        other => panic!("not an invalid value: {other:?}"),
+    };
+    let (key, reason) = invalid(&MINIMAL.replace("\"cup-pos\"", "\"no-such-spec\""));
+    assert_eq!(key, "service[0].spec");
+    assert!(
+        matches!(
+            *reason,
+            Reason::Spec(crate::iso8583::SpecError::NotFound { .. })
+        ),
+        "{reason}"
+    );
+    assert!(
+        reason
+            .to_string()
+            .starts_with("spec no-such-spec: no builtin spec"),
+        "{reason}"
+    );
+    let (key, reason) =
+        invalid(&MINIMAL.replace("127.0.0.1:7001\"", "127.0.0.1:7001\"\nweight = 0"));
+    assert_eq!(key, "service[0].back.node[0].weight");
+    assert!(matches!(*reason, Reason::Rule(_)), "{reason:?}");
+    let dup =
+        format!("{MINIMAL}[[service.back.node]]\nid = \"01\"\naddress = \"127.0.0.1:7002\"\n");
+    let (_, reason) = invalid(&dup);
+    assert!(
+        matches!(&*reason, Reason::DuplicateNode(id) if id == "01"),
+        "{reason:?}"
+    );
+    // Set by a variable: the same typed reason, blamed on the variable.
+    match Config::from_toml_with_env(
+        MINIMAL,
+        env(&[("ISOSWITCH__SERVICE__0__CORRELATION__MAX_IN_FLIGHT", "0")]),
+    ) {
+        Err(ConfigError::Env { var, key, reason }) => {
+            assert_eq!(var, "ISOSWITCH__SERVICE__0__CORRELATION__MAX_IN_FLIGHT");
+            assert_eq!(key, "service[0].correlation.max_in_flight");
+            assert!(matches!(*reason, Reason::Rule(_)), "{reason:?}");
+        }
+        other => panic!("not blamed on the variable: {other:?}"),
+    }
+}
+
 /// `capture.clear` exists only in builds with the `tools` feature: the
 /// default build (this test's) takes it, the production one refuses it
 /// naming the key (also driven on the binary by
@@ -519,4 +565,12 @@ fn a_postgres_store_refuses_what_only_a_local_filesystem_can_hold() {
         "[journal]\nmin_free = \"10%\"\nmax_size = \"20%\"\n{MINIMAL}"
     ))
     .expect("both, on SQLite");
+}
+
+/// A config error is returned through every check and wrapped with a path
+/// or a service name by the commands that load one: it stays well under
+/// clippy's result_large_err (128 bytes), its reason boxed.
+#[test]
+fn a_config_error_stays_small() {
+    assert!(std::mem::size_of::<ConfigError>() <= 96);
 }

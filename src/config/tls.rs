@@ -124,7 +124,21 @@ pub enum TlsError {
         reason: String,
     },
     #[error("{key}: {reason}")]
-    Invalid { key: String, reason: String },
+    Invalid { key: String, reason: TlsReason },
+}
+
+/// Why a TLS setting (not a file) cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsReason {
+    /// A rule stated at its check (`cert and key go together`).
+    #[error("{0}")]
+    Rule(&'static str),
+    /// rustls refuses the protocol versions `min_version` allows.
+    #[error(transparent)]
+    Versions(rustls::Error),
+    /// rustls cannot verify clients against the CA and its revocation lists.
+    #[error("cannot be used: {0}")]
+    Revocation(#[source] rustls::server::VerifierBuilderError),
 }
 
 /// One certificate a link presents, for status and the expiry metric.
@@ -208,7 +222,7 @@ impl TlsServer {
         let private = read_key(&format!("{key}.key"), &self.key)?;
         let builder = ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(self.min_version.versions())
-            .map_err(|e| invalid(format!("{key}.min_version"), e.to_string()))?;
+            .map_err(|e| invalid(format!("{key}.min_version"), TlsReason::Versions(e)))?;
         let (mut cas, mut crls) = (Vec::new(), Vec::new());
         let builder = match &self.client_ca {
             None => builder.with_no_client_auth(),
@@ -248,7 +262,7 @@ impl TlsServer {
                         if self.client_crl.is_empty() {
                             file_error(&ca_key, ca, e.to_string())
                         } else {
-                            invalid(format!("{key}.client_crl"), format!("cannot be used: {e}"))
+                            invalid(format!("{key}.client_crl"), TlsReason::Revocation(e))
                         }
                     })?;
                 builder.with_client_cert_verifier(Arc::new(NamedClients {
@@ -295,7 +309,7 @@ impl TlsClient {
         let (roots, cas) = read_roots(&ca_key, &self.ca)?;
         let builder = ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(self.min_version.versions())
-            .map_err(|e| invalid(format!("{key}.min_version"), e.to_string()))?
+            .map_err(|e| invalid(format!("{key}.min_version"), TlsReason::Versions(e)))?
             .with_root_certificates(roots);
         let (config, cert) = match (&self.cert, &self.key) {
             (Some(cert), Some(private)) => {
@@ -338,7 +352,7 @@ impl TlsError {
     pub fn reason(&self) -> String {
         match self {
             TlsError::File { file, reason, .. } => format!("{}: {reason}", file.display()),
-            TlsError::Invalid { reason, .. } => reason.clone(),
+            TlsError::Invalid { reason, .. } => reason.to_string(),
         }
     }
 }
@@ -399,10 +413,16 @@ pub fn validate(config: &super::Config) -> Result<(), TlsError> {
     Ok(())
 }
 
-fn invalid(key: impl Into<String>, reason: impl Into<String>) -> TlsError {
+fn invalid(key: impl Into<String>, reason: impl Into<TlsReason>) -> TlsError {
     TlsError::Invalid {
         key: key.into(),
         reason: reason.into(),
+    }
+}
+
+impl From<&'static str> for TlsReason {
+    fn from(rule: &'static str) -> Self {
+        TlsReason::Rule(rule)
     }
 }
 

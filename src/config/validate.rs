@@ -44,14 +44,20 @@ impl Config {
         for o in &overrides {
             merged = merged
                 .set_override(o.key.as_str(), o.value.as_str())
-                .map_err(|e| blame(&overrides, o.key.clone(), e.to_string()))?;
+                .map_err(|e| {
+                    blame(
+                        &overrides,
+                        o.key.clone(),
+                        Box::new(Reason::Parse(e.to_string())),
+                    )
+                })?;
         }
         let merged = merged.build()?;
         // serde_path_to_error names the key of every type error: durations,
         // addresses, CIDRs, codes, enums and unknown keys alike.
         let cfg: Config = serde_path_to_error::deserialize(merged).map_err(|e| {
             let key = e.path().to_string();
-            blame(&overrides, key, reason(e.inner()))
+            blame(&overrides, key, Box::new(Reason::Parse(reason(e.inner()))))
         })?;
         cfg.validate().map_err(|e| match e {
             ConfigError::Invalid { key, reason } => blame(&overrides, key, reason),
@@ -101,12 +107,12 @@ impl Config {
             if !names.insert(svc.name.as_str()) {
                 return Err(invalid(
                     format!("{key}.name"),
-                    format!("duplicate service name `{}`", svc.name),
+                    Reason::DuplicateService(svc.name.clone()),
                 ));
             }
             svc.validate(&key)?;
         }
-        tls::validate(self).map_err(|e| invalid(e.key(), e.reason()))?;
+        tls::validate(self).map_err(|e| invalid(e.key(), e))?;
         Ok(())
     }
 }
@@ -116,42 +122,32 @@ impl Config {
 /// response code (ISO 8583:1987). A dialect with a 3-digit action code
 /// (ISO 8583:1993, `iso93binary`) is for `decode`, captures and replay
 /// only, until response codes of other widths are supported.
-pub fn unswitchable(spec: &Spec) -> Option<String> {
+pub fn unswitchable(spec: &Spec) -> Option<Reason> {
     match spec.field(39) {
         Some(f) if f.is_fixed() && f.length == 2 => None,
-        Some(f) => Some(format!(
-            "`{}`: F39 is {}{} characters; the switch answers and reads 2-character response codes, so this spec serves decode, capture and replay only",
-            spec.name(),
-            if f.is_fixed() { "" } else { "up to " },
-            f.length
-        )),
-        None => Some(format!(
-            "`{}` has no F39: the switch could not decline or read an answer",
-            spec.name()
-        )),
+        Some(f) => Some(Reason::F39NotTwo {
+            spec: spec.name().to_string(),
+            fixed: f.is_fixed(),
+            length: f.length,
+        }),
+        None => Some(Reason::NoF39(spec.name().to_string())),
     }
 }
 
 impl ServiceConfig {
     /// Resolves the service's spec (built-in name or file path).
     pub fn load_spec(&self) -> Result<Spec, ConfigError> {
-        Spec::resolve(&self.spec).map_err(|e| invalid("spec", e.to_string()))
+        Spec::resolve(&self.spec).map_err(|e| invalid("spec", e))
     }
 
     fn validate(&self, key: &str) -> Result<(), ConfigError> {
         if !name::is_safe_name(self.name.as_bytes(), name::NAME_MAX) {
             return Err(invalid(
                 format!("{key}.name"),
-                format!(
-                    "`{}`: must be {}",
-                    self.name.escape_debug(),
-                    name::NAME_RULE
-                ),
+                Reason::BadName(self.name.clone()),
             ));
         }
-        let spec = self
-            .load_spec()
-            .map_err(|e| invalid(format!("{key}.spec"), e.to_string()))?;
+        let spec = Spec::resolve(&self.spec).map_err(|e| invalid(format!("{key}.spec"), e))?;
         if let Some(why) = unswitchable(&spec) {
             return Err(invalid(format!("{key}.spec"), why));
         }
@@ -165,13 +161,16 @@ impl ServiceConfig {
             {
                 return Err(invalid(
                     format!("{key}.correlation.key[{j}]"),
-                    format!("spec `{}` has no field {id}", self.spec),
+                    Reason::SpecLacksField {
+                        spec: self.spec.clone(),
+                        id: *id,
+                    },
                 ));
             }
             if *part == KeyPart::Tpdu && !spec.envelope().tpdu {
                 return Err(invalid(
                     format!("{key}.correlation.key[{j}]"),
-                    format!("spec `{}` has no TPDU", self.spec),
+                    Reason::SpecLacksTpdu(self.spec.clone()),
                 ));
             }
         }
@@ -185,7 +184,10 @@ impl ServiceConfig {
             spec.field_codes(39, codes).map_err(|e| {
                 invalid(
                     format!("{key}.integrity.approval_codes"),
-                    format!("not values of spec `{}`'s F39: {e}", self.spec),
+                    Reason::NotF39Values {
+                        spec: self.spec.clone(),
+                        source: e,
+                    },
                 )
             })?;
         }
@@ -194,7 +196,7 @@ impl ServiceConfig {
             if crate::route::MtiPattern::parse(text).is_none() {
                 return Err(invalid(
                     format!("{key}.accept_mti[{j}]"),
-                    format!("`{text}` is not an MTI pattern: four digits or `x`, such as `02x0`"),
+                    Reason::NotAnMtiPattern(text.clone()),
                 ));
             }
         }
@@ -207,7 +209,7 @@ impl ServiceConfig {
         if let Some(stamp) = &self.f37_stamp {
             stamp
                 .validate(&self.back.node_ids()?)
-                .map_err(|e| invalid(format!("{key}.f37_stamp"), e.to_string()))?;
+                .map_err(|e| invalid(format!("{key}.f37_stamp"), e))?;
         }
         self.validate_front(key, &spec)
     }
@@ -231,7 +233,7 @@ impl ServiceConfig {
         };
         Err(invalid(
             format!("{key}.integrity.advices"),
-            format!("`store-and-forward`: {why}"),
+            Reason::CannotStoreAdvices(why),
         ))
     }
 
@@ -356,7 +358,7 @@ impl BackConfig {
             .enumerate()
             .map(|(i, n)| {
                 n.id.parse::<NodeId>()
-                    .map_err(|e| invalid(format!("back.node[{i}].id"), e.to_string()))
+                    .map_err(|e| invalid(format!("back.node[{i}].id"), e))
             })
             .collect()
     }
@@ -414,16 +416,13 @@ impl BackConfig {
             if !name::is_safe_name(node.id.as_bytes(), NODE_ID_MAX) {
                 return Err(invalid(
                     format!("{nkey}.id"),
-                    format!(
-                        "`{}`: must be 1 to {NODE_ID_MAX} characters, each a letter, a digit, `_`, `.` or `-`",
-                        node.id.escape_debug()
-                    ),
+                    Reason::BadNodeId(node.id.clone()),
                 ));
             }
             if !ids.insert(node.id.as_str()) {
                 return Err(invalid(
                     format!("{nkey}.id"),
-                    format!("duplicate node id `{}`", node.id),
+                    Reason::DuplicateNode(node.id.clone()),
                 ));
             }
             if node.weight == 0 {
@@ -435,17 +434,19 @@ impl BackConfig {
             if !self.allowed_networks.is_empty() && !self.allows(node.address) {
                 return Err(invalid(
                     format!("{nkey}.address"),
-                    format!("{} is outside {key}.allowed_networks", node.address),
+                    Reason::OutsideNetworks {
+                        address: node.address,
+                        back: key.to_string(),
+                    },
                 ));
             }
         }
         let ids = self.node_ids()?;
-        RuleSet::compile(&self.rules, &ids)
-            .map_err(|e| invalid(format!("{key}.rule"), e.to_string()))?;
+        RuleSet::compile(&self.rules, &ids).map_err(|e| invalid(format!("{key}.rule"), e))?;
         self.health
             .state
             .validate()
-            .map_err(|e| invalid(format!("{key}.health"), e.to_string()))?;
+            .map_err(|e| invalid(format!("{key}.health"), e))?;
         if self.health.timeout.is_zero() || self.health.interval.is_zero() {
             return Err(invalid(
                 format!("{key}.health"),

@@ -22,7 +22,7 @@ use crate::config::{FrontConfig, NetworkConfig, ServiceConfig};
 use crate::iso8583::{Decoded, FieldCodes, IsoError, Message, Mti, Spec};
 use crate::route::CorrelationKey;
 use crate::wire::Tpdu;
-use crate::wire::header::{Fresh, Setting};
+use crate::wire::header::{Fresh, FreshError, Setting};
 
 /// Whose a network-management message is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,15 +91,41 @@ pub struct NetworkTemplate {
 #[error("network.{key}: {reason}")]
 pub struct TemplateError {
     pub key: String,
-    pub reason: String,
+    pub reason: TemplateReason,
 }
 
-fn bad(key: impl Into<String>, reason: impl Into<String>) -> TemplateError {
+/// Why a `[service.network]` setting cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateReason {
+    #[error("`{0}` is not a network-management request MTI such as 0800 or 0820")]
+    NotANetworkMti(String),
+    /// A `fields` key that names no field of the service's spec.
+    #[error("spec `{0}` has no such field")]
+    NoSuchField(String),
+    #[error("F7, F11 and F70 are made per message")]
+    MadePerMessage,
+    /// The template does not encode in the spec (checked at start).
+    #[error(transparent)]
+    Encode(IsoError),
+    #[error("`{0}` is not a TPDU: 10 hex digits starting 60")]
+    NotATpdu(String),
+    /// The scheme header's own refusal of an id or header setting.
+    #[error("{}", .0.reason)]
+    Header(#[source] FreshError),
+}
+
+fn bad(key: impl Into<String>, reason: TemplateReason) -> TemplateError {
     TemplateError {
         key: key.into(),
-        reason: reason.into(),
+        reason,
     }
 }
+
+/// 0800, the echo request of a dialect that names none.
+const ECHO_REQUEST: Mti = match Mti::new(*b"0800") {
+    Some(m) => m,
+    None => panic!("0800 is four digits"),
+};
 
 impl NetworkTemplate {
     /// The template of `service`: its `[service.network]` table over the
@@ -114,17 +140,8 @@ impl NetworkTemplate {
                 .ok()
                 .and_then(Mti::new)
                 .filter(|m| m.is_request() && m.is_network_management())
-                .ok_or_else(|| {
-                    bad(
-                        "mti",
-                        format!(
-                            "`{text}` is not a network-management request MTI such as 0800 or 0820"
-                        ),
-                    )
-                })?,
-            None => net
-                .echo_mti
-                .unwrap_or(Mti::new(*b"0800").ok_or_else(|| bad("mti", "0800"))?),
+                .ok_or_else(|| bad("mti", TemplateReason::NotANetworkMti(text.clone())))?,
+            None => net.echo_mti.unwrap_or(ECHO_REQUEST),
         };
         // UnionPay's links name both institutions in the header and in F33 /
         // F100; the simplex front knows them.
@@ -143,14 +160,11 @@ impl NetworkTemplate {
                 .ok_or_else(|| {
                     bad(
                         format!("fields.{key}"),
-                        format!("spec `{}` has no such field", spec.name()),
+                        TemplateReason::NoSuchField(spec.name().to_string()),
                     )
                 })?;
             if matches!(id, 7 | 11 | 70) {
-                return Err(bad(
-                    format!("fields.{key}"),
-                    "F7, F11 and F70 are made per message",
-                ));
+                return Err(bad(format!("fields.{key}"), TemplateReason::MadePerMessage));
             }
             fields.retain(|(f, _)| *f != id);
             fields.push((id, value.clone()));
@@ -167,7 +181,7 @@ impl NetworkTemplate {
         // Fail at start, not at the first echo: the template must encode.
         template
             .build(spec, NmKind::Echo, 1, SystemTime::UNIX_EPOCH)
-            .map_err(|e| bad("fields", e.to_string()))?;
+            .map_err(|e| bad("fields", TemplateReason::Encode(e)))?;
         Ok(template)
     }
 
@@ -251,12 +265,7 @@ fn envelope(
         let text = cfg.tpdu.as_deref().unwrap_or("6000000000");
         let raw = hex(text)
             .filter(|b| b.len() == Tpdu::LEN && b[0] == Tpdu::ID)
-            .ok_or_else(|| {
-                bad(
-                    "tpdu",
-                    format!("`{text}` is not a TPDU: 10 hex digits starting 60"),
-                )
-            })?;
+            .ok_or_else(|| bad("tpdu", TemplateReason::NotATpdu(text.to_string())))?;
         out.extend_from_slice(&raw);
     }
     let dest = cfg
@@ -278,7 +287,7 @@ fn envelope(
             Setting::SourceId => "source_id",
             Setting::HeaderHex => "pos_header",
         };
-        bad(key, e.reason)
+        bad(key, TemplateReason::Header(e))
     })?;
     if let Some(header) = header {
         out.extend_from_slice(header.as_bytes());
@@ -497,5 +506,19 @@ mod tests {
                 .to_string();
             assert!(err.starts_with(key), "{extra}: {err}");
         }
+        let svc = service(
+            "[service.network]\nfields = { F11 = \"000001\" }",
+            "iso87ascii",
+            LISTEN,
+        );
+        let err = NetworkTemplate::for_service(&svc, &spec).unwrap_err();
+        assert!(
+            matches!(err.reason, TemplateReason::MadePerMessage),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "network.fields.F11: F7, F11 and F70 are made per message"
+        );
     }
 }

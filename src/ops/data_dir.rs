@@ -64,8 +64,16 @@ pub enum DataDirError {
         "data_dir: {path} is in use by another isoswitch; give each switch its own (--data-dir)"
     )]
     InUse { path: PathBuf },
-    #[error("data_dir: {path}: the instance name: {reason}")]
-    InstanceName { path: PathBuf, reason: String },
+    #[error(
+        "data_dir: {path}: the instance name: empty, longer than 200 or not one line; remove the file for a new name"
+    )]
+    InstanceName { path: PathBuf },
+    #[error("data_dir: {path}: the instance name: {source}")]
+    InstanceNameIo {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The file that keeps this switch's instance name.
@@ -137,27 +145,24 @@ impl DataDir {
     /// predecessor's, and can be released at once.
     pub fn instance_name(&self, fresh: impl FnOnce() -> String) -> Result<String, DataDirError> {
         let path = self.path.join(INSTANCE_FILE);
-        let bad = |reason: String| DataDirError::InstanceName {
+        let io = |source| DataDirError::InstanceNameIo {
             path: path.clone(),
-            reason,
+            source,
         };
         match std::fs::read_to_string(&path) {
             Ok(text) => {
                 let name = text.trim();
                 if name.is_empty() || name.len() > 200 || name.chars().any(char::is_control) {
-                    return Err(bad(
-                        "empty, longer than 200 or not one line; remove the file for a new name"
-                            .into(),
-                    ));
+                    return Err(DataDirError::InstanceName { path });
                 }
                 Ok(name.to_string())
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let name = fresh();
-                write_private(&path, &name).map_err(|e| bad(e.to_string()))?;
+                write_private(&path, &name).map_err(io)?;
                 Ok(name)
             }
-            Err(e) => Err(bad(e.to_string())),
+            Err(e) => Err(io(e)),
         }
     }
 }

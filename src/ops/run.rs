@@ -31,11 +31,29 @@ pub struct Switch {
     store: Option<crate::store::Store>,
 }
 
+/// Why one service could not be started: its spec, its parts, its TLS
+/// material, each error as its layer gave it.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceStartError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Build(#[from] crate::link::service::ServiceError),
+    #[error(transparent)]
+    Tls(#[from] crate::config::tls::TlsError),
+}
+
 /// Errors starting a switch, naming the service.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("service `{service}`: {reason}")]
-    Service { service: String, reason: String },
+    #[error("service `{service}`: {source}")]
+    Service {
+        service: String,
+        // Boxed: the errors of three layers, made once (clippy's
+        // result_large_err).
+        #[source]
+        source: Box<ServiceStartError>,
+    },
     #[error("service `{service}`: cannot listen: {source}")]
     Bind {
         service: String,
@@ -118,22 +136,16 @@ impl Switch {
         let mut services = Vec::new();
         let mut runtime = ReloadReport::default();
         for (index, svc) in config.services.iter().enumerate() {
-            let spec = svc.load_spec().map_err(|e| StartError::Service {
+            let refused = |e: ServiceStartError| StartError::Service {
                 service: svc.name.clone(),
-                reason: e.to_string(),
-            })?;
-            let mut service = Service::new(svc.clone(), spec, Instant::now()).map_err(|e| {
-                StartError::Service {
-                    service: svc.name.clone(),
-                    reason: e.to_string(),
-                }
-            })?;
+                source: Box::new(e),
+            };
+            let spec = svc.load_spec().map_err(|e| refused(e.into()))?;
+            let mut service =
+                Service::new(svc.clone(), spec, Instant::now()).map_err(|e| refused(e.into()))?;
             service.links_mut().set_budget(Arc::clone(&budget));
             service.links_mut().tls =
-                crate::tls::ServiceTls::load(svc, index).map_err(|e| StartError::Service {
-                    service: svc.name.clone(),
-                    reason: e.to_string(),
-                })?;
+                crate::tls::ServiceTls::load(svc, index).map_err(|e| refused(e.into()))?;
             if let Some(journal) = &journal {
                 service.set_journal(journal.clone());
             }

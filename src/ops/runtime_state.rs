@@ -280,9 +280,17 @@ pub enum StateFileError {
         source: std::io::Error,
     },
     #[error(
-        "{path}: not a runtime state file ({reason}); repair it, or remove it to start from the config file alone"
+        "{path}: not a runtime state file ({source}); repair it, or remove it to start from the config file alone"
     )]
-    Invalid { path: PathBuf, reason: String },
+    Invalid {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "{path}: not a runtime state file (version {found}, this switch reads {VERSION}); repair it, or remove it to start from the config file alone"
+    )]
+    Version { path: PathBuf, found: u32 },
     #[error("{path}: cannot write: {source}")]
     Write {
         path: PathBuf,
@@ -319,17 +327,16 @@ impl StateFile {
                 });
             }
         };
-        let invalid = |reason: String| StateFileError::Invalid {
-            path: self.path.clone(),
-            reason,
-        };
         let state: RuntimeState =
-            serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+            serde_json::from_str(&text).map_err(|source| StateFileError::Invalid {
+                path: self.path.clone(),
+                source,
+            })?;
         if state.version != VERSION {
-            return Err(invalid(format!(
-                "version {}, this switch reads {VERSION}",
-                state.version
-            )));
+            return Err(StateFileError::Version {
+                path: self.path.clone(),
+                found: state.version,
+            });
         }
         Ok(state)
     }
@@ -506,11 +513,19 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         assert!(!dir.join("runtime-state.json.tmp").exists());
         std::fs::write(store.path(), "{\"version\": 9, \"services\": {}}").unwrap();
-        let err = store.load().unwrap_err().to_string();
+        let err = store.load().unwrap_err();
         assert!(
-            err.contains("version 9") && err.contains("remove it"),
+            matches!(err, StateFileError::Version { found: 9, .. }),
             "{err}"
         );
+        let err = err.to_string();
+        assert!(
+            err.contains("(version 9, this switch reads 1)") && err.contains("remove it"),
+            "{err}"
+        );
+        std::fs::write(store.path(), "{").unwrap();
+        let err = store.load().unwrap_err();
+        assert!(matches!(err, StateFileError::Invalid { .. }), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -2,7 +2,7 @@
 //! logical values into wire bytes. Everything here works on slices and never
 //! allocates, so that the view, the patchers and the encoder can share it.
 
-use super::error::IsoError;
+use super::error::{IsoError, ValueReason};
 use super::spec::{Align, Data, FieldDef, LengthEncoding, Unit};
 
 /// EBCDIC (code page 037) and Latin-1, one byte each way. The mapping is a
@@ -249,7 +249,7 @@ pub(crate) fn units_of(def: &FieldDef, len: usize) -> Result<usize, IsoError> {
     match (def.data, def.unit) {
         (Data::Bcd, Unit::Bytes) if !len.is_multiple_of(2) => Err(IsoError::BadValue {
             id: def.id,
-            reason: format!("{len} hex digits is not a whole number of bytes"),
+            reason: ValueReason::HexDigitsNotWholeBytes(len),
         }),
         (Data::Bcd, Unit::Bytes) => Ok(len / 2),
         (Data::Binary, Unit::Bits) => Ok(len * 8),
@@ -268,9 +268,15 @@ pub(crate) fn check_units(def: &FieldDef, units: usize) -> Result<(), IsoError> 
         return Ok(());
     }
     let reason = if def.is_fixed() {
-        format!("length {units}, fixed length is {}", def.length)
+        ValueReason::NotFixedLength {
+            units,
+            length: def.length,
+        }
     } else {
-        format!("length {units} exceeds max {}", def.length)
+        ValueReason::TooLong {
+            units,
+            max: def.length,
+        }
     };
     Err(IsoError::BadValue { id: def.id, reason })
 }
@@ -299,7 +305,7 @@ pub(crate) fn pack(
                 match logical.get(j) {
                     Some(&c) => hex_value(c).ok_or_else(|| IsoError::BadValue {
                         id: def.id,
-                        reason: format!("BCD digit {} is not 0-9 or A-F", j + 1),
+                        reason: ValueReason::NotBcd(j + 1),
                     }),
                     None => Ok(def.pad),
                 }

@@ -11,7 +11,7 @@
 //! accepted on input, as [`FieldRef::logical`] does).
 
 use super::codec;
-use super::error::IsoError;
+use super::error::{IsoError, ValueReason};
 use super::message::FieldRef;
 use super::spec::{Align, Data, Spec, Unit};
 
@@ -56,7 +56,7 @@ impl Spec {
             codec::check_units(def, units)?;
             let width = def.wire_len(units).ok_or(IsoError::BadValue {
                 id,
-                reason: format!("{units} bits is not a whole number of bytes"),
+                reason: ValueReason::BitsNotWholeBytes(units),
             })?;
             let mut wire = vec![0u8; width].into_boxed_slice();
             codec::pack(def, logical, units, &mut wire)?;

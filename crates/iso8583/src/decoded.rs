@@ -4,7 +4,7 @@
 use std::fmt;
 
 use super::codec;
-use super::error::IsoError;
+use super::error::{IsoError, ValueReason};
 use super::mask::Shown;
 use super::message::{Bitmap, Message};
 use super::mti::Mti;
@@ -335,13 +335,13 @@ impl Spec {
                 (Data::Binary, Value::Text(_)) => {
                     return Err(IsoError::BadValue {
                         id: *id,
-                        reason: "binary field given a text value".into(),
+                        reason: ValueReason::TextForBinary,
                     });
                 }
                 (_, Value::Binary(_)) => {
                     return Err(IsoError::BadValue {
                         id: *id,
-                        reason: "text field given a binary value".into(),
+                        reason: ValueReason::BinaryForText,
                     });
                 }
                 (_, Value::Text(s)) => {
@@ -349,7 +349,7 @@ impl Spec {
                     for c in s.chars() {
                         let b = u8::try_from(u32::from(c)).map_err(|_| IsoError::BadValue {
                             id: *id,
-                            reason: "character outside the one-byte (Latin-1) range".into(),
+                            reason: ValueReason::NotLatin1,
                         })?;
                         scratch.push(b);
                     }

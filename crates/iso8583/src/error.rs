@@ -81,7 +81,7 @@ pub enum IsoError {
     /// A value does not fit its field definition (wrong kind, width or characters).
     /// The reason never quotes the value.
     #[error("field {id}: {reason}")]
-    BadValue { id: u16, reason: String },
+    BadValue { id: u16, reason: ValueReason },
 
     /// The fields of a [`super::Decoded`] are not in strictly ascending id order.
     #[error("field {id}: fields must be in strictly ascending id order without duplicates")]
@@ -145,7 +145,7 @@ pub enum SpecError {
     BadKey {
         spec: String,
         key: &'static str,
-        reason: String,
+        reason: KeyReason,
     },
 
     #[error("spec {spec}: field {id}: defined twice")]
@@ -162,16 +162,149 @@ pub enum SpecError {
     BadLength {
         spec: String,
         id: u16,
-        reason: String,
+        reason: LengthReason,
     },
 
     #[error("spec {spec}: field {id}: {reason}")]
     BadField {
         spec: String,
         id: u16,
-        reason: String,
+        reason: FieldReason,
     },
 
     #[error("spec {spec}: [bitmap] tertiary = true needs secondary = true")]
     TertiaryWithoutSecondary { spec: String },
+}
+
+/// Why a spec key outside `[[field]]` holds a value the switch cannot use:
+/// a closed set, so a caller (and a test) matches on the reason instead of
+/// reading text. The values quoted are the spec's own (MTIs, codes, field
+/// ids), never message data.
+#[derive(Debug, Error)]
+pub enum KeyReason {
+    #[error("must not be empty")]
+    Empty,
+    #[error("must be at least 1")]
+    Zero,
+    /// Not four digits (the text as written).
+    #[error("{0:?}: {msg}", msg = crate::mti::NOT_AN_MTI)]
+    NotAnMti(String),
+    #[error("{0:?} is not a number")]
+    NotANumber(String),
+    #[error("field {0} is not defined")]
+    FieldUndefined(u16),
+    #[error("{value:?} does not fit field {id} (length {length})")]
+    DoesNotFit {
+        value: String,
+        id: u16,
+        length: usize,
+    },
+    /// A code the key lists cannot be a value of the field it is compared
+    /// with (F39, F70).
+    #[error(transparent)]
+    NotAFieldValue(IsoError),
+    #[error("{0} is not a reversal request or advice (04x0)")]
+    NotAReversal(crate::mti::Mti),
+    #[error(
+        "F{0} is sensitive authentication data (track, PIN block or EMV data): a reversal is stored until delivered and may not carry it"
+    )]
+    SensitiveField(u16),
+    #[error("{0:?} is not a 2-character response code")]
+    NotAResponseCode(String),
+    #[error("{0:?} is in more than one of saf_done, saf_reconcile, saf_retry")]
+    InSeveralClasses(String),
+    #[error("{0:?} is not the start of a processing code: 1 to 6 digits")]
+    NotAProcessingCode(String),
+    #[error("empty: no host answer would ever complete what the switch owes")]
+    NoDoneCode,
+    #[error(
+        "F{0}: not a field of this dialect, or sensitive authentication data a stored reversal may not carry"
+    )]
+    NotAnAnswerField(u16),
+    #[error("field {0} (or F4, the amount it replaces) is not defined")]
+    ReplacementUndefined(u16),
+    #[error("\"fresh\" sets F7 and F11, and the spec does not define both")]
+    FreshWithoutKeys,
+    #[error("{0:?} is not a network management code (F70): 1 to 4 digits")]
+    NotAnF70Code(String),
+}
+
+/// A spec key and why its value is refused, before the spec's name is
+/// known to the caller ([`SpecError::BadKey`] adds it).
+#[derive(Debug, Error)]
+#[error("key {key}: {reason}")]
+pub struct KeyError {
+    pub key: &'static str,
+    pub reason: KeyReason,
+}
+
+/// Why a `[[field]]`'s `length` cannot be used.
+#[derive(Debug, Error)]
+pub enum LengthReason {
+    #[error("must be at least 1")]
+    Zero,
+    #[error("{0} exceeds 65535")]
+    TooLong(usize),
+    #[error("{0} bits is not a whole number of bytes")]
+    NotWholeBytes(usize),
+    /// A variable field's maximum the length prefix cannot count.
+    #[error("max {length} does not fit a {encoding} {format} length (at most {cap})")]
+    PrefixTooSmall {
+        length: usize,
+        encoding: &'static str,
+        format: &'static str,
+        cap: usize,
+    },
+}
+
+/// Why a `[[field]]` definition cannot be used (its keys together).
+#[derive(Debug, Error)]
+pub enum FieldReason {
+    #[error("name must not be empty")]
+    NoName,
+    #[error("unit = \"digits\" does not apply to binary data")]
+    DigitsOfBinary,
+    #[error("unit = \"bits\" applies to binary data only")]
+    BitsOfText,
+    #[error("align and pad apply to BCD data counted in digits only")]
+    AlignNotBcdDigits,
+    #[error("pad {0:?} is not a hex nibble")]
+    PadNotANibble(char),
+    #[error("length_encoding applies to variable fields only")]
+    EncodingOfFixed,
+    #[error("variable field needs length_encoding (or [defaults] length_encoding)")]
+    NoLengthEncoding,
+    #[error("mask given but sensitive is false")]
+    MaskNotSensitive,
+    #[error("mask = \"pan\" needs text or BCD data")]
+    PanMaskOfBinary,
+    #[error("subelements apply to ascii or ebcdic data only")]
+    SubelementsOfBinary,
+    #[error("subelements: {0}")]
+    Subelements(#[source] crate::spec::LayoutError),
+}
+
+/// Why a value does not fit its field ([`IsoError::BadValue`]): counts and
+/// positions only, never the value.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+pub enum ValueReason {
+    #[error("length {units}, fixed length is {length}")]
+    NotFixedLength { units: usize, length: usize },
+    #[error("length {units} exceeds max {max}")]
+    TooLong { units: usize, max: usize },
+    #[error("{0} bits is not a whole number of bytes")]
+    BitsNotWholeBytes(usize),
+    #[error("{0} hex digits is not a whole number of bytes")]
+    HexDigitsNotWholeBytes(usize),
+    /// The 1-based position of the digit.
+    #[error("BCD digit {0} is not 0-9 or A-F")]
+    NotBcd(usize),
+    #[error("binary field given a text value")]
+    TextForBinary,
+    #[error("text field given a binary value")]
+    BinaryForText,
+    #[error("character outside the one-byte (Latin-1) range")]
+    NotLatin1,
+    #[error("the node stamp needs F37 as ASCII or EBCDIC text")]
+    StampNotText,
 }

@@ -37,7 +37,7 @@ pub use codec::span as field_span;
 pub use codes::FieldCodes;
 pub use datetime::{civil_from_days, transmission_date_time};
 pub use decoded::{Decoded, ShownMessage, Value};
-pub use error::{IsoError, SpecError};
+pub use error::{FieldReason, IsoError, KeyError, KeyReason, LengthReason, SpecError, ValueReason};
 pub use mask::{ALWAYS_SENSITIVE, Shown, is_sensitive, mask_of, unflagged_sensitive};
 pub use message::{Bitmap, FieldIndex, FieldRef, Layout, Message, RoutingView, patch_fixed, stamp};
 pub use mti::Mti;
@@ -50,9 +50,9 @@ pub use sad::{
 #[doc(hidden)]
 pub use spec::Step;
 pub use spec::{
-    Align, BitmapEncoding, BitmapSpec, Data, FieldDef, Format, Framing, Integrity, LengthEncoding,
-    MAX_FIELD, Mask, MtiEncoding, MtiSpec, Network, RepeatKeys, SafAnswerClass, SafAnswerCodes,
-    Spec, Subelement, SubelementError, SubelementLayout, Subelements, Unit,
+    Align, BitmapEncoding, BitmapSpec, Data, FieldDef, Format, Framing, Integrity, LayoutError,
+    LengthEncoding, MAX_FIELD, Mask, MtiEncoding, MtiSpec, Network, RepeatKeys, SafAnswerClass,
+    SafAnswerCodes, Spec, Subelement, SubelementError, SubelementLayout, Subelements, Unit,
 };
 
 #[cfg(test)]

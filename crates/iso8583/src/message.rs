@@ -8,7 +8,7 @@ use std::ops::Range;
 use bytes::Bytes;
 
 use super::codec::{self, Span, ebcdic};
-use super::error::IsoError;
+use super::error::{IsoError, ValueReason};
 use super::mask::Shown;
 use super::mti::Mti;
 use super::spec::{
@@ -381,7 +381,7 @@ impl Spec {
             }
             Data::Bcd | Data::Binary => Err(IsoError::BadValue {
                 id: 37,
-                reason: "the node stamp needs F37 as ASCII or EBCDIC text".into(),
+                reason: ValueReason::StampNotText,
             }),
         }
     }

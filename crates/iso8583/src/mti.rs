@@ -84,15 +84,15 @@ impl Mti {
     }
 }
 
+/// Why a text is not an MTI: [`Mti`]'s `FromStr` error, the only one.
+pub(crate) const NOT_AN_MTI: &str = "an MTI is four digits";
+
 impl FromStr for Mti {
     type Err = &'static str;
 
     fn from_str(s: &str) -> Result<Mti, Self::Err> {
-        let digits: [u8; 4] = s
-            .as_bytes()
-            .try_into()
-            .map_err(|_| "an MTI is four digits")?;
-        Mti::new(digits).ok_or("an MTI is four digits")
+        let digits: [u8; 4] = s.as_bytes().try_into().map_err(|_| NOT_AN_MTI)?;
+        Mti::new(digits).ok_or(NOT_AN_MTI)
     }
 }
 

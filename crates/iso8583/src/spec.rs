@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{IsoError, SpecError};
+use super::error::{FieldReason, IsoError, KeyError, KeyReason, LengthReason, SpecError};
 use super::mti::Mti;
 use isoswitch_wire::{EnvelopeSpec, LengthPrefix};
 
@@ -15,7 +15,7 @@ pub(crate) use cross::{Cross, NOT_A_DIGIT, PREFIX_VALUE};
 pub use integrity::{Integrity, RepeatKeys, SafAnswerClass, SafAnswerCodes};
 use integrity::{IntegrityFile, validate_integrity};
 use subelements::SubelementsFile;
-pub use subelements::{Subelement, SubelementError, SubelementLayout, Subelements};
+pub use subelements::{LayoutError, Subelement, SubelementError, SubelementLayout, Subelements};
 
 /// Highest field id (fields 129..=192 live in the tertiary bitmap).
 pub const MAX_FIELD: u16 = 192;
@@ -500,16 +500,16 @@ impl Spec {
 
     fn validate(file: SpecFile) -> Result<Spec, SpecError> {
         let spec = file.name.clone();
-        let bad_key = |key: &'static str, reason: String| SpecError::BadKey {
+        let bad_key = |key: &'static str, reason: KeyReason| SpecError::BadKey {
             spec: spec.clone(),
             key,
             reason,
         };
         if file.name.trim().is_empty() {
-            return Err(bad_key("name", "must not be empty".into()));
+            return Err(bad_key("name", KeyReason::Empty));
         }
         if file.framing.max_frame == 0 {
-            return Err(bad_key("framing.max_frame", "must be at least 1".into()));
+            return Err(bad_key("framing.max_frame", KeyReason::Zero));
         }
         let bitmap = file.bitmap;
         if bitmap.tertiary && !bitmap.secondary {
@@ -548,7 +548,7 @@ impl Spec {
             None => None,
             Some(s) => Some(
                 s.parse::<Mti>()
-                    .map_err(|e| bad_key("network.echo_mti", format!("{s:?}: {e}")))?,
+                    .map_err(|_| bad_key("network.echo_mti", KeyReason::NotAnMti(s.clone())))?,
             ),
         };
         for (key, value) in [
@@ -558,15 +558,19 @@ impl Spec {
         ] {
             if let Some(v) = value {
                 if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(bad_key(key, format!("{v:?} is not a number")));
+                    return Err(bad_key(key, KeyReason::NotANumber(v.clone())));
                 }
                 let Some(f70) = fields.iter().find(|d| d.id == 70) else {
-                    return Err(bad_key(key, "field 70 is not defined".into()));
+                    return Err(bad_key(key, KeyReason::FieldUndefined(70)));
                 };
                 if f70.is_fixed() && v.len() != f70.length {
                     return Err(bad_key(
                         key,
-                        format!("{v:?} does not fit field 70 (length {})", f70.length),
+                        KeyReason::DoesNotFit {
+                            value: v.clone(),
+                            id: 70,
+                            length: f70.length,
+                        },
                     ));
                 }
             }
@@ -578,18 +582,19 @@ impl Spec {
             if slot.get(id as usize).copied().unwrap_or(0) == 0 {
                 return Err(bad_key(
                     "network.echo_fields",
-                    format!("field {id} is not defined"),
+                    KeyReason::FieldUndefined(id),
                 ));
             }
         }
 
-        let integrity = validate_integrity(&file.integrity, &slot).map_err(|(key, reason)| {
-            SpecError::BadKey {
-                spec: spec.clone(),
-                key,
-                reason,
-            }
-        })?;
+        let integrity =
+            validate_integrity(&file.integrity, &slot).map_err(|KeyError { key, reason }| {
+                SpecError::BadKey {
+                    spec: spec.clone(),
+                    key,
+                    reason,
+                }
+            })?;
 
         Spec {
             name: file.name,
@@ -622,7 +627,7 @@ impl Spec {
         let bad = |key: &'static str, e: IsoError| SpecError::BadKey {
             spec: self.name.clone(),
             key,
-            reason: e.to_string(),
+            reason: KeyReason::NotAFieldValue(e),
         };
         if own_approval_codes && self.field(39).is_some() {
             self.field_codes(39, &self.integrity.approval_codes)
@@ -656,12 +661,12 @@ fn validate_field(
         id,
         reason,
     };
-    let bad = |reason: String| SpecError::BadField {
+    let bad = |reason: FieldReason| SpecError::BadField {
         spec: spec.to_string(),
         id,
         reason,
     };
-    let bad_len = |reason: String| SpecError::BadLength {
+    let bad_len = |reason: LengthReason| SpecError::BadLength {
         spec: spec.to_string(),
         id,
         reason,
@@ -687,76 +692,69 @@ fn validate_field(
         _ => return Err(out_of_range("ids end at 192")),
     }
     if f.name.trim().is_empty() {
-        return Err(bad("name must not be empty".into()));
+        return Err(bad(FieldReason::NoName));
     }
 
     let unit = match (f.data, f.unit) {
         (Data::Bcd, None) => Unit::Digits,
         (_, None) => Unit::Bytes,
         (Data::Binary, Some(Unit::Digits)) => {
-            return Err(bad("unit = \"digits\" does not apply to binary data".into()));
+            return Err(bad(FieldReason::DigitsOfBinary));
         }
         (Data::Ascii | Data::Ebcdic | Data::Bcd, Some(Unit::Bits)) => {
-            return Err(bad("unit = \"bits\" applies to binary data only".into()));
+            return Err(bad(FieldReason::BitsOfText));
         }
         (_, Some(u)) => u,
     };
 
     let bcd_digits = f.data == Data::Bcd && unit == Unit::Digits;
     if !bcd_digits && (f.align.is_some() || f.pad.is_some()) {
-        return Err(bad(
-            "align and pad apply to BCD data counted in digits only".into(),
-        ));
+        return Err(bad(FieldReason::AlignNotBcdDigits));
     }
     let pad = match f.pad {
         None => 0,
         Some(c) => c
             .to_digit(16)
             .map(|d| d as u8)
-            .ok_or_else(|| bad(format!("pad {c:?} is not a hex nibble")))?,
+            .ok_or_else(|| bad(FieldReason::PadNotANibble(c)))?,
     };
 
     if f.length == 0 {
-        return Err(bad_len("must be at least 1".into()));
+        return Err(bad_len(LengthReason::Zero));
     }
     if f.length > 0xFFFF {
-        return Err(bad_len(format!("{} exceeds 65535", f.length)));
+        return Err(bad_len(LengthReason::TooLong(f.length)));
     }
     if unit == Unit::Bits && f.format == Format::Fixed && !f.length.is_multiple_of(8) {
-        return Err(bad_len(format!(
-            "{} bits is not a whole number of bytes",
-            f.length
-        )));
+        return Err(bad_len(LengthReason::NotWholeBytes(f.length)));
     }
 
     let length_encoding = match (f.format, f.length_encoding.or(defaults.length_encoding)) {
         (Format::Fixed, _) if f.length_encoding.is_some() => {
-            return Err(bad("length_encoding applies to variable fields only".into()));
+            return Err(bad(FieldReason::EncodingOfFixed));
         }
         (Format::Fixed, _) => None,
         (_, None) => {
-            return Err(bad(
-                "variable field needs length_encoding (or [defaults] length_encoding)".into(),
-            ));
+            return Err(bad(FieldReason::NoLengthEncoding));
         }
         (format, Some(enc)) => {
             let cap = FieldDef::prefix_capacity(format, enc);
             if f.length > cap {
-                return Err(bad_len(format!(
-                    "max {} does not fit a {} {} length (at most {cap})",
-                    f.length,
-                    enc.label(),
-                    format.label()
-                )));
+                return Err(bad_len(LengthReason::PrefixTooSmall {
+                    length: f.length,
+                    encoding: enc.label(),
+                    format: format.label(),
+                    cap,
+                }));
             }
             Some(enc)
         }
     };
 
     let mask = match (f.sensitive, f.mask) {
-        (false, Some(_)) => return Err(bad("mask given but sensitive is false".into())),
+        (false, Some(_)) => return Err(bad(FieldReason::MaskNotSensitive)),
         (_, Some(Mask::Pan)) if f.data == Data::Binary => {
-            return Err(bad("mask = \"pan\" needs text or BCD data".into()));
+            return Err(bad(FieldReason::PanMaskOfBinary));
         }
         (_, m) => m.unwrap_or_default(),
     };
@@ -764,10 +762,10 @@ fn validate_field(
     let subelements = match f.subelements {
         None => None,
         Some(_) if !matches!(f.data, Data::Ascii | Data::Ebcdic) => {
-            return Err(bad("subelements apply to ascii or ebcdic data only".into()));
+            return Err(bad(FieldReason::SubelementsOfBinary));
         }
         Some(file) => Some(
-            Subelements::validate(file, f.length).map_err(|r| bad(format!("subelements: {r}")))?,
+            Subelements::validate(file, f.length).map_err(|r| bad(FieldReason::Subelements(r)))?,
         ),
     };
 

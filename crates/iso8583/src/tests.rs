@@ -250,7 +250,13 @@ fn patch_fixed_checks_width_and_encoding() {
     let e = patch_fixed(&mut payload, f11, r.clone(), b"65432").unwrap_err();
     assert_eq!(e.to_string(), "field 11: length 5, fixed length is 6");
     let e = patch_fixed(&mut payload, f11, r.clone(), b"65432=").unwrap_err();
-    assert!(matches!(e, IsoError::BadValue { id: 11, .. }));
+    assert_eq!(
+        e,
+        IsoError::BadValue {
+            id: 11,
+            reason: crate::ValueReason::NotBcd(6)
+        }
+    );
     let e = patch_fixed(&mut payload, f11, r.start..r.end + 1, b"654321").unwrap_err();
     assert!(matches!(e, IsoError::BadRange { id: 11, .. }));
     let e = patch_fixed(&mut payload, spec.field(2).unwrap(), r.clone(), b"1").unwrap_err();

@@ -178,7 +178,18 @@ fn a_broken_key_is_refused_without_showing_its_content() {
 #[test]
 fn client_names_need_a_client_ca() {
     let t: TlsServer = toml::from_str("cert = \"a\"\nkey = \"b\"\nclient_names = [\"x\"]").unwrap();
-    let e = t.validate("service[0].front.tls").unwrap_err().to_string();
+    let e = t.validate("service[0].front.tls").unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TlsError::Invalid {
+                reason: TlsReason::Rule(_),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = e.to_string();
     assert!(e.starts_with("service[0].front.tls.client_names: "), "{e}");
 }
 

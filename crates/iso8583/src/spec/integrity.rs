@@ -6,6 +6,7 @@
 use serde::Deserialize;
 
 use super::MAX_FIELD;
+use crate::error::{KeyError, KeyReason};
 use crate::mti::Mti;
 
 /// `[integrity]`: how the switch builds the messages it owes a host in this
@@ -162,18 +163,16 @@ pub(super) struct IntegrityFile {
 pub(super) fn validate_integrity(
     file: &IntegrityFile,
     slot: &[u8; MAX_FIELD as usize + 1],
-) -> Result<Integrity, (&'static str, String)> {
+) -> Result<Integrity, KeyError> {
+    let bad = |key: &'static str, reason: KeyReason| KeyError { key, reason };
     let defined = |id: u16| slot.get(id as usize).copied().unwrap_or(0) != 0;
     let mut out = Integrity::default();
     if let Some(text) = &file.reversal_mti {
         let mti: Mti = text
             .parse()
-            .map_err(|e| ("integrity.reversal_mti", format!("{text:?}: {e}")))?;
+            .map_err(|_| bad("integrity.reversal_mti", KeyReason::NotAnMti(text.clone())))?;
         if mti.class() != 4 || !mti.is_request() {
-            return Err((
-                "integrity.reversal_mti",
-                format!("{mti} is not a reversal request or advice (04x0)"),
-            ));
+            return Err(bad("integrity.reversal_mti", KeyReason::NotAReversal(mti)));
         }
         out.reversal_mti = mti;
     }
@@ -184,11 +183,9 @@ pub(super) fn validate_integrity(
             .iter()
             .find(|id| crate::sad::SAD_FIELDS.contains(id) || **id == crate::sad::EMV_FIELD)
         {
-            return Err((
+            return Err(bad(
                 "integrity.reversal_fields",
-                format!(
-                    "F{id} is sensitive authentication data (track, PIN block or EMV data): a reversal is stored until delivered and may not carry it"
-                ),
+                KeyReason::SensitiveField(*id),
             ));
         }
         let mut fields = fields.clone();
@@ -200,9 +197,9 @@ pub(super) fn validate_integrity(
     out.reversal_fields.retain(|&id| defined(id));
     if let Some(reason) = &file.reversal_reason {
         if reason.len() != 2 || !reason.bytes().all(|b| b.is_ascii_alphanumeric()) {
-            return Err((
+            return Err(bad(
                 "integrity.reversal_reason",
-                format!("{reason:?} is not a 2-character response code"),
+                KeyReason::NotAResponseCode(reason.clone()),
             ));
         }
         out.reversal_reason = reason.clone();
@@ -210,9 +207,9 @@ pub(super) fn validate_integrity(
     match file.original_data {
         Some(0) => out.original_data = None,
         Some(id) if !defined(id) => {
-            return Err((
+            return Err(bad(
                 "integrity.original_data",
-                format!("field {id} is not defined"),
+                KeyReason::FieldUndefined(id),
             ));
         }
         Some(id) => out.original_data = Some(id),
@@ -253,9 +250,9 @@ pub(super) fn validate_integrity(
             .count()
             > 1
     }) {
-        return Err((
+        return Err(bad(
             "integrity.saf_done",
-            format!("{c:?} is in more than one of saf_done, saf_reconcile, saf_retry"),
+            KeyReason::InSeveralClasses(c.clone()),
         ));
     }
     if let Some(prefixes) = &file.no_reversal_f3 {
@@ -263,29 +260,24 @@ pub(super) fn validate_integrity(
             .iter()
             .find(|p| !(1..=6).contains(&p.len()) || !p.bytes().all(|b| b.is_ascii_digit()))
         {
-            return Err((
-                "integrity.no_reversal_f3",
-                format!("{bad:?} is not the start of a processing code: 1 to 6 digits"),
-            ));
+            return Err(KeyError {
+                key: "integrity.no_reversal_f3",
+                reason: KeyReason::NotAProcessingCode(bad.clone()),
+            });
         }
         out.no_reversal_f3 = prefixes.clone();
     }
     let a = &out.saf_answers;
     if a.done.is_empty() {
-        return Err((
-            "integrity.saf_done",
-            "empty: no host answer would ever complete what the switch owes".into(),
-        ));
+        return Err(bad("integrity.saf_done", KeyReason::NoDoneCode));
     }
     if let Some(fields) = &file.answer_fields {
         if let Some(id) = fields.iter().find(|id| {
             crate::sad::SAD_FIELDS.contains(id) || **id == crate::sad::EMV_FIELD || !defined(**id)
         }) {
-            return Err((
+            return Err(bad(
                 "integrity.answer_fields",
-                format!(
-                    "F{id}: not a field of this dialect, or sensitive authentication data a stored reversal may not carry"
-                ),
+                KeyReason::NotAnAnswerField(*id),
             ));
         }
         let mut fields = fields.clone();
@@ -297,19 +289,16 @@ pub(super) fn validate_integrity(
     match file.replacement_amounts {
         Some(0) | None => {}
         Some(id) if !defined(id) || !defined(4) => {
-            return Err((
+            return Err(bad(
                 "integrity.replacement_amounts",
-                format!("field {id} (or F4, the amount it replaces) is not defined"),
+                KeyReason::ReplacementUndefined(id),
             ));
         }
         Some(id) => out.replacement_amounts = Some(id),
     }
     if let Some(keys) = file.repeat_keys {
         if keys == RepeatKeys::Fresh && !(defined(7) && defined(11)) {
-            return Err((
-                "integrity.repeat_keys",
-                "\"fresh\" sets F7 and F11, and the spec does not define both".to_string(),
-            ));
+            return Err(bad("integrity.repeat_keys", KeyReason::FreshWithoutKeys));
         }
         out.repeat_keys = keys;
     }
@@ -318,10 +307,10 @@ pub(super) fn validate_integrity(
             .iter()
             .find(|c| !(1..=4).contains(&c.len()) || !c.bytes().all(|b| b.is_ascii_digit()))
         {
-            return Err((
-                "integrity.institution_f70",
-                format!("{bad:?} is not a network management code (F70): 1 to 4 digits"),
-            ));
+            return Err(KeyError {
+                key: "integrity.institution_f70",
+                reason: KeyReason::NotAnF70Code(bad.clone()),
+            });
         }
         out.institution_f70 = codes.clone();
     }
@@ -329,15 +318,15 @@ pub(super) fn validate_integrity(
 }
 
 /// 2-character response codes, as `key` lists them.
-fn response_codes(
-    key: &'static str,
-    codes: &[String],
-) -> Result<Vec<String>, (&'static str, String)> {
+fn response_codes(key: &'static str, codes: &[String]) -> Result<Vec<String>, KeyError> {
     match codes
         .iter()
         .find(|c| c.len() != 2 || !c.bytes().all(|b| b.is_ascii_alphanumeric()))
     {
-        Some(bad) => Err((key, format!("{bad:?} is not a 2-character response code"))),
+        Some(bad) => Err(KeyError {
+            key,
+            reason: KeyReason::NotAResponseCode(bad.clone()),
+        }),
         None => Ok(codes.to_vec()),
     }
 }

@@ -106,7 +106,21 @@ fn validation_errors_name_spec_and_field() {
         "[[field]]\nid = 2\nname = \"x\"\nformat = \"llvar\"\nlength = 100\ndata = \"ascii\"\nlength_encoding = \"ascii\"\n",
     )
     .unwrap_err();
-    assert!(matches!(e, SpecError::BadLength { id: 2, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            SpecError::BadLength {
+                id: 2,
+                reason: LengthReason::PrefixTooSmall { cap: 99, .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "spec t: field 2: bad length: max 100 does not fit a ASCII LL length (at most 99)"
+    );
 
     let e = with_fields(
         "[[field]]\nid = 2\nname = \"x\"\nformat = \"llvar\"\nlength = 10\ndata = \"ascii\"\n",
@@ -115,7 +129,17 @@ fn validation_errors_name_spec_and_field() {
     assert!(e.to_string().contains("length_encoding"), "{e}");
 
     let e = with_fields(&field(4, "pad = \"F\"")).unwrap_err();
-    assert!(matches!(e, SpecError::BadField { id: 4, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            SpecError::BadField {
+                id: 4,
+                reason: FieldReason::AlignNotBcdDigits,
+                ..
+            }
+        ),
+        "{e}"
+    );
 
     let e = with_fields(&field(4, "mask = \"pan\"")).unwrap_err();
     assert!(e.to_string().contains("sensitive"), "{e}");
@@ -133,9 +157,71 @@ fn validation_errors_name_spec_and_field() {
     assert!(matches!(e, SpecError::BadLength { id: 52, .. }), "{e}");
 
     let e = with_fields("[network]\necho_mti = \"08X0\"\n").unwrap_err();
-    assert!(e.to_string().contains("network.echo_mti"), "{e}");
+    assert_eq!(
+        e.to_string(),
+        r#"spec t: key network.echo_mti: "08X0": an MTI is four digits"#
+    );
     let e = with_fields("[network]\necho_fields = [11]\n").unwrap_err();
-    assert!(e.to_string().contains("field 11"), "{e}");
+    assert!(
+        matches!(
+            e,
+            SpecError::BadKey {
+                key: "network.echo_fields",
+                reason: KeyReason::FieldUndefined(11),
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn integrity_keys_are_refused_by_key_and_reason() {
+    let bad = |integrity: &str| with_fields(&format!("[integrity]\n{integrity}\n")).unwrap_err();
+    let e = bad(r#"reversal_mti = "0200""#);
+    assert!(
+        matches!(
+            e,
+            SpecError::BadKey {
+                key: "integrity.reversal_mti",
+                reason: KeyReason::NotAReversal(_),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "spec t: key integrity.reversal_mti: 0200 is not a reversal request or advice (04x0)"
+    );
+    let e = bad(r#"saf_done = ["0"]"#);
+    assert_eq!(
+        e.to_string(),
+        r#"spec t: key integrity.saf_done: "0" is not a 2-character response code"#
+    );
+    let e = bad("saf_done = []");
+    assert!(
+        matches!(
+            e,
+            SpecError::BadKey {
+                key: "integrity.saf_done",
+                reason: KeyReason::NoDoneCode,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = bad("reversal_fields = [35]");
+    assert!(
+        matches!(
+            e,
+            SpecError::BadKey {
+                reason: KeyReason::SensitiveField(35),
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
