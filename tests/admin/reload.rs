@@ -185,7 +185,11 @@ async fn reload_applies_timeouts_and_decline_codes_live() {
 async fn a_killed_sweeper_or_accept_loop_is_restarted() {
     tokio::time::timeout(TEST_LIMIT, async {
         let spec = spec("cup-pos");
-        let nodes = start_nodes(&spec, 1, Delay::parse("5s").unwrap()).await;
+        // The node never answers within the test: every answer the
+        // clients get is the switch's timeout decline, however slow the
+        // machine (a 5 s node once raced the client's own 5 s wait and
+        // answered first while the restarted sweeper had not yet run).
+        let nodes = start_nodes(&spec, 1, Delay::parse("300s").unwrap()).await;
         let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
         let cfg = Rig::on("cup-pos")
             .service("[service.timeouts]\nrequest = \"200ms\"")
@@ -200,13 +204,26 @@ async fn a_killed_sweeper_or_accept_loop_is_restarted() {
         wait_until("sweeper restarted", || sup.restarts() == 1).await;
         let request = isoswitch::sim::sized_request(&spec, "0200", 200).unwrap();
         client.send_raw(&RawClient::frame(&spec, &request)).await;
+        // The restarted sweeper runs after the supervisor's backoff: wait
+        // for its decline on the machine's time, not a fixed 5 s.
         let answer = client
-            .recv()
+            .recv_within(Duration::from_secs(30))
             .await
             .expect("a timeout decline after the restart");
         let msg = isoswitch::iso8583::Message::parse(&spec, answer).unwrap();
         assert_eq!(msg.mti().as_str(), "0210");
-        assert_eq!(svc.view().counters.declined(DeclineReason::Timeout), 1);
+        let counters = &svc.view().counters;
+        let declined: Vec<_> = DeclineReason::ALL
+            .iter()
+            .map(|&r| (r, counters.declined(r)))
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        assert_eq!(
+            counters.declined(DeclineReason::Timeout),
+            1,
+            "F39 {:?}, declined {declined:?}",
+            msg.field(39).ok().flatten().map(|f| f.data().to_vec())
+        );
 
         assert_eq!(sup.kill("svc/accept"), 1);
         wait_until("accept loop restarted", || sup.restarts() == 2).await;
@@ -227,11 +244,17 @@ async fn a_killed_sweeper_or_accept_loop_is_restarted() {
         late_comer
             .send_raw(&RawClient::frame(&spec, &request))
             .await;
-        assert!(late_comer.recv().await.is_some(), "a new client is served");
+        assert!(
+            late_comer
+                .recv_within(Duration::from_secs(30))
+                .await
+                .is_some(),
+            "a new client is served"
+        );
         // The first client's link survived both.
         client.send_raw(&RawClient::frame(&spec, &request)).await;
         assert!(
-            client.recv().await.is_some(),
+            client.recv_within(Duration::from_secs(30)).await.is_some(),
             "the old client link still works"
         );
         assert!(sup.task_names().iter().any(|t| t == "svc/accept"));

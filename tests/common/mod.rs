@@ -251,9 +251,14 @@ impl RawClient {
 
     /// The next message payload, or None on EOF / error / 5 s without one.
     pub async fn recv(&mut self) -> Option<bytes::Bytes> {
+        self.recv_within(Duration::from_secs(5)).await
+    }
+
+    /// [`RawClient::recv`], waiting at most `wait`.
+    pub async fn recv_within(&mut self, wait: Duration) -> Option<bytes::Bytes> {
         use tokio::io::AsyncReadExt;
         use tokio_util::codec::Decoder;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let deadline = tokio::time::Instant::now() + wait;
         loop {
             match self.codec.decode(&mut self.buf) {
                 Ok(Some(isoswitch::wire::Frame::Message(p))) => return Some(p),
