@@ -124,7 +124,11 @@ fn a_pick_is_given_back_unless_handed_on() {
     picked.finished(false, Duration::ZERO, t0);
     assert_eq!(pool.outstanding(0), 0);
     let c = &pool.node(0).unwrap().counters;
-    assert_eq!(c.sent.load(Ordering::Relaxed), 2, "the pick given back was never sent");
+    assert_eq!(
+        c.sent.load(Ordering::Relaxed),
+        2,
+        "the pick given back was never sent"
+    );
     assert_eq!(c.answered.load(Ordering::Relaxed), 1);
     assert_eq!(c.declined.load(Ordering::Relaxed), 1);
 }
