@@ -463,23 +463,30 @@ impl<V> Correlator<V> {
         let slab = &self.slab;
         if let Ok(bucket) = self.index.find_entry(hash, |&slot| holds(slab, slot, key)) {
             let slot = *bucket.get();
-            let taken = self.slab.get_mut(slot as usize).and_then(Option::take);
-            let Some(e) = taken else {
+            // The links and ids are read where the entry lies, and only its
+            // value leaves the slab (the whole entry, key and all, was one
+            // copy more per answer).
+            let cell = self.slab.get_mut(slot as usize);
+            let Some((ids, links, value)) = cell.and_then(|cell| {
+                let e = cell.as_ref()?;
+                let ids = (e.fingerprint, e.hid);
+                let links = (e.prev, e.next);
+                Some((ids, links, cell.take()?.value))
+            }) else {
                 // Not so: `holds` found it in the slab.
                 bucket.remove();
                 return Err(Miss::Unknown);
             };
             let keeping = self.keeping.as_deref();
-            let ids = (e.fingerprint, e.hid);
             let tag = settle(bucket, ids, &mut self.answers, keeping, hash, now, true);
             if let (Some(_), Some(k)) = (tag, keeping) {
                 self.answers.keep_last(key.as_bytes(), answer, k);
                 self.trim_answers();
             }
-            self.unlink(&e);
+            self.unlink_links(links);
             self.free.push(slot);
             self.stats.answered += 1;
-            return Ok(e.value);
+            return Ok(value);
         }
         match self.recent.get(key) {
             Some(&(until, _)) if now < until => {
@@ -631,13 +638,18 @@ impl<V> Correlator<V> {
 
     /// Takes `e`, just out of its slot, out of the deadline list.
     fn unlink(&mut self, e: &Entry<V>) {
-        match self.entry_mut(e.prev) {
-            Some(p) => p.next = e.next,
-            None => self.head = e.next,
+        self.unlink_links((e.prev, e.next));
+    }
+
+    /// [`Correlator::unlink`] of the entry whose links are `(prev, next)`.
+    fn unlink_links(&mut self, (prev, next): (u32, u32)) {
+        match self.entry_mut(prev) {
+            Some(p) => p.next = next,
+            None => self.head = next,
         }
-        match self.entry_mut(e.next) {
-            Some(n) => n.prev = e.prev,
-            None => self.tail = e.prev,
+        match self.entry_mut(next) {
+            Some(n) => n.prev = prev,
+            None => self.tail = prev,
         }
     }
 

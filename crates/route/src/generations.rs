@@ -56,7 +56,10 @@ impl Clock {
 /// A duration in whole milliseconds (saturating: `u64` milliseconds are
 /// half a billion years).
 pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+    // `as_millis` in u128, saturated to u64, in u64 steps.
+    d.as_secs()
+        .saturating_mul(1000)
+        .saturating_add(u64::from(d.subsec_millis()))
 }
 
 /// One shard's generations, oldest first.

@@ -404,9 +404,15 @@ impl Router {
         if !self.spec.envelope().tpdu {
             return patch;
         }
-        let Ok(t) = Tpdu::parse(request) else {
+        // `Tpdu::parse` without its error (a `String` it would drop): a
+        // short request or a wrong ID byte gets no edit either way.
+        let Some(&raw) = request.first_chunk::<{ Tpdu::LEN }>() else {
             return patch;
         };
+        if raw[0] != Tpdu::ID {
+            return patch;
+        }
+        let t = Tpdu::from_bytes(raw);
         let tpdu = match self.tpdu_on_response {
             TpduPolicy::Swap => t.swapped(),
             TpduPolicy::Echo => t,
@@ -420,7 +426,25 @@ impl Router {
 
 /// The text form of F37 (12 characters at most) on the stack.
 pub fn f37_text(f37: &isoswitch_iso8583::FieldRef<'_>) -> ([u8; 12], usize) {
+    use isoswitch_iso8583::{Data, ebcdic};
     let mut text = [0u8; 12];
+    // One character per byte (F37 is `an`, in ASCII or EBCDIC): what
+    // `logical()` yields, without its per-byte match on the encoding.
+    let data = f37.data();
+    let n = data.len().min(text.len());
+    match f37.def().data {
+        Data::Ascii | Data::Binary => {
+            text[..n].copy_from_slice(&data[..n]);
+            return (text, n);
+        }
+        Data::Ebcdic => {
+            for (dst, &b) in text.iter_mut().zip(data) {
+                *dst = ebcdic::to_ascii(b);
+            }
+            return (text, n);
+        }
+        Data::Bcd => {}
+    }
     let mut len = 0;
     for (dst, b) in text.iter_mut().zip(f37.logical()) {
         *dst = b;

@@ -44,7 +44,10 @@ impl Eq for CorrelationKey {}
 
 impl Hash for CorrelationKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.as_bytes().hash(state);
+        // The bytes alone, without the slice's length before them (equal
+        // keys are equal bytes, so they still hash alike): foldhash's
+        // `write` mixes the length in itself, and one step less per hash.
+        state.write(self.as_bytes());
     }
 }
 
@@ -100,7 +103,7 @@ impl KeyBuilder {
         }
         // end <= 64, so part.len() < 64 fits a byte.
         self.key.bytes[at] = part.len() as u8;
-        self.key.bytes[at + 1..end].copy_from_slice(part);
+        copy_part(&mut self.key.bytes[at + 1..end], part);
         self.key.len = end as u8;
     }
 
@@ -110,6 +113,38 @@ impl KeyBuilder {
         } else {
             Ok(self.key)
         }
+    }
+}
+
+/// `dst.copy_from_slice(src)` (the two are as long) for the short parts a
+/// key is made of, as two overlapping fixed-size moves instead of a call to
+/// `memcpy` for a few bytes: a key is built twice per exchange, part by part.
+#[inline(always)]
+fn copy_part(dst: &mut [u8], src: &[u8]) {
+    let n = src.len();
+    if dst.len() != n {
+        // Not so by construction; `copy_from_slice` would panic, this copies
+        // what fits.
+        let n = n.min(dst.len());
+        dst[..n].copy_from_slice(&src[..n]);
+        return;
+    }
+    match n {
+        0 => {}
+        1..=3 => {
+            dst[0] = src[0];
+            dst[n / 2] = src[n / 2];
+            dst[n - 1] = src[n - 1];
+        }
+        4..=7 => {
+            dst[..4].copy_from_slice(&src[..4]);
+            dst[n - 4..n].copy_from_slice(&src[n - 4..n]);
+        }
+        8..=16 => {
+            dst[..8].copy_from_slice(&src[..8]);
+            dst[n - 8..n].copy_from_slice(&src[n - 8..n]);
+        }
+        _ => dst.copy_from_slice(src),
     }
 }
 

@@ -29,6 +29,22 @@ fn ms(n: u64) -> Duration {
 }
 
 #[test]
+fn key_parts_of_every_length_are_copied_whole() {
+    // Each length takes its own way in `copy_part` (bytes, 4s, 8s, memcpy).
+    let src: Vec<u8> = (1..=60).collect();
+    for n in 0..=60 {
+        let part = &src[..n];
+        let k = key(&[b"02", part]);
+        let mut want = vec![2, b'0', b'2', n as u8];
+        want.extend_from_slice(part);
+        assert_eq!(k.as_bytes(), &want[..], "part of {n} bytes");
+    }
+    // Past 64 bytes in all: refused, as before.
+    let b = CorrelationKey::builder().push(&src[..60]).push(b"abc");
+    assert!(b.build().is_err());
+}
+
+#[test]
 fn key_parts_are_unambiguous() {
     assert_ne!(key(&[b"12", b"3"]), key(&[b"1", b"23"]));
     assert_ne!(key(&[b"", b"1"]), key(&[b"1"]));

@@ -71,7 +71,7 @@ impl RepeatBook {
         if !self.is_on() {
             return;
         }
-        let hash = self.hasher.hash_one(key.as_bytes());
+        let hash = self.hasher.hash_one(key);
         let node = u32::try_from(node).unwrap_or(u32::MAX);
         let t = self.clock.ms(now);
         let mut shard = self.shard(hash);
@@ -91,7 +91,7 @@ impl RepeatBook {
 
     /// The node the original of a repeat went to, if within the window.
     pub fn node_of(&self, key: &CorrelationKey, now: Instant) -> Option<usize> {
-        let hash = self.hasher.hash_one(key.as_bytes());
+        let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
         let (g, &(node, ms)) = shard.newest(hash)?;
         let t = self.clock.ms(now);
