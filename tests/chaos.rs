@@ -33,21 +33,25 @@ fn pos_config(listen: SocketAddr, nodes: &[SocketAddr], request_timeout: &str) -
 }
 
 async fn start_switch(name: &str, toml: &str, listen: SocketAddr) -> Proc {
+    start_switch_with(name, toml, listen, &[]).await
+}
+
+/// [`start_switch`] with more `run` flags.
+async fn start_switch_with(name: &str, toml: &str, listen: SocketAddr, extra: &[&str]) -> Proc {
     let path = write_config(name, toml);
     let p = path.to_string_lossy().into_owned();
     let data = data_dir(name);
-    let switch = Proc::spawn(
-        name,
-        &[
-            "run",
-            "--config",
-            &p,
-            "--data-dir",
-            &data,
-            "--stats-every",
-            "1",
-        ],
-    );
+    let mut args = vec![
+        "run",
+        "--config",
+        &p,
+        "--data-dir",
+        &data,
+        "--stats-every",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    let switch = Proc::spawn(name, &args);
     wait_listening(listen).await;
     switch
 }
@@ -122,23 +126,7 @@ async fn on_a_single_thread_a_node_killed_under_load_loses_nothing() {
         let listen = free_addr();
         let (admin, admin_toml) = admin_toml("single-switch");
         let toml = format!("{admin_toml}{}", pos_config(listen, &addrs, "3s"));
-        let path = write_config("single-switch", &toml);
-        let (p, data) = (
-            path.to_string_lossy().into_owned(),
-            data_dir("single-switch"),
-        );
-        let switch = Proc::spawn(
-            "single-switch",
-            &[
-                "run",
-                "--single-thread",
-                "--config",
-                &p,
-                "--data-dir",
-                &data,
-            ],
-        );
-        wait_listening(listen).await;
+        let switch = start_switch_with("single-switch", &toml, listen, &["--single-thread"]).await;
         let load = start_nac("single-nac", listen, 200, "3s");
         wait_metric_sum(admin, "isoswitch_service_requests", &[], 100.0).await;
         nodes[2].kill9().await;
