@@ -299,7 +299,7 @@ fn field_walk(c: &mut Criterion) {
 /// both sides pay one call.
 mod hand {
     use super::*;
-    use isoswitch::wire::{PosHeader, WireError};
+    use isoswitch::wire::{EnvelopeReason, PosHeader, WireError};
 
     fn truncated(what: &'static str, need: usize, have: usize) -> WireError {
         WireError::Truncated {
@@ -320,7 +320,10 @@ mod hand {
             return Err(WireError::BadEnvelope {
                 what: "TPDU",
                 offset: 0,
-                reason: format!("ID byte is {:#04x}, expected 0x60", bytes[0]),
+                reason: EnvelopeReason::IdByte {
+                    found: bytes[0],
+                    expected: Tpdu::ID,
+                },
             });
         }
         Ok(Tpdu::from_bytes(*bytes))
@@ -344,7 +347,10 @@ mod hand {
             return Err(WireError::BadEnvelope {
                 what: "CUPS header length",
                 offset: 0,
-                reason: format!("is {}, expected 46", raw[0]),
+                reason: EnvelopeReason::Length {
+                    found: raw[0],
+                    expected: 46,
+                },
             });
         }
         Ok(CupsHeader(raw))
@@ -360,7 +366,11 @@ mod hand {
             return Err(WireError::BadEnvelope {
                 what: "VISA header length",
                 offset: 0,
-                reason: format!("is {:#04x}, expected 0x16 or 0x1A", raw[0]),
+                reason: EnvelopeReason::LengthEither {
+                    found: raw[0],
+                    short: 0x16,
+                    long: 0x1A,
+                },
             });
         }
         Ok(VisaHeader(raw))

@@ -110,7 +110,7 @@ pub enum TemplateReason {
     #[error("`{0}` is not a TPDU: 10 hex digits starting 60")]
     NotATpdu(String),
     /// The scheme header's own refusal of an id or header setting.
-    #[error("{}", .0.reason)]
+    #[error("`{}` is not {}", .0.value, .0.needs)]
     Header(#[source] FreshError),
 }
 

@@ -39,8 +39,29 @@ pub enum WireError {
     BadEnvelope {
         what: &'static str,
         offset: usize,
-        reason: String,
+        reason: EnvelopeReason,
     },
+}
+
+/// Why an envelope's field is malformed ([`WireError::BadEnvelope`]):
+/// the byte found and what the envelope needs there.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+pub enum EnvelopeReason {
+    /// A header's length byte other than its length.
+    #[error("is {found}, expected {expected}")]
+    Length { found: u8, expected: u8 },
+    /// A header's length byte that is neither of its two lengths (VISA's,
+    /// without and with its reject part).
+    #[error("is {found:#04x}, expected {short:#04x} or {long:#04x}")]
+    LengthEither { found: u8, short: u8, long: u8 },
+    /// An identifying byte other than the one the field starts with (the
+    /// TPDU's 0x60).
+    #[error("ID byte is {found:#04x}, expected {expected:#04x}")]
+    IdByte { found: u8, expected: u8 },
+    /// nom's own error kind: a fallback, since the parsers here report only
+    /// `Incomplete` or a typed failure.
+    #[error("nom {}", .0.description())]
+    Nom(nom::error::ErrorKind),
 }
 
 impl WireError {
@@ -78,5 +99,53 @@ impl WireError {
             need,
             have,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reasons read as the text they replaced (operators' logs and
+    /// `isoswitch decode` show them).
+    #[test]
+    fn envelope_reasons_say_what_was_found_and_expected() {
+        let shown = |what, reason| {
+            WireError::BadEnvelope {
+                what,
+                offset: 0,
+                reason,
+            }
+            .to_string()
+        };
+        assert_eq!(
+            shown(
+                "TPDU",
+                EnvelopeReason::IdByte {
+                    found: 0x61,
+                    expected: 0x60
+                }
+            ),
+            "TPDU at offset 0: ID byte is 0x61, expected 0x60"
+        );
+        assert_eq!(
+            shown(
+                "CUPS header length",
+                EnvelopeReason::Length {
+                    found: 47,
+                    expected: 46
+                }
+            ),
+            "CUPS header length at offset 0: is 47, expected 46"
+        );
+        let visa = EnvelopeReason::LengthEither {
+            found: 0x17,
+            short: 0x16,
+            long: 0x1A,
+        };
+        assert_eq!(
+            shown("VISA header length", visa),
+            "VISA header length at offset 0: is 0x17, expected 0x16 or 0x1a"
+        );
     }
 }

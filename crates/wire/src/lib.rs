@@ -26,7 +26,7 @@ pub use codec::FrameError;
 pub use codec::Framer;
 pub use cups::CupsHeader;
 pub use envelope::{Envelope, EnvelopeSpec};
-pub use error::WireError;
+pub use error::{EnvelopeReason, WireError};
 pub use header::{Header, HeaderKind, SchemeHeader};
 pub use part::WireResult;
 pub use patch::{Patch, PatchOverflow};

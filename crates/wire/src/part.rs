@@ -8,6 +8,7 @@
 //! *complete* mode through [`complete`], where a short input is the typed
 //! [`WireError::Truncated`] naming the part, its offset and its size.
 
+use crate::EnvelopeReason;
 use nom::IResult;
 use nom::Needed;
 use nom::bytes::streaming::take;
@@ -67,7 +68,11 @@ pub(crate) fn whole<'a, T>(
 /// A malformed part: a nom failure (no backtracking: the bytes are wrong
 /// whatever follows) that names the field and its offset in the part.
 #[inline]
-pub(crate) fn bad(what: &'static str, offset: usize, reason: String) -> nom::Err<WireError> {
+pub(crate) fn bad(
+    what: &'static str,
+    offset: usize,
+    reason: EnvelopeReason,
+) -> nom::Err<WireError> {
     nom::Err::Failure(WireError::BadEnvelope {
         what,
         offset,

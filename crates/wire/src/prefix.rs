@@ -17,6 +17,7 @@
 //! | `binary4` | 4 | big-endian length of what follows |
 //! | `visa4` | 4 | big-endian 2-byte length of what follows, then `00 00`; upper nibble 2 in byte 2 marks session control |
 
+use crate::EnvelopeReason;
 use bytes::BufMut;
 use nom::IResult;
 use nom::bytes::streaming::take;
@@ -275,7 +276,7 @@ impl ParseError<&[u8]> for WireError {
         WireError::BadEnvelope {
             what: "length prefix",
             offset: 0,
-            reason: format!("nom {}", kind.description()),
+            reason: EnvelopeReason::Nom(kind),
         }
     }
 

@@ -2,6 +2,7 @@
 
 use super::WireError;
 use super::part::{WireResult, array, bad, whole};
+use crate::EnvelopeReason;
 
 /// Transport protocol data unit: `60 DDDD SSSS`. The addresses are NII values that
 /// are usually BCD but may hold hex digits A-F, so they are kept as raw bytes.
@@ -78,7 +79,10 @@ pub fn tpdu(input: &[u8]) -> WireResult<'_, Tpdu> {
         return Err(bad(
             "TPDU",
             0,
-            format!("ID byte is {:#04x}, expected 0x60", raw[0]),
+            EnvelopeReason::IdByte {
+                found: raw[0],
+                expected: Tpdu::ID,
+            },
         ));
     }
     Ok((rest, Tpdu::from_bytes(raw)))

@@ -18,6 +18,7 @@ use super::describe::{Hex, flag, hex_byte};
 use super::fresh::{Fresh, FreshError, Setting};
 use super::part::{WireResult, array, bad, whole};
 use super::{Description, IdFields, Parts, SchemeHeader, TotalTooLong};
+use crate::EnvelopeReason;
 use crate::envelope::Rejected;
 
 /// Reject codes UnionPay puts in a rejected message's header.
@@ -209,7 +210,10 @@ pub fn header(input: &[u8]) -> WireResult<'_, CupsHeader> {
         return Err(bad(
             "CUPS header length",
             0,
-            format!("is {}, expected 46", raw[0]),
+            EnvelopeReason::Length {
+                found: raw[0],
+                expected: CupsHeader::LEN as u8,
+            },
         ));
     }
     Ok((rest, CupsHeader(raw)))
@@ -264,7 +268,8 @@ impl SchemeHeader for CupsHeader {
             if id.len() > DESTINATION.end - DESTINATION.start || !id.is_ascii() {
                 return Err(FreshError::new(
                     setting,
-                    format!("`{id}` is not a CUPS institution ID (up to 11 ASCII characters)"),
+                    id,
+                    "a CUPS institution ID (up to 11 ASCII characters)",
                 ));
             }
         }

@@ -21,17 +21,25 @@ pub enum Setting {
     HeaderHex,
 }
 
-/// A setting a fresh header cannot be built from.
+/// A setting a fresh header cannot be built from: its value, and what the
+/// header needs there (stated by the header's own file).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{setting:?}: {reason}")]
+#[error("{setting:?}: `{value}` is not {needs}")]
 pub struct FreshError {
     pub setting: Setting,
-    pub reason: String,
+    /// The value as configured (IDs and header bytes, never card data).
+    pub value: String,
+    /// What the header needs, e.g. "a VISA station ID (6 digits)".
+    pub needs: &'static str,
 }
 
 impl FreshError {
-    pub(crate) fn new(setting: Setting, reason: String) -> Self {
-        FreshError { setting, reason }
+    pub(crate) fn new(setting: Setting, value: &str, needs: &'static str) -> Self {
+        FreshError {
+            setting,
+            value: value.to_string(),
+            needs,
+        }
     }
 }
 

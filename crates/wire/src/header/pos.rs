@@ -74,12 +74,7 @@ impl SchemeHeader for PosHeader {
         let text = settings.header_hex.unwrap_or("603100310730");
         hex_bytes::<{ PosHeader::LEN }>(text)
             .map(PosHeader)
-            .ok_or_else(|| {
-                FreshError::new(
-                    Setting::HeaderHex,
-                    format!("`{text}` is not a POS header: 12 hex digits"),
-                )
-            })
+            .ok_or_else(|| FreshError::new(Setting::HeaderHex, text, "a POS header: 12 hex digits"))
     }
 
     fn sample() -> Self {

@@ -34,6 +34,7 @@ use super::describe::{Hex, flag, hex_byte};
 use super::fresh::{Fresh, FreshError, Setting, hex_bytes};
 use super::part::{WireResult, array, bad, whole};
 use super::{Description, IdFields, Parts, SchemeHeader, TotalTooLong};
+use crate::EnvelopeReason;
 use crate::envelope::Rejected;
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -171,7 +172,11 @@ pub fn header(input: &[u8]) -> WireResult<'_, VisaHeader> {
         return Err(bad(
             "VISA header length",
             0,
-            format!("is {:#04x}, expected 0x16 or 0x1A", raw[0]),
+            EnvelopeReason::LengthEither {
+                found: raw[0],
+                short: VisaHeader::LEN as u8,
+                long: REJECT_HEADER_LEN,
+            },
         ));
     }
     Ok((rest, VisaHeader(raw)))
@@ -251,12 +256,7 @@ impl SchemeHeader for VisaHeader {
                 .all(|b| b.is_ascii_digit())
                 .then(|| hex_bytes::<3>(text))
                 .flatten()
-                .ok_or_else(|| {
-                    FreshError::new(
-                        setting,
-                        format!("`{text}` is not a VISA station ID (6 digits)"),
-                    )
-                })
+                .ok_or_else(|| FreshError::new(setting, text, "a VISA station ID (6 digits)"))
         };
         let destination = station(Setting::DestinationId, settings.destination_id)?;
         let source = station(Setting::SourceId, settings.source_id)?;
