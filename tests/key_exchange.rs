@@ -276,8 +276,10 @@ async fn node_key_requests_go_out_and_their_answers_come_back_to_that_node() {
 async fn with_no_key_node_up_a_key_reset_is_declined_not_approved() {
     within(Duration::from_secs(90), async {
         let (nodes, mut addrs) = start_nodes_with("cups", 1, "0..5ms", &["--json"]).await;
-        // Node 02: configured, never started.
-        addrs.push(free_addr());
+        // Node 02: configured, its port held by this test and never
+        // listening, so every connect to it is refused.
+        let (down, _held) = dead_addr();
+        addrs.push(down);
         let (accept, listen) = (free_addr(), free_addr());
         let (admin, admin_toml) = admin_toml("keys-down-switch");
         let toml = unionpay_config(&admin_toml, accept, listen, &addrs, "key_nodes = [\"02\"]");

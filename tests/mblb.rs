@@ -363,11 +363,8 @@ async fn bad_clients_are_closed_and_others_are_unaffected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_healthy_node_declines_and_keeps_the_client() {
     let spec = spec("cup-pos");
-    // An address nothing listens on.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    // An address nothing listens on while the test runs.
+    let (dead, _held) = dead_addr();
     let switch = start_switch(&Rig::on("cup-pos").config(&[dead])).await;
     let request = isoswitch::sim::sample_request(&spec, "0200").unwrap();
     let mut client = RawClient::connect(front(&switch), &spec).await;

@@ -55,6 +55,18 @@ pub fn free_addr() -> SocketAddr {
         .unwrap()
 }
 
+/// An address where a connection is refused for as long as the returned
+/// socket lives: bound, never listening (a port only found free can be
+/// taken by another test's listener meanwhile).
+pub fn dead_addr() -> (SocketAddr, tokio::net::TcpSocket) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("a port to hold");
+    let addr = socket.local_addr().expect("its address");
+    (addr, socket)
+}
+
 pub fn spec(name: &str) -> Arc<Spec> {
     Arc::new(Spec::builtin(name).expect("builtin spec"))
 }

@@ -136,6 +136,19 @@ pub fn free_addr() -> SocketAddr {
         .expect("a free port")
 }
 
+/// An address where a connection is refused for as long as the returned
+/// socket lives: bound, never listening. (A port only found free can be
+/// taken by another test's listener while this one runs, and a "down"
+/// node then answers as that process.)
+pub fn dead_addr() -> (SocketAddr, tokio::net::TcpSocket) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("a port to hold");
+    let addr = socket.local_addr().expect("its address");
+    (addr, socket)
+}
+
 /// Waits until something accepts connections on `addr`.
 pub async fn wait_listening(addr: SocketAddr) {
     // Bounded by the case's own timeout in practice; 60 s here so a
